@@ -1,0 +1,139 @@
+//! Configuration shared by every machine: the network timeout scale and the
+//! deadline defaults of flodl 0.8 (BEHAVIOUR.md, "Defaults").
+//!
+//! Configuration is plain data: nothing here reads the environment. A driver
+//! parses `FLODL_NET_TIMEOUT_SCALE` (or a flag) with [`TimeoutScale::parse`]
+//! and passes the result in.
+
+use core::fmt;
+use core::time::Duration;
+
+/// A rejected configuration value, naming the knob and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The setting at fault.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError { field, reason: reason.into() }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid {}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The network timeout scale: one factor stretching every network deadline
+/// together (staleness, liveness, join window, handshake budgets, write stall).
+///
+/// Must be finite and at least 0.1 (which keeps every scaled deadline above the
+/// 1 s heartbeat cadence).
+///
+/// ```
+/// use cohort_proto::config::TimeoutScale;
+/// use core::time::Duration;
+/// let s = TimeoutScale::parse("0.5").unwrap();
+/// assert_eq!(s.scaled(Duration::from_secs(30)), Duration::from_secs(15));
+/// assert!(TimeoutScale::parse("0.05").is_err());
+/// assert!(TimeoutScale::parse("nan").is_err());
+/// assert_eq!(TimeoutScale::default().get(), 1.0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct TimeoutScale(f64);
+
+impl TimeoutScale {
+    /// The identity scale.
+    pub const ONE: TimeoutScale = TimeoutScale(1.0);
+
+    /// Validates a scale factor.
+    pub fn new(factor: f64) -> Result<Self, ConfigError> {
+        if !factor.is_finite() || factor < 0.1 {
+            return Err(ConfigError::new(
+                "timeout scale",
+                format!("{factor} is out of range; expected a finite factor >= 0.1"),
+            ));
+        }
+        Ok(TimeoutScale(factor))
+    }
+
+    /// Parses a textual scale (`FLODL_NET_TIMEOUT_SCALE`'s form), trimming
+    /// surrounding white space.
+    pub fn parse(raw: &str) -> Result<Self, ConfigError> {
+        let trimmed = raw.trim();
+        let factor: f64 = trimmed.parse().map_err(|_| {
+            ConfigError::new("timeout scale", format!("{trimmed:?} is not a number"))
+        })?;
+        Self::new(factor)
+    }
+
+    /// The factor.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+
+    /// `base` stretched by the factor (saturating on absurd results).
+    pub fn scaled(self, base: Duration) -> Duration {
+        Duration::try_from_secs_f64(base.as_secs_f64() * self.0).unwrap_or(Duration::MAX)
+    }
+}
+
+impl Default for TimeoutScale {
+    fn default() -> Self {
+        TimeoutScale::ONE
+    }
+}
+
+/// flodl 0.8's deadline defaults, before scaling.
+pub mod defaults {
+    use core::time::Duration;
+
+    /// Rank -> coordinator heartbeat cadence (not scaled).
+    pub const RANK_HEARTBEAT: Duration = Duration::from_secs(1);
+    /// Coordinator -> rank heartbeat cadence (not scaled).
+    pub const COORD_HEARTBEAT: Duration = Duration::from_secs(1);
+    /// Silence after which the coordinator declares a rank dead (strictly greater than; scaled).
+    pub const HEARTBEAT_STALENESS: Duration = Duration::from_secs(30);
+    /// Silence after which a rank declares the coordinator lost (scaled).
+    pub const COORD_LIVENESS: Duration = Duration::from_secs(30);
+    /// The join window (scaled).
+    pub const JOIN_WINDOW: Duration = Duration::from_secs(300);
+    /// The join window's hard cap (scaled).
+    pub const JOIN_CAP: Duration = Duration::from_secs(600);
+    /// Per dial: channel magic plus hello must arrive within this (scaled).
+    pub const JOIN_HANDSHAKE_BUDGET: Duration = Duration::from_secs(10);
+    /// More rejected joins than this fail the window.
+    pub const MAX_REJECTED_JOINS: u32 = 1024;
+    /// Ranks (devices) one join hello may announce.
+    pub const MAX_RANKS_PER_HELLO: usize = 256;
+    /// A rank's wait for its handshake ack, and an acceptor's for the hello (scaled).
+    pub const HANDSHAKE: Duration = Duration::from_secs(10);
+    /// The port router's deadline for the first 4 bytes (scaled).
+    pub const PORT_PEEK: Duration = Duration::from_secs(5);
+    /// NCCL re-rendezvous answer timeout (not scaled).
+    pub const NCCL_ANSWER: Duration = Duration::from_secs(5);
+    /// A peer that accepts no bytes for this long is closed (scaled).
+    pub const WRITE_STALL: Duration = Duration::from_secs(30);
+    /// A frame that stops arriving mid-way for this long is abandoned (not scaled).
+    pub const MID_FRAME_STARVATION: Duration = Duration::from_secs(60);
+    /// Status request: whole request within this.
+    pub const STATUS_REQUEST: Duration = Duration::from_secs(5);
+    /// Status request: at most this many bytes.
+    pub const STATUS_REQUEST_BYTES: usize = 2048;
+    /// Outbound dial attempts before giving up (scaled: the count carries the scale).
+    pub const CONNECT_ATTEMPTS: u32 = 60;
+    /// Pause between dial attempts (not scaled).
+    pub const CONNECT_BACKOFF: Duration = Duration::from_millis(500);
+}
+
+/// Dial attempts under `scale` (at least one).
+pub fn connect_attempts(scale: TimeoutScale) -> u32 {
+    ((defaults::CONNECT_ATTEMPTS as f64 * scale.get()).ceil() as u32).max(1)
+}

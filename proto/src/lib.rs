@@ -1,0 +1,23 @@
+//! cohort-proto: the control plane of an elastic distributed-training
+//! cluster as pure sans-IO state machines, speaking flodl 0.8's bytes.
+//!
+//! Nothing here performs I/O, reads a clock, spawns a thread, reads the
+//! environment or draws ambient randomness: bytes and [`Time`] come in, bytes,
+//! closes and typed events go out (see [`machine`]). The same code therefore
+//! runs under mio, smol, any other event loop, and the deterministic
+//! simulator.
+//!
+//! - [`wire`]: codecs for every framing, byte-exact with flodl 0.8.
+//! - [`machine`]: the convention every state machine follows.
+//! - [`handshake`]: the control- and data-channel handshakes as machines.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod handshake;
+pub mod machine;
+pub mod time;
+pub mod wire;
+
+pub use machine::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer};
+pub use time::Time;

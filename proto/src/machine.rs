@@ -1,0 +1,242 @@
+//! The machine convention every protocol state machine in cohort follows.
+//!
+//! A machine is driven from outside, in the quinn-proto / str0m manner:
+//!
+//! 1. the driver feeds it one [`Input`] with [`Machine::handle`] (bytes arrived,
+//!    a connection was accepted, connected or closed, or its timer fired), or
+//!    calls one of the machine's command methods;
+//! 2. the driver drains [`Machine::poll`] until it returns `None`, carrying out
+//!    each [`Output`] (send bytes, dial, close) and passing each event to the
+//!    embedding application;
+//! 3. the driver arms one timer at [`Machine::poll_timeout`] and calls
+//!    `handle(now, Input::Timeout)` when it fires (firing late is harmless,
+//!    firing early is a no-op).
+//!
+//! Connections are named by [`ConnId`]s that the driver assigns. A machine asks
+//! for an outbound connection with [`Output::Dial`] carrying a [`DialId`] of its
+//! own choosing; the driver answers with [`Input::Connected`] (with the new
+//! `ConnId`) or [`Input::DialFailed`].
+//!
+//! Rules drivers follow:
+//! - bytes in [`Output::Transmit`] are written in order, completely, before
+//!   anything later on the same connection;
+//! - [`Output::Close`] flushes what was already queued for that connection,
+//!   then closes it; the machine gets no further input for it (no `Closed`);
+//! - a connection that ends by itself (EOF, reset, error, write stall) is
+//!   reported once with [`Input::Closed`], saying how many queued bytes were
+//!   never written.
+
+use bytes::Bytes;
+use core::fmt;
+
+use crate::time::Time;
+
+/// A connection, named by the driver. Unique for the driver's lifetime.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(pub u64);
+
+impl fmt::Debug for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "conn#{}", self.0)
+    }
+}
+
+impl fmt::Display for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A machine's own name for one outbound dial, echoed back by the driver.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct DialId(pub u32);
+
+/// What the driver knows about the far end of an accepted connection.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Peer {
+    /// The peer's address is a loopback address (127.0.0.0/8, ::1).
+    pub loopback: bool,
+}
+
+impl Peer {
+    /// A peer on the same host.
+    pub const LOOPBACK: Peer = Peer { loopback: true };
+    /// A peer on another host.
+    pub const REMOTE: Peer = Peer { loopback: false };
+}
+
+/// Why a connection ended without the machine asking.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CloseCause {
+    /// The peer finished its side cleanly (read returned 0).
+    Eof,
+    /// The peer reset the connection.
+    Reset,
+    /// A read or write failed.
+    Error,
+    /// The peer accepted no bytes for the write-stall deadline.
+    WriteStall,
+}
+
+impl fmt::Display for CloseCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CloseCause::Eof => "end of stream",
+            CloseCause::Reset => "connection reset",
+            CloseCause::Error => "i/o error",
+            CloseCause::WriteStall => "write stalled",
+        })
+    }
+}
+
+/// Something that happened to a machine, fed in by its driver.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Input<'a> {
+    /// A connection to the machine's listening port was accepted.
+    Accepted {
+        /// The new connection.
+        conn: ConnId,
+        /// What is known about the dialer.
+        peer: Peer,
+    },
+    /// An outbound dial succeeded.
+    Connected {
+        /// The machine's name for the dial.
+        dial: DialId,
+        /// The new connection.
+        conn: ConnId,
+    },
+    /// An outbound dial failed for good (the driver's retry budget is spent).
+    DialFailed {
+        /// The machine's name for the dial.
+        dial: DialId,
+    },
+    /// Bytes arrived on a connection, in order; any split is possible.
+    Received {
+        /// The connection.
+        conn: ConnId,
+        /// The bytes, valid for this call only.
+        bytes: &'a [u8],
+    },
+    /// A connection ended without the machine asking.
+    Closed {
+        /// The connection.
+        conn: ConnId,
+        /// Why it ended.
+        cause: CloseCause,
+        /// Queued bytes that were never written to the peer.
+        unsent: usize,
+    },
+    /// The instant returned by [`Machine::poll_timeout`] has come.
+    Timeout,
+}
+
+/// Something a machine asks its driver to do, or reports to the application.
+#[derive(Clone, PartialEq, Debug)]
+pub enum Output<E> {
+    /// Write these bytes to the connection (after anything queued before).
+    Transmit {
+        /// The connection.
+        conn: ConnId,
+        /// The bytes; a shared buffer, never copied per recipient.
+        bytes: Bytes,
+    },
+    /// Open a connection to `addr`, answering with `Connected` or `DialFailed`.
+    Dial {
+        /// The machine's name for this dial.
+        dial: DialId,
+        /// Where to connect (an address the machine was configured with).
+        addr: String,
+    },
+    /// Flush what is queued for the connection, then close it.
+    Close {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// A typed event for the embedding application.
+    Event(E),
+}
+
+impl<E> Output<E> {
+    /// Maps the event type, leaving I/O outputs untouched.
+    pub fn map_event<F>(self, f: impl FnOnce(E) -> F) -> Output<F> {
+        match self {
+            Output::Transmit { conn, bytes } => Output::Transmit { conn, bytes },
+            Output::Dial { dial, addr } => Output::Dial { dial, addr },
+            Output::Close { conn } => Output::Close { conn },
+            Output::Event(e) => Output::Event(f(e)),
+        }
+    }
+}
+
+/// The common outside shape of every cohort state machine.
+///
+/// See the [module documentation](self) for the driving loop.
+pub trait Machine {
+    /// The machine's typed events.
+    type Event;
+
+    /// Feeds one input at `now`.
+    fn handle(&mut self, now: Time, input: Input<'_>);
+
+    /// The next output, or `None` once drained. Call after every `handle` or
+    /// command until it returns `None`.
+    fn poll(&mut self, now: Time) -> Option<Output<Self::Event>>;
+
+    /// The next instant the machine must be woken with [`Input::Timeout`].
+    fn poll_timeout(&self) -> Option<Time>;
+}
+
+/// A FIFO of pending outputs: the plumbing most machines share.
+#[derive(Debug)]
+pub struct Outbox<E> {
+    queue: std::collections::VecDeque<Output<E>>,
+}
+
+impl<E> Default for Outbox<E> {
+    fn default() -> Self {
+        Outbox { queue: Default::default() }
+    }
+}
+
+impl<E> Outbox<E> {
+    /// Queues bytes for a connection.
+    pub fn transmit(&mut self, conn: ConnId, bytes: impl Into<Bytes>) {
+        self.queue.push_back(Output::Transmit { conn, bytes: bytes.into() });
+    }
+
+    /// Queues a dial.
+    pub fn dial(&mut self, dial: DialId, addr: impl Into<String>) {
+        self.queue.push_back(Output::Dial { dial, addr: addr.into() });
+    }
+
+    /// Queues a close.
+    pub fn close(&mut self, conn: ConnId) {
+        self.queue.push_back(Output::Close { conn });
+    }
+
+    /// Queues an event.
+    pub fn event(&mut self, event: E) {
+        self.queue.push_back(Output::Event(event));
+    }
+
+    /// Queues an already-built output.
+    pub fn push(&mut self, output: Output<E>) {
+        self.queue.push_back(output);
+    }
+
+    /// Takes the oldest output.
+    pub fn pop(&mut self) -> Option<Output<E>> {
+        self.queue.pop_front()
+    }
+
+    /// Whether nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// How many outputs are pending.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+}

@@ -1,0 +1,322 @@
+//! Control frames: `magic | version | tag | kind | payload_len | payload`,
+//! 24-byte header, `tag = mac64(kind || payload_len || payload)`, payload in
+//! bincode.
+
+use bytes::{Bytes, BytesMut};
+use serde::Serialize;
+
+use super::bin;
+use super::consts::*;
+use super::error::{FrameType, Problem, WireError, WireResult};
+use super::mac::MacKey;
+use super::messages::*;
+use super::recv_buf::RecvBuf;
+
+/// Bytes in a control-frame header.
+pub const CONTROL_HEADER_LEN: usize = 24;
+
+/// The payload type of a control frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum MsgKind {
+    /// [`ControlMsgWire`].
+    Control = 1,
+    /// [`TimingMsgWire`].
+    Timing = 2,
+    /// [`MetricsMsgWire`].
+    Metrics = 3,
+    /// Reserved; a no-op on receipt.
+    ParamSnapshotMeta = 4,
+    /// Reserved; a no-op on receipt.
+    Heartbeat = 5,
+    /// [`RendezvousMsgWire`].
+    Rendezvous = 6,
+    /// [`JoinMsgWire`].
+    Join = 7,
+}
+
+impl MsgKind {
+    /// Every kind, in tag order.
+    pub const ALL: [MsgKind; 7] = [
+        MsgKind::Control,
+        MsgKind::Timing,
+        MsgKind::Metrics,
+        MsgKind::ParamSnapshotMeta,
+        MsgKind::Heartbeat,
+        MsgKind::Rendezvous,
+        MsgKind::Join,
+    ];
+
+    /// Parses a tag; `None` for anything unknown.
+    ///
+    /// ```
+    /// use cohort_proto::wire::MsgKind;
+    /// assert_eq!(MsgKind::from_u32(7), Some(MsgKind::Join));
+    /// assert_eq!(MsgKind::from_u32(0xDEAD), None);
+    /// ```
+    pub fn from_u32(v: u32) -> Option<Self> {
+        MsgKind::ALL.into_iter().find(|k| *k as u32 == v)
+    }
+
+    /// The tag.
+    pub fn as_u32(self) -> u32 {
+        self as u32
+    }
+
+    /// The name used in the JSON form (`"Control"`, `"Timing"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            MsgKind::Control => "Control",
+            MsgKind::Timing => "Timing",
+            MsgKind::Metrics => "Metrics",
+            MsgKind::ParamSnapshotMeta => "ParamSnapshotMeta",
+            MsgKind::Heartbeat => "Heartbeat",
+            MsgKind::Rendezvous => "Rendezvous",
+            MsgKind::Join => "Join",
+        }
+    }
+}
+
+/// A message type that rides in a control frame.
+pub trait WireMessage: Serialize {
+    /// Its frame kind.
+    const KIND: MsgKind;
+}
+
+impl WireMessage for ControlMsgWire {
+    const KIND: MsgKind = MsgKind::Control;
+}
+impl WireMessage for TimingMsgWire {
+    const KIND: MsgKind = MsgKind::Timing;
+}
+impl WireMessage for MetricsMsgWire {
+    const KIND: MsgKind = MsgKind::Metrics;
+}
+impl WireMessage for RendezvousMsgWire {
+    const KIND: MsgKind = MsgKind::Rendezvous;
+}
+impl WireMessage for JoinMsgWire {
+    const KIND: MsgKind = MsgKind::Join;
+}
+
+/// A decoded control frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    /// Coordinator -> rank.
+    Control(ControlMsgWire),
+    /// Rank -> coordinator.
+    Timing(TimingMsgWire),
+    /// Rank -> coordinator.
+    Metrics(MetricsMsgWire),
+    /// NCCL bootstrap.
+    Rendezvous(RendezvousMsgWire),
+    /// Membership.
+    Join(JoinMsgWire),
+    /// Kinds 4 and 5: authenticated, carried, ignored by every machine.
+    Reserved {
+        /// The kind.
+        kind: MsgKind,
+        /// The raw payload.
+        payload: Bytes,
+    },
+}
+
+impl Message {
+    /// The frame kind.
+    pub fn kind(&self) -> MsgKind {
+        match self {
+            Message::Control(_) => MsgKind::Control,
+            Message::Timing(_) => MsgKind::Timing,
+            Message::Metrics(_) => MsgKind::Metrics,
+            Message::Rendezvous(_) => MsgKind::Rendezvous,
+            Message::Join(_) => MsgKind::Join,
+            Message::Reserved { kind, .. } => *kind,
+        }
+    }
+
+    /// Appends the signed frame to `out`; see [`encode_frame`].
+    pub fn encode(&self, key: &MacKey, out: &mut BytesMut) -> WireResult<usize> {
+        match self {
+            Message::Control(m) => encode_frame(key, m, out),
+            Message::Timing(m) => encode_frame(key, m, out),
+            Message::Metrics(m) => encode_frame(key, m, out),
+            Message::Rendezvous(m) => encode_frame(key, m, out),
+            Message::Join(m) => encode_frame(key, m, out),
+            Message::Reserved { kind, payload } => encode_raw(key, *kind, payload, out),
+        }
+    }
+
+    /// The signed frame as a fresh buffer.
+    pub fn to_frame(&self, key: &MacKey) -> WireResult<Bytes> {
+        let mut out = BytesMut::new();
+        self.encode(key, &mut out)?;
+        Ok(out.freeze())
+    }
+}
+
+impl From<ControlMsgWire> for Message {
+    fn from(m: ControlMsgWire) -> Self {
+        Message::Control(m)
+    }
+}
+impl From<TimingMsgWire> for Message {
+    fn from(m: TimingMsgWire) -> Self {
+        Message::Timing(m)
+    }
+}
+impl From<MetricsMsgWire> for Message {
+    fn from(m: MetricsMsgWire) -> Self {
+        Message::Metrics(m)
+    }
+}
+impl From<RendezvousMsgWire> for Message {
+    fn from(m: RendezvousMsgWire) -> Self {
+        Message::Rendezvous(m)
+    }
+}
+impl From<JoinMsgWire> for Message {
+    fn from(m: JoinMsgWire) -> Self {
+        Message::Join(m)
+    }
+}
+
+fn too_large(len: usize) -> WireError {
+    WireError::new(
+        FrameType::ControlFrame,
+        "payload_len",
+        Problem::TooLarge { got: len as u64, limit: MAX_CONTROL_PAYLOAD as u64 },
+    )
+}
+
+/// Appends one signed control frame carrying `msg` to `out`, returning the
+/// frame's length. The payload is encoded in place, after a header slot that
+/// is filled once the MAC is known: no intermediate buffer.
+///
+/// ```
+/// use bytes::BytesMut;
+/// use cohort_proto::wire::*;
+/// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
+/// let mut out = BytesMut::new();
+/// encode_frame(&key, &ControlMsgWire::SyncNow, &mut out).unwrap();
+/// let (msg, used) = parse_frame(&out, &key).unwrap().unwrap();
+/// assert_eq!((msg, used), (Message::Control(ControlMsgWire::SyncNow), out.len()));
+/// ```
+pub fn encode_frame<M: WireMessage>(key: &MacKey, msg: &M, out: &mut BytesMut) -> WireResult<usize> {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; CONTROL_HEADER_LEN]);
+    let len = bin::encode_into(msg, out);
+    if len > MAX_CONTROL_PAYLOAD {
+        out.truncate(start);
+        return Err(too_large(len));
+    }
+    seal(key, M::KIND, out, start, len);
+    Ok(CONTROL_HEADER_LEN + len)
+}
+
+/// Appends a control frame around an already-encoded payload.
+pub fn encode_raw(key: &MacKey, kind: MsgKind, payload: &[u8], out: &mut BytesMut) -> WireResult<usize> {
+    if payload.len() > MAX_CONTROL_PAYLOAD {
+        return Err(too_large(payload.len()));
+    }
+    let start = out.len();
+    out.extend_from_slice(&[0u8; CONTROL_HEADER_LEN]);
+    out.extend_from_slice(payload);
+    seal(key, kind, out, start, payload.len());
+    Ok(CONTROL_HEADER_LEN + payload.len())
+}
+
+/// Fills the header slot at `out[start..start + 24]` for a payload of `len`.
+fn seal(key: &MacKey, kind: MsgKind, out: &mut BytesMut, start: usize, len: usize) {
+    let hdr = &mut out[start..start + CONTROL_HEADER_LEN];
+    hdr[0..4].copy_from_slice(&CONTROL_FRAME_MAGIC.to_le_bytes());
+    hdr[4..8].copy_from_slice(&CONTROL_PROTOCOL_VERSION.to_le_bytes());
+    hdr[16..20].copy_from_slice(&kind.as_u32().to_le_bytes());
+    hdr[20..24].copy_from_slice(&(len as u32).to_le_bytes());
+    let tag = key.mac64(&out[start + 16..start + CONTROL_HEADER_LEN + len]);
+    out[start + 8..start + 16].copy_from_slice(&tag.to_le_bytes());
+}
+
+/// Parses one control frame from the front of `bytes`.
+///
+/// `Ok(None)` means more bytes are needed. Checks run in the order magic,
+/// version, kind, payload length (before anything is allocated), MAC, then
+/// the payload's bincode.
+pub fn parse_frame(bytes: &[u8], key: &MacKey) -> WireResult<Option<(Message, usize)>> {
+    const F: FrameType = FrameType::ControlFrame;
+    if bytes.len() < CONTROL_HEADER_LEN {
+        return Ok(None);
+    }
+    let u32_at = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+    let magic = u32_at(0);
+    if magic != CONTROL_FRAME_MAGIC {
+        return Err(WireError::new(F, "magic", Problem::Magic { got: magic, expected: CONTROL_FRAME_MAGIC }));
+    }
+    let version = u32_at(4);
+    if version != CONTROL_PROTOCOL_VERSION {
+        return Err(WireError::new(
+            F,
+            "version",
+            Problem::Version { got: version, expected: CONTROL_PROTOCOL_VERSION },
+        ));
+    }
+    let kind_raw = u32_at(16);
+    let kind = MsgKind::from_u32(kind_raw)
+        .ok_or_else(|| WireError::new(F, "kind", Problem::Unknown(kind_raw.into())))?;
+    let len = u32_at(20) as usize;
+    if len > MAX_CONTROL_PAYLOAD {
+        return Err(too_large(len));
+    }
+    let total = CONTROL_HEADER_LEN + len;
+    if bytes.len() < total {
+        return Ok(None);
+    }
+    let mut tag = [0u8; 8];
+    tag.copy_from_slice(&bytes[8..16]);
+    if key.mac64(&bytes[16..total]) != u64::from_le_bytes(tag) {
+        return Err(WireError::new(F, "tag", Problem::Mac));
+    }
+    let payload = &bytes[CONTROL_HEADER_LEN..total];
+    let invalid = |why: String| WireError::new(F, "payload", Problem::Invalid(why));
+    let msg = match kind {
+        MsgKind::Control => Message::Control(bin::decode_exact(payload).map_err(invalid)?),
+        MsgKind::Timing => Message::Timing(bin::decode_exact(payload).map_err(invalid)?),
+        MsgKind::Metrics => Message::Metrics(bin::decode_exact(payload).map_err(invalid)?),
+        MsgKind::Rendezvous => Message::Rendezvous(bin::decode_exact(payload).map_err(invalid)?),
+        MsgKind::Join => Message::Join(bin::decode_exact(payload).map_err(invalid)?),
+        MsgKind::ParamSnapshotMeta | MsgKind::Heartbeat => {
+            Message::Reserved { kind, payload: Bytes::copy_from_slice(payload) }
+        }
+    };
+    Ok(Some((msg, total)))
+}
+
+/// Decodes the next control frame from a connection's receive buffer,
+/// consuming it. `Ok(None)`: wait for more bytes.
+pub fn decode_frame(buf: &mut RecvBuf, key: &MacKey) -> WireResult<Option<Message>> {
+    match parse_frame(buf.as_slice(), key)? {
+        Some((msg, used)) => {
+            buf.consume(used);
+            Ok(Some(msg))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Parses a blob that must hold exactly one control frame (a rank-tagged
+/// mux `Data` record's payload, a loopback length-framed blob).
+pub fn parse_exact_frame(blob: &[u8], key: &MacKey) -> WireResult<Message> {
+    match parse_frame(blob, key)? {
+        Some((msg, used)) if used == blob.len() => Ok(msg),
+        Some((_, used)) => Err(WireError::new(
+            FrameType::ControlFrame,
+            "payload_len",
+            Problem::Invalid(format!("{} bytes follow the frame inside its blob", blob.len() - used)),
+        )),
+        None => Err(WireError::truncated(FrameType::ControlFrame, blob.len())),
+    }
+}
+
+/// At end of stream: an error if a frame was left unfinished.
+pub fn finish(buf: &RecvBuf, frame: FrameType) -> WireResult<()> {
+    if buf.is_empty() { Ok(()) } else { Err(WireError::truncated(frame, buf.len())) }
+}

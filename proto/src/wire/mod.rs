@@ -1,0 +1,45 @@
+//! Codecs byte-exact with flodl 0.8 (control protocol v4, data protocol v3,
+//! relay-mux v1); see `../shared/spec/WIRE.md`.
+//!
+//! Every decoder is incremental (any split of the stream yields the same
+//! frames), checks limits before allocating, and answers bad input with a
+//! [`WireError`] naming the frame and field. Encoders append to a
+//! caller-owned buffer.
+
+mod bin;
+mod consts;
+mod control_frame;
+mod dtype;
+mod error;
+mod handshake;
+pub mod hex;
+#[cfg(feature = "json")]
+pub mod json;
+mod len_frame;
+mod mac;
+mod messages;
+mod mux;
+mod payload;
+mod recv_buf;
+mod round_frame;
+mod salt;
+
+pub use consts::*;
+pub use control_frame::{
+    CONTROL_HEADER_LEN, Message, MsgKind, WireMessage, decode_frame, encode_frame, encode_raw, finish,
+    parse_exact_frame, parse_frame,
+};
+pub use dtype::{Dtype, add_le_into, bf16_to_f32, copy_le_into, extend_le, f32_to_bf16};
+pub use error::{FrameType, Problem, WireError, WireResult};
+pub use handshake::{Channel, ControlAck, ControlHello, DataAck, DataHello, take_fixed};
+pub use len_frame::{LenDecoder, LenStep, len_framed, len_prefix};
+pub use mac::{MacKey, MacState, hmac_sha256, mac64};
+pub use messages::*;
+pub use mux::{MUX_HEADER_LEN, MuxDecoder, MuxRecord, encode_control};
+pub use payload::{Payload, SEGMENT};
+pub use recv_buf::{GROW_STEP, RecvBuf};
+pub use round_frame::{
+    CollectSink, NullSink, ROUND_FOOTER_LEN, ROUND_HEADER_LEN, RoundDecoder, RoundDone, RoundFrame, RoundKind,
+    RoundSink, RoundWriter, TensorMeta, TensorPayload, round_frame_len,
+};
+pub use salt::{SaltError, SessionSalt};

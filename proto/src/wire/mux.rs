@@ -1,0 +1,294 @@
+//! Relay-mux records: `magic | version | kind | rank | payload_len | tag |
+//! payload` (25-byte header), `tag = mac64(header[0..17] || payload)`.
+//!
+//! Read order: magic, version, length against the frame ceiling, payload,
+//! MAC, kind. Payloads are gathered as [`Payload`] segments as they arrive,
+//! so a hostile length costs only the bytes actually sent.
+
+use bytes::{Bytes, BytesMut};
+
+use super::bin;
+use super::consts::*;
+use super::error::{FrameType, Problem, WireError, WireResult};
+use super::mac::{MacKey, MacState};
+use super::messages::RelayControlMsg;
+use super::payload::{Payload, PayloadBuilder};
+
+/// Bytes in a mux record header.
+pub const MUX_HEADER_LEN: usize = 25;
+
+const REC_DATA: u8 = 1;
+const REC_CONTROL: u8 = 2;
+const REC_HOST_FRAME: u8 = 3;
+const REC_BROADCAST: u8 = 4;
+
+/// One relay-mux record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MuxRecord {
+    /// A rank's control-frame blob, forwarded untouched (control channel).
+    Data {
+        /// The rank it comes from or goes to.
+        rank: u32,
+        /// The blob.
+        payload: Payload,
+    },
+    /// Relay <-> controller bookkeeping.
+    Control(RelayControlMsg),
+    /// A relay's folded round frame (data channel, upstream).
+    HostFrame {
+        /// The round frame bytes.
+        payload: Payload,
+    },
+    /// The round's consensus (data channel, downstream).
+    Broadcast {
+        /// The round frame bytes.
+        payload: Payload,
+    },
+}
+
+impl MuxRecord {
+    /// The record's kind name (as in the JSON form).
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            MuxRecord::Data { .. } => "Data",
+            MuxRecord::Control(_) => "Control",
+            MuxRecord::HostFrame { .. } => "HostFrame",
+            MuxRecord::Broadcast { .. } => "Broadcast",
+        }
+    }
+
+    /// Appends the whole signed record to `out` (payload copied in once).
+    /// For model-sized payloads prefer [`MuxRecord::header`] and send the
+    /// payload's shared segments after it.
+    pub fn encode(&self, key: &MacKey, out: &mut BytesMut) -> WireResult<usize> {
+        match self {
+            MuxRecord::Control(msg) => encode_control(key, msg, out),
+            MuxRecord::Data { payload, .. }
+            | MuxRecord::HostFrame { payload }
+            | MuxRecord::Broadcast { payload } => {
+                let hdr = self.header(key)?;
+                out.extend_from_slice(&hdr);
+                for s in payload.segments() {
+                    out.extend_from_slice(s);
+                }
+                Ok(MUX_HEADER_LEN + payload.len())
+            }
+        }
+    }
+
+    /// The signed header of a record whose payload is sent separately.
+    pub fn header(&self, key: &MacKey) -> WireResult<[u8; MUX_HEADER_LEN]> {
+        match self {
+            MuxRecord::Data { rank, payload } => header(key, REC_DATA, *rank, payload.segments()),
+            MuxRecord::HostFrame { payload } => header(key, REC_HOST_FRAME, 0, payload.segments()),
+            MuxRecord::Broadcast { payload } => header(key, REC_BROADCAST, 0, payload.segments()),
+            MuxRecord::Control(msg) => {
+                let mut body = BytesMut::new();
+                bin::encode_into(msg, &mut body);
+                header(key, REC_CONTROL, 0, &[body.freeze()])
+            }
+        }
+    }
+
+    /// The whole signed record as one buffer.
+    pub fn to_bytes(&self, key: &MacKey) -> WireResult<Bytes> {
+        let mut out = BytesMut::new();
+        self.encode(key, &mut out)?;
+        Ok(out.freeze())
+    }
+}
+
+fn header(key: &MacKey, kind: u8, rank: u32, segments: &[Bytes]) -> WireResult<[u8; MUX_HEADER_LEN]> {
+    let len: usize = segments.iter().map(|s| s.len()).sum();
+    let len = u32::try_from(len).map_err(|_| {
+        WireError::new(
+            FrameType::MuxRecord,
+            "payload_len",
+            Problem::TooLarge { got: len as u64, limit: u32::MAX.into() },
+        )
+    })?;
+    let mut h = [0u8; MUX_HEADER_LEN];
+    h[0..4].copy_from_slice(&MUX_RECORD_MAGIC.to_le_bytes());
+    h[4..8].copy_from_slice(&MUX_PROTOCOL_VERSION.to_le_bytes());
+    h[8] = kind;
+    h[9..13].copy_from_slice(&rank.to_le_bytes());
+    h[13..17].copy_from_slice(&len.to_le_bytes());
+    let mut mac = key.start();
+    mac.update(&h[0..17]);
+    for s in segments {
+        mac.update(s);
+    }
+    h[17..25].copy_from_slice(&mac.finish().to_le_bytes());
+    Ok(h)
+}
+
+/// Appends a signed `Control` record to `out`, encoding the message in place.
+pub fn encode_control(key: &MacKey, msg: &RelayControlMsg, out: &mut BytesMut) -> WireResult<usize> {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; MUX_HEADER_LEN]);
+    let len = bin::encode_into(msg, out);
+    let h = &mut out[start..start + MUX_HEADER_LEN];
+    h[0..4].copy_from_slice(&MUX_RECORD_MAGIC.to_le_bytes());
+    h[4..8].copy_from_slice(&MUX_PROTOCOL_VERSION.to_le_bytes());
+    h[8] = REC_CONTROL;
+    h[13..17].copy_from_slice(&(len as u32).to_le_bytes());
+    let mut mac = key.start();
+    mac.update(&out[start..start + 17]);
+    mac.update(&out[start + MUX_HEADER_LEN..]);
+    let tag = mac.finish();
+    out[start + 17..start + MUX_HEADER_LEN].copy_from_slice(&tag.to_le_bytes());
+    Ok(MUX_HEADER_LEN + len)
+}
+
+#[derive(Debug)]
+enum State {
+    Header { buf: [u8; MUX_HEADER_LEN], have: usize },
+    Body { kind: u8, rank: u32, len: usize, tag: u64, mac: MacState, body: PayloadBuilder },
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State::Header { buf: [0; MUX_HEADER_LEN], have: 0 }
+    }
+}
+
+/// Incremental mux-record decoder for one connection.
+///
+/// ```
+/// use cohort_proto::wire::*;
+/// let key = MacKey::new(&SessionSalt::from_bytes([1; 16]));
+/// let rec = MuxRecord::Data { rank: 7, payload: Payload::from(&b"\xde\xad"[..]) };
+/// let bytes = rec.to_bytes(&key).unwrap();
+/// let mut dec = MuxDecoder::new(DEFAULT_FRAME_CEILING);
+/// let mut got = Vec::new();
+/// for b in bytes.iter() {
+///     let (used, out) = dec.decode(std::slice::from_ref(b), &key).unwrap();
+///     assert_eq!(used, 1);
+///     got.extend(out);
+/// }
+/// assert_eq!(got, vec![rec]);
+/// ```
+#[derive(Debug)]
+pub struct MuxDecoder {
+    ceiling: u64,
+    state: State,
+}
+
+impl MuxDecoder {
+    /// A decoder refusing payloads above `ceiling` bytes.
+    pub fn new(ceiling: u64) -> Self {
+        MuxDecoder { ceiling, state: State::default() }
+    }
+
+    /// Whether the decoder sits between records.
+    pub fn is_idle(&self) -> bool {
+        matches!(self.state, State::Header { have: 0, .. })
+    }
+
+    /// Consumes bytes from the front of `input`, returning how many were used
+    /// and the record they completed, if any. Call again with the rest.
+    pub fn decode(&mut self, input: &[u8], key: &MacKey) -> WireResult<(usize, Option<MuxRecord>)> {
+        const F: FrameType = FrameType::MuxRecord;
+        let mut used = 0;
+        if let State::Header { buf, have } = &mut self.state {
+            let n = (MUX_HEADER_LEN - *have).min(input.len());
+            buf[*have..*have + n].copy_from_slice(&input[..n]);
+            *have += n;
+            used = n;
+            if *have < MUX_HEADER_LEN {
+                return Ok((used, None));
+            }
+            let h = *buf;
+            let u32_at = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+            let magic = u32_at(0);
+            if magic != MUX_RECORD_MAGIC {
+                return Err(WireError::new(F, "magic", Problem::Magic { got: magic, expected: MUX_RECORD_MAGIC }));
+            }
+            let version = u32_at(4);
+            if version != MUX_PROTOCOL_VERSION {
+                return Err(WireError::new(
+                    F,
+                    "version",
+                    Problem::Version { got: version, expected: MUX_PROTOCOL_VERSION },
+                ));
+            }
+            let len = u32_at(13);
+            if u64::from(len) > self.ceiling {
+                return Err(WireError::new(
+                    F,
+                    "payload_len",
+                    Problem::TooLarge { got: len.into(), limit: self.ceiling },
+                ));
+            }
+            let mut tag = [0u8; 8];
+            tag.copy_from_slice(&h[17..25]);
+            let mut mac = key.start();
+            mac.update(&h[0..17]);
+            self.state = State::Body {
+                kind: h[8],
+                rank: u32_at(9),
+                len: len as usize,
+                tag: u64::from_le_bytes(tag),
+                mac,
+                body: PayloadBuilder::default(),
+            };
+        }
+        let State::Body { len, mac, body, .. } = &mut self.state else {
+            unreachable!("header state handled above")
+        };
+        let rest = &input[used..];
+        let n = (*len - body.len()).min(rest.len());
+        mac.update(&rest[..n]);
+        body.push(&rest[..n], *len - body.len() - n);
+        used += n;
+        if body.len() < *len {
+            return Ok((used, None));
+        }
+        let State::Body { kind, rank, tag, mac, body, .. } = core::mem::take(&mut self.state) else {
+            unreachable!("body state checked above")
+        };
+        if mac.finish() != tag {
+            return Err(WireError::new(F, "tag", Problem::Mac));
+        }
+        let payload = body.finish();
+        let record = match kind {
+            REC_DATA => MuxRecord::Data { rank, payload },
+            REC_CONTROL => MuxRecord::Control(
+                bin::decode_exact(&payload.to_bytes())
+                    .map_err(|why| WireError::new(F, "payload", Problem::Invalid(why)))?,
+            ),
+            REC_HOST_FRAME => MuxRecord::HostFrame { payload },
+            REC_BROADCAST => MuxRecord::Broadcast { payload },
+            other => return Err(WireError::new(F, "kind", Problem::Unknown(other.into()))),
+        };
+        Ok((used, Some(record)))
+    }
+
+    /// Decodes every record in `input`, handing each to `f`.
+    pub fn decode_all(
+        &mut self,
+        mut input: &[u8],
+        key: &MacKey,
+        mut f: impl FnMut(MuxRecord),
+    ) -> WireResult<()> {
+        while !input.is_empty() {
+            let (used, rec) = self.decode(input, key)?;
+            input = &input[used..];
+            if let Some(r) = rec {
+                f(r);
+            }
+        }
+        Ok(())
+    }
+
+    /// At end of stream: an error if a record was left unfinished.
+    pub fn finish(&self) -> WireResult<()> {
+        match &self.state {
+            State::Header { have: 0, .. } => Ok(()),
+            State::Header { have, .. } => Err(WireError::truncated(FrameType::MuxRecord, *have)),
+            State::Body { body, .. } => {
+                Err(WireError::truncated(FrameType::MuxRecord, MUX_HEADER_LEN + body.len()))
+            }
+        }
+    }
+}

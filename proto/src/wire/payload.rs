@@ -1,0 +1,160 @@
+//! [`Payload`]: a record's payload as shared segments.
+//!
+//! Mux records and length-framed blobs can be model-sized. Their payloads are
+//! gathered as a list of [`Bytes`] segments exactly as the bytes arrive (no
+//! growing-and-copying of one big buffer, no trust in the length field), and
+//! handed on (fanned out, forwarded, streamed into a fold) without ever being
+//! made contiguous.
+
+use bytes::{Bytes, BytesMut};
+
+/// Coalescing size for small arrivals.
+pub const SEGMENT: usize = 64 * 1024;
+
+/// An immutable byte string held as one or more shared segments.
+///
+/// ```
+/// use cohort_proto::wire::Payload;
+/// use bytes::Bytes;
+/// let p = Payload::from(Bytes::from_static(b"abc"));
+/// assert_eq!(p.len(), 3);
+/// assert_eq!(&p.to_bytes()[..], b"abc");
+/// ```
+#[derive(Clone, Default)]
+pub struct Payload {
+    segments: Vec<Bytes>,
+    len: usize,
+}
+
+impl Payload {
+    /// The empty payload.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Total length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The segments, in order (none of them empty).
+    pub fn segments(&self) -> &[Bytes] {
+        &self.segments
+    }
+
+    /// The payload as one buffer: free when it is a single segment, one copy
+    /// otherwise.
+    pub fn to_bytes(&self) -> Bytes {
+        match self.segments.as_slice() {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            many => {
+                let mut out = BytesMut::with_capacity(self.len);
+                for s in many {
+                    out.extend_from_slice(s);
+                }
+                out.freeze()
+            }
+        }
+    }
+
+    /// Copies the payload into a vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len);
+        for s in &self.segments {
+            v.extend_from_slice(s);
+        }
+        v
+    }
+
+    /// Appends a shared segment (no copy).
+    pub fn push(&mut self, seg: Bytes) {
+        if !seg.is_empty() {
+            self.len += seg.len();
+            self.segments.push(seg);
+        }
+    }
+}
+
+impl From<Bytes> for Payload {
+    fn from(b: Bytes) -> Self {
+        let mut p = Payload::new();
+        p.push(b);
+        p
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(v: Vec<u8>) -> Self {
+        Payload::from(Bytes::from(v))
+    }
+}
+
+impl From<&[u8]> for Payload {
+    fn from(v: &[u8]) -> Self {
+        Payload::from(Bytes::copy_from_slice(v))
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.to_bytes() == other.to_bytes()
+    }
+}
+
+impl Eq for Payload {}
+
+impl core::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "Payload({} bytes in {} segments)", self.len, self.segments.len())
+    }
+}
+
+/// Gathers arriving bytes into a [`Payload`], allocating only as they arrive.
+#[derive(Debug, Default)]
+pub(crate) struct PayloadBuilder {
+    done: Payload,
+    tail: BytesMut,
+}
+
+impl PayloadBuilder {
+    /// Appends `bytes`; `remaining_hint` (bytes still expected after these)
+    /// only sizes the coalescing buffer, never beyond [`SEGMENT`].
+    pub(crate) fn push(&mut self, mut bytes: &[u8], remaining_hint: usize) {
+        while !bytes.is_empty() {
+            if self.tail.len() == self.tail.capacity() {
+                self.flush_tail();
+                if bytes.len() >= SEGMENT {
+                    self.done.push(Bytes::copy_from_slice(bytes));
+                    return;
+                }
+                let want = (bytes.len() + remaining_hint).min(SEGMENT);
+                self.tail = BytesMut::with_capacity(want);
+            }
+            let room = self.tail.capacity() - self.tail.len();
+            let n = room.min(bytes.len());
+            self.tail.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+        }
+    }
+
+    fn flush_tail(&mut self) {
+        if !self.tail.is_empty() {
+            self.done.push(core::mem::take(&mut self.tail).freeze());
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.done.len() + self.tail.len()
+    }
+
+    pub(crate) fn finish(mut self) -> Payload {
+        self.flush_tail();
+        self.done
+    }
+}

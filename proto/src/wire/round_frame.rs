@@ -1,0 +1,681 @@
+//! Round frames on the data channel (data protocol v3).
+//!
+//! `magic | n_tensors | kind | weight` then per tensor
+//! `dtype | ndim | dim x ndim | nbytes | bytes`, then an 8-byte footer
+//! `mac64` of everything before it. `nbytes = 0` for a shape with elements is
+//! zero-elision: all zeros of that shape.
+//!
+//! [`RoundDecoder`] verifies the MAC as the bytes stream through and hands
+//! each tensor's bytes to a [`RoundSink`] as they arrive, so a model-sized
+//! frame is never buffered whole.
+
+use bytes::{Bytes, BytesMut};
+
+use super::consts::*;
+use super::dtype::{Dtype, extend_le};
+use super::error::{FrameType, Problem, WireError, WireResult};
+use super::mac::{MacKey, MacState};
+
+/// What a round carries: model parameters (averaged) or control sums (summed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RoundKind {
+    /// Summed, then divided once by the summed mass.
+    #[default]
+    Model,
+    /// A pure sum.
+    Control,
+}
+
+impl RoundKind {
+    /// The wire byte.
+    pub fn tag(self) -> u8 {
+        match self {
+            RoundKind::Model => 0,
+            RoundKind::Control => 1,
+        }
+    }
+
+    /// Parses the wire byte.
+    pub fn from_tag(tag: u8) -> Option<Self> {
+        match tag {
+            0 => Some(RoundKind::Model),
+            1 => Some(RoundKind::Control),
+            _ => None,
+        }
+    }
+
+    /// `"Model"` or `"Control"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RoundKind::Model => "Model",
+            RoundKind::Control => "Control",
+        }
+    }
+}
+
+/// One tensor's header, validated.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TensorMeta {
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions.
+    pub shape: Vec<u32>,
+    /// Bytes of data that follow: 0 (elided) or `numel x dtype size`.
+    pub nbytes: u64,
+}
+
+impl TensorMeta {
+    /// Elements in the shape (1 for a scalar). Validated on decode to fit the
+    /// frame ceiling, so it cannot overflow for a decoded header.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().fold(1u64, |n, d| n.saturating_mul(u64::from(*d)))
+    }
+
+    /// Whether the data is elided (all zeros, nothing on the wire).
+    pub fn is_elided(&self) -> bool {
+        self.nbytes == 0
+    }
+
+    /// The schema of the tensor: dtype and shape, ignoring elision.
+    pub fn same_schema(&self, other: &TensorMeta) -> bool {
+        self.dtype == other.dtype && self.shape == other.shape
+    }
+}
+
+/// An owned tensor of a decoded frame.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorPayload {
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions.
+    pub shape: Vec<u32>,
+    /// Little-endian elements, or empty when elided.
+    pub bytes: Bytes,
+}
+
+impl TensorPayload {
+    /// Elements in the shape.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().fold(1u64, |n, d| n.saturating_mul(u64::from(*d)))
+    }
+}
+
+/// An owned round frame (for inspection, tests and small frames).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RoundFrame {
+    /// Model or Control.
+    pub kind: RoundKind,
+    /// The realized-work mass (finite, >= 0).
+    pub weight: f64,
+    /// The tensors.
+    pub tensors: Vec<TensorPayload>,
+}
+
+impl RoundFrame {
+    /// Appends the signed frame to `out`.
+    pub fn encode(&self, key: &MacKey, out: &mut BytesMut) -> WireResult<usize> {
+        let n = u32::try_from(self.tensors.len()).unwrap_or(u32::MAX);
+        let mut w = RoundWriter::begin(out, self.kind, self.weight, n)?;
+        for t in &self.tensors {
+            w.tensor_bytes(t.dtype, &t.shape, &t.bytes)?;
+        }
+        w.finish(key)
+    }
+
+    /// The signed frame as a fresh buffer.
+    pub fn to_bytes(&self, key: &MacKey) -> WireResult<Bytes> {
+        let mut out = BytesMut::new();
+        self.encode(key, &mut out)?;
+        Ok(out.freeze())
+    }
+
+    /// Decodes exactly one frame from `bytes` (whole; trailing bytes are an error).
+    pub fn decode(bytes: &[u8], key: &MacKey, ceiling: u64) -> WireResult<RoundFrame> {
+        let mut dec = RoundDecoder::new(ceiling);
+        let mut sink = CollectSink::default();
+        let (used, done) = dec.feed(bytes, key, &mut sink)?;
+        match done {
+            Some(_) if used == bytes.len() => Ok(sink.take()),
+            Some(_) => Err(WireError::new(
+                FrameType::RoundFrame,
+                "footer",
+                Problem::Invalid(format!("{} bytes follow the frame", bytes.len() - used)),
+            )),
+            None => Err(WireError::truncated(FrameType::RoundFrame, bytes.len())),
+        }
+    }
+}
+
+/// Bytes before the first tensor: magic, count, kind, weight.
+pub const ROUND_HEADER_LEN: usize = 17;
+/// The MAC footer.
+pub const ROUND_FOOTER_LEN: usize = 8;
+
+/// The wire length of a frame with these tensor headers.
+pub fn round_frame_len<'a>(tensors: impl IntoIterator<Item = (&'a [u32], u64)>) -> u64 {
+    let body: u64 = tensors.into_iter().map(|(shape, nbytes)| 2 + 4 * shape.len() as u64 + 8 + nbytes).sum();
+    ROUND_HEADER_LEN as u64 + body + ROUND_FOOTER_LEN as u64
+}
+
+fn check_weight(weight: f64) -> WireResult<()> {
+    if weight.is_finite() && weight >= 0.0 {
+        Ok(())
+    } else {
+        Err(WireError::new(
+            FrameType::RoundFrame,
+            "weight",
+            Problem::Invalid(format!("{weight} is not a finite non-negative mass")),
+        ))
+    }
+}
+
+/// Writes one round frame into a caller-owned buffer, tensor by tensor, and
+/// signs it in one pass at the end. On error the buffer is left as it was.
+///
+/// ```
+/// use bytes::BytesMut;
+/// use cohort_proto::wire::*;
+/// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
+/// let mut out = BytesMut::new();
+/// let mut w = RoundWriter::begin(&mut out, RoundKind::Model, 2.0, 2).unwrap();
+/// w.tensor_values(Dtype::F32, &[3], &[1.0, 2.0, 3.0]).unwrap();
+/// w.tensor_elided(Dtype::Bf16, &[8]).unwrap();
+/// w.finish(&key).unwrap();
+/// let f = RoundFrame::decode(&out, &key, DEFAULT_FRAME_CEILING).unwrap();
+/// assert_eq!((f.weight, f.tensors.len(), f.tensors[1].bytes.len()), (2.0, 2, 0));
+/// ```
+#[derive(Debug)]
+pub struct RoundWriter<'a> {
+    out: &'a mut BytesMut,
+    start: usize,
+    declared: u32,
+    written: u32,
+}
+
+impl<'a> RoundWriter<'a> {
+    /// Starts a frame of `n_tensors` tensors.
+    pub fn begin(out: &'a mut BytesMut, kind: RoundKind, weight: f64, n_tensors: u32) -> WireResult<Self> {
+        check_weight(weight)?;
+        if n_tensors > MAX_ROUND_FRAME_TENSORS {
+            return Err(WireError::new(
+                FrameType::RoundFrame,
+                "n_tensors",
+                Problem::TooLarge { got: n_tensors.into(), limit: MAX_ROUND_FRAME_TENSORS.into() },
+            ));
+        }
+        let start = out.len();
+        out.extend_from_slice(&ROUND_FRAME_MAGIC.to_le_bytes());
+        out.extend_from_slice(&n_tensors.to_le_bytes());
+        out.extend_from_slice(&[kind.tag()]);
+        out.extend_from_slice(&weight.to_le_bytes());
+        Ok(RoundWriter { out, start, declared: n_tensors, written: 0 })
+    }
+
+    fn fail(&mut self, err: WireError) -> WireError {
+        self.out.truncate(self.start);
+        err
+    }
+
+    fn header(&mut self, dtype: Dtype, shape: &[u32], nbytes: u64) -> WireResult<()> {
+        let i = self.written;
+        if i >= self.declared {
+            let e = WireError::tensor(i, "n_tensors", Problem::Mismatch { got: (i + 1).into(), expected: self.declared.into() });
+            return Err(self.fail(e));
+        }
+        let Ok(ndim) = u8::try_from(shape.len()) else {
+            let e = WireError::tensor(i, "ndim", Problem::TooLarge { got: shape.len() as u64, limit: 255 });
+            return Err(self.fail(e));
+        };
+        self.out.extend_from_slice(&[dtype.tag(), ndim]);
+        for d in shape {
+            self.out.extend_from_slice(&d.to_le_bytes());
+        }
+        self.out.extend_from_slice(&nbytes.to_le_bytes());
+        self.written += 1;
+        Ok(())
+    }
+
+    fn expected_nbytes(&mut self, dtype: Dtype, shape: &[u32]) -> WireResult<u64> {
+        let numel = shape.iter().try_fold(1u64, |n, d| n.checked_mul(u64::from(*d)));
+        match numel.and_then(|n| n.checked_mul(dtype.size() as u64)) {
+            Some(n) => Ok(n),
+            None => {
+                let e = WireError::tensor(self.written, "shape", Problem::Invalid("element count overflows".into()));
+                Err(self.fail(e))
+            }
+        }
+    }
+
+    /// Appends a tensor from raw little-endian bytes (empty = elided).
+    pub fn tensor_bytes(&mut self, dtype: Dtype, shape: &[u32], bytes: &[u8]) -> WireResult<()> {
+        let want = self.expected_nbytes(dtype, shape)?;
+        if !bytes.is_empty() && bytes.len() as u64 != want {
+            let e = WireError::tensor(
+                self.written,
+                "nbytes",
+                Problem::Mismatch { got: bytes.len() as u64, expected: want },
+            );
+            return Err(self.fail(e));
+        }
+        self.header(dtype, shape, bytes.len() as u64)?;
+        self.out.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// Appends a tensor from f32 values, converted to `dtype` as they are written.
+    pub fn tensor_values(&mut self, dtype: Dtype, shape: &[u32], values: &[f32]) -> WireResult<()> {
+        let want = self.expected_nbytes(dtype, shape)?;
+        let nbytes = (values.len() * dtype.size()) as u64;
+        if nbytes != want {
+            let e = WireError::tensor(self.written, "nbytes", Problem::Mismatch { got: nbytes, expected: want });
+            return Err(self.fail(e));
+        }
+        self.header(dtype, shape, nbytes)?;
+        extend_le(self.out, values, dtype);
+        Ok(())
+    }
+
+    /// Appends an elided (all-zero) tensor.
+    pub fn tensor_elided(&mut self, dtype: Dtype, shape: &[u32]) -> WireResult<()> {
+        self.expected_nbytes(dtype, shape)?;
+        self.header(dtype, shape, 0)
+    }
+
+    /// Signs the frame, returning its total length.
+    pub fn finish(mut self, key: &MacKey) -> WireResult<usize> {
+        if self.written != self.declared {
+            let e = WireError::new(
+                FrameType::RoundFrame,
+                "n_tensors",
+                Problem::Mismatch { got: self.written.into(), expected: self.declared.into() },
+            );
+            return Err(self.fail(e));
+        }
+        let tag = key.mac64(&self.out[self.start..]);
+        self.out.extend_from_slice(&tag.to_le_bytes());
+        Ok(self.out.len() - self.start)
+    }
+}
+
+/// Receives a round frame's parts as [`RoundDecoder`] parses them.
+///
+/// Nothing a sink sees is authenticated until the decoder reports the frame
+/// done; a sink that commits early must treat a later error as fatal.
+pub trait RoundSink {
+    /// The frame header.
+    fn header(&mut self, _kind: RoundKind, _weight: f64, _n_tensors: u32) -> WireResult<()> {
+        Ok(())
+    }
+    /// A tensor header (validated: known dtype, consistent nbytes, within the ceiling).
+    fn tensor(&mut self, _index: u32, _meta: &TensorMeta) -> WireResult<()> {
+        Ok(())
+    }
+    /// Whole elements of tensor `index`, starting at element `elem_offset`.
+    fn data(&mut self, index: u32, elem_offset: u64, bytes: &[u8]) -> WireResult<()>;
+}
+
+/// A sink that ignores everything (verification only).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NullSink;
+
+impl RoundSink for NullSink {
+    fn data(&mut self, _: u32, _: u64, _: &[u8]) -> WireResult<()> {
+        Ok(())
+    }
+}
+
+/// A sink that builds an owned [`RoundFrame`].
+#[derive(Debug, Default)]
+pub struct CollectSink {
+    frame: RoundFrame,
+    current: BytesMut,
+}
+
+impl CollectSink {
+    fn close_current(&mut self) {
+        if let Some(t) = self.frame.tensors.last_mut()
+            && t.bytes.is_empty()
+            && !self.current.is_empty()
+        {
+            t.bytes = core::mem::take(&mut self.current).freeze();
+        }
+    }
+
+    /// The frame collected so far (complete once the decoder reported done).
+    pub fn take(&mut self) -> RoundFrame {
+        self.close_current();
+        core::mem::take(&mut self.frame)
+    }
+}
+
+impl RoundSink for CollectSink {
+    fn header(&mut self, kind: RoundKind, weight: f64, _n: u32) -> WireResult<()> {
+        self.frame = RoundFrame { kind, weight, tensors: Vec::new() };
+        Ok(())
+    }
+    fn tensor(&mut self, _index: u32, meta: &TensorMeta) -> WireResult<()> {
+        self.close_current();
+        self.frame.tensors.push(TensorPayload { dtype: meta.dtype, shape: meta.shape.clone(), bytes: Bytes::new() });
+        Ok(())
+    }
+    fn data(&mut self, _index: u32, _elem_offset: u64, bytes: &[u8]) -> WireResult<()> {
+        self.current.extend_from_slice(bytes);
+        Ok(())
+    }
+}
+
+/// A frame the decoder finished and authenticated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoundDone {
+    /// Model or Control.
+    pub kind: RoundKind,
+    /// The mass.
+    pub weight: f64,
+    /// Tensors in the frame.
+    pub n_tensors: u32,
+    /// Bytes the frame took on the wire.
+    pub wire_len: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Magic,
+    Count,
+    Kind,
+    Weight,
+    TensorMeta,
+    Shape,
+    Nbytes,
+    Data,
+    Footer,
+}
+
+/// Streaming round-frame decoder for one connection.
+///
+/// Feed any split of the stream; each call consumes what it can and reports
+/// a frame once its footer verifies. Only small headers are buffered (at most
+/// 8 bytes at a time, plus up to 3 bytes of a split element).
+#[derive(Debug)]
+pub struct RoundDecoder {
+    ceiling: u64,
+    stage: Stage,
+    small: [u8; 8],
+    have: usize,
+    mac: Option<MacState>,
+    wire_len: u64,
+    n_tensors: u32,
+    kind: RoundKind,
+    weight: f64,
+    index: u32,
+    dtype: Dtype,
+    ndim: u8,
+    shape: Vec<u32>,
+    remaining: u64,
+    elem_offset: u64,
+    carry: [u8; 4],
+    carry_len: usize,
+    total_nbytes: u64,
+    total_logical: u64,
+}
+
+impl RoundDecoder {
+    /// A decoder refusing frames whose tensor bytes exceed `ceiling`.
+    pub fn new(ceiling: u64) -> Self {
+        RoundDecoder {
+            ceiling,
+            stage: Stage::Magic,
+            small: [0; 8],
+            have: 0,
+            mac: None,
+            wire_len: 0,
+            n_tensors: 0,
+            kind: RoundKind::Model,
+            weight: 0.0,
+            index: 0,
+            dtype: Dtype::F32,
+            ndim: 0,
+            shape: Vec::new(),
+            remaining: 0,
+            elem_offset: 0,
+            carry: [0; 4],
+            carry_len: 0,
+            total_nbytes: 0,
+            total_logical: 0,
+        }
+    }
+
+    /// Whether the decoder sits between frames.
+    pub fn is_idle(&self) -> bool {
+        self.stage == Stage::Magic && self.have == 0
+    }
+
+    /// Bytes of the current, unfinished frame consumed so far.
+    pub fn in_progress(&self) -> u64 {
+        self.wire_len
+    }
+
+    /// At end of stream: an error if a frame was left unfinished.
+    pub fn finish(&self) -> WireResult<()> {
+        if self.is_idle() {
+            Ok(())
+        } else {
+            Err(WireError::truncated(FrameType::RoundFrame, self.wire_len as usize))
+        }
+    }
+
+    fn reset(&mut self) {
+        let ceiling = self.ceiling;
+        let shape = core::mem::take(&mut self.shape);
+        *self = RoundDecoder::new(ceiling);
+        self.shape = shape;
+        self.shape.clear();
+    }
+
+    /// Accumulates up to `n` bytes of a small field; `Some(bytes)` when complete.
+    fn gather(&mut self, input: &[u8], used: &mut usize, n: usize) -> Option<[u8; 8]> {
+        let take = (n - self.have).min(input.len() - *used);
+        let src = &input[*used..*used + take];
+        self.small[self.have..self.have + take].copy_from_slice(src);
+        if let Some(m) = &mut self.mac {
+            m.update(src);
+        }
+        self.have += take;
+        *used += take;
+        self.wire_len += take as u64;
+        if self.have < n {
+            return None;
+        }
+        self.have = 0;
+        Some(self.small)
+    }
+
+    fn next_tensor_or_footer(&mut self) {
+        self.stage = if self.index < self.n_tensors { Stage::TensorMeta } else { Stage::Footer };
+    }
+
+    /// Consumes bytes from the front of `input`, passing tensor data to `sink`.
+    /// Returns the bytes used and, when they completed a frame whose MAC
+    /// verified, that frame's summary. Call again with the rest of `input`.
+    pub fn feed<S: RoundSink + ?Sized>(
+        &mut self,
+        input: &[u8],
+        key: &MacKey,
+        sink: &mut S,
+    ) -> WireResult<(usize, Option<RoundDone>)> {
+        const F: FrameType = FrameType::RoundFrame;
+        let mut used = 0;
+        while used < input.len() || (self.stage == Stage::Data && self.remaining == 0) {
+            match self.stage {
+                Stage::Magic => {
+                    if self.mac.is_none() {
+                        self.mac = Some(key.start());
+                    }
+                    let Some(b) = self.gather(input, &mut used, 4) else { break };
+                    let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    if magic != ROUND_FRAME_MAGIC {
+                        return Err(WireError::new(F, "magic", Problem::Magic { got: magic, expected: ROUND_FRAME_MAGIC }));
+                    }
+                    self.stage = Stage::Count;
+                }
+                Stage::Count => {
+                    let Some(b) = self.gather(input, &mut used, 4) else { break };
+                    let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    if n > MAX_ROUND_FRAME_TENSORS {
+                        return Err(WireError::new(
+                            F,
+                            "n_tensors",
+                            Problem::TooLarge { got: n.into(), limit: MAX_ROUND_FRAME_TENSORS.into() },
+                        ));
+                    }
+                    self.n_tensors = n;
+                    self.stage = Stage::Kind;
+                }
+                Stage::Kind => {
+                    let Some(b) = self.gather(input, &mut used, 1) else { break };
+                    self.kind = RoundKind::from_tag(b[0])
+                        .ok_or_else(|| WireError::new(F, "kind", Problem::Unknown(b[0].into())))?;
+                    self.stage = Stage::Weight;
+                }
+                Stage::Weight => {
+                    let Some(b) = self.gather(input, &mut used, 8) else { break };
+                    let w = f64::from_le_bytes(b);
+                    check_weight(w)?;
+                    self.weight = w;
+                    sink.header(self.kind, w, self.n_tensors)?;
+                    self.next_tensor_or_footer();
+                }
+                Stage::TensorMeta => {
+                    let Some(b) = self.gather(input, &mut used, 2) else { break };
+                    self.dtype = Dtype::from_tag(b[0])
+                        .ok_or_else(|| WireError::tensor(self.index, "dtype", Problem::Unknown(b[0].into())))?;
+                    self.ndim = b[1];
+                    self.shape.clear();
+                    self.stage = if self.ndim == 0 { Stage::Nbytes } else { Stage::Shape };
+                }
+                Stage::Shape => {
+                    let Some(b) = self.gather(input, &mut used, 4) else { break };
+                    self.shape.push(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                    if self.shape.len() == usize::from(self.ndim) {
+                        self.stage = Stage::Nbytes;
+                    }
+                }
+                Stage::Nbytes => {
+                    let Some(b) = self.gather(input, &mut used, 8) else { break };
+                    let nbytes = u64::from_le_bytes(b);
+                    self.check_tensor(nbytes)?;
+                    let meta = TensorMeta { dtype: self.dtype, shape: core::mem::take(&mut self.shape), nbytes };
+                    sink.tensor(self.index, &meta)?;
+                    self.shape = meta.shape;
+                    self.remaining = nbytes;
+                    self.elem_offset = 0;
+                    self.carry_len = 0;
+                    self.stage = Stage::Data;
+                }
+                Stage::Data => {
+                    if self.remaining == 0 {
+                        self.index += 1;
+                        self.next_tensor_or_footer();
+                        continue;
+                    }
+                    let take = (self.remaining.min((input.len() - used) as u64)) as usize;
+                    let chunk = &input[used..used + take];
+                    if let Some(m) = &mut self.mac {
+                        m.update(chunk);
+                    }
+                    used += take;
+                    self.wire_len += take as u64;
+                    self.remaining -= take as u64;
+                    self.deliver(chunk, sink)?;
+                }
+                Stage::Footer => {
+                    let Some(b) = self.gather_footer(input, &mut used) else { break };
+                    let computed = self.mac.take().map(MacState::finish);
+                    if computed != Some(u64::from_le_bytes(b)) {
+                        return Err(WireError::new(F, "footer", Problem::Mac));
+                    }
+                    let done = RoundDone {
+                        kind: self.kind,
+                        weight: self.weight,
+                        n_tensors: self.n_tensors,
+                        wire_len: self.wire_len,
+                    };
+                    self.reset();
+                    return Ok((used, Some(done)));
+                }
+            }
+        }
+        Ok((used, None))
+    }
+
+    /// The footer is not part of the MAC'd bytes.
+    fn gather_footer(&mut self, input: &[u8], used: &mut usize) -> Option<[u8; 8]> {
+        let take = (8 - self.have).min(input.len() - *used);
+        self.small[self.have..self.have + take].copy_from_slice(&input[*used..*used + take]);
+        self.have += take;
+        *used += take;
+        self.wire_len += take as u64;
+        if self.have < 8 {
+            return None;
+        }
+        self.have = 0;
+        Some(self.small)
+    }
+
+    fn check_tensor(&mut self, nbytes: u64) -> WireResult<()> {
+        let i = self.index;
+        let elem = self.dtype.size() as u64;
+        let logical = self
+            .shape
+            .iter()
+            .try_fold(1u64, |n, d| n.checked_mul(u64::from(*d)))
+            .and_then(|n| n.checked_mul(elem))
+            .ok_or_else(|| WireError::tensor(i, "shape", Problem::Invalid("element count overflows".into())))?;
+        if nbytes != 0 && nbytes != logical {
+            return Err(WireError::tensor(i, "nbytes", Problem::Mismatch { got: nbytes, expected: logical }));
+        }
+        self.total_nbytes = self.total_nbytes.saturating_add(nbytes);
+        if self.total_nbytes > self.ceiling {
+            return Err(WireError::tensor(
+                i,
+                "nbytes",
+                Problem::TooLarge { got: self.total_nbytes, limit: self.ceiling },
+            ));
+        }
+        self.total_logical = self.total_logical.saturating_add(logical);
+        if self.total_logical > self.ceiling {
+            return Err(WireError::tensor(
+                i,
+                "shape",
+                Problem::TooLarge { got: self.total_logical, limit: self.ceiling },
+            ));
+        }
+        Ok(())
+    }
+
+    /// Hands `chunk` to the sink as whole elements, carrying a split element.
+    fn deliver<S: RoundSink + ?Sized>(&mut self, mut chunk: &[u8], sink: &mut S) -> WireResult<()> {
+        let elem = self.dtype.size();
+        if self.carry_len > 0 {
+            let take = (elem - self.carry_len).min(chunk.len());
+            self.carry[self.carry_len..self.carry_len + take].copy_from_slice(&chunk[..take]);
+            self.carry_len += take;
+            chunk = &chunk[take..];
+            if self.carry_len < elem {
+                return Ok(());
+            }
+            let carry = self.carry;
+            sink.data(self.index, self.elem_offset, &carry[..elem])?;
+            self.elem_offset += 1;
+            self.carry_len = 0;
+        }
+        let whole = chunk.len() / elem * elem;
+        if whole > 0 {
+            sink.data(self.index, self.elem_offset, &chunk[..whole])?;
+            self.elem_offset += (whole / elem) as u64;
+        }
+        let rest = &chunk[whole..];
+        self.carry[..rest.len()].copy_from_slice(rest);
+        self.carry_len = rest.len();
+        Ok(())
+    }
+}

@@ -1,0 +1,4 @@
+//! Shared helpers for cohort's cross-crate tests.
+#![forbid(unsafe_code)]
+
+pub mod vectors;
