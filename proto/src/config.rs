@@ -68,9 +68,9 @@ impl TimeoutScale {
     /// surrounding white space.
     pub fn parse(raw: &str) -> Result<Self, ConfigError> {
         let trimmed = raw.trim();
-        let factor: f64 = trimmed.parse().map_err(|_| {
-            ConfigError::new("timeout scale", format!("{trimmed:?} is not a number"))
-        })?;
+        let factor: f64 = trimmed
+            .parse()
+            .map_err(|_| ConfigError::new("timeout scale", format!("{trimmed:?} is not a number")))?;
         Self::new(factor)
     }
 

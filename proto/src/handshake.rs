@@ -202,8 +202,22 @@ pub const HANDSHAKE_DIAL: DialId = DialId(0);
 
 impl<K: Handshake> Dialer<K> {
     /// A dialer to `addr`; `channel_magic` is written first on cross-host dials.
-    pub fn new(kind: K, fields: K::Fields, addr: impl Into<String>, channel_magic: Option<[u8; 4]>, budget: Duration) -> Self {
-        Dialer { kind, fields, addr: addr.into(), channel_magic, budget, state: DialState::Idle, out: Outbox::default() }
+    pub fn new(
+        kind: K,
+        fields: K::Fields,
+        addr: impl Into<String>,
+        channel_magic: Option<[u8; 4]>,
+        budget: Duration,
+    ) -> Self {
+        Dialer {
+            kind,
+            fields,
+            addr: addr.into(),
+            channel_magic,
+            budget,
+            state: DialState::Idle,
+            out: Outbox::default(),
+        }
     }
 
     /// Asks for the connection.

@@ -14,8 +14,16 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod coord;
 pub mod handshake;
+pub mod join;
 pub mod machine;
+pub mod rank;
+pub mod reduce;
+pub mod relay;
+pub mod rendezvous;
+pub mod route;
+pub mod status;
 pub mod time;
 pub mod wire;
 

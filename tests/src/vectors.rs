@@ -25,7 +25,8 @@ pub fn path() -> std::path::PathBuf {
 
 /// Every vector, in file order.
 pub fn load() -> Vec<Vector> {
-    let text = std::fs::read_to_string(path()).unwrap_or_else(|e| panic!("reading {}: {e}", path().display()));
+    let text =
+        std::fs::read_to_string(path()).unwrap_or_else(|e| panic!("reading {}: {e}", path().display()));
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|line| {
@@ -37,7 +38,13 @@ pub fn load() -> Vec<Vector> {
             } else {
                 (hex::decode(&s("hex")).expect("hex"), v.get("msg").cloned().unwrap_or(Value::Null))
             };
-            Vector { name: s("name"), channel, salt: SessionSalt::from_hex(&s("salt")).expect("salt"), bytes, msg }
+            Vector {
+                name: s("name"),
+                channel,
+                salt: SessionSalt::from_hex(&s("salt")).expect("salt"),
+                bytes,
+                msg,
+            }
         })
         .collect()
 }

@@ -61,8 +61,8 @@ fn every_vector_decodes_whole_to_its_msg() {
 
 #[test]
 fn every_vector_decodes_one_byte_at_a_time() {
-    use cohort_proto::wire::{CollectSink, LenDecoder, MuxDecoder, RecvBuf, RoundDecoder, decode_frame};
     use cohort_proto::wire::json::{message_to_json, mux_to_json, round_to_json};
+    use cohort_proto::wire::{CollectSink, LenDecoder, MuxDecoder, RecvBuf, RoundDecoder, decode_frame};
     for v in frames() {
         let key = MacKey::new(&v.salt);
         let mut got: Vec<Value> = Vec::new();
@@ -110,7 +110,9 @@ fn every_vector_decodes_one_byte_at_a_time() {
                         v.name
                     );
                 }
-                got.extend(decode_to_json(f, &key, DEFAULT_FRAME_CEILING, &v.bytes).into_iter().map(Result::unwrap));
+                got.extend(
+                    decode_to_json(f, &key, DEFAULT_FRAME_CEILING, &v.bytes).into_iter().map(Result::unwrap),
+                );
             }
         }
         assert_eq!(got.len(), 1, "{}: byte-at-a-time gave {got:?}", v.name);

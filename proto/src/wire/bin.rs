@@ -22,9 +22,7 @@ pub(crate) fn encode_into<T: Serialize + ?Sized>(value: &T, out: &mut BytesMut) 
     let start = out.len();
     // Encoding plain data into memory cannot fail; a failure would be a bug in
     // a Serialize impl of ours, so it is reported as an empty payload.
-    if bincode::serde::encode_into_writer(value, BufWriter(out), bincode::config::standard())
-        .is_err()
-    {
+    if bincode::serde::encode_into_writer(value, BufWriter(out), bincode::config::standard()).is_err() {
         out.truncate(start);
     }
     out.len() - start

@@ -95,9 +95,9 @@ impl fmt::Display for Problem {
             Problem::TooLarge { got, limit } => {
                 write!(f, "{got} exceeds the limit {limit} (rejected before allocating)")
             }
-            Problem::Mac => f.write_str(
-                "HMAC verification failed (session salt disagreement, tampering or corruption)",
-            ),
+            Problem::Mac => {
+                f.write_str("HMAC verification failed (session salt disagreement, tampering or corruption)")
+            }
             Problem::Unknown(v) => write!(f, "unknown tag {v} (0x{v:x})"),
             Problem::Mismatch { got, expected } => write!(f, "{got} != expected {expected}"),
             Problem::Invalid(why) => f.write_str(why),

@@ -113,8 +113,12 @@ pub fn mux_to_json(rec: &MuxRecord) -> Value {
             json!({ "Data": { "rank": rank, "payload_hex": hex::encode(&payload.to_vec()) } })
         }
         MuxRecord::Control(m) => json!({ "Control": serde_json::to_value(m).unwrap_or(Value::Null) }),
-        MuxRecord::HostFrame { payload } => json!({ "HostFrame": { "payload_hex": hex::encode(&payload.to_vec()) } }),
-        MuxRecord::Broadcast { payload } => json!({ "Broadcast": { "payload_hex": hex::encode(&payload.to_vec()) } }),
+        MuxRecord::HostFrame { payload } => {
+            json!({ "HostFrame": { "payload_hex": hex::encode(&payload.to_vec()) } })
+        }
+        MuxRecord::Broadcast { payload } => {
+            json!({ "Broadcast": { "payload_hex": hex::encode(&payload.to_vec()) } })
+        }
     }
 }
 
@@ -160,7 +164,8 @@ pub fn round_from_json(v: &Value) -> Result<RoundFrame, String> {
         .iter()
         .map(|t| {
             let tag = t.get("dtype").and_then(Value::as_u64).ok_or("tensor needs a dtype")?;
-            let dtype = u8::try_from(tag).ok().and_then(Dtype::from_tag).ok_or(format!("unknown dtype {tag}"))?;
+            let dtype =
+                u8::try_from(tag).ok().and_then(Dtype::from_tag).ok_or(format!("unknown dtype {tag}"))?;
             let shape: Vec<u32> = serde_json::from_value(t.get("shape").cloned().unwrap_or(Value::Null))
                 .map_err(|e| format!("tensor shape: {e}"))?;
             Ok(TensorPayload { dtype, shape, bytes: hex_field(t, "bytes_hex")?.into() })
@@ -171,7 +176,9 @@ pub fn round_from_json(v: &Value) -> Result<RoundFrame, String> {
 
 fn single_key(v: &Value) -> Result<(&str, &Value), String> {
     match v {
-        Value::Object(m) if m.len() == 1 => m.iter().next().map(|(k, v)| (k.as_str(), v)).ok_or_else(String::new),
+        Value::Object(m) if m.len() == 1 => {
+            m.iter().next().map(|(k, v)| (k.as_str(), v)).ok_or_else(String::new)
+        }
         // Unit variants of an enum serialize as a bare string.
         Value::String(_) => Err("expected an object keyed by the frame kind".into()),
         _ => Err("expected an object with exactly one key (the frame kind)".into()),
@@ -197,7 +204,12 @@ fn sig_field(v: &Value, name: &str) -> Result<[u8; 32], String> {
 /// Decodes every frame in `bytes` read as `framing`, keyed by `key`, in the
 /// JSON form. Decoding stops at the first error, which is the last element;
 /// an unfinished final frame is an error too.
-pub fn decode_to_json(framing: Framing, key: &MacKey, ceiling: u64, bytes: &[u8]) -> Vec<Result<Value, WireError>> {
+pub fn decode_to_json(
+    framing: Framing,
+    key: &MacKey,
+    ceiling: u64,
+    bytes: &[u8],
+) -> Vec<Result<Value, WireError>> {
     let mut out = Vec::new();
     let result = match framing {
         Framing::HandshakeRank => fixed(bytes, &mut out, FrameType::ControlHandshake, |b: [u8; 56]| {

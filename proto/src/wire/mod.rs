@@ -39,7 +39,7 @@ pub use mux::{MUX_HEADER_LEN, MuxDecoder, MuxRecord, encode_control};
 pub use payload::{Payload, SEGMENT};
 pub use recv_buf::{GROW_STEP, RecvBuf};
 pub use round_frame::{
-    CollectSink, NullSink, ROUND_FOOTER_LEN, ROUND_HEADER_LEN, RoundDecoder, RoundDone, RoundFrame, RoundKind,
-    RoundSink, RoundWriter, TensorMeta, TensorPayload, round_frame_len,
+    CollectSink, NullSink, ROUND_FOOTER_LEN, ROUND_HEADER_LEN, RoundDecoder, RoundDone, RoundFrame,
+    RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, round_frame_len,
 };
 pub use salt::{SaltError, SessionSalt};

@@ -202,7 +202,11 @@ impl MuxDecoder {
             let u32_at = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
             let magic = u32_at(0);
             if magic != MUX_RECORD_MAGIC {
-                return Err(WireError::new(F, "magic", Problem::Magic { got: magic, expected: MUX_RECORD_MAGIC }));
+                return Err(WireError::new(
+                    F,
+                    "magic",
+                    Problem::Magic { got: magic, expected: MUX_RECORD_MAGIC },
+                ));
             }
             let version = u32_at(4);
             if version != MUX_PROTOCOL_VERSION {

@@ -219,7 +219,11 @@ impl<'a> RoundWriter<'a> {
     fn header(&mut self, dtype: Dtype, shape: &[u32], nbytes: u64) -> WireResult<()> {
         let i = self.written;
         if i >= self.declared {
-            let e = WireError::tensor(i, "n_tensors", Problem::Mismatch { got: (i + 1).into(), expected: self.declared.into() });
+            let e = WireError::tensor(
+                i,
+                "n_tensors",
+                Problem::Mismatch { got: (i + 1).into(), expected: self.declared.into() },
+            );
             return Err(self.fail(e));
         }
         let Ok(ndim) = u8::try_from(shape.len()) else {
@@ -240,7 +244,11 @@ impl<'a> RoundWriter<'a> {
         match numel.and_then(|n| n.checked_mul(dtype.size() as u64)) {
             Some(n) => Ok(n),
             None => {
-                let e = WireError::tensor(self.written, "shape", Problem::Invalid("element count overflows".into()));
+                let e = WireError::tensor(
+                    self.written,
+                    "shape",
+                    Problem::Invalid("element count overflows".into()),
+                );
                 Err(self.fail(e))
             }
         }
@@ -267,7 +275,8 @@ impl<'a> RoundWriter<'a> {
         let want = self.expected_nbytes(dtype, shape)?;
         let nbytes = (values.len() * dtype.size()) as u64;
         if nbytes != want {
-            let e = WireError::tensor(self.written, "nbytes", Problem::Mismatch { got: nbytes, expected: want });
+            let e =
+                WireError::tensor(self.written, "nbytes", Problem::Mismatch { got: nbytes, expected: want });
             return Err(self.fail(e));
         }
         self.header(dtype, shape, nbytes)?;
@@ -355,7 +364,11 @@ impl RoundSink for CollectSink {
     }
     fn tensor(&mut self, _index: u32, meta: &TensorMeta) -> WireResult<()> {
         self.close_current();
-        self.frame.tensors.push(TensorPayload { dtype: meta.dtype, shape: meta.shape.clone(), bytes: Bytes::new() });
+        self.frame.tensors.push(TensorPayload {
+            dtype: meta.dtype,
+            shape: meta.shape.clone(),
+            bytes: Bytes::new(),
+        });
         Ok(())
     }
     fn data(&mut self, _index: u32, _elem_offset: u64, bytes: &[u8]) -> WireResult<()> {
@@ -513,7 +526,11 @@ impl RoundDecoder {
                     let Some(b) = self.gather(input, &mut used, 4) else { break };
                     let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                     if magic != ROUND_FRAME_MAGIC {
-                        return Err(WireError::new(F, "magic", Problem::Magic { got: magic, expected: ROUND_FRAME_MAGIC }));
+                        return Err(WireError::new(
+                            F,
+                            "magic",
+                            Problem::Magic { got: magic, expected: ROUND_FRAME_MAGIC },
+                        ));
                     }
                     self.stage = Stage::Count;
                 }
@@ -546,8 +563,9 @@ impl RoundDecoder {
                 }
                 Stage::TensorMeta => {
                     let Some(b) = self.gather(input, &mut used, 2) else { break };
-                    self.dtype = Dtype::from_tag(b[0])
-                        .ok_or_else(|| WireError::tensor(self.index, "dtype", Problem::Unknown(b[0].into())))?;
+                    self.dtype = Dtype::from_tag(b[0]).ok_or_else(|| {
+                        WireError::tensor(self.index, "dtype", Problem::Unknown(b[0].into()))
+                    })?;
                     self.ndim = b[1];
                     self.shape.clear();
                     self.stage = if self.ndim == 0 { Stage::Nbytes } else { Stage::Shape };
@@ -563,7 +581,8 @@ impl RoundDecoder {
                     let Some(b) = self.gather(input, &mut used, 8) else { break };
                     let nbytes = u64::from_le_bytes(b);
                     self.check_tensor(nbytes)?;
-                    let meta = TensorMeta { dtype: self.dtype, shape: core::mem::take(&mut self.shape), nbytes };
+                    let meta =
+                        TensorMeta { dtype: self.dtype, shape: core::mem::take(&mut self.shape), nbytes };
                     sink.tensor(self.index, &meta)?;
                     self.shape = meta.shape;
                     self.remaining = nbytes;
@@ -629,7 +648,9 @@ impl RoundDecoder {
             .iter()
             .try_fold(1u64, |n, d| n.checked_mul(u64::from(*d)))
             .and_then(|n| n.checked_mul(elem))
-            .ok_or_else(|| WireError::tensor(i, "shape", Problem::Invalid("element count overflows".into())))?;
+            .ok_or_else(|| {
+                WireError::tensor(i, "shape", Problem::Invalid("element count overflows".into()))
+            })?;
         if nbytes != 0 && nbytes != logical {
             return Err(WireError::tensor(i, "nbytes", Problem::Mismatch { got: nbytes, expected: logical }));
         }

@@ -1,0 +1,1 @@
+//! The rank control client. Status: not written yet (issue 5).

@@ -1,0 +1,1 @@
+//! The rank data client. Status: not written yet (issue 4).
