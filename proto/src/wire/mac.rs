@@ -2,18 +2,24 @@
 //! 8 bytes read as a little-endian u64.
 //!
 //! HMAC's keyed inner and outer hash states depend only on the key, so
-//! [`MacKey`] computes them once per salt; each frame then costs only the
-//! hashing of its own bytes (two compressions for a small frame instead of
-//! four with per-call keying).
+//! [`MacKey`] computes them once per salt, directly on SHA-256's compression
+//! function; each frame then costs only the hashing of its own bytes (two
+//! compressions for a small frame instead of four with per-call keying).
+//! [`mac64`] keys per call through the `hmac` crate, as flodl does; it is the
+//! reference the prepared path is tested against.
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
+use sha2::block_api::compress256;
 
 use super::salt::SessionSalt;
 
 type HmacSha256 = Hmac<Sha256>;
 
 /// A session salt prepared for MAC computation; cheap to clone and share.
+///
+/// Holds the SHA-256 states after absorbing the key XOR ipad and key XOR
+/// opad blocks, so every MAC starts two compressions in.
 ///
 /// ```
 /// use cohort_proto::wire::{MacKey, SessionSalt, mac64};
@@ -27,7 +33,8 @@ type HmacSha256 = Hmac<Sha256>;
 /// ```
 #[derive(Clone)]
 pub struct MacKey {
-    prepared: HmacSha256,
+    inner: [u32; 8],
+    outer: [u32; 8],
 }
 
 impl core::fmt::Debug for MacKey {
@@ -36,14 +43,41 @@ impl core::fmt::Debug for MacKey {
     }
 }
 
+/// SHA-256's initial state (FIPS 180-4, 5.3.3).
+const IV: [u32; 8] =
+    [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19];
+
+const BLOCK: usize = 64;
+
 impl MacKey {
     /// Prepares the keyed hash states for `salt`.
     pub fn new(salt: &SessionSalt) -> Self {
-        MacKey { prepared: keyed(salt.as_bytes()) }
+        // A key no longer than a block is zero-padded to one (RFC 2104).
+        let mut ipad = [0x36u8; BLOCK];
+        let mut opad = [0x5cu8; BLOCK];
+        for (i, k) in salt.as_bytes().iter().enumerate() {
+            ipad[i] ^= k;
+            opad[i] ^= k;
+        }
+        let (mut inner, mut outer) = (IV, IV);
+        compress256(&mut inner, &[ipad]);
+        compress256(&mut outer, &[opad]);
+        MacKey { inner, outer }
     }
 
     /// `mac64` of one contiguous byte string.
+    #[inline]
     pub fn mac64(&self, bytes: &[u8]) -> u64 {
+        if bytes.len() < BLOCK - 8 {
+            // One padded block: the common case of control frames and handshakes.
+            let mut block = [0u8; BLOCK];
+            block[..bytes.len()].copy_from_slice(bytes);
+            block[bytes.len()] = 0x80;
+            block[BLOCK - 8..].copy_from_slice(&(((BLOCK + bytes.len()) as u64) * 8).to_be_bytes());
+            let mut state = self.inner;
+            compress256(&mut state, &[block]);
+            return self.outer_tag(&state);
+        }
         let mut st = self.start();
         st.update(bytes);
         st.finish()
@@ -60,32 +94,79 @@ impl MacKey {
 
     /// Starts an incremental MAC (for bytes that arrive or are produced in pieces).
     pub fn start(&self) -> MacState {
-        MacState { hmac: self.prepared.clone() }
+        MacState { state: self.inner, outer: self.outer, buf: [0; BLOCK], buf_len: 0, absorbed: 0 }
+    }
+
+    /// The outer hash over the inner digest, truncated.
+    fn outer_tag(&self, inner_digest: &[u32; 8]) -> u64 {
+        let mut block = [0u8; BLOCK];
+        for (d, w) in block.chunks_exact_mut(4).zip(inner_digest) {
+            d.copy_from_slice(&w.to_be_bytes());
+        }
+        block[32] = 0x80;
+        block[BLOCK - 8..].copy_from_slice(&(((BLOCK + 32) as u64) * 8).to_be_bytes());
+        let mut state = self.outer;
+        compress256(&mut state, &[block]);
+        let mut first = [0u8; 8];
+        first[..4].copy_from_slice(&state[0].to_be_bytes());
+        first[4..].copy_from_slice(&state[1].to_be_bytes());
+        u64::from_le_bytes(first)
     }
 }
 
 /// An incremental `mac64` computation.
 #[derive(Clone)]
 pub struct MacState {
-    hmac: HmacSha256,
+    state: [u32; 8],
+    outer: [u32; 8],
+    buf: [u8; BLOCK],
+    buf_len: usize,
+    absorbed: u64,
 }
 
 impl core::fmt::Debug for MacState {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str("MacState(..)")
+        write!(f, "MacState({} bytes absorbed)", self.absorbed)
     }
 }
 
 impl MacState {
     /// Absorbs more bytes.
     #[inline]
-    pub fn update(&mut self, bytes: &[u8]) {
-        self.hmac.update(bytes);
+    pub fn update(&mut self, mut bytes: &[u8]) {
+        self.absorbed += bytes.len() as u64;
+        if self.buf_len > 0 {
+            let take = (BLOCK - self.buf_len).min(bytes.len());
+            self.buf[self.buf_len..self.buf_len + take].copy_from_slice(&bytes[..take]);
+            self.buf_len += take;
+            bytes = &bytes[take..];
+            if self.buf_len < BLOCK {
+                return;
+            }
+            compress256(&mut self.state, &[self.buf]);
+            self.buf_len = 0;
+        }
+        let (blocks, rest) = bytes.as_chunks::<BLOCK>();
+        if !blocks.is_empty() {
+            compress256(&mut self.state, blocks);
+        }
+        self.buf[..rest.len()].copy_from_slice(rest);
+        self.buf_len = rest.len();
     }
 
     /// The truncated tag of everything absorbed.
-    pub fn finish(self) -> u64 {
-        truncate(&self.hmac.finalize().into_bytes())
+    pub fn finish(mut self) -> u64 {
+        let bits = (BLOCK as u64 + self.absorbed) * 8;
+        let n = self.buf_len;
+        self.buf[n] = 0x80;
+        self.buf[n + 1..].fill(0);
+        if n + 1 > BLOCK - 8 {
+            compress256(&mut self.state, &[self.buf]);
+            self.buf = [0; BLOCK];
+        }
+        self.buf[BLOCK - 8..].copy_from_slice(&bits.to_be_bytes());
+        compress256(&mut self.state, &[self.buf]);
+        MacKey { inner: IV, outer: self.outer }.outer_tag(&self.state)
     }
 }
 
@@ -118,4 +199,27 @@ pub fn hmac_sha256(salt: &SessionSalt, bytes: &[u8]) -> [u8; 32] {
     let mut out = [0u8; 32];
     out.copy_from_slice(&h.finalize().into_bytes());
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepared_key_matches_the_hmac_crate_at_every_length_and_split() {
+        let salt = SessionSalt::from_bytes(*b"0123456789abcdef");
+        let key = MacKey::new(&salt);
+        let data: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
+        for len in 0..data.len() {
+            let want = mac64(&salt, &data[..len]);
+            assert_eq!(key.mac64(&data[..len]), want, "len {len}");
+            for split in [0, 1, 55, 56, 63, 64, 65, 128] {
+                let split = split.min(len);
+                let mut st = key.start();
+                st.update(&data[..split]);
+                st.update(&data[split..len]);
+                assert_eq!(st.finish(), want, "len {len} split {split}");
+            }
+        }
+    }
 }
