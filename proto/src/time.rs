@@ -87,6 +87,14 @@ impl Sub<Time> for Time {
     }
 }
 
+impl Sub<Duration> for Time {
+    type Output = Time;
+    fn sub(self, d: Duration) -> Time {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        Time(self.0.saturating_sub(nanos))
+    }
+}
+
 impl fmt::Debug for Time {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}.{:09}s", self.0 / 1_000_000_000, self.0 % 1_000_000_000)

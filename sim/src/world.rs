@@ -1,0 +1,780 @@
+//! The discrete-event world: nodes on hosts, a modelled network between them,
+//! one virtual clock that jumps to the next due event, and fault injection.
+//!
+//! The world is each node's driver: it assigns connection ids, carries bytes
+//! as ordered streams with per-link latency, bandwidth and jitter, retries
+//! dials like the real drivers, enforces the write-stall deadline, and wakes
+//! every node exactly at its `poll_timeout`. Every random draw comes from the
+//! root seed, and ties are broken by insertion order, so a seed replays the
+//! same run byte for byte.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+
+use bytes::Bytes;
+use cohort_proto::Time;
+use cohort_proto::machine::{CloseCause, ConnId, DialId, Input, Output, Peer};
+use core::time::Duration;
+
+use crate::node::SimNode;
+use crate::rng::{SimRng, stream};
+use crate::trace::TraceHasher;
+
+/// A node's index in the world.
+pub type NodeId = usize;
+/// A host's index in the world.
+pub type HostId = usize;
+
+/// A one-way network path's character.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkSpec {
+    /// One-way propagation delay.
+    pub latency: Duration,
+    /// Bytes per second.
+    pub bandwidth: f64,
+    /// Up to this much extra delay per send, uniformly drawn (order is kept).
+    pub jitter: Duration,
+}
+
+impl LinkSpec {
+    /// A 10 Gbit/s LAN hop: 100 us, jitter 20 us.
+    pub const LAN: LinkSpec = LinkSpec {
+        latency: Duration::from_micros(100),
+        bandwidth: 1.25e9,
+        jitter: Duration::from_micros(20),
+    };
+    /// Loopback on one host: 10 us, 8 GB/s, no jitter.
+    pub const LOOPBACK: LinkSpec =
+        LinkSpec { latency: Duration::from_micros(10), bandwidth: 8e9, jitter: Duration::ZERO };
+}
+
+/// The world's driver settings.
+#[derive(Debug, Clone, Copy)]
+pub struct NetConfig {
+    /// Bytes a connection direction may have in flight or unread (socket buffers).
+    pub window: usize,
+    /// A sender making no progress this long is closed (`CloseCause::WriteStall`).
+    pub write_stall: Duration,
+    /// Dial attempts before `DialFailed`.
+    pub connect_attempts: u32,
+    /// Pause between dial attempts.
+    pub connect_backoff: Duration,
+    /// A dial into a partition gives up after this (then retries).
+    pub connect_timeout: Duration,
+    /// Default link between hosts.
+    pub link: LinkSpec,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            window: 4 << 20,
+            write_stall: Duration::from_secs(30),
+            connect_attempts: 60,
+            connect_backoff: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(1),
+            link: LinkSpec::LAN,
+        }
+    }
+}
+
+/// A node's process state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Process {
+    /// Running.
+    Alive,
+    /// Stopped sending, reading and timing; its sockets stay open.
+    Wedged,
+    /// Gone; the OS closed its sockets.
+    Crashed,
+}
+
+struct NodeSlot<E> {
+    name: String,
+    host: HostId,
+    machine: Box<dyn SimNode<E>>,
+    process: Process,
+    timer: Option<Time>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct End {
+    node: NodeId,
+    conn: ConnId,
+}
+
+#[derive(Debug, Default)]
+struct Pipe {
+    pending: VecDeque<Bytes>,
+    pending_len: usize,
+    in_network: usize,
+    next_free: Time,
+    last_arrival: Time,
+    last_progress: Time,
+    stall_check: bool,
+    fin_queued: bool,
+    fin_sent: bool,
+    /// The receiving side is gone: drop whatever arrives.
+    dead: bool,
+}
+
+struct Conn {
+    ends: [End; 2],
+    pipes: [Pipe; 2],
+    /// A side that has closed (by the machine, a crash or a fault) hears nothing more.
+    gone: [bool; 2],
+    established: bool,
+}
+
+#[derive(Debug)]
+enum Ev {
+    Timer(NodeId),
+    Deliver { conn: u64, dir: usize, bytes: Bytes },
+    Fin { conn: u64, dir: usize, cause: CloseCause },
+    Syn { conn: u64 },
+    SynAck { conn: u64 },
+    Dial { node: NodeId, dial: DialId, addr: String, attempt: u32 },
+    Stall { conn: u64, dir: usize },
+    Heal { a: HostId, b: HostId },
+}
+
+/// An event in the queue, ordered by time then insertion.
+struct Scheduled {
+    at: Time,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<core::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, o: &Self) -> core::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// The simulated cluster.
+pub struct World<E> {
+    now: Time,
+    seq: u64,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    dial_of: BTreeMap<u64, (DialId, String, u32)>,
+    nodes: Vec<NodeSlot<E>>,
+    hosts: Vec<String>,
+    links: BTreeMap<(HostId, HostId), LinkSpec>,
+    listeners: BTreeMap<String, NodeId>,
+    conns: BTreeMap<u64, Conn>,
+    by_end: BTreeMap<End, (u64, usize)>,
+    next_conn: u64,
+    partitions: BTreeMap<(HostId, HostId), Time>,
+    corrupt_next: BTreeSet<HostId>,
+    config: NetConfig,
+    rng: SimRng,
+    events: Vec<(Time, NodeId, E)>,
+    trace: TraceHasher,
+    steps: u64,
+}
+
+impl<E> core::fmt::Debug for World<E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("World")
+            .field("now", &self.now)
+            .field("nodes", &self.nodes.len())
+            .field("connections", &self.conns.len())
+            .field("queued", &self.queue.len())
+            .finish()
+    }
+}
+
+impl<E> World<E> {
+    /// An empty world whose every draw derives from `seed`.
+    pub fn new(seed: u64, config: NetConfig) -> Self {
+        World {
+            now: Time::ZERO,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            dial_of: BTreeMap::new(),
+            nodes: Vec::new(),
+            hosts: Vec::new(),
+            links: BTreeMap::new(),
+            listeners: BTreeMap::new(),
+            conns: BTreeMap::new(),
+            by_end: BTreeMap::new(),
+            next_conn: 1,
+            partitions: BTreeMap::new(),
+            corrupt_next: BTreeSet::new(),
+            config,
+            rng: stream(seed, "net"),
+            events: Vec::new(),
+            trace: TraceHasher::new(seed),
+            steps: 0,
+        }
+    }
+
+    /// The current virtual time.
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    /// Events processed so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The running hash of everything that happened.
+    pub fn trace_hash(&self) -> String {
+        self.trace.hex()
+    }
+
+    /// Adds a host.
+    pub fn add_host(&mut self, name: impl Into<String>) -> HostId {
+        self.hosts.push(name.into());
+        self.hosts.len() - 1
+    }
+
+    /// A host's name.
+    pub fn host_name(&self, h: HostId) -> &str {
+        &self.hosts[h]
+    }
+
+    /// Overrides the link between two hosts (both directions).
+    pub fn set_link(&mut self, a: HostId, b: HostId, spec: LinkSpec) {
+        self.links.insert((a.min(b), a.max(b)), spec);
+    }
+
+    fn link(&self, a: HostId, b: HostId) -> LinkSpec {
+        if a == b {
+            return LinkSpec::LOOPBACK;
+        }
+        self.links.get(&(a.min(b), a.max(b))).copied().unwrap_or(self.config.link)
+    }
+
+    /// Adds a node on `host`, listening on `listen` addresses.
+    pub fn add_node(
+        &mut self,
+        host: HostId,
+        name: impl Into<String>,
+        machine: Box<dyn SimNode<E>>,
+        listen: &[&str],
+    ) -> NodeId {
+        let id = self.nodes.len();
+        self.nodes.push(NodeSlot { name: name.into(), host, machine, process: Process::Alive, timer: None });
+        for a in listen {
+            self.listeners.insert((*a).to_owned(), id);
+        }
+        self.drain(id);
+        id
+    }
+
+    /// A node's name.
+    pub fn node_name(&self, n: NodeId) -> &str {
+        &self.nodes[n].name
+    }
+
+    /// A node's host.
+    pub fn node_host(&self, n: NodeId) -> HostId {
+        self.nodes[n].host
+    }
+
+    /// A node's process state.
+    pub fn process(&self, n: NodeId) -> Process {
+        self.nodes[n].process
+    }
+
+    /// Runs a command on node `n`'s machine (if it is a live `M`), then
+    /// carries out whatever it produced.
+    pub fn command<M: 'static, R>(&mut self, n: NodeId, f: impl FnOnce(&mut M, Time) -> R) -> Option<R> {
+        if self.nodes[n].process != Process::Alive {
+            return None;
+        }
+        let now = self.now;
+        let r = self.nodes[n].machine.as_any().downcast_mut::<M>().map(|m| f(m, now));
+        self.drain(n);
+        r
+    }
+
+    /// Read-only access to a node's machine, whatever its state.
+    pub fn inspect<M: 'static, R>(&mut self, n: NodeId, f: impl FnOnce(&M) -> R) -> Option<R> {
+        self.nodes[n].machine.as_any().downcast_mut::<M>().map(|m| f(m))
+    }
+
+    /// Takes the events emitted since the last call.
+    pub fn take_events(&mut self) -> Vec<(Time, NodeId, E)> {
+        core::mem::take(&mut self.events)
+    }
+
+    fn schedule(&mut self, at: Time, ev: Ev) {
+        let seq = self.seq;
+        self.seq += 1;
+        self.queue.push(Reverse(Scheduled { at, seq, ev }));
+    }
+
+    /// The instant of the next event, if any.
+    pub fn next_event_time(&self) -> Option<Time> {
+        self.queue.peek().map(|Reverse(s)| s.at)
+    }
+
+    /// Processes the next event; `false` when nothing is left.
+    pub fn step(&mut self) -> bool {
+        let Some(Reverse(Scheduled { at, ev, .. })) = self.queue.pop() else { return false };
+        self.now = self.now.max(at);
+        self.steps += 1;
+        self.dispatch(ev);
+        true
+    }
+
+    /// Runs every event due at or before `until`, then sets the clock to `until`.
+    pub fn run_until(&mut self, until: Time) {
+        while self.next_event_time().is_some_and(|t| t <= until) {
+            self.step();
+        }
+        self.now = self.now.max(until);
+    }
+
+    fn dispatch(&mut self, ev: Ev) {
+        match ev {
+            Ev::Timer(n) => {
+                let slot = &mut self.nodes[n];
+                if slot.process != Process::Alive || slot.timer.is_none_or(|t| t > self.now) {
+                    return;
+                }
+                slot.timer = None;
+                self.trace.event(self.now, n as u64, 1, 0);
+                self.feed(n, Input::Timeout);
+            }
+            Ev::Deliver { conn, dir, bytes } => self.deliver(conn, dir, bytes),
+            Ev::Fin { conn, dir, cause } => {
+                let Some(c) = self.conns.get_mut(&conn) else { return };
+                let to = 1 - dir;
+                if c.gone[to] {
+                    return;
+                }
+                c.gone[to] = true;
+                let end = c.ends[to];
+                let unsent = c.pipes[to].pending_len;
+                c.pipes[to].pending.clear();
+                c.pipes[to].pending_len = 0;
+                self.maybe_forget(conn);
+                self.trace.event(self.now, end.node as u64, 3, end.conn.0);
+                self.feed_alive(end.node, Input::Closed { conn: end.conn, cause, unsent });
+            }
+            Ev::Syn { conn } => self.syn(conn),
+            Ev::SynAck { conn } => {
+                let Some(c) = self.conns.get(&conn) else { return };
+                let end = c.ends[0];
+                if c.gone[0] {
+                    return;
+                }
+                self.trace.event(self.now, end.node as u64, 4, end.conn.0);
+                let dial = self.dial_of.remove(&conn);
+                if let Some((dial, _, _)) = dial {
+                    self.feed_alive(end.node, Input::Connected { dial, conn: end.conn });
+                }
+            }
+            Ev::Dial { node, dial, addr, attempt } => self.dial(node, dial, addr, attempt),
+            Ev::Stall { conn, dir } => self.stall_check(conn, dir),
+            Ev::Heal { a, b } => {
+                if self.partitions.get(&(a, b)).is_some_and(|t| *t <= self.now) {
+                    self.partitions.remove(&(a, b));
+                    let crossing: Vec<(u64, usize)> = self
+                        .conns
+                        .iter()
+                        .filter(|(_, c)| {
+                            let (x, y) = (self.nodes[c.ends[0].node].host, self.nodes[c.ends[1].node].host);
+                            (x.min(y), x.max(y)) == (a, b)
+                        })
+                        .flat_map(|(id, _)| [(*id, 0), (*id, 1)])
+                        .collect();
+                    for (c, d) in crossing {
+                        self.pump(c, d);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Feeds an input to a live node and carries out its outputs.
+    fn feed(&mut self, n: NodeId, input: Input<'_>) {
+        let now = self.now;
+        self.nodes[n].machine.handle(now, input);
+        self.drain(n);
+    }
+
+    fn feed_alive(&mut self, n: NodeId, input: Input<'_>) {
+        if self.nodes[n].process == Process::Alive {
+            self.feed(n, input);
+        }
+    }
+
+    fn drain(&mut self, n: NodeId) {
+        let now = self.now;
+        while let Some(out) = self.nodes[n].machine.poll(now) {
+            match out {
+                Output::Transmit { conn, bytes } => self.transmit(n, conn, bytes),
+                Output::Dial { dial, addr } => {
+                    self.trace.event(now, n as u64, 5, u64::from(dial.0));
+                    self.dial(n, dial, addr, 1)
+                }
+                Output::Close { conn } => self.close(n, conn),
+                Output::Event(e) => {
+                    self.trace.event(now, n as u64, 6, 0);
+                    self.events.push((now, n, e));
+                }
+            }
+        }
+        let next = self.nodes[n].machine.poll_timeout();
+        if next != self.nodes[n].timer {
+            self.nodes[n].timer = next;
+            if let Some(t) = next {
+                self.schedule(t.max(now), Ev::Timer(n));
+            }
+        }
+    }
+
+    fn partitioned(&self, a: HostId, b: HostId) -> bool {
+        a != b && self.partitions.get(&(a.min(b), a.max(b))).is_some_and(|until| *until > self.now)
+    }
+
+    fn dial(&mut self, node: NodeId, dial: DialId, addr: String, attempt: u32) {
+        if self.nodes[node].process == Process::Crashed {
+            return;
+        }
+        let target =
+            self.listeners.get(&addr).copied().filter(|t| self.nodes[*t].process != Process::Crashed);
+        let from = self.nodes[node].host;
+        match target {
+            Some(t) if !self.partitioned(from, self.nodes[t].host) => {
+                let id = self.next_conn;
+                self.next_conn += 2;
+                let ends = [End { node, conn: ConnId(id) }, End { node: t, conn: ConnId(id + 1) }];
+                let mut conn = Conn { ends, pipes: Default::default(), gone: [false; 2], established: false };
+                for p in &mut conn.pipes {
+                    p.next_free = self.now;
+                    p.last_arrival = self.now;
+                    p.last_progress = self.now;
+                }
+                self.by_end.insert(ends[0], (id, 0));
+                self.by_end.insert(ends[1], (id, 1));
+                self.conns.insert(id, conn);
+                self.dial_of.insert(id, (dial, addr, attempt));
+                let lat = self.link(from, self.nodes[t].host).latency;
+                self.schedule(self.now + lat, Ev::Syn { conn: id });
+            }
+            Some(_) if attempt < self.config.connect_attempts => {
+                let at = self.now + self.config.connect_timeout + self.config.connect_backoff;
+                self.schedule(at, Ev::Dial { node, dial, addr, attempt: attempt + 1 });
+            }
+            None if attempt < self.config.connect_attempts => {
+                let at = self.now + self.config.connect_backoff;
+                self.schedule(at, Ev::Dial { node, dial, addr, attempt: attempt + 1 });
+            }
+            _ => {
+                self.trace.event(self.now, node as u64, 7, u64::from(dial.0));
+                self.feed_alive(node, Input::DialFailed { dial });
+            }
+        }
+    }
+
+    fn syn(&mut self, conn: u64) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        // Neither side can send before it knows the connection, and the
+        // SynAck is queued ahead of anything the acceptor sends back.
+        c.established = true;
+        let [a, b] = c.ends;
+        if self.nodes[b.node].process == Process::Crashed {
+            // Refused: the dialer retries.
+            let retry = self.dial_of.remove(&conn);
+            self.forget(conn);
+            if let Some((dial, addr, attempt)) = retry {
+                self.dial(a.node, dial, addr, attempt + 1);
+            }
+            return;
+        }
+        let peer = Peer { loopback: self.nodes[a.node].host == self.nodes[b.node].host };
+        let lat = self.link(self.nodes[a.node].host, self.nodes[b.node].host).latency;
+        self.schedule(self.now + lat, Ev::SynAck { conn });
+        self.trace.event(self.now, b.node as u64, 8, b.conn.0);
+        if self.nodes[b.node].process == Process::Alive {
+            self.feed(b.node, Input::Accepted { conn: b.conn, peer });
+        }
+    }
+
+    fn transmit(&mut self, from: NodeId, conn: ConnId, mut bytes: Bytes) {
+        let Some(&(id, dir)) = self.by_end.get(&End { node: from, conn }) else { return };
+        if bytes.is_empty() {
+            return;
+        }
+        let Some(c) = self.conns.get(&id) else { return };
+        if c.gone[dir] || c.pipes[dir].fin_queued {
+            return;
+        }
+        let (h_from, h_to) = (self.nodes[from].host, self.nodes[c.ends[1 - dir].node].host);
+        if h_from != h_to && self.corrupt_next.remove(&h_from) {
+            let mut v = bytes.to_vec();
+            let i = self.rng.range(0, v.len() as u64) as usize;
+            v[i] ^= 1 << self.rng.range(0, 8);
+            bytes = Bytes::from(v);
+        }
+        self.trace.event(self.now, from as u64, 2, bytes.len() as u64);
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        let p = &mut c.pipes[dir];
+        if p.pending.is_empty() {
+            p.last_progress = self.now;
+        }
+        p.pending_len += bytes.len();
+        p.pending.push_back(bytes);
+        self.pump(id, dir);
+    }
+
+    /// Moves a direction's queued bytes onto the wire as far as the window,
+    /// partitions and the link allow.
+    fn pump(&mut self, id: u64, dir: usize) {
+        let window = self.config.window;
+        let Some(c) = self.conns.get(&id) else { return };
+        let (src, dst) = (c.ends[dir].node, c.ends[1 - dir].node);
+        let (hs, hd) = (self.nodes[src].host, self.nodes[dst].host);
+        if self.partitioned(hs, hd) {
+            self.arm_stall(id, dir);
+            return;
+        }
+        let link = self.link(hs, hd);
+        let now = self.now;
+        let mut sends: Vec<(Time, Bytes)> = Vec::new();
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        let p = &mut c.pipes[dir];
+        while p.in_network < window {
+            let Some(mut front) = p.pending.pop_front() else { break };
+            let room = window - p.in_network;
+            if front.len() > room {
+                let rest = front.split_off(room);
+                p.pending.push_front(rest);
+            }
+            let n = front.len();
+            p.pending_len -= n;
+            p.in_network += n;
+            p.last_progress = now;
+            let depart = p.next_free.max(now);
+            p.next_free = depart + Duration::from_secs_f64(n as f64 / link.bandwidth);
+            let jitter = if link.jitter.is_zero() {
+                Duration::ZERO
+            } else {
+                Duration::from_nanos(self.rng.range(0, link.jitter.as_nanos() as u64))
+            };
+            let arrive = (p.next_free + link.latency + jitter).max(p.last_arrival);
+            p.last_arrival = arrive;
+            sends.push((arrive, front));
+        }
+        let fin = (p.pending.is_empty() && p.fin_queued && !p.fin_sent).then(|| {
+            p.fin_sent = true;
+            p.last_arrival
+        });
+        let waiting = !p.pending.is_empty();
+        for (at, bytes) in sends {
+            self.schedule(at, Ev::Deliver { conn: id, dir, bytes });
+        }
+        if let Some(at) = fin {
+            self.schedule(at, Ev::Fin { conn: id, dir, cause: CloseCause::Eof });
+        }
+        if waiting {
+            self.arm_stall(id, dir);
+        }
+    }
+
+    fn arm_stall(&mut self, id: u64, dir: usize) {
+        let stall = self.config.write_stall;
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        let p = &mut c.pipes[dir];
+        if !p.stall_check {
+            p.stall_check = true;
+            let at = p.last_progress + stall;
+            self.schedule(at, Ev::Stall { conn: id, dir });
+        }
+    }
+
+    fn stall_check(&mut self, id: u64, dir: usize) {
+        let stall = self.config.write_stall;
+        let now = self.now;
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        let p = &mut c.pipes[dir];
+        p.stall_check = false;
+        if p.pending.is_empty() || c.gone[dir] {
+            return;
+        }
+        if now < p.last_progress + stall {
+            self.arm_stall(id, dir);
+            return;
+        }
+        // The sender's driver gives up on this peer.
+        let end = c.ends[dir];
+        let peer = c.ends[1 - dir];
+        let unsent = p.pending_len;
+        p.pending.clear();
+        p.pending_len = 0;
+        c.gone[dir] = true;
+        let lat = self.link(self.nodes[end.node].host, self.nodes[peer.node].host).latency;
+        self.schedule(now + lat, Ev::Fin { conn: id, dir, cause: CloseCause::Reset });
+        self.trace.event(now, end.node as u64, 9, end.conn.0);
+        self.feed_alive(end.node, Input::Closed { conn: end.conn, cause: CloseCause::WriteStall, unsent });
+    }
+
+    fn deliver(&mut self, id: u64, dir: usize, bytes: Bytes) {
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        let to = c.ends[1 - dir];
+        if c.gone[1 - dir] || c.pipes[dir].dead {
+            c.pipes[dir].in_network -= bytes.len();
+            return;
+        }
+        match self.nodes[to.node].process {
+            Process::Wedged => {
+                // Sits unread in the receive buffer: the window stays occupied.
+            }
+            Process::Crashed => {
+                c.pipes[dir].in_network -= bytes.len();
+            }
+            Process::Alive => {
+                c.pipes[dir].in_network -= bytes.len();
+                self.trace.event(self.now, to.node as u64, 10, bytes.len() as u64);
+                self.feed(to.node, Input::Received { conn: to.conn, bytes: &bytes });
+                self.pump(id, dir);
+            }
+        }
+    }
+
+    /// The machine on `from` closes its side: queued bytes flush, then FIN.
+    fn close(&mut self, from: NodeId, conn: ConnId) {
+        let Some(&(id, dir)) = self.by_end.get(&End { node: from, conn }) else { return };
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        if c.gone[dir] {
+            return;
+        }
+        c.gone[dir] = true;
+        c.pipes[dir].fin_queued = true;
+        // Whatever the peer still sends is discarded on arrival.
+        c.pipes[1 - dir].dead = true;
+        c.pipes[1 - dir].pending.clear();
+        c.pipes[1 - dir].pending_len = 0;
+        self.pump(id, dir);
+        self.maybe_forget(id);
+    }
+
+    fn maybe_forget(&mut self, id: u64) {
+        if self.conns.get(&id).is_some_and(|c| c.gone == [true, true]) {
+            // Keep in-flight deliveries harmless: they find no conn and drop.
+            self.forget(id);
+        }
+    }
+
+    fn forget(&mut self, id: u64) {
+        if let Some(c) = self.conns.remove(&id) {
+            for e in c.ends {
+                self.by_end.remove(&e);
+            }
+        }
+        self.dial_of.remove(&id);
+    }
+
+    // ----- faults -----
+
+    /// The node's process exits: the OS closes its sockets (peers see EOF
+    /// after the data already sent), its listeners vanish.
+    pub fn crash(&mut self, n: NodeId) {
+        if self.nodes[n].process == Process::Crashed {
+            return;
+        }
+        self.nodes[n].process = Process::Crashed;
+        self.nodes[n].timer = None;
+        self.trace.event(self.now, n as u64, 11, 0);
+        self.listeners.retain(|_, v| *v != n);
+        let mine: Vec<(u64, usize)> =
+            self.by_end.iter().filter(|(e, _)| e.node == n).map(|(_, v)| *v).collect();
+        for (id, dir) in mine {
+            let Some(c) = self.conns.get(&id) else { continue };
+            let lat = self.link(self.nodes[c.ends[0].node].host, self.nodes[c.ends[1].node].host).latency;
+            let Some(c) = self.conns.get_mut(&id) else { continue };
+            if c.gone[dir] {
+                continue;
+            }
+            c.gone[dir] = true;
+            // Unsent process-side bytes die with the process; bytes already in
+            // the network still arrive, then the FIN.
+            let p = &mut c.pipes[dir];
+            p.pending.clear();
+            p.pending_len = 0;
+            p.fin_queued = true;
+            p.fin_sent = true;
+            let at = p.last_arrival.max(self.now) + lat;
+            c.pipes[1 - dir].dead = true;
+            if c.established {
+                self.schedule(at, Ev::Fin { conn: id, dir, cause: CloseCause::Eof });
+            } else {
+                self.forget(id);
+            }
+        }
+    }
+
+    /// Every node on the host crashes.
+    pub fn kill_host(&mut self, h: HostId) {
+        for n in 0..self.nodes.len() {
+            if self.nodes[n].host == h {
+                self.crash(n);
+            }
+        }
+    }
+
+    /// The node stops sending, reading and timing; its sockets stay open.
+    pub fn wedge(&mut self, n: NodeId) {
+        if self.nodes[n].process == Process::Alive {
+            self.nodes[n].process = Process::Wedged;
+            self.nodes[n].timer = None;
+            self.trace.event(self.now, n as u64, 12, 0);
+        }
+    }
+
+    /// Nothing crosses between hosts `a` and `b` for `for_`; no resets.
+    pub fn partition(&mut self, a: HostId, b: HostId, for_: Duration) {
+        if a == b {
+            return;
+        }
+        let key = (a.min(b), a.max(b));
+        let until = self.now + for_;
+        self.partitions.insert(key, until);
+        self.trace.event(self.now, a as u64, 13, b as u64);
+        self.schedule(until, Ev::Heal { a: key.0, b: key.1 });
+    }
+
+    /// Flips one byte of the next frame any node on `h` sends to another host.
+    pub fn corrupt_next_upstream(&mut self, h: HostId) {
+        self.corrupt_next.insert(h);
+    }
+
+    /// Resets every connection of node `n` (both sides see `Reset`).
+    pub fn reset_connections(&mut self, n: NodeId) {
+        let mine: Vec<(u64, usize)> =
+            self.by_end.iter().filter(|(e, _)| e.node == n).map(|(_, v)| *v).collect();
+        for (id, dir) in mine {
+            let Some(c) = self.conns.get(&id) else { continue };
+            let lat = self.link(self.nodes[c.ends[0].node].host, self.nodes[c.ends[1].node].host).latency;
+            self.schedule(self.now, Ev::Fin { conn: id, dir: 1 - dir, cause: CloseCause::Reset });
+            self.schedule(self.now + lat, Ev::Fin { conn: id, dir, cause: CloseCause::Reset });
+        }
+    }
+
+    /// Hosts' names, by id.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// Nodes, by id: (name, host, process).
+    pub fn nodes(&self) -> impl Iterator<Item = (NodeId, &str, HostId, Process)> {
+        self.nodes.iter().enumerate().map(|(i, s)| (i, s.name.as_str(), s.host, s.process))
+    }
+}
