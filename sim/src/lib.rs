@@ -8,6 +8,7 @@
 
 pub mod node;
 pub mod rng;
+pub mod scenario;
 pub mod trace;
 pub mod world;
 

@@ -1,0 +1,460 @@
+//! Scenario files: the cluster, its join knobs, its workload and the faults
+//! to inject, as JSON.
+//!
+//! ```
+//! use cohort_sim::scenario::{Fault, Scenario};
+//! let s: Scenario = serde_json::from_str(r#"{
+//!     "hosts": [{"name": "a", "ranks": 2}, {"name": "b", "ranks": 2, "join_at_s": 3}],
+//!     "epochs": 2,
+//!     "faults": [{"at_s": 20, "kill_rank": 1}]
+//! }"#).unwrap();
+//! s.validate().unwrap();
+//! assert_eq!(s.world_size(), 4);
+//! assert!(matches!(s.faults[0].fault, Fault::KillRank(1)));
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// A whole simulated run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Worker hosts, each with its ranks.
+    pub hosts: Vec<HostSpec>,
+    /// Join window knobs.
+    #[serde(default)]
+    pub join: JoinSpec,
+    /// Epochs to train.
+    #[serde(default = "default_epochs")]
+    pub epochs: u64,
+    /// Samples in one epoch.
+    #[serde(default = "default_samples")]
+    pub samples_per_epoch: u64,
+    /// Samples per batch.
+    #[serde(default = "one")]
+    pub batch_size: u64,
+    /// Batches between averaging rounds (a round every `sync_every` batches).
+    #[serde(default = "default_sync_every")]
+    pub sync_every: u64,
+    /// Past this virtual time training stops with a graceful shutdown.
+    #[serde(default)]
+    pub run_for_s: Option<f64>,
+    /// `"cpu"` (relay fold + controller reduce) or `"nccl"`.
+    #[serde(default)]
+    pub backend: BackendSpec,
+    /// The network timeout scale.
+    #[serde(default = "one_f")]
+    pub timeout_scale: f64,
+    /// Failure budget: a rank count, or a share such as `"50%"`.
+    #[serde(default)]
+    pub max_failure: Option<MaxFailure>,
+    /// Named speed classes: batch time distributions.
+    #[serde(default = "default_speeds")]
+    pub speed_classes: BTreeMap<String, SpeedClass>,
+    /// Elements in each rank's synthetic model tensor.
+    #[serde(default = "default_model")]
+    pub model_elems: u32,
+    /// One-way latency between hosts, in microseconds.
+    #[serde(default = "default_latency")]
+    pub latency_us: u64,
+    /// Latency jitter between hosts, in microseconds.
+    #[serde(default = "default_jitter")]
+    pub jitter_us: u64,
+    /// Bandwidth between hosts, in Gbit/s.
+    #[serde(default = "default_gbps")]
+    pub bandwidth_gbps: f64,
+    /// Faults, each at an instant.
+    #[serde(default)]
+    pub faults: Vec<FaultAt>,
+}
+
+fn default_epochs() -> u64 {
+    3
+}
+fn default_samples() -> u64 {
+    1200
+}
+fn default_sync_every() -> u64 {
+    10
+}
+fn one() -> u64 {
+    1
+}
+fn one_f() -> f64 {
+    1.0
+}
+fn default_model() -> u32 {
+    8
+}
+fn default_latency() -> u64 {
+    200
+}
+fn default_jitter() -> u64 {
+    50
+}
+fn default_gbps() -> f64 {
+    10.0
+}
+
+/// The built-in speed classes.
+pub fn default_speeds() -> BTreeMap<String, SpeedClass> {
+    [("fast", 40.0), ("medium", 80.0), ("slow", 160.0)]
+        .into_iter()
+        .map(|(n, ms)| (n.to_owned(), SpeedClass { batch_ms: ms, spread: 0.2 }))
+        .collect()
+}
+
+/// One worker host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    /// Host name.
+    pub name: String,
+    /// Ranks (devices) on it.
+    pub ranks: u32,
+    /// When its agent dials the join channel.
+    #[serde(default)]
+    pub join_at_s: f64,
+    /// libtorch build label sent in the hello.
+    #[serde(default)]
+    pub libtorch: Option<String>,
+    /// Speed class of its ranks (default `"medium"`).
+    #[serde(default)]
+    pub speed: Option<String>,
+}
+
+/// Join window knobs (flodl's names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinSpec {
+    /// Quorum: ranks needed to form.
+    #[serde(default = "one_u32")]
+    pub min_rank_start: u32,
+    /// Close early once this many ranks joined.
+    #[serde(default)]
+    pub target_ranks: Option<u32>,
+    /// The join window, in seconds (scaled).
+    #[serde(default = "default_window")]
+    pub join_timeout_secs: u64,
+    /// The hard cap, in seconds (scaled).
+    #[serde(default = "default_cap")]
+    pub max_join_timeout_secs: u64,
+    /// `"auto"`, `"manual"` or `"hybrid"`.
+    #[serde(default)]
+    pub start_mode: StartModeSpec,
+    /// Open admission (salt handed out in Accept).
+    #[serde(default = "yes")]
+    pub open_admission: bool,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+fn default_window() -> u64 {
+    300
+}
+fn default_cap() -> u64 {
+    600
+}
+fn yes() -> bool {
+    true
+}
+
+impl Default for JoinSpec {
+    fn default() -> Self {
+        JoinSpec {
+            min_rank_start: 1,
+            target_ranks: None,
+            join_timeout_secs: default_window(),
+            max_join_timeout_secs: default_cap(),
+            start_mode: StartModeSpec::Auto,
+            open_admission: true,
+        }
+    }
+}
+
+/// How the join window may close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartModeSpec {
+    /// The clock (and target) decide.
+    #[default]
+    Auto,
+    /// Only the operator's start (with quorum) forms the world.
+    Manual,
+    /// Either.
+    Hybrid,
+}
+
+/// The data plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendSpec {
+    /// Relay fold and controller reduce.
+    #[default]
+    Cpu,
+    /// NCCL (modelled: deaths trigger the re-rendezvous).
+    Nccl,
+}
+
+/// A failure budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MaxFailure {
+    /// At most this many dead ranks.
+    Absolute(u32),
+    /// At most this share of the world (0..=1).
+    Percent(f64),
+}
+
+impl Serialize for MaxFailure {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MaxFailure::Absolute(n) => s.serialize_u32(*n),
+            MaxFailure::Percent(p) => s.serialize_str(&format!("{}%", p * 100.0)),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MaxFailure {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u32),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(MaxFailure::Absolute(n)),
+            Raw::S(s) => {
+                let p = s.trim().strip_suffix('%').ok_or_else(|| {
+                    serde::de::Error::custom(format!("max_failure {s:?}: a count or a share like \"50%\""))
+                })?;
+                let v: f64 = p.trim().parse().map_err(serde::de::Error::custom)?;
+                Ok(MaxFailure::Percent(v / 100.0))
+            }
+        }
+    }
+}
+
+/// A batch-time distribution: uniform within `batch_ms x (1 +- spread)`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeedClass {
+    /// Mean milliseconds per batch.
+    pub batch_ms: f64,
+    /// Relative spread (0.2 = +-20%).
+    #[serde(default)]
+    pub spread: f64,
+}
+
+/// A fault and its instant. In JSON, flat: `{"at_s": 12, "kill_rank": 3}`,
+/// `{"at_s": 5, "partition_host": "b", "for_s": 10}`, `{"at_s": 1, "abort": true}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RawFault", into = "RawFault")]
+pub struct FaultAt {
+    /// Seconds of virtual time from the start of the run.
+    pub at_s: f64,
+    /// What happens.
+    pub fault: Fault,
+}
+
+/// What can go wrong (or be done) at an instant.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    /// The rank's process exits non-zero; its agent sees it.
+    KillRank(u32),
+    /// Every process on the host dies; the OS closes its sockets.
+    KillHost(String),
+    /// The rank's process stops sending and reading; its sockets stay open.
+    WedgeRank(u32),
+    /// Nothing crosses between that host and the rest for `for_s`; no resets.
+    PartitionHost {
+        /// The host.
+        host: String,
+        /// For how long.
+        for_s: f64,
+    },
+    /// One byte flipped on that host's next upstream frame.
+    CorruptLink(String),
+    /// The controller's process dies.
+    KillController,
+    /// A `POST /start` from loopback, answered by the status rules.
+    OperatorStart,
+    /// The launcher aborts the run.
+    Abort,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFault {
+    at_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kill_rank: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kill_host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wedge_rank: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    partition_host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    for_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    corrupt_link: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kill_controller: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    operator_start: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    abort: Option<bool>,
+}
+
+impl TryFrom<RawFault> for FaultAt {
+    type Error = String;
+    fn try_from(r: RawFault) -> Result<Self, String> {
+        let mut found = Vec::new();
+        if let Some(n) = r.kill_rank {
+            found.push(Fault::KillRank(n));
+        }
+        if let Some(h) = r.kill_host {
+            found.push(Fault::KillHost(h));
+        }
+        if let Some(n) = r.wedge_rank {
+            found.push(Fault::WedgeRank(n));
+        }
+        if let Some(h) = r.partition_host {
+            let for_s = r.for_s.ok_or("partition_host needs for_s")?;
+            if !(for_s.is_finite() && for_s > 0.0) {
+                return Err("for_s: a positive duration".into());
+            }
+            found.push(Fault::PartitionHost { host: h, for_s });
+        } else if r.for_s.is_some() {
+            return Err("for_s goes with partition_host".into());
+        }
+        if let Some(h) = r.corrupt_link {
+            found.push(Fault::CorruptLink(h));
+        }
+        if r.kill_controller == Some(true) {
+            found.push(Fault::KillController);
+        }
+        if r.operator_start == Some(true) {
+            found.push(Fault::OperatorStart);
+        }
+        if r.abort == Some(true) {
+            found.push(Fault::Abort);
+        }
+        match found.len() {
+            1 => Ok(FaultAt { at_s: r.at_s, fault: found.remove(0) }),
+            0 => Err("a fault needs one of kill_rank, kill_host, wedge_rank, partition_host, corrupt_link, \
+                      kill_controller, operator_start, abort"
+                .into()),
+            _ => Err("a fault entry holds exactly one fault".into()),
+        }
+    }
+}
+
+impl From<FaultAt> for RawFault {
+    fn from(f: FaultAt) -> Self {
+        let mut r = RawFault { at_s: f.at_s, ..RawFault::default() };
+        match f.fault {
+            Fault::KillRank(n) => r.kill_rank = Some(n),
+            Fault::KillHost(h) => r.kill_host = Some(h),
+            Fault::WedgeRank(n) => r.wedge_rank = Some(n),
+            Fault::PartitionHost { host, for_s } => {
+                r.partition_host = Some(host);
+                r.for_s = Some(for_s);
+            }
+            Fault::CorruptLink(h) => r.corrupt_link = Some(h),
+            Fault::KillController => r.kill_controller = Some(true),
+            Fault::OperatorStart => r.operator_start = Some(true),
+            Fault::Abort => r.abort = Some(true),
+        }
+        r
+    }
+}
+
+impl Scenario {
+    /// The default healthy cluster: `hosts` hosts of `ranks` ranks.
+    pub fn healthy(hosts: u32, ranks: u32, epochs: u64) -> Scenario {
+        Scenario {
+            hosts: (0..hosts)
+                .map(|i| HostSpec {
+                    name: format!("host-{i}"),
+                    ranks,
+                    join_at_s: 0.5 * f64::from(i),
+                    libtorch: None,
+                    speed: None,
+                })
+                .collect(),
+            join: JoinSpec { target_ranks: Some(hosts * ranks), ..JoinSpec::default() },
+            epochs,
+            samples_per_epoch: default_samples().max(u64::from(hosts * ranks) * 20),
+            batch_size: 1,
+            sync_every: default_sync_every(),
+            run_for_s: None,
+            backend: BackendSpec::Cpu,
+            timeout_scale: 1.0,
+            max_failure: None,
+            speed_classes: default_speeds(),
+            model_elems: default_model(),
+            latency_us: default_latency(),
+            jitter_us: default_jitter(),
+            bandwidth_gbps: default_gbps(),
+            faults: Vec::new(),
+        }
+    }
+
+    /// Ranks over all hosts.
+    pub fn world_size(&self) -> u32 {
+        self.hosts.iter().map(|h| h.ranks).sum()
+    }
+
+    /// Checks the scenario is playable, naming the first problem.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.hosts.is_empty() {
+            return Err("hosts: at least one host".into());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for h in &self.hosts {
+            if !names.insert(h.name.as_str()) {
+                return Err(format!("hosts: duplicate name {:?}", h.name));
+            }
+            if h.ranks == 0 || h.ranks > 256 {
+                return Err(format!("hosts[{}].ranks: 1..=256", h.name));
+            }
+            if !(h.join_at_s.is_finite() && h.join_at_s >= 0.0) {
+                return Err(format!("hosts[{}].join_at_s: a time >= 0", h.name));
+            }
+            if let Some(s) = &h.speed
+                && !self.speed_classes.contains_key(s)
+            {
+                return Err(format!("hosts[{}].speed: unknown class {s:?}", h.name));
+            }
+        }
+        if self.samples_per_epoch == 0 || self.batch_size == 0 || self.sync_every == 0 {
+            return Err("samples_per_epoch, batch_size and sync_every must be positive".into());
+        }
+        if !(self.timeout_scale.is_finite() && self.timeout_scale >= 0.1) {
+            return Err("timeout_scale: finite and >= 0.1".into());
+        }
+        let world = self.world_size();
+        for (i, f) in self.faults.iter().enumerate() {
+            if !(f.at_s.is_finite() && f.at_s >= 0.0) {
+                return Err(format!("faults[{i}].at_s: a time >= 0"));
+            }
+            match &f.fault {
+                Fault::KillRank(r) | Fault::WedgeRank(r) if *r >= world => {
+                    return Err(format!("faults[{i}]: rank {r} is outside the world of {world}"));
+                }
+                Fault::KillHost(h) | Fault::CorruptLink(h) | Fault::PartitionHost { host: h, .. }
+                    if !names.contains(h.as_str()) =>
+                {
+                    return Err(format!("faults[{i}]: unknown host {h:?}"));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
