@@ -43,6 +43,9 @@ pub const HELLO_DEADLINE: Duration = Duration::from_secs(30);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// More rejected pre-authentication connections than this fail it.
 pub const MAX_REJECTED: u32 = 1024;
+/// The most bytes a connection may have buffered here: a `Hello` (host
+/// names are at most 255 bytes) or a `Uid` frame is far smaller.
+pub const MAX_BUFFERED: usize = 4096;
 
 /// What the rendezvous knows of the world.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,12 +279,25 @@ impl RendezvousServer {
         if let Some((rank, buf)) = self.slot_bufs.get_mut(&conn) {
             let rank = *rank;
             buf.push(bytes);
+            if buf.len() > MAX_BUFFERED {
+                let what = format!("sent more than {MAX_BUFFERED} bytes after its hello");
+                return self.fail(RendezvousError::Protocol { rank, what });
+            }
             return self.slotted_bytes(rank, conn);
         }
         let Some(p) = self.pending.get_mut(&conn) else { return };
         p.buf.push(bytes);
         let (msg, used) = match parse_frame(p.buf.as_slice(), &self.key) {
             Ok(Some(x)) => x,
+            Ok(None) if p.buf.len() > MAX_BUFFERED => {
+                let got = p.buf.len() as u64;
+                let e = WireError::new(
+                    crate::wire::FrameType::ControlFrame,
+                    "payload_len",
+                    crate::wire::Problem::TooLarge { got, limit: MAX_BUFFERED as u64 },
+                );
+                return self.reject(conn, Some(e));
+            }
             Ok(None) => return,
             Err(e) => return self.reject(conn, Some(e)),
         };

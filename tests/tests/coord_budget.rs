@@ -143,3 +143,18 @@ fn reduce_stall_is_reason_4_strictly_after_the_ceiling() {
     assert!(events(&st).contains(&CoordEvent::Ended(RunEnd::Saved(SaveReason::ReduceStall))));
     assert_eq!(sent_to(&st, 1).last(), Some(&ControlMsgWire::ShutdownWithSave { reason: 4 }));
 }
+
+#[test]
+fn save_reason_bytes_graceful_0_max_failure_1_single_survivor_2_all_ranks_lost_3_reduce_stall_4() {
+    let reasons = [
+        SaveReason::Graceful,
+        SaveReason::MaxFailureExceeded,
+        SaveReason::SingleSurvivor,
+        SaveReason::AllRanksLost,
+        SaveReason::ReduceStall,
+    ];
+    for (byte, r) in reasons.into_iter().enumerate() {
+        assert_eq!(r.as_u8(), byte as u8);
+        assert_eq!(SaveReason::from_u8(byte as u8), r);
+    }
+}

@@ -367,3 +367,20 @@ fn close_ends_the_client_after_what_is_queued() {
     assert_eq!(d.closed, vec![CONN]);
     assert_eq!(d.events, vec![ControlEvent::Closed]);
 }
+
+#[test]
+fn any_inbound_frame_resets_the_coordinator_liveness_clock() {
+    let mut c = client(1.0);
+    connected(&mut c, Time::ZERO);
+    let frames: [(u64, Vec<u8>); 3] = [
+        (29, down(&ControlMsgWire::Throttle)),
+        (58, down(&ControlMsgWire::SetGlobalStep { global_step: 3 })),
+        (87, down(&ControlMsgWire::CoordHeartbeat)),
+    ];
+    for (s, f) in frames {
+        let t = Time::from_secs(s);
+        c.handle(t, Input::Received { conn: CONN, bytes: &f });
+        assert!(lost(&drain_machine(&mut c, t).events).is_none(), "at {s} s");
+        assert_eq!(c.liveness_deadline(), Some(t + Duration::from_secs(30)));
+    }
+}

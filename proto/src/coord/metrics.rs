@@ -88,7 +88,7 @@ impl EpochReports {
     /// (epoch time when that is absent). `batch_share` is each rank's share
     /// of the epoch as assigned; `device_indices` is carried through.
     pub fn aggregate(&self, epoch: u64, device_indices: &[u8], batch_share: &[f64]) -> EpochMetricsWire {
-        let total_batches: u64 = self.ranks.iter().map(|s| s.batches).sum();
+        let total_batches = self.ranks.iter().fold(0u64, |a, s| a.saturating_add(s.batches));
         let avg_loss = if total_batches > 0 {
             self.ranks.iter().map(|s| s.loss_sum).sum::<f64>() / total_batches as f64
         } else {

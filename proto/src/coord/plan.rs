@@ -268,7 +268,7 @@ impl Assignment {
                 steps -= need;
                 done += s.size;
             } else {
-                return done + (steps * batch).min(s.size);
+                return done + steps.saturating_mul(batch).min(s.size);
             }
         }
         done

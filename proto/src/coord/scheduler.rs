@@ -1006,7 +1006,7 @@ impl Scheduler {
 
     fn trigger_cycle(&mut self, now: Time, last: bool) {
         let alive = self.live.alive();
-        let steps: u64 = alive.iter().map(|&r| self.steps_since_sync(r)).sum();
+        let steps = alive.iter().fold(0u64, |a, &r| a.saturating_add(self.steps_since_sync(r)));
         for b in &mut self.ranks {
             b.sync_snapshot = b.last_step;
             b.throttled = false;
@@ -1023,7 +1023,7 @@ impl Scheduler {
             Backend::Nccl => {
                 self.send(alive.clone(), ControlMsgWire::SyncNow);
                 self.version += 1;
-                self.global_step += steps;
+                self.global_step = self.global_step.saturating_add(steps);
                 self.send(alive, ControlMsgWire::SetGlobalStep { global_step: self.global_step });
                 self.event(CoordEvent::CycleFinished {
                     version: self.version,
@@ -1054,7 +1054,7 @@ impl Scheduler {
 
     fn finish_cpu_cycle(&mut self, steps: u64, alive: &[u32]) {
         self.version += 1;
-        self.global_step += steps;
+        self.global_step = self.global_step.saturating_add(steps);
         let version = self.version;
         let mut folded = None;
         if core::mem::take(&mut self.advance_due) {
