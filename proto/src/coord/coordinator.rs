@@ -1,21 +1,4 @@
-//! The coordinator machine: the controller side of the control channel.
-//!
-//! Each host's relay dials the controller's port with the control-channel
-//! magic (consumed by the port router, which hands the connection over with
-//! [`Coordinator::adopt`]) and speaks relay-mux records: first
-//! `Control(Hello{host, ranks, model_sigs})`, answered with `HelloAck`, then
-//! one `Data{rank, payload}` record per control frame a rank sent (the frame
-//! forwarded untouched), and `Control(RankExit{rank})` when a rank's loopback
-//! connection ends. Messages for a rank go back as `Data` records tagged with
-//! it on its relay's connection; messages for a rank whose relay has not
-//! announced it yet wait (heartbeats excepted) until it does.
-//!
-//! A relay hello is refused (connection closed, no reply) when a rank is out
-//! of range or announced twice, the ranks are not strictly ascending, or the
-//! model signatures do not match. A mux record that does not decode closes
-//! that relay's connection; a relay connection that ends declares its live
-//! ranks dead. A rank's frame that does not parse is dropped with a
-//! [`CoordEvent::BadMessage`]: the relay and the other ranks are unharmed.
+//! The coordinator machine (see [`Coordinator`]).
 
 use std::collections::BTreeMap;
 
@@ -48,7 +31,24 @@ struct Relay {
     state: RelayState,
 }
 
-/// The coordinator machine. See the [module documentation](self).
+/// The coordinator machine: the controller side of the control channel.
+///
+/// Each host's relay dials the controller's port with the control-channel
+/// magic (consumed by the port router, which hands the connection over with
+/// [`Coordinator::adopt`]) and speaks relay-mux records: first
+/// `Control(Hello{host, ranks, model_sigs})`, answered with `HelloAck`, then
+/// one `Data{rank, payload}` record per control frame a rank sent (the frame
+/// forwarded untouched), and `Control(RankExit{rank})` when a rank's loopback
+/// connection ends. Messages for a rank go back as `Data` records tagged with
+/// it on its relay's connection; messages for a rank whose relay has not
+/// announced it yet wait (heartbeats excepted) until it does.
+///
+/// A relay hello is refused (connection closed, no reply) when a rank is out
+/// of range or announced twice, the ranks are not strictly ascending, or the
+/// model signatures do not match. A mux record that does not decode closes
+/// that relay's connection; a relay connection that ends declares its live
+/// ranks dead. A rank's frame that does not parse is dropped with a
+/// [`CoordEvent::BadMessage`]: the relay and the other ranks are unharmed.
 ///
 /// ```
 /// use cohort_proto::coord::{CoordConfig, Coordinator};

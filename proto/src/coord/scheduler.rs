@@ -1,35 +1,4 @@
-//! The coordinator's decision core: a pure state struct fed with
-//! `(now, rank, message)` and commands, producing [`Step`]s.
-//!
-//! Nothing here knows about relays, connections or bytes; the
-//! [`Coordinator`](super::Coordinator) machine carries messages in and out.
-//! Every public entry point first catches up with `now` (beacons, staleness,
-//! NCCL answer timeouts, stall ceiling), so a message arriving after a
-//! deadline never saves a rank the deadline already condemned.
-//!
-//! # The run
-//!
-//! [`Scheduler::start`] elects the roles, starts every liveness clock and
-//! sends epoch 0's plans. Ranks report batches (`Timing::Batch`) and, when
-//! they run out of assigned work in an epoch, `Metrics` for it. An epoch is
-//! complete when every live rank has reported, in one or more `Metrics`,
-//! at least as many samples as it was assigned (its plan plus any
-//! `ExtendPartition` slices). Its metrics are then aggregated and
-//! broadcast, and the next epoch's plans go out (folded into the
-//! averaging `Update` when a CPU cycle is in flight). After the last epoch:
-//! a final consensus cycle when ranks hold unaveraged steps, the final eval
-//! when configured, then `Shutdown`.
-//!
-//! # Averaging cycles
-//!
-//! With `sync_every = Some(w)`, a cycle starts once every live rank has taken
-//! `w` steps since the last one or has no work left in the epoch (and some
-//! rank has stepped). CPU plane: `RequestParams`, then once every live rank
-//! has sent `SyncAck`, `Update{version, next_plan}` and `SetGlobalStep`.
-//! NCCL plane: `SyncNow` and `SetGlobalStep` at once; the next cycle waits
-//! until every live rank has acknowledged (a `SyncAck`, or a `Batch` past the
-//! trigger). A cycle unfinished for longer than the stall ceiling stops the
-//! run with `ReduceStall`.
+//! The coordinator's decision core (see [`Scheduler`]).
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -109,7 +78,38 @@ struct EvalJob {
 /// The schedule id of the final eval (flodl's sentinel).
 const FINAL_EVAL_ID: u64 = u64::MAX;
 
-/// The coordinator's decision core.
+/// The coordinator's decision core: a pure state struct fed with
+/// `(now, rank, message)` and commands, producing [`Step`]s.
+///
+/// Nothing here knows about relays, connections or bytes; the
+/// [`Coordinator`](super::Coordinator) machine carries messages in and out.
+/// Every public entry point first catches up with `now` (beacons, staleness,
+/// NCCL answer timeouts, stall ceiling), so a message arriving after a
+/// deadline never saves a rank the deadline already condemned.
+///
+/// # The run
+///
+/// [`Scheduler::start`] elects the roles, starts every liveness clock and
+/// sends epoch 0's plans. Ranks report batches (`Timing::Batch`) and, when
+/// they run out of assigned work in an epoch, `Metrics` for it. An epoch is
+/// complete when every live rank has reported, in one or more `Metrics`,
+/// at least as many samples as it was assigned (its plan plus any
+/// `ExtendPartition` slices). Its metrics are then aggregated and
+/// broadcast, and the next epoch's plans go out (folded into the
+/// averaging `Update` when a CPU cycle is in flight). After the last epoch:
+/// a final consensus cycle when ranks hold unaveraged steps, the final eval
+/// when configured, then `Shutdown`.
+///
+/// # Averaging cycles
+///
+/// With `sync_every = Some(w)`, a cycle starts once every live rank has taken
+/// `w` steps since the last one or has no work left in the epoch (and some
+/// rank has stepped). CPU plane: `RequestParams`, then once every live rank
+/// has sent `SyncAck`, `Update{version, next_plan}` and `SetGlobalStep`.
+/// NCCL plane: `SyncNow` and `SetGlobalStep` at once; the next cycle waits
+/// until every live rank has acknowledged (a `SyncAck`, or a `Batch` past the
+/// trigger). A cycle unfinished for longer than the stall ceiling stops the
+/// run with `ReduceStall`.
 ///
 /// ```
 /// use cohort_proto::coord::{CoordConfig, CoordEvent, Scheduler, Step};
