@@ -301,3 +301,47 @@ fn a_relay_silent_past_its_hello_deadline_is_closed() {
     let d = drain_machine(&mut c, Time::from_secs(10));
     assert_eq!(d.closed, vec![ConnId(5)]);
 }
+
+#[test]
+fn scale_factor_stretches_every_scaled_deadline_together() {
+    use cohort_proto::config::TimeoutScale;
+    use cohort_proto::rank::control_client::{ControlClient, ControlClientConfig};
+    use cohort_proto::wire::ControlAck;
+    use cohort_proto::{DialId, Input};
+    for (scale, factor) in [(1.0, 1u64), (2.0, 2), (4.0, 4)] {
+        // Coordinator: relay hello budget scaled(10 s), staleness scaled(30 s),
+        // stall ceiling max(10 x staleness, 300 s).
+        let mut cfg = CoordConfig::new(1, 1, 10, 1);
+        cfg.scale = TimeoutScale::new(scale).unwrap();
+        assert_eq!(cfg.staleness(), Duration::from_secs(30 * factor));
+        assert_eq!(cfg.stall_ceiling(), Duration::from_secs((300 * factor).max(300)));
+        let mut c = Coordinator::new(cfg, key()).unwrap();
+        c.adopt(Time::ZERO, ConnId(1), Peer::REMOTE, &[]);
+        assert_eq!(c.poll_timeout(), Some(Time::from_secs(10 * factor)));
+        let mut s = cohort_proto::coord::Scheduler::new({
+            let mut k = CoordConfig::new(1, 1, 10, 1);
+            k.scale = TimeoutScale::new(scale).unwrap();
+            k
+        })
+        .unwrap();
+        s.start(Time::ZERO);
+        assert_eq!(s.liveness().next_deadline(), Some(plus_ns(Time::from_secs(30 * factor), 1)));
+        // Rank client: handshake budget scaled(10 s), liveness scaled(30 s).
+        let mut r = ControlClient::new(ControlClientConfig {
+            rank: 0,
+            world_size: 1,
+            key: key(),
+            model_sig: [0; 32],
+            relay_addr: "r".into(),
+            scale: TimeoutScale::new(scale).unwrap(),
+        });
+        r.start(Time::ZERO);
+        r.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: ConnId(2) });
+        assert_eq!(r.poll_timeout(), Some(Time::from_secs(10 * factor)));
+        r.handle(Time::ZERO, Input::Received { conn: ConnId(2), bytes: &ControlAck::encode(&key()) });
+        assert_eq!(r.liveness_deadline(), Some(Time::from_secs(30 * factor)));
+        // The cadences and the NCCL answer window do not scale.
+        assert_eq!(s.next_deadline(), Some(Time::from_secs(1)));
+        assert_eq!(cohort_proto::coord::NCCL_ANSWER, Duration::from_secs(5));
+    }
+}

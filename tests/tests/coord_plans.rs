@@ -239,18 +239,29 @@ fn final_consensus_cycle_runs_before_shutdown_when_steps_are_unaveraged() {
     let st = finish_epoch(&mut s, Time::from_millis(50), 0, &[(0, 3), (1, 3)]);
     assert!(events(&st).contains(&CoordEvent::Ended(RunEnd::Done)), "nothing left to average");
 
-    // Same run, but the epoch ends before the tail cycle could start.
+    // The last epoch ends while a cycle is in flight, with steps taken
+    // after it started: once it finishes, one final cycle, then Shutdown.
     let mut c = CoordConfig::new(2, 1, 6, 1);
-    c.sync_every = Some(5);
+    c.sync_every = Some(2);
     let (mut s, _) = started(c);
-    s.on_timing(Time::from_millis(10), 0, batch(0, 1, 10.0));
-    s.on_metrics(Time::from_millis(10), 0, metrics(0, 0, 3));
-    s.on_metrics(Time::from_millis(10), 1, metrics(1, 0, 3));
+    for r in [0, 1] {
+        s.on_timing(Time::from_millis(10), r, batch(r, 1, 10.0));
+        s.on_timing(Time::from_millis(20), r, batch(r, 2, 10.0));
+    }
+    assert!(events(&drain(&mut s)).contains(&CoordEvent::CycleStarted { cycle: 1, last: false }));
+    for r in [0, 1] {
+        s.on_timing(Time::from_millis(30), r, batch(r, 3, 10.0));
+        s.on_metrics(Time::from_millis(30), r, metrics(r, 0, 3));
+    }
+    assert!(!events(&drain(&mut s)).iter().any(|e| matches!(e, CoordEvent::Ended(_))));
+    s.on_timing(Time::from_millis(40), 0, sync_ack(0, 3));
+    s.on_timing(Time::from_millis(40), 1, sync_ack(1, 3));
     let st = drain(&mut s);
-    assert!(events(&st).contains(&CoordEvent::CycleStarted { cycle: 1, last: true }));
-    assert!(!events(&st).contains(&CoordEvent::Ended(RunEnd::Done)));
-    s.on_timing(Time::from_millis(20), 0, sync_ack(0, 1));
-    s.on_timing(Time::from_millis(20), 1, sync_ack(1, 0));
+    assert!(sent_to(&st, 0).contains(&ControlMsgWire::Update { version: 1, next_plan: None }));
+    assert!(events(&st).contains(&CoordEvent::CycleStarted { cycle: 2, last: true }));
+    assert!(!events(&st).iter().any(|e| matches!(e, CoordEvent::Ended(_))));
+    s.on_timing(Time::from_millis(50), 0, sync_ack(0, 3));
+    s.on_timing(Time::from_millis(50), 1, sync_ack(1, 3));
     let st = drain(&mut s);
     let update = st.iter().position(|x| matches!(x, Step::Send { msg: ControlMsgWire::Update { .. }, .. }));
     let shut = st.iter().position(|x| matches!(x, Step::Send { msg: ControlMsgWire::Shutdown, .. }));

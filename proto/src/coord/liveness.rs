@@ -6,6 +6,10 @@
 //! stale from `t + staleness + 1 ns`. [`Liveness::next_deadline`] returns that
 //! first stale instant so a driver wakes exactly then. Death and exit are
 //! final: nothing revives a rank.
+//!
+//! Hearing a rank is O(1): [`Liveness::take_stale`] keeps a lower bound on
+//! the next stale instant and scans the world only once that bound is
+//! reached (about once per staleness period while ranks keep reporting).
 
 use core::time::Duration;
 
@@ -42,6 +46,8 @@ pub enum Life {
 pub struct Liveness {
     ranks: Vec<Life>,
     staleness: Duration,
+    /// No alive rank goes stale before this instant (a lower bound).
+    bound: Time,
 }
 
 /// One nanosecond: the step past a "strictly greater than" deadline.
@@ -50,7 +56,8 @@ const NS: Duration = Duration::from_nanos(1);
 impl Liveness {
     /// `world` ranks, all alive and heard at the origin.
     pub fn new(world: u32, staleness: Duration) -> Self {
-        Liveness { ranks: vec![Life::Alive { last_heard: Time::ZERO }; world as usize], staleness }
+        let ranks = vec![Life::Alive { last_heard: Time::ZERO }; world as usize];
+        Liveness { ranks, staleness, bound: Time::ZERO + staleness + NS }
     }
 
     /// The staleness deadline.
@@ -65,6 +72,7 @@ impl Liveness {
                 *last_heard = now;
             }
         }
+        self.bound = now + self.staleness + NS;
     }
 
     /// A rank's state (`None` out of range).
@@ -126,7 +134,37 @@ impl Liveness {
         })
     }
 
-    /// The first instant some alive rank becomes stale.
+    /// The alive ranks stale at `now`, ascending, as [`Liveness::stale`];
+    /// O(1) until the cached lower bound on the next stale instant is
+    /// reached, then one scan that also renews the bound. The caller is
+    /// expected to declare the returned ranks dead.
+    pub fn take_stale(&mut self, now: Time) -> Vec<u32> {
+        if now < self.bound {
+            return Vec::new();
+        }
+        let stale: Vec<u32> = self.stale(now).collect();
+        self.bound = self
+            .ranks
+            .iter()
+            .enumerate()
+            .filter_map(|(r, l)| match l {
+                Life::Alive { last_heard } if !stale.contains(&(r as u32)) => {
+                    Some(*last_heard + self.staleness + NS)
+                }
+                _ => None,
+            })
+            .min()
+            .unwrap_or(Time::MAX);
+        stale
+    }
+
+    /// A lower bound on [`Liveness::next_deadline`], in O(1): waking then is
+    /// never late, at worst early.
+    pub fn deadline_bound(&self) -> Option<Time> {
+        (self.bound != Time::MAX).then_some(self.bound)
+    }
+
+    /// The first instant some alive rank becomes stale (exact; O(world)).
     pub fn next_deadline(&self) -> Option<Time> {
         self.ranks
             .iter()
@@ -173,6 +211,25 @@ mod tests {
         assert_eq!(l.alive(), vec![2]);
         assert_eq!((l.alive_count(), l.dead_count()), (1, 1));
         assert_eq!(l.stale(Time::MAX).collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn take_stale_scans_only_once_the_bound_is_reached() {
+        let mut l = Liveness::new(3, Duration::from_secs(30));
+        l.start(Time::ZERO);
+        l.heard(0, Time::from_secs(10));
+        l.heard(1, Time::from_secs(20));
+        assert!(l.take_stale(Time::from_secs(30)).is_empty());
+        assert_eq!(l.deadline_bound(), Some(Time::from_secs(30) + NS));
+        assert_eq!(l.take_stale(Time::from_secs(30) + NS), vec![2]);
+        l.mark_dead(2);
+        // The bound moved to rank 0's deadline, exact again.
+        assert_eq!(l.deadline_bound(), Some(Time::from_secs(40) + NS));
+        assert_eq!(l.deadline_bound(), l.next_deadline());
+        l.heard(0, Time::from_secs(39));
+        // Hearing leaves the bound early (a harmless early wake), never late.
+        assert!(l.take_stale(Time::from_secs(40) + NS).is_empty());
+        assert_eq!(l.deadline_bound(), Some(Time::from_secs(50) + NS));
     }
 
     #[test]

@@ -260,9 +260,11 @@ impl Scheduler {
         self.out.pop_front()
     }
 
-    /// The next instant [`Scheduler::tick`] has work: the next beacon, the
-    /// first rank to go stale, the NCCL answer deadline, the stall ceiling.
-    /// `None` before the start and after the end.
+    /// The next instant [`Scheduler::tick`] may have work: the next beacon,
+    /// the first instant a rank can go stale (never later than the exact one;
+    /// earlier only after the earliest rank was heard again), the NCCL
+    /// answer deadline, the stall ceiling. `None` before the start and after
+    /// the end.
     pub fn next_deadline(&self) -> Option<Time> {
         if !self.running() {
             return None;
@@ -270,7 +272,7 @@ impl Scheduler {
         let ns = Duration::from_nanos(1);
         [
             Some(self.next_beacon),
-            self.live.next_deadline(),
+            self.live.deadline_bound(),
             self.nccl.as_ref().map(Rendezvous::deadline),
             self.cycle_since().map(|t| t + self.cfg.stall_ceiling() + ns),
         ]
@@ -311,7 +313,8 @@ impl Scheduler {
         }
         let stale: Vec<(u32, DeathCause)> = self
             .live
-            .stale(now)
+            .take_stale(now)
+            .into_iter()
             .filter_map(|r| match self.live.get(r) {
                 Some(Life::Alive { last_heard }) => Some((r, DeathCause::Stale { last_heard })),
                 _ => None,
@@ -368,6 +371,7 @@ impl Scheduler {
         let r = rank as usize;
         match msg {
             TimingMsgWire::Batch { batch_ms, data_ms, step_count, .. } => {
+                let before = self.gate_satisfied(rank);
                 let book = &mut self.ranks[r];
                 book.last_step = book.last_step.max(step_count);
                 book.speed.push(batch_ms + data_ms.max(0.0));
@@ -375,8 +379,12 @@ impl Scheduler {
                     book.acked = true;
                     self.cycle_progress(now);
                 }
-                self.throttle_check();
-                self.cycle_gate(now);
+                self.throttle_check(rank);
+                // Only this rank changed: the gate can only open if it just
+                // became satisfied.
+                if !before && self.gate_satisfied(rank) {
+                    self.cycle_gate(now);
+                }
             }
             TimingMsgWire::SyncAck { step_count, .. } => match &mut self.cycle {
                 Cycle::CpuPending { acked, .. } => {
@@ -433,8 +441,12 @@ impl Scheduler {
         if !self.running() || !self.live.is_alive(rank) {
             return;
         }
+        let before = self.gate_satisfied(rank);
         let Some(ep) = self.epoch.as_mut().filter(|e| e.epoch == msg.epoch && !e.aggregated) else { return };
         ep.reports.add(&msg);
+        if !before && self.gate_satisfied(rank) {
+            self.cycle_gate(now);
+        }
         self.advance(now);
     }
 
@@ -983,8 +995,7 @@ impl Scheduler {
     // ----------------------------------------------------------------
 
     fn cycle_gate(&mut self, now: Time) {
-        let Some(window) = self.cfg.sync_every else { return };
-        if !self.running() || self.cycle != Cycle::Idle {
+        if self.cfg.sync_every.is_none() || !self.running() || self.cycle != Cycle::Idle {
             return;
         }
         if self.epoch.as_ref().is_none_or(|e| e.aggregated) {
@@ -993,15 +1004,20 @@ impl Scheduler {
         let alive = self.live.alive();
         let mut mover = false;
         for &r in &alive {
-            let s = self.steps_since_sync(r);
-            mover |= s > 0;
-            if s < window && !self.quiesced(r) {
+            mover |= self.steps_since_sync(r) > 0;
+            if !self.gate_satisfied(r) {
                 return;
             }
         }
         if mover {
             self.trigger_cycle(now, false);
         }
+    }
+
+    /// Whether `r` no longer holds the cycle gate closed: it took its window
+    /// of steps, or has no work left in the epoch.
+    fn gate_satisfied(&self, r: u32) -> bool {
+        self.cfg.sync_every.is_some_and(|w| self.steps_since_sync(r) >= w) || self.quiesced(r)
     }
 
     fn trigger_cycle(&mut self, now: Time, last: bool) {
@@ -1076,25 +1092,35 @@ impl Scheduler {
         self.event(CoordEvent::CycleFinished { version, global_step: self.global_step });
     }
 
-    /// Throttles (once per cycle) a rank that finished its cycle window and
-    /// is more than `max_batch_diff` steps ahead of the slowest rank that
-    /// still has work. CPU plane with cycles only: NCCL collectives pace
-    /// themselves.
-    fn throttle_check(&mut self) {
+    /// Throttles (once per cycle) `rank`, which just reported a batch, if it
+    /// finished its cycle window and is more than `max_batch_diff` steps
+    /// ahead of the slowest rank that still has work. Only the reporting
+    /// rank can newly cross the line (the others' steps did not move), so the
+    /// slowest is looked up only when this rank is a candidate. CPU plane
+    /// with cycles only: NCCL collectives pace themselves.
+    fn throttle_check(&mut self, rank: u32) {
         let (Some(window), Some(diff)) = (self.cfg.sync_every, self.cfg.max_batch_diff) else { return };
         if self.cfg.backend != Backend::Cpu || !self.running() || self.cycle != Cycle::Idle {
             return;
         }
-        let working: Vec<u32> = self.live.alive().into_iter().filter(|&r| !self.quiesced(r)).collect();
-        let Some(slowest) = working.iter().map(|&r| self.steps_since_sync(r)).min() else { return };
-        for r in working {
-            let steps = self.steps_since_sync(r);
-            let book = &mut self.ranks[r as usize];
-            if steps >= window && steps > slowest.saturating_add(diff) && !book.throttled {
-                book.throttled = true;
-                self.send(vec![r], ControlMsgWire::Throttle);
-                self.event(CoordEvent::Throttled { rank: r, steps, slowest });
-            }
+        let steps = self.steps_since_sync(rank);
+        if self.ranks[rank as usize].throttled || steps < window || steps <= diff || self.quiesced(rank) {
+            return;
+        }
+        let Some(slowest) = self
+            .live
+            .alive()
+            .into_iter()
+            .filter(|&r| !self.quiesced(r))
+            .map(|r| self.steps_since_sync(r))
+            .min()
+        else {
+            return;
+        };
+        if steps > slowest.saturating_add(diff) {
+            self.ranks[rank as usize].throttled = true;
+            self.send(vec![rank], ControlMsgWire::Throttle);
+            self.event(CoordEvent::Throttled { rank, steps, slowest });
         }
     }
 }
