@@ -214,7 +214,9 @@ impl ControlClient {
         }
     }
 
-    /// Sends a timing report (queued until the handshake completes).
+    /// Sends a timing report (queued until the handshake completes). Its
+    /// `rank` field must be this rank: the coordinator drops a report whose
+    /// rank disagrees with the relay's tag.
     pub fn report(&mut self, msg: &TimingMsgWire) -> Result<(), SendError> {
         match msg {
             TimingMsgWire::Batch { step_count, .. } | TimingMsgWire::SyncAck { step_count, .. } => {
@@ -333,7 +335,9 @@ impl ControlClient {
                     }
                 }
                 Output::Event(DialerEvent::Failed(e)) => self.lose(LostReason::Handshake(e), None),
-                other => self.out.push(other.map_event(|_| ControlEvent::Connected)),
+                Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
+                Output::Dial { dial, addr } => self.out.dial(dial, addr),
+                Output::Close { conn } => self.out.close(conn),
             }
         }
     }
