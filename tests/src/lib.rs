@@ -1,5 +1,6 @@
 //! Shared helpers for cohort's cross-crate tests.
 #![forbid(unsafe_code)]
 
+pub mod coord_harness;
 pub mod strategies;
 pub mod vectors;

@@ -1,3 +1,449 @@
 //! The coordinator: scheduling, liveness and roles over the control channel.
 //!
-//! Status: not written yet (issue 5).
+//! Two layers:
+//! - [`Scheduler`], the decision core: a pure state struct fed with
+//!   `(now, rank, message)` and commands, producing [`Step`]s (control
+//!   messages for ranks, and [`CoordEvent`]s). It knows nothing of relays or
+//!   bytes, so every rule is tested on it directly.
+//! - [`Coordinator`], the machine: adopts relay connections on the control
+//!   channel, speaks relay-mux records, and carries each rank's control
+//!   frames to and from the scheduler.
+//!
+//! The rules live in small pure modules: [`liveness`](Liveness) (staleness,
+//! exits), [`plan`](partition_sizes) (partitions, smoothing, remainders),
+//! [`roles`](Roles) (election, failover), [`nccl`](Rendezvous)
+//! (re-rendezvous), [`budget`](unrecoverable) (save reasons), and
+//! [`metrics`](EpochReports) (epoch aggregation).
+//!
+//! Every decision is reported as a [`CoordEvent`]: a checker can rebuild
+//! each epoch's assignment exactly from [`CoordEvent::PlanIssued`],
+//! [`CoordEvent::PartitionExtended`] and [`CoordEvent::RankDead`].
+
+mod budget;
+mod coordinator;
+mod liveness;
+mod metrics;
+mod nccl;
+mod plan;
+mod roles;
+mod scheduler;
+
+use std::collections::BTreeSet;
+
+use core::fmt;
+use core::time::Duration;
+
+pub use budget::{Backend, FailureBudget, SaveReason, unrecoverable};
+pub use coordinator::Coordinator;
+pub use liveness::{Life, Liveness};
+pub use metrics::{EpochReports, MAX_SCALARS};
+pub use nccl::{AskAbandoned, NCCL_ANSWER, NCCL_UID_BYTES, Rendezvous, new_sessions, pick_generator};
+pub use plan::{
+    Assignment, Segment, TRUST_WINDOW, Throughput, epoch_plans, equal_sizes, partition_sizes, split_remainder,
+};
+pub use roles::{Intents, Role, RolePolicy, Roles, cadence_due, fastest, next_untried};
+pub use scheduler::{Phase, Scheduler};
+
+use crate::config::{ConfigError, TimeoutScale};
+use crate::machine::ConnId;
+use crate::time::Time;
+use crate::wire::{ControlMsgWire, EpochMetricsWire, EpochPlanWire, IntentKind, TimingMsgWire, WireError};
+
+/// Everything the coordinator needs to know about the run.
+///
+/// ```
+/// use cohort_proto::coord::CoordConfig;
+/// let cfg = CoordConfig::new(3, 2, 30, 1);
+/// assert!(cfg.validate().is_ok());
+/// assert!(CoordConfig::new(0, 2, 30, 1).validate().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoordConfig {
+    /// Ranks in the world (frozen at formation).
+    pub world_size: u32,
+    /// Epochs to run.
+    pub epochs: u64,
+    /// Samples per epoch.
+    pub epoch_samples: u64,
+    /// Samples per batch (at least 1).
+    pub batch_size: u64,
+    /// The data plane.
+    pub backend: Backend,
+    /// Ranks on the controller's own host (preferred NCCL id generators).
+    pub local_ranks: BTreeSet<u32>,
+    /// The failure budget (`None`: only the backend's hard limits apply).
+    pub failure_budget: Option<FailureBudget>,
+    /// The network timeout scale (stretches staleness and the stall ceiling).
+    pub scale: TimeoutScale,
+    /// Batches per averaging cycle; `None` disables cycles (no
+    /// `RequestParams`/`SyncNow`, no `Update`, no throttling).
+    pub sync_every: Option<u64>,
+    /// Throttle a rank more than this many steps ahead of the slowest
+    /// (CPU plane with cycles only).
+    pub max_batch_diff: Option<u64>,
+    /// Checkpoint every this many epochs.
+    pub checkpoint_every: Option<u64>,
+    /// Evaluate every this many epochs.
+    pub eval_every: Option<u64>,
+    /// Run one eval on the final model before `Shutdown`.
+    pub final_eval: bool,
+    /// How role holders are elected.
+    pub role_policy: RolePolicy,
+    /// Device index per rank (for `EpochAggregated`); default `0..world`.
+    pub device_indices: Vec<u8>,
+    /// The model signature every relay must announce for each rank, if set.
+    pub model_sig: Option<[u8; 32]>,
+}
+
+impl CoordConfig {
+    /// A CPU-plane run with cycles off and every optional feature unset.
+    pub fn new(world_size: u32, epochs: u64, epoch_samples: u64, batch_size: u64) -> Self {
+        CoordConfig {
+            world_size,
+            epochs,
+            epoch_samples,
+            batch_size,
+            backend: Backend::Cpu,
+            local_ranks: BTreeSet::new(),
+            failure_budget: None,
+            scale: TimeoutScale::ONE,
+            sync_every: None,
+            max_batch_diff: None,
+            checkpoint_every: None,
+            eval_every: None,
+            final_eval: false,
+            role_policy: RolePolicy::Fastest,
+            device_indices: (0..world_size).map(|r| r as u8).collect(),
+            model_sig: None,
+        }
+    }
+
+    /// Refuses a configuration that cannot run.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.world_size == 0 {
+            return Err(ConfigError::new("world size", "must be at least 1"));
+        }
+        if self.batch_size == 0 {
+            return Err(ConfigError::new("batch size", "must be at least 1"));
+        }
+        if self.sync_every == Some(0) {
+            return Err(ConfigError::new("sync every", "must be at least 1 batch when set"));
+        }
+        if let Some(&r) = self.local_ranks.iter().find(|&&r| r >= self.world_size) {
+            return Err(ConfigError::new("local ranks", format!("rank {r} is outside the world")));
+        }
+        if let RolePolicy::Rank(r) = self.role_policy
+            && r >= self.world_size
+        {
+            return Err(ConfigError::new("role policy", format!("rank {r} is outside the world")));
+        }
+        if self.device_indices.len() != self.world_size as usize {
+            return Err(ConfigError::new(
+                "device indices",
+                format!("{} entries for {} ranks", self.device_indices.len(), self.world_size),
+            ));
+        }
+        if let Some(b) = self.failure_budget {
+            b.validate()?;
+        }
+        Ok(())
+    }
+
+    /// The staleness deadline, scaled.
+    pub fn staleness(&self) -> Duration {
+        self.scale.scaled(crate::config::defaults::HEARTBEAT_STALENESS)
+    }
+
+    /// How long an averaging cycle may stay unfinished with the cohort alive
+    /// before the run stops with `ReduceStall`: ten staleness deadlines, at
+    /// least 300 s.
+    pub fn stall_ceiling(&self) -> Duration {
+        (self.staleness() * 10).max(Duration::from_secs(300))
+    }
+}
+
+/// Why a rank was declared dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeathCause {
+    /// Not heard for strictly longer than the staleness deadline.
+    Stale {
+        /// When it was last heard.
+        last_heard: Time,
+    },
+    /// The launcher saw its process exit with a non-zero code.
+    ProcessExited {
+        /// The exit code.
+        code: i32,
+    },
+    /// Its host's join link ended (the whole host died).
+    HostLost,
+    /// Its relay reported its loopback connection ended (`RankExit`).
+    RelayRankExit,
+    /// Its relay's control connection ended or broke protocol.
+    RelayLost,
+}
+
+impl fmt::Display for DeathCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeathCause::Stale { last_heard } => write!(f, "heartbeat stale (last heard at {last_heard})"),
+            DeathCause::ProcessExited { code } => write!(f, "process exited with code {code}"),
+            DeathCause::HostLost => f.write_str("host link lost"),
+            DeathCause::RelayRankExit => f.write_str("relay reported the rank's connection ended"),
+            DeathCause::RelayLost => f.write_str("relay connection lost"),
+        }
+    }
+}
+
+/// How an epoch plan reached the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanCarrier {
+    /// One `StartEpoch` per live rank.
+    StartEpoch,
+    /// Folded into the post-averaging `Update{version, next_plan}`.
+    Update {
+        /// The `Update`'s version.
+        version: u64,
+    },
+}
+
+/// Why a role moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoleMove {
+    /// Its holder died.
+    HolderDied,
+    /// The checkpoint failed on its holder; retried elsewhere.
+    CheckpointFailed,
+    /// A checkpoint succeeded on this rank, which keeps the role.
+    CheckpointSucceeded,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunEnd {
+    /// Every epoch done; `Shutdown` sent.
+    Done,
+    /// Unrecoverable; `ShutdownWithSave{reason}` sent.
+    Saved(SaveReason),
+}
+
+/// Every decision the coordinator makes, and what it saw.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CoordEvent {
+    /// The run started: liveness clocks run from now and epoch 0 goes out.
+    Started,
+    /// A relay announced its host and ranks and was acknowledged.
+    RelayJoined {
+        /// Its connection.
+        conn: ConnId,
+        /// Host name.
+        host: String,
+        /// Its ranks.
+        ranks: Vec<u32>,
+    },
+    /// A relay's hello was refused; its connection was closed.
+    RelayRejected {
+        /// Its connection.
+        conn: ConnId,
+        /// Why.
+        reason: String,
+    },
+    /// A relay connection ended or was closed for a protocol error.
+    RelayLost {
+        /// Its connection.
+        conn: ConnId,
+        /// The decoding error, if that is why.
+        error: Option<WireError>,
+    },
+    /// A rank's message could not be used (bad frame, wrong kind, rank
+    /// field disagreeing with its tag); the message was dropped.
+    BadMessage {
+        /// The rank it was tagged with.
+        rank: u32,
+        /// What was wrong.
+        error: WireError,
+    },
+    /// A rank left cleanly (`Exiting`, or exit code 0); it is not dead.
+    RankExited {
+        /// The rank.
+        rank: u32,
+    },
+    /// A rank was declared dead. `remainder` is what it had not processed
+    /// of its current epoch (computed before anything else), redistributed
+    /// by the [`CoordEvent::PartitionExtended`] events that follow.
+    RankDead {
+        /// The rank.
+        rank: u32,
+        /// Why.
+        cause: DeathCause,
+        /// The epoch in progress, if any.
+        epoch: Option<u64>,
+        /// Samples it is known to have processed in that epoch.
+        processed: u64,
+        /// Its unprocessed segments, in walk order.
+        remainder: Vec<Segment>,
+    },
+    /// An epoch's plans went out: `plans[r]` is rank `r`'s partition (dead or
+    /// exited ranks get an empty one). The live ranks' partitions tile
+    /// `0..epoch_samples` in rank order.
+    PlanIssued {
+        /// The epoch.
+        epoch: u64,
+        /// One plan per rank of the world.
+        plans: Vec<EpochPlanWire>,
+        /// Whether the sizes follow measured throughput.
+        calibrated: bool,
+        /// How the plans were sent.
+        via: PlanCarrier,
+    },
+    /// A slice of a dead rank's remainder went to a survivor.
+    PartitionExtended {
+        /// The epoch.
+        epoch: u64,
+        /// The dead rank it came from.
+        from: u32,
+        /// The survivor.
+        rank: u32,
+        /// The slice.
+        segment: Segment,
+    },
+    /// A role changed holder.
+    RoleMoved {
+        /// The role.
+        role: Role,
+        /// Its previous holder.
+        from: u32,
+        /// Its holder now.
+        to: u32,
+        /// Why.
+        why: RoleMove,
+    },
+    /// A user intent was noted for the next epoch boundary.
+    IntentNoted {
+        /// Who asked.
+        rank: u32,
+        /// What.
+        kind: IntentKind,
+    },
+    /// `Checkpoint{version, target_rank}` was sent.
+    CheckpointRequested {
+        /// Version (the epoch about to start).
+        version: u64,
+        /// The rank that acts.
+        rank: u32,
+    },
+    /// A checkpoint finished.
+    CheckpointDone {
+        /// Version.
+        version: u64,
+        /// Where it ran.
+        rank: u32,
+        /// The error, if it failed.
+        error: Option<String>,
+    },
+    /// Every live rank failed this checkpoint; it is abandoned.
+    CheckpointAbandoned {
+        /// Version.
+        version: u64,
+    },
+    /// `ExecuteEvalCallback` was sent.
+    EvalRequested {
+        /// Echoed in the result.
+        schedule_id: u64,
+        /// The epoch evaluated.
+        epoch: u64,
+        /// The rank that acts.
+        rank: u32,
+    },
+    /// An eval finished (on success, `EvalBroadcast` went to every live rank).
+    EvalDone {
+        /// The epoch evaluated.
+        epoch: u64,
+        /// Where it ran.
+        rank: u32,
+        /// The metric.
+        metric: f64,
+        /// The error, if it failed.
+        error: Option<String>,
+    },
+    /// `Throttle` was sent to a rank too far ahead.
+    Throttled {
+        /// The rank.
+        rank: u32,
+        /// Its steps this cycle.
+        steps: u64,
+        /// The slowest working rank's steps this cycle.
+        slowest: u64,
+    },
+    /// An averaging cycle began (`RequestParams` or `SyncNow` went out).
+    CycleStarted {
+        /// Cycles started so far, this one included.
+        cycle: u64,
+        /// Whether it is the final consensus cycle before shutdown.
+        last: bool,
+    },
+    /// An averaging cycle completed: `version` is the averaged version.
+    CycleFinished {
+        /// The new version.
+        version: u64,
+        /// Total steps taken so far.
+        global_step: u64,
+    },
+    /// `RequestNewNcclId` was sent.
+    NcclIdRequested {
+        /// The rank asked.
+        rank: u32,
+        /// 1 for the first ask after a death, then 2, 3, ...
+        attempt: u32,
+    },
+    /// An ask was abandoned.
+    NcclAskAbandoned {
+        /// The rank asked.
+        rank: u32,
+        /// Why.
+        why: AskAbandoned,
+    },
+    /// A `NewNcclIdGenerated` nobody waits for from this rank was ignored.
+    NcclReplyIgnored {
+        /// The sender.
+        from: u32,
+        /// The rank the coordinator waits for, if any.
+        expected: Option<u32>,
+    },
+    /// `NewNcclSession` went to every survivor.
+    NcclSessionIssued {
+        /// The rank that generated the id.
+        generator: u32,
+        /// The survivors, ascending: `new_rank` is the index.
+        survivors: Vec<u32>,
+    },
+    /// An epoch's metrics were aggregated and broadcast as `EpochAggregated`.
+    EpochAggregated {
+        /// The aggregate.
+        metrics: Box<EpochMetricsWire>,
+    },
+    /// A telemetry report (learning rate, dashboard, resources) for the
+    /// embedding application; the coordinator itself ignores it.
+    Telemetry {
+        /// The sender.
+        rank: u32,
+        /// The report.
+        msg: TimingMsgWire,
+    },
+    /// The run ended (`Shutdown` or `ShutdownWithSave` was sent, once).
+    Ended(RunEnd),
+}
+
+/// One output of the [`Scheduler`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Send `msg` to each rank of `to` (one encoding, many recipients).
+    Send {
+        /// Recipients, ascending.
+        to: Vec<u32>,
+        /// The message.
+        msg: ControlMsgWire,
+    },
+    /// Report a decision.
+    Event(CoordEvent),
+}

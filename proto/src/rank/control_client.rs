@@ -1,1 +1,443 @@
-//! The rank control client. Status: not written yet (issue 5).
+//! The rank control client: a rank's side of its relay's control leg.
+//!
+//! The rank dials its host's relay over loopback, sends the 56-byte salted
+//! control hello (no channel magic on the loopback leg) and waits for the
+//! 16-byte ack. Then control frames flow both ways, each length-framed
+//! (`u32 len | frame`): the rank's timing and metrics reports up, the
+//! coordinator's control messages down, each surfaced as
+//! [`ControlEvent::Control`].
+//!
+//! Two clocks run while connected:
+//! - a `Heartbeat` timing report every second (not scaled), whatever the
+//!   application is doing;
+//! - the coordinator-liveness deadline, scaled(30 s): every inbound frame
+//!   resets it. Silence until the deadline (lost at exactly
+//!   `last frame + deadline`), end of stream, or a frame that does not
+//!   parse, before a clean `Shutdown` (or `ShutdownWithSave`), means the
+//!   coordinator is gone: the client marks every peer dead and ends with
+//!   [`ControlEvent::CoordinatorLost`].
+
+use std::collections::BTreeSet;
+
+use bytes::{Bytes, BytesMut};
+use core::fmt;
+use core::time::Duration;
+
+use crate::config::TimeoutScale;
+use crate::config::defaults::{COORD_LIVENESS, HANDSHAKE, RANK_HEARTBEAT};
+use crate::handshake::{ControlHandshake, ControlHelloFields, Dialer, DialerEvent, HandshakeError};
+use crate::machine::{CloseCause, ConnId, Input, Machine, Outbox, Output};
+use crate::time::Time;
+use crate::wire::{
+    CONTROL_HEADER_LEN, ControlMsgWire, FrameType, IntentKind, LenDecoder, MAX_CONTROL_PAYLOAD, MacKey,
+    Message, MetricsMsgWire, Problem, TimingMsgWire, WireError, WireMessage, encode_frame, len_prefix,
+    parse_exact_frame,
+};
+
+/// What a rank control client is configured with.
+#[derive(Debug, Clone)]
+pub struct ControlClientConfig {
+    /// This rank.
+    pub rank: u32,
+    /// The world size (checked by the relay in the hello).
+    pub world_size: u32,
+    /// The session key.
+    pub key: MacKey,
+    /// This rank's model signature.
+    pub model_sig: [u8; 32],
+    /// The relay's loopback address.
+    pub relay_addr: String,
+    /// The network timeout scale.
+    pub scale: TimeoutScale,
+}
+
+/// Why the coordinator is considered gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LostReason {
+    /// No frame for the whole liveness deadline.
+    Silent {
+        /// When the last frame arrived (or the handshake completed).
+        last_frame: Time,
+    },
+    /// The connection ended.
+    Closed(CloseCause),
+    /// A frame did not parse or was not a control message.
+    BadFrame(WireError),
+    /// The handshake with the relay failed.
+    Handshake(HandshakeError),
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LostReason::Silent { last_frame } => {
+                write!(f, "coordinator lost: silent since {last_frame}")
+            }
+            LostReason::Closed(c) => write!(f, "coordinator lost: {c}"),
+            LostReason::BadFrame(e) => write!(f, "coordinator lost: bad frame ({e})"),
+            LostReason::Handshake(e) => write!(f, "coordinator lost: handshake failed ({e})"),
+        }
+    }
+}
+
+/// What the control client reports.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ControlEvent {
+    /// The handshake completed; reports flow.
+    Connected,
+    /// A message from the coordinator (every one, beacons included).
+    Control(ControlMsgWire),
+    /// The coordinator is gone; every peer is marked dead; the client ended.
+    CoordinatorLost {
+        /// Why.
+        reason: LostReason,
+        /// The peers now marked dead (every rank but this one).
+        dead_peers: Vec<u32>,
+    },
+    /// The connection ended after a clean `Shutdown` / `ShutdownWithSave`,
+    /// or [`ControlClient::close`] was called.
+    Closed,
+}
+
+/// Why a report could not be queued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendError {
+    /// The client has ended.
+    Ended,
+    /// The message is larger than a control frame may be.
+    Encode(WireError),
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::Ended => f.write_str("the control client has ended"),
+            SendError::Encode(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {}
+
+#[derive(Debug)]
+enum State {
+    Idle,
+    Handshaking(Box<Dialer<ControlHandshake>>),
+    Connected {
+        conn: ConnId,
+        dec: LenDecoder,
+        last_frame: Time,
+        next_heartbeat: Time,
+        /// A clean `Shutdown`/`ShutdownWithSave` arrived: EOF is expected
+        /// and the liveness deadline no longer applies.
+        clean: bool,
+    },
+    Ended,
+}
+
+/// The rank's control client. See the [module documentation](self).
+///
+/// ```
+/// use cohort_proto::rank::control_client::*;
+/// use cohort_proto::config::TimeoutScale;
+/// use cohort_proto::wire::{MacKey, SessionSalt};
+/// use cohort_proto::{Machine, Output, Time};
+/// let cfg = ControlClientConfig {
+///     rank: 1, world_size: 2, key: MacKey::new(&SessionSalt::from_bytes([9; 16])),
+///     model_sig: [0; 32], relay_addr: "127.0.0.1:7000".into(), scale: TimeoutScale::ONE,
+/// };
+/// let mut c = ControlClient::new(cfg);
+/// c.start(Time::ZERO);
+/// assert!(matches!(c.poll(Time::ZERO), Some(Output::Dial { .. })));
+/// ```
+#[derive(Debug)]
+pub struct ControlClient {
+    cfg: ControlClientConfig,
+    liveness: Duration,
+    state: State,
+    /// Frames queued before the handshake completed.
+    queued: Vec<Bytes>,
+    step_count: u64,
+    dead: BTreeSet<u32>,
+    out: Outbox<ControlEvent>,
+}
+
+fn ceiling() -> u64 {
+    (CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64
+}
+
+impl ControlClient {
+    /// A client (call [`ControlClient::start`] to dial).
+    pub fn new(cfg: ControlClientConfig) -> Self {
+        let liveness = cfg.scale.scaled(COORD_LIVENESS);
+        ControlClient {
+            cfg,
+            liveness,
+            state: State::Idle,
+            queued: Vec::new(),
+            step_count: 0,
+            dead: BTreeSet::new(),
+            out: Outbox::default(),
+        }
+    }
+
+    /// Dials the relay and starts the handshake.
+    pub fn start(&mut self, now: Time) {
+        if !matches!(self.state, State::Idle) {
+            return;
+        }
+        let kind = ControlHandshake { key: self.cfg.key.clone(), world_size: self.cfg.world_size };
+        let fields = ControlHelloFields { rank: self.cfg.rank, model_sig: self.cfg.model_sig };
+        let budget = self.cfg.scale.scaled(HANDSHAKE);
+        let mut d = Dialer::new(kind, fields, self.cfg.relay_addr.clone(), None, budget);
+        d.start(now);
+        self.state = State::Handshaking(Box::new(d));
+        self.drain_dialer(now);
+    }
+
+    /// Peers known dead: from `DeclareDead`, or all of them once the
+    /// coordinator is lost.
+    pub fn dead_peers(&self) -> &BTreeSet<u32> {
+        &self.dead
+    }
+
+    /// Whether the client has ended.
+    pub fn is_ended(&self) -> bool {
+        matches!(self.state, State::Ended)
+    }
+
+    /// The liveness deadline in force, while connected.
+    pub fn liveness_deadline(&self) -> Option<Time> {
+        match &self.state {
+            State::Connected { last_frame, clean: false, .. } => Some(*last_frame + self.liveness),
+            _ => None,
+        }
+    }
+
+    /// Sends a timing report (queued until the handshake completes). Its
+    /// `rank` field must be this rank: the coordinator drops a report whose
+    /// rank disagrees with the relay's tag.
+    pub fn report(&mut self, msg: &TimingMsgWire) -> Result<(), SendError> {
+        match msg {
+            TimingMsgWire::Batch { step_count, .. } | TimingMsgWire::SyncAck { step_count, .. } => {
+                self.step_count = self.step_count.max(*step_count);
+            }
+            _ => {}
+        }
+        self.send_msg(msg)
+    }
+
+    /// Sends a per-epoch metrics report.
+    pub fn report_metrics(&mut self, msg: &MetricsMsgWire) -> Result<(), SendError> {
+        self.send_msg(msg)
+    }
+
+    /// Reports one finished batch.
+    pub fn report_batch(
+        &mut self,
+        batch_ms: f64,
+        data_ms: f64,
+        step_count: u64,
+        batch_loss: f64,
+    ) -> Result<(), SendError> {
+        let rank = self.cfg.rank.into();
+        self.report(&TimingMsgWire::Batch {
+            rank,
+            batch_ms,
+            data_ms,
+            step_count,
+            param_norm: None,
+            batch_loss,
+            sync_divergence: None,
+        })
+    }
+
+    /// Asks the coordinator for an eval or a checkpoint at its next epoch boundary.
+    pub fn intent(&mut self, kind: IntentKind) -> Result<(), SendError> {
+        let rank = self.cfg.rank.into();
+        self.report(&TimingMsgWire::Intent { rank, kind })
+    }
+
+    /// Announces a clean exit (the coordinator latches the rank as exited).
+    pub fn exiting(&mut self) -> Result<(), SendError> {
+        let rank = self.cfg.rank.into();
+        self.report(&TimingMsgWire::Exiting { rank })
+    }
+
+    /// Closes the connection (after what is queued); the client ends.
+    pub fn close(&mut self) {
+        match core::mem::replace(&mut self.state, State::Ended) {
+            State::Connected { conn, .. } => {
+                self.out.close(conn);
+                self.out.event(ControlEvent::Closed);
+            }
+            State::Handshaking(_) | State::Idle => self.out.event(ControlEvent::Closed),
+            State::Ended => {}
+        }
+    }
+
+    fn encode<M: WireMessage>(&self, msg: &M) -> Result<Bytes, SendError> {
+        let mut buf = BytesMut::with_capacity(64);
+        buf.extend_from_slice(&[0; 4]);
+        let len = encode_frame(&self.cfg.key, msg, &mut buf).map_err(SendError::Encode)?;
+        let prefix = len_prefix(len, ceiling()).map_err(SendError::Encode)?;
+        buf[..4].copy_from_slice(&prefix);
+        Ok(buf.freeze())
+    }
+
+    fn send_msg<M: WireMessage>(&mut self, msg: &M) -> Result<(), SendError> {
+        if matches!(self.state, State::Ended) {
+            return Err(SendError::Ended);
+        }
+        let bytes = self.encode(msg)?;
+        match &self.state {
+            State::Connected { conn, .. } => self.out.transmit(*conn, bytes),
+            _ => self.queued.push(bytes),
+        }
+        Ok(())
+    }
+
+    fn lose(&mut self, reason: LostReason, close: Option<ConnId>) {
+        if let Some(conn) = close {
+            self.out.close(conn);
+        }
+        self.state = State::Ended;
+        self.queued.clear();
+        let me = self.cfg.rank;
+        self.dead.extend((0..self.cfg.world_size).filter(|&r| r != me));
+        let dead_peers = self.dead.iter().copied().collect();
+        self.out.event(ControlEvent::CoordinatorLost { reason, dead_peers });
+    }
+
+    fn drain_dialer(&mut self, now: Time) {
+        let State::Handshaking(d) = &mut self.state else { return };
+        let mut outputs = Vec::new();
+        while let Some(o) = d.poll(now) {
+            outputs.push(o);
+        }
+        for o in outputs {
+            match o {
+                Output::Event(DialerEvent::Established { conn, leftover }) => {
+                    self.state = State::Connected {
+                        conn,
+                        dec: LenDecoder::new(ceiling()),
+                        last_frame: now,
+                        next_heartbeat: now,
+                        clean: false,
+                    };
+                    self.out.event(ControlEvent::Connected);
+                    for q in core::mem::take(&mut self.queued) {
+                        self.out.transmit(conn, q);
+                    }
+                    self.heartbeat_if_due(now);
+                    if !leftover.is_empty() {
+                        self.inbound(now, &leftover);
+                    }
+                }
+                Output::Event(DialerEvent::Failed(e)) => self.lose(LostReason::Handshake(e), None),
+                Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
+                Output::Dial { dial, addr } => self.out.dial(dial, addr),
+                Output::Close { conn } => self.out.close(conn),
+            }
+        }
+    }
+
+    fn heartbeat_if_due(&mut self, now: Time) {
+        let State::Connected { next_heartbeat, .. } = &mut self.state else { return };
+        if now < *next_heartbeat {
+            return;
+        }
+        *next_heartbeat = now + RANK_HEARTBEAT;
+        let hb = TimingMsgWire::Heartbeat { rank: self.cfg.rank.into(), step_count: self.step_count };
+        let _ = self.send_msg(&hb);
+    }
+
+    fn inbound(&mut self, now: Time, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let State::Connected { conn, dec, .. } = &mut self.state else { return };
+            let conn = *conn;
+            let (used, blob) = match dec.decode(bytes) {
+                Ok(x) => x,
+                Err(e) => return self.lose(LostReason::BadFrame(e), Some(conn)),
+            };
+            bytes = &bytes[used..];
+            let Some(blob) = blob else { continue };
+            let msg = match parse_exact_frame(&blob.to_bytes(), &self.cfg.key) {
+                Ok(Message::Control(m)) => Some(m),
+                Ok(Message::Reserved { .. }) => None,
+                Ok(other) => {
+                    let why = format!("a {} frame from the coordinator", other.kind().name());
+                    let e = WireError::new(FrameType::ControlFrame, "kind", Problem::Invalid(why));
+                    return self.lose(LostReason::BadFrame(e), Some(conn));
+                }
+                Err(e) => return self.lose(LostReason::BadFrame(e), Some(conn)),
+            };
+            if let State::Connected { last_frame, clean, .. } = &mut self.state {
+                *last_frame = now;
+                if let Some(m) = &msg
+                    && matches!(m, ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. })
+                {
+                    *clean = true;
+                }
+            }
+            if let Some(m) = msg {
+                if let ControlMsgWire::DeclareDead { rank } = m
+                    && let Ok(r) = u32::try_from(rank)
+                    && r < self.cfg.world_size
+                {
+                    self.dead.insert(r);
+                }
+                self.out.event(ControlEvent::Control(m));
+            }
+        }
+    }
+}
+
+impl Machine for ControlClient {
+    type Event = ControlEvent;
+
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        if let State::Handshaking(d) = &mut self.state {
+            d.handle(now, input);
+            self.drain_dialer(now);
+            return;
+        }
+        let State::Connected { conn, last_frame, clean, .. } = &self.state else { return };
+        let (conn, last_frame, clean) = (*conn, *last_frame, *clean);
+        // Deadlines first: a frame arriving after the deadline saves nothing.
+        if !clean && now >= last_frame + self.liveness {
+            return self.lose(LostReason::Silent { last_frame }, Some(conn));
+        }
+        match input {
+            Input::Received { conn: c, bytes } if c == conn => self.inbound(now, bytes),
+            Input::Closed { conn: c, cause, .. } if c == conn => {
+                let error = match &self.state {
+                    State::Connected { dec, .. } => dec.finish().err(),
+                    _ => None,
+                };
+                if clean && error.is_none() {
+                    self.state = State::Ended;
+                    self.out.event(ControlEvent::Closed);
+                } else {
+                    self.lose(error.map_or(LostReason::Closed(cause), LostReason::BadFrame), None);
+                }
+            }
+            _ => {}
+        }
+        self.heartbeat_if_due(now);
+    }
+
+    fn poll(&mut self, _now: Time) -> Option<Output<ControlEvent>> {
+        self.out.pop()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        match &self.state {
+            State::Handshaking(d) => d.poll_timeout(),
+            State::Connected { next_heartbeat, .. } => {
+                Some(self.liveness_deadline().map_or(*next_heartbeat, |d| d.min(*next_heartbeat)))
+            }
+            State::Idle | State::Ended => None,
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The failure budget and the reasons a run ends with `ShutdownWithSave`.
+//!
+//! Pure: given the world size, the dead and alive counts and the data
+//! plane, [`unrecoverable`] says whether the run must stop and why.
+
+use core::fmt;
+
+use crate::config::ConfigError;
+
+/// The data plane the ranks average over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// The controller's CPU reduce over the data channel.
+    #[default]
+    Cpu,
+    /// NCCL collectives among the ranks (the coordinator re-rendezvouses
+    /// survivors after a death).
+    Nccl,
+}
+
+/// How many declared-dead ranks the run tolerates.
+///
+/// ```
+/// use cohort_proto::coord::FailureBudget;
+/// assert_eq!(FailureBudget::Absolute(2).limit(4), 2);
+/// assert_eq!(FailureBudget::Percent(0.5).limit(4), 2);
+/// assert_eq!(FailureBudget::Percent(0.5).limit(5), 3); // ceil(2.5)
+/// assert_eq!(FailureBudget::Percent(7.0).limit(5), 5); // clamped to 1.0
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FailureBudget {
+    /// Stop once this many ranks are dead.
+    Absolute(u32),
+    /// Stop once `ceil(p x world)` ranks are dead (`p` clamped to `[0, 1]`).
+    Percent(f64),
+}
+
+impl FailureBudget {
+    /// The dead count at which the budget is exceeded (`dead >= limit`).
+    pub fn limit(self, world: u32) -> u32 {
+        match self {
+            FailureBudget::Absolute(n) => n,
+            FailureBudget::Percent(p) => {
+                let p = if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) };
+                (p * f64::from(world)).ceil() as u32
+            }
+        }
+    }
+
+    /// Refuses a percentage that is not a finite number.
+    pub fn validate(self) -> Result<Self, ConfigError> {
+        match self {
+            FailureBudget::Percent(p) if !p.is_finite() => {
+                Err(ConfigError::new("failure budget", format!("percent {p} is not a finite number")))
+            }
+            b => Ok(b),
+        }
+    }
+}
+
+/// Why a run stops with a save (`ShutdownWithSave{reason}`'s byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum SaveReason {
+    /// An orderly stop.
+    Graceful = 0,
+    /// The failure budget was exceeded.
+    MaxFailureExceeded = 1,
+    /// NCCL needs two ranks; fewer are alive.
+    SingleSurvivor = 2,
+    /// CPU plane with no rank alive.
+    AllRanksLost = 3,
+    /// An averaging cycle stalled past its ceiling with the cohort alive.
+    ReduceStall = 4,
+}
+
+impl SaveReason {
+    /// The wire byte.
+    pub fn as_u8(self) -> u8 {
+        self as u8
+    }
+
+    /// Decodes a wire byte; unknown bytes read as [`SaveReason::Graceful`]
+    /// (flodl's forward-compatible fallback).
+    ///
+    /// ```
+    /// use cohort_proto::coord::SaveReason;
+    /// assert_eq!(SaveReason::from_u8(2), SaveReason::SingleSurvivor);
+    /// assert_eq!(SaveReason::from_u8(200), SaveReason::Graceful);
+    /// ```
+    pub fn from_u8(b: u8) -> Self {
+        match b {
+            1 => SaveReason::MaxFailureExceeded,
+            2 => SaveReason::SingleSurvivor,
+            3 => SaveReason::AllRanksLost,
+            4 => SaveReason::ReduceStall,
+            _ => SaveReason::Graceful,
+        }
+    }
+}
+
+impl fmt::Display for SaveReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SaveReason::Graceful => "graceful shutdown",
+            SaveReason::MaxFailureExceeded => "failure budget exceeded",
+            SaveReason::SingleSurvivor => "fewer than two ranks alive on the NCCL plane",
+            SaveReason::AllRanksLost => "every rank lost",
+            SaveReason::ReduceStall => "averaging cycle stalled",
+        })
+    }
+}
+
+/// Whether the run is unrecoverable after a death, and why.
+///
+/// The user's budget is checked first, so `Absolute(1)` on an NCCL world
+/// reports [`SaveReason::MaxFailureExceeded`], not `SingleSurvivor`. `dead`
+/// counts declared deaths only (clean exits are not failures); `alive` is
+/// the ranks neither dead nor exited.
+///
+/// ```
+/// use cohort_proto::coord::{Backend, FailureBudget, SaveReason, unrecoverable};
+/// let b = Some(FailureBudget::Absolute(2));
+/// assert_eq!(unrecoverable(b, 4, 1, 3, Backend::Cpu), None);
+/// assert_eq!(unrecoverable(b, 4, 2, 2, Backend::Cpu), Some(SaveReason::MaxFailureExceeded));
+/// assert_eq!(unrecoverable(None, 2, 1, 1, Backend::Nccl), Some(SaveReason::SingleSurvivor));
+/// assert_eq!(unrecoverable(None, 2, 1, 1, Backend::Cpu), None);
+/// assert_eq!(unrecoverable(None, 2, 2, 0, Backend::Cpu), Some(SaveReason::AllRanksLost));
+/// ```
+pub fn unrecoverable(
+    budget: Option<FailureBudget>,
+    world: u32,
+    dead: u32,
+    alive: u32,
+    backend: Backend,
+) -> Option<SaveReason> {
+    if let Some(b) = budget
+        && dead >= b.limit(world)
+    {
+        return Some(SaveReason::MaxFailureExceeded);
+    }
+    match backend {
+        Backend::Nccl if alive < 2 => Some(SaveReason::SingleSurvivor),
+        Backend::Cpu if alive == 0 => Some(SaveReason::AllRanksLost),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_rounds_up_and_clamps() {
+        assert_eq!(FailureBudget::Percent(0.2).limit(10), 2);
+        assert_eq!(FailureBudget::Percent(0.2).limit(11), 3);
+        assert_eq!(FailureBudget::Percent(0.0).limit(10), 0);
+        assert_eq!(FailureBudget::Percent(-1.0).limit(10), 0);
+        assert_eq!(FailureBudget::Percent(1.0).limit(10), 10);
+        assert!(FailureBudget::Percent(f64::NAN).validate().is_err());
+        assert!(FailureBudget::Percent(f64::INFINITY).validate().is_err());
+    }
+
+    #[test]
+    fn budget_precedes_backend_limits() {
+        let b = Some(FailureBudget::Absolute(1));
+        assert_eq!(unrecoverable(b, 2, 1, 1, Backend::Nccl), Some(SaveReason::MaxFailureExceeded));
+        assert_eq!(unrecoverable(None, 3, 1, 2, Backend::Nccl), None);
+    }
+
+    #[test]
+    fn reason_bytes_round_trip() {
+        for r in [
+            SaveReason::Graceful,
+            SaveReason::MaxFailureExceeded,
+            SaveReason::SingleSurvivor,
+            SaveReason::AllRanksLost,
+            SaveReason::ReduceStall,
+        ] {
+            assert_eq!(SaveReason::from_u8(r.as_u8()), r);
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! The coordinator machine (see [`Coordinator`]).
+
+use std::collections::BTreeMap;
+
+use bytes::{Bytes, BytesMut};
+use core::time::Duration;
+
+use super::scheduler::Scheduler;
+use super::{CoordConfig, CoordEvent, DeathCause, Step};
+use crate::config::ConfigError;
+use crate::config::defaults::HANDSHAKE;
+use crate::machine::{ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::time::Time;
+use crate::wire::{
+    CONTROL_HEADER_LEN, ControlMsgWire, MAX_CONTROL_PAYLOAD, MacKey, MuxDecoder, MuxRecord, Payload,
+    RelayControlMsg, WireError, encode_control, encode_frame, parse_exact_frame,
+};
+
+/// Frames parked per rank whose relay has not announced it yet.
+const MAX_PARKED: usize = 4096;
+
+#[derive(Debug)]
+enum RelayState {
+    AwaitHello { deadline: Time },
+    Ready { ranks: Vec<u32> },
+}
+
+#[derive(Debug)]
+struct Relay {
+    dec: MuxDecoder,
+    state: RelayState,
+}
+
+/// The coordinator machine: the controller side of the control channel.
+///
+/// Each host's relay dials the controller's port with the control-channel
+/// magic (consumed by the port router, which hands the connection over with
+/// [`Coordinator::adopt`]) and speaks relay-mux records: first
+/// `Control(Hello{host, ranks, model_sigs})`, answered with `HelloAck`, then
+/// one `Data{rank, payload}` record per control frame a rank sent (the frame
+/// forwarded untouched), and `Control(RankExit{rank})` when a rank's loopback
+/// connection ends. Messages for a rank go back as `Data` records tagged with
+/// it on its relay's connection; messages for a rank whose relay has not
+/// announced it yet wait (heartbeats excepted) until it does.
+///
+/// A relay hello is refused (connection closed, no reply) when a rank is out
+/// of range or announced twice, the ranks are not strictly ascending, or the
+/// model signatures do not match. A mux record that does not decode closes
+/// that relay's connection; a relay connection that ends declares its live
+/// ranks dead. A rank's frame that does not parse is dropped with a
+/// [`CoordEvent::BadMessage`]: the relay and the other ranks are unharmed.
+///
+/// ```
+/// use cohort_proto::coord::{CoordConfig, Coordinator};
+/// use cohort_proto::wire::{MacKey, SessionSalt};
+/// use cohort_proto::{Machine, Time};
+/// let key = MacKey::new(&SessionSalt::from_bytes([3; 16]));
+/// let mut c = Coordinator::new(CoordConfig::new(2, 1, 10, 1), key).unwrap();
+/// c.start(Time::ZERO);
+/// // Beacons wait for relays; the next wake-up is the next beacon.
+/// while c.poll(Time::ZERO).is_some() {}
+/// assert_eq!(c.poll_timeout(), Some(Time::from_secs(1)));
+/// ```
+#[derive(Debug)]
+pub struct Coordinator {
+    sched: Scheduler,
+    key: MacKey,
+    hello_budget: Duration,
+    relays: BTreeMap<ConnId, Relay>,
+    routes: BTreeMap<u32, ConnId>,
+    parked: BTreeMap<u32, Vec<Bytes>>,
+    out: Outbox<CoordEvent>,
+}
+
+impl Coordinator {
+    /// A coordinator for `config`, keyed with the session salt's `key`.
+    pub fn new(config: CoordConfig, key: MacKey) -> Result<Self, ConfigError> {
+        let hello_budget = config.scale.scaled(HANDSHAKE);
+        Ok(Coordinator {
+            sched: Scheduler::new(config)?,
+            key,
+            hello_budget,
+            relays: BTreeMap::new(),
+            routes: BTreeMap::new(),
+            parked: BTreeMap::new(),
+            out: Outbox::default(),
+        })
+    }
+
+    /// The decision core (read-only).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    /// Takes over an accepted control-channel connection from a relay; its
+    /// channel magic was already consumed; `first` holds bytes that followed.
+    pub fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
+        let ceiling = (CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64;
+        let relay = Relay {
+            dec: MuxDecoder::new(ceiling),
+            state: RelayState::AwaitHello { deadline: now + self.hello_budget },
+        };
+        self.relays.insert(conn, relay);
+        if !first.is_empty() {
+            self.received(now, conn, first);
+        }
+        self.pump();
+    }
+
+    /// Starts the run (see [`Scheduler::start`]).
+    pub fn start(&mut self, now: Time) {
+        self.sched.start(now);
+        self.pump();
+    }
+
+    /// The launcher saw a rank's process exit (join-link `RankExited`).
+    pub fn rank_exited(&mut self, now: Time, rank: u32, code: i32) {
+        self.sched.rank_exited(now, rank, code);
+        self.pump();
+    }
+
+    /// A host's join link ended: its ranks are dead.
+    pub fn host_lost(&mut self, now: Time, ranks: &[u32]) {
+        self.sched.host_lost(now, ranks);
+        self.pump();
+    }
+
+    fn received(&mut self, now: Time, conn: ConnId, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let Some(relay) = self.relays.get_mut(&conn) else { return };
+            match relay.dec.decode(bytes, &self.key) {
+                Ok((used, rec)) => {
+                    bytes = &bytes[used..];
+                    if let Some(rec) = rec {
+                        self.record(now, conn, rec);
+                    }
+                }
+                Err(e) => {
+                    self.drop_relay(now, conn, Some(e), true);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn record(&mut self, now: Time, conn: ConnId, rec: MuxRecord) {
+        let Some(relay) = self.relays.get(&conn) else { return };
+        match (&relay.state, rec) {
+            (
+                RelayState::AwaitHello { .. },
+                MuxRecord::Control(RelayControlMsg::Hello { host, ranks, model_sigs }),
+            ) => self.hello(conn, host, ranks, model_sigs),
+            (RelayState::Ready { ranks }, MuxRecord::Data { rank, payload }) if ranks.contains(&rank) => {
+                match parse_exact_frame(&payload.to_bytes(), &self.key) {
+                    Ok(msg) => self.sched.on_message(now, rank, msg),
+                    Err(error) => self.out.event(CoordEvent::BadMessage { rank, error }),
+                }
+            }
+            (RelayState::Ready { ranks }, MuxRecord::Control(RelayControlMsg::RankExit { rank }))
+                if ranks.contains(&rank) =>
+            {
+                self.sched.report_deaths(now, &[(rank, DeathCause::RelayRankExit)]);
+            }
+            (_, rec) => {
+                let why = format!("unexpected {} record on the control channel", rec.kind_name());
+                let e = WireError::new(
+                    crate::wire::FrameType::MuxRecord,
+                    "kind",
+                    crate::wire::Problem::Invalid(why),
+                );
+                self.drop_relay(now, conn, Some(e), true);
+            }
+        }
+        self.pump();
+    }
+
+    fn hello(&mut self, conn: ConnId, host: String, ranks: Vec<u32>, model_sigs: Vec<[u8; 32]>) {
+        let cfg = self.sched.config();
+        let refusal = if ranks.is_empty() {
+            Some("no ranks announced".to_string())
+        } else if !ranks.windows(2).all(|w| w[0] < w[1]) {
+            Some(format!("ranks {ranks:?} are not strictly ascending"))
+        } else if let Some(r) = ranks.iter().find(|&&r| r >= cfg.world_size) {
+            Some(format!("rank {r} is outside the world of {}", cfg.world_size))
+        } else if let Some(r) = ranks.iter().find(|r| self.routes.contains_key(r)) {
+            Some(format!("rank {r} was already announced by another relay"))
+        } else if model_sigs.len() != ranks.len() {
+            Some(format!("{} model signatures for {} ranks", model_sigs.len(), ranks.len()))
+        } else if let Some(expected) = cfg.model_sig
+            && let Some(i) = model_sigs.iter().position(|s| *s != expected)
+        {
+            Some(format!("rank {}'s model signature differs from the controller's", ranks[i]))
+        } else {
+            None
+        };
+        if let Some(reason) = refusal {
+            self.relays.remove(&conn);
+            self.out.close(conn);
+            self.out.event(CoordEvent::RelayRejected { conn, reason: format!("host {host:?}: {reason}") });
+            return;
+        }
+        let mut ack = BytesMut::new();
+        if encode_control(&self.key, &RelayControlMsg::HelloAck, &mut ack).is_ok() {
+            self.out.transmit(conn, ack.freeze());
+        }
+        for &r in &ranks {
+            self.routes.insert(r, conn);
+            for frame in self.parked.remove(&r).unwrap_or_default() {
+                self.transmit_data(conn, r, frame);
+            }
+        }
+        if let Some(relay) = self.relays.get_mut(&conn) {
+            relay.state = RelayState::Ready { ranks: ranks.clone() };
+        }
+        self.out.event(CoordEvent::RelayJoined { conn, host, ranks });
+    }
+
+    /// Forgets a relay; its live ranks are dead. `close` when the machine
+    /// ends the connection itself.
+    fn drop_relay(&mut self, now: Time, conn: ConnId, error: Option<WireError>, close: bool) {
+        let Some(relay) = self.relays.remove(&conn) else { return };
+        if close {
+            self.out.close(conn);
+        }
+        self.out.event(CoordEvent::RelayLost { conn, error });
+        if let RelayState::Ready { ranks } = relay.state {
+            for r in &ranks {
+                self.routes.remove(r);
+            }
+            let deaths: Vec<(u32, DeathCause)> = ranks.iter().map(|&r| (r, DeathCause::RelayLost)).collect();
+            self.sched.report_deaths(now, &deaths);
+        }
+    }
+
+    fn transmit_data(&mut self, conn: ConnId, rank: u32, frame: Bytes) {
+        let rec = MuxRecord::Data { rank, payload: Payload::from(frame.clone()) };
+        if let Ok(header) = rec.header(&self.key) {
+            self.out.transmit(conn, Bytes::copy_from_slice(&header));
+            self.out.transmit(conn, frame);
+        }
+    }
+
+    fn send(&mut self, to: &[u32], msg: &ControlMsgWire) {
+        let mut buf = BytesMut::new();
+        if let Err(e) = encode_frame(&self.key, msg, &mut buf) {
+            // Only an absurd aggregate could exceed the frame limit.
+            if let Some(&rank) = to.first() {
+                self.out.event(CoordEvent::BadMessage { rank, error: e });
+            }
+            return;
+        }
+        let frame = buf.freeze();
+        for &r in to {
+            match self.routes.get(&r) {
+                Some(&conn) => self.transmit_data(conn, r, frame.clone()),
+                None if !matches!(msg, ControlMsgWire::CoordHeartbeat) => {
+                    let q = self.parked.entry(r).or_default();
+                    if q.len() < MAX_PARKED {
+                        q.push(frame.clone());
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Moves the scheduler's steps into outputs.
+    fn pump(&mut self) {
+        while let Some(step) = self.sched.poll() {
+            match step {
+                Step::Send { to, msg } => self.send(&to, &msg),
+                Step::Event(e) => {
+                    if let CoordEvent::RankDead { rank, .. } = &e {
+                        self.parked.remove(rank);
+                    }
+                    self.out.event(e);
+                }
+            }
+        }
+    }
+}
+
+impl Machine for Coordinator {
+    type Event = CoordEvent;
+
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        self.sched.tick(now);
+        match input {
+            Input::Accepted { conn, peer } => self.adopt(now, conn, peer, &[]),
+            Input::Received { conn, bytes } => self.received(now, conn, bytes),
+            Input::Closed { conn, .. } => {
+                let error = self.relays.get(&conn).and_then(|r| r.dec.finish().err());
+                self.drop_relay(now, conn, error, false);
+            }
+            Input::Timeout => {
+                let late: Vec<ConnId> = self
+                    .relays
+                    .iter()
+                    .filter(
+                        |(_, r)| matches!(r.state, RelayState::AwaitHello { deadline } if now >= deadline),
+                    )
+                    .map(|(c, _)| *c)
+                    .collect();
+                for conn in late {
+                    self.relays.remove(&conn);
+                    self.out.close(conn);
+                    self.out.event(CoordEvent::RelayRejected {
+                        conn,
+                        reason: "no hello before the deadline".into(),
+                    });
+                }
+            }
+            Input::Connected { .. } | Input::DialFailed { .. } => {}
+        }
+        self.pump();
+    }
+
+    fn poll(&mut self, _now: Time) -> Option<Output<CoordEvent>> {
+        self.out.pop()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        let hellos = self.relays.values().filter_map(|r| match r.state {
+            RelayState::AwaitHello { deadline } => Some(deadline),
+            RelayState::Ready { .. } => None,
+        });
+        hellos.chain(self.sched.next_deadline()).min()
+    }
+}

@@ -1,0 +1,242 @@
+//! Rank liveness: who is alive, who left cleanly, who is dead, and when the
+//! next silent rank goes stale.
+//!
+//! A rank is declared dead when it has not been heard for *strictly longer*
+//! than the staleness deadline: heard at `t`, still alive at `t + staleness`,
+//! stale from `t + staleness + 1 ns`. [`Liveness::next_deadline`] returns that
+//! first stale instant so a driver wakes exactly then. Death and exit are
+//! final: nothing revives a rank.
+//!
+//! Hearing a rank is O(1): [`Liveness::take_stale`] keeps a lower bound on
+//! the next stale instant and scans the world only once that bound is
+//! reached (about once per staleness period while ranks keep reporting).
+
+use core::time::Duration;
+
+use crate::time::Time;
+
+/// One rank's liveness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Life {
+    /// Alive; last heard at this instant.
+    Alive {
+        /// When a timing message from it last arrived.
+        last_heard: Time,
+    },
+    /// Announced `Exiting` (or exited with code 0): gone, not a failure.
+    Exited,
+    /// Declared dead.
+    Dead,
+}
+
+/// The liveness of every rank of the world.
+///
+/// ```
+/// use cohort_proto::coord::Liveness;
+/// use cohort_proto::Time;
+/// use core::time::Duration;
+/// let mut l = Liveness::new(2, Duration::from_secs(30));
+/// l.start(Time::ZERO);
+/// l.heard(0, Time::from_secs(10));
+/// assert_eq!(l.stale(Time::from_secs(30)).collect::<Vec<_>>(), Vec::<u32>::new());
+/// assert_eq!(l.stale(Time::from_secs(30) + Duration::from_nanos(1)).collect::<Vec<_>>(), vec![1]);
+/// assert_eq!(l.next_deadline(), Some(Time::from_secs(30) + Duration::from_nanos(1)));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Liveness {
+    ranks: Vec<Life>,
+    staleness: Duration,
+    /// No alive rank goes stale before this instant (a lower bound).
+    bound: Time,
+}
+
+/// One nanosecond: the step past a "strictly greater than" deadline.
+const NS: Duration = Duration::from_nanos(1);
+
+impl Liveness {
+    /// `world` ranks, all alive and heard at the origin.
+    pub fn new(world: u32, staleness: Duration) -> Self {
+        let ranks = vec![Life::Alive { last_heard: Time::ZERO }; world as usize];
+        Liveness { ranks, staleness, bound: Time::ZERO + staleness + NS }
+    }
+
+    /// The staleness deadline.
+    pub fn staleness(&self) -> Duration {
+        self.staleness
+    }
+
+    /// Starts every alive rank's clock at `now` (the run begins).
+    pub fn start(&mut self, now: Time) {
+        for l in &mut self.ranks {
+            if let Life::Alive { last_heard } = l {
+                *last_heard = now;
+            }
+        }
+        self.bound = now + self.staleness + NS;
+    }
+
+    /// A rank's state (`None` out of range).
+    pub fn get(&self, rank: u32) -> Option<Life> {
+        self.ranks.get(rank as usize).copied()
+    }
+
+    /// Whether `rank` is alive.
+    pub fn is_alive(&self, rank: u32) -> bool {
+        matches!(self.get(rank), Some(Life::Alive { .. }))
+    }
+
+    /// Whether `rank` was declared dead.
+    pub fn is_dead(&self, rank: u32) -> bool {
+        matches!(self.get(rank), Some(Life::Dead))
+    }
+
+    /// Refreshes an alive rank's last-heard time; `false` if it is not alive.
+    pub fn heard(&mut self, rank: u32, now: Time) -> bool {
+        match self.ranks.get_mut(rank as usize) {
+            Some(Life::Alive { last_heard }) => {
+                *last_heard = (*last_heard).max(now);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Latches an alive rank as exited; `true` if it was alive.
+    pub fn latch_exit(&mut self, rank: u32) -> bool {
+        match self.ranks.get_mut(rank as usize) {
+            Some(l @ Life::Alive { .. }) => {
+                *l = Life::Exited;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks an alive rank dead; `true` if it was alive.
+    pub fn mark_dead(&mut self, rank: u32) -> bool {
+        match self.ranks.get_mut(rank as usize) {
+            Some(l @ Life::Alive { .. }) => {
+                *l = Life::Dead;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Alive ranks not heard for strictly longer than the deadline at `now`,
+    /// ascending.
+    pub fn stale(&self, now: Time) -> impl Iterator<Item = u32> + '_ {
+        self.ranks.iter().enumerate().filter_map(move |(r, l)| match l {
+            Life::Alive { last_heard } if now.saturating_since(*last_heard) > self.staleness => {
+                Some(r as u32)
+            }
+            _ => None,
+        })
+    }
+
+    /// The alive ranks stale at `now`, ascending, as [`Liveness::stale`];
+    /// O(1) until the cached lower bound on the next stale instant is
+    /// reached, then one scan that also renews the bound. The caller is
+    /// expected to declare the returned ranks dead.
+    pub fn take_stale(&mut self, now: Time) -> Vec<u32> {
+        if now < self.bound {
+            return Vec::new();
+        }
+        let stale: Vec<u32> = self.stale(now).collect();
+        self.bound = self
+            .ranks
+            .iter()
+            .enumerate()
+            .filter_map(|(r, l)| match l {
+                Life::Alive { last_heard } if !stale.contains(&(r as u32)) => {
+                    Some(*last_heard + self.staleness + NS)
+                }
+                _ => None,
+            })
+            .min()
+            .unwrap_or(Time::MAX);
+        stale
+    }
+
+    /// A lower bound on [`Liveness::next_deadline`], in O(1): waking then is
+    /// never late, at worst early.
+    pub fn deadline_bound(&self) -> Option<Time> {
+        (self.bound != Time::MAX).then_some(self.bound)
+    }
+
+    /// The first instant some alive rank becomes stale (exact; O(world)).
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.ranks
+            .iter()
+            .filter_map(|l| match l {
+                Life::Alive { last_heard } => Some(*last_heard + self.staleness + NS),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Alive ranks, ascending.
+    pub fn alive(&self) -> Vec<u32> {
+        (0..self.ranks.len() as u32).filter(|&r| self.is_alive(r)).collect()
+    }
+
+    /// How many ranks are alive.
+    pub fn alive_count(&self) -> u32 {
+        self.ranks.iter().filter(|l| matches!(l, Life::Alive { .. })).count() as u32
+    }
+
+    /// How many ranks were declared dead.
+    pub fn dead_count(&self) -> u32 {
+        self.ranks.iter().filter(|l| matches!(l, Life::Dead)).count() as u32
+    }
+
+    /// The world size.
+    pub fn world(&self) -> u32 {
+        self.ranks.len() as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn death_and_exit_are_final() {
+        let mut l = Liveness::new(3, Duration::from_secs(30));
+        assert!(l.latch_exit(0));
+        assert!(!l.mark_dead(0), "an exited rank is never declared dead");
+        assert!(l.mark_dead(1));
+        assert!(!l.heard(1, Time::from_secs(1)), "no revival");
+        assert!(!l.latch_exit(1));
+        assert_eq!(l.alive(), vec![2]);
+        assert_eq!((l.alive_count(), l.dead_count()), (1, 1));
+        assert_eq!(l.stale(Time::MAX).collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn take_stale_scans_only_once_the_bound_is_reached() {
+        let mut l = Liveness::new(3, Duration::from_secs(30));
+        l.start(Time::ZERO);
+        l.heard(0, Time::from_secs(10));
+        l.heard(1, Time::from_secs(20));
+        assert!(l.take_stale(Time::from_secs(30)).is_empty());
+        assert_eq!(l.deadline_bound(), Some(Time::from_secs(30) + NS));
+        assert_eq!(l.take_stale(Time::from_secs(30) + NS), vec![2]);
+        l.mark_dead(2);
+        // The bound moved to rank 0's deadline, exact again.
+        assert_eq!(l.deadline_bound(), Some(Time::from_secs(40) + NS));
+        assert_eq!(l.deadline_bound(), l.next_deadline());
+        l.heard(0, Time::from_secs(39));
+        // Hearing leaves the bound early (a harmless early wake), never late.
+        assert!(l.take_stale(Time::from_secs(40) + NS).is_empty());
+        assert_eq!(l.deadline_bound(), Some(Time::from_secs(50) + NS));
+    }
+
+    #[test]
+    fn heard_never_moves_backwards() {
+        let mut l = Liveness::new(1, Duration::from_secs(30));
+        l.heard(0, Time::from_secs(10));
+        l.heard(0, Time::from_secs(5));
+        assert_eq!(l.get(0), Some(Life::Alive { last_heard: Time::from_secs(10) }));
+    }
+}

@@ -1,0 +1,680 @@
+//! Helpers for the coordinator's tests: message builders, step collectors,
+//! a relay stand-in speaking mux records, and a small discrete-event world
+//! of simulated ranks driving the [`Scheduler`] on virtual time.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use bytes::BytesMut;
+use cohort_proto::coord::{CoordEvent, Phase, RunEnd, Scheduler, Segment, Step};
+use cohort_proto::wire::{
+    ControlMsgWire, DEFAULT_FRAME_CEILING, MacKey, Message, MetricsMsgWire, MuxDecoder, MuxRecord, Payload,
+    RelayControlMsg, SessionSalt, TimingMsgWire, encode_frame, parse_exact_frame,
+};
+use cohort_proto::{ConnId, Machine, Output, Time};
+use core::time::Duration;
+
+/// The session key every coordinator test uses.
+pub fn key() -> MacKey {
+    MacKey::new(&SessionSalt::from_bytes([0x5a; 16]))
+}
+
+/// Milliseconds as a [`Duration`].
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// `t + n` nanoseconds.
+pub fn plus_ns(t: Time, n: u64) -> Time {
+    t + Duration::from_nanos(n)
+}
+
+/// Everything the scheduler has queued.
+pub fn drain(s: &mut Scheduler) -> Vec<Step> {
+    std::iter::from_fn(|| s.poll()).collect()
+}
+
+/// The events among `steps`.
+pub fn events(steps: &[Step]) -> Vec<CoordEvent> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Event(e) => Some(e.clone()),
+            Step::Send { .. } => None,
+        })
+        .collect()
+}
+
+/// The messages `rank` receives among `steps`, in order.
+pub fn sent_to(steps: &[Step], rank: u32) -> Vec<ControlMsgWire> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Send { to, msg } if to.contains(&rank) => Some(msg.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The messages `rank` receives, beacons left out.
+pub fn sent_to_but_beacons(steps: &[Step], rank: u32) -> Vec<ControlMsgWire> {
+    sent_to(steps, rank).into_iter().filter(|m| !matches!(m, ControlMsgWire::CoordHeartbeat)).collect()
+}
+
+/// The ranks declared dead among `steps`, in order.
+pub fn deaths(steps: &[Step]) -> Vec<u32> {
+    events(steps)
+        .into_iter()
+        .filter_map(|e| match e {
+            CoordEvent::RankDead { rank, .. } => Some(rank),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A heartbeat from `rank`.
+pub fn heartbeat(rank: u32) -> TimingMsgWire {
+    TimingMsgWire::Heartbeat { rank: rank.into(), step_count: 0 }
+}
+
+/// A finished batch.
+pub fn batch(rank: u32, step_count: u64, batch_ms: f64) -> TimingMsgWire {
+    TimingMsgWire::Batch {
+        rank: rank.into(),
+        batch_ms,
+        data_ms: 0.0,
+        step_count,
+        param_norm: None,
+        batch_loss: 0.5,
+        sync_divergence: None,
+    }
+}
+
+/// A sync acknowledgement.
+pub fn sync_ack(rank: u32, step_count: u64) -> TimingMsgWire {
+    TimingMsgWire::SyncAck {
+        rank: rank.into(),
+        step_count,
+        divergence: None,
+        post_norm: None,
+        pre_norm: None,
+    }
+}
+
+/// An epoch report.
+pub fn metrics(rank: u32, epoch: u64, samples: u64) -> MetricsMsgWire {
+    MetricsMsgWire {
+        rank: rank.into(),
+        epoch,
+        avg_loss: 0.5,
+        batches_processed: samples,
+        epoch_ms: 10.0,
+        samples_processed: samples,
+        ..Default::default()
+    }
+}
+
+/// Each `StartEpoch` (or `Update` plan) in `msgs` as `(offset, size)`.
+pub fn plans_in(msgs: &[ControlMsgWire]) -> Vec<(u64, u64)> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            ControlMsgWire::StartEpoch(p) | ControlMsgWire::Update { next_plan: Some(p), .. } => {
+                Some((p.partition_offset, p.partition_size))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Each `ExtendPartition` in `msgs` as `(offset, size)`.
+pub fn extensions_in(msgs: &[ControlMsgWire]) -> Vec<(u64, u64)> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            ControlMsgWire::ExtendPartition { partition_offset, partition_size } => {
+                Some((*partition_offset, *partition_size))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// A relay stand-in (bytes)
+// ---------------------------------------------------------------------------
+
+/// The relay side of a control-channel connection: encodes what a relay
+/// sends and decodes what the coordinator sends back.
+#[derive(Debug)]
+pub struct FakeRelay {
+    /// The connection the coordinator knows it by.
+    pub conn: ConnId,
+    key: MacKey,
+    dec: MuxDecoder,
+}
+
+impl FakeRelay {
+    /// A relay on `conn`.
+    pub fn new(conn: ConnId) -> Self {
+        FakeRelay { conn, key: key(), dec: MuxDecoder::new(DEFAULT_FRAME_CEILING) }
+    }
+
+    /// A `Control` record.
+    pub fn control(&self, msg: RelayControlMsg) -> Vec<u8> {
+        MuxRecord::Control(msg).to_bytes(&self.key).expect("encodes").to_vec()
+    }
+
+    /// The hello for `ranks` (model signatures all `sig`).
+    pub fn hello(&self, host: &str, ranks: &[u32], sig: [u8; 32]) -> Vec<u8> {
+        self.control(RelayControlMsg::Hello {
+            host: host.into(),
+            ranks: ranks.to_vec(),
+            model_sigs: vec![sig; ranks.len()],
+        })
+    }
+
+    /// A rank's timing report as the relay forwards it.
+    pub fn timing(&self, rank: u32, msg: &TimingMsgWire) -> Vec<u8> {
+        let mut f = BytesMut::new();
+        encode_frame(&self.key, msg, &mut f).expect("encodes");
+        self.data(rank, &f)
+    }
+
+    /// A rank's metrics report as the relay forwards it.
+    pub fn metrics(&self, rank: u32, msg: &MetricsMsgWire) -> Vec<u8> {
+        let mut f = BytesMut::new();
+        encode_frame(&self.key, msg, &mut f).expect("encodes");
+        self.data(rank, &f)
+    }
+
+    /// A `Data` record carrying `blob` for `rank`.
+    pub fn data(&self, rank: u32, blob: &[u8]) -> Vec<u8> {
+        MuxRecord::Data { rank, payload: Payload::from(blob) }.to_bytes(&self.key).expect("encodes").to_vec()
+    }
+
+    /// Decodes coordinator bytes into records: control records, and for data
+    /// records `(rank, message)`.
+    pub fn decode(&mut self, bytes: &[u8]) -> Vec<RelayIn> {
+        let mut out = Vec::new();
+        let key = self.key.clone();
+        self.dec
+            .decode_all(bytes, &key, |rec| match rec {
+                MuxRecord::Data { rank, payload } => match parse_exact_frame(&payload.to_bytes(), &key) {
+                    Ok(Message::Control(m)) => out.push(RelayIn::ToRank(rank, m)),
+                    other => panic!("not a control message for rank {rank}: {other:?}"),
+                },
+                MuxRecord::Control(m) => out.push(RelayIn::Control(m)),
+                other => panic!("unexpected record {other:?}"),
+            })
+            .expect("coordinator bytes decode");
+        out
+    }
+}
+
+/// What a relay receives from the coordinator.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RelayIn {
+    /// A relay-mux control record.
+    Control(RelayControlMsg),
+    /// A message for one of its ranks.
+    ToRank(u32, ControlMsgWire),
+}
+
+/// Drains a machine: transmitted bytes per connection, closes, events.
+#[derive(Debug)]
+pub struct Drained<E> {
+    /// Bytes written, per connection, concatenated in order.
+    pub bytes: BTreeMap<ConnId, Vec<u8>>,
+    /// Connections closed.
+    pub closed: Vec<ConnId>,
+    /// Events.
+    pub events: Vec<E>,
+}
+
+/// Drains every output of `m` at `now`.
+pub fn drain_machine<M: Machine>(m: &mut M, now: Time) -> Drained<M::Event> {
+    let mut d = Drained { bytes: BTreeMap::new(), closed: Vec::new(), events: Vec::new() };
+    while let Some(o) = m.poll(now) {
+        match o {
+            Output::Transmit { conn, bytes } => d.bytes.entry(conn).or_default().extend_from_slice(&bytes),
+            Output::Close { conn } => d.closed.push(conn),
+            Output::Event(e) => d.events.push(e),
+            Output::Dial { .. } => {}
+        }
+    }
+    d
+}
+
+// ---------------------------------------------------------------------------
+// A simulated world of ranks
+// ---------------------------------------------------------------------------
+
+/// One simulated rank's behaviour.
+#[derive(Debug, Clone)]
+pub struct RankSpec {
+    /// Time per batch.
+    pub per_batch: Duration,
+    /// When it dies (stops everything), if it does.
+    pub dies_at: Option<Time>,
+    /// Whether the launcher reports its death (exit code 1) 10 ms later.
+    pub launcher_reports: bool,
+}
+
+#[derive(Debug, Clone)]
+enum ToCoord {
+    Timing(TimingMsgWire),
+    Metrics(MetricsMsgWire),
+}
+
+#[derive(Debug, Clone, Default)]
+struct SimRank {
+    alive: bool,
+    stopped: bool,
+    epoch: Option<u64>,
+    segments: Vec<Segment>,
+    seg: usize,
+    pos: u64,
+    batch_end: Option<(Time, u64, u64)>,
+    step: u64,
+    since_report: u64,
+    batches_since_report: u64,
+    owes_report: bool,
+    throttled: bool,
+    next_heartbeat: Time,
+}
+
+/// A world of simulated ranks around a [`Scheduler`], on virtual time.
+///
+/// Ranks walk their segments in order, in batches that never straddle a
+/// segment; report each batch, and a `Metrics` whenever they run out of
+/// work; heartbeat every second; answer `RequestParams`/`SyncNow` with
+/// `SyncAck`, `RequestNewNcclId` with an id, targeted checkpoints and evals
+/// with a result; pause on `Throttle` until the next other command; stop on
+/// `Shutdown`. Every message takes `latency` each way (FIFO per direction).
+#[derive(Debug)]
+pub struct SimWorld {
+    /// The scheduler under test.
+    pub sched: Scheduler,
+    /// Virtual time.
+    pub now: Time,
+    specs: Vec<RankSpec>,
+    ranks: Vec<SimRank>,
+    latency: Duration,
+    batch_size: u64,
+    to_coord: VecDeque<(Time, u32, ToCoord)>,
+    to_rank: VecDeque<(Time, u32, ControlMsgWire)>,
+    launcher: VecDeque<(Time, u32)>,
+    /// Every event, with the instant it was produced.
+    pub events: Vec<(Time, CoordEvent)>,
+    /// Per epoch, how many times each sample was processed.
+    pub processed: BTreeMap<u64, BTreeMap<u64, u32>>,
+}
+
+impl SimWorld {
+    /// A world around `sched` (not started yet).
+    pub fn new(sched: Scheduler, specs: Vec<RankSpec>, latency: Duration) -> Self {
+        let batch_size = sched.config().batch_size;
+        let mut launcher: Vec<(Time, u32)> = specs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.launcher_reports)
+            .filter_map(|(r, s)| s.dies_at.map(|t| (t + ms(10), r as u32)))
+            .collect();
+        launcher.sort();
+        let ranks = specs.iter().map(|_| SimRank { alive: true, ..Default::default() }).collect();
+        SimWorld {
+            sched,
+            now: Time::ZERO,
+            specs,
+            ranks,
+            latency,
+            batch_size,
+            to_coord: VecDeque::new(),
+            to_rank: VecDeque::new(),
+            launcher: launcher.into(),
+            events: Vec::new(),
+            processed: BTreeMap::new(),
+        }
+    }
+
+    fn collect(&mut self) {
+        while let Some(step) = self.sched.poll() {
+            match step {
+                Step::Send { to, msg } => {
+                    for r in to {
+                        self.to_rank.push_back((self.now + self.latency, r, msg.clone()));
+                    }
+                }
+                Step::Event(e) => self.events.push((self.now, e)),
+            }
+        }
+    }
+
+    fn up(&mut self, rank: u32, m: ToCoord) {
+        if self.ranks[rank as usize].alive {
+            self.to_coord.push_back((self.now + self.latency, rank, m));
+        }
+    }
+
+    fn next_instant(&self) -> Option<Time> {
+        let mut t: Vec<Time> = Vec::new();
+        t.extend(self.sched.next_deadline());
+        t.extend(self.to_coord.front().map(|x| x.0));
+        t.extend(self.to_rank.front().map(|x| x.0));
+        t.extend(self.launcher.front().map(|x| x.0));
+        for (r, s) in self.ranks.iter().enumerate() {
+            if !s.alive {
+                continue;
+            }
+            t.extend(self.specs[r].dies_at);
+            if s.stopped {
+                continue;
+            }
+            t.push(s.next_heartbeat);
+            t.extend(s.batch_end.map(|b| b.0));
+        }
+        t.into_iter().min()
+    }
+
+    /// Runs until the scheduler ends and every message is delivered, or
+    /// until `limit`; returns whether the run ended.
+    pub fn run(&mut self, limit: Time) -> bool {
+        self.sched.start(self.now);
+        self.collect();
+        self.start_idle_batches();
+        while let Some(t) = self.next_instant() {
+            if t > limit {
+                break;
+            }
+            self.now = self.now.max(t);
+            self.step_at();
+            if matches!(self.sched.phase(), Phase::Ended(_)) && self.to_rank.is_empty() {
+                break;
+            }
+        }
+        matches!(self.sched.phase(), Phase::Ended(_))
+    }
+
+    fn step_at(&mut self) {
+        let now = self.now;
+        for (r, s) in self.specs.iter().enumerate() {
+            if s.dies_at.is_some_and(|d| d <= now) {
+                self.ranks[r].alive = false;
+            }
+        }
+        while self.launcher.front().is_some_and(|x| x.0 <= now) {
+            let (_, r) = self.launcher.pop_front().expect("front checked");
+            self.sched.rank_exited(now, r, 1);
+            self.collect();
+        }
+        while self.to_coord.front().is_some_and(|x| x.0 <= now) {
+            let (_, r, m) = self.to_coord.pop_front().expect("front checked");
+            match m {
+                ToCoord::Timing(t) => self.sched.on_timing(now, r, t),
+                ToCoord::Metrics(m) => self.sched.on_metrics(now, r, m),
+            }
+            self.collect();
+        }
+        self.sched.tick(now);
+        self.collect();
+        while self.to_rank.front().is_some_and(|x| x.0 <= now) {
+            let (_, r, m) = self.to_rank.pop_front().expect("front checked");
+            self.deliver(r, m);
+        }
+        for r in 0..self.ranks.len() as u32 {
+            self.rank_progress(r);
+        }
+        self.start_idle_batches();
+    }
+
+    fn deliver(&mut self, r: u32, m: ControlMsgWire) {
+        let rank = r as usize;
+        if !self.ranks[rank].alive || self.ranks[rank].stopped {
+            return;
+        }
+        if !matches!(m, ControlMsgWire::CoordHeartbeat) {
+            self.ranks[rank].throttled = false;
+        }
+        let step = self.ranks[rank].step;
+        match m {
+            ControlMsgWire::StartEpoch(p) | ControlMsgWire::Update { next_plan: Some(p), .. } => {
+                let s = &mut self.ranks[rank];
+                s.epoch = Some(p.epoch);
+                s.segments = vec![Segment::new(p.partition_offset, p.partition_size)];
+                s.seg = 0;
+                s.pos = 0;
+                s.since_report = 0;
+                s.batches_since_report = 0;
+                s.owes_report = true;
+            }
+            ControlMsgWire::ExtendPartition { partition_offset, partition_size } => {
+                let s = &mut self.ranks[rank];
+                s.segments.push(Segment::new(partition_offset, partition_size));
+                s.owes_report = true;
+            }
+            ControlMsgWire::RequestParams | ControlMsgWire::SyncNow => {
+                self.up(r, ToCoord::Timing(sync_ack(r, step)));
+            }
+            ControlMsgWire::Throttle => self.ranks[rank].throttled = true,
+            ControlMsgWire::RequestNewNcclId => {
+                let t = TimingMsgWire::NewNcclIdGenerated { rank: r.into(), uid_bytes: vec![r as u8; 128] };
+                self.up(r, ToCoord::Timing(t));
+            }
+            ControlMsgWire::Checkpoint { version, target_rank } if target_rank == u64::from(r) => {
+                let t =
+                    TimingMsgWire::CheckpointResult { rank: r.into(), version, elapsed_ms: 1.0, error: None };
+                self.up(r, ToCoord::Timing(t));
+            }
+            ControlMsgWire::ExecuteEvalCallback { schedule_id, epoch, target_rank }
+                if target_rank == u64::from(r) =>
+            {
+                let t = TimingMsgWire::EvalResult {
+                    rank: r.into(),
+                    schedule_id,
+                    epoch,
+                    metric: 0.5,
+                    elapsed_ms: 1.0,
+                    error: None,
+                };
+                self.up(r, ToCoord::Timing(t));
+            }
+            ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. } => {
+                self.up(r, ToCoord::Timing(TimingMsgWire::Exiting { rank: r.into() }));
+                self.ranks[rank].stopped = true;
+            }
+            _ => {}
+        }
+        self.report_if_idle(r);
+    }
+
+    fn has_work(s: &SimRank) -> bool {
+        s.segments
+            .iter()
+            .enumerate()
+            .skip(s.seg)
+            .any(|(i, seg)| if i == s.seg { seg.size > s.pos } else { seg.size > 0 })
+    }
+
+    fn report_if_idle(&mut self, r: u32) {
+        let s = &self.ranks[r as usize];
+        if !s.alive || s.stopped || s.batch_end.is_some() || !s.owes_report || Self::has_work(s) {
+            return;
+        }
+        let Some(epoch) = s.epoch else { return };
+        let m = MetricsMsgWire {
+            rank: r.into(),
+            epoch,
+            avg_loss: 0.5,
+            batches_processed: s.batches_since_report,
+            epoch_ms: 1.0,
+            samples_processed: s.since_report,
+            ..Default::default()
+        };
+        let s = &mut self.ranks[r as usize];
+        s.owes_report = false;
+        s.since_report = 0;
+        s.batches_since_report = 0;
+        self.up(r, ToCoord::Metrics(m));
+    }
+
+    fn rank_progress(&mut self, r: u32) {
+        let now = self.now;
+        let rank = r as usize;
+        if !self.ranks[rank].alive || self.ranks[rank].stopped {
+            return;
+        }
+        if self.ranks[rank].next_heartbeat <= now {
+            self.ranks[rank].next_heartbeat = now + Duration::from_secs(1);
+            let hb = TimingMsgWire::Heartbeat { rank: r.into(), step_count: self.ranks[rank].step };
+            self.up(r, ToCoord::Timing(hb));
+        }
+        if let Some((end, offset, n)) = self.ranks[rank].batch_end
+            && end <= now
+        {
+            let epoch = self.ranks[rank].epoch.unwrap_or(0);
+            let counts = self.processed.entry(epoch).or_default();
+            for sample in offset..offset + n {
+                *counts.entry(sample).or_default() += 1;
+            }
+            let s = &mut self.ranks[rank];
+            s.batch_end = None;
+            s.step += 1;
+            s.since_report += n;
+            s.batches_since_report += 1;
+            let per = self.specs[rank].per_batch.as_secs_f64() * 1e3;
+            let b = batch(r, self.ranks[rank].step, per);
+            self.up(r, ToCoord::Timing(b));
+            self.report_if_idle(r);
+        }
+    }
+
+    fn start_idle_batches(&mut self) {
+        for r in 0..self.ranks.len() {
+            let s = &mut self.ranks[r];
+            if !s.alive || s.stopped || s.throttled || s.batch_end.is_some() {
+                continue;
+            }
+            while s.seg < s.segments.len() && s.pos >= s.segments[s.seg].size {
+                s.seg += 1;
+                s.pos = 0;
+            }
+            let Some(seg) = s.segments.get(s.seg).copied() else { continue };
+            let n = self.batch_size.min(seg.size - s.pos);
+            s.batch_end = Some((self.now + self.specs[r].per_batch, seg.offset + s.pos, n));
+            s.pos += n;
+        }
+    }
+
+    /// How the run ended, if it did.
+    pub fn end(&self) -> Option<RunEnd> {
+        match self.sched.phase() {
+            Phase::Ended(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Replays `events` and checks every epoch's assignment: the live ranks'
+/// plans tile `0..samples` in rank order; a dead rank's remainder is only
+/// samples it owned and is handed out whole (when anyone survives); a sample
+/// moves only away from a dead rank, to a live one. Returns the epochs whose
+/// metrics were aggregated.
+pub fn check_assignments(
+    events: &[(Time, CoordEvent)],
+    world: u32,
+    samples: u64,
+) -> Result<Vec<u64>, String> {
+    let mut dead: BTreeSet<u32> = BTreeSet::new();
+    let mut exited: BTreeSet<u32> = BTreeSet::new();
+    let mut owner: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut epoch: Option<u64> = None;
+    let mut aggregated = Vec::new();
+    let mut owed: BTreeMap<u32, u64> = BTreeMap::new();
+    for (t, e) in events {
+        match e {
+            CoordEvent::PlanIssued { epoch: ep, plans, .. } => {
+                if let Some((&r, &n)) = owed.iter().find(|(_, n)| **n > 0) {
+                    return Err(format!("{t}: rank {r}'s remainder has {n} samples not handed out"));
+                }
+                epoch = Some(*ep);
+                owner.clear();
+                if plans.len() != world as usize {
+                    return Err(format!("{t}: {} plans for {world} ranks", plans.len()));
+                }
+                let mut cursor = 0;
+                for (r, p) in plans.iter().enumerate() {
+                    let r = r as u32;
+                    let gone = dead.contains(&r) || exited.contains(&r);
+                    if gone && p.partition_size > 0 {
+                        return Err(format!(
+                            "{t}: epoch {ep}: gone rank {r} got {} samples",
+                            p.partition_size
+                        ));
+                    }
+                    if p.partition_offset != cursor || p.epoch != *ep {
+                        return Err(format!(
+                            "{t}: epoch {ep}: rank {r}'s plan {p:?} does not start at {cursor}"
+                        ));
+                    }
+                    cursor += p.partition_size;
+                    for s in p.partition_offset..p.partition_offset + p.partition_size {
+                        owner.insert(s, r);
+                    }
+                }
+                if cursor != samples {
+                    return Err(format!("{t}: epoch {ep}: plans cover {cursor} of {samples} samples"));
+                }
+            }
+            CoordEvent::RankDead { rank, epoch: ep, remainder, .. } => {
+                dead.insert(*rank);
+                if ep.is_some() && *ep != epoch {
+                    return Err(format!("{t}: rank {rank} died in epoch {ep:?}, the run is in {epoch:?}"));
+                }
+                for seg in remainder {
+                    for s in seg.offset..seg.end() {
+                        if owner.get(&s) != Some(rank) {
+                            return Err(format!(
+                                "{t}: rank {rank}'s remainder holds sample {s} it did not own"
+                            ));
+                        }
+                    }
+                }
+                let n: u64 = remainder.iter().map(|s| s.size).sum();
+                let survivors = world as usize - dead.len() - exited.len();
+                if survivors > 0 {
+                    owed.insert(*rank, n);
+                }
+            }
+            CoordEvent::RankExited { rank } => {
+                exited.insert(*rank);
+            }
+            CoordEvent::PartitionExtended { epoch: ep, from, rank, segment } => {
+                if Some(*ep) != epoch {
+                    return Err(format!("{t}: extension for epoch {ep} during {epoch:?}"));
+                }
+                if dead.contains(rank) || exited.contains(rank) {
+                    return Err(format!("{t}: extension to gone rank {rank}"));
+                }
+                for s in segment.offset..segment.end() {
+                    if owner.get(&s) != Some(from) || !dead.contains(from) {
+                        return Err(format!(
+                            "{t}: sample {s} moved from {from} which did not own it or lives"
+                        ));
+                    }
+                    owner.insert(s, *rank);
+                }
+                let o = owed.entry(*from).or_default();
+                *o = o.checked_sub(segment.size).ok_or(format!("{t}: rank {from} handed out too much"))?;
+            }
+            CoordEvent::EpochAggregated { metrics } => {
+                if Some(metrics.epoch) != epoch {
+                    return Err(format!("{t}: aggregated {} during {epoch:?}", metrics.epoch));
+                }
+                if let Some((&r, &n)) = owed.iter().find(|(_, n)| **n > 0) {
+                    return Err(format!("{t}: rank {r}'s remainder has {n} samples not handed out"));
+                }
+                aggregated.push(metrics.epoch);
+            }
+            _ => {}
+        }
+    }
+    Ok(aggregated)
+}

@@ -1,0 +1,123 @@
+//! Hostile input never panics the coordinator, the rank control client or
+//! the rendezvous server, and costs only the offending connection or
+//! message: arbitrary bytes, arbitrary splits, absurd field values.
+
+use cohort_proto::coord::{CoordConfig, CoordEvent, Coordinator, Scheduler};
+use cohort_proto::rank::control_client::{ControlClient, ControlClientConfig, ControlEvent};
+use cohort_proto::rendezvous::{MAX_BUFFERED, RendezvousConfig, RendezvousEvent, RendezvousServer};
+use cohort_proto::wire::{ControlAck, IntentKind, MetricsMsgWire, TimingMsgWire};
+use cohort_proto::{ConnId, DialId, Input, Machine, Peer, Time};
+use cohort_tests::coord_harness::*;
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn coordinator_survives_arbitrary_bytes_from_a_relay(
+        chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..200), 0..8),
+        valid_first in any::<bool>(),
+    ) {
+        let mut c = Coordinator::new(CoordConfig::new(2, 1, 10, 1), key()).unwrap();
+        let good = FakeRelay::new(ConnId(1));
+        c.adopt(Time::ZERO, good.conn, Peer::REMOTE, &good.hello("good", &[0], [0; 32]));
+        c.start(Time::ZERO);
+        let bad = FakeRelay::new(ConnId(2));
+        let first = if valid_first { bad.hello("bad", &[1], [0; 32]) } else { Vec::new() };
+        c.adopt(Time::ZERO, bad.conn, Peer::REMOTE, &first);
+        for (i, ch) in chunks.iter().enumerate() {
+            c.handle(Time::from_millis(i as u64), Input::Received { conn: bad.conn, bytes: ch });
+        }
+        let d = drain_machine(&mut c, Time::from_secs(1));
+        // The good relay is never closed for the bad one's bytes.
+        prop_assert!(!d.closed.contains(&good.conn));
+        prop_assert!(c.scheduler().liveness().is_alive(0));
+    }
+
+    #[test]
+    fn scheduler_survives_absurd_field_values(
+        step in any::<u64>(),
+        ms in prop_oneof![Just(f64::NAN), Just(f64::INFINITY), Just(-1.0), Just(0.0), Just(1e300), any::<f64>()],
+        samples in any::<u64>(),
+        epoch in any::<u64>(),
+        rank in 0u32..5,
+    ) {
+        let mut cfg = CoordConfig::new(3, 2, 30, 4);
+        cfg.sync_every = Some(2);
+        cfg.max_batch_diff = Some(1);
+        let mut s = Scheduler::new(cfg).unwrap();
+        s.start(Time::ZERO);
+        let t = Time::from_millis(5);
+        s.on_timing(t, rank, batch(rank, step, ms));
+        s.on_timing(t, rank, TimingMsgWire::SyncAck { rank: rank.into(), step_count: step, divergence: Some(ms), post_norm: None, pre_norm: None });
+        s.on_timing(t, rank, TimingMsgWire::Intent { rank: rank.into(), kind: IntentKind::EvalNow });
+        s.on_timing(t, rank, TimingMsgWire::CheckpointResult { rank: rank.into(), version: epoch, elapsed_ms: ms, error: None });
+        s.on_timing(t, rank, TimingMsgWire::NewNcclIdGenerated { rank: rank.into(), uid_bytes: vec![0; 3] });
+        let m = MetricsMsgWire { rank: rank.into(), epoch, samples_processed: samples, batches_processed: samples, avg_loss: ms, epoch_ms: ms, ..Default::default() };
+        s.on_metrics(t, rank, m);
+        s.on_metrics(t, rank, MetricsMsgWire { epoch: 0, ..metrics(rank, 0, samples) });
+        s.rank_exited(Time::from_millis(6), rank, 1);
+        s.tick(Time::from_secs(1000));
+        let st = drain(&mut s);
+        // Whatever happened, the run ended one way or another by now.
+        prop_assert!(events(&st).iter().any(|e| matches!(e, CoordEvent::Ended(_))) || s.next_deadline().is_some());
+    }
+
+    #[test]
+    fn rendezvous_survives_arbitrary_bytes_and_bounds_what_it_buffers(
+        chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..700), 0..12),
+    ) {
+        let cfg = RendezvousConfig { world_size: 2, local_ranks: Default::default(), dataset_sig: None };
+        let mut s = RendezvousServer::new(cfg, key());
+        s.start(Time::ZERO);
+        s.adopt(Time::ZERO, ConnId(1), Peer::REMOTE, &[]);
+        let mut sent = 0;
+        for ch in &chunks {
+            s.handle(Time::ZERO, Input::Received { conn: ConnId(1), bytes: ch });
+            sent += ch.len();
+        }
+        let d = drain_machine(&mut s, Time::ZERO);
+        if sent > MAX_BUFFERED + 24 {
+            prop_assert!(d.closed.contains(&ConnId(1)) || d.events.iter().any(|e| matches!(e, RendezvousEvent::Failed(_))));
+        }
+    }
+
+    #[test]
+    fn rank_control_client_survives_arbitrary_bytes_from_its_relay(
+        chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..200), 0..8),
+    ) {
+        let mut c = ControlClient::new(ControlClientConfig {
+            rank: 0,
+            world_size: 2,
+            key: key(),
+            model_sig: [0; 32],
+            relay_addr: "r".into(),
+            scale: Default::default(),
+        });
+        c.start(Time::ZERO);
+        c.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: ConnId(1) });
+        c.handle(Time::ZERO, Input::Received { conn: ConnId(1), bytes: &ControlAck::encode(&key()) });
+        for ch in &chunks {
+            c.handle(Time::from_secs(1), Input::Received { conn: ConnId(1), bytes: ch });
+        }
+        let d = drain_machine(&mut c, Time::from_secs(1));
+        let lost = d.events.iter().any(|e| matches!(e, ControlEvent::CoordinatorLost { .. }));
+        prop_assert_eq!(lost, c.is_ended());
+    }
+}
+
+#[test]
+fn huge_step_counts_do_not_overflow_remainders_or_global_steps() {
+    let mut cfg = CoordConfig::new(2, 1, 10, 7);
+    cfg.sync_every = Some(1);
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.start(Time::ZERO);
+    s.on_timing(Time::from_millis(1), 0, batch(0, u64::MAX, 1.0));
+    s.on_timing(Time::from_millis(1), 1, batch(1, u64::MAX - 1, 1.0));
+    s.on_timing(Time::from_millis(2), 0, sync_ack(0, 0));
+    s.on_timing(Time::from_millis(2), 1, sync_ack(1, 0));
+    s.rank_exited(Time::from_millis(3), 1, 1);
+    let st = drain(&mut s);
+    assert!(events(&st).iter().any(|e| matches!(e, CoordEvent::RankDead { rank: 1, processed: 5, .. })));
+    assert_eq!(s.global_step(), u64::MAX);
+}

@@ -1,0 +1,347 @@
+//! The coordinator machine end to end through bytes: relays adopted from the
+//! port router, mux `Hello`/`HelloAck`, rank frames as `Data` records both
+//! ways, `RankExit` and connection loss as deaths, and hostile input costing
+//! only the offending connection (or message).
+
+use cohort_proto::coord::{CoordConfig, CoordEvent, Coordinator, DeathCause};
+use cohort_proto::wire::{ControlMsgWire, EpochPlanWire, RelayControlMsg};
+use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
+use cohort_tests::coord_harness::*;
+use core::time::Duration;
+
+const SIG: [u8; 32] = [0x11; 32];
+
+fn coordinator(world: u32, samples: u64) -> Coordinator {
+    let mut c = CoordConfig::new(world, 1, samples, 1);
+    c.model_sig = Some(SIG);
+    Coordinator::new(c, key()).unwrap()
+}
+
+fn to_rank(msgs: &[RelayIn], rank: u32) -> Vec<ControlMsgWire> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            RelayIn::ToRank(r, msg) if *r == rank && !matches!(msg, ControlMsgWire::CoordHeartbeat) => {
+                Some(msg.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn relay_hello_is_acknowledged_and_rank_frames_flow_both_ways() {
+    let mut c = coordinator(3, 30);
+    let mut a = FakeRelay::new(ConnId(1));
+    let mut b = FakeRelay::new(ConnId(2));
+    let t = Time::ZERO;
+    c.adopt(t, a.conn, Peer::REMOTE, &a.hello("host-a", &[0, 1], SIG));
+    // Relay b's hello arrives one byte at a time.
+    c.adopt(t, b.conn, Peer::REMOTE, &[]);
+    for byte in b.hello("host-b", &[2], SIG) {
+        c.handle(t, Input::Received { conn: b.conn, bytes: &[byte] });
+    }
+    c.start(t);
+    let d = drain_machine(&mut c, t);
+    assert!(d.events.contains(&CoordEvent::RelayJoined {
+        conn: a.conn,
+        host: "host-a".into(),
+        ranks: vec![0, 1]
+    }));
+    let got_a = a.decode(&d.bytes[&a.conn]);
+    let got_b = b.decode(&d.bytes[&b.conn]);
+    assert_eq!(got_a[0], RelayIn::Control(RelayControlMsg::HelloAck));
+    assert_eq!(got_b[0], RelayIn::Control(RelayControlMsg::HelloAck));
+    assert!(got_a.contains(&RelayIn::ToRank(1, ControlMsgWire::CoordHeartbeat)));
+    assert_eq!(
+        to_rank(&got_b, 2),
+        vec![
+            ControlMsgWire::SetEpochCallbackRole { rank: 0 },
+            ControlMsgWire::StartEpoch(EpochPlanWire { epoch: 0, partition_offset: 20, partition_size: 10 }),
+        ]
+    );
+    // Up: a batch report and a metrics report for rank 1 through relay a.
+    let t1 = Time::from_millis(500);
+    let mut up = a.timing(1, &batch(1, 1, 12.0));
+    up.extend(a.metrics(1, &metrics(1, 0, 10)));
+    c.handle(t1, Input::Received { conn: a.conn, bytes: &up });
+    assert_eq!(c.scheduler().smoothed_ms(1), Some(12.0));
+    assert_eq!(c.scheduler().liveness().get(1), Some(cohort_proto::coord::Life::Alive { last_heard: t1 }));
+    // Rank 0's report arrives split in two; rank 2's through relay b.
+    let m0 = a.metrics(0, &metrics(0, 0, 10));
+    let (h1, h2) = m0.split_at(m0.len() / 2);
+    c.handle(t1, Input::Received { conn: a.conn, bytes: h1 });
+    c.handle(t1, Input::Received { conn: a.conn, bytes: h2 });
+    c.handle(t1, Input::Received { conn: b.conn, bytes: &b.metrics(2, &metrics(2, 0, 10)) });
+    let d = drain_machine(&mut c, t1);
+    let got_b = b.decode(&d.bytes[&b.conn]);
+    assert!(to_rank(&got_b, 2).iter().any(|m| matches!(m, ControlMsgWire::EpochAggregated(_))));
+    assert!(to_rank(&got_b, 2).contains(&ControlMsgWire::Shutdown));
+}
+
+#[test]
+fn frames_for_a_rank_not_yet_announced_wait_for_its_relays_hello_beacons_excepted() {
+    let mut c = coordinator(2, 10);
+    c.start(Time::ZERO);
+    c.handle(Time::from_secs(3), Input::Timeout);
+    drain_machine(&mut c, Time::from_secs(3));
+    let mut a = FakeRelay::new(ConnId(7));
+    c.adopt(Time::from_secs(3), a.conn, Peer::REMOTE, &a.hello("h", &[0, 1], SIG));
+    let d = drain_machine(&mut c, Time::from_secs(3));
+    let got = a.decode(&d.bytes[&a.conn]);
+    assert_eq!(got[0], RelayIn::Control(RelayControlMsg::HelloAck));
+    assert_eq!(
+        got[1..].to_vec(),
+        vec![
+            RelayIn::ToRank(0, ControlMsgWire::SetEpochCallbackRole { rank: 0 }),
+            RelayIn::ToRank(
+                0,
+                ControlMsgWire::StartEpoch(EpochPlanWire {
+                    epoch: 0,
+                    partition_offset: 0,
+                    partition_size: 5
+                })
+            ),
+            RelayIn::ToRank(1, ControlMsgWire::SetEpochCallbackRole { rank: 0 }),
+            RelayIn::ToRank(
+                1,
+                ControlMsgWire::StartEpoch(EpochPlanWire {
+                    epoch: 0,
+                    partition_offset: 5,
+                    partition_size: 5
+                })
+            ),
+        ]
+    );
+}
+
+#[test]
+fn relay_hello_refused_for_range_duplicates_order_and_model_signature() {
+    let cases: Vec<(Vec<u8>, &str)> = {
+        let r = FakeRelay::new(ConnId(9));
+        vec![
+            (r.hello("x", &[4], SIG), "outside the world"),
+            (r.hello("x", &[1], SIG), "already announced"),
+            (r.hello("x", &[3, 2], SIG), "not strictly ascending"),
+            (r.hello("x", &[2, 2], SIG), "not strictly ascending"),
+            (r.hello("x", &[2], [0; 32]), "model signature differs"),
+            (
+                r.control(RelayControlMsg::Hello { host: "x".into(), ranks: vec![2], model_sigs: vec![] }),
+                "model signatures for",
+            ),
+            (r.hello("x", &[], SIG), "no ranks"),
+        ]
+    };
+    for (hello, why) in cases {
+        let mut c = coordinator(4, 40);
+        let a = FakeRelay::new(ConnId(1));
+        c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
+        drain_machine(&mut c, Time::ZERO);
+        c.adopt(Time::ZERO, ConnId(9), Peer::REMOTE, &hello);
+        let d = drain_machine(&mut c, Time::ZERO);
+        assert_eq!(d.closed, vec![ConnId(9)], "{why}");
+        assert!(!d.bytes.contains_key(&ConnId(9)), "no reply: {why}");
+        assert!(
+            d.events.iter().any(
+                |e| matches!(e, CoordEvent::RelayRejected { conn: ConnId(9), reason } if reason.contains(why))
+            ),
+            "{why}: {:?}",
+            d.events
+        );
+    }
+}
+
+#[test]
+fn relay_rank_exit_record_declares_that_rank_dead() {
+    let mut c = coordinator(2, 10);
+    let a = FakeRelay::new(ConnId(1));
+    c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
+    c.start(Time::ZERO);
+    drain_machine(&mut c, Time::ZERO);
+    c.handle(
+        Time::from_secs(1),
+        Input::Received { conn: a.conn, bytes: &a.control(RelayControlMsg::RankExit { rank: 1 }) },
+    );
+    let d = drain_machine(&mut c, Time::from_secs(1));
+    assert!(
+        d.events
+            .iter()
+            .any(|e| matches!(e, CoordEvent::RankDead { rank: 1, cause: DeathCause::RelayRankExit, .. }))
+    );
+    assert!(d.closed.is_empty(), "the relay stays");
+}
+
+#[test]
+fn relay_connection_ending_declares_its_live_ranks_dead_not_the_exited_ones() {
+    let mut c = coordinator(3, 30);
+    let a = FakeRelay::new(ConnId(1));
+    let b = FakeRelay::new(ConnId(2));
+    c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0], SIG));
+    c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[1, 2], SIG));
+    c.start(Time::ZERO);
+    drain_machine(&mut c, Time::ZERO);
+    let exiting = b.timing(1, &cohort_proto::wire::TimingMsgWire::Exiting { rank: 1 });
+    c.handle(Time::from_secs(1), Input::Received { conn: b.conn, bytes: &exiting });
+    c.handle(Time::from_secs(2), Input::Closed { conn: b.conn, cause: CloseCause::Eof, unsent: 0 });
+    let d = drain_machine(&mut c, Time::from_secs(2));
+    let dead: Vec<u32> = d
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            CoordEvent::RankDead { rank, cause: DeathCause::RelayLost, .. } => Some(*rank),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(dead, vec![2]);
+    assert!(d.events.contains(&CoordEvent::RelayLost { conn: b.conn, error: None }));
+}
+
+#[test]
+fn a_bad_frame_inside_a_data_record_costs_only_that_message() {
+    let mut c = coordinator(2, 10);
+    let mut a = FakeRelay::new(ConnId(1));
+    c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
+    c.start(Time::ZERO);
+    drain_machine(&mut c, Time::ZERO);
+    let mut frame = a.timing(0, &heartbeat(0));
+    // Corrupt the inner frame's MAC-covered kind byte but re-sign the record.
+    let inner_start = 25;
+    let mut blob = frame.split_off(inner_start);
+    blob[16] ^= 0x01;
+    let rec = a.data(0, &blob);
+    c.handle(Time::from_secs(1), Input::Received { conn: a.conn, bytes: &rec });
+    let d = drain_machine(&mut c, Time::from_secs(1));
+    assert!(d.events.iter().any(|e| matches!(e, CoordEvent::BadMessage { rank: 0, .. })));
+    assert!(d.closed.is_empty());
+    // The relay still carries traffic.
+    c.handle(Time::from_secs(2), Input::Received { conn: a.conn, bytes: &a.timing(1, &heartbeat(1)) });
+    assert_eq!(
+        c.scheduler().liveness().get(1),
+        Some(cohort_proto::coord::Life::Alive { last_heard: Time::from_secs(2) })
+    );
+    let _ = a.decode(&[]);
+}
+
+#[test]
+fn a_bad_mux_record_closes_only_that_relay_and_its_ranks_die() {
+    let mut c = coordinator(3, 30);
+    let a = FakeRelay::new(ConnId(1));
+    let b = FakeRelay::new(ConnId(2));
+    c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0], SIG));
+    c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[1, 2], SIG));
+    c.start(Time::ZERO);
+    drain_machine(&mut c, Time::ZERO);
+    let mut rec = b.timing(1, &heartbeat(1));
+    let last = rec.len() - 1;
+    rec[last] ^= 0xff;
+    c.handle(Time::from_secs(1), Input::Received { conn: b.conn, bytes: &rec });
+    let d = drain_machine(&mut c, Time::from_secs(1));
+    assert_eq!(d.closed, vec![b.conn]);
+    assert!(d.events.iter().any(
+        |e| matches!(e, CoordEvent::RelayLost { conn, error: Some(err) } if *conn == b.conn && err.is_mac())
+    ));
+    let dead: Vec<u32> = d
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            CoordEvent::RankDead { rank, .. } => Some(*rank),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(dead, vec![1, 2]);
+    assert!(c.scheduler().liveness().is_alive(0));
+}
+
+#[test]
+fn a_data_record_for_a_rank_the_relay_did_not_announce_closes_that_relay() {
+    let mut c = coordinator(2, 10);
+    let a = FakeRelay::new(ConnId(1));
+    let b = FakeRelay::new(ConnId(2));
+    c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0], SIG));
+    c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[1], SIG));
+    drain_machine(&mut c, Time::ZERO);
+    c.handle(Time::ZERO, Input::Received { conn: a.conn, bytes: &a.timing(1, &heartbeat(1)) });
+    let d = drain_machine(&mut c, Time::ZERO);
+    assert_eq!(d.closed, vec![a.conn]);
+}
+
+#[test]
+fn staleness_through_the_machine_wakes_at_the_exact_instant() {
+    let mut c = coordinator(2, 10);
+    let a = FakeRelay::new(ConnId(1));
+    c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
+    c.start(Time::ZERO);
+    let last = Time::from_millis(4_250);
+    // Rank 1 is heard for the last time at 4.25 s; rank 0 every second.
+    c.handle(last, Input::Received { conn: a.conn, bytes: &a.timing(1, &heartbeat(1)) });
+    let mut now = last;
+    let dead_at = loop {
+        let d = drain_machine(&mut c, now);
+        if d.events.iter().any(|e| matches!(e, CoordEvent::RankDead { rank: 1, .. })) {
+            break now;
+        }
+        let next = c.poll_timeout().expect("a deadline");
+        assert!(next > now, "the deadline moves on");
+        now = next;
+        if now.as_nanos().is_multiple_of(1_000_000_000) {
+            c.handle(now, Input::Received { conn: a.conn, bytes: &a.timing(0, &heartbeat(0)) });
+        }
+        c.handle(now, Input::Timeout);
+    };
+    assert_eq!(dead_at, plus_ns(last + Duration::from_secs(30), 1));
+}
+
+#[test]
+fn a_relay_silent_past_its_hello_deadline_is_closed() {
+    let mut c = coordinator(2, 10);
+    c.adopt(Time::ZERO, ConnId(5), Peer::REMOTE, &[]);
+    assert_eq!(c.poll_timeout(), Some(Time::from_secs(10)));
+    c.handle(Time::from_millis(9_999), Input::Timeout);
+    assert!(drain_machine(&mut c, Time::ZERO).closed.is_empty());
+    c.handle(Time::from_secs(10), Input::Timeout);
+    let d = drain_machine(&mut c, Time::from_secs(10));
+    assert_eq!(d.closed, vec![ConnId(5)]);
+}
+
+#[test]
+fn scale_factor_stretches_every_scaled_deadline_together() {
+    use cohort_proto::config::TimeoutScale;
+    use cohort_proto::rank::control_client::{ControlClient, ControlClientConfig};
+    use cohort_proto::wire::ControlAck;
+    use cohort_proto::{DialId, Input};
+    for (scale, factor) in [(1.0, 1u64), (2.0, 2), (4.0, 4)] {
+        // Coordinator: relay hello budget scaled(10 s), staleness scaled(30 s),
+        // stall ceiling max(10 x staleness, 300 s).
+        let mut cfg = CoordConfig::new(1, 1, 10, 1);
+        cfg.scale = TimeoutScale::new(scale).unwrap();
+        assert_eq!(cfg.staleness(), Duration::from_secs(30 * factor));
+        assert_eq!(cfg.stall_ceiling(), Duration::from_secs((300 * factor).max(300)));
+        let mut c = Coordinator::new(cfg, key()).unwrap();
+        c.adopt(Time::ZERO, ConnId(1), Peer::REMOTE, &[]);
+        assert_eq!(c.poll_timeout(), Some(Time::from_secs(10 * factor)));
+        let mut s = cohort_proto::coord::Scheduler::new({
+            let mut k = CoordConfig::new(1, 1, 10, 1);
+            k.scale = TimeoutScale::new(scale).unwrap();
+            k
+        })
+        .unwrap();
+        s.start(Time::ZERO);
+        assert_eq!(s.liveness().next_deadline(), Some(plus_ns(Time::from_secs(30 * factor), 1)));
+        // Rank client: handshake budget scaled(10 s), liveness scaled(30 s).
+        let mut r = ControlClient::new(ControlClientConfig {
+            rank: 0,
+            world_size: 1,
+            key: key(),
+            model_sig: [0; 32],
+            relay_addr: "r".into(),
+            scale: TimeoutScale::new(scale).unwrap(),
+        });
+        r.start(Time::ZERO);
+        r.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: ConnId(2) });
+        assert_eq!(r.poll_timeout(), Some(Time::from_secs(10 * factor)));
+        r.handle(Time::ZERO, Input::Received { conn: ConnId(2), bytes: &ControlAck::encode(&key()) });
+        assert_eq!(r.liveness_deadline(), Some(Time::from_secs(30 * factor)));
+        // The cadences and the NCCL answer window do not scale.
+        assert_eq!(s.next_deadline(), Some(Time::from_secs(1)));
+        assert_eq!(cohort_proto::coord::NCCL_ANSWER, Duration::from_secs(5));
+    }
+}
