@@ -70,7 +70,7 @@ fn a_magic_split_byte_by_byte_routes_on_the_fourth() {
     }
     let d = feed(&mut r, t, 1, &[magic[3], 0xEE]);
     assert!(
-        matches!(&d.events()[..], [RouteEvent::Routed { channel: Channel::Join, first, .. }] if &first[..] == [0xEE])
+        matches!(&d.events()[..], [RouteEvent::Routed { channel: Channel::Join, first, .. }] if first[..] == [0xEE])
     );
     assert!(!r.owns(ConnId(1)));
     assert!(feed(&mut r, t, 1, b"later bytes are not the router's").is_empty());
