@@ -797,7 +797,7 @@ impl JoinWindow {
         link.buf.push(bytes);
         loop {
             let Some(link) = self.links.get_mut(&conn) else { return };
-            let member = &self.ledger.members()[link.member];
+            let Some(member) = self.ledger.members().get(link.member) else { return };
             match parse_frame(link.buf.as_slice(), &self.salt_key) {
                 Ok(None) => return,
                 Ok(Some((msg, used))) => {
@@ -838,7 +838,7 @@ impl JoinWindow {
 
     fn link_closed(&mut self, now: Time, conn: ConnId, cause: CloseCause, unsent: usize) {
         let Some(link) = self.links.remove(&conn) else { return };
-        let member = &self.ledger.members()[link.member];
+        let Some(member) = self.ledger.members().get(link.member) else { return };
         let (host, ranks) = (member.host.clone(), member.ranks.clone());
         if unsent > link.after_accept {
             let latest = link.member + 1 == self.ledger.members().len();
