@@ -2,5 +2,6 @@
 #![forbid(unsafe_code)]
 
 pub mod coord_harness;
+pub mod join_harness;
 pub mod strategies;
 pub mod vectors;

@@ -1,3 +1,29 @@
-//! The join window (controller side) and the join client (agent side).
+//! The join window (controller side) and the join client (worker agent side).
 //!
-//! Status: not written yet (issue 3).
+//! - [`ledger`]: the pure membership state: [`JoinConfig`] and its
+//!   validation, [`StartMode`], admission with its named [`AdmitError`]s,
+//!   contiguous rank assignment, retraction, the window [`Verdict`], the
+//!   open [`ClusterPhase`] and the [`MembershipSnapshot`] that `state.json`
+//!   serves.
+//! - [`window`]: the [`JoinWindow`] machine: admits hellos off join
+//!   connections, forms or fails at the instants the verdict gives, keeps the
+//!   admitted connections as host links.
+//! - [`client`]: the agent's [`JoinClient`] machine.
+
+pub mod client;
+pub mod ledger;
+pub mod window;
+
+pub use client::{
+    ClientEvent, ClientFailure, ClientParams, FORMATION_MARGIN, JOIN_DIAL, JOIN_REPLY_BUDGET, JoinClient,
+    LinkEnd, NotLinked, join_frame,
+};
+pub use ledger::{
+    AdmitError, ClusterPhase, FailReason, FormReason, GpuVendor, JoinConfig, JoinOffer, Ledger,
+    LibtorchClass, Member, MemberSnapshot, MembershipSnapshot, NotLatest, StartMode, TrustMode, Verdict,
+    classify_libtorch,
+};
+pub use window::{
+    HostLoss, JoinEvent, JoinWarning, JoinWindow, RejectReason, SendError, WindowFailure, WindowParams,
+    WindowState,
+};

@@ -1,0 +1,1157 @@
+//! The membership ledger: pure admission, rank assignment, window verdicts
+//! and the observable snapshot. No connections, no clock: the
+//! [`JoinWindow`](super::JoinWindow) machine feeds it hellos and elapsed
+//! times; tests and the simulator drive it directly.
+//!
+//! Admission costs O(1) amortised: the duplicate-host check is one probe of an
+//! open-addressing index of host-name hashes (a hash match is confirmed
+//! against the member's name), and every cross-host coherence fact is a single
+//! remembered value. A window admitting a hundred thousand hosts spends about
+//! the same on its last hello as on its first.
+//!
+//! ```
+//! use cohort_proto::join::{JoinConfig, JoinOffer, Ledger, Verdict, FormReason};
+//! use core::time::Duration;
+//!
+//! let config = JoinConfig { min_rank_start: 2, target_ranks: Some(3), ..JoinConfig::default() };
+//! let mut ledger = Ledger::new(config, None, None).unwrap();
+//! let offer = |host: &str, k: u8| JoinOffer::new(host, (0..k).collect(), [7; 32]);
+//! assert_eq!(ledger.admit(offer("a", 1), Duration::ZERO).unwrap(), 0..1);
+//! assert_eq!(ledger.admit(offer("b", 2), Duration::ZERO).unwrap(), 1..3);
+//! let (window, cap) = (Duration::from_secs(300), Duration::from_secs(600));
+//! assert_eq!(ledger.verdict(Duration::ZERO, window, cap, false), Verdict::Formed(FormReason::TargetReached));
+//! ```
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use core::fmt;
+use core::ops::Range;
+use core::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::{ConfigError, TimeoutScale, defaults};
+use crate::wire::{JoinMsgWire, SessionSalt};
+
+/// Who closes the join window once quorum is met.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartMode {
+    /// The clock alone: target reached, or window expiry with quorum. An
+    /// operator start is refused.
+    #[default]
+    Auto,
+    /// The operator alone: window expiry holds instead of forming; the hard
+    /// cap still bounds the hold. A target is contradictory here.
+    Manual,
+    /// Both: the clock as in `Auto`, and the operator may fire earlier once
+    /// quorum is met.
+    Hybrid,
+}
+
+impl fmt::Display for StartMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StartMode::Auto => "auto",
+            StartMode::Manual => "manual",
+            StartMode::Hybrid => "hybrid",
+        })
+    }
+}
+
+/// The quorum knobs of a join window (flodl's `JoinConfig`). Times are whole
+/// seconds before the network timeout scale is applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinConfig {
+    /// The quorum, in ranks: the world never forms below it.
+    pub min_rank_start: usize,
+    /// The join window (default 300 s). Quorum reached early does not close it.
+    pub join_timeout_secs: u64,
+    /// Close the moment this many ranks are in (not in `Manual` mode).
+    pub target_ranks: Option<usize>,
+    /// The hard cap (default 600 s): quorum unmet by then fails the window.
+    pub max_join_timeout_secs: u64,
+    /// Accept joins keyed with zeros on a non-loopback bind (an explicit,
+    /// warned choice; a loopback bind is open regardless).
+    pub open_admission: bool,
+    /// Who closes the window once quorum is met.
+    pub start_mode: StartMode,
+    /// The data plane is NCCL/RCCL: refuse a cohort mixing GPU vendors or
+    /// NCCL major.minor versions.
+    pub nccl_backend: bool,
+}
+
+impl Default for JoinConfig {
+    fn default() -> Self {
+        JoinConfig {
+            min_rank_start: 1,
+            join_timeout_secs: defaults::JOIN_WINDOW.as_secs(),
+            target_ranks: None,
+            max_join_timeout_secs: defaults::JOIN_CAP.as_secs(),
+            open_admission: false,
+            start_mode: StartMode::Auto,
+            nccl_backend: true,
+        }
+    }
+}
+
+impl JoinConfig {
+    /// Checks the cross-field rules, first failure wins: quorum at least 1,
+    /// target not below quorum, cap not before the window, no target in
+    /// `Manual` mode.
+    ///
+    /// ```
+    /// use cohort_proto::join::{JoinConfig, StartMode};
+    /// assert!(JoinConfig::default().validate().is_ok());
+    /// let bad = JoinConfig { start_mode: StartMode::Manual, target_ranks: Some(2), ..JoinConfig::default() };
+    /// assert_eq!(bad.validate().unwrap_err().field, "start_mode");
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.min_rank_start == 0 {
+            return Err(ConfigError::new(
+                "min_rank_start",
+                "must be >= 1: a world of zero ranks has nothing to train",
+            ));
+        }
+        if let Some(target) = self.target_ranks
+            && target < self.min_rank_start
+        {
+            return Err(ConfigError::new(
+                "target_ranks",
+                format!(
+                    "target_ranks ({target}) is below min_rank_start ({}): the early close \
+                     would fire before the run may start",
+                    self.min_rank_start
+                ),
+            ));
+        }
+        if self.max_join_timeout_secs < self.join_timeout_secs {
+            return Err(ConfigError::new(
+                "max_join_timeout",
+                format!(
+                    "max_join_timeout ({}s) is shorter than join_timeout ({}s): the hard cap \
+                     would expire inside the window",
+                    self.max_join_timeout_secs, self.join_timeout_secs
+                ),
+            ));
+        }
+        if self.start_mode == StartMode::Manual && self.target_ranks.is_some() {
+            return Err(ConfigError::new(
+                "start_mode",
+                "`start: manual` with target_ranks contradicts itself: the target closes the \
+                 window on the clock's side, manual leaves the close to the operator (hybrid \
+                 keeps both)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The window length under `scale`.
+    pub fn window(&self, scale: TimeoutScale) -> Duration {
+        scale.scaled(Duration::from_secs(self.join_timeout_secs))
+    }
+
+    /// The hard cap under `scale`.
+    pub fn cap(&self, scale: TimeoutScale) -> Duration {
+        scale.scaled(Duration::from_secs(self.max_join_timeout_secs))
+    }
+}
+
+/// How pre-admission join frames are keyed, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrustMode {
+    /// The session salt is pre-shared: hellos must be keyed with it, and the
+    /// accept never carries it.
+    PreShared,
+    /// Open admission on a loopback bind: reachability (through sshd) is the
+    /// authentication. Hellos are keyed with zeros; the accept hands out the salt.
+    OpenLoopback,
+    /// Open admission on a non-loopback bind, by explicit setting: anyone who
+    /// can reach the port can join. The window warns about it when it opens.
+    OpenExplicit,
+}
+
+impl TrustMode {
+    /// The trust rule: a loopback bind is open; elsewhere only the explicit
+    /// `open_admission` setting opens it (and that is warned about).
+    ///
+    /// ```
+    /// use cohort_proto::join::{JoinConfig, TrustMode};
+    /// let c = JoinConfig::default();
+    /// assert_eq!(TrustMode::resolve(&c, true), TrustMode::OpenLoopback);
+    /// assert_eq!(TrustMode::resolve(&c, false), TrustMode::PreShared);
+    /// let open = JoinConfig { open_admission: true, ..c };
+    /// assert_eq!(TrustMode::resolve(&open, false), TrustMode::OpenExplicit);
+    /// ```
+    pub fn resolve(config: &JoinConfig, bind_is_loopback: bool) -> TrustMode {
+        if bind_is_loopback {
+            TrustMode::OpenLoopback
+        } else if config.open_admission {
+            TrustMode::OpenExplicit
+        } else {
+            TrustMode::PreShared
+        }
+    }
+
+    /// Whether joiners are admitted without the salt (and handed it).
+    pub fn is_open(self) -> bool {
+        !matches!(self, TrustMode::PreShared)
+    }
+
+    /// The key of pre-admission join frames: the salt, or zeros when open.
+    pub fn join_key(self, salt: &SessionSalt) -> SessionSalt {
+        if self.is_open() { SessionSalt::ZERO } else { *salt }
+    }
+}
+
+/// GPU vendor named by a libtorch build label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum GpuVendor {
+    /// CUDA builds (`cu<N>`, `sm<N>`).
+    Nvidia,
+    /// ROCm builds (`rocm<N>`, `gfx<N>`).
+    Amd,
+}
+
+impl fmt::Display for GpuVendor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GpuVendor::Nvidia => "NVIDIA",
+            GpuVendor::Amd => "AMD",
+        })
+    }
+}
+
+/// What a libtorch label says about its backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LibtorchClass {
+    /// `cpu` or `cpu-...`: no GPU backend.
+    Cpu,
+    /// A vendor's naming.
+    Vendor(GpuVendor),
+    /// Anything else, the empty label included.
+    Unknown,
+}
+
+/// Classifies a libtorch label by its last path segment: `cpu` / `cpu-...`
+/// is CPU, `cu<digit>...` / `sm<digit>...` NVIDIA, `rocm<digit>...` /
+/// `gfx<digit>...` AMD, anything else unknown.
+///
+/// ```
+/// use cohort_proto::join::{classify_libtorch, GpuVendor, LibtorchClass};
+/// assert_eq!(classify_libtorch("precompiled/cu128"), LibtorchClass::Vendor(GpuVendor::Nvidia));
+/// assert_eq!(classify_libtorch("builds/sm61-sm120"), LibtorchClass::Vendor(GpuVendor::Nvidia));
+/// assert_eq!(classify_libtorch("precompiled/rocm70"), LibtorchClass::Vendor(GpuVendor::Amd));
+/// assert_eq!(classify_libtorch("cpu-avx2"), LibtorchClass::Cpu);
+/// assert_eq!(classify_libtorch("builds/mystery"), LibtorchClass::Unknown);
+/// assert_eq!(classify_libtorch("cuda"), LibtorchClass::Unknown);
+/// ```
+pub fn classify_libtorch(label: &str) -> LibtorchClass {
+    // The last normal path segment; `.` segments and trailing slashes do not
+    // count, and a trailing `..` names no file.
+    let base = match label.split('/').rfind(|s| !s.is_empty() && *s != ".") {
+        Some("..") | None => "",
+        Some(s) => s,
+    };
+    let tagged =
+        |prefix: &str| base.strip_prefix(prefix).is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
+    if base == "cpu" || base.starts_with("cpu-") {
+        LibtorchClass::Cpu
+    } else if tagged("cu") || tagged("sm") {
+        LibtorchClass::Vendor(GpuVendor::Nvidia)
+    } else if tagged("rocm") || tagged("gfx") {
+        LibtorchClass::Vendor(GpuVendor::Amd)
+    } else {
+        LibtorchClass::Unknown
+    }
+}
+
+/// One hello's admission facts, as decoded off the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinOffer {
+    /// Host name (unique across the world).
+    pub host: String,
+    /// Physical devices, one rank each.
+    pub local_devices: Vec<u8>,
+    /// GPU inventory labels (informational).
+    pub gpus: Vec<String>,
+    /// libtorch build label (classifies the GPU vendor).
+    pub libtorch: String,
+    /// Dataset signature.
+    pub dataset_sig: [u8; 32],
+    /// Identity of the prepared run, when known.
+    pub run_id: Option<String>,
+    /// NCCL library version, when known.
+    pub nccl_version: Option<(u32, u32, u32)>,
+    /// Model signature, when known.
+    pub model_sig: Option<[u8; 32]>,
+}
+
+impl JoinOffer {
+    /// An offer with every optional fact absent (gating nothing).
+    pub fn new(host: impl Into<String>, local_devices: Vec<u8>, dataset_sig: [u8; 32]) -> Self {
+        JoinOffer {
+            host: host.into(),
+            local_devices,
+            gpus: Vec::new(),
+            libtorch: String::new(),
+            dataset_sig,
+            run_id: None,
+            nccl_version: None,
+            model_sig: None,
+        }
+    }
+
+    /// The wire hello carrying this offer.
+    pub fn to_hello(&self) -> JoinMsgWire {
+        JoinMsgWire::Hello {
+            host: self.host.clone(),
+            local_devices: self.local_devices.clone(),
+            gpus: self.gpus.clone(),
+            libtorch: self.libtorch.clone(),
+            dataset_sig: self.dataset_sig,
+            run_id: self.run_id.clone(),
+            nccl_version: self.nccl_version,
+            model_sig: self.model_sig,
+        }
+    }
+
+    /// The offer a wire hello carries; `None` for any other join message.
+    pub fn from_hello(msg: JoinMsgWire) -> Option<JoinOffer> {
+        match msg {
+            JoinMsgWire::Hello {
+                host,
+                local_devices,
+                gpus,
+                libtorch,
+                dataset_sig,
+                run_id,
+                nccl_version,
+                model_sig,
+            } => Some(JoinOffer {
+                host,
+                local_devices,
+                gpus,
+                libtorch,
+                dataset_sig,
+                run_id,
+                nccl_version,
+                model_sig,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Why a hello was refused. The `Display` text is the reason sent back to
+/// the worker in `Reject{reason}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdmitError {
+    /// The host name is empty after trimming.
+    EmptyHost,
+    /// No devices: a worker without ranks.
+    NoDevices,
+    /// More devices than one hello may claim.
+    TooManyDevices {
+        /// How many were claimed.
+        count: usize,
+    },
+    /// A device listed twice.
+    DuplicateDevice {
+        /// The repeated device id.
+        device: u8,
+    },
+    /// The host is already a member.
+    DuplicateHost {
+        /// The host.
+        host: String,
+    },
+    /// The dataset signature differs from the run's.
+    DatasetMismatch {
+        /// The worker's signature.
+        offered: [u8; 32],
+        /// The run's.
+        expected: [u8; 32],
+    },
+    /// The libtorch build's vendor differs from the cohort's (NCCL plane only).
+    VendorMismatch {
+        /// The host.
+        host: String,
+        /// The cohort's vendor.
+        cohort: GpuVendor,
+        /// The label that seeded it.
+        cohort_label: String,
+        /// The worker's vendor.
+        offered: GpuVendor,
+        /// The worker's label.
+        label: String,
+    },
+    /// The run id differs from the cohort's.
+    RunIdMismatch {
+        /// The host.
+        host: String,
+        /// The cohort's run id.
+        expected: String,
+        /// The worker's.
+        offered: String,
+    },
+    /// NCCL major.minor differs from the cohort's (NCCL plane only).
+    NcclSkew {
+        /// The host.
+        host: String,
+        /// The cohort's major.minor.
+        expected: (u32, u32),
+        /// The worker's.
+        offered: (u32, u32),
+    },
+    /// The model signature differs from the run's.
+    ModelMismatch {
+        /// The worker's signature.
+        offered: [u8; 32],
+        /// The run's.
+        expected: [u8; 32],
+    },
+    /// The u32 rank space is used up (only a hostile flood gets here).
+    RankSpaceExhausted,
+}
+
+fn sig4(sig: &[u8; 32]) -> String {
+    crate::wire::hex::encode(&sig[..4])
+}
+
+fn id8(id: &str) -> &str {
+    match id.char_indices().nth(8) {
+        Some((at, _)) => &id[..at],
+        None => id,
+    }
+}
+
+impl fmt::Display for AdmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdmitError::EmptyHost => f.write_str("host name must be non-empty"),
+            AdmitError::NoDevices => {
+                f.write_str("local_devices must be non-empty: a worker offering no device has no rank to run")
+            }
+            AdmitError::TooManyDevices { count } => write!(
+                f,
+                "{count} local devices exceeds the per-worker cap of {}",
+                defaults::MAX_RANKS_PER_HELLO
+            ),
+            AdmitError::DuplicateDevice { device } => {
+                write!(f, "duplicate local device {device}: every rank needs its own physical GPU")
+            }
+            AdmitError::DuplicateHost { host } => write!(
+                f,
+                "host {host:?} already joined this run (a stale worker from an earlier launch, or \
+                 two workers using one host name)"
+            ),
+            AdmitError::DatasetMismatch { offered, expected } => write!(
+                f,
+                "dataset signature mismatch (worker {}…, run {}…): the worker indexed a different \
+                 dataset layout",
+                sig4(offered),
+                sig4(expected)
+            ),
+            AdmitError::VendorMismatch { host, cohort, cohort_label, offered, label } => write!(
+                f,
+                "GPU vendor mismatch: the cohort is {cohort} (libtorch {cohort_label:?}) but {host:?} \
+                 brings {offered} ({label:?}); NCCL and RCCL cannot share a communicator, so the world \
+                 would hang at formation. Run a CPU averaging mode (cpu_sync, cpu_cadence, cpu_async) \
+                 or a single-vendor fleet"
+            ),
+            AdmitError::RunIdMismatch { host, expected, offered } => write!(
+                f,
+                "run identity mismatch: the cohort prepared run {}… but {host:?} prepared {}… (a \
+                 publish happened between their fetches); the stale side picks up the new run on \
+                 its next dial",
+                id8(expected),
+                id8(offered)
+            ),
+            AdmitError::NcclSkew { host, expected, offered } => write!(
+                f,
+                "NCCL version skew: the cohort loads {}.{}.x but {host:?} loads {}.{}.x, and NCCL \
+                 refuses to connect across a major.minor difference; align the libtorch builds or \
+                 bridge them with `fdl nccl build`",
+                expected.0, expected.1, offered.0, offered.1
+            ),
+            AdmitError::ModelMismatch { offered, expected } => write!(
+                f,
+                "model mismatch: this box builds model {}… but the run's is {}… (parameter names, \
+                 shapes or dtypes differ); a stale source tree or a wrong `bin:` is the usual cause",
+                sig4(offered),
+                sig4(expected)
+            ),
+            AdmitError::RankSpaceExhausted => {
+                f.write_str("rank space exhausted: no more rank ids can be assigned")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AdmitError {}
+
+/// Why the window formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormReason {
+    /// The operator's start switch, with quorum, in `Manual`/`Hybrid`.
+    OperatorStart,
+    /// `target_ranks` reached (not in `Manual`).
+    TargetReached,
+    /// The window expired (or the grace range met quorum) in a clock mode.
+    WindowClosedWithQuorum,
+}
+
+impl fmt::Display for FormReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FormReason::OperatorStart => "operator start",
+            FormReason::TargetReached => "target ranks reached",
+            FormReason::WindowClosedWithQuorum => "join window closed with quorum",
+        })
+    }
+}
+
+/// Why the verdict failed the window at the hard cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailReason {
+    /// `Manual` mode reached the cap with quorum but no operator start.
+    OperatorStartNotReceived {
+        /// Ranks staged.
+        joined: usize,
+        /// The configured cap, unscaled.
+        max_join_timeout_secs: u64,
+        /// The scaled cap.
+        cap_secs: u64,
+    },
+    /// The cap passed below quorum.
+    QuorumNotMet {
+        /// Ranks joined.
+        joined: usize,
+        /// The quorum.
+        quorum: usize,
+        /// The configured cap, unscaled.
+        max_join_timeout_secs: u64,
+        /// The scaled cap.
+        cap_secs: u64,
+    },
+}
+
+impl fmt::Display for FailReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailReason::OperatorStartNotReceived { joined, max_join_timeout_secs, cap_secs } => write!(
+                f,
+                "operator start not received: {joined} rank(s) staged with quorum met, but `start: \
+                 manual` saw no start within the max_join_timeout hard cap ({max_join_timeout_secs}s, \
+                 {cap_secs}s scaled); raise max_join_timeout to hold longer"
+            ),
+            FailReason::QuorumNotMet { joined, quorum, max_join_timeout_secs, cap_secs } => write!(
+                f,
+                "quorum not met: {joined}/{quorum} ranks joined within the max_join_timeout hard cap \
+                 ({max_join_timeout_secs}s, {cap_secs}s scaled)"
+            ),
+        }
+    }
+}
+
+/// The window decision for a membership at an instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Keep admitting.
+    Open,
+    /// Close and form the world.
+    Formed(FormReason),
+    /// Fail the run.
+    Failed(FailReason),
+}
+
+/// Lifecycle phase of a run, as `state.json` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClusterPhase {
+    /// Window open, collecting workers.
+    Waiting,
+    /// Window open with quorum, and the operator may close it (`Manual`/`Hybrid`).
+    Staging,
+    /// Window closed with quorum; infrastructure starting.
+    Forming,
+    /// Ranks training.
+    Training,
+    /// Finished cleanly.
+    Done,
+    /// Failed (window or later).
+    Failed,
+}
+
+impl ClusterPhase {
+    /// The snake_case name `state.json` uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClusterPhase::Waiting => "waiting",
+            ClusterPhase::Staging => "staging",
+            ClusterPhase::Forming => "forming",
+            ClusterPhase::Training => "training",
+            ClusterPhase::Done => "done",
+            ClusterPhase::Failed => "failed",
+        }
+    }
+
+    /// Whether the join window is still open in this phase.
+    pub fn is_open(self) -> bool {
+        matches!(self, ClusterPhase::Waiting | ClusterPhase::Staging)
+    }
+}
+
+/// Which coherence facts a member seeded (so retracting it unseeds them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Seeded(u8);
+
+impl Seeded {
+    const DATASET: u8 = 1;
+    const VENDOR: u8 = 2;
+    const RUN_ID: u8 = 4;
+    const NCCL: u8 = 8;
+    const MODEL: u8 = 16;
+
+    fn has(self, bit: u8) -> bool {
+        self.0 & bit != 0
+    }
+}
+
+/// One admitted worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Host name.
+    pub host: String,
+    /// Its global ranks: a contiguous slice of the rank space.
+    pub ranks: Range<u32>,
+    /// Physical devices backing those ranks, in rank order.
+    pub local_devices: Vec<u8>,
+    /// GPU inventory labels.
+    pub gpus: Vec<String>,
+    /// libtorch build label.
+    pub libtorch: String,
+    /// Whole seconds after the window opened when it joined.
+    pub joined_at_secs: u64,
+    seeded: Seeded,
+}
+
+/// The membership state `state.json` serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MembershipSnapshot {
+    /// Lifecycle phase.
+    pub phase: ClusterPhase,
+    /// Ranks admitted.
+    pub joined_ranks: usize,
+    /// Hosts admitted.
+    pub joined_hosts: usize,
+    /// The quorum.
+    pub min_rank_start: usize,
+    /// The early-close target.
+    pub target_ranks: Option<usize>,
+    /// Whole seconds until the window closes; null once it has.
+    pub window_remaining_secs: Option<u64>,
+    /// Whole seconds until the hard cap; null once it has passed.
+    pub cap_remaining_secs: Option<u64>,
+    /// Who closes the window.
+    pub start_mode: StartMode,
+    /// Whether the operator start is armed.
+    pub start_armed: bool,
+    /// Per-host membership, in admission order.
+    pub members: Vec<MemberSnapshot>,
+}
+
+/// One host in a [`MembershipSnapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemberSnapshot {
+    /// Host name.
+    pub host: String,
+    /// Its global ranks.
+    pub ranks: Vec<u32>,
+    /// Devices backing them.
+    pub local_devices: Vec<u8>,
+    /// GPU labels.
+    pub gpus: Vec<String>,
+    /// libtorch label.
+    pub libtorch: String,
+    /// Seconds after window open when it joined.
+    pub joined_at_secs: u64,
+}
+
+/// `retract_last` was asked for a host that is not the latest admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotLatest {
+    /// The host named.
+    pub host: String,
+}
+
+impl fmt::Display for NotLatest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot retract {:?}: it is not the latest admission, and rank ids are only \
+             returned from the tail",
+            self.host
+        )
+    }
+}
+
+impl std::error::Error for NotLatest {}
+
+/// The pure membership state: admission, ranks, verdicts, snapshots.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    config: JoinConfig,
+    dataset_sig: Option<[u8; 32]>,
+    vendor: Option<(GpuVendor, String)>,
+    run_id: Option<String>,
+    nccl: Option<(u32, u32)>,
+    model_sig: Option<[u8; 32]>,
+    members: Vec<Member>,
+    /// Host name -> member index, for the duplicate-host check.
+    hosts: HostIndex,
+    next_rank: u32,
+}
+
+/// The host index key. `DefaultHasher::new()` is SipHash with fixed keys:
+/// deterministic, and a match is always confirmed against the real name, so
+/// a collision costs one extra comparison, never a wrong answer.
+fn host_hash(host: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    host.hash(&mut h);
+    h.finish()
+}
+
+/// A slot of the [`HostIndex`]: the high half of a host's hash (which also
+/// places it) and its member index. Eight bytes, so a cache line holds eight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    tag: u32,
+    member: u32,
+}
+
+impl Slot {
+    const EMPTY: Slot = Slot { tag: 0, member: u32::MAX };
+    /// A removed entry: probes continue past it.
+    const GONE: Slot = Slot { tag: 0, member: u32::MAX - 1 };
+
+    fn is_live(self) -> bool {
+        self.member < u32::MAX - 1
+    }
+}
+
+/// Member lookup by host-name hash: linear probing over a power-of-two table
+/// kept at most half full (removed entries count until the next growth).
+/// Never iterated, so its layout cannot leak into any output order; a lookup
+/// touches one or two cache lines however many hosts are in. Entries keep the
+/// high 32 bits of the hash: a tag match is confirmed by the caller against
+/// the real name.
+#[derive(Debug, Clone, Default)]
+struct HostIndex {
+    slots: Vec<Slot>,
+    /// Live and removed entries.
+    used: usize,
+}
+
+impl HostIndex {
+    fn tag(hash: u64) -> u32 {
+        (hash >> 32) as u32
+    }
+
+    /// Whether some live entry with `hash`'s tag satisfies `is`.
+    fn find(&self, hash: u64, mut is: impl FnMut(u32) -> bool) -> bool {
+        if self.slots.is_empty() {
+            return false;
+        }
+        let (tag, mask) = (Self::tag(hash), self.slots.len() - 1);
+        let mut i = tag as usize & mask;
+        loop {
+            let s = self.slots[i];
+            if s == Slot::EMPTY {
+                return false;
+            }
+            if s.is_live() && s.tag == tag && is(s.member) {
+                return true;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    fn insert(&mut self, hash: u64, member: u32) {
+        self.place(Slot { tag: Self::tag(hash), member });
+    }
+
+    fn place(&mut self, slot: Slot) {
+        if (self.used + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = slot.tag as usize & mask;
+        while self.slots[i] != Slot::EMPTY {
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = slot;
+        self.used += 1;
+    }
+
+    fn remove(&mut self, hash: u64, member: u32) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let (slot, mask) = (Slot { tag: Self::tag(hash), member }, self.slots.len() - 1);
+        let mut i = slot.tag as usize & mask;
+        while self.slots[i] != Slot::EMPTY {
+            if self.slots[i] == slot {
+                self.slots[i] = Slot::GONE;
+                return;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    fn grow(&mut self) {
+        let live: Vec<Slot> = self.slots.iter().copied().filter(|s| s.is_live()).collect();
+        let cap = (live.len() * 4).max(16).next_power_of_two();
+        self.slots = vec![Slot::EMPTY; cap];
+        self.used = 0;
+        for s in live {
+            self.place(s);
+        }
+    }
+}
+
+impl Ledger {
+    /// Validates `config` and opens an empty ledger. The controller's own
+    /// dataset and model signatures, when it has them, are the references;
+    /// otherwise the first member to send one sets it.
+    pub fn new(
+        config: JoinConfig,
+        dataset_sig: Option<[u8; 32]>,
+        model_sig: Option<[u8; 32]>,
+    ) -> Result<Ledger, ConfigError> {
+        config.validate()?;
+        Ok(Ledger {
+            config,
+            dataset_sig,
+            vendor: None,
+            run_id: None,
+            nccl: None,
+            model_sig,
+            members: Vec::new(),
+            hosts: HostIndex::default(),
+            next_rank: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &JoinConfig {
+        &self.config
+    }
+
+    /// Ranks admitted so far (the world size if the window closed now).
+    pub fn joined_ranks(&self) -> usize {
+        self.next_rank as usize
+    }
+
+    /// Members in admission order.
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// Whether `host` is a member.
+    pub fn contains_host(&self, host: &str) -> bool {
+        self.find_host(host_hash(host), host)
+    }
+
+    fn find_host(&self, hash: u64, host: &str) -> bool {
+        self.hosts.find(hash, |i| self.members.get(i as usize).is_some_and(|m| m.host == host))
+    }
+
+    /// Admits a hello: runs every check in order, then assigns the next
+    /// contiguous ranks. A refusal changes nothing.
+    pub fn admit(&mut self, offer: JoinOffer, elapsed: Duration) -> Result<Range<u32>, AdmitError> {
+        let JoinOffer { host, local_devices, gpus, libtorch, dataset_sig, run_id, nccl_version, model_sig } =
+            offer;
+        if host.trim().is_empty() {
+            return Err(AdmitError::EmptyHost);
+        }
+        let count = local_devices.len();
+        if count == 0 {
+            return Err(AdmitError::NoDevices);
+        }
+        if count > defaults::MAX_RANKS_PER_HELLO {
+            return Err(AdmitError::TooManyDevices { count });
+        }
+        let mut seen = [false; 256];
+        for &d in &local_devices {
+            if core::mem::replace(&mut seen[d as usize], true) {
+                return Err(AdmitError::DuplicateDevice { device: d });
+            }
+        }
+        let hash = host_hash(&host);
+        if self.find_host(hash, &host) {
+            return Err(AdmitError::DuplicateHost { host });
+        }
+        let mut seeded = Seeded::default();
+        match &self.dataset_sig {
+            Some(expected) if *expected != dataset_sig => {
+                return Err(AdmitError::DatasetMismatch { offered: dataset_sig, expected: *expected });
+            }
+            Some(_) => {}
+            None => seeded.0 |= Seeded::DATASET,
+        }
+        let vendor = match classify_libtorch(&libtorch) {
+            LibtorchClass::Vendor(v) if self.config.nccl_backend => Some(v),
+            _ => None,
+        };
+        if let Some(v) = vendor {
+            match &self.vendor {
+                Some((cohort, cohort_label)) if *cohort != v => {
+                    return Err(AdmitError::VendorMismatch {
+                        host,
+                        cohort: *cohort,
+                        cohort_label: cohort_label.clone(),
+                        offered: v,
+                        label: libtorch,
+                    });
+                }
+                Some(_) => {}
+                None => seeded.0 |= Seeded::VENDOR,
+            }
+        }
+        if let Some(run) = &run_id {
+            match &self.run_id {
+                Some(expected) if expected != run => {
+                    return Err(AdmitError::RunIdMismatch {
+                        host,
+                        expected: expected.clone(),
+                        offered: run.clone(),
+                    });
+                }
+                Some(_) => {}
+                None => seeded.0 |= Seeded::RUN_ID,
+            }
+        }
+        let nccl = nccl_version.filter(|_| self.config.nccl_backend).map(|(major, minor, _)| (major, minor));
+        if let Some(mm) = nccl {
+            match self.nccl {
+                Some(expected) if expected != mm => {
+                    return Err(AdmitError::NcclSkew { host, expected, offered: mm });
+                }
+                Some(_) => {}
+                None => seeded.0 |= Seeded::NCCL,
+            }
+        }
+        if let Some(sig) = &model_sig {
+            match &self.model_sig {
+                Some(expected) if expected != sig => {
+                    return Err(AdmitError::ModelMismatch { offered: *sig, expected: *expected });
+                }
+                Some(_) => {}
+                None => seeded.0 |= Seeded::MODEL,
+            }
+        }
+        let first = self.next_rank;
+        let end = u32::try_from(count)
+            .ok()
+            .and_then(|k| first.checked_add(k))
+            .ok_or(AdmitError::RankSpaceExhausted)?;
+
+        // Fewer members than ranks, and ranks fit a u32: so does the index.
+        let index = u32::try_from(self.members.len()).map_err(|_| AdmitError::RankSpaceExhausted)?;
+
+        // Every check passed: commit.
+        if seeded.has(Seeded::DATASET) {
+            self.dataset_sig = Some(dataset_sig);
+        }
+        if let (true, Some(v)) = (seeded.has(Seeded::VENDOR), vendor) {
+            self.vendor = Some((v, libtorch.clone()));
+        }
+        if seeded.has(Seeded::RUN_ID) {
+            self.run_id = run_id;
+        }
+        if seeded.has(Seeded::NCCL) {
+            self.nccl = nccl;
+        }
+        if seeded.has(Seeded::MODEL) {
+            self.model_sig = model_sig;
+        }
+        self.next_rank = end;
+        self.hosts.insert(hash, index);
+        self.members.push(Member {
+            host,
+            ranks: first..end,
+            local_devices,
+            gpus,
+            libtorch,
+            joined_at_secs: elapsed.as_secs(),
+            seeded,
+        });
+        Ok(first..end)
+    }
+
+    /// Rolls back the latest admission (its accept could not be delivered),
+    /// returning its ranks to the pool. Any coherence fact it was the first to
+    /// set is unset again, so the next joiner is judged as if it never came.
+    pub fn retract_last(&mut self, host: &str) -> Result<Member, NotLatest> {
+        match self.members.last() {
+            Some(m) if m.host == host => {}
+            _ => return Err(NotLatest { host: host.to_string() }),
+        }
+        let Some(m) = self.members.pop() else { return Err(NotLatest { host: host.to_string() }) };
+        self.hosts.remove(host_hash(&m.host), self.members.len() as u32);
+        self.next_rank = m.ranks.start;
+        let s = m.seeded;
+        if s.has(Seeded::DATASET) {
+            self.dataset_sig = None;
+        }
+        if s.has(Seeded::VENDOR) {
+            self.vendor = None;
+        }
+        if s.has(Seeded::RUN_ID) {
+            self.run_id = None;
+        }
+        if s.has(Seeded::NCCL) {
+            self.nccl = None;
+        }
+        if s.has(Seeded::MODEL) {
+            self.model_sig = None;
+        }
+        Ok(m)
+    }
+
+    /// The window decision at `elapsed` since it opened; `window` and `cap`
+    /// are the scaled durations. In order: operator start (armed, not
+    /// `Auto`, quorum); target (not `Manual`); inside the window, open;
+    /// expired with quorum (not `Manual`), formed; before the cap, open (the
+    /// grace range); `Manual` with quorum, failed for want of a start; else
+    /// failed for want of quorum.
+    pub fn verdict(&self, elapsed: Duration, window: Duration, cap: Duration, start_armed: bool) -> Verdict {
+        let joined = self.joined_ranks();
+        let quorum = joined >= self.config.min_rank_start;
+        let mode = self.config.start_mode;
+        if start_armed && mode != StartMode::Auto && quorum {
+            return Verdict::Formed(FormReason::OperatorStart);
+        }
+        if let Some(target) = self.config.target_ranks
+            && mode != StartMode::Manual
+            && joined >= target
+        {
+            return Verdict::Formed(FormReason::TargetReached);
+        }
+        if elapsed < window {
+            return Verdict::Open;
+        }
+        if mode != StartMode::Manual && quorum {
+            return Verdict::Formed(FormReason::WindowClosedWithQuorum);
+        }
+        if elapsed < cap {
+            return Verdict::Open;
+        }
+        let max_join_timeout_secs = self.config.max_join_timeout_secs;
+        let cap_secs = cap.as_secs();
+        if mode == StartMode::Manual && quorum {
+            return Verdict::Failed(FailReason::OperatorStartNotReceived {
+                joined,
+                max_join_timeout_secs,
+                cap_secs,
+            });
+        }
+        Verdict::Failed(FailReason::QuorumNotMet {
+            joined,
+            quorum: self.config.min_rank_start,
+            max_join_timeout_secs,
+            cap_secs,
+        })
+    }
+
+    /// The phase of an open window: `Staging` once quorum is met and the
+    /// operator may close it, else `Waiting`.
+    pub fn open_phase(&self) -> ClusterPhase {
+        if self.config.start_mode != StartMode::Auto && self.joined_ranks() >= self.config.min_rank_start {
+            ClusterPhase::Staging
+        } else {
+            ClusterPhase::Waiting
+        }
+    }
+
+    /// The observable state at `elapsed`. A countdown is null from the
+    /// instant its deadline is reached (the instant the verdict stops
+    /// treating it as running).
+    pub fn snapshot(
+        &self,
+        phase: ClusterPhase,
+        elapsed: Duration,
+        window: Duration,
+        cap: Duration,
+        start_armed: bool,
+    ) -> MembershipSnapshot {
+        let remaining = |limit: Duration| (elapsed < limit).then(|| (limit - elapsed).as_secs());
+        MembershipSnapshot {
+            phase,
+            joined_ranks: self.joined_ranks(),
+            joined_hosts: self.members.len(),
+            min_rank_start: self.config.min_rank_start,
+            target_ranks: self.config.target_ranks,
+            window_remaining_secs: remaining(window),
+            cap_remaining_secs: remaining(cap),
+            start_mode: self.config.start_mode,
+            start_armed,
+            members: self
+                .members
+                .iter()
+                .map(|m| MemberSnapshot {
+                    host: m.host.clone(),
+                    ranks: m.ranks.clone().collect(),
+                    local_devices: m.local_devices.clone(),
+                    gpus: m.gpus.clone(),
+                    libtorch: m.libtorch.clone(),
+                    joined_at_secs: m.joined_at_secs,
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// The index against a reference set, with hashes drawn from a tiny range
+    /// so that collisions, probe chains across the wrap and removed entries
+    /// are the common case.
+    #[test]
+    fn host_index_matches_a_reference_set() {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut index = HostIndex::default();
+        let mut reference: BTreeSet<(u64, u32)> = BTreeSet::new();
+        let mut stack: Vec<(u64, u32)> = Vec::new();
+        for member in 0..5_000u32 {
+            let hash = ((next() % 8) << 32) | ((next() % 3) << 40);
+            if next() % 4 == 0
+                && let Some((h, m)) = stack.pop()
+            {
+                index.remove(h, m);
+                reference.remove(&(h, m));
+            }
+            index.insert(hash, member);
+            reference.insert((hash, member));
+            stack.push((hash, member));
+            for probe in 0..4 {
+                let h = ((next() % 8) << 32) | ((next() % 3) << 40);
+                let want = stack.get(next() as usize % stack.len()).map_or(0, |e| e.1);
+                let expected = reference.contains(&(h, want));
+                assert_eq!(index.find(h, |m| m == want), expected, "probe {probe} after {member}");
+            }
+        }
+        assert!(index.slots.len() >= 2 * index.used, "load factor kept at most 1/2");
+    }
+}

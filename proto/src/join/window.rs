@@ -1,0 +1,925 @@
+//! The join window machine (controller side): owns the [`Ledger`] and the
+//! window's clock, admits hellos arriving on join connections, and keeps the
+//! admitted connections open as host links once the world forms.
+//!
+//! Per dial, the channel magic (for connections accepted directly) and one
+//! hello must arrive within the join handshake budget. The hello is keyed by
+//! the trust mode (the salt when pre-shared, zeros under open admission); a
+//! frame failing before or at its MAC is dropped with no reply, a frame that
+//! is not Join, does not decode, is not a `Hello` or fails admission gets
+//! `Reject{reason}`, and either way the connection closes. An admitted hello
+//! gets `Accept{ranks, salt_hex (open admission only), formation_wait_secs}`.
+//!
+//! The verdict is re-evaluated on every input and command, and
+//! [`poll_timeout`](Machine::poll_timeout) names the next instant it can
+//! change (window end, then cap), so the window forms or fails at exactly the
+//! instant the rules give.
+//!
+//! ```
+//! use cohort_proto::join::*;
+//! use cohort_proto::wire::{encode_frame, Channel, JoinMsgWire, MacKey, SessionSalt};
+//! use cohort_proto::{ConnId, Input, Machine, Output, Peer, Time};
+//! use bytes::BytesMut;
+//!
+//! let salt = SessionSalt::from_bytes([9; 16]);
+//! let config = JoinConfig { target_ranks: Some(1), ..JoinConfig::default() };
+//! let mut w = JoinWindow::new(WindowParams::new(config, salt, TrustMode::PreShared), Time::ZERO).unwrap();
+//! let mut hello = BytesMut::new();
+//! hello.extend_from_slice(&Channel::Join.magic_bytes());
+//! encode_frame(&MacKey::new(&salt), &JoinOffer::new("a", vec![0], [7; 32]).to_hello(), &mut hello).unwrap();
+//! let t = Time::from_secs(1);
+//! w.handle(t, Input::Accepted { conn: ConnId(1), peer: Peer::REMOTE });
+//! w.handle(t, Input::Received { conn: ConnId(1), bytes: &hello });
+//! let mut formed = false;
+//! while let Some(out) = w.poll(t) {
+//!     if let Output::Event(JoinEvent::Formed { world_size, .. }) = out { formed = world_size == 1; }
+//! }
+//! assert!(formed);
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::{Bytes, BytesMut};
+use core::fmt;
+use core::ops::Range;
+use core::time::Duration;
+
+use super::ledger::{
+    AdmitError, ClusterPhase, FailReason, FormReason, JoinConfig, JoinOffer, Ledger, Member,
+    MembershipSnapshot, StartMode, TrustMode, Verdict,
+};
+use crate::config::{ConfigError, TimeoutScale, defaults};
+use crate::machine::{CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::time::Time;
+use crate::wire::{
+    Channel, JoinMsgWire, MacKey, Message, MsgKind, Problem, RecvBuf, SessionSalt, WireError, encode_frame,
+    parse_frame,
+};
+
+/// Everything a window is opened with.
+#[derive(Debug, Clone)]
+pub struct WindowParams {
+    /// The quorum knobs.
+    pub config: JoinConfig,
+    /// The session salt.
+    pub salt: SessionSalt,
+    /// How pre-admission frames are keyed (see [`TrustMode::resolve`]).
+    pub trust: TrustMode,
+    /// The network timeout scale (window, cap and handshake budget scale with it).
+    pub scale: TimeoutScale,
+    /// The controller's dataset signature, when it has one.
+    pub dataset_sig: Option<[u8; 32]>,
+    /// The controller's model signature, when it could build the model.
+    pub model_sig: Option<[u8; 32]>,
+}
+
+impl WindowParams {
+    /// Parameters with the default scale and no controller signatures.
+    pub fn new(config: JoinConfig, salt: SessionSalt, trust: TrustMode) -> Self {
+        WindowParams { config, salt, trust, scale: TimeoutScale::ONE, dataset_sig: None, model_sig: None }
+    }
+}
+
+/// Why a dial ended without an admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RejectReason {
+    /// A directly accepted connection opened with another channel magic (no reply).
+    ChannelMagic {
+        /// The 4 bytes received.
+        got: [u8; 4],
+    },
+    /// The first frame failed before or at its MAC: bad magic, version, kind,
+    /// length, or a key other than the join key (no reply).
+    Frame(WireError),
+    /// An authenticated frame of another kind (replied).
+    NotJoinFrame(MsgKind),
+    /// An authenticated Join frame whose payload does not decode (replied).
+    Undecodable(WireError),
+    /// A Join message other than `Hello` (replied).
+    NotHello(&'static str),
+    /// The ledger refused the hello (replied).
+    Admission(AdmitError),
+    /// The hello came after the window closed (replied).
+    WindowClosed {
+        /// Whether it closed by forming (else by failing).
+        formed: bool,
+    },
+    /// Magic and hello did not arrive within the budget (no reply).
+    HandshakeTimeout,
+    /// The peer went away before its hello (no reply).
+    Closed(CloseCause),
+}
+
+impl RejectReason {
+    /// Whether a `Reject{reason}` frame was sent before the close.
+    pub fn replied(&self) -> bool {
+        matches!(
+            self,
+            RejectReason::NotJoinFrame(_)
+                | RejectReason::Undecodable(_)
+                | RejectReason::NotHello(_)
+                | RejectReason::Admission(_)
+                | RejectReason::WindowClosed { .. }
+        )
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RejectReason::ChannelMagic { got } => write!(
+                f,
+                "channel magic 0x{:08x} is not the join channel's 0x{:08x}",
+                u32::from_le_bytes(*got),
+                Channel::Join.magic()
+            ),
+            RejectReason::Frame(e) => write!(f, "hello frame refused: {e}"),
+            RejectReason::NotJoinFrame(kind) => write!(f, "expected a Join frame, got {}", kind.name()),
+            RejectReason::Undecodable(e) => write!(f, "hello decode failed: {e}"),
+            RejectReason::NotHello(got) => {
+                write!(f, "the first join-channel message must be Hello (got {got})")
+            }
+            RejectReason::Admission(e) => write!(f, "{e}"),
+            RejectReason::WindowClosed { formed: true } => {
+                f.write_str("the join window is closed: the world already formed")
+            }
+            RejectReason::WindowClosed { formed: false } => {
+                f.write_str("the join window is closed: it failed")
+            }
+            RejectReason::HandshakeTimeout => {
+                f.write_str("no complete hello within the join handshake budget")
+            }
+            RejectReason::Closed(cause) => write!(f, "connection closed before its hello ({cause})"),
+        }
+    }
+}
+
+/// Why the window failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WindowFailure {
+    /// The verdict failed it at the hard cap.
+    Verdict(FailReason),
+    /// More than [`defaults::MAX_REJECTED_JOINS`] dials were rejected.
+    TooManyRejects {
+        /// Rejections counted.
+        rejected: u32,
+        /// Ranks admitted by then.
+        joined_ranks: usize,
+    },
+    /// The launcher aborted.
+    Aborted {
+        /// The launcher's reason.
+        reason: String,
+    },
+}
+
+impl fmt::Display for WindowFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WindowFailure::Verdict(r) => write!(f, "{r}"),
+            WindowFailure::TooManyRejects { rejected, joined_ranks } => write!(
+                f,
+                "too many rejected joins: {rejected} dials refused ({joined_ranks} ranks admitted); \
+                 something other than flodl workers is hammering the join port"
+            ),
+            WindowFailure::Aborted { reason } => write!(f, "launcher aborted the join window: {reason}"),
+        }
+    }
+}
+
+/// How a host link was lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostLoss {
+    /// The connection ended (EOF: the whole host died).
+    Closed(CloseCause),
+    /// The host sent a frame that failed to verify or decode; the link was closed.
+    Wire(WireError),
+}
+
+impl fmt::Display for HostLoss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostLoss::Closed(c) => write!(f, "host link closed ({c})"),
+            HostLoss::Wire(e) => write!(f, "host link refused a frame: {e}"),
+        }
+    }
+}
+
+/// Something worth a log line that changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinWarning {
+    /// Open admission on a non-loopback bind: anyone reaching the port can join.
+    OpenAdmissionOffLoopback,
+    /// An admitted host's accept never left, but it is not the latest
+    /// admission, so its ranks stay (they are reported lost with it).
+    AcceptUndeliveredKept {
+        /// The link.
+        conn: ConnId,
+        /// The host.
+        host: String,
+        /// Its ranks, kept.
+        ranks: Range<u32>,
+    },
+    /// A host reported the exit of a rank it does not hold (ignored).
+    ForeignRankExit {
+        /// The link.
+        conn: ConnId,
+        /// The host.
+        host: String,
+        /// The rank named.
+        rank: u32,
+    },
+    /// A host sent something other than `RankExited` on its link (ignored).
+    UnexpectedHostMessage {
+        /// The link.
+        conn: ConnId,
+        /// The host.
+        host: String,
+        /// What arrived.
+        what: &'static str,
+    },
+}
+
+impl fmt::Display for JoinWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinWarning::OpenAdmissionOffLoopback => f.write_str(
+                "open admission on a non-loopback bind: any peer that reaches the join port can join \
+                 (and steer) this run; prefer tunnelled workers on a loopback bind",
+            ),
+            JoinWarning::AcceptUndeliveredKept { host, ranks, .. } => write!(
+                f,
+                "the accept for {host:?} (ranks {ranks:?}) was never delivered, but later hosts already \
+                 hold the ranks after it: its ranks stay in the world and count as lost"
+            ),
+            JoinWarning::ForeignRankExit { host, rank, .. } => {
+                write!(f, "host {host:?} reported the exit of rank {rank}, which it does not hold")
+            }
+            JoinWarning::UnexpectedHostMessage { host, what, .. } => {
+                write!(f, "host {host:?} sent {what} on its host link; ignored")
+            }
+        }
+    }
+}
+
+/// What the join window reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinEvent {
+    /// See [`JoinWarning`].
+    Warning(JoinWarning),
+    /// A host was admitted and its accept queued.
+    Admitted {
+        /// Its link.
+        conn: ConnId,
+        /// The host.
+        host: String,
+        /// Its ranks.
+        ranks: Range<u32>,
+        /// Ranks admitted in all.
+        joined_ranks: usize,
+    },
+    /// A dial ended without admission (and was closed).
+    Rejected {
+        /// The connection.
+        conn: ConnId,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// The latest admission's accept never left: its ranks returned to the pool.
+    Retracted {
+        /// Its connection (gone).
+        conn: ConnId,
+        /// The host.
+        host: String,
+        /// The ranks returned.
+        ranks: Range<u32>,
+    },
+    /// The operator start switch was armed.
+    StartArmed {
+        /// Ranks in at the time.
+        joined_ranks: usize,
+    },
+    /// The window closed with quorum: the world is formed. Host links stay open.
+    Formed {
+        /// Why it closed.
+        reason: FormReason,
+        /// Ranks in the world.
+        world_size: usize,
+        /// Hosts in the world.
+        hosts: usize,
+        /// The instant it formed.
+        at: Time,
+    },
+    /// The window failed; every admitted worker was sent `Abort{reason}`.
+    Failed {
+        /// Why.
+        failure: WindowFailure,
+        /// The instant it failed.
+        at: Time,
+    },
+    /// A host reported one of its ranks' exit.
+    RankExited {
+        /// The link.
+        conn: ConnId,
+        /// The host.
+        host: String,
+        /// The rank.
+        rank: u32,
+        /// Its exit code (non-zero: the rank died).
+        code: i32,
+    },
+    /// An admitted host's link ended: all its ranks are gone.
+    HostLost {
+        /// The link.
+        conn: ConnId,
+        /// The host.
+        host: String,
+        /// Its ranks.
+        ranks: Range<u32>,
+        /// How.
+        loss: HostLoss,
+    },
+}
+
+/// The window's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WindowState {
+    /// Admitting.
+    Open,
+    /// Closed with quorum.
+    Formed(FormReason),
+    /// Failed.
+    Failed(WindowFailure),
+}
+
+/// A command that could not be carried out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendError {
+    /// The world has not formed (or the window failed).
+    NotFormed,
+    /// `conn` is no live host link.
+    UnknownLink(ConnId),
+    /// The message does not fit a control frame.
+    Encode(WireError),
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::NotFormed => f.write_str("the world has not formed"),
+            SendError::UnknownLink(c) => write!(f, "{c} is not a live host link"),
+            SendError::Encode(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {}
+
+#[derive(Debug)]
+struct Dial {
+    buf: RecvBuf,
+    deadline: Time,
+    magic_pending: bool,
+}
+
+#[derive(Debug)]
+struct Link {
+    member: usize,
+    buf: RecvBuf,
+    /// Bytes queued on the link after the accept: a close reporting more
+    /// unsent bytes than this means the accept itself never fully left.
+    after_accept: usize,
+}
+
+/// The controller's join window. See the [module documentation](self).
+#[derive(Debug)]
+pub struct JoinWindow {
+    ledger: Ledger,
+    salt: SessionSalt,
+    trust: TrustMode,
+    join_key: MacKey,
+    salt_key: MacKey,
+    opened: Time,
+    window: Duration,
+    cap: Duration,
+    budget: Duration,
+    now: Time,
+    armed: bool,
+    state: WindowState,
+    phase_after_formation: ClusterPhase,
+    rejected: u32,
+    dials: BTreeMap<ConnId, Dial>,
+    deadlines: BTreeSet<(Time, ConnId)>,
+    links: BTreeMap<ConnId, Link>,
+    /// The link of each member, in admission order.
+    member_conns: Vec<ConnId>,
+    out: Outbox<JoinEvent>,
+}
+
+fn frame(key: &MacKey, msg: &JoinMsgWire) -> Result<Bytes, WireError> {
+    let mut b = BytesMut::new();
+    encode_frame(key, msg, &mut b)?;
+    Ok(b.freeze())
+}
+
+fn join_msg_name(msg: &JoinMsgWire) -> &'static str {
+    match msg {
+        JoinMsgWire::Hello { .. } => "Hello",
+        JoinMsgWire::Accept { .. } => "Accept",
+        JoinMsgWire::Reject { .. } => "Reject",
+        JoinMsgWire::WorldFormed { .. } => "WorldFormed",
+        JoinMsgWire::RankExited { .. } => "RankExited",
+        JoinMsgWire::Abort { .. } => "Abort",
+    }
+}
+
+impl JoinWindow {
+    /// Opens a window at `now`. Fails only on an invalid configuration.
+    pub fn new(params: WindowParams, now: Time) -> Result<JoinWindow, ConfigError> {
+        let WindowParams { config, salt, trust, scale, dataset_sig, model_sig } = params;
+        let window = config.window(scale);
+        let cap = config.cap(scale);
+        let ledger = Ledger::new(config, dataset_sig, model_sig)?;
+        let mut w = JoinWindow {
+            ledger,
+            salt,
+            trust,
+            join_key: MacKey::new(&trust.join_key(&salt)),
+            salt_key: MacKey::new(&salt),
+            opened: now,
+            window,
+            cap,
+            budget: scale.scaled(defaults::JOIN_HANDSHAKE_BUDGET),
+            now,
+            armed: false,
+            state: WindowState::Open,
+            phase_after_formation: ClusterPhase::Forming,
+            rejected: 0,
+            dials: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            links: BTreeMap::new(),
+            member_conns: Vec::new(),
+            out: Outbox::default(),
+        };
+        if trust == TrustMode::OpenExplicit {
+            w.out.event(JoinEvent::Warning(JoinWarning::OpenAdmissionOffLoopback));
+        }
+        w.evaluate(now);
+        Ok(w)
+    }
+
+    /// Takes over a join connection routed by the port router: its channel
+    /// magic was already consumed, and `first` holds the bytes that arrived
+    /// after it. The handshake budget starts now.
+    pub fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
+        self.tick(now);
+        self.begin(now, conn, false);
+        if !first.is_empty() {
+            self.dial_bytes(now, conn, first);
+        }
+        self.evaluate(now);
+    }
+
+    /// The operator start: arms the switch (idempotent) and re-evaluates.
+    /// Returns whether the switch is armed: never in `Auto` mode, nor once the
+    /// window has closed. The verdict still gates it on quorum.
+    pub fn start(&mut self, now: Time) -> bool {
+        self.tick(now);
+        if self.ledger.config().start_mode == StartMode::Auto || self.state != WindowState::Open {
+            return false;
+        }
+        if !self.armed {
+            self.armed = true;
+            self.out.event(JoinEvent::StartArmed { joined_ranks: self.ledger.joined_ranks() });
+        }
+        self.evaluate(now);
+        true
+    }
+
+    /// The launcher's abort: fails an open window (or a formed world) and sends
+    /// `Abort{reason}` to every admitted worker still linked, then closes the
+    /// links. Nothing happens once the window has failed.
+    pub fn abort(&mut self, now: Time, reason: impl Into<String>) {
+        self.tick(now);
+        if matches!(self.state, WindowState::Failed(_)) {
+            return;
+        }
+        self.fail(now, WindowFailure::Aborted { reason: reason.into() });
+    }
+
+    /// Sends a formed host its `WorldFormed{envelope_hex, relay_spec_hex}`,
+    /// keyed with the session salt.
+    pub fn send_world_formed(
+        &mut self,
+        conn: ConnId,
+        envelope_hex: String,
+        relay_spec_hex: Option<String>,
+    ) -> Result<(), SendError> {
+        if !matches!(self.state, WindowState::Formed(_)) {
+            return Err(SendError::NotFormed);
+        }
+        let msg = JoinMsgWire::WorldFormed { envelope_hex, relay_spec_hex };
+        let bytes = frame(&self.salt_key, &msg).map_err(SendError::Encode)?;
+        let link = self.links.get_mut(&conn).ok_or(SendError::UnknownLink(conn))?;
+        link.after_accept += bytes.len();
+        self.out.transmit(conn, bytes);
+        Ok(())
+    }
+
+    /// Moves a formed run to a later phase (`Training`, `Done`, `Failed`) for
+    /// the snapshot. Ignored unless the world formed.
+    pub fn set_phase(&mut self, phase: ClusterPhase) {
+        if matches!(self.state, WindowState::Formed(_)) && !phase.is_open() {
+            self.phase_after_formation = phase;
+        }
+    }
+
+    /// The window's state.
+    pub fn state(&self) -> &WindowState {
+        &self.state
+    }
+
+    /// The phase at `now`. An open window whose verdict would close it at
+    /// `now` (its timer has not been handled yet) already shows the phase it
+    /// is about to take, so observers never see a stale open window.
+    pub fn phase(&self, now: Time) -> ClusterPhase {
+        match self.state {
+            WindowState::Open => {
+                let elapsed = now.saturating_since(self.opened);
+                match self.ledger.verdict(elapsed, self.window, self.cap, self.armed) {
+                    Verdict::Open => self.ledger.open_phase(),
+                    Verdict::Formed(_) => ClusterPhase::Forming,
+                    Verdict::Failed(_) => ClusterPhase::Failed,
+                }
+            }
+            WindowState::Formed(_) => self.phase_after_formation,
+            WindowState::Failed(_) => ClusterPhase::Failed,
+        }
+    }
+
+    /// The observable state at `now` (what `GET /state.json` serves).
+    pub fn snapshot(&self, now: Time) -> MembershipSnapshot {
+        let elapsed = now.saturating_since(self.opened);
+        self.ledger.snapshot(self.phase(now), elapsed, self.window, self.cap, self.armed)
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Members with their links, in admission (= rank) order.
+    pub fn members(&self) -> impl Iterator<Item = (ConnId, &Member)> + '_ {
+        self.member_conns.iter().copied().zip(self.ledger.members())
+    }
+
+    /// Whether `conn` is a live host link.
+    pub fn is_linked(&self, conn: ConnId) -> bool {
+        self.links.contains_key(&conn)
+    }
+
+    /// Whether `conn` is a dial still owed its hello.
+    pub fn is_dialing(&self, conn: ConnId) -> bool {
+        self.dials.contains_key(&conn)
+    }
+
+    /// The session salt.
+    pub fn salt(&self) -> &SessionSalt {
+        &self.salt
+    }
+
+    /// The trust mode.
+    pub fn trust(&self) -> TrustMode {
+        self.trust
+    }
+
+    /// The start mode.
+    pub fn start_mode(&self) -> StartMode {
+        self.ledger.config().start_mode
+    }
+
+    /// Whether the operator start is armed.
+    pub fn start_armed(&self) -> bool {
+        self.armed
+    }
+
+    /// Rejected dials counted while the window was open.
+    pub fn rejected(&self) -> u32 {
+        self.rejected
+    }
+
+    /// The instant the window ends (scaled).
+    pub fn window_end(&self) -> Time {
+        self.opened + self.window
+    }
+
+    /// The instant of the hard cap (scaled).
+    pub fn cap_end(&self) -> Time {
+        self.opened + self.cap
+    }
+
+    // ---- plumbing ----
+
+    fn tick(&mut self, now: Time) {
+        self.now = self.now.max(now);
+        self.evaluate(now);
+        while let Some(&(deadline, conn)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            if self.dials.remove(&conn).is_some() {
+                self.out.close(conn);
+                self.rejected_dial(now, conn, RejectReason::HandshakeTimeout);
+            }
+        }
+    }
+
+    fn evaluate(&mut self, now: Time) {
+        if self.state != WindowState::Open {
+            return;
+        }
+        let elapsed = now.saturating_since(self.opened);
+        match self.ledger.verdict(elapsed, self.window, self.cap, self.armed) {
+            Verdict::Open => {}
+            Verdict::Formed(reason) => {
+                self.state = WindowState::Formed(reason);
+                self.out.event(JoinEvent::Formed {
+                    reason,
+                    world_size: self.ledger.joined_ranks(),
+                    hosts: self.ledger.members().len(),
+                    at: now,
+                });
+            }
+            Verdict::Failed(reason) => self.fail(now, WindowFailure::Verdict(reason)),
+        }
+    }
+
+    fn fail(&mut self, now: Time, failure: WindowFailure) {
+        self.state = WindowState::Failed(failure.clone());
+        let abort = frame(&self.salt_key, &JoinMsgWire::Abort { reason: failure.to_string() });
+        for conn in core::mem::take(&mut self.links).into_keys() {
+            if let Ok(bytes) = &abort {
+                self.out.transmit(conn, bytes.clone());
+            }
+            self.out.close(conn);
+        }
+        self.out.event(JoinEvent::Failed { failure, at: now });
+    }
+
+    fn begin(&mut self, now: Time, conn: ConnId, magic_pending: bool) {
+        let deadline = now + self.budget;
+        if let Some(old) = self.dials.insert(conn, Dial { buf: RecvBuf::new(), deadline, magic_pending }) {
+            self.deadlines.remove(&(old.deadline, conn));
+        }
+        self.deadlines.insert((deadline, conn));
+    }
+
+    fn end_dial(&mut self, conn: ConnId) -> Option<Dial> {
+        let dial = self.dials.remove(&conn)?;
+        self.deadlines.remove(&(dial.deadline, conn));
+        Some(dial)
+    }
+
+    fn rejected_dial(&mut self, now: Time, conn: ConnId, reason: RejectReason) {
+        self.out.event(JoinEvent::Rejected { conn, reason });
+        self.count_rejection(now);
+    }
+
+    /// Counts one failed join while the window is open; past the limit the
+    /// window fails.
+    fn count_rejection(&mut self, now: Time) {
+        if self.state == WindowState::Open {
+            self.rejected = self.rejected.saturating_add(1);
+            if self.rejected > defaults::MAX_REJECTED_JOINS {
+                let failure = WindowFailure::TooManyRejects {
+                    rejected: self.rejected,
+                    joined_ranks: self.ledger.joined_ranks(),
+                };
+                self.fail(now, failure);
+            }
+        }
+    }
+
+    /// Ends a dial with a reason: replied ones get `Reject{reason}` first.
+    fn refuse(&mut self, now: Time, conn: ConnId, reason: RejectReason) {
+        self.end_dial(conn);
+        if reason.replied()
+            && let Ok(bytes) = frame(&self.join_key, &JoinMsgWire::Reject { reason: reason.to_string() })
+        {
+            self.out.transmit(conn, bytes);
+        }
+        self.out.close(conn);
+        self.rejected_dial(now, conn, reason);
+    }
+
+    fn dial_bytes(&mut self, now: Time, conn: ConnId, bytes: &[u8]) {
+        let Some(dial) = self.dials.get_mut(&conn) else { return };
+        dial.buf.push(bytes);
+        if dial.magic_pending {
+            if dial.buf.len() < 4 {
+                return;
+            }
+            let mut got = [0u8; 4];
+            got.copy_from_slice(&dial.buf.as_slice()[..4]);
+            if Channel::route(got) != Some(Channel::Join) {
+                return self.refuse(now, conn, RejectReason::ChannelMagic { got });
+            }
+            dial.buf.consume(4);
+            dial.magic_pending = false;
+        }
+        let parsed = parse_frame(dial.buf.as_slice(), &self.join_key);
+        let (msg, used) = match parsed {
+            Ok(None) => return,
+            Ok(Some(ok)) => ok,
+            Err(e) if e.field == "payload" && matches!(e.problem, Problem::Invalid(_)) => {
+                // The MAC verified but the payload did not decode: judge the
+                // kind first, as a reader decoding after the kind check would.
+                let b = dial.buf.as_slice();
+                let kind = MsgKind::from_u32(u32::from_le_bytes([b[16], b[17], b[18], b[19]]));
+                let reason = match kind {
+                    Some(k) if k != MsgKind::Join => RejectReason::NotJoinFrame(k),
+                    _ => RejectReason::Undecodable(e),
+                };
+                return self.refuse(now, conn, reason);
+            }
+            Err(e) => return self.refuse(now, conn, RejectReason::Frame(e)),
+        };
+        dial.buf.consume(used);
+        let msg = match msg {
+            Message::Join(m) => m,
+            other => return self.refuse(now, conn, RejectReason::NotJoinFrame(other.kind())),
+        };
+        let name = join_msg_name(&msg);
+        let Some(offer) = JoinOffer::from_hello(msg) else {
+            return self.refuse(now, conn, RejectReason::NotHello(name));
+        };
+        match &self.state {
+            WindowState::Open => {}
+            WindowState::Formed(_) => {
+                return self.refuse(now, conn, RejectReason::WindowClosed { formed: true });
+            }
+            WindowState::Failed(_) => {
+                return self.refuse(now, conn, RejectReason::WindowClosed { formed: false });
+            }
+        }
+        let elapsed = now.saturating_since(self.opened);
+        let host = offer.host.clone();
+        let ranks = match self.ledger.admit(offer, elapsed) {
+            Ok(r) => r,
+            Err(e) => return self.refuse(now, conn, RejectReason::Admission(e)),
+        };
+        let accept = JoinMsgWire::Accept {
+            ranks: ranks.clone().collect(),
+            salt_hex: self.trust.is_open().then(|| self.salt.to_hex()),
+            formation_wait_secs: self.cap.saturating_sub(elapsed).as_secs(),
+        };
+        let bytes = match frame(&self.join_key, &accept) {
+            Ok(bytes) => bytes,
+            // At most 256 ranks: an accept always fits a frame. Should it not,
+            // the admission is undone like any undeliverable accept.
+            Err(e) => {
+                let _ = self.ledger.retract_last(&host);
+                return self.refuse(now, conn, RejectReason::Frame(e));
+            }
+        };
+        let Some(mut dial) = self.end_dial(conn) else { return };
+        self.out.transmit(conn, bytes);
+        let leftover = dial.buf.take_all();
+        self.links.insert(conn, Link { member: self.member_conns.len(), buf: leftover, after_accept: 0 });
+        self.member_conns.push(conn);
+        self.out.event(JoinEvent::Admitted { conn, host, ranks, joined_ranks: self.ledger.joined_ranks() });
+        self.link_bytes(conn, &[]);
+    }
+
+    fn link_bytes(&mut self, conn: ConnId, bytes: &[u8]) {
+        let Some(link) = self.links.get_mut(&conn) else { return };
+        link.buf.push(bytes);
+        loop {
+            let Some(link) = self.links.get_mut(&conn) else { return };
+            let Some(member) = self.ledger.members().get(link.member) else { return };
+            match parse_frame(link.buf.as_slice(), &self.salt_key) {
+                Ok(None) => return,
+                Ok(Some((msg, used))) => {
+                    link.buf.consume(used);
+                    let host = member.host.clone();
+                    let event = match msg {
+                        Message::Join(JoinMsgWire::RankExited { rank, code })
+                            if member.ranks.contains(&rank) =>
+                        {
+                            JoinEvent::RankExited { conn, host, rank, code }
+                        }
+                        Message::Join(JoinMsgWire::RankExited { rank, .. }) => {
+                            JoinEvent::Warning(JoinWarning::ForeignRankExit { conn, host, rank })
+                        }
+                        Message::Join(m) => JoinEvent::Warning(JoinWarning::UnexpectedHostMessage {
+                            conn,
+                            host,
+                            what: join_msg_name(&m),
+                        }),
+                        other => JoinEvent::Warning(JoinWarning::UnexpectedHostMessage {
+                            conn,
+                            host,
+                            what: other.kind().name(),
+                        }),
+                    };
+                    self.out.event(event);
+                }
+                Err(e) => {
+                    let (host, ranks) = (member.host.clone(), member.ranks.clone());
+                    self.links.remove(&conn);
+                    self.out.close(conn);
+                    self.out.event(JoinEvent::HostLost { conn, host, ranks, loss: HostLoss::Wire(e) });
+                    return;
+                }
+            }
+        }
+    }
+
+    fn link_closed(&mut self, now: Time, conn: ConnId, cause: CloseCause, unsent: usize) {
+        let Some(link) = self.links.remove(&conn) else { return };
+        let Some(member) = self.ledger.members().get(link.member) else { return };
+        let (host, ranks) = (member.host.clone(), member.ranks.clone());
+        if unsent > link.after_accept {
+            let latest = link.member + 1 == self.ledger.members().len();
+            if latest && self.state == WindowState::Open && self.ledger.retract_last(&host).is_ok() {
+                self.member_conns.pop();
+                self.out.event(JoinEvent::Retracted { conn, host, ranks });
+                // An undelivered accept is a join that did not happen.
+                self.count_rejection(now);
+                return;
+            }
+            self.out.event(JoinEvent::Warning(JoinWarning::AcceptUndeliveredKept {
+                conn,
+                host: host.clone(),
+                ranks: ranks.clone(),
+            }));
+        }
+        self.out.event(JoinEvent::HostLost { conn, host, ranks, loss: HostLoss::Closed(cause) });
+    }
+}
+
+impl Machine for JoinWindow {
+    type Event = JoinEvent;
+
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        self.tick(now);
+        match input {
+            Input::Accepted { conn, .. } => self.begin(now, conn, true),
+            Input::Received { conn, bytes } => {
+                if self.dials.contains_key(&conn) {
+                    self.dial_bytes(now, conn, bytes);
+                } else {
+                    self.link_bytes(conn, bytes);
+                }
+            }
+            Input::Closed { conn, cause, unsent } => {
+                if self.end_dial(conn).is_some() {
+                    self.rejected_dial(now, conn, RejectReason::Closed(cause));
+                } else {
+                    self.link_closed(now, conn, cause, unsent);
+                }
+            }
+            Input::Timeout | Input::Connected { .. } | Input::DialFailed { .. } => {}
+        }
+        self.evaluate(now);
+    }
+
+    fn poll(&mut self, _now: Time) -> Option<Output<JoinEvent>> {
+        self.out.pop()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        let verdict = match self.state {
+            WindowState::Open if self.now < self.window_end() => Some(self.window_end()),
+            WindowState::Open => Some(self.cap_end()),
+            _ => None,
+        };
+        crate::time::earliest(verdict, self.deadlines.first().map(|(t, _)| *t))
+    }
+}
+
+/// The window serves `state.json` and owns the operator start switch: its
+/// start mode, with the session salt as the remote token.
+#[cfg(feature = "json")]
+impl crate::status::StatusBackend for JoinWindow {
+    fn state_json(&self, now: Time) -> Option<String> {
+        serde_json::to_string(&self.snapshot(now)).ok()
+    }
+
+    fn start_switch(&self) -> Option<crate::status::StartSwitch> {
+        Some(crate::status::StartSwitch { mode: self.start_mode(), token: self.salt })
+    }
+
+    fn start_gate(&self, now: Time) -> Option<crate::status::StartGate> {
+        Some(crate::status::StartGate {
+            phase: self.phase(now),
+            joined_ranks: self.ledger.joined_ranks(),
+            min_rank_start: self.ledger.config().min_rank_start,
+        })
+    }
+
+    fn arm_start(&mut self, now: Time) {
+        self.start(now);
+    }
+}

@@ -1,0 +1,112 @@
+//! Helpers for the join, route and status tests: drain a machine's outputs
+//! into something easy to assert on, build hellos, decode replies.
+
+use bytes::BytesMut;
+use cohort_proto::join::JoinOffer;
+use cohort_proto::wire::{Channel, JoinMsgWire, MacKey, Message, SessionSalt, encode_frame, parse_frame};
+use cohort_proto::{ConnId, Machine, Output, Time};
+
+/// Everything a machine produced in one drain.
+#[derive(Debug)]
+pub struct Drained<E> {
+    /// The outputs, in order.
+    pub outputs: Vec<Output<E>>,
+}
+
+impl<E: Clone> Drained<E> {
+    /// Bytes transmitted to `conn`, concatenated.
+    pub fn sent(&self, conn: ConnId) -> Vec<u8> {
+        let mut v = Vec::new();
+        for o in &self.outputs {
+            if let Output::Transmit { conn: c, bytes } = o
+                && *c == conn
+            {
+                v.extend_from_slice(bytes);
+            }
+        }
+        v
+    }
+
+    /// Whether `conn` was closed.
+    pub fn closed(&self, conn: ConnId) -> bool {
+        self.outputs.iter().any(|o| matches!(o, Output::Close { conn: c } if *c == conn))
+    }
+
+    /// Whether any bytes at all went to `conn`.
+    pub fn sent_any(&self, conn: ConnId) -> bool {
+        !self.sent(conn).is_empty()
+    }
+
+    /// The events, in order.
+    pub fn events(&self) -> Vec<E> {
+        self.outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::Event(e) => Some(e.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether nothing at all came out.
+    pub fn is_empty(&self) -> bool {
+        self.outputs.is_empty()
+    }
+}
+
+/// Drains `m` at `now`.
+pub fn drain<M: Machine>(m: &mut M, now: Time) -> Drained<M::Event> {
+    let mut outputs = Vec::new();
+    while let Some(o) = m.poll(now) {
+        outputs.push(o);
+    }
+    Drained { outputs }
+}
+
+/// A test offer: `n` devices `0..n`, dataset signature `[7; 32]`.
+pub fn offer(host: &str, n: u8) -> JoinOffer {
+    JoinOffer::new(host, (0..n).collect(), [7; 32])
+}
+
+/// One signed control frame carrying `msg`.
+pub fn frame(key: &SessionSalt, msg: &JoinMsgWire) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    encode_frame(&MacKey::new(key), msg, &mut b).expect("test frames fit");
+    b.to_vec()
+}
+
+/// The join channel magic followed by `offer`'s hello keyed with `key`.
+pub fn dial_bytes(key: &SessionSalt, offer: &JoinOffer) -> Vec<u8> {
+    let mut v = Channel::Join.magic_bytes().to_vec();
+    v.extend_from_slice(&frame(key, &offer.to_hello()));
+    v
+}
+
+/// Every whole join frame in `bytes`, verified with `key` (panics on anything else).
+pub fn join_msgs(key: &SessionSalt, bytes: &[u8]) -> Vec<JoinMsgWire> {
+    let key = MacKey::new(key);
+    let mut at = 0;
+    let mut out = Vec::new();
+    while at < bytes.len() {
+        match parse_frame(&bytes[at..], &key) {
+            Ok(Some((Message::Join(m), used))) => {
+                out.push(m);
+                at += used;
+            }
+            other => panic!("expected a join frame at byte {at}, got {other:?}"),
+        }
+    }
+    out
+}
+
+/// The one join message in `bytes`.
+pub fn one_msg(key: &SessionSalt, bytes: &[u8]) -> JoinMsgWire {
+    let mut msgs = join_msgs(key, bytes);
+    assert_eq!(msgs.len(), 1, "expected exactly one frame, got {msgs:?}");
+    msgs.remove(0)
+}
+
+/// `Time` from whole seconds plus nanoseconds.
+pub fn at(secs: u64, nanos: u64) -> Time {
+    Time::from_nanos(secs * 1_000_000_000 + nanos)
+}
