@@ -1,4 +1,5 @@
 //! Shared helpers for cohort's cross-crate tests.
 #![forbid(unsafe_code)]
 
+pub mod data_harness;
 pub mod vectors;

@@ -26,7 +26,7 @@
 //! assert_eq!(bytes.len(), 16); // the data hello
 //! c.handle(Time::ZERO, Input::Received { conn: ConnId(5), bytes: &[0xC1, 0x17, 0x0D, 0xF1, 3, 0, 0, 0] });
 //! assert_eq!(c.poll(Time::ZERO), Some(Output::Event(DataClientEvent::Connected)));
-//! let t = [TensorView { shape: &[2], values: &[1.0, 2.0] }];
+//! let t = [TensorView::new(&[2], &[1.0, 2.0])];
 //! c.submit_round(Time::ZERO, &Contribution::model(gamma_mass(3.0, 1.0), Dtype::F32, &t)).unwrap();
 //! let Some(Output::Transmit { bytes, .. }) = c.poll(Time::ZERO) else { panic!() };
 //! assert_eq!(&bytes[..4], &((bytes.len() - 4) as u32).to_le_bytes());
@@ -82,8 +82,21 @@ impl DataClientConfig {
 pub struct TensorView<'a> {
     /// Dimensions.
     pub shape: &'a [u32],
-    /// Values, `product(shape)` of them.
-    pub values: &'a [f32],
+    /// Values, `product(shape)` of them; `None`: all zeros, sent elided
+    /// (the schema only, no payload bytes).
+    pub values: Option<&'a [f32]>,
+}
+
+impl<'a> TensorView<'a> {
+    /// A tensor with values.
+    pub fn new(shape: &'a [u32], values: &'a [f32]) -> Self {
+        TensorView { shape, values: Some(values) }
+    }
+
+    /// A tensor known to be all zeros (sent elided).
+    pub fn zeros(shape: &'a [u32]) -> Self {
+        TensorView { shape, values: None }
+    }
 }
 
 /// What a rank sends for one round.
@@ -337,9 +350,10 @@ impl DataClient {
         }
         let elide = c.scale == 0.0;
         let size = c.dtype.size() as u64;
-        let len = round_frame_len(
-            c.tensors.iter().map(|t| (t.shape, if elide { 0 } else { t.values.len() as u64 * size })),
-        );
+        let len = round_frame_len(c.tensors.iter().map(|t| match t.values {
+            Some(v) if !elide => (t.shape, v.len() as u64 * size),
+            _ => (t.shape, 0),
+        }));
         let prefix = usize::try_from(len)
             .map_err(|_| {
                 WireError::new(
@@ -356,14 +370,14 @@ impl DataClient {
         let mut scratch: Vec<f32> = Vec::new();
         let mut w = RoundWriter::begin(&mut buf, c.kind, c.weight, n).map_err(SubmitError::Invalid)?;
         for t in c.tensors {
-            let r = if elide {
-                w.tensor_elided(c.dtype, t.shape)
-            } else if c.scale == 1.0 {
-                w.tensor_values(c.dtype, t.shape, t.values)
-            } else {
-                scratch.clear();
-                scratch.extend(t.values.iter().map(|v| v * c.scale));
-                w.tensor_values(c.dtype, t.shape, &scratch)
+            let r = match t.values {
+                Some(v) if !elide && c.scale == 1.0 => w.tensor_values(c.dtype, t.shape, v),
+                Some(v) if !elide => {
+                    scratch.clear();
+                    scratch.extend(v.iter().map(|x| x * c.scale));
+                    w.tensor_values(c.dtype, t.shape, &scratch)
+                }
+                _ => w.tensor_elided(c.dtype, t.shape),
             };
             r.map_err(SubmitError::Invalid)?;
         }
