@@ -502,11 +502,38 @@ impl DataCluster {
 
     /// Delivers bytes until nothing moves.
     pub fn pump(&mut self) {
+        self.pump_until(|_| false);
+    }
+
+    /// Delivers bytes until nothing moves or an event satisfies `stop`
+    /// (then returns true, leaving the rest queued).
+    pub fn pump_until(&mut self, mut stop: impl FnMut(&ClusterEvent) -> bool) -> bool {
+        let mut seen = self.events.len();
         loop {
             self.drain_all();
-            let Some((node, d)) = self.queue.pop_front() else { break };
+            if self.events[seen..].iter().any(&mut stop) {
+                return true;
+            }
+            seen = self.events.len();
+            let Some((node, d)) = self.queue.pop_front() else { return false };
             self.apply(node, d);
         }
+    }
+
+    /// Rank `rank`'s process dies: its relay sees the loopback connection end.
+    pub fn kill_rank(&mut self, rank: usize) {
+        let Some((&(_, rconn), &(peer, pconn))) =
+            self.links.iter().find(|((n, _), _)| *n == Node::Rank(rank))
+        else {
+            panic!("rank {rank} has no connection");
+        };
+        self.links.remove(&(Node::Rank(rank), rconn));
+        self.links.remove(&(peer, pconn));
+        self.queue.retain(|(n, d)| {
+            !matches!((n, d), (n2, Delivery::Received(c, _)) if *n2 == peer && *c == pconn)
+                && *n != Node::Rank(rank)
+        });
+        self.queue.push_back((peer, Delivery::Closed(pconn, CloseCause::Eof)));
     }
 
     /// Breaks the connection between the reduce and relay `host` as a

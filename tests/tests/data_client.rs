@@ -4,7 +4,8 @@
 use cohort_proto::handshake::{HANDSHAKE_DIAL, HandshakeError};
 use cohort_proto::rank::data_client::*;
 use cohort_proto::wire::{
-    DEFAULT_FRAME_CEILING, DataAck, DataHello, Dtype, Problem, RoundFrame, RoundKind, bf16_to_f32, f32_to_bf16,
+    DEFAULT_FRAME_CEILING, DataAck, DataHello, Dtype, Problem, RoundFrame, RoundKind, bf16_to_f32,
+    f32_to_bf16,
 };
 use cohort_proto::{CloseCause, ConnId, Input, Machine, Time};
 use cohort_tests::data_harness::*;
@@ -126,7 +127,11 @@ fn zero_mass_and_zero_tensors_are_sent_elided() {
 #[test]
 fn the_consensus_arrives_whatever_the_split() {
     let t = [TensorView::new(&[3], &[1.0, 2.0, 3.0]), TensorView::zeros(&[2])];
-    let reply = frame_of(RoundKind::Model, 5.0, vec![tensor(Dtype::F32, &[3], &[0.5, 1.5, -2.0]), elided(Dtype::F32, &[2])]);
+    let reply = frame_of(
+        RoundKind::Model,
+        5.0,
+        vec![tensor(Dtype::F32, &[3], &[0.5, 1.5, -2.0]), elided(Dtype::F32, &[2])],
+    );
     for chunk in [1, 3, 4, 7, 1000] {
         let mut rig = Rig::connected();
         rig.submit(&Contribution::model(2.0, Dtype::F32, &t)).unwrap();
@@ -162,10 +167,16 @@ fn a_zero_mass_consensus_says_keep_local() {
 fn submissions_are_ping_pong() {
     let mut rig = Rig::new();
     let t = [TensorView::new(&[1], &[1.0])];
-    assert_eq!(rig.client.submit_round(rig.now, &Contribution::model(1.0, Dtype::F32, &t)), Err(SubmitError::NotConnected));
+    assert_eq!(
+        rig.client.submit_round(rig.now, &Contribution::model(1.0, Dtype::F32, &t)),
+        Err(SubmitError::NotConnected)
+    );
     let mut rig = Rig::connected();
     rig.submit(&Contribution::model(1.0, Dtype::F32, &t)).unwrap();
-    assert_eq!(rig.client.submit_round(rig.now, &Contribution::model(1.0, Dtype::F32, &t)), Err(SubmitError::InFlight));
+    assert_eq!(
+        rig.client.submit_round(rig.now, &Contribution::model(1.0, Dtype::F32, &t)),
+        Err(SubmitError::InFlight)
+    );
     let bad = [TensorView::new(&[3], &[1.0])];
     rig.reply(&frame(RoundKind::Model, 1.0, Dtype::F32, &[1.0]), 64);
     let e = rig.client.submit_round(rig.now, &Contribution::model(1.0, Dtype::F32, &bad)).unwrap_err();
@@ -205,7 +216,10 @@ fn a_tampered_or_unsolicited_consensus_fails_the_client() {
     bytes[32] ^= 0x80;
     rig.handle(Input::Received { conn: CONN, bytes: &len_framed(&bytes) });
     let ev = rig.out.take_events();
-    assert!(matches!(&ev[..], [DataClientEvent::Failed(DataClientError::Wire(e))] if e.problem == Problem::Mac), "{ev:?}");
+    assert!(
+        matches!(&ev[..], [DataClientEvent::Failed(DataClientError::Wire(e))] if e.problem == Problem::Mac),
+        "{ev:?}"
+    );
 
     let mut rig = Rig::connected();
     rig.reply(&frame(RoundKind::Model, 1.0, Dtype::F32, &[1.0]), 64);
@@ -216,7 +230,10 @@ fn a_tampered_or_unsolicited_consensus_fails_the_client() {
 fn the_relay_going_away_fails_the_client() {
     let mut rig = Rig::connected();
     rig.handle(Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
-    assert_eq!(rig.out.take_events(), vec![DataClientEvent::Failed(DataClientError::Closed(CloseCause::Eof))]);
+    assert_eq!(
+        rig.out.take_events(),
+        vec![DataClientEvent::Failed(DataClientError::Closed(CloseCause::Eof))]
+    );
 }
 
 #[test]
@@ -227,7 +244,9 @@ fn a_large_consensus_arrives_in_pieces() {
     let t = [TensorView::new(&shape, &zeros)];
     let mut rig = Rig::connected();
     rig.submit(&Contribution::model(1.0, Dtype::F32, &t)).unwrap();
-    let reply = len_framed(&frame(RoundKind::Model, 1.0, Dtype::F32, &vec![1.0; n as usize]).to_bytes(&key()).unwrap());
+    let reply = len_framed(
+        &frame(RoundKind::Model, 1.0, Dtype::F32, &vec![1.0; n as usize]).to_bytes(&key()).unwrap(),
+    );
     rig.handle(Input::Received { conn: CONN, bytes: &reply[..4 + 17 + 14 + 400] });
     assert!(rig.out.events.is_empty());
     rig.handle(Input::Received { conn: CONN, bytes: &reply[4 + 17 + 14 + 400..] });

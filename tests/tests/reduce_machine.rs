@@ -4,8 +4,8 @@
 use bytes::BytesMut;
 use cohort_proto::reduce::{DeathCause, HostError, HostRefusal, Reduce, ReduceConfig, ReduceEvent};
 use cohort_proto::wire::{
-    DEFAULT_FRAME_CEILING, Dtype, MacKey, MuxRecord, Payload, Problem, RelayControlMsg, RoundFrame, RoundKind,
-    SessionSalt,
+    DEFAULT_FRAME_CEILING, Dtype, MacKey, MuxRecord, Payload, Problem, RelayControlMsg, RoundFrame,
+    RoundKind, SessionSalt,
 };
 use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::data_harness::*;
@@ -22,7 +22,13 @@ struct Rig {
 
 impl Rig {
     fn new(world: u32) -> Self {
-        Rig { reduce: Reduce::new(ReduceConfig::new(world, key())), key: key(), now: Time::ZERO, out: Collected::default(), next: 10 }
+        Rig {
+            reduce: Reduce::new(ReduceConfig::new(world, key())),
+            key: key(),
+            now: Time::ZERO,
+            out: Collected::default(),
+            next: 10,
+        }
     }
 
     fn drain(&mut self) {
@@ -103,7 +109,9 @@ fn two_hosts_average_in_one_round() {
         assert_eq!((values(&c.tensors[0]), c.weight), (vec![2.0, 3.0], 3.0));
     }
     let ev = rig.events();
-    let Some(ReduceEvent::Consensus { round: 0, consensus, frame, recipients: 2 }) = ev.last() else { panic!("{ev:?}") };
+    let Some(ReduceEvent::Consensus { round: 0, consensus, frame, recipients: 2 }) = ev.last() else {
+        panic!("{ev:?}")
+    };
     assert_eq!(consensus.tensors[0].values.as_deref(), Some(&[2.0f32, 3.0][..]));
     assert_eq!(RoundFrame::decode(frame, &rig.key, DEFAULT_FRAME_CEILING).unwrap().weight, 3.0);
 }
@@ -199,7 +207,11 @@ fn a_round_waits_for_every_rank_to_be_carried() {
 fn a_rank_dead_before_its_relay_joins_is_declared_after_hello_ack() {
     let mut rig = Rig::new(2);
     rig.reduce.declare_dead(rig.now, 1);
-    let hello = MuxRecord::Control(RelayControlMsg::Hello { host: "b".into(), ranks: vec![0, 1], model_sigs: vec![] });
+    let hello = MuxRecord::Control(RelayControlMsg::Hello {
+        host: "b".into(),
+        ranks: vec![0, 1],
+        model_sigs: vec![],
+    });
     let conn = rig.adopt(&hello.to_bytes(&rig.key).unwrap());
     assert_eq!(
         rig.records(conn),
@@ -213,9 +225,14 @@ fn a_rank_dead_before_its_relay_joins_is_declared_after_hello_ack() {
 #[test]
 fn hostile_hellos_are_refused_by_name() {
     let key = key();
-    let hello = |ranks: Vec<u32>| MuxRecord::Control(RelayControlMsg::Hello { host: "x".into(), ranks, model_sigs: vec![] });
+    let hello = |ranks: Vec<u32>| {
+        MuxRecord::Control(RelayControlMsg::Hello { host: "x".into(), ranks, model_sigs: vec![] })
+    };
     let cases: Vec<(MuxRecord, HostRefusal)> = vec![
-        (MuxRecord::HostFrame { payload: Payload::from(vec![1]) }, HostRefusal::NotHello { kind: "HostFrame" }),
+        (
+            MuxRecord::HostFrame { payload: Payload::from(vec![1]) },
+            HostRefusal::NotHello { kind: "HostFrame" },
+        ),
         (MuxRecord::Control(RelayControlMsg::HelloAck), HostRefusal::NotHello { kind: "Control" }),
         (hello(vec![5]), HostRefusal::RankOutOfRange { rank: 5, world_size: 2 }),
         (hello(vec![]), HostRefusal::NoRanks),
@@ -227,7 +244,7 @@ fn hostile_hellos_are_refused_by_name() {
         rig.join(&[0]);
         rig.events();
         let conn = rig.adopt(&rec.to_bytes(&key).unwrap());
-        assert!(rig.out.sent.get(&conn).is_none(), "no reply");
+        assert!(!rig.out.sent.contains_key(&conn), "no reply");
         assert_eq!(rig.out.closed, vec![conn]);
         assert_eq!(rig.events(), vec![ReduceEvent::HostRefused { conn, reason: want.clone() }], "{want}");
     }
@@ -236,7 +253,10 @@ fn hostile_hellos_are_refused_by_name() {
     let other = MacKey::new(&SessionSalt::from_bytes([0xa1; 16]));
     let conn = rig.adopt(&hello(vec![0]).to_bytes(&other).unwrap());
     let ev = rig.events();
-    assert!(matches!(&ev[..], [ReduceEvent::HostRefused { reason: HostRefusal::Wire(e), .. }] if e.is_mac()), "{ev:?}");
+    assert!(
+        matches!(&ev[..], [ReduceEvent::HostRefused { reason: HostRefusal::Wire(e), .. }] if e.is_mac()),
+        "{ev:?}"
+    );
     assert_eq!(rig.out.closed, vec![conn]);
 }
 
@@ -281,10 +301,11 @@ fn a_bad_host_costs_only_its_own_connection_and_never_enters_the_sum() {
     // with another salt; host B's frame arrives first and is good.
     let other = MacKey::new(&SessionSalt::from_bytes([0xa1; 16]));
     let bad_round = Payload::from(f(&[1000.0], 1.0).to_bytes(&other).unwrap());
-    let mut tampered = MuxRecord::HostFrame { payload: Payload::from(f(&[1000.0], 1.0).to_bytes(&key()).unwrap()) }
-        .to_bytes(&key())
-        .unwrap()
-        .to_vec();
+    let mut tampered =
+        MuxRecord::HostFrame { payload: Payload::from(f(&[1000.0], 1.0).to_bytes(&key()).unwrap()) }
+            .to_bytes(&key())
+            .unwrap()
+            .to_vec();
     tampered[40] ^= 1;
     let mut shape = f(&[1.0, 2.0], 1.0);
     shape.tensors[0].shape = vec![1, 2];
@@ -295,10 +316,14 @@ fn a_bad_host_costs_only_its_own_connection_and_never_enters_the_sum() {
         (tampered, "tag"),
         (MuxRecord::HostFrame { payload: Payload::from(dtype7) }.to_bytes(&key()).unwrap().to_vec(), "dtype"),
         (
-            MuxRecord::HostFrame { payload: Payload::from(frame(RoundKind::Control, 1.0, Dtype::F32, &[1.0]).to_bytes(&key()).unwrap()) }
-                .to_bytes(&key())
-                .unwrap()
-                .to_vec(),
+            MuxRecord::HostFrame {
+                payload: Payload::from(
+                    frame(RoundKind::Control, 1.0, Dtype::F32, &[1.0]).to_bytes(&key()).unwrap(),
+                ),
+            }
+            .to_bytes(&key())
+            .unwrap()
+            .to_vec(),
             "kind",
         ),
     ];
@@ -310,7 +335,9 @@ fn a_bad_host_costs_only_its_own_connection_and_never_enters_the_sum() {
         rig.host_frame(b, &f(&[4.0], 2.0));
         rig.send(a, &bytes);
         let ev = rig.events();
-        let Some(ReduceEvent::HostFailed { conn, error: HostError::Wire(e) }) = ev.first() else { panic!("{field}: {ev:?}") };
+        let Some(ReduceEvent::HostFailed { conn, error: HostError::Wire(e) }) = ev.first() else {
+            panic!("{field}: {ev:?}")
+        };
         assert_eq!((*conn, e.field), (a, field), "{e}");
         assert_eq!(rig.out.closed, vec![a]);
         // Rank 0 died with its host: the round completes with host B alone.
@@ -325,7 +352,10 @@ fn a_bad_host_costs_only_its_own_connection_and_never_enters_the_sum() {
     rig.host_frame(b, &f(&[1.0, 2.0], 1.0));
     rig.host_frame(a, &shape);
     let ev = rig.events();
-    assert!(matches!(&ev[0], ReduceEvent::HostFailed { error: HostError::Wire(e), .. } if e.field == "shape" && e.index == Some(0)), "{ev:?}");
+    assert!(
+        matches!(&ev[0], ReduceEvent::HostFailed { error: HostError::Wire(e), .. } if e.field == "shape" && e.index == Some(0)),
+        "{ev:?}"
+    );
 }
 
 #[test]
@@ -350,7 +380,9 @@ fn a_broken_scatter_connection_is_declared_dead_and_the_rest_continue() {
     // Host B's write fails: the driver reports the connection closed with bytes unsent.
     rig.close(b, CloseCause::WriteStall);
     let ev = rig.events();
-    assert!(ev.contains(&ReduceEvent::RankDead { rank: 3, cause: DeathCause::HostLost(CloseCause::WriteStall) }));
+    assert!(
+        ev.contains(&ReduceEvent::RankDead { rank: 3, cause: DeathCause::HostLost(CloseCause::WriteStall) })
+    );
     rig.host_frame(a, &f(&[3.0], 3.0));
     let c = rig.consensus(a).unwrap();
     assert_eq!((values(&c.tensors[0]), c.weight), (vec![1.0], 3.0));
@@ -441,13 +473,18 @@ fn an_oversized_record_is_refused_before_it_is_read() {
     let a = rig.join(&[0]);
     rig.events();
     let mut header = BytesMut::new();
-    header.extend_from_slice(&MuxRecord::HostFrame { payload: Payload::from(vec![0; 4]) }.header(&rig.key).unwrap());
+    header.extend_from_slice(
+        &MuxRecord::HostFrame { payload: Payload::from(vec![0; 4]) }.header(&rig.key).unwrap(),
+    );
     header[13..17].copy_from_slice(&u32::MAX.to_le_bytes());
     rig.send(a, &header);
     let ev = rig.events();
-    assert!(matches!(
-        &ev[0],
-        ReduceEvent::HostFailed { error: HostError::Wire(e), .. }
-            if e.field == "payload_len" && matches!(e.problem, Problem::TooLarge { limit, .. } if limit == DEFAULT_FRAME_CEILING)
-    ), "{ev:?}");
+    assert!(
+        matches!(
+            &ev[0],
+            ReduceEvent::HostFailed { error: HostError::Wire(e), .. }
+                if e.field == "payload_len" && matches!(e.problem, Problem::TooLarge { limit, .. } if limit == DEFAULT_FRAME_CEILING)
+        ),
+        "{ev:?}"
+    );
 }
