@@ -302,6 +302,10 @@ impl Acc {
 struct DataLeg {
     fold: RoundFold,
     barrier: Barrier,
+    /// The last host frame shipped. Once the driver has written and dropped
+    /// its copies, its buffer is reused for the next one (no fresh
+    /// model-sized allocation, no page faults, each round).
+    spare: Option<Bytes>,
 }
 
 /// A completed round's host frame.
@@ -322,9 +326,17 @@ impl DataLeg {
         let shipped = if self.fold.deposits() == 0 {
             None
         } else {
-            let mut out = BytesMut::new();
+            let mut out = match self.spare.take().map(Bytes::try_into_mut) {
+                Some(Ok(mut reused)) => {
+                    reused.clear();
+                    reused
+                }
+                _ => BytesMut::new(),
+            };
             self.fold.encode(key, &mut out).map_err(FoldError::Encode)?;
-            Some(Shipped { bytes: out.freeze(), deposits: self.fold.deposits(), weight: self.fold.weight() })
+            let bytes = out.freeze();
+            self.spare = Some(bytes.clone());
+            Some(Shipped { bytes, deposits: self.fold.deposits(), weight: self.fold.weight() })
         };
         self.fold.reset();
         self.barrier.next_round();
@@ -406,8 +418,11 @@ impl Relay {
                 (*r, local)
             })
             .collect();
-        let data = (cfg.leg == Leg::Data)
-            .then(|| DataLeg { fold: RoundFold::new(), barrier: Barrier::new(&cfg.ranks) });
+        let data = (cfg.leg == Leg::Data).then(|| DataLeg {
+            fold: RoundFold::new(),
+            barrier: Barrier::new(&cfg.ranks),
+            spare: None,
+        });
         Ok(Relay {
             up_dec: MuxDecoder::new(cfg.ceiling),
             acceptor,
