@@ -461,3 +461,29 @@ fn bad_upstream_bytes_stop_the_relay() {
     let Some(StopReason::Upstream(e)) = stopped(&rig) else { panic!() };
     assert!(e.is_mac());
 }
+
+#[test]
+fn the_relay_stops_once_the_last_dead_rank_finishes_its_folded_frame() {
+    let (mut rig, c) = RelayRig::ready(Leg::Data, &[0], 1);
+    let a = len_framed(&frame(M, 2.0, Dtype::F32, &[7.0, 8.0]).to_bytes(&rig.key).unwrap());
+    rig.handle(Input::Received { conn: c[0], bytes: &a[..40] });
+    rig.up_send(&MuxRecord::Control(RelayControlMsg::DeclareDead { rank: 0 }));
+    assert!(!rig.relay.is_stopped(), "its folded bytes must finish first");
+    rig.handle(Input::Received { conn: c[0], bytes: &a[40..] });
+    let host = only_host_frame(&mut rig);
+    assert_eq!((values(&host.tensors[0]), host.weight), (vec![7.0, 8.0], 2.0));
+    assert_eq!(stopped(&rig), Some(StopReason::AllRanksGone));
+}
+
+#[test]
+fn an_abandoned_frame_pins_no_schema() {
+    let (mut rig, c) = RelayRig::ready(Leg::Data, &[0, 1], 2);
+    // Rank 0's frame (a Control round of another shape) gets no further
+    // than its headers before rank 0 is declared dead.
+    let a = len_framed(&frame(RoundKind::Control, 1.0, Dtype::Bf16, &[1.0; 3]).to_bytes(&rig.key).unwrap());
+    rig.handle(Input::Received { conn: c[0], bytes: &a[..4 + 17 + 14] });
+    rig.up_send(&MuxRecord::Control(RelayControlMsg::DeclareDead { rank: 0 }));
+    rig.deposit(c[1], &frame(M, 1.0, Dtype::F32, &[5.0]));
+    let host = only_host_frame(&mut rig);
+    assert_eq!((host.kind, values(&host.tensors[0])), (M, vec![5.0]));
+}

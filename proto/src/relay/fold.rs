@@ -10,7 +10,8 @@
 //!   wire dtype, masses summed, never divided;
 //! - each element is seeded by *copy* from the first bytes that reach it and
 //!   later contributions are added, so a lone deposit ships byte-identical
-//!   (`-0.0` stays `-0.0`, its mass is not `0 + w`);
+//!   (`-0.0` stays `-0.0`, its mass is not `0 + w`; the one exception is a
+//!   signalling NaN in a bf16 tensor, which the wire's bf16 encoder quiets);
 //! - an elided (`nbytes = 0`) tensor folds as zeros: it adds nothing, and a
 //!   tensor every deposit elided ships elided;
 //! - kind and tensor count are pinned by the round's first frame header,
@@ -195,7 +196,7 @@ impl TensorAcc {
 ///     let mut one = FrameFold::default();
 ///     let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
 ///     let (_, done) = dec.feed(&bytes, &key, &mut fold.sink(&mut one)).unwrap();
-///     fold.commit(&one, done.unwrap().weight);
+///     fold.commit(done.unwrap().weight);
 /// }
 /// let mut out = BytesMut::new();
 /// fold.encode(&key, &mut out).unwrap();
@@ -215,12 +216,11 @@ pub struct RoundFold {
     deposits: u32,
 }
 
-/// The part of one in-flight frame the fold keeps: its mass (added only
-/// once the frame verifies) and whether its bytes already reached the sum.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
+/// What the fold tracks of one in-flight frame: whether its bytes already
+/// reached the sum (then the frame must finish and verify, or the round is
+/// lost).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct FrameFold {
-    /// The frame's declared mass (unauthenticated until the frame verifies).
-    pub weight: f64,
     /// Whether any of its tensor bytes were folded into the sum.
     pub touched: bool,
 }
@@ -238,7 +238,7 @@ impl RoundFold {
 
     /// Records a frame the decoder finished and verified, with its `weight`.
     /// The first deposit's mass is taken as is (not `0 + w`).
-    pub fn commit(&mut self, _frame: &FrameFold, weight: f64) {
+    pub fn commit(&mut self, weight: f64) {
         self.weight = if self.deposits == 0 { weight } else { self.weight + weight };
         self.deposits += 1;
     }
@@ -318,8 +318,7 @@ fn differs(field: &'static str, index: Option<u32>, what: String) -> WireError {
 }
 
 impl RoundSink for FoldSink<'_> {
-    fn header(&mut self, kind: RoundKind, weight: f64, n_tensors: u32) -> WireResult<()> {
-        self.frame.weight = weight;
+    fn header(&mut self, kind: RoundKind, _weight: f64, n_tensors: u32) -> WireResult<()> {
         match self.fold.head {
             None => {
                 self.fold.head = Some((kind, n_tensors));
@@ -519,6 +518,11 @@ impl Barrier {
     /// Every rank is dead or deposited, and no folded frame is unfinished.
     pub fn complete(&self) -> bool {
         self.seats.values().all(|s| s.deposited || (s.dead && s.streaming.is_none()))
+    }
+
+    /// Whether any rank has a frame in flight (folded or not).
+    pub fn any_streaming(&self) -> bool {
+        self.seats.values().any(|s| s.streaming.is_some())
     }
 
     /// Every rank is dead (and nothing is mid-fold).

@@ -544,7 +544,7 @@ impl Relay {
         let Some(local) = self.locals.get_mut(&rank) else { return };
         local.mid_blob_since = (!local.len.is_idle()).then_some(now);
         match result {
-            Ok(()) => {}
+            Ok(()) => self.stop_if_all_gone(),
             Err(FeedError::Stream(e)) => {
                 if let Some(conn) = local.conn {
                     self.out.close(conn);
@@ -609,7 +609,7 @@ impl Relay {
                             if u != b.len() {
                                 return Err(frame_err(trailing(b.len() - u)));
                             }
-                            leg.fold.commit(&local.frame, done.weight);
+                            leg.fold.commit(done.weight);
                             leg.barrier.deposited(rank);
                             local.mode = Mode::Done;
                             self.complete_round().map_err(FeedError::Fold)?;
@@ -670,9 +670,13 @@ impl Relay {
                 return;
             }
             if leg.barrier.streaming(rank).is_none() && local.mode == Mode::Fold {
-                // Its frame had not reached the sum: drop the rest of it.
+                // Its frame had not reached the sum: drop the rest of it, and
+                // forget any schema it pinned if no frame made it in.
                 local.mode = Mode::Skip;
                 local.dec = RoundDecoder::new(self.cfg.ceiling);
+                if leg.fold.deposits() == 0 && !leg.barrier.any_streaming() {
+                    leg.fold.reset();
+                }
             }
         }
         if new {
@@ -685,6 +689,11 @@ impl Relay {
             self.stop(StopReason::Fold(e));
             return;
         }
+        self.stop_if_all_gone();
+    }
+
+    /// Stops once every local rank is dead and no folded frame is unfinished.
+    fn stop_if_all_gone(&mut self) {
         let all_gone = match &self.data {
             Some(leg) => leg.barrier.all_dead(),
             None => self.locals.values().all(|l| l.dead),
