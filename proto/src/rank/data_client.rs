@@ -403,7 +403,9 @@ impl DataClient {
                     self.out.event(DataClientEvent::Failed(DataClientError::Handshake(e)));
                     return;
                 }
-                other => self.out.push(other.map_event(|_| unreachable!("events matched above"))),
+                Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
+                Output::Close { conn } => self.out.close(conn),
+                Output::Dial { dial, addr } => self.out.dial(dial, addr),
             }
         }
         if let Some((conn, leftover)) = established {

@@ -482,7 +482,9 @@ impl Relay {
                     self.handshaking.remove(&conn);
                     self.out.event(RelayEvent::RankRefused { conn, reason: RankRefusal::Handshake(error) });
                 }
-                other => self.out.push(other.map_event(|_| unreachable!("events matched above"))),
+                Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
+                Output::Close { conn } => self.out.close(conn),
+                Output::Dial { dial, addr } => self.out.dial(dial, addr),
             }
             if self.stopped {
                 return;
@@ -638,13 +640,11 @@ impl Relay {
         let Some(leg) = self.data.as_mut() else { return Ok(()) };
         let Some(shipped) = leg.try_complete(&self.cfg.key)? else { return Ok(()) };
         let len = shipped.bytes.len();
-        let rec = MuxRecord::HostFrame { payload: Payload::from(shipped.bytes) };
+        let rec = MuxRecord::HostFrame { payload: Payload::from(shipped.bytes.clone()) };
         let header = rec.header(&self.cfg.key).map_err(FoldError::Encode)?;
-        let MuxRecord::HostFrame { payload } = rec else { unreachable!("built above") };
+        // Header, then the frame itself (shared, not copied into the record).
         self.up_send(Bytes::copy_from_slice(&header));
-        for seg in payload.segments() {
-            self.up_send(seg.clone());
-        }
+        self.up_send(shipped.bytes);
         self.out.event(RelayEvent::HostFrameShipped {
             round: self.stats.rounds,
             deposits: shipped.deposits,
@@ -756,7 +756,7 @@ impl Relay {
     }
 
     fn up_record(&mut self, rec: MuxRecord) {
-        let conn = match self.up {
+        match self.up {
             Up::Hello { conn, .. } => {
                 if rec == MuxRecord::Control(RelayControlMsg::HelloAck) {
                     self.up = Up::Ready { conn };
@@ -771,10 +771,9 @@ impl Relay {
                 }
                 return;
             }
-            Up::Ready { conn } => conn,
+            Up::Ready { .. } => {}
             _ => return,
-        };
-        let _ = conn;
+        }
         match (self.cfg.leg, rec) {
             (Leg::Control, MuxRecord::Data { rank, payload }) => self.deliver(Some(rank), &payload),
             (Leg::Data, MuxRecord::Broadcast { payload }) => self.deliver(None, &payload),
