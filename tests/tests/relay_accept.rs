@@ -166,3 +166,18 @@ fn invalid_rank_sets_are_configuration_errors() {
         assert!(Relay::new(cfg).is_err(), "{ranks:?} in {world}");
     }
 }
+
+#[test]
+fn handshake_deadlines_follow_the_timeout_scale() {
+    let mut cfg = RelayConfig::new(Leg::Data, "h", vec![0], 1, key(), "c");
+    cfg.timeout_scale = cohort_proto::config::TimeoutScale::new(2.5).unwrap();
+    let mut relay = Relay::new(cfg).unwrap();
+    relay.handle(Time::ZERO, Input::Accepted { conn: ConnId(1), peer: Peer::LOOPBACK });
+    assert_eq!(relay.poll_timeout(), Some(Time::from_secs(25)));
+    relay.handle(
+        Time::ZERO,
+        Input::Received { conn: ConnId(1), bytes: &DataHello { rank: 0, world_size: 1 }.encode() },
+    );
+    relay.handle(Time::from_secs(1), Input::Connected { dial: UPSTREAM_DIAL, conn: ConnId(2) });
+    assert_eq!(relay.poll_timeout(), Some(Time::from_secs(26)), "HelloAck deadline: 1 s + 2.5 x 10 s");
+}
