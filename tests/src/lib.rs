@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod coord_harness;
+pub mod data_harness;
 pub mod join_harness;
 pub mod strategies;
 pub mod vectors;

@@ -1,3 +1,41 @@
-//! The controller's reduce over relays' host frames.
+//! The controller's reduce over the relays' host frames (data channel).
 //!
-//! Status: not written yet (issue 4).
+//! The port router hands each data-channel connection to [`Reduce::adopt`]
+//! once its channel magic is read. The first record must be the relay's
+//! `Hello{host, ranks}` (ranks in range, each rank announced once across the
+//! world), answered with `HelloAck`. The reduce keeps the dead-rank ledger
+//! (idempotent, no revival): deaths arrive as a command
+//! ([`Reduce::declare_dead`]), as a relay's `RankExit`, or as a host
+//! connection ending or misbehaving. Each new death is forwarded to the
+//! owning relay as `DeclareDead`, once.
+//!
+//! A round completes when every live rank is carried by a joined host and
+//! every host with a live rank has delivered its host frame. A host frame is
+//! folded into the round's sum only after both its mux MAC and its inner
+//! round-frame MAC verify ([`verify_layout`]); a bad frame, a second frame
+//! in one round or a per-rank `Data` record closes only that host (its ranks
+//! die). Frames from hosts whose ranks are all dead are dropped. The
+//! consensus ([`RoundSum::finish`]) is encoded once and the same shared
+//! buffer goes to every live host as one `Broadcast`; it is also handed to
+//! the embedding application ([`ReduceEvent::Consensus`]). A host whose
+//! connection then fails (the driver reports `Closed`) has its ranks
+//! declared dead; the others already have the consensus.
+//!
+//! Unlike flodl (which ends its reduce when a live rank's `RankExit`
+//! arrives), a `RankExit` here is a death like any other: the round goes on
+//! with the survivors and the reduce stops once every rank is dead.
+//!
+//! A host frame accepted into a round stays in it even if all of that
+//! host's ranks die before the round completes (the relay's rule for a
+//! deposited frame): the sum and its divisor still come from the same
+//! accepted frames.
+
+mod machine;
+mod mass;
+mod sum;
+
+pub use machine::{DeathCause, HostError, HostRefusal, Reduce, ReduceConfig, ReduceEvent};
+pub use mass::{gamma_mass, is_realized, mover_mass};
+pub use sum::{
+    Consensus, ConsensusTensor, FrameLayout, LaidTensor, RoundSum, reduce_frames, sum_frames, verify_layout,
+};

@@ -1,0 +1,282 @@
+//! Data-plane benchmarks, each with its baseline in the same run.
+//!
+//! `relay_round`: one relay round of K = 4 ranks x 64 MiB f32 through the
+//! relay machine (every frame MAC-verified as it streams, folded into the
+//! f32 sums, the host frame encoded, round-signed, mux-signed and handed
+//! out), frames fed round-robin in 64 KiB chunks like socket reads, against
+//! raw SHA-256 over
+//! - `sha256_inputs`: the 4 input frames (4 x 64 MiB), and
+//! - `sha256_all_macd`: every byte the relay must MAC: the 4 input frames,
+//!   the host frame for its round-frame footer, and the host frame again for
+//!   its mux tag (6 x 64 MiB).
+//!
+//! `fold`: the fold alone (64 MiB of f32 bytes added into an f32
+//! accumulator, 64 KiB at a time) against `memcpy` of the same bytes, and
+//! the seed's way (a per-element `from_le_bytes` loop into a fresh
+//! `Vec<f32>`) for reference.
+//!
+//! Ratios (baseline time / measured time, so 1.0 = as fast as the
+//! baseline) come two ways, both from this one run:
+//! - criterion's wall-clock medians, in
+//!   `target/criterion/<group>/<name>/new/estimates.json`;
+//! - before criterion starts, a paired report: the measured routine and its
+//!   baselines run back to back, repeatedly, timed in on-CPU nanoseconds of
+//!   this thread (`/proc/thread-self/schedstat`), and the median of the
+//!   per-pair ratios is printed. On a shared, loaded machine this is the
+//!   robust figure: load that comes and goes hits both sides of a pair.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use cohort_proto::relay::fold::add_le;
+use cohort_proto::relay::{Leg, Relay, RelayConfig, UPSTREAM_DIAL};
+use cohort_proto::wire::{
+    DataHello, Dtype, MacKey, MuxRecord, RelayControlMsg, RoundKind, RoundWriter, SessionSalt,
+};
+use cohort_proto::{ConnId, Input, Machine, Output, Peer, Time};
+use criterion::{Criterion, Throughput, criterion_group};
+use sha2::{Digest, Sha256};
+
+const MIB: usize = 1 << 20;
+const FRAME: usize = 64 * MIB;
+const K: usize = 4;
+const CHUNK: usize = 64 * 1024;
+
+fn key() -> MacKey {
+    MacKey::new(&SessionSalt::from_bytes([0x5a; 16]))
+}
+
+/// A length-framed round frame of one f32 tensor of `FRAME` bytes.
+fn rank_frame(key: &MacKey, seed: u32) -> Bytes {
+    let n = FRAME / 4;
+    let values: Vec<f32> = (0..n as u32).map(|i| ((i ^ seed) % 1000) as f32 * 0.001 - 0.5).collect();
+    let mut out = BytesMut::with_capacity(FRAME + 64);
+    out.extend_from_slice(&[0; 4]);
+    let mut w = RoundWriter::begin(&mut out, RoundKind::Model, 1.0, 1).unwrap();
+    w.tensor_values(Dtype::F32, &[n as u32], &values).unwrap();
+    w.finish(key).unwrap();
+    let len = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&len.to_le_bytes());
+    out.freeze()
+}
+
+/// A data relay for ranks 0..K with every rank in and the upstream acknowledged.
+fn ready_relay(key: &MacKey) -> (Relay, Vec<ConnId>) {
+    let cfg = RelayConfig::new(Leg::Data, "bench", (0..K as u32).collect(), K as u32, key.clone(), "c");
+    let mut relay = Relay::new(cfg).unwrap();
+    let t = Time::ZERO;
+    let conns: Vec<ConnId> = (0..K as u64).map(ConnId).collect();
+    for (r, c) in conns.iter().enumerate() {
+        relay.handle(t, Input::Accepted { conn: *c, peer: Peer::LOOPBACK });
+        let hello = DataHello { rank: r as u32, world_size: K as u32 }.encode();
+        relay.handle(t, Input::Received { conn: *c, bytes: &hello });
+    }
+    let up = ConnId(99);
+    relay.handle(t, Input::Connected { dial: UPSTREAM_DIAL, conn: up });
+    let ack = MuxRecord::Control(RelayControlMsg::HelloAck).to_bytes(key).unwrap();
+    relay.handle(t, Input::Received { conn: up, bytes: &ack });
+    while relay.poll(t).is_some() {}
+    (relay, conns)
+}
+
+/// One round: every frame fed round-robin in 64 KiB chunks; returns the
+/// bytes sent upstream (the host frame record).
+fn relay_round(relay: &mut Relay, conns: &[ConnId], frames: &[Bytes]) -> usize {
+    let t = Time::ZERO;
+    let mut at = 0;
+    let len = frames[0].len();
+    while at < len {
+        let end = (at + CHUNK).min(len);
+        for (c, f) in conns.iter().zip(frames) {
+            relay.handle(t, Input::Received { conn: *c, bytes: &f[at..end] });
+        }
+        at = end;
+    }
+    let mut up = 0;
+    while let Some(o) = relay.poll(t) {
+        if let Output::Transmit { bytes, .. } = o {
+            up += bytes.len();
+        }
+    }
+    up
+}
+
+fn sha256_chunked(parts: &[&[u8]]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for p in parts {
+        for c in p.chunks(CHUNK) {
+            h.update(c);
+        }
+    }
+    h.finalize().into()
+}
+
+fn bench_relay(c: &mut Criterion) {
+    let key = key();
+    let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
+    let (mut relay, conns) = ready_relay(&key);
+    // Warm the accumulator and check the round ships one host frame.
+    let up = relay_round(&mut relay, &conns, &frames);
+    assert!(up > FRAME && up < FRAME + 256, "one host frame upstream, got {up} bytes");
+    let host = vec![0x33u8; frames[0].len() - 4];
+
+    let mut g = c.benchmark_group("relay_round_k4_64mib");
+    g.sample_size(10).measurement_time(Duration::from_secs(20)).warm_up_time(Duration::from_secs(2));
+    g.throughput(Throughput::Bytes((K * FRAME) as u64));
+    g.bench_function("relay_round", |b| b.iter(|| black_box(relay_round(&mut relay, &conns, &frames))));
+    g.bench_function("sha256_inputs", |b| {
+        b.iter(|| {
+            let parts: Vec<&[u8]> = frames.iter().map(|f| &f[4..]).collect();
+            black_box(sha256_chunked(&parts))
+        })
+    });
+    g.bench_function("sha256_all_macd", |b| {
+        b.iter(|| {
+            let mut parts: Vec<&[u8]> = frames.iter().map(|f| &f[4..]).collect();
+            parts.push(&host);
+            parts.push(&host);
+            black_box(sha256_chunked(&parts))
+        })
+    });
+    g.finish();
+}
+
+fn bench_fold(c: &mut Criterion) {
+    let key = key();
+    let frame = rank_frame(&key, 1);
+    let data = &frame[4 + 17 + 14..4 + 17 + 14 + FRAME];
+    let mut acc: Vec<f32> = vec![0.5; FRAME / 4];
+    let mut dst: Vec<u8> = vec![0; FRAME];
+
+    let mut g = c.benchmark_group("fold_64mib");
+    g.sample_size(20).measurement_time(Duration::from_secs(10));
+    g.throughput(Throughput::Bytes(FRAME as u64));
+    g.bench_function("fold", |b| {
+        b.iter(|| {
+            for (a, bytes) in acc.chunks_mut(CHUNK / 4).zip(data.chunks(CHUNK)) {
+                add_le(a, bytes, Dtype::F32);
+            }
+            black_box(&acc);
+        })
+    });
+    g.bench_function("memcpy", |b| {
+        b.iter(|| {
+            for (d, s) in dst.chunks_mut(CHUNK).zip(data.chunks(CHUNK)) {
+                d.copy_from_slice(s);
+            }
+            black_box(&dst);
+        })
+    });
+    g.bench_function("seed_from_le_bytes_fresh_vec", |b| {
+        b.iter(|| {
+            let mut v: Vec<f32> = Vec::with_capacity(FRAME / 4);
+            for c in data.chunks_exact(4) {
+                v.push(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            }
+            black_box(v)
+        })
+    });
+    g.finish();
+}
+
+/// Nanoseconds this thread has spent on a CPU (Linux; 0 elsewhere).
+fn cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|t| t.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn timed(f: &mut dyn FnMut()) -> f64 {
+    let t0 = cpu_ns();
+    f();
+    (cpu_ns() - t0) as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs `measured` and each baseline back to back `pairs` times; prints the
+/// median on-CPU time of each and the median per-pair ratio baseline/measured.
+fn paired(title: &str, pairs: usize, measured: &mut dyn FnMut(), baselines: &mut [(&str, &mut dyn FnMut())]) {
+    let mut m = Vec::new();
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); baselines.len()];
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); baselines.len()];
+    for _ in 0..pairs {
+        let tm = timed(measured);
+        m.push(tm);
+        for (i, (_, b)) in baselines.iter_mut().enumerate() {
+            let tb = timed(*b);
+            times[i].push(tb);
+            ratios[i].push(tb / tm);
+        }
+    }
+    println!("paired {title}: {pairs} pairs, on-CPU medians: measured {:.2} ms", median(m) / 1e6);
+    for (i, (name, _)) in baselines.iter().enumerate() {
+        println!(
+            "  {name}: {:.2} ms, ratio {name}/measured = {:.3}",
+            median(times[i].clone()) / 1e6,
+            median(ratios[i].clone())
+        );
+    }
+}
+
+fn paired_report() {
+    let key = key();
+    let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
+    let (mut relay, conns) = ready_relay(&key);
+    relay_round(&mut relay, &conns, &frames);
+    let host = vec![0x33u8; frames[0].len() - 4];
+    let inputs: Vec<&[u8]> = frames.iter().map(|f| &f[4..]).collect();
+    let mut all = inputs.clone();
+    all.push(&host);
+    all.push(&host);
+    paired(
+        "relay round K=4 x 64 MiB f32",
+        9,
+        &mut || {
+            black_box(relay_round(&mut relay, &conns, &frames));
+        },
+        &mut [
+            ("sha256_inputs", &mut || {
+                black_box(sha256_chunked(&inputs));
+            }),
+            ("sha256_all_macd", &mut || {
+                black_box(sha256_chunked(&all));
+            }),
+        ],
+    );
+    drop((relay, frames));
+
+    let frame = rank_frame(&key, 1);
+    let data = &frame[4 + 17 + 14..4 + 17 + 14 + FRAME];
+    let mut acc: Vec<f32> = vec![0.5; FRAME / 4];
+    let mut dst: Vec<u8> = vec![0; FRAME];
+    paired(
+        "fold 64 MiB f32",
+        31,
+        &mut || {
+            for (a, bytes) in acc.chunks_mut(CHUNK / 4).zip(data.chunks(CHUNK)) {
+                add_le(a, bytes, Dtype::F32);
+            }
+            black_box(&acc);
+        },
+        &mut [("memcpy", &mut || {
+            for (d, s) in dst.chunks_mut(CHUNK).zip(data.chunks(CHUNK)) {
+                d.copy_from_slice(s);
+            }
+            black_box(&dst);
+        })],
+    );
+}
+
+criterion_group!(benches, bench_relay, bench_fold);
+
+fn main() {
+    paired_report();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

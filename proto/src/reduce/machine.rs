@@ -1,0 +1,567 @@
+//! The reduce machine. See the [module documentation](super).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::{Bytes, BytesMut};
+use core::fmt;
+
+use super::sum::{Consensus, RoundSum, verify_layout};
+use crate::config::{TimeoutScale, defaults};
+use crate::machine::{CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::time::Time;
+use crate::wire::{
+    DEFAULT_FRAME_CEILING, MacKey, MuxDecoder, MuxRecord, Payload, RelayControlMsg, WireError, encode_control,
+};
+
+/// The reduce's configuration (plain data).
+#[derive(Clone, Debug)]
+pub struct ReduceConfig {
+    /// Ranks in the world, `0..world_size`.
+    pub world_size: u32,
+    /// The session key.
+    pub key: MacKey,
+    /// Largest record / round frame accepted.
+    pub ceiling: u64,
+    /// Stretches the hello deadline.
+    pub timeout_scale: TimeoutScale,
+}
+
+impl ReduceConfig {
+    /// A configuration with flodl's defaults (1 GiB ceiling, scale 1).
+    pub fn new(world_size: u32, key: MacKey) -> Self {
+        ReduceConfig { world_size, key, ceiling: DEFAULT_FRAME_CEILING, timeout_scale: TimeoutScale::ONE }
+    }
+}
+
+/// Why a relay's connection was refused before it joined (closed, no reply).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostRefusal {
+    /// The first record was not `Hello`.
+    NotHello {
+        /// The kind that came instead.
+        kind: &'static str,
+    },
+    /// `Hello` named no rank.
+    NoRanks,
+    /// A rank outside `0..world_size`.
+    RankOutOfRange {
+        /// The rank.
+        rank: u32,
+        /// The world size.
+        world_size: u32,
+    },
+    /// A rank listed twice, or already carried by another host.
+    DuplicateRank {
+        /// The rank.
+        rank: u32,
+    },
+    /// The bytes did not decode (bad magic, MAC, ...).
+    Wire(WireError),
+    /// No `Hello` before the handshake deadline.
+    Timeout,
+    /// The connection ended first.
+    Closed(CloseCause),
+}
+
+impl fmt::Display for HostRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostRefusal::NotHello { kind } => write!(f, "expected a relay Hello, got a {kind} record"),
+            HostRefusal::NoRanks => f.write_str("relay Hello names no rank"),
+            HostRefusal::RankOutOfRange { rank, world_size } => {
+                write!(f, "relay announced rank {rank} >= world_size {world_size}")
+            }
+            HostRefusal::DuplicateRank { rank } => write!(f, "rank {rank} announced twice"),
+            HostRefusal::Wire(e) => write!(f, "{e}"),
+            HostRefusal::Timeout => f.write_str("no relay Hello before the handshake deadline"),
+            HostRefusal::Closed(c) => write!(f, "connection ended before Hello ({c})"),
+        }
+    }
+}
+
+/// Why a joined host was dropped (its connection closed, its ranks dead).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostError {
+    /// A record or its round frame did not decode, verify, or match the round's schema.
+    Wire(WireError),
+    /// A per-rank `Data` record on the data channel (mixed relay/controller builds).
+    DataRecord {
+        /// The rank it named.
+        rank: u32,
+    },
+    /// A second host frame before the round completed.
+    SecondFrame,
+    /// It stopped mid-record for the starvation deadline.
+    Starved,
+}
+
+impl fmt::Display for HostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostError::Wire(e) => write!(f, "{e}"),
+            HostError::DataRecord { rank } => write!(
+                f,
+                "per-rank Data record (rank {rank}) on the data channel; expected a HostFrame (mixed relay/controller builds?)"
+            ),
+            HostError::SecondFrame => f.write_str("second HostFrame in one round"),
+            HostError::Starved => f.write_str("stalled mid-record"),
+        }
+    }
+}
+
+/// How a rank entered the dead-rank ledger.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeathCause {
+    /// Told by the application (coordinator, launcher).
+    Declared,
+    /// Its relay reported its loopback connection ended.
+    RankExit,
+    /// Its host's connection ended (including a failed delivery).
+    HostLost(CloseCause),
+    /// Its host was dropped for misbehaving.
+    HostFailed,
+}
+
+/// What the reduce reports.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReduceEvent {
+    /// A relay joined.
+    HostJoined {
+        /// Its connection.
+        conn: ConnId,
+        /// Its host name.
+        host: String,
+        /// The ranks it carries.
+        ranks: Vec<u32>,
+    },
+    /// A connection was refused before joining.
+    HostRefused {
+        /// The connection.
+        conn: ConnId,
+        /// Why.
+        reason: HostRefusal,
+    },
+    /// A joined host was dropped.
+    HostFailed {
+        /// The connection.
+        conn: ConnId,
+        /// Why.
+        error: HostError,
+    },
+    /// A host frame from a host whose ranks are all dead was dropped.
+    HostFrameDropped {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// A rank entered the dead-rank ledger.
+    RankDead {
+        /// The rank.
+        rank: u32,
+        /// How.
+        cause: DeathCause,
+    },
+    /// A round completed and its consensus was sent.
+    Consensus {
+        /// Rounds completed before this one.
+        round: u64,
+        /// The reduced values.
+        consensus: Consensus,
+        /// The signed consensus frame, as sent (shared, not a copy).
+        frame: Bytes,
+        /// Hosts it was sent to.
+        recipients: u32,
+    },
+    /// Every rank is dead; every connection was closed.
+    Stopped,
+}
+
+#[derive(Debug)]
+enum HostState {
+    Hello { deadline: Time },
+    Joined { ranks: Vec<u32>, delivered: bool },
+}
+
+#[derive(Debug)]
+struct Host {
+    state: HostState,
+    dec: MuxDecoder,
+    mid_since: Option<Time>,
+}
+
+/// The controller's data-channel reduce. See the [module documentation](super).
+///
+/// ```
+/// use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
+/// use cohort_proto::wire::*;
+/// use cohort_proto::{ConnId, Machine, Output, Peer, Time};
+/// let key = MacKey::new(&SessionSalt::from_bytes([2; 16]));
+/// let mut reduce = Reduce::new(ReduceConfig::new(2, key.clone()));
+/// let hello = MuxRecord::Control(RelayControlMsg::Hello {
+///     host: "a".into(), ranks: vec![0, 1], model_sigs: vec![] });
+/// reduce.adopt(Time::ZERO, ConnId(7), Peer::REMOTE, &hello.to_bytes(&key).unwrap());
+/// let Some(Output::Transmit { bytes, .. }) = reduce.poll(Time::ZERO) else { panic!() };
+/// let mut dec = MuxDecoder::new(1 << 20);
+/// assert_eq!(dec.decode(&bytes, &key).unwrap().1, Some(MuxRecord::Control(RelayControlMsg::HelloAck)));
+/// assert!(matches!(reduce.poll(Time::ZERO), Some(Output::Event(ReduceEvent::HostJoined { .. }))));
+/// ```
+#[derive(Debug)]
+pub struct Reduce {
+    cfg: ReduceConfig,
+    hosts: BTreeMap<ConnId, Host>,
+    /// The joined host carrying each rank.
+    owner: BTreeMap<u32, ConnId>,
+    dead: BTreeSet<u32>,
+    sum: RoundSum,
+    round: u64,
+    stopped: bool,
+    out: Outbox<ReduceEvent>,
+}
+
+impl Reduce {
+    /// A reduce for a world of `cfg.world_size` ranks.
+    pub fn new(cfg: ReduceConfig) -> Self {
+        Reduce {
+            cfg,
+            hosts: BTreeMap::new(),
+            owner: BTreeMap::new(),
+            dead: BTreeSet::new(),
+            sum: RoundSum::default(),
+            round: 0,
+            stopped: false,
+            out: Outbox::default(),
+        }
+    }
+
+    /// Takes over an accepted data-channel connection whose channel magic the
+    /// router already consumed; `first` holds bytes that followed it.
+    pub fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
+        if self.stopped {
+            self.out.close(conn);
+            return;
+        }
+        let deadline = now + self.cfg.timeout_scale.scaled(defaults::HANDSHAKE);
+        let host = Host {
+            state: HostState::Hello { deadline },
+            dec: MuxDecoder::new(self.cfg.ceiling),
+            mid_since: None,
+        };
+        self.hosts.insert(conn, host);
+        if !first.is_empty() {
+            self.received(now, conn, first);
+        }
+    }
+
+    /// Declares `rank` dead (idempotent; the coordinator or launcher saw it die).
+    pub fn declare_dead(&mut self, _now: Time, rank: u32) {
+        if self.stopped {
+            return;
+        }
+        self.mark_dead(rank, DeathCause::Declared, true);
+        self.try_complete();
+    }
+
+    /// Whether `rank` is in the dead-rank ledger.
+    pub fn is_dead(&self, rank: u32) -> bool {
+        self.dead.contains(&rank)
+    }
+
+    /// The dead-rank ledger, ascending.
+    pub fn dead_ranks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.dead.iter().copied()
+    }
+
+    /// Rounds completed.
+    pub fn rounds(&self) -> u64 {
+        self.round
+    }
+
+    /// Host frames accepted into the current round.
+    pub fn pending_frames(&self) -> u32 {
+        self.sum.frames()
+    }
+
+    /// Whether the reduce stopped (every rank dead).
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    fn mark_dead(&mut self, rank: u32, cause: DeathCause, forward: bool) {
+        if rank >= self.cfg.world_size || !self.dead.insert(rank) {
+            return;
+        }
+        if forward
+            && let Some(conn) = self.owner.get(&rank).copied()
+            && self.hosts.contains_key(&conn)
+        {
+            self.send_control(conn, &RelayControlMsg::DeclareDead { rank });
+        }
+        self.out.event(ReduceEvent::RankDead { rank, cause });
+    }
+
+    fn send_control(&mut self, conn: ConnId, msg: &RelayControlMsg) {
+        let mut b = BytesMut::new();
+        if encode_control(&self.cfg.key, msg, &mut b).is_ok() {
+            self.out.transmit(conn, b.freeze());
+        }
+    }
+
+    /// Drops a host: its connection (closed here unless it already ended)
+    /// and its ranks (dead).
+    fn drop_host(&mut self, conn: ConnId, cause: DeathCause, close: bool) {
+        let Some(host) = self.hosts.remove(&conn) else { return };
+        if close {
+            self.out.close(conn);
+        }
+        if let HostState::Joined { ranks, .. } = host.state {
+            for r in ranks {
+                self.mark_dead(r, cause.clone(), false);
+            }
+        }
+    }
+
+    fn fail_host(&mut self, conn: ConnId, error: HostError) {
+        let joined = matches!(self.hosts.get(&conn), Some(Host { state: HostState::Joined { .. }, .. }));
+        if !joined {
+            if self.hosts.remove(&conn).is_some() {
+                self.out.close(conn);
+                let reason = match error {
+                    HostError::Wire(e) => HostRefusal::Wire(e),
+                    _ => HostRefusal::Timeout,
+                };
+                self.out.event(ReduceEvent::HostRefused { conn, reason });
+            }
+            return;
+        }
+        self.out.event(ReduceEvent::HostFailed { conn, error });
+        self.drop_host(conn, DeathCause::HostFailed, true);
+    }
+
+    fn refuse(&mut self, conn: ConnId, reason: HostRefusal) {
+        self.hosts.remove(&conn);
+        self.out.close(conn);
+        self.out.event(ReduceEvent::HostRefused { conn, reason });
+    }
+
+    fn received(&mut self, now: Time, conn: ConnId, mut bytes: &[u8]) {
+        while !bytes.is_empty() && !self.stopped {
+            let Some(host) = self.hosts.get_mut(&conn) else { return };
+            match host.dec.decode(bytes, &self.cfg.key) {
+                Err(e) => {
+                    self.fail_host(conn, HostError::Wire(e));
+                    self.try_complete();
+                    return;
+                }
+                Ok((used, rec)) => {
+                    bytes = &bytes[used..];
+                    if let Some(rec) = rec {
+                        self.record(conn, rec);
+                        self.try_complete();
+                    }
+                }
+            }
+        }
+        if let Some(host) = self.hosts.get_mut(&conn) {
+            host.mid_since = (!host.dec.is_idle()).then_some(now);
+        }
+    }
+
+    fn record(&mut self, conn: ConnId, rec: MuxRecord) {
+        let Some(host) = self.hosts.get_mut(&conn) else { return };
+        let HostState::Joined { ranks, delivered } = &mut host.state else {
+            return self.hello(conn, rec);
+        };
+        match rec {
+            MuxRecord::HostFrame { payload } => {
+                if ranks.iter().all(|r| self.dead.contains(r)) {
+                    self.out.event(ReduceEvent::HostFrameDropped { conn });
+                    return;
+                }
+                if *delivered {
+                    return self.fail_host(conn, HostError::SecondFrame);
+                }
+                match self.fold(&payload) {
+                    Ok(()) => {
+                        if let Some(Host { state: HostState::Joined { delivered, .. }, .. }) =
+                            self.hosts.get_mut(&conn)
+                        {
+                            *delivered = true;
+                        }
+                    }
+                    Err(e) => self.fail_host(conn, HostError::Wire(e)),
+                }
+            }
+            MuxRecord::Data { rank, .. } => self.fail_host(conn, HostError::DataRecord { rank }),
+            MuxRecord::Control(RelayControlMsg::RankExit { rank }) => {
+                if ranks.contains(&rank) {
+                    self.mark_dead(rank, DeathCause::RankExit, false);
+                }
+            }
+            // Hello / HelloAck / DeclareDead mid-stream, Broadcast upstream:
+            // nothing to act on (as in flodl).
+            MuxRecord::Control(_) | MuxRecord::Broadcast { .. } => {}
+        }
+    }
+
+    /// Verifies a host frame (its mux MAC already did) and folds it.
+    fn fold(&mut self, payload: &Payload) -> Result<(), WireError> {
+        let layout = verify_layout(payload, &self.cfg.key, self.cfg.ceiling)?;
+        self.sum.add(payload, &layout)
+    }
+
+    fn hello(&mut self, conn: ConnId, rec: MuxRecord) {
+        let MuxRecord::Control(RelayControlMsg::Hello { host, ranks, .. }) = rec else {
+            return self.refuse(conn, HostRefusal::NotHello { kind: rec.kind_name() });
+        };
+        if ranks.is_empty() {
+            return self.refuse(conn, HostRefusal::NoRanks);
+        }
+        let mut seen = BTreeSet::new();
+        for &rank in &ranks {
+            if rank >= self.cfg.world_size {
+                return self
+                    .refuse(conn, HostRefusal::RankOutOfRange { rank, world_size: self.cfg.world_size });
+            }
+            if !seen.insert(rank) || self.owner.contains_key(&rank) {
+                return self.refuse(conn, HostRefusal::DuplicateRank { rank });
+            }
+        }
+        for &rank in &ranks {
+            self.owner.insert(rank, conn);
+        }
+        if let Some(h) = self.hosts.get_mut(&conn) {
+            h.state = HostState::Joined { ranks: ranks.clone(), delivered: false };
+        }
+        self.send_control(conn, &RelayControlMsg::HelloAck);
+        // Ranks already dead before their relay joined: tell it now, or its
+        // barrier would wait for them.
+        for &rank in &ranks {
+            if self.dead.contains(&rank) {
+                self.send_control(conn, &RelayControlMsg::DeclareDead { rank });
+            }
+        }
+        self.out.event(ReduceEvent::HostJoined { conn, host, ranks });
+    }
+
+    /// Completes the round if every live rank's host has delivered; stops
+    /// when every rank is dead.
+    fn try_complete(&mut self) {
+        if self.stopped {
+            return;
+        }
+        if self.dead.len() as u64 >= u64::from(self.cfg.world_size) {
+            return self.stop();
+        }
+        // Every live rank must be carried by a joined host.
+        if self.owner.len() + self.dead.iter().filter(|r| !self.owner.contains_key(r)).count()
+            < self.cfg.world_size as usize
+        {
+            return;
+        }
+        let mut recipients = Vec::new();
+        for (conn, host) in &self.hosts {
+            let HostState::Joined { ranks, delivered } = &host.state else { continue };
+            if ranks.iter().all(|r| self.dead.contains(r)) {
+                continue;
+            }
+            if !*delivered {
+                return;
+            }
+            recipients.push(*conn);
+        }
+        if recipients.is_empty() || self.sum.frames() == 0 {
+            return;
+        }
+        let Some(consensus) = core::mem::take(&mut self.sum).finish() else { return };
+        let frame = match consensus.to_bytes(&self.cfg.key) {
+            Ok(f) => f,
+            Err(_) => return,
+        };
+        let rec = MuxRecord::Broadcast { payload: Payload::from(frame.clone()) };
+        let Ok(header) = rec.header(&self.cfg.key) else { return };
+        let header = Bytes::copy_from_slice(&header);
+        for conn in &recipients {
+            self.out.transmit(*conn, header.clone());
+            self.out.transmit(*conn, frame.clone());
+        }
+        for host in self.hosts.values_mut() {
+            if let HostState::Joined { delivered, .. } = &mut host.state {
+                *delivered = false;
+            }
+        }
+        self.out.event(ReduceEvent::Consensus {
+            round: self.round,
+            consensus,
+            frame,
+            recipients: recipients.len() as u32,
+        });
+        self.round += 1;
+    }
+
+    fn stop(&mut self) {
+        self.stopped = true;
+        for conn in core::mem::take(&mut self.hosts).into_keys() {
+            self.out.close(conn);
+        }
+        self.out.event(ReduceEvent::Stopped);
+    }
+
+    fn timeout(&mut self, now: Time) {
+        let starve = defaults::MID_FRAME_STARVATION;
+        let due: Vec<(ConnId, bool)> = self
+            .hosts
+            .iter()
+            .filter_map(|(c, h)| match h.state {
+                HostState::Hello { deadline } if now >= deadline => Some((*c, true)),
+                _ if h.mid_since.is_some_and(|t| now >= t + starve) => Some((*c, false)),
+                _ => None,
+            })
+            .collect();
+        for (conn, hello) in due {
+            if hello {
+                self.refuse(conn, HostRefusal::Timeout);
+            } else {
+                self.fail_host(conn, HostError::Starved);
+            }
+        }
+        self.try_complete();
+    }
+}
+
+impl Machine for Reduce {
+    type Event = ReduceEvent;
+
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        match input {
+            Input::Accepted { conn, peer } => self.adopt(now, conn, peer, &[]),
+            Input::Received { conn, bytes } => self.received(now, conn, bytes),
+            Input::Closed { conn, cause, .. } => {
+                match self.hosts.get(&conn).map(|h| matches!(h.state, HostState::Joined { .. })) {
+                    Some(true) => self.drop_host(conn, DeathCause::HostLost(cause), false),
+                    Some(false) => {
+                        self.hosts.remove(&conn);
+                        self.out.event(ReduceEvent::HostRefused { conn, reason: HostRefusal::Closed(cause) });
+                    }
+                    None => {}
+                }
+                self.try_complete();
+            }
+            Input::Timeout => self.timeout(now),
+            Input::Connected { conn, .. } => self.out.close(conn),
+            Input::DialFailed { .. } => {}
+        }
+    }
+
+    fn poll(&mut self, _now: Time) -> Option<Output<ReduceEvent>> {
+        self.out.pop()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        self.hosts
+            .values()
+            .filter_map(|h| match h.state {
+                HostState::Hello { deadline } => Some(deadline),
+                _ => h.mid_since.map(|t| t + defaults::MID_FRAME_STARVATION),
+            })
+            .min()
+    }
+}

@@ -1,0 +1,561 @@
+//! The pure reduce: verified frames summed in f32, divided once.
+//!
+//! [`verify_layout`] authenticates a round frame held as [`Payload`]
+//! segments (the mux decoder's buffers) and locates its tensors without
+//! copying. [`RoundSum::add`] then folds the located bytes into the round's
+//! accumulator: only authenticated bytes ever enter the sum, so a bad host
+//! costs nothing but its own connection. [`RoundSum::finish`] applies the
+//! reduce rule:
+//!
+//! - `Model`: the sum divided once by the summed accepted mass;
+//! - `Control`: the pure sum;
+//! - a `Model` round of zero mass: the untouched (zero) sum, weight 0, which
+//!   receivers answer by keeping their local state.
+//!
+//! [`reduce_frames`] is the same reduce over owned frames, the flat
+//! reference the relay tier must agree with.
+
+use bytes::{Bytes, BytesMut};
+
+use super::mass::is_realized;
+use crate::relay::fold::{add_le, extend_f32_le};
+use crate::wire::{
+    Dtype, FrameType, MacKey, Payload, Problem, RoundDecoder, RoundFrame, RoundKind, RoundSink, RoundWriter,
+    TensorMeta, TensorPayload, WireError, WireResult, round_frame_len,
+};
+
+/// Where one tensor of a verified frame sits in its payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaidTensor {
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions.
+    pub shape: Vec<u32>,
+    /// Offset of its data in the payload.
+    pub offset: u64,
+    /// Bytes of data (0: elided).
+    pub nbytes: u64,
+}
+
+/// A verified round frame's header and tensor positions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrameLayout {
+    /// Model or Control.
+    pub kind: RoundKind,
+    /// The frame's mass.
+    pub weight: f64,
+    /// Its tensors in order.
+    pub tensors: Vec<LaidTensor>,
+}
+
+#[derive(Debug, Default)]
+struct LayoutSink {
+    kind: RoundKind,
+    weight: f64,
+    pos: u64,
+    tensors: Vec<LaidTensor>,
+}
+
+impl RoundSink for LayoutSink {
+    fn header(&mut self, kind: RoundKind, weight: f64, _n: u32) -> WireResult<()> {
+        self.kind = kind;
+        self.weight = weight;
+        self.pos = crate::wire::ROUND_HEADER_LEN as u64;
+        Ok(())
+    }
+    fn tensor(&mut self, _index: u32, meta: &TensorMeta) -> WireResult<()> {
+        self.pos += 2 + 4 * meta.shape.len() as u64 + 8;
+        self.tensors.push(LaidTensor {
+            dtype: meta.dtype,
+            shape: meta.shape.clone(),
+            offset: self.pos,
+            nbytes: meta.nbytes,
+        });
+        self.pos += meta.nbytes;
+        Ok(())
+    }
+    fn data(&mut self, _: u32, _: u64, _: &[u8]) -> WireResult<()> {
+        Ok(())
+    }
+}
+
+/// Authenticates the round frame that is exactly `payload` and lays out its
+/// tensors (one pass, nothing copied, nothing folded).
+pub fn verify_layout(payload: &Payload, key: &MacKey, ceiling: u64) -> WireResult<FrameLayout> {
+    let mut dec = RoundDecoder::new(ceiling);
+    let mut sink = LayoutSink::default();
+    let segs = payload.segments();
+    for (i, seg) in segs.iter().enumerate() {
+        let (used, done) = dec.feed(seg, key, &mut sink)?;
+        if done.is_some() {
+            let after: usize = seg.len() - used + segs[i + 1..].iter().map(Bytes::len).sum::<usize>();
+            if after != 0 {
+                return Err(WireError::new(
+                    FrameType::RoundFrame,
+                    "footer",
+                    Problem::Invalid(format!("{after} bytes follow the frame in its record")),
+                ));
+            }
+            return Ok(FrameLayout { kind: sink.kind, weight: sink.weight, tensors: sink.tensors });
+        }
+    }
+    Err(WireError::truncated(FrameType::RoundFrame, payload.len()))
+}
+
+/// Hands `f` the payload bytes `[offset, offset + len)` as whole `elem`-byte
+/// elements (a split element is carried across segments), with the element
+/// index each run starts at.
+fn for_each_run(payload: &Payload, offset: u64, len: u64, elem: usize, mut f: impl FnMut(usize, &[u8])) {
+    let (start, end) = (offset as usize, (offset + len) as usize);
+    let mut carry = [0u8; 4];
+    let mut carried = 0usize;
+    let mut at = 0usize; // payload offset of the current segment
+    let mut next_elem = 0usize;
+    for seg in payload.segments() {
+        let (s0, s1) = (at, at + seg.len());
+        at = s1;
+        if s1 <= start {
+            continue;
+        }
+        if s0 >= end {
+            break;
+        }
+        let mut chunk = &seg[start.max(s0) - s0..end.min(s1) - s0];
+        if carried > 0 {
+            let take = (elem - carried).min(chunk.len());
+            carry[carried..carried + take].copy_from_slice(&chunk[..take]);
+            carried += take;
+            chunk = &chunk[take..];
+            if carried < elem {
+                continue;
+            }
+            f(next_elem, &carry[..elem]);
+            next_elem += 1;
+        }
+        let whole = chunk.len() / elem * elem;
+        if whole > 0 {
+            f(next_elem, &chunk[..whole]);
+            next_elem += whole / elem;
+        }
+        let rest = &chunk[whole..];
+        carry[..rest.len()].copy_from_slice(rest);
+        carried = rest.len();
+    }
+}
+
+/// One tensor of a consensus.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsensusTensor {
+    /// The wire dtype it is encoded in (that of the frames summed).
+    pub dtype: Dtype,
+    /// Dimensions.
+    pub shape: Vec<u32>,
+    /// The reduced values, or `None` when every frame elided it (all zeros).
+    pub values: Option<Vec<f32>>,
+}
+
+/// A reduced round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Consensus {
+    /// Model or Control.
+    pub kind: RoundKind,
+    /// The summed accepted mass (0 on a zero-mass round).
+    pub weight: f64,
+    /// The tensors.
+    pub tensors: Vec<ConsensusTensor>,
+}
+
+impl Consensus {
+    /// Whether receivers should adopt it (a `Model` round with mass > 0) or
+    /// keep their local state.
+    pub fn is_realized(&self) -> bool {
+        self.kind == RoundKind::Control || is_realized(self.weight)
+    }
+
+    /// Appends the signed consensus frame (bf16 tensors rounded to nearest
+    /// even) to `out`.
+    pub fn encode(&self, key: &MacKey, out: &mut BytesMut) -> WireResult<usize> {
+        let len = round_frame_len(self.tensors.iter().map(|t| {
+            let nbytes = t.values.as_ref().map_or(0, |v| (v.len() * t.dtype.size()) as u64);
+            (t.shape.as_slice(), nbytes)
+        }));
+        out.reserve(len as usize);
+        let n = u32::try_from(self.tensors.len()).unwrap_or(u32::MAX);
+        let mut w = RoundWriter::begin(out, self.kind, self.weight, n)?;
+        for t in &self.tensors {
+            match &t.values {
+                Some(v) => w.tensor_values(t.dtype, &t.shape, v)?,
+                None => w.tensor_elided(t.dtype, &t.shape)?,
+            }
+        }
+        w.finish(key)
+    }
+
+    /// The signed consensus frame as one shared buffer.
+    pub fn to_bytes(&self, key: &MacKey) -> WireResult<Bytes> {
+        let mut out = BytesMut::new();
+        self.encode(key, &mut out)?;
+        Ok(out.freeze())
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    dtype: Dtype,
+    shape: Vec<u32>,
+    numel: u64,
+    sum: Option<Vec<f32>>,
+}
+
+/// One round's accumulator over authenticated frames.
+///
+/// ```
+/// use cohort_proto::reduce::RoundSum;
+/// use cohort_proto::wire::*;
+/// let f = |v: [f32; 2], w| {
+///     let mut b = bytes::BytesMut::new();
+///     extend_le(&mut b, &v, Dtype::F32);
+///     RoundFrame { kind: RoundKind::Model, weight: w,
+///         tensors: vec![TensorPayload { dtype: Dtype::F32, shape: vec![2], bytes: b.freeze() }] }
+/// };
+/// let mut sum = RoundSum::default();
+/// sum.add_frame(&f([3.0, 6.0], 3.0)).unwrap();
+/// sum.add_frame(&f([5.0, 10.0], 1.0)).unwrap();
+/// let c = sum.finish().unwrap();
+/// assert_eq!((c.weight, c.tensors[0].values.clone()), (4.0, Some(vec![2.0, 4.0])));
+/// ```
+#[derive(Debug, Default)]
+pub struct RoundSum {
+    kind: Option<RoundKind>,
+    slots: Vec<Slot>,
+    weight: f64,
+    frames: u32,
+}
+
+fn mismatch(field: &'static str, index: Option<u32>, what: String) -> WireError {
+    WireError { frame: FrameType::RoundFrame, field, index, problem: Problem::Invalid(what) }
+}
+
+impl RoundSum {
+    /// Frames added.
+    pub fn frames(&self) -> u32 {
+        self.frames
+    }
+
+    /// Their summed mass.
+    pub fn weight(&self) -> f64 {
+        self.weight
+    }
+
+    /// Checks a frame's schema against the round's first frame: kind, tensor
+    /// count, each dtype and shape (elided and full tensors mix freely).
+    pub fn check<'a>(
+        &self,
+        kind: RoundKind,
+        tensors: impl ExactSizeIterator<Item = (Dtype, &'a [u32])>,
+    ) -> WireResult<()> {
+        let Some(k) = self.kind else { return Ok(()) };
+        if k != kind {
+            return Err(mismatch(
+                "kind",
+                None,
+                format!("{} differs from the round's first frame ({})", kind.name(), k.name()),
+            ));
+        }
+        if tensors.len() != self.slots.len() {
+            return Err(mismatch(
+                "n_tensors",
+                None,
+                format!("{} tensors; the round's first frame carries {}", tensors.len(), self.slots.len()),
+            ));
+        }
+        for (i, ((dtype, shape), s)) in tensors.zip(&self.slots).enumerate() {
+            if dtype != s.dtype {
+                return Err(mismatch(
+                    "dtype",
+                    Some(i as u32),
+                    format!("{dtype:?} differs from the round's first frame ({:?})", s.dtype),
+                ));
+            }
+            if shape != s.shape.as_slice() {
+                return Err(mismatch(
+                    "shape",
+                    Some(i as u32),
+                    format!("{shape:?} differs from the round's first frame ({:?})", s.shape),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn pin(&mut self, kind: RoundKind, schema: impl Iterator<Item = (Dtype, Vec<u32>)>) {
+        if self.kind.is_none() {
+            self.kind = Some(kind);
+            self.slots = schema
+                .map(|(dtype, shape)| {
+                    let numel = shape.iter().fold(1u64, |n, d| n.saturating_mul(u64::from(*d)));
+                    Slot { dtype, shape, numel, sum: None }
+                })
+                .collect();
+        }
+    }
+
+    fn commit(&mut self, weight: f64) {
+        self.weight = if self.frames == 0 { weight } else { self.weight + weight };
+        self.frames += 1;
+    }
+
+    /// Folds a frame that [`verify_layout`] authenticated in `payload`.
+    /// Schema errors leave the sum untouched.
+    pub fn add(&mut self, payload: &Payload, layout: &FrameLayout) -> WireResult<()> {
+        self.check(layout.kind, layout.tensors.iter().map(|t| (t.dtype, t.shape.as_slice())))?;
+        self.pin(layout.kind, layout.tensors.iter().map(|t| (t.dtype, t.shape.clone())));
+        for (slot, t) in self.slots.iter_mut().zip(&layout.tensors) {
+            if t.nbytes == 0 {
+                continue;
+            }
+            let elem = t.dtype.size();
+            match &mut slot.sum {
+                Some(sum) => for_each_run(payload, t.offset, t.nbytes, elem, |at, run| {
+                    add_le(&mut sum[at..at + run.len() / elem], run, t.dtype)
+                }),
+                None => {
+                    let mut sum = Vec::with_capacity(slot.numel as usize);
+                    for_each_run(payload, t.offset, t.nbytes, elem, |_, run| {
+                        extend_f32_le(&mut sum, run, t.dtype)
+                    });
+                    slot.sum = Some(sum);
+                }
+            }
+        }
+        self.commit(layout.weight);
+        Ok(())
+    }
+
+    /// Folds an owned frame (its MAC already checked by whoever decoded it).
+    pub fn add_frame(&mut self, frame: &RoundFrame) -> WireResult<()> {
+        self.check(frame.kind, frame.tensors.iter().map(|t| (t.dtype, t.shape.as_slice())))?;
+        for (i, t) in frame.tensors.iter().enumerate() {
+            let want = t.numel().saturating_mul(t.dtype.size() as u64);
+            if !t.bytes.is_empty() && t.bytes.len() as u64 != want {
+                return Err(WireError::tensor(
+                    i as u32,
+                    "nbytes",
+                    Problem::Mismatch { got: t.bytes.len() as u64, expected: want },
+                ));
+            }
+        }
+        self.pin(frame.kind, frame.tensors.iter().map(|t| (t.dtype, t.shape.clone())));
+        for (slot, t) in self.slots.iter_mut().zip(&frame.tensors) {
+            if t.bytes.is_empty() {
+                continue;
+            }
+            match &mut slot.sum {
+                Some(sum) => add_le(sum, &t.bytes, t.dtype),
+                None => {
+                    let mut sum = Vec::with_capacity(slot.numel as usize);
+                    extend_f32_le(&mut sum, &t.bytes, t.dtype);
+                    slot.sum = Some(sum);
+                }
+            }
+        }
+        self.commit(frame.weight);
+        Ok(())
+    }
+
+    /// Applies the reduce rule; `None` when no frame was added.
+    pub fn finish(self) -> Option<Consensus> {
+        let kind = self.kind?;
+        let weight = self.weight;
+        let divide = kind == RoundKind::Model && is_realized(weight);
+        let tensors = self
+            .slots
+            .into_iter()
+            .map(|s| {
+                let values = s.sum.map(|mut v| {
+                    if divide {
+                        for x in &mut v {
+                            *x = (f64::from(*x) / weight) as f32;
+                        }
+                    }
+                    v
+                });
+                ConsensusTensor { dtype: s.dtype, shape: s.shape, values }
+            })
+            .collect();
+        Some(Consensus { kind, weight, tensors })
+    }
+}
+
+/// The flat reduce of owned frames: what the relay tier plus the controller
+/// must reproduce (within f32 tolerance).
+pub fn reduce_frames<'a>(frames: impl IntoIterator<Item = &'a RoundFrame>) -> WireResult<Option<Consensus>> {
+    let mut sum = RoundSum::default();
+    for f in frames {
+        sum.add_frame(f)?;
+    }
+    Ok(sum.finish())
+}
+
+/// The plain element-wise sum of owned frames (masses summed, never divided),
+/// as a frame: what a relay's host frame must equal.
+pub fn sum_frames<'a>(frames: impl IntoIterator<Item = &'a RoundFrame>) -> WireResult<Option<RoundFrame>> {
+    let mut sum = RoundSum::default();
+    for f in frames {
+        sum.add_frame(f)?;
+    }
+    let Some(kind) = sum.kind else { return Ok(None) };
+    let tensors = sum
+        .slots
+        .into_iter()
+        .map(|s| {
+            let mut bytes = BytesMut::new();
+            if let Some(v) = &s.sum {
+                crate::wire::extend_le(&mut bytes, v, s.dtype);
+            }
+            TensorPayload { dtype: s.dtype, shape: s.shape, bytes: bytes.freeze() }
+        })
+        .collect();
+    Ok(Some(RoundFrame { kind, weight: sum.weight, tensors }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::SessionSalt;
+
+    fn key() -> MacKey {
+        MacKey::new(&SessionSalt::from_bytes([0x11; 16]))
+    }
+
+    fn frame(kind: RoundKind, w: f64, dtype: Dtype, v: &[f32]) -> RoundFrame {
+        let mut b = BytesMut::new();
+        crate::wire::extend_le(&mut b, v, dtype);
+        RoundFrame {
+            kind,
+            weight: w,
+            tensors: vec![TensorPayload { dtype, shape: vec![v.len() as u32], bytes: b.freeze() }],
+        }
+    }
+
+    /// A payload cut into odd-sized segments, so elements straddle them.
+    fn shredded(bytes: &Bytes, cut: usize) -> Payload {
+        let mut p = Payload::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let n = cut.min(bytes.len() - at);
+            p.push(bytes.slice(at..at + n));
+            at += n;
+        }
+        p
+    }
+
+    #[test]
+    fn layout_fold_equals_owned_fold_for_any_segmentation() {
+        let k = key();
+        for dtype in [Dtype::F32, Dtype::Bf16] {
+            let a = frame(RoundKind::Model, 2.0, dtype, &[1.0, -2.5, 3.0, 8.0, 0.5]);
+            let b = frame(RoundKind::Model, 1.0, dtype, &[4.0, 4.0, -1.0, 2.0, 0.25]);
+            let want = reduce_frames([&a, &b]).unwrap().unwrap();
+            for cut in [1, 2, 3, 5, 7, 64] {
+                let mut sum = RoundSum::default();
+                for f in [&a, &b] {
+                    let p = shredded(&f.to_bytes(&k).unwrap(), cut);
+                    let layout = verify_layout(&p, &k, 1 << 20).unwrap();
+                    sum.add(&p, &layout).unwrap();
+                }
+                assert_eq!(sum.finish().unwrap(), want, "{dtype:?} cut {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn verify_refuses_tampering_and_trailing_bytes() {
+        let k = key();
+        let bytes = frame(RoundKind::Model, 1.0, Dtype::F32, &[1.0]).to_bytes(&k).unwrap();
+        let mut bad = bytes.to_vec();
+        bad[20] ^= 1;
+        let e = verify_layout(&Payload::from(bad), &k, 1 << 20).unwrap_err();
+        assert!(e.is_mac() || e.field != "footer", "{e}");
+        let mut long = bytes.to_vec();
+        long.push(0);
+        let e = verify_layout(&Payload::from(long), &k, 1 << 20).unwrap_err();
+        assert_eq!(e.field, "footer");
+        let e = verify_layout(&Payload::from(bytes.slice(..bytes.len() - 1)), &k, 1 << 20).unwrap_err();
+        assert_eq!(e.field, "eof");
+    }
+
+    #[test]
+    fn reduce_rules() {
+        // Model: sum then divide once.
+        let c = reduce_frames([
+            &frame(RoundKind::Model, 3.0, Dtype::F32, &[3.0, 6.0]),
+            &frame(RoundKind::Model, 1.0, Dtype::F32, &[5.0, 10.0]),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((c.weight, c.tensors[0].values.as_deref()), (4.0, Some(&[2.0f32, 4.0][..])));
+        // Control: a pure sum.
+        let c = reduce_frames([
+            &frame(RoundKind::Control, 3.0, Dtype::F32, &[3.0]),
+            &frame(RoundKind::Control, 1.0, Dtype::F32, &[5.0]),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((c.weight, c.tensors[0].values.as_deref()), (4.0, Some(&[8.0f32][..])));
+        // Zero mass: the untouched sum, weight 0, not realized.
+        let c = reduce_frames([&frame(RoundKind::Model, 0.0, Dtype::F32, &[0.0, 0.0])]).unwrap().unwrap();
+        assert_eq!((c.weight, c.tensors[0].values.as_deref()), (0.0, Some(&[0.0f32, 0.0][..])));
+        assert!(!c.is_realized());
+        // Kind and dtype mixes are refused by field.
+        let e = reduce_frames([
+            &frame(RoundKind::Model, 1.0, Dtype::F32, &[1.0]),
+            &frame(RoundKind::Control, 1.0, Dtype::F32, &[1.0]),
+        ])
+        .unwrap_err();
+        assert_eq!(e.field, "kind");
+        let e = reduce_frames([
+            &frame(RoundKind::Model, 1.0, Dtype::F32, &[1.0]),
+            &frame(RoundKind::Model, 1.0, Dtype::Bf16, &[1.0]),
+        ])
+        .unwrap_err();
+        assert_eq!((e.field, e.index), ("dtype", Some(0)));
+    }
+
+    #[test]
+    fn elided_tensors_fold_as_zeros_and_all_elided_stays_elided() {
+        let elided = RoundFrame {
+            kind: RoundKind::Model,
+            weight: 0.0,
+            tensors: vec![TensorPayload { dtype: Dtype::F32, shape: vec![2], bytes: Bytes::new() }],
+        };
+        let c = reduce_frames([&elided, &elided]).unwrap().unwrap();
+        assert_eq!(c.tensors[0].values, None);
+        let full = frame(RoundKind::Model, 2.0, Dtype::F32, &[4.0, 8.0]);
+        for order in [[&elided, &full], [&full, &elided]] {
+            let c = reduce_frames(order).unwrap().unwrap();
+            assert_eq!(c.tensors[0].values.as_deref(), Some(&[2.0f32, 4.0][..]));
+        }
+        // An elided frame is schema-sized: [64,128] f32 + [512] bf16 is 57 bytes.
+        let two = RoundFrame {
+            kind: RoundKind::Model,
+            weight: 0.0,
+            tensors: vec![
+                TensorPayload { dtype: Dtype::F32, shape: vec![64, 128], bytes: Bytes::new() },
+                TensorPayload { dtype: Dtype::Bf16, shape: vec![512], bytes: Bytes::new() },
+            ],
+        };
+        assert_eq!(two.to_bytes(&key()).unwrap().len(), 57);
+    }
+
+    #[test]
+    fn bf16_sums_accumulate_in_f32() {
+        let ones: Vec<RoundFrame> =
+            (0..512).map(|_| frame(RoundKind::Control, 1.0, Dtype::Bf16, &[1.0])).collect();
+        let c = reduce_frames(&ones).unwrap().unwrap();
+        assert_eq!(c.tensors[0].values.as_deref(), Some(&[512.0f32][..]));
+        let bytes = c.to_bytes(&key()).unwrap();
+        let back = RoundFrame::decode(&bytes, &key(), 1 << 20).unwrap();
+        assert_eq!(&back.tensors[0].bytes[..], &crate::wire::f32_to_bf16(512.0).to_le_bytes());
+    }
+}

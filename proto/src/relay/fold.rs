@@ -1,0 +1,603 @@
+//! The data leg's fold: one round's f32 accumulator and its barrier.
+//!
+//! Pure: no connections, no time. The relay machine streams each rank's
+//! round frame through a [`RoundDecoder`](crate::wire::RoundDecoder) whose
+//! sink is a [`FoldSink`], so tensor bytes fold straight from the received
+//! slices into the accumulator as they arrive. Nothing is buffered per frame.
+//!
+//! Semantics (BEHAVIOUR.md, "Relay"):
+//! - the element-wise sum of every deposit, accumulated in f32 whatever the
+//!   wire dtype, masses summed, never divided;
+//! - each element is seeded by *copy* from the first bytes that reach it and
+//!   later contributions are added, so a lone deposit ships byte-identical
+//!   (`-0.0` stays `-0.0`, its mass is not `0 + w`; the one exception is a
+//!   signalling NaN in a bf16 tensor, which the wire's bf16 encoder quiets);
+//! - an elided (`nbytes = 0`) tensor folds as zeros: it adds nothing, and a
+//!   tensor every deposit elided ships elided;
+//! - kind and tensor count are pinned by the round's first frame header,
+//!   each tensor's dtype and shape by the first header of that tensor; any
+//!   disagreement is a [`WireError`] naming the tensor and field.
+//!
+//! Interleaved streams are fine: each stream delivers a tensor's elements in
+//! order from 0, so a per-tensor frontier (elements written so far) splits
+//! every arriving run into an "add" part (already seeded) and a "copy" part
+//! (new). The frontier of a tensor is the furthest any stream got, so a run
+//! never starts beyond it.
+//!
+//! Bytes fold before the frame's MAC is checked (that is what makes the fold
+//! zero-copy). The [`Barrier`] therefore tracks whether an unfinished frame
+//! has already touched the sum: such a frame must finish and verify, or the
+//! round is lost ([`FoldError::PartialDeposit`], [`FoldError::Frame`]), and
+//! the relay stops rather than ship a polluted sum.
+
+use std::collections::BTreeMap;
+
+use bytes::BytesMut;
+use core::fmt;
+
+use crate::wire::{
+    Dtype, FrameType, MacKey, Problem, RoundKind, RoundSink, RoundWriter, TensorMeta, WireError, WireResult,
+    bf16_to_f32, round_frame_len,
+};
+
+/// Why a round could not be folded. Every variant stops the relay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FoldError {
+    /// A rank's frame failed to parse, verify, or match the round's schema.
+    Frame {
+        /// The rank whose frame it was.
+        rank: u32,
+        /// The frame, field and problem.
+        error: WireError,
+    },
+    /// A rank sent a second frame before the round completed.
+    DoubleDeposit {
+        /// The rank.
+        rank: u32,
+    },
+    /// A rank's connection ended (or starved) after part of its frame was
+    /// already folded: the sum can no longer be made exact.
+    PartialDeposit {
+        /// The rank.
+        rank: u32,
+    },
+    /// The host frame could not be encoded (a sum left incomplete; a bug).
+    Encode(WireError),
+}
+
+impl fmt::Display for FoldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FoldError::Frame { rank, error } => write!(f, "relay fold: rank {rank}: {error}"),
+            FoldError::DoubleDeposit { rank } => write!(
+                f,
+                "relay fold: rank {rank} deposited twice in one round (ping-pong violated; stream desynced)"
+            ),
+            FoldError::PartialDeposit { rank } => write!(
+                f,
+                "relay fold: rank {rank} was lost mid-frame after part of its frame was folded; \
+                 the round's sum cannot be made exact"
+            ),
+            FoldError::Encode(e) => write!(f, "relay fold: host frame encode: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FoldError {}
+
+/// Grows `v` so that `additional` more elements fit, geometrically but never
+/// beyond `limit` elements in total: capacity follows the elements actually
+/// received, never a length field alone.
+#[inline]
+pub(crate) fn reserve_clamped(v: &mut Vec<f32>, additional: usize, limit: usize) {
+    let need = v.len() + additional;
+    if need <= v.capacity() {
+        return;
+    }
+    let grow = v.capacity().saturating_mul(2).max(16 * 1024).min(limit);
+    v.reserve_exact(need.max(grow) - v.len());
+}
+
+/// `acc[i] += bytes[i]` for little-endian `dtype` elements (`bytes` holds
+/// exactly `acc.len()` of them). Written in blocks of eight so it vectorises.
+#[inline]
+pub fn add_le(acc: &mut [f32], bytes: &[u8], dtype: Dtype) {
+    match dtype {
+        Dtype::F32 => {
+            let mut a8 = acc.chunks_exact_mut(8);
+            let mut b8 = bytes.chunks_exact(32);
+            for (a, b) in (&mut a8).zip(&mut b8) {
+                for (x, c) in a.iter_mut().zip(b.chunks_exact(4)) {
+                    *x += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            for (x, c) in a8.into_remainder().iter_mut().zip(b8.remainder().chunks_exact(4)) {
+                *x += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        Dtype::Bf16 => {
+            let mut a8 = acc.chunks_exact_mut(8);
+            let mut b8 = bytes.chunks_exact(16);
+            for (a, b) in (&mut a8).zip(&mut b8) {
+                for (x, c) in a.iter_mut().zip(b.chunks_exact(2)) {
+                    *x += bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                }
+            }
+            for (x, c) in a8.into_remainder().iter_mut().zip(b8.remainder().chunks_exact(2)) {
+                *x += bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+            }
+        }
+    }
+}
+
+/// Appends the little-endian `dtype` elements in `bytes` to `acc` as f32.
+#[inline]
+pub fn extend_f32_le(acc: &mut Vec<f32>, bytes: &[u8], dtype: Dtype) {
+    match dtype {
+        Dtype::F32 => acc.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        Dtype::Bf16 => {
+            acc.extend(bytes.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))))
+        }
+    }
+}
+
+/// One tensor slot of the round: its pinned schema and its running sum.
+#[derive(Debug, Default)]
+struct TensorAcc {
+    dtype: Option<Dtype>,
+    shape: Vec<u32>,
+    numel: u64,
+    /// Elements seeded so far (the frontier); empty when every deposit so
+    /// far elided the tensor. Capacity is kept across rounds.
+    sum: Vec<f32>,
+}
+
+impl TensorAcc {
+    fn fold(&mut self, elem_offset: u64, bytes: &[u8], dtype: Dtype) -> WireResult<()> {
+        let size = dtype.size();
+        let n = bytes.len() / size;
+        let seeded = self.sum.len() as u64;
+        if elem_offset > seeded || elem_offset.saturating_add(n as u64) > self.numel {
+            // Unreachable for a decoder-validated stream; refused, never a panic.
+            return Err(WireError::new(
+                FrameType::RoundFrame,
+                "data",
+                Problem::Invalid(format!("element run at {elem_offset} beyond the fold frontier {seeded}")),
+            ));
+        }
+        let off = elem_offset as usize;
+        let add = (self.sum.len() - off).min(n);
+        add_le(&mut self.sum[off..off + add], &bytes[..add * size], dtype);
+        if add < n {
+            reserve_clamped(&mut self.sum, n - add, self.numel as usize);
+            extend_f32_le(&mut self.sum, &bytes[add * size..], dtype);
+        }
+        Ok(())
+    }
+}
+
+/// One round's accumulator: schema pinned by the first frame, f32 sums, the
+/// summed mass of the deposits that completed.
+///
+/// ```
+/// use bytes::BytesMut;
+/// use cohort_proto::relay::fold::{FrameFold, RoundFold};
+/// use cohort_proto::wire::*;
+/// let key = MacKey::new(&SessionSalt::from_bytes([9; 16]));
+/// let frame = |v: &[f32], w| RoundFrame {
+///     kind: RoundKind::Model,
+///     weight: w,
+///     tensors: vec![TensorPayload { dtype: Dtype::F32, shape: vec![2], bytes: {
+///         let mut b = BytesMut::new(); extend_le(&mut b, v, Dtype::F32); b.freeze() } }],
+/// };
+/// let mut fold = RoundFold::new();
+/// for f in [frame(&[1.0, 2.0], 3.0), frame(&[10.0, 20.0], 1.0)] {
+///     let bytes = f.to_bytes(&key).unwrap();
+///     let mut one = FrameFold::default();
+///     let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
+///     let (_, done) = dec.feed(&bytes, &key, &mut fold.sink(&mut one)).unwrap();
+///     fold.commit(done.unwrap().weight);
+/// }
+/// let mut out = BytesMut::new();
+/// fold.encode(&key, &mut out).unwrap();
+/// let host = RoundFrame::decode(&out, &key, DEFAULT_FRAME_CEILING).unwrap();
+/// assert_eq!(host.weight, 4.0);
+/// assert_eq!(&host.tensors[0].bytes[..], &frame(&[11.0, 22.0], 0.0).tensors[0].bytes[..]);
+/// ```
+#[derive(Debug, Default)]
+pub struct RoundFold {
+    /// Kind and tensor count, pinned by the first frame header this round.
+    head: Option<(RoundKind, u32)>,
+    /// Tensors whose schema is pinned this round (a prefix of `tensors`).
+    pinned: usize,
+    /// Slots; kept across rounds so their buffers are reused.
+    tensors: Vec<TensorAcc>,
+    weight: f64,
+    deposits: u32,
+}
+
+/// What the fold tracks of one in-flight frame: whether its bytes already
+/// reached the sum (then the frame must finish and verify, or the round is
+/// lost).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FrameFold {
+    /// Whether any of its tensor bytes were folded into the sum.
+    pub touched: bool,
+}
+
+impl RoundFold {
+    /// An empty round.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A sink folding one frame's parts into this round.
+    pub fn sink<'a>(&'a mut self, frame: &'a mut FrameFold) -> FoldSink<'a> {
+        FoldSink { fold: self, frame }
+    }
+
+    /// Records a frame the decoder finished and verified, with its `weight`.
+    /// The first deposit's mass is taken as is (not `0 + w`).
+    pub fn commit(&mut self, weight: f64) {
+        self.weight = if self.deposits == 0 { weight } else { self.weight + weight };
+        self.deposits += 1;
+    }
+
+    /// Verified deposits this round.
+    pub fn deposits(&self) -> u32 {
+        self.deposits
+    }
+
+    /// Summed mass of the verified deposits.
+    pub fn weight(&self) -> f64 {
+        self.weight
+    }
+
+    /// The round's kind, once a frame header arrived.
+    pub fn kind(&self) -> Option<RoundKind> {
+        self.head.map(|(k, _)| k)
+    }
+
+    /// The host frame's exact wire length.
+    pub fn encoded_len(&self) -> u64 {
+        let n = self.head.map_or(0, |(_, n)| n as usize).min(self.pinned);
+        round_frame_len(self.tensors[..n].iter().map(|t| {
+            let nbytes = if t.sum.is_empty() { 0 } else { t.numel * t.dtype.map_or(4, Dtype::size) as u64 };
+            (t.shape.as_slice(), nbytes)
+        }))
+    }
+
+    /// Appends the signed host frame (sums in each tensor's wire dtype,
+    /// untouched tensors elided, the summed mass) to `out`.
+    pub fn encode(&self, key: &MacKey, out: &mut BytesMut) -> WireResult<usize> {
+        let (kind, n) = self.head.ok_or_else(|| {
+            WireError::new(FrameType::RoundFrame, "n_tensors", Problem::Invalid("no frame was folded".into()))
+        })?;
+        if self.pinned != n as usize {
+            return Err(WireError::new(
+                FrameType::RoundFrame,
+                "n_tensors",
+                Problem::Mismatch { got: self.pinned as u64, expected: n.into() },
+            ));
+        }
+        out.reserve(self.encoded_len() as usize);
+        let mut w = RoundWriter::begin(out, kind, self.weight, n)?;
+        for t in &self.tensors[..self.pinned] {
+            let dtype = t.dtype.unwrap_or(Dtype::F32);
+            if t.sum.is_empty() {
+                w.tensor_elided(dtype, &t.shape)?;
+            } else {
+                w.tensor_values(dtype, &t.shape, &t.sum)?;
+            }
+        }
+        w.finish(key)
+    }
+
+    /// Clears the round for the next one, keeping buffers for reuse.
+    pub fn reset(&mut self) {
+        self.head = None;
+        self.pinned = 0;
+        for t in &mut self.tensors {
+            t.dtype = None;
+            t.sum.clear();
+        }
+        self.weight = 0.0;
+        self.deposits = 0;
+    }
+}
+
+/// A [`RoundSink`] folding one frame into a [`RoundFold`].
+#[derive(Debug)]
+pub struct FoldSink<'a> {
+    fold: &'a mut RoundFold,
+    frame: &'a mut FrameFold,
+}
+
+fn differs(field: &'static str, index: Option<u32>, what: String) -> WireError {
+    WireError { frame: FrameType::RoundFrame, field, index, problem: Problem::Invalid(what) }
+}
+
+impl RoundSink for FoldSink<'_> {
+    fn header(&mut self, kind: RoundKind, _weight: f64, n_tensors: u32) -> WireResult<()> {
+        match self.fold.head {
+            None => {
+                self.fold.head = Some((kind, n_tensors));
+                Ok(())
+            }
+            Some((k, _)) if k != kind => Err(differs(
+                "kind",
+                None,
+                format!("{} differs from the round's first frame ({})", kind.name(), k.name()),
+            )),
+            Some((_, n)) if n != n_tensors => Err(differs(
+                "n_tensors",
+                None,
+                format!("{n_tensors} tensors; the round's first frame carries {n}"),
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn tensor(&mut self, index: u32, meta: &TensorMeta) -> WireResult<()> {
+        let i = index as usize;
+        let fold = &mut *self.fold;
+        if i < fold.pinned {
+            let t = &fold.tensors[i];
+            if t.dtype != Some(meta.dtype) {
+                return Err(differs(
+                    "dtype",
+                    Some(index),
+                    format!(
+                        "{} differs from the round's first frame ({}); ranks disagree on the wire dtype",
+                        dtype_name(meta.dtype),
+                        t.dtype.map_or("none", dtype_name)
+                    ),
+                ));
+            }
+            if t.shape != meta.shape {
+                return Err(differs(
+                    "shape",
+                    Some(index),
+                    format!("{:?} differs from the round's first frame ({:?})", meta.shape, t.shape),
+                ));
+            }
+            return Ok(());
+        }
+        if i != fold.pinned {
+            return Err(differs("n_tensors", Some(index), "tensor out of order".into()));
+        }
+        if fold.tensors.len() == i {
+            fold.tensors.push(TensorAcc::default());
+        }
+        let t = &mut fold.tensors[i];
+        t.dtype = Some(meta.dtype);
+        t.shape.clone_from(&meta.shape);
+        t.numel = meta.numel();
+        t.sum.clear();
+        fold.pinned += 1;
+        Ok(())
+    }
+
+    fn data(&mut self, index: u32, elem_offset: u64, bytes: &[u8]) -> WireResult<()> {
+        self.frame.touched = true;
+        let t = self
+            .fold
+            .tensors
+            .get_mut(index as usize)
+            .ok_or_else(|| differs("data", Some(index), "data for an unpinned tensor".into()))?;
+        let dtype = t.dtype.unwrap_or(Dtype::F32);
+        t.fold(elem_offset, bytes, dtype).map_err(|mut e| {
+            e.index = Some(index);
+            e
+        })
+    }
+}
+
+fn dtype_name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::F32 => "f32",
+        Dtype::Bf16 => "bf16",
+    }
+}
+
+/// Where one local rank stands in the current round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Seat {
+    /// Out of the barrier for good (loopback gone or declared dead).
+    pub dead: bool,
+    /// Its frame for this round verified and is in the sum.
+    pub deposited: bool,
+    /// A frame of it is being folded; `Some(true)` once bytes reached the sum.
+    pub streaming: Option<bool>,
+}
+
+/// What to do with a frame that starts arriving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Fold it.
+    Fold,
+    /// Drop it: the rank is dead.
+    Drop,
+}
+
+/// The fold barrier over a host's local ranks: who deposited, who is dead,
+/// whose frame is mid-fold, and when the round is complete.
+///
+/// ```
+/// use cohort_proto::relay::fold::{Admit, Barrier};
+/// let mut b = Barrier::new(&[3, 4]);
+/// assert_eq!(b.begin(3), Ok(Admit::Fold));
+/// b.touched(3);
+/// b.deposited(3);
+/// assert!(!b.complete());
+/// assert_eq!(b.mark_dead(4, false), Ok(true)); // newly dead
+/// assert!(b.complete());
+/// ```
+#[derive(Debug, Clone)]
+pub struct Barrier {
+    seats: BTreeMap<u32, Seat>,
+}
+
+impl Barrier {
+    /// A barrier over `ranks`, all alive.
+    pub fn new(ranks: &[u32]) -> Self {
+        Barrier { seats: ranks.iter().map(|r| (*r, Seat::default())).collect() }
+    }
+
+    /// A rank's seat.
+    pub fn seat(&self, rank: u32) -> Option<Seat> {
+        self.seats.get(&rank).copied()
+    }
+
+    /// Whether `rank` is dead (unknown ranks count as dead).
+    pub fn is_dead(&self, rank: u32) -> bool {
+        self.seats.get(&rank).is_none_or(|s| s.dead)
+    }
+
+    /// Ranks not dead.
+    pub fn alive(&self) -> impl Iterator<Item = u32> + '_ {
+        self.seats.iter().filter(|(_, s)| !s.dead).map(|(r, _)| *r)
+    }
+
+    /// A frame of `rank` starts: fold it, drop it (dead rank), or refuse it
+    /// (a second frame this round).
+    pub fn begin(&mut self, rank: u32) -> Result<Admit, FoldError> {
+        let Some(s) = self.seats.get_mut(&rank) else { return Ok(Admit::Drop) };
+        if s.dead {
+            return Ok(Admit::Drop);
+        }
+        if s.deposited || s.streaming.is_some() {
+            return Err(FoldError::DoubleDeposit { rank });
+        }
+        s.streaming = Some(false);
+        Ok(Admit::Fold)
+    }
+
+    /// Bytes of `rank`'s frame reached the sum.
+    pub fn touched(&mut self, rank: u32) {
+        if let Some(s) = self.seats.get_mut(&rank)
+            && s.streaming.is_some()
+        {
+            s.streaming = Some(true);
+        }
+    }
+
+    /// `rank`'s frame verified and is committed.
+    pub fn deposited(&mut self, rank: u32) {
+        if let Some(s) = self.seats.get_mut(&rank) {
+            s.streaming = None;
+            s.deposited = true;
+        }
+    }
+
+    /// `rank` is dead. `connection_lost`: its stream can deliver nothing more.
+    ///
+    /// Returns whether the death is new. An untouched in-flight frame is
+    /// abandoned; a touched one must still finish (a live connection) or the
+    /// round is lost ([`FoldError::PartialDeposit`], connection gone).
+    pub fn mark_dead(&mut self, rank: u32, connection_lost: bool) -> Result<bool, FoldError> {
+        let Some(s) = self.seats.get_mut(&rank) else { return Ok(false) };
+        let new = !s.dead;
+        s.dead = true;
+        match s.streaming {
+            Some(true) if connection_lost => Err(FoldError::PartialDeposit { rank }),
+            Some(true) => Ok(new),
+            Some(false) => {
+                s.streaming = None;
+                Ok(new)
+            }
+            None => Ok(new),
+        }
+    }
+
+    /// Whether `rank`'s frame in flight is being dropped or folded.
+    pub fn streaming(&self, rank: u32) -> Option<bool> {
+        self.seats.get(&rank).and_then(|s| s.streaming)
+    }
+
+    /// Every rank is dead or deposited, and no folded frame is unfinished.
+    pub fn complete(&self) -> bool {
+        self.seats.values().all(|s| s.deposited || (s.dead && s.streaming.is_none()))
+    }
+
+    /// Whether any rank has a frame in flight (folded or not).
+    pub fn any_streaming(&self) -> bool {
+        self.seats.values().any(|s| s.streaming.is_some())
+    }
+
+    /// Every rank is dead (and nothing is mid-fold).
+    pub fn all_dead(&self) -> bool {
+        self.seats.values().all(|s| s.dead && s.streaming.is_none())
+    }
+
+    /// Starts the next round: nobody deposited.
+    pub fn next_round(&mut self) {
+        for s in self.seats.values_mut() {
+            s.deposited = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_le_matches_scalar_for_every_length() {
+        for n in 0..40usize {
+            let vals: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let mut bytes = BytesMut::new();
+            crate::wire::extend_le(&mut bytes, &vals, Dtype::F32);
+            let mut acc: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            add_le(&mut acc, &bytes, Dtype::F32);
+            let want: Vec<f32> = (0..n).map(|i| i as f32 + vals[i]).collect();
+            assert_eq!(acc, want, "n = {n}");
+            let mut bytes = BytesMut::new();
+            crate::wire::extend_le(&mut bytes, &vals, Dtype::Bf16);
+            let mut acc = vec![1.0f32; n];
+            add_le(&mut acc, &bytes, Dtype::Bf16);
+            let want: Vec<f32> = vals.iter().map(|v| 1.0 + v).collect();
+            assert_eq!(acc, want, "bf16 n = {n}");
+        }
+    }
+
+    #[test]
+    fn reserve_never_exceeds_the_limit() {
+        let mut v = Vec::new();
+        for _ in 0..100 {
+            reserve_clamped(&mut v, 500, 50_000);
+            v.extend(core::iter::repeat_n(0.0, 500));
+            assert!(v.capacity() <= 50_000, "capacity {} past the limit", v.capacity());
+        }
+    }
+
+    #[test]
+    fn barrier_rules() {
+        let mut b = Barrier::new(&[1, 2]);
+        assert_eq!(b.begin(1), Ok(Admit::Fold));
+        assert_eq!(b.begin(1), Err(FoldError::DoubleDeposit { rank: 1 }));
+        b.touched(1);
+        // Declared dead mid-fold with bytes in: must still finish.
+        assert_eq!(b.mark_dead(1, false), Ok(true));
+        assert!(!b.complete());
+        b.deposited(1);
+        assert_eq!(b.mark_dead(2, false), Ok(true));
+        assert!(b.complete());
+        assert_eq!(b.mark_dead(2, false), Ok(false), "idempotent");
+        // Dead ranks' frames are dropped.
+        b.next_round();
+        assert_eq!(b.begin(2), Ok(Admit::Drop));
+        assert!(b.all_dead());
+    }
+
+    #[test]
+    fn lost_mid_fold_is_a_partial_deposit() {
+        let mut b = Barrier::new(&[5]);
+        b.begin(5).unwrap();
+        assert_eq!(b.mark_dead(5, true), Ok(true), "untouched: just abandoned");
+        let mut b = Barrier::new(&[5]);
+        b.begin(5).unwrap();
+        b.touched(5);
+        assert_eq!(b.mark_dead(5, true), Err(FoldError::PartialDeposit { rank: 5 }));
+    }
+}

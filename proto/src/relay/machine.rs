@@ -1,0 +1,964 @@
+//! The relay machine (both legs). See the [module documentation](super).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::{Bytes, BytesMut};
+use core::fmt;
+use core::time::Duration;
+
+use super::Leg;
+use super::fold::{Admit, Barrier, FoldError, FrameFold, RoundFold};
+use crate::config::{ConfigError, TimeoutScale, defaults};
+use crate::handshake::{Acceptor, AcceptorEvent, ControlHandshake, DataHandshake, HandshakeError};
+use crate::machine::{CloseCause, ConnId, DialId, Input, Machine, Outbox, Output};
+use crate::time::Time;
+use crate::wire::{
+    DEFAULT_FRAME_CEILING, FrameType, LenDecoder, LenStep, MacKey, MuxDecoder, MuxRecord, Payload, Problem,
+    RelayControlMsg, RoundDecoder, WireError, encode_control, len_prefix,
+};
+
+/// The dial id of the relay's upstream connection.
+pub const UPSTREAM_DIAL: DialId = DialId(1);
+
+/// A relay's configuration (plain data).
+#[derive(Clone, Debug)]
+pub struct RelayConfig {
+    /// The channel served.
+    pub leg: Leg,
+    /// This host's name (announced upstream).
+    pub host: String,
+    /// The host's global ranks (any order; announced ascending).
+    pub ranks: Vec<u32>,
+    /// The world size every handshake must agree on.
+    pub world_size: u32,
+    /// The session key.
+    pub key: MacKey,
+    /// The controller's address.
+    pub upstream: String,
+    /// The frame ceiling for length-framed blobs, mux records and round frames.
+    pub ceiling: u64,
+    /// Stretches the handshake deadlines.
+    pub timeout_scale: TimeoutScale,
+}
+
+impl RelayConfig {
+    /// A configuration with flodl's defaults (1 GiB ceiling, scale 1).
+    pub fn new(
+        leg: Leg,
+        host: impl Into<String>,
+        ranks: Vec<u32>,
+        world_size: u32,
+        key: MacKey,
+        upstream: impl Into<String>,
+    ) -> Self {
+        RelayConfig {
+            leg,
+            host: host.into(),
+            ranks,
+            world_size,
+            key,
+            upstream: upstream.into(),
+            ceiling: DEFAULT_FRAME_CEILING,
+            timeout_scale: TimeoutScale::ONE,
+        }
+    }
+}
+
+/// Why a loopback connection was refused (closed, nothing more sent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RankRefusal {
+    /// The peer is not on this host.
+    NotLoopback,
+    /// The hello was invalid or did not arrive in time.
+    Handshake(HandshakeError),
+    /// The rank is not one of this host's.
+    Unknown {
+        /// The rank announced.
+        rank: u32,
+    },
+    /// The rank already connected once (ranks are never revived).
+    Duplicate {
+        /// The rank announced.
+        rank: u32,
+    },
+}
+
+impl fmt::Display for RankRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RankRefusal::NotLoopback => f.write_str("not a loopback peer"),
+            RankRefusal::Handshake(e) => write!(f, "handshake: {e}"),
+            RankRefusal::Unknown { rank } => write!(f, "rank {rank} is not in this host's rank set"),
+            RankRefusal::Duplicate { rank } => write!(f, "duplicate rank {rank} connected on loopback"),
+        }
+    }
+}
+
+/// How a local rank died.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RankDeath {
+    /// Its loopback connection ended.
+    Loopback(CloseCause),
+    /// Its stream was malformed (length over the ceiling, backlog overflow).
+    Stream(WireError),
+    /// It stopped mid-blob for the starvation deadline.
+    Starved,
+    /// The controller declared it dead (`DeclareDead`).
+    Declared,
+}
+
+/// Why the relay stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The round could not be folded.
+    Fold(FoldError),
+    /// The upstream dial failed for good.
+    UpstreamUnreachable,
+    /// The upstream did not answer `Hello` with `HelloAck` in time, or with something else.
+    UpstreamHandshake(String),
+    /// The upstream connection ended.
+    UpstreamClosed(CloseCause),
+    /// The upstream sent bytes that do not decode.
+    Upstream(WireError),
+    /// The upstream stopped mid-record for the starvation deadline.
+    UpstreamStarved,
+    /// Every local rank is gone.
+    AllRanksGone,
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StopReason::Fold(e) => write!(f, "{e}"),
+            StopReason::UpstreamUnreachable => f.write_str("could not connect upstream"),
+            StopReason::UpstreamHandshake(why) => write!(f, "upstream handshake: {why}"),
+            StopReason::UpstreamClosed(c) => write!(f, "upstream connection ended ({c})"),
+            StopReason::Upstream(e) => write!(f, "upstream: {e}"),
+            StopReason::UpstreamStarved => f.write_str("upstream stalled mid-record"),
+            StopReason::AllRanksGone => f.write_str("every local rank is gone"),
+        }
+    }
+}
+
+/// What a relay reports.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RelayEvent {
+    /// A local rank finished its handshake.
+    RankAdmitted {
+        /// The rank.
+        rank: u32,
+        /// Its loopback connection.
+        conn: ConnId,
+    },
+    /// A loopback connection was refused and closed.
+    RankRefused {
+        /// The connection.
+        conn: ConnId,
+        /// Why.
+        reason: RankRefusal,
+    },
+    /// The controller acknowledged the relay's `Hello`.
+    UpstreamReady,
+    /// A local rank left for good.
+    RankDead {
+        /// The rank.
+        rank: u32,
+        /// How.
+        cause: RankDeath,
+    },
+    /// A round completed and its host frame went upstream.
+    HostFrameShipped {
+        /// Rounds shipped before this one.
+        round: u64,
+        /// Frames folded into it.
+        deposits: u32,
+        /// Their summed mass.
+        weight: f64,
+        /// The host frame's length.
+        bytes: usize,
+    },
+    /// A consensus was fanned out to the live local ranks.
+    ConsensusFannedOut {
+        /// Ranks it went to.
+        ranks: u32,
+        /// Its length.
+        bytes: usize,
+    },
+    /// A record from upstream was dropped.
+    RecordDropped {
+        /// The record kind.
+        kind: &'static str,
+        /// The rank it named (Data records).
+        rank: Option<u32>,
+        /// Why.
+        why: &'static str,
+    },
+    /// The relay stopped; every connection was closed.
+    Stopped(StopReason),
+}
+
+/// Counters for the embedding application.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Host frames shipped.
+    pub rounds: u64,
+    /// Round-frame bytes received from local ranks (data leg) or blob bytes forwarded (control leg).
+    pub bytes_in: u64,
+    /// Record bytes sent upstream.
+    pub bytes_up: u64,
+    /// Data records for ranks not on this host.
+    pub dropped_unknown_rank: u64,
+    /// Data records for local ranks already dead.
+    pub dropped_dead_rank: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Between frames.
+    Idle,
+    /// Folding a frame.
+    Fold,
+    /// The frame verified; the blob must end now.
+    Done,
+    /// Dropping a dead rank's frame.
+    Skip,
+}
+
+#[derive(Debug)]
+struct Local {
+    conn: Option<ConnId>,
+    admitted: bool,
+    dead: bool,
+    model_sig: [u8; 32],
+    len: LenDecoder,
+    /// Last byte arrival while a blob is unfinished.
+    mid_blob_since: Option<Time>,
+    dec: RoundDecoder,
+    frame: FrameFold,
+    mode: Mode,
+}
+
+#[derive(Debug)]
+enum Up {
+    /// Waiting for every local rank before dialing.
+    Waiting,
+    Dialing,
+    Hello {
+        conn: ConnId,
+        deadline: Time,
+    },
+    Ready {
+        conn: ConnId,
+    },
+    Gone,
+}
+
+#[derive(Debug)]
+enum Acc {
+    Control(Acceptor<ControlHandshake>),
+    Data(Acceptor<DataHandshake>),
+}
+
+/// A unified admission: rank, model signature (control leg), leftover bytes.
+type Admission = AcceptorEvent<(u32, [u8; 32])>;
+
+impl Acc {
+    fn adopt(&mut self, now: Time, conn: ConnId) {
+        match self {
+            Acc::Control(a) => a.adopt(now, conn, &[]),
+            Acc::Data(a) => a.adopt(now, conn, &[]),
+        }
+    }
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        match self {
+            Acc::Control(a) => a.handle(now, input),
+            Acc::Data(a) => a.handle(now, input),
+        }
+    }
+    fn poll(&mut self, now: Time) -> Option<Output<Admission>> {
+        fn map<H>(e: AcceptorEvent<H>, f: impl FnOnce(H) -> (u32, [u8; 32])) -> Admission {
+            match e {
+                AcceptorEvent::Admitted { conn, hello, leftover } => {
+                    AcceptorEvent::Admitted { conn, hello: f(hello), leftover }
+                }
+                AcceptorEvent::Refused { conn, error } => AcceptorEvent::Refused { conn, error },
+            }
+        }
+        match self {
+            Acc::Control(a) => a.poll(now).map(|o| o.map_event(|e| map(e, |h| (h.rank, h.model_sig)))),
+            Acc::Data(a) => a.poll(now).map(|o| o.map_event(|e| map(e, |h| (h.rank, [0; 32])))),
+        }
+    }
+    fn poll_timeout(&self) -> Option<Time> {
+        match self {
+            Acc::Control(a) => a.poll_timeout(),
+            Acc::Data(a) => a.poll_timeout(),
+        }
+    }
+}
+
+/// The data leg's round state.
+#[derive(Debug)]
+struct DataLeg {
+    fold: RoundFold,
+    barrier: Barrier,
+    /// The last host frame shipped. Once the driver has written and dropped
+    /// its copies, its buffer is reused for the next one (no fresh
+    /// model-sized allocation, no page faults, each round).
+    spare: Option<Bytes>,
+}
+
+/// A completed round's host frame.
+#[derive(Debug)]
+struct Shipped {
+    bytes: Bytes,
+    deposits: u32,
+    weight: f64,
+}
+
+impl DataLeg {
+    /// Ships the round if it is complete: the signed host frame, or nothing
+    /// when nobody deposited.
+    fn try_complete(&mut self, key: &MacKey) -> Result<Option<Shipped>, FoldError> {
+        if !self.barrier.complete() {
+            return Ok(None);
+        }
+        let shipped = if self.fold.deposits() == 0 {
+            None
+        } else {
+            let mut out = match self.spare.take().map(Bytes::try_into_mut) {
+                Some(Ok(mut reused)) => {
+                    reused.clear();
+                    reused
+                }
+                _ => BytesMut::new(),
+            };
+            self.fold.encode(key, &mut out).map_err(FoldError::Encode)?;
+            let bytes = out.freeze();
+            self.spare = Some(bytes.clone());
+            Some(Shipped { bytes, deposits: self.fold.deposits(), weight: self.fold.weight() })
+        };
+        self.fold.reset();
+        self.barrier.next_round();
+        Ok(shipped)
+    }
+}
+
+/// What feeding a rank's bytes into the fold ran into.
+enum FeedError {
+    /// The loopback framing is broken: the rank is lost.
+    Stream(WireError),
+    /// The round is lost: the relay stops.
+    Fold(FoldError),
+}
+
+/// One relay channel for one host. See the [module documentation](super).
+#[derive(Debug)]
+pub struct Relay {
+    cfg: RelayConfig,
+    acceptor: Acc,
+    handshaking: BTreeSet<ConnId>,
+    locals: BTreeMap<u32, Local>,
+    by_conn: BTreeMap<ConnId, u32>,
+    data: Option<DataLeg>,
+    up: Up,
+    up_dec: MuxDecoder,
+    up_mid_since: Option<Time>,
+    /// Records for upstream before `HelloAck`, and their total size.
+    backlog: Vec<Bytes>,
+    backlog_bytes: u64,
+    stats: RelayStats,
+    stopped: bool,
+    out: Outbox<RelayEvent>,
+}
+
+fn starvation() -> Duration {
+    defaults::MID_FRAME_STARVATION
+}
+
+impl Relay {
+    /// A relay for `cfg`; refuses an empty, duplicated or out-of-range rank set.
+    pub fn new(mut cfg: RelayConfig) -> Result<Self, ConfigError> {
+        cfg.ranks.sort_unstable();
+        if cfg.ranks.is_empty() {
+            return Err(ConfigError::new("relay ranks", "a relay needs at least one local rank"));
+        }
+        if cfg.ranks.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ConfigError::new("relay ranks", format!("duplicate rank in {:?}", cfg.ranks)));
+        }
+        if let Some(r) = cfg.ranks.iter().find(|r| **r >= cfg.world_size) {
+            return Err(ConfigError::new(
+                "relay ranks",
+                format!("rank {r} is outside the world of {}", cfg.world_size),
+            ));
+        }
+        let budget = cfg.timeout_scale.scaled(defaults::HANDSHAKE);
+        let acceptor = match cfg.leg {
+            Leg::Control => Acc::Control(Acceptor::new(
+                ControlHandshake { key: cfg.key.clone(), world_size: cfg.world_size },
+                budget,
+            )),
+            Leg::Data => Acc::Data(Acceptor::new(DataHandshake { world_size: cfg.world_size }, budget)),
+        };
+        let locals = cfg
+            .ranks
+            .iter()
+            .map(|r| {
+                let local = Local {
+                    conn: None,
+                    admitted: false,
+                    dead: false,
+                    model_sig: [0; 32],
+                    len: LenDecoder::new(cfg.ceiling),
+                    mid_blob_since: None,
+                    dec: RoundDecoder::new(cfg.ceiling),
+                    frame: FrameFold::default(),
+                    mode: Mode::Idle,
+                };
+                (*r, local)
+            })
+            .collect();
+        let data = (cfg.leg == Leg::Data).then(|| DataLeg {
+            fold: RoundFold::new(),
+            barrier: Barrier::new(&cfg.ranks),
+            spare: None,
+        });
+        Ok(Relay {
+            up_dec: MuxDecoder::new(cfg.ceiling),
+            acceptor,
+            handshaking: BTreeSet::new(),
+            locals,
+            by_conn: BTreeMap::new(),
+            data,
+            up: Up::Waiting,
+            up_mid_since: None,
+            backlog: Vec::new(),
+            backlog_bytes: 0,
+            stats: RelayStats::default(),
+            stopped: false,
+            out: Outbox::default(),
+            cfg,
+        })
+    }
+
+    /// The channel served.
+    pub fn leg(&self) -> Leg {
+        self.cfg.leg
+    }
+
+    /// The host's ranks, ascending.
+    pub fn ranks(&self) -> &[u32] {
+        &self.cfg.ranks
+    }
+
+    /// Local ranks not dead, ascending.
+    pub fn alive(&self) -> Vec<u32> {
+        self.locals.iter().filter(|(_, l)| !l.dead).map(|(r, _)| *r).collect()
+    }
+
+    /// Whether the controller acknowledged the relay.
+    pub fn is_ready(&self) -> bool {
+        matches!(self.up, Up::Ready { .. })
+    }
+
+    /// Whether the relay stopped.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RelayStats {
+        self.stats
+    }
+
+    fn drain_acceptor(&mut self, now: Time) {
+        while let Some(o) = self.acceptor.poll(now) {
+            match o {
+                Output::Event(AcceptorEvent::Admitted { conn, hello: (rank, sig), leftover }) => {
+                    self.handshaking.remove(&conn);
+                    self.admit(now, conn, rank, sig, &leftover);
+                }
+                Output::Event(AcceptorEvent::Refused { conn, error }) => {
+                    self.handshaking.remove(&conn);
+                    self.out.event(RelayEvent::RankRefused { conn, reason: RankRefusal::Handshake(error) });
+                }
+                Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
+                Output::Close { conn } => self.out.close(conn),
+                Output::Dial { dial, addr } => self.out.dial(dial, addr),
+            }
+            if self.stopped {
+                return;
+            }
+        }
+    }
+
+    fn admit(&mut self, now: Time, conn: ConnId, rank: u32, sig: [u8; 32], leftover: &[u8]) {
+        let refusal = match self.locals.get_mut(&rank) {
+            None => Some(RankRefusal::Unknown { rank }),
+            Some(l) if l.admitted => Some(RankRefusal::Duplicate { rank }),
+            Some(l) => {
+                l.admitted = true;
+                l.conn = Some(conn);
+                l.model_sig = sig;
+                None
+            }
+        };
+        if let Some(reason) = refusal {
+            self.out.close(conn);
+            self.out.event(RelayEvent::RankRefused { conn, reason });
+            return;
+        }
+        self.by_conn.insert(conn, rank);
+        self.out.event(RelayEvent::RankAdmitted { rank, conn });
+        if !leftover.is_empty() {
+            self.rank_bytes(now, rank, leftover);
+        }
+        if !self.stopped && matches!(self.up, Up::Waiting) && self.locals.values().all(|l| l.admitted) {
+            self.up = Up::Dialing;
+            self.out.dial(UPSTREAM_DIAL, self.cfg.upstream.clone());
+        }
+    }
+
+    /// Sends a record upstream, or keeps it until `HelloAck`.
+    fn up_send(&mut self, bytes: Bytes) {
+        self.stats.bytes_up += bytes.len() as u64;
+        match self.up {
+            Up::Ready { conn } => self.out.transmit(conn, bytes),
+            _ => {
+                self.backlog_bytes += bytes.len() as u64;
+                self.backlog.push(bytes);
+            }
+        }
+    }
+
+    fn up_control(&mut self, msg: &RelayControlMsg) {
+        let mut b = BytesMut::new();
+        if encode_control(&self.cfg.key, msg, &mut b).is_ok() {
+            self.up_send(b.freeze());
+        }
+    }
+
+    fn rank_bytes(&mut self, now: Time, rank: u32, bytes: &[u8]) {
+        let result = match self.cfg.leg {
+            Leg::Control => self.control_bytes(rank, bytes),
+            Leg::Data => self.data_bytes(rank, bytes),
+        };
+        let Some(local) = self.locals.get_mut(&rank) else { return };
+        local.mid_blob_since = (!local.len.is_idle()).then_some(now);
+        match result {
+            Ok(()) => self.stop_if_all_gone(),
+            Err(FeedError::Stream(e)) => {
+                if let Some(conn) = local.conn {
+                    self.out.close(conn);
+                }
+                self.rank_dead(rank, RankDeath::Stream(e), true);
+            }
+            Err(FeedError::Fold(e)) => self.stop(StopReason::Fold(e)),
+        }
+    }
+
+    fn control_bytes(&mut self, rank: u32, mut bytes: &[u8]) -> Result<(), FeedError> {
+        while !bytes.is_empty() {
+            let Some(local) = self.locals.get_mut(&rank) else { return Ok(()) };
+            let (used, blob) = local.len.decode(bytes).map_err(FeedError::Stream)?;
+            bytes = &bytes[used..];
+            let Some(payload) = blob else { continue };
+            if local.dead {
+                continue;
+            }
+            self.stats.bytes_in += payload.len() as u64;
+            let mut rec = BytesMut::new();
+            MuxRecord::Data { rank, payload }.encode(&self.cfg.key, &mut rec).map_err(FeedError::Stream)?;
+            if !self.is_ready() && self.backlog_bytes + rec.len() as u64 > self.cfg.ceiling {
+                return Err(FeedError::Stream(WireError::new(
+                    FrameType::LenFrame,
+                    "len",
+                    Problem::TooLarge { got: self.backlog_bytes + rec.len() as u64, limit: self.cfg.ceiling },
+                )));
+            }
+            self.up_send(rec.freeze());
+        }
+        Ok(())
+    }
+
+    fn data_bytes(&mut self, rank: u32, bytes: &[u8]) -> Result<(), FeedError> {
+        let key = self.cfg.key.clone();
+        let mut used = 0;
+        loop {
+            let (Some(local), Some(leg)) = (self.locals.get_mut(&rank), self.data.as_mut()) else {
+                return Ok(());
+            };
+            let (n, step) = local.len.step(&bytes[used..]).map_err(FeedError::Stream)?;
+            used += n;
+            let frame_err = |error| FeedError::Fold(FoldError::Frame { rank, error });
+            match step {
+                Some(LenStep::Start(_)) => {
+                    local.mode = match leg.barrier.begin(rank).map_err(FeedError::Fold)? {
+                        Admit::Fold => Mode::Fold,
+                        Admit::Drop => Mode::Skip,
+                    };
+                    local.frame = FrameFold::default();
+                }
+                Some(LenStep::Body(b)) => match local.mode {
+                    Mode::Fold => {
+                        let mut sink = leg.fold.sink(&mut local.frame);
+                        let (u, done) = local.dec.feed(b, &key, &mut sink).map_err(frame_err)?;
+                        self.stats.bytes_in += u as u64;
+                        if local.frame.touched {
+                            leg.barrier.touched(rank);
+                        }
+                        if let Some(done) = done {
+                            if u != b.len() {
+                                return Err(frame_err(trailing(b.len() - u)));
+                            }
+                            leg.fold.commit(done.weight);
+                            leg.barrier.deposited(rank);
+                            local.mode = Mode::Done;
+                            self.complete_round().map_err(FeedError::Fold)?;
+                        }
+                    }
+                    Mode::Done => return Err(frame_err(trailing(b.len()))),
+                    Mode::Skip | Mode::Idle => {}
+                },
+                Some(LenStep::End) => {
+                    if local.mode == Mode::Fold {
+                        return Err(frame_err(WireError::truncated(
+                            FrameType::RoundFrame,
+                            local.dec.in_progress() as usize,
+                        )));
+                    }
+                    local.mode = Mode::Idle;
+                }
+                None if used == bytes.len() => return Ok(()),
+                None => {}
+            }
+        }
+    }
+
+    /// Ships the round if it is complete (data leg).
+    fn complete_round(&mut self) -> Result<(), FoldError> {
+        let Some(leg) = self.data.as_mut() else { return Ok(()) };
+        let Some(shipped) = leg.try_complete(&self.cfg.key)? else { return Ok(()) };
+        let len = shipped.bytes.len();
+        let rec = MuxRecord::HostFrame { payload: Payload::from(shipped.bytes.clone()) };
+        let header = rec.header(&self.cfg.key).map_err(FoldError::Encode)?;
+        // Header, then the frame itself (shared, not copied into the record).
+        self.up_send(Bytes::copy_from_slice(&header));
+        self.up_send(shipped.bytes);
+        self.out.event(RelayEvent::HostFrameShipped {
+            round: self.stats.rounds,
+            deposits: shipped.deposits,
+            weight: shipped.weight,
+            bytes: len,
+        });
+        self.stats.rounds += 1;
+        Ok(())
+    }
+
+    /// Marks `rank` dead (`lost`: its connection is gone or abandoned).
+    fn rank_dead(&mut self, rank: u32, cause: RankDeath, lost: bool) {
+        let Some(local) = self.locals.get_mut(&rank) else { return };
+        if lost && let Some(conn) = local.conn.take() {
+            self.by_conn.remove(&conn);
+            local.mid_blob_since = None;
+        }
+        let new = !local.dead;
+        local.dead = true;
+        if let Some(leg) = self.data.as_mut() {
+            if let Err(e) = leg.barrier.mark_dead(rank, lost) {
+                self.stop(StopReason::Fold(e));
+                return;
+            }
+            if leg.barrier.streaming(rank).is_none() && local.mode == Mode::Fold {
+                // Its frame had not reached the sum: drop the rest of it, and
+                // forget any schema it pinned if no frame made it in.
+                local.mode = Mode::Skip;
+                local.dec = RoundDecoder::new(self.cfg.ceiling);
+                if leg.fold.deposits() == 0 && !leg.barrier.any_streaming() {
+                    leg.fold.reset();
+                }
+            }
+        }
+        if new {
+            if cause != RankDeath::Declared {
+                self.up_control(&RelayControlMsg::RankExit { rank });
+            }
+            self.out.event(RelayEvent::RankDead { rank, cause });
+        }
+        if let Err(e) = self.complete_round() {
+            self.stop(StopReason::Fold(e));
+            return;
+        }
+        self.stop_if_all_gone();
+    }
+
+    /// Stops once every local rank is dead and no folded frame is unfinished.
+    fn stop_if_all_gone(&mut self) {
+        let all_gone = match &self.data {
+            Some(leg) => leg.barrier.all_dead(),
+            None => self.locals.values().all(|l| l.dead),
+        };
+        if all_gone {
+            self.stop(StopReason::AllRanksGone);
+        }
+    }
+
+    fn stop(&mut self, reason: StopReason) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        for conn in core::mem::take(&mut self.handshaking) {
+            self.out.close(conn);
+        }
+        for conn in core::mem::take(&mut self.by_conn).into_keys() {
+            self.out.close(conn);
+        }
+        match core::mem::replace(&mut self.up, Up::Gone) {
+            Up::Hello { conn, .. } | Up::Ready { conn } => self.out.close(conn),
+            _ => {}
+        }
+        self.out.event(RelayEvent::Stopped(reason));
+    }
+
+    fn up_connected(&mut self, now: Time, conn: ConnId) {
+        let mut first = BytesMut::new();
+        first.extend_from_slice(&self.cfg.leg.channel().magic_bytes());
+        let model_sigs = match self.cfg.leg {
+            Leg::Control => self.locals.values().map(|l| l.model_sig).collect(),
+            Leg::Data => Vec::new(),
+        };
+        let hello =
+            RelayControlMsg::Hello { host: self.cfg.host.clone(), ranks: self.cfg.ranks.clone(), model_sigs };
+        if let Err(e) = encode_control(&self.cfg.key, &hello, &mut first) {
+            self.up = Up::Hello { conn, deadline: now };
+            self.stop(StopReason::Upstream(e));
+            return;
+        }
+        self.out.transmit(conn, first.freeze());
+        let deadline = now + self.cfg.timeout_scale.scaled(defaults::HANDSHAKE);
+        self.up = Up::Hello { conn, deadline };
+    }
+
+    fn upstream_bytes(&mut self, now: Time, mut bytes: &[u8]) {
+        while !bytes.is_empty() && !self.stopped {
+            match self.up_dec.decode(bytes, &self.cfg.key) {
+                Err(e) => self.stop(StopReason::Upstream(e)),
+                Ok((used, rec)) => {
+                    bytes = &bytes[used..];
+                    if let Some(rec) = rec {
+                        self.up_record(rec);
+                    }
+                }
+            }
+        }
+        self.up_mid_since = (!self.up_dec.is_idle()).then_some(now);
+    }
+
+    fn up_record(&mut self, rec: MuxRecord) {
+        match self.up {
+            Up::Hello { conn, .. } => {
+                if rec == MuxRecord::Control(RelayControlMsg::HelloAck) {
+                    self.up = Up::Ready { conn };
+                    for b in core::mem::take(&mut self.backlog) {
+                        self.out.transmit(conn, b);
+                    }
+                    self.backlog_bytes = 0;
+                    self.out.event(RelayEvent::UpstreamReady);
+                } else {
+                    let why = format!("expected HelloAck, got a {} record", rec.kind_name());
+                    self.stop(StopReason::UpstreamHandshake(why));
+                }
+                return;
+            }
+            Up::Ready { .. } => {}
+            _ => return,
+        }
+        match (self.cfg.leg, rec) {
+            (Leg::Control, MuxRecord::Data { rank, payload }) => self.deliver(Some(rank), &payload),
+            (Leg::Data, MuxRecord::Broadcast { payload }) => self.deliver(None, &payload),
+            (Leg::Data, MuxRecord::Control(RelayControlMsg::DeclareDead { rank })) => {
+                if self.locals.contains_key(&rank) {
+                    self.rank_dead(rank, RankDeath::Declared, false);
+                }
+            }
+            // Hello/HelloAck only open the connection; DeclareDead has no
+            // barrier to act on on the control leg (as in flodl).
+            (_, MuxRecord::Control(_)) => {}
+            (_, rec) => {
+                let rank = match &rec {
+                    MuxRecord::Data { rank, .. } => Some(*rank),
+                    _ => None,
+                };
+                self.out.event(RelayEvent::RecordDropped {
+                    kind: rec.kind_name(),
+                    rank,
+                    why: "not a record this leg receives",
+                });
+            }
+        }
+    }
+
+    /// Writes a blob to one rank (`Some`) or every live rank (`None`): the
+    /// length prefix and the payload's shared segments, never copied.
+    fn deliver(&mut self, to: Option<u32>, payload: &Payload) {
+        let prefix = match len_prefix(payload.len(), self.cfg.ceiling) {
+            Ok(p) => Bytes::copy_from_slice(&p),
+            Err(_) => {
+                self.out.event(RelayEvent::RecordDropped {
+                    kind: if to.is_some() { "Data" } else { "Broadcast" },
+                    rank: to,
+                    why: "payload over the loopback frame ceiling",
+                });
+                return;
+            }
+        };
+        let targets: Vec<ConnId> = match to {
+            Some(rank) => match self.locals.get(&rank) {
+                None => {
+                    self.stats.dropped_unknown_rank += 1;
+                    self.out.event(RelayEvent::RecordDropped {
+                        kind: "Data",
+                        rank: Some(rank),
+                        why: "rank not on this host",
+                    });
+                    return;
+                }
+                Some(l) => match l.conn {
+                    Some(c) if !l.dead => vec![c],
+                    _ => {
+                        self.stats.dropped_dead_rank += 1;
+                        return;
+                    }
+                },
+            },
+            None => self.locals.values().filter(|l| !l.dead).filter_map(|l| l.conn).collect(),
+        };
+        for conn in &targets {
+            self.out.transmit(*conn, prefix.clone());
+            for seg in payload.segments() {
+                self.out.transmit(*conn, seg.clone());
+            }
+        }
+        if to.is_none() {
+            self.out
+                .event(RelayEvent::ConsensusFannedOut { ranks: targets.len() as u32, bytes: payload.len() });
+        }
+    }
+
+    fn timeout(&mut self, now: Time) {
+        self.acceptor.handle(now, Input::Timeout);
+        self.drain_acceptor(now);
+        if let Up::Hello { deadline, .. } = self.up
+            && now >= deadline
+        {
+            self.stop(StopReason::UpstreamHandshake("no HelloAck before the handshake deadline".into()));
+            return;
+        }
+        if let Some(t) = self.up_mid_since
+            && now >= t + starvation()
+        {
+            self.stop(StopReason::UpstreamStarved);
+            return;
+        }
+        let starved: Vec<u32> = self
+            .locals
+            .iter()
+            .filter(|(_, l)| l.mid_blob_since.is_some_and(|t| now >= t + starvation()))
+            .map(|(r, _)| *r)
+            .collect();
+        for rank in starved {
+            if self.stopped {
+                return;
+            }
+            if let Some(conn) = self.locals.get(&rank).and_then(|l| l.conn) {
+                self.out.close(conn);
+            }
+            self.rank_dead(rank, RankDeath::Starved, true);
+        }
+    }
+}
+
+fn trailing(n: usize) -> WireError {
+    WireError::new(
+        FrameType::RoundFrame,
+        "footer",
+        Problem::Invalid(format!("{n} bytes follow the frame inside its length-framed blob")),
+    )
+}
+
+impl Machine for Relay {
+    type Event = RelayEvent;
+
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        if self.stopped {
+            if let Input::Accepted { conn, .. } | Input::Connected { conn, .. } = input {
+                self.out.close(conn);
+            }
+            return;
+        }
+        match input {
+            Input::Accepted { conn, peer } => {
+                if !peer.loopback {
+                    self.out.close(conn);
+                    self.out.event(RelayEvent::RankRefused { conn, reason: RankRefusal::NotLoopback });
+                    return;
+                }
+                self.handshaking.insert(conn);
+                self.acceptor.adopt(now, conn);
+                self.drain_acceptor(now);
+            }
+            Input::Connected { dial, conn } => {
+                if dial == UPSTREAM_DIAL && matches!(self.up, Up::Dialing) {
+                    self.up_connected(now, conn);
+                } else {
+                    self.out.close(conn);
+                }
+            }
+            Input::DialFailed { dial } => {
+                if dial == UPSTREAM_DIAL && matches!(self.up, Up::Dialing) {
+                    self.stop(StopReason::UpstreamUnreachable);
+                }
+            }
+            Input::Received { conn, bytes } => {
+                if self.handshaking.contains(&conn) {
+                    self.acceptor.handle(now, input);
+                    self.drain_acceptor(now);
+                } else if let Some(rank) = self.by_conn.get(&conn).copied() {
+                    self.rank_bytes(now, rank, bytes);
+                } else if matches!(self.up, Up::Hello { conn: c, .. } | Up::Ready { conn: c } if c == conn) {
+                    self.upstream_bytes(now, bytes);
+                }
+            }
+            Input::Closed { conn, cause, .. } => {
+                if self.handshaking.contains(&conn) {
+                    self.acceptor.handle(now, input);
+                    self.drain_acceptor(now);
+                } else if let Some(rank) = self.by_conn.get(&conn).copied() {
+                    self.rank_dead(rank, RankDeath::Loopback(cause), true);
+                } else if matches!(self.up, Up::Hello { conn: c, .. } | Up::Ready { conn: c } if c == conn) {
+                    self.up = Up::Gone;
+                    self.stop(StopReason::UpstreamClosed(cause));
+                }
+            }
+            Input::Timeout => self.timeout(now),
+        }
+    }
+
+    fn poll(&mut self, _now: Time) -> Option<Output<RelayEvent>> {
+        self.out.pop()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        if self.stopped {
+            return None;
+        }
+        let hello = match self.up {
+            Up::Hello { deadline, .. } => Some(deadline),
+            _ => None,
+        };
+        let locals = self.locals.values().filter_map(|l| l.mid_blob_since).min().map(|t| t + starvation());
+        let up = self.up_mid_since.map(|t| t + starvation());
+        [self.acceptor.poll_timeout(), hello, locals, up].into_iter().flatten().min()
+    }
+}
