@@ -109,9 +109,11 @@ fn two_hosts_average_in_one_round() {
         assert_eq!((values(&c.tensors[0]), c.weight), (vec![2.0, 3.0], 3.0));
     }
     let ev = rig.events();
-    let Some(ReduceEvent::Consensus { round: 0, consensus, frame, recipients: 2 }) = ev.last() else {
+    let Some(ReduceEvent::Consensus { round: 0, consensus, frame, recipients: 2, contributors }) = ev.last()
+    else {
         panic!("{ev:?}")
     };
+    assert_eq!(contributors, &vec![a, b]);
     assert_eq!(consensus.tensors[0].values.as_deref(), Some(&[2.0f32, 3.0][..]));
     assert_eq!(RoundFrame::decode(frame, &rig.key, DEFAULT_FRAME_CEILING).unwrap().weight, 3.0);
 }

@@ -63,7 +63,7 @@ fn two_ranks_fold_to_the_sum_of_tensors_and_masses() {
     assert_eq!(host.weight, 4.0);
     assert!(rig.out.events.iter().any(|e| matches!(
         e,
-        RelayEvent::HostFrameShipped { round: 0, deposits: 2, weight, .. } if *weight == 4.0
+        RelayEvent::HostFrameShipped { round: 0, deposits: 2, weight, ranks, .. } if *weight == 4.0 && ranks == &[0, 1]
     )));
 }
 

@@ -170,6 +170,8 @@ pub enum ReduceEvent {
         frame: Bytes,
         /// Hosts it was sent to.
         recipients: u32,
+        /// Hosts whose frames are in the sum, in arrival order.
+        contributors: Vec<ConnId>,
     },
     /// Every rank is dead; every connection was closed.
     Stopped,
@@ -212,6 +214,8 @@ pub struct Reduce {
     owner: BTreeMap<u32, ConnId>,
     dead: BTreeSet<u32>,
     sum: RoundSum,
+    /// Hosts whose frames are in `sum`.
+    contributors: Vec<ConnId>,
     round: u64,
     stopped: bool,
     out: Outbox<ReduceEvent>,
@@ -226,6 +230,7 @@ impl Reduce {
             owner: BTreeMap::new(),
             dead: BTreeSet::new(),
             sum: RoundSum::default(),
+            contributors: Vec::new(),
             round: 0,
             stopped: false,
             out: Outbox::default(),
@@ -381,6 +386,7 @@ impl Reduce {
                 }
                 match self.fold(&payload) {
                     Ok(()) => {
+                        self.contributors.push(conn);
                         if let Some(Host { state: HostState::Joined { delivered, .. }, .. }) =
                             self.hosts.get_mut(&conn)
                         {
@@ -493,6 +499,7 @@ impl Reduce {
             consensus,
             frame,
             recipients: recipients.len() as u32,
+            contributors: core::mem::take(&mut self.contributors),
         });
         self.round += 1;
     }

@@ -530,6 +530,11 @@ impl Barrier {
         self.seats.values().all(|s| s.dead && s.streaming.is_none())
     }
 
+    /// Ranks whose frames are committed this round, ascending.
+    pub fn depositors(&self) -> impl Iterator<Item = u32> + '_ {
+        self.seats.iter().filter(|(_, s)| s.deposited).map(|(r, _)| *r)
+    }
+
     /// Starts the next round: nobody deposited.
     pub fn next_round(&mut self) {
         for s in self.seats.values_mut() {

@@ -172,6 +172,8 @@ pub enum RelayEvent {
         round: u64,
         /// Frames folded into it.
         deposits: u32,
+        /// The ranks whose frames they were, ascending.
+        ranks: Vec<u32>,
         /// Their summed mass.
         weight: f64,
         /// The host frame's length.
@@ -313,6 +315,7 @@ struct DataLeg {
 struct Shipped {
     bytes: Bytes,
     deposits: u32,
+    ranks: Vec<u32>,
     weight: f64,
 }
 
@@ -336,7 +339,8 @@ impl DataLeg {
             self.fold.encode(key, &mut out).map_err(FoldError::Encode)?;
             let bytes = out.freeze();
             self.spare = Some(bytes.clone());
-            Some(Shipped { bytes, deposits: self.fold.deposits(), weight: self.fold.weight() })
+            let ranks = self.barrier.depositors().collect();
+            Some(Shipped { bytes, deposits: self.fold.deposits(), ranks, weight: self.fold.weight() })
         };
         self.fold.reset();
         self.barrier.next_round();
@@ -648,6 +652,7 @@ impl Relay {
         self.out.event(RelayEvent::HostFrameShipped {
             round: self.stats.rounds,
             deposits: shipped.deposits,
+            ranks: shipped.ranks,
             weight: shipped.weight,
             bytes: len,
         });
