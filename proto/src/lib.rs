@@ -10,6 +10,11 @@
 //! - [`wire`]: codecs for every framing, byte-exact with flodl 0.8.
 //! - [`machine`]: the convention every state machine follows.
 //! - [`handshake`]: the control- and data-channel handshakes as machines.
+//! - [`join`], [`route`], [`status`]: the join window, the port router and the
+//!   status endpoint; [`coord`], [`rendezvous`]: the coordinator and the NCCL
+//!   bootstrap; [`relay`], [`reduce`]: the data plane's two fold tiers;
+//!   [`rank`]: a rank's clients.
+//! - [`node`]: whole nodes (controller, rank) composed from those machines.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -18,6 +23,8 @@ pub mod coord;
 pub mod handshake;
 pub mod join;
 pub mod machine;
+#[cfg(feature = "json")]
+pub mod node;
 pub mod rank;
 pub mod reduce;
 pub mod relay;

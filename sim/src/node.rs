@@ -17,6 +17,8 @@ pub trait SimNode<E> {
     fn poll_timeout(&self) -> Option<Time>;
     /// The concrete machine, for commands.
     fn as_any(&mut self) -> &mut dyn Any;
+    /// The concrete machine, read-only.
+    fn as_any_ref(&self) -> &dyn Any;
 }
 
 impl<M, E> SimNode<E> for M
@@ -34,6 +36,9 @@ where
         Machine::poll_timeout(self)
     }
     fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+    fn as_any_ref(&self) -> &dyn Any {
         self
     }
 }

@@ -303,8 +303,8 @@ impl<E> World<E> {
     }
 
     /// Read-only access to a node's machine, whatever its state.
-    pub fn inspect<M: 'static, R>(&mut self, n: NodeId, f: impl FnOnce(&M) -> R) -> Option<R> {
-        self.nodes[n].machine.as_any().downcast_mut::<M>().map(|m| f(m))
+    pub fn inspect_ref<M: 'static, R>(&self, n: NodeId, f: impl FnOnce(&M) -> R) -> Option<R> {
+        self.nodes[n].machine.as_any_ref().downcast_ref::<M>().map(f)
     }
 
     /// Takes the events emitted since the last call.

@@ -113,6 +113,19 @@ impl Coordinator {
         self.pump();
     }
 
+    /// Ends the run early and gracefully (see [`Scheduler::stop`]).
+    pub fn stop(&mut self, now: Time) {
+        self.sched.stop(now);
+        self.pump();
+    }
+
+    /// Deaths learned elsewhere (e.g. the reduce lost a host's data
+    /// connection): declared like any other (see [`Scheduler::report_deaths`]).
+    pub fn report_deaths(&mut self, now: Time, deaths: &[(u32, super::DeathCause)]) {
+        self.sched.report_deaths(now, deaths);
+        self.pump();
+    }
+
     /// The launcher saw a rank's process exit (join-link `RankExited`).
     pub fn rank_exited(&mut self, now: Time, rank: u32, code: i32) {
         self.sched.rank_exited(now, rank, code);

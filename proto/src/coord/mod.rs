@@ -181,6 +181,8 @@ pub enum DeathCause {
     RelayRankExit,
     /// Its relay's control connection ended or broke protocol.
     RelayLost,
+    /// The reduce lost it: its host's data connection ended or broke protocol.
+    DataPlaneLost,
 }
 
 impl fmt::Display for DeathCause {
@@ -191,6 +193,7 @@ impl fmt::Display for DeathCause {
             DeathCause::HostLost => f.write_str("host link lost"),
             DeathCause::RelayRankExit => f.write_str("relay reported the rank's connection ended"),
             DeathCause::RelayLost => f.write_str("relay connection lost"),
+            DeathCause::DataPlaneLost => f.write_str("data-plane connection lost"),
         }
     }
 }

@@ -301,6 +301,17 @@ impl Scheduler {
         self.advance(now);
     }
 
+    /// Ends a running run early and gracefully: `Shutdown` to every live
+    /// rank, [`RunEnd::Done`]. A no-op once the run has ended.
+    pub fn stop(&mut self, now: Time) {
+        self.tick(now);
+        if self.running() {
+            self.nccl = None;
+            self.cycle = Cycle::Idle;
+            self.shutdown();
+        }
+    }
+
     /// Does whatever is due at `now` (the driver's timer). Idempotent.
     pub fn tick(&mut self, now: Time) {
         if !self.running() {

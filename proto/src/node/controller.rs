@@ -1,0 +1,449 @@
+//! The controller: one listening port behind which the router hands each
+//! connection to the join window, the status endpoint, the rendezvous, the
+//! coordinator or the reduce, and the glue between them (formation starts
+//! the run; deaths seen by one part reach the others).
+
+use std::collections::BTreeMap;
+
+use crate::config::TimeoutScale;
+use crate::coord::{Backend, CoordConfig, CoordEvent, Coordinator, DeathCause, RunEnd};
+use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
+use crate::join::window::{JoinEvent, JoinWindow, WindowParams};
+use crate::machine::{ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::reduce::{Reduce, ReduceConfig, ReduceEvent};
+use crate::rendezvous::{RendezvousConfig, RendezvousEvent, RendezvousServer};
+use crate::route::{PortRouter, RouteEvent};
+use crate::status::{StatusEvent, StatusLimits, StatusResponder};
+use crate::time::{Time, earliest};
+use crate::wire::{Channel, MacKey, SessionSalt};
+
+use super::envelope::Envelope;
+
+/// The controller's configuration.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// The join window's knobs.
+    pub join: JoinConfig,
+    /// The session salt.
+    pub salt: SessionSalt,
+    /// How pre-admission join frames are keyed.
+    pub trust: TrustMode,
+    /// The network timeout scale.
+    pub scale: TimeoutScale,
+    /// The run: epochs, samples, cycles, budget. `world_size` and
+    /// `device_indices` are filled in at formation.
+    pub run: CoordConfig,
+    /// What every host is told at formation (`world_size` filled in then).
+    pub envelope: Envelope,
+    /// The frame ceiling on the data channel.
+    pub ceiling: u64,
+}
+
+/// How the run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every epoch done (or stopped gracefully).
+    Done,
+    /// The join window failed, or the run stopped with a save reason.
+    Failed(String),
+}
+
+/// What the controller reports: its parts' events, and the run's end.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ControllerEvent {
+    /// The router dropped a connection.
+    Route(RouteEvent),
+    /// The join window.
+    Join(JoinEvent),
+    /// The status endpoint.
+    Status(StatusEvent),
+    /// The coordinator.
+    Coord(CoordEvent),
+    /// The reduce.
+    Reduce(ReduceEvent),
+    /// The NCCL bootstrap rendezvous.
+    Rendezvous(RendezvousEvent),
+    /// A routed connection had nobody to serve it yet (or any more).
+    Refused {
+        /// The connection (closed).
+        conn: ConnId,
+        /// Its channel.
+        channel: Channel,
+    },
+    /// The world formed; the run started.
+    Started {
+        /// Its size.
+        world_size: u32,
+    },
+    /// The run ended.
+    Finished(Outcome),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Router,
+    Join,
+    Status,
+    Coord,
+    Reduce,
+    Rendezvous,
+}
+
+/// The controller node.
+#[derive(Debug)]
+pub struct ControllerNode {
+    cfg: ControllerConfig,
+    key: MacKey,
+    router: PortRouter,
+    window: JoinWindow,
+    status: StatusResponder,
+    coord: Option<Coordinator>,
+    reduce: Option<Reduce>,
+    rendezvous: Option<RendezvousServer>,
+    owners: BTreeMap<ConnId, Part>,
+    outcome: Option<Outcome>,
+    out: Outbox<ControllerEvent>,
+}
+
+impl ControllerNode {
+    /// A controller whose join window opens at `now`.
+    pub fn new(cfg: ControllerConfig, now: Time) -> Result<Self, crate::config::ConfigError> {
+        let mut params = WindowParams::new(cfg.join.clone(), cfg.salt, cfg.trust);
+        params.scale = cfg.scale;
+        let window = JoinWindow::new(params, now)?;
+        Ok(ControllerNode {
+            key: MacKey::new(&cfg.salt),
+            router: PortRouter::new(cfg.scale),
+            window,
+            status: StatusResponder::new(StatusLimits::default()),
+            coord: None,
+            reduce: None,
+            rendezvous: None,
+            owners: BTreeMap::new(),
+            outcome: None,
+            out: Outbox::default(),
+            cfg,
+        })
+    }
+
+    /// The join window (read-only).
+    pub fn window(&self) -> &JoinWindow {
+        &self.window
+    }
+
+    /// The coordinator, once the world formed.
+    pub fn coordinator(&self) -> Option<&Coordinator> {
+        self.coord.as_ref()
+    }
+
+    /// How the run ended, once it did.
+    pub fn outcome(&self) -> Option<&Outcome> {
+        self.outcome.as_ref()
+    }
+
+    /// The operator's start (as `POST /start` would arm it).
+    pub fn start(&mut self, now: Time) -> bool {
+        let armed = self.window.start(now);
+        self.pump(now);
+        armed
+    }
+
+    /// The launcher aborts: the window fails (or the run stops) and every
+    /// admitted worker gets `Abort`.
+    pub fn abort(&mut self, now: Time, reason: &str) {
+        self.window.abort(now, reason);
+        if let Some(c) = self.coord.as_mut() {
+            c.stop(now);
+        }
+        self.pump(now);
+    }
+
+    /// Ends the run early and gracefully (`Shutdown` to every rank).
+    pub fn stop(&mut self, now: Time) {
+        if let Some(c) = self.coord.as_mut() {
+            c.stop(now);
+        }
+        self.pump(now);
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        if self.outcome.is_none() {
+            self.window.set_phase(match outcome {
+                Outcome::Done => ClusterPhase::Done,
+                Outcome::Failed(_) => ClusterPhase::Failed,
+            });
+            self.outcome = Some(outcome.clone());
+            self.out.event(ControllerEvent::Finished(outcome));
+        }
+    }
+
+    fn formed(&mut self, now: Time, world_size: u32) {
+        let mut run = self.cfg.run.clone();
+        run.world_size = world_size;
+        run.device_indices = (0..world_size).map(|r| (r % 256) as u8).collect();
+        run.scale = self.cfg.scale;
+        let mut coord = match Coordinator::new(run, self.key.clone()) {
+            Ok(c) => c,
+            Err(e) => return self.finish(Outcome::Failed(format!("run configuration: {e}"))),
+        };
+        coord.start(now);
+        self.coord = Some(coord);
+        let mut rc = ReduceConfig::new(world_size, self.key.clone());
+        rc.ceiling = self.cfg.ceiling;
+        rc.timeout_scale = self.cfg.scale;
+        self.reduce = Some(Reduce::new(rc));
+        if self.cfg.run.backend == Backend::Nccl {
+            let cfg = RendezvousConfig { world_size, local_ranks: Default::default(), dataset_sig: None };
+            self.rendezvous = Some(RendezvousServer::new(cfg, self.key.clone()));
+        }
+        let envelope = Envelope { world_size, ..self.cfg.envelope.clone() }.to_hex();
+        let links: Vec<ConnId> = self.window.members().map(|(c, _)| c).collect();
+        for conn in links {
+            // A link that ended at this very instant is reported by its own event.
+            let _ = self.window.send_world_formed(conn, envelope.clone(), None);
+        }
+        self.window.set_phase(ClusterPhase::Training);
+        self.out.event(ControllerEvent::Started { world_size });
+    }
+
+    fn routed(&mut self, now: Time, conn: ConnId, peer: Peer, channel: Channel, first: &[u8]) {
+        let part = match channel {
+            Channel::Join => {
+                self.window.adopt(now, conn, peer, first);
+                Part::Join
+            }
+            Channel::Http => {
+                self.status.adopt_with(now, conn, peer, first, &mut self.window);
+                Part::Status
+            }
+            Channel::Control => match self.coord.as_mut() {
+                Some(c) => {
+                    c.adopt(now, conn, peer, first);
+                    Part::Coord
+                }
+                None => return self.refuse(conn, channel),
+            },
+            Channel::Data => match self.reduce.as_mut() {
+                Some(r) => {
+                    r.adopt(now, conn, peer, first);
+                    Part::Reduce
+                }
+                None => return self.refuse(conn, channel),
+            },
+            Channel::Rendezvous => match self.rendezvous.as_mut() {
+                Some(r) => {
+                    r.adopt(now, conn, peer, first);
+                    Part::Rendezvous
+                }
+                None => return self.refuse(conn, channel),
+            },
+        };
+        self.owners.insert(conn, part);
+    }
+
+    fn refuse(&mut self, conn: ConnId, channel: Channel) {
+        self.owners.remove(&conn);
+        self.out.close(conn);
+        self.out.event(ControllerEvent::Refused { conn, channel });
+    }
+
+    fn pass<E>(&mut self, o: &Output<E>) {
+        match o {
+            Output::Transmit { conn, bytes } => self.out.transmit(*conn, bytes.clone()),
+            Output::Dial { dial, addr } => self.out.dial(*dial, addr.clone()),
+            Output::Close { conn } => {
+                self.owners.remove(conn);
+                self.out.close(*conn);
+            }
+            Output::Event(_) => {}
+        }
+    }
+
+    /// Drains every part, acting on the events that concern the others,
+    /// until nothing moves.
+    fn pump(&mut self, now: Time) {
+        loop {
+            let mut moved = false;
+            while let Some(o) = self.router.poll(now) {
+                moved = true;
+                self.pass(&o);
+                match o {
+                    Output::Event(RouteEvent::Routed { conn, peer, channel, first }) => {
+                        self.routed(now, conn, peer, channel, &first)
+                    }
+                    Output::Event(e) => self.out.event(ControllerEvent::Route(e)),
+                    _ => {}
+                }
+            }
+            while let Some(o) = self.window.poll(now) {
+                moved = true;
+                self.pass(&o);
+                if let Output::Event(e) = o {
+                    self.join_event(now, &e);
+                    self.out.event(ControllerEvent::Join(e));
+                }
+            }
+            while let Some(o) = self.status.poll() {
+                moved = true;
+                self.pass(&o);
+                if let Output::Event(e) = o {
+                    self.out.event(ControllerEvent::Status(e));
+                }
+            }
+            while let Some(o) = self.coord.as_mut().and_then(|c| c.poll(now)) {
+                moved = true;
+                self.pass(&o);
+                if let Output::Event(e) = o {
+                    self.coord_event(now, &e);
+                    self.out.event(ControllerEvent::Coord(e));
+                }
+            }
+            while let Some(o) = self.reduce.as_mut().and_then(|r| r.poll(now)) {
+                moved = true;
+                self.pass(&o);
+                if let Output::Event(e) = o {
+                    if let ReduceEvent::RankDead { rank, .. } = &e
+                        && let Some(c) = self.coord.as_mut()
+                    {
+                        c.report_deaths(now, &[(*rank, DeathCause::DataPlaneLost)]);
+                    }
+                    self.out.event(ControllerEvent::Reduce(e));
+                }
+            }
+            while let Some(o) = self.rendezvous.as_mut().and_then(|r| r.poll(now)) {
+                moved = true;
+                self.pass(&o);
+                if let Output::Event(e) = o {
+                    self.out.event(ControllerEvent::Rendezvous(e));
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+    }
+
+    fn join_event(&mut self, now: Time, e: &JoinEvent) {
+        match e {
+            JoinEvent::Formed { world_size, .. } => self.formed(now, *world_size as u32),
+            JoinEvent::Failed { failure, .. } if self.coord.is_none() => {
+                self.finish(Outcome::Failed(failure.to_string()));
+            }
+            JoinEvent::RankExited { rank, code, .. } => {
+                if let Some(c) = self.coord.as_mut() {
+                    c.rank_exited(now, *rank, *code);
+                }
+            }
+            JoinEvent::HostLost { ranks, .. } => {
+                let ranks: Vec<u32> = ranks.clone().collect();
+                if let Some(c) = self.coord.as_mut() {
+                    c.host_lost(now, &ranks);
+                }
+                if let Some(r) = self.reduce.as_mut() {
+                    for rank in ranks {
+                        r.declare_dead(now, rank);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn coord_event(&mut self, now: Time, e: &CoordEvent) {
+        match e {
+            CoordEvent::RankDead { rank, .. } => {
+                if let Some(r) = self.reduce.as_mut() {
+                    r.declare_dead(now, *rank);
+                }
+            }
+            CoordEvent::Ended(RunEnd::Done) => self.finish(Outcome::Done),
+            CoordEvent::Ended(RunEnd::Saved(reason)) => self.finish(Outcome::Failed(format!("{reason}"))),
+            _ => {}
+        }
+    }
+
+    fn part_handle(&mut self, now: Time, part: Part, input: Input<'_>) {
+        match part {
+            Part::Router => self.router.handle(now, input),
+            Part::Join => self.window.handle(now, input),
+            Part::Status => self.status.handle_with(now, input, &mut self.window),
+            Part::Coord => {
+                if let Some(c) = self.coord.as_mut() {
+                    c.handle(now, input)
+                }
+            }
+            Part::Reduce => {
+                if let Some(r) = self.reduce.as_mut() {
+                    r.handle(now, input)
+                }
+            }
+            Part::Rendezvous => {
+                if let Some(r) = self.rendezvous.as_mut() {
+                    r.handle(now, input)
+                }
+            }
+        }
+    }
+}
+
+impl Machine for ControllerNode {
+    type Event = ControllerEvent;
+
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        match input {
+            Input::Accepted { conn, .. } => {
+                self.owners.insert(conn, Part::Router);
+                self.router.handle(now, input);
+            }
+            Input::Received { conn, .. } | Input::Closed { conn, .. } => {
+                let part = self.owners.get(&conn).copied();
+                if matches!(input, Input::Closed { .. }) {
+                    self.owners.remove(&conn);
+                }
+                if let Some(p) = part {
+                    self.part_handle(now, p, input);
+                }
+            }
+            Input::Timeout => {
+                let due = |t: Option<Time>| t.is_some_and(|t| t <= now);
+                if due(self.router.poll_timeout()) {
+                    self.router.handle(now, Input::Timeout);
+                }
+                if due(self.window.poll_timeout()) {
+                    self.window.handle(now, Input::Timeout);
+                }
+                if due(self.status.poll_timeout()) {
+                    self.status.handle_with(now, Input::Timeout, &mut self.window);
+                }
+                if due(self.coord.as_ref().and_then(Machine::poll_timeout)) {
+                    self.part_handle(now, Part::Coord, Input::Timeout);
+                }
+                if due(self.reduce.as_ref().and_then(Machine::poll_timeout)) {
+                    self.part_handle(now, Part::Reduce, Input::Timeout);
+                }
+                if due(self.rendezvous.as_ref().and_then(Machine::poll_timeout)) {
+                    self.part_handle(now, Part::Rendezvous, Input::Timeout);
+                }
+            }
+            Input::Connected { .. } | Input::DialFailed { .. } => {}
+        }
+        self.pump(now);
+    }
+
+    fn poll(&mut self, _now: Time) -> Option<Output<ControllerEvent>> {
+        self.out.pop()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        [
+            self.router.poll_timeout(),
+            self.window.poll_timeout(),
+            self.status.poll_timeout(),
+            self.coord.as_ref().and_then(Machine::poll_timeout),
+            self.reduce.as_ref().and_then(Machine::poll_timeout),
+            self.rendezvous.as_ref().and_then(Machine::poll_timeout),
+        ]
+        .into_iter()
+        .fold(None, earliest)
+    }
+}

@@ -1,0 +1,361 @@
+//! One rank: its control client, its data client and the synthetic training
+//! workload that answers the coordinator, as a single machine.
+
+use std::collections::BTreeMap;
+
+use crate::config::TimeoutScale;
+use crate::machine::{ConnId, Input, Machine, Outbox, Output};
+use crate::rank::control_client::{ControlClient, ControlClientConfig, ControlEvent};
+use crate::rank::data_client::{
+    Contribution, DataClient, DataClientConfig, DataClientEvent, SubmitError, TensorView,
+};
+use crate::time::{Time, earliest};
+use crate::wire::{ControlMsgWire, DEFAULT_FRAME_CEILING, Dtype, MacKey};
+
+use super::trainer::{Action, Trainer, WorkloadConfig};
+use super::{tag_dial, untag_dial};
+
+const CONTROL: u8 = 0;
+const DATA: u8 = 1;
+
+/// A rank's configuration.
+#[derive(Debug, Clone)]
+pub struct RankConfig {
+    /// The rank.
+    pub rank: u32,
+    /// The world size.
+    pub world_size: u32,
+    /// The session key.
+    pub key: MacKey,
+    /// The model signature announced on the control leg.
+    pub model_sig: [u8; 32],
+    /// The host relay's control-leg address.
+    pub control_addr: String,
+    /// The host relay's data-leg address.
+    pub data_addr: String,
+    /// The network timeout scale.
+    pub scale: TimeoutScale,
+    /// The workload.
+    pub workload: WorkloadConfig,
+}
+
+/// What a rank reports.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RankEvent {
+    /// Both legs are connected.
+    Connected,
+    /// A coordinator command (beacons excepted).
+    Command(ControlMsgWire),
+    /// The rank submitted its `round`-th contribution.
+    Submitted {
+        /// Rounds submitted before this one.
+        round: u64,
+        /// Its mass.
+        mass: f64,
+        /// The values (before scaling by the mass).
+        values: Vec<f32>,
+    },
+    /// The consensus of the rank's `round`-th contribution.
+    Consensus {
+        /// Rounds completed before this one.
+        round: u64,
+        /// The round's summed accepted mass.
+        weight: f64,
+        /// Mass 0: the rank kept its local state.
+        keep_local: bool,
+        /// The consensus values.
+        values: Vec<f32>,
+    },
+    /// The rank was told to stop and left cleanly.
+    Exited,
+    /// The coordinator is gone (silence, EOF or a bad frame before a clean shutdown).
+    CoordinatorLost {
+        /// Why.
+        reason: String,
+        /// The peers the rank now takes for dead.
+        dead_peers: Vec<u32>,
+    },
+    /// The data leg failed.
+    DataFailed {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One rank as a machine: dial both relay legs, run the workload, report.
+///
+/// Call [`RankNode::start`] once; it then runs until the coordinator shuts it
+/// down or is lost.
+#[derive(Debug)]
+pub struct RankNode {
+    cfg: RankConfig,
+    control: ControlClient,
+    data: DataClient,
+    trainer: Trainer,
+    owners: BTreeMap<ConnId, u8>,
+    connected: (bool, bool),
+    /// A submission that waits for the data leg.
+    pending_submit: Option<(f64, Vec<f32>)>,
+    rounds_submitted: u64,
+    rounds_done: u64,
+    ended: bool,
+    out: Outbox<RankEvent>,
+}
+
+impl RankNode {
+    /// A rank (call [`RankNode::start`] to connect).
+    pub fn new(cfg: RankConfig) -> Self {
+        let control = ControlClient::new(ControlClientConfig {
+            rank: cfg.rank,
+            world_size: cfg.world_size,
+            key: cfg.key.clone(),
+            model_sig: cfg.model_sig,
+            relay_addr: cfg.control_addr.clone(),
+            scale: cfg.scale,
+        });
+        let mut dcfg =
+            DataClientConfig::new(cfg.rank, cfg.world_size, cfg.key.clone(), cfg.data_addr.clone());
+        dcfg.ceiling = DEFAULT_FRAME_CEILING;
+        dcfg.timeout_scale = cfg.scale;
+        let data = DataClient::new(dcfg);
+        let trainer = Trainer::new(cfg.workload.clone());
+        RankNode {
+            cfg,
+            control,
+            data,
+            trainer,
+            owners: BTreeMap::new(),
+            connected: (false, false),
+            pending_submit: None,
+            rounds_submitted: 0,
+            rounds_done: 0,
+            ended: false,
+            out: Outbox::default(),
+        }
+    }
+
+    /// Dials both legs.
+    pub fn start(&mut self, now: Time) {
+        self.control.start(now);
+        self.data.start(now);
+        self.pump(now);
+    }
+
+    /// The workload (read-only).
+    pub fn trainer(&self) -> &Trainer {
+        &self.trainer
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> u32 {
+        self.cfg.rank
+    }
+
+    /// Whether the rank has stopped (shut down or coordinator lost).
+    pub fn is_ended(&self) -> bool {
+        self.ended
+    }
+
+    fn act(&mut self, now: Time, actions: Vec<Action>) {
+        for a in actions {
+            // A send can only fail once the control client has ended; the
+            // loss is reported by its own event.
+            let _ = match a {
+                Action::Batch { batch_ms, step_count, loss } => {
+                    self.control.report_batch(batch_ms, 0.0, step_count, loss)
+                }
+                Action::Report(msg) => self.control.report(&msg),
+                Action::Metrics(m) => self.control.report_metrics(&m),
+                Action::Submit { mass, values } => {
+                    self.submit(now, mass, values);
+                    Ok(())
+                }
+                Action::Exit => {
+                    let _ = self.control.exiting();
+                    self.control.close();
+                    self.end(RankEvent::Exited);
+                    Ok(())
+                }
+            };
+        }
+    }
+
+    fn submit(&mut self, now: Time, mass: f64, values: Vec<f32>) {
+        let shape = [values.len() as u32];
+        let views = [TensorView::new(&shape, &values)];
+        match self.data.submit_round(now, &Contribution::model(mass, Dtype::F32, &views)) {
+            Ok(()) => {
+                self.out.event(RankEvent::Submitted { round: self.rounds_submitted, mass, values });
+                self.rounds_submitted += 1;
+            }
+            Err(SubmitError::NotConnected) => self.pending_submit = Some((mass, values)),
+            Err(e) => self.out.event(RankEvent::DataFailed { reason: format!("submit: {e}") }),
+        }
+    }
+
+    fn end(&mut self, why: RankEvent) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        for (conn, part) in core::mem::take(&mut self.owners) {
+            if part == DATA {
+                self.out.close(conn);
+            }
+        }
+        self.out.event(why);
+    }
+
+    /// Moves every sub-machine's outputs out, acting on their events.
+    fn pump(&mut self, now: Time) {
+        loop {
+            let mut progressed = false;
+            while let Some(o) = self.control.poll(now) {
+                progressed = true;
+                match o {
+                    Output::Event(e) => self.control_event(now, e),
+                    other => self.pass(CONTROL, other),
+                }
+            }
+            while let Some(o) = self.data.poll(now) {
+                progressed = true;
+                match o {
+                    Output::Event(e) => self.data_event(now, e),
+                    other => self.pass(DATA, other),
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    fn pass<E>(&mut self, part: u8, o: Output<E>) {
+        match o {
+            Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
+            Output::Dial { dial, addr } => self.out.dial(tag_dial(part, dial), addr),
+            Output::Close { conn } => {
+                self.owners.remove(&conn);
+                self.out.close(conn);
+            }
+            Output::Event(_) => {}
+        }
+    }
+
+    fn control_event(&mut self, now: Time, e: ControlEvent) {
+        match e {
+            ControlEvent::Connected => {
+                self.connected.0 = true;
+                if self.connected.1 {
+                    self.out.event(RankEvent::Connected);
+                }
+            }
+            ControlEvent::Control(msg) => {
+                if !matches!(msg, ControlMsgWire::CoordHeartbeat) {
+                    self.out.event(RankEvent::Command(msg.clone()));
+                }
+                if !self.ended {
+                    let actions = self.trainer.on_control(now, &msg);
+                    self.act(now, actions);
+                }
+            }
+            ControlEvent::CoordinatorLost { reason, dead_peers } => {
+                self.end(RankEvent::CoordinatorLost { reason: reason.to_string(), dead_peers });
+            }
+            ControlEvent::Closed => {}
+        }
+    }
+
+    fn data_event(&mut self, now: Time, e: DataClientEvent) {
+        match e {
+            DataClientEvent::Connected => {
+                self.connected.1 = true;
+                if self.connected.0 {
+                    self.out.event(RankEvent::Connected);
+                }
+                if let Some((mass, values)) = self.pending_submit.take() {
+                    self.submit(now, mass, values);
+                }
+            }
+            DataClientEvent::Consensus(result) => {
+                let values = result.tensors.first().map(|t| t.values.clone()).unwrap_or_default();
+                self.out.event(RankEvent::Consensus {
+                    round: self.rounds_done,
+                    weight: result.weight,
+                    keep_local: result.keep_local,
+                    values: values.clone(),
+                });
+                self.rounds_done += 1;
+                if !self.ended {
+                    let keep = result.keep_local;
+                    let actions = self.trainer.on_consensus(now, (!keep).then_some(values.as_slice()));
+                    self.act(now, actions);
+                }
+            }
+            DataClientEvent::Failed(err) => {
+                if !self.ended {
+                    self.out.event(RankEvent::DataFailed { reason: err.to_string() });
+                }
+            }
+        }
+    }
+}
+
+impl Machine for RankNode {
+    type Event = RankEvent;
+
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        match input {
+            Input::Connected { dial, conn } => {
+                let (part, dial) = untag_dial(dial);
+                self.owners.insert(conn, part);
+                let inner = Input::Connected { dial, conn };
+                match part {
+                    CONTROL => self.control.handle(now, inner),
+                    _ => self.data.handle(now, inner),
+                }
+            }
+            Input::DialFailed { dial } => {
+                let (part, dial) = untag_dial(dial);
+                match part {
+                    CONTROL => self.control.handle(now, Input::DialFailed { dial }),
+                    _ => self.data.handle(now, Input::DialFailed { dial }),
+                }
+            }
+            Input::Received { conn, .. } | Input::Closed { conn, .. } => {
+                let part = self.owners.get(&conn).copied();
+                if matches!(input, Input::Closed { .. }) {
+                    self.owners.remove(&conn);
+                }
+                match part {
+                    Some(CONTROL) => self.control.handle(now, input),
+                    Some(_) => self.data.handle(now, input),
+                    None => {}
+                }
+            }
+            Input::Accepted { conn, .. } => self.out.close(conn),
+            Input::Timeout => {
+                if self.control.poll_timeout().is_some_and(|t| t <= now) {
+                    self.control.handle(now, Input::Timeout);
+                }
+                if self.data.poll_timeout().is_some_and(|t| t <= now) {
+                    self.data.handle(now, Input::Timeout);
+                }
+                if !self.ended && self.trainer.next_wake().is_some_and(|t| t <= now) {
+                    let actions = self.trainer.on_timeout(now);
+                    self.act(now, actions);
+                }
+            }
+        }
+        self.pump(now);
+    }
+
+    fn poll(&mut self, _now: Time) -> Option<Output<RankEvent>> {
+        self.out.pop()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        let clients = earliest(self.control.poll_timeout(), self.data.poll_timeout());
+        if self.ended { clients } else { earliest(clients, self.trainer.next_wake()) }
+    }
+}

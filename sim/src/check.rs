@@ -1,0 +1,468 @@
+//! The invariants of BEHAVIOUR.md ("Invariants the simulator checks"),
+//! checked on the events as the run goes and on the ranks' work at its end.
+//!
+//! Each check is written from the rules, not from the machines' code: the
+//! join verdict has its own reference model here, the consensus is recomputed
+//! in f64 from what every rank submitted, and sample coverage is checked on
+//! what the ranks actually processed.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use cohort_proto::Time;
+use cohort_proto::config::TimeoutScale;
+use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::join::client::ClientEvent;
+use cohort_proto::join::window::{JoinEvent, WindowFailure};
+use cohort_proto::machine::ConnId;
+use cohort_proto::node::controller::ControllerEvent;
+use cohort_proto::node::rank::RankEvent;
+use cohort_proto::reduce::ReduceEvent;
+use cohort_proto::relay::{Leg, RelayEvent};
+use core::time::Duration;
+
+use crate::cluster::{Role, SimEvent};
+use crate::report::Death;
+use crate::scenario::{BackendSpec, Fault, Scenario, StartModeSpec};
+
+/// The join rules as BEHAVIOUR.md states them, for one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefVerdict {
+    /// Still open.
+    Open,
+    /// Forms now.
+    Formed,
+    /// Fails now.
+    Failed,
+}
+
+/// The reference verdict at `elapsed` (independent of the ledger's code).
+pub fn ref_verdict(sc: &Scenario, scale: f64, elapsed: Duration, joined: u32, armed: bool) -> RefVerdict {
+    let j = &sc.join;
+    let window = Duration::from_secs_f64(j.join_timeout_secs as f64 * scale);
+    let cap = Duration::from_secs_f64(j.max_join_timeout_secs as f64 * scale);
+    let quorum = joined >= j.min_rank_start;
+    if armed && j.start_mode != StartModeSpec::Auto && quorum {
+        return RefVerdict::Formed;
+    }
+    if let Some(t) = j.target_ranks
+        && j.start_mode != StartModeSpec::Manual
+        && joined >= t
+    {
+        return RefVerdict::Formed;
+    }
+    if elapsed < window {
+        return RefVerdict::Open;
+    }
+    if j.start_mode != StartModeSpec::Manual && quorum {
+        return RefVerdict::Formed;
+    }
+    if elapsed < cap {
+        return RefVerdict::Open;
+    }
+    RefVerdict::Failed
+}
+
+/// Watches a run and collects violations.
+#[derive(Debug)]
+pub struct Checker {
+    sc: Scenario,
+    scale: TimeoutScale,
+    violations: Vec<String>,
+    stop: bool,
+    // join
+    admissions: Vec<(Time, ConnId, u32, u32)>,
+    starts: Vec<Time>,
+    join_end: Option<Time>,
+    aborted: Option<Time>,
+    // data plane
+    submissions: BTreeMap<u32, Vec<(f64, Vec<f32>)>>,
+    consumed: BTreeMap<u32, usize>,
+    shipped: BTreeMap<usize, VecDeque<Vec<u32>>>,
+    host_conn: BTreeMap<ConnId, String>,
+    host_index: BTreeMap<String, usize>,
+    rounds: Vec<(f64, Option<Vec<f32>>)>,
+    received: BTreeMap<u32, usize>,
+    // liveness
+    faulted: BTreeMap<u32, Time>,
+    hosts_faulted: BTreeMap<String, Time>,
+    controller_lost: Option<Time>,
+    dead: BTreeSet<u32>,
+    rank_host: BTreeMap<u32, String>,
+}
+
+impl Checker {
+    /// A checker for `sc` under `scale`.
+    pub fn new(sc: &Scenario, scale: TimeoutScale) -> Self {
+        Checker {
+            host_index: sc.hosts.iter().enumerate().map(|(i, h)| (h.name.clone(), i)).collect(),
+            sc: sc.clone(),
+            scale,
+            violations: Vec::new(),
+            stop: false,
+            admissions: Vec::new(),
+            starts: Vec::new(),
+            join_end: None,
+            aborted: None,
+            submissions: BTreeMap::new(),
+            consumed: BTreeMap::new(),
+            shipped: BTreeMap::new(),
+            host_conn: BTreeMap::new(),
+            rounds: Vec::new(),
+            received: BTreeMap::new(),
+            faulted: BTreeMap::new(),
+            hosts_faulted: BTreeMap::new(),
+            controller_lost: None,
+            dead: BTreeSet::new(),
+            rank_host: BTreeMap::new(),
+        }
+    }
+
+    /// Records a violation; the run stops at the first one.
+    pub fn violation(&mut self, at: Time, what: &str) {
+        self.violations.push(format!("at {:.6}s: {what}", at.as_secs_f64()));
+        self.stop = true;
+    }
+
+    /// Whether a violation stopped the run.
+    pub fn stopped(&self) -> bool {
+        self.stop
+    }
+
+    /// The violations so far.
+    pub fn violations(&self) -> &[String] {
+        &self.violations
+    }
+
+    /// A fault is being injected.
+    pub fn fault(&mut self, at: Time, f: &Fault) {
+        match f {
+            Fault::KillRank(r) | Fault::WedgeRank(r) => {
+                self.faulted.entry(*r).or_insert(at);
+            }
+            Fault::KillHost(h) | Fault::CorruptLink(h) | Fault::PartitionHost { host: h, .. } => {
+                self.hosts_faulted.entry(h.clone()).or_insert(at);
+            }
+            Fault::KillController => self.controller_lost = Some(at),
+            Fault::Abort => self.aborted = Some(at),
+            Fault::OperatorStart => {}
+        }
+    }
+
+    /// One event of a node.
+    pub fn event(&mut self, t: Time, role: Option<Role>, e: &SimEvent) {
+        match (role, e) {
+            (Some(Role::Controller), SimEvent::Controller(ev)) => self.controller(t, ev),
+            (
+                Some(Role::Relay(h, Leg::Data)),
+                SimEvent::Relay(RelayEvent::HostFrameShipped { ranks, .. }),
+            ) => {
+                self.shipped.entry(h).or_default().push_back(ranks.clone());
+            }
+            (Some(Role::Rank(r)), SimEvent::Rank(ev)) => self.rank(t, r, ev),
+            (Some(Role::Agent(i)), SimEvent::Agent(ClientEvent::Admitted { ranks, .. })) => {
+                let name = self.sc.hosts[i].name.clone();
+                for r in ranks {
+                    self.rank_host.insert(*r, name.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn controller(&mut self, t: Time, ev: &ControllerEvent) {
+        match ev {
+            ControllerEvent::Join(j) => self.join(t, j),
+            ControllerEvent::Reduce(ReduceEvent::HostJoined { conn, host, .. }) => {
+                self.host_conn.insert(*conn, host.clone());
+            }
+            ControllerEvent::Reduce(ReduceEvent::Consensus { round, consensus, contributors, .. }) => {
+                self.consensus(t, *round, consensus, contributors);
+            }
+            ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, .. }) => self.death(t, *rank, cause),
+            ControllerEvent::Started { world_size } => {
+                let joined: u32 = self.admissions.iter().map(|a| a.3 - a.2).sum();
+                if *world_size != joined {
+                    self.violation(
+                        t,
+                        &format!("world formed with {world_size} ranks but {joined} were admitted"),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn join(&mut self, t: Time, j: &JoinEvent) {
+        match j {
+            JoinEvent::Admitted { conn, ranks, .. } => {
+                let next = self.admissions.last().map_or(0, |a| a.3);
+                if ranks.start != next {
+                    self.violation(t, &format!("ranks not contiguous: admitted {ranks:?} after rank {next}"));
+                }
+                if self.join_end.is_some() {
+                    self.violation(t, "a host was admitted after the window closed");
+                }
+                self.admissions.push((t, *conn, ranks.start, ranks.end));
+            }
+            JoinEvent::Retracted { conn, ranks, .. } => match self.admissions.last() {
+                Some(a) if a.1 == *conn && a.2 == ranks.start => {
+                    self.admissions.pop();
+                }
+                _ => self.violation(t, &format!("retracted {ranks:?}, which is not the latest admission")),
+            },
+            JoinEvent::StartArmed { .. } => self.starts.push(t),
+            JoinEvent::Formed { world_size, .. } => {
+                self.join_end = Some(t);
+                self.check_verdict(t, RefVerdict::Formed);
+                let joined: u32 = self.admissions.iter().map(|a| a.3 - a.2).sum();
+                if *world_size as u32 != joined {
+                    self.violation(t, &format!("formed with {world_size} ranks, {joined} admitted"));
+                }
+            }
+            JoinEvent::Failed { failure, .. } => {
+                self.join_end = Some(t);
+                match failure {
+                    WindowFailure::Verdict(_) => self.check_verdict(t, RefVerdict::Failed),
+                    WindowFailure::Aborted { .. } if self.aborted != Some(t) => {
+                        self.violation(t, "the window failed as aborted, but no abort was sent then");
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The window must close exactly at the first instant the rules say so.
+    fn check_verdict(&mut self, t: Time, observed: RefVerdict) {
+        let scale = self.scale.get();
+        let j = &self.sc.join;
+        let mut candidates: Vec<Time> =
+            self.admissions.iter().map(|a| a.0).chain(self.starts.iter().copied()).collect();
+        candidates.push(Time::ZERO + Duration::from_secs_f64(j.join_timeout_secs as f64 * scale));
+        candidates.push(Time::ZERO + Duration::from_secs_f64(j.max_join_timeout_secs as f64 * scale));
+        candidates.sort_unstable();
+        let first = candidates.into_iter().find_map(|c| {
+            let joined: u32 = self.admissions.iter().filter(|a| a.0 <= c).map(|a| a.3 - a.2).sum();
+            let armed = self.starts.iter().any(|s| *s <= c);
+            match ref_verdict(&self.sc, scale, c - Time::ZERO, joined, armed) {
+                RefVerdict::Open => None,
+                v => Some((c, v)),
+            }
+        });
+        match first {
+            Some((c, v)) if c == t && v == observed => {}
+            Some((c, v)) => self
+                .violation(t, &format!("join window ended {observed:?} at {t}; the rules say {v:?} at {c}")),
+            None => self.violation(
+                t,
+                &format!("join window ended {observed:?} at {t}; the rules say it is still open"),
+            ),
+        }
+    }
+
+    fn rank(&mut self, t: Time, r: u32, ev: &RankEvent) {
+        match ev {
+            RankEvent::Submitted { mass, values, .. } => {
+                self.submissions.entry(r).or_default().push((*mass, values.clone()));
+            }
+            RankEvent::Consensus { round, weight, keep_local, values } => {
+                let k = *self.received.entry(r).or_insert(0);
+                if *round as usize != k {
+                    self.violation(t, &format!("rank {r} numbered its consensus {round}, expected {k}"));
+                }
+                *self.received.entry(r).or_default() += 1;
+                match self.rounds.get(k) {
+                    None => self.violation(
+                        t,
+                        &format!("rank {r} received a consensus for round {k} that was never reduced"),
+                    ),
+                    Some((w, v)) => {
+                        if w.to_bits() != weight.to_bits() {
+                            self.violation(
+                                t,
+                                &format!("rank {r} round {k}: weight {weight} differs from the reduce's {w}"),
+                            );
+                        } else if !keep_local && v.as_deref() != Some(values.as_slice()) {
+                            self.violation(
+                                t,
+                                &format!("rank {r} round {k}: consensus differs from what was reduced"),
+                            );
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn consensus(
+        &mut self,
+        t: Time,
+        round: u64,
+        c: &cohort_proto::reduce::Consensus,
+        contributors: &[ConnId],
+    ) {
+        if round as usize != self.rounds.len() {
+            self.violation(t, &format!("reduce round {round} out of sequence"));
+        }
+        let mut ranks = Vec::new();
+        for conn in contributors {
+            let Some(h) = self.host_conn.get(conn).and_then(|n| self.host_index.get(n)).copied() else {
+                self.violation(t, &format!("round {round}: a contributor that never joined"));
+                return;
+            };
+            match self.shipped.get_mut(&h).and_then(VecDeque::pop_front) {
+                Some(rs) => ranks.extend(rs),
+                None => {
+                    self.violation(
+                        t,
+                        &format!("round {round}: host {h}'s frame was reduced but never shipped"),
+                    );
+                    return;
+                }
+            }
+        }
+        let values = c.tensors.first().and_then(|x| x.values.clone());
+        self.rounds.push((c.weight, values.clone()));
+        // The exact mass-weighted mean of exactly these contributions, in f64.
+        let mut mass = 0.0f64;
+        let mut sum: Vec<f64> = Vec::new();
+        let mut scale = 0.0f64;
+        for r in &ranks {
+            let i = self.consumed.entry(*r).or_insert(0);
+            let Some((m, v)) = self.submissions.get(r).and_then(|s| s.get(*i)).cloned() else {
+                self.violation(t, &format!("round {round}: rank {r} was folded but never submitted"));
+                return;
+            };
+            *i += 1;
+            if sum.is_empty() {
+                sum = vec![0.0; v.len()];
+            }
+            mass += m;
+            for (s, x) in sum.iter_mut().zip(&v) {
+                *s += m * f64::from(*x);
+                scale = scale.max(f64::from(x.abs()));
+            }
+        }
+        if (mass - c.weight).abs() > 1e-9 * mass.max(1.0) {
+            self.violation(
+                t,
+                &format!(
+                    "round {round}: consensus mass {} but the accepted contributions weigh {mass}",
+                    c.weight
+                ),
+            );
+            return;
+        }
+        if mass <= 0.0 {
+            return;
+        }
+        let Some(got) = values else {
+            self.violation(t, &format!("round {round}: a realized round came back elided"));
+            return;
+        };
+        // f32 accumulation over n ranks in h host frames: a few ulps per term.
+        let tol = (ranks.len() as f64 + contributors.len() as f64 + 4.0)
+            * 4.0
+            * f64::from(f32::EPSILON)
+            * scale.max(1e-30);
+        for (i, (g, s)) in got.iter().zip(&sum).enumerate() {
+            let want = s / mass;
+            if (f64::from(*g) - want).abs() > tol {
+                self.violation(t, &format!("round {round} element {i}: consensus {g} != exact weighted mean {want} (tolerance {tol:e})"));
+                return;
+            }
+        }
+    }
+
+    fn legitimately_dead(&self, t: Time, r: u32) -> bool {
+        self.faulted.get(&r).is_some_and(|at| *at <= t)
+            || self.rank_host.get(&r).and_then(|h| self.hosts_faulted.get(h)).is_some_and(|at| *at <= t)
+            || self.controller_lost.is_some_and(|at| at <= t)
+    }
+
+    fn death(&mut self, t: Time, r: u32, cause: &DeathCause) {
+        if !self.dead.insert(r) {
+            self.violation(t, &format!("rank {r} declared dead twice"));
+        }
+        if let DeathCause::Stale { last_heard } = cause {
+            let staleness = self.scale.scaled(Duration::from_secs(30));
+            let silent = t - *last_heard;
+            if silent <= staleness || silent > staleness + Duration::from_secs(1) {
+                self.violation(
+                    t,
+                    &format!("rank {r} declared stale after {silent:?} of silence (deadline {staleness:?}, + one heartbeat)"),
+                );
+            }
+        }
+        if !self.legitimately_dead(t, r) {
+            self.violation(t, &format!("rank {r} declared dead ({cause}) though nothing happened to it"));
+        }
+    }
+
+    /// End-of-run checks: every completed epoch's samples were processed, and
+    /// a sample processed twice belongs to a rank that died before reporting it.
+    pub fn finish(
+        &mut self,
+        at: Time,
+        epochs_completed: u64,
+        processed: &BTreeMap<u32, Vec<(u64, u64, u64)>>,
+        deaths: &[Death],
+    ) {
+        if self.stop || self.sc.backend == BackendSpec::Nccl {
+            return;
+        }
+        let samples = self.sc.samples_per_epoch;
+        let dead: BTreeSet<u32> = deaths.iter().map(|d| d.rank).collect();
+        // At most the batches a rank finished and reported too late, per death.
+        let dup_bound = 2 * self.sc.batch_size;
+        for epoch in 0..epochs_completed {
+            let mut runs: Vec<(u64, u64, u32)> = processed
+                .iter()
+                .flat_map(|(r, p)| p.iter().filter(|x| x.0 == epoch).map(move |x| (x.1, x.1 + x.2, *r)))
+                .collect();
+            runs.sort_unstable();
+            let mut covered = 0u64;
+            let mut dup_by: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut open: Vec<(u64, u32)> = Vec::new();
+            for (start, end, r) in runs {
+                if start > covered {
+                    self.violation(
+                        at,
+                        &format!("epoch {epoch}: samples {covered}..{start} were never processed"),
+                    );
+                    return;
+                }
+                open.retain(|(e, _)| *e > start);
+                for (e, other) in &open {
+                    let overlap = (*e).min(end) - start;
+                    if !dead.contains(&r) && !dead.contains(other) {
+                        self.violation(at, &format!("epoch {epoch}: ranks {r} and {other} both processed samples from {start} and neither died"));
+                        return;
+                    }
+                    let who = if dead.contains(other) { *other } else { r };
+                    *dup_by.entry(who).or_default() += overlap;
+                }
+                open.push((end, r));
+                covered = covered.max(end);
+            }
+            if covered < samples {
+                self.violation(
+                    at,
+                    &format!("epoch {epoch}: samples {covered}..{samples} were never processed"),
+                );
+                return;
+            }
+            if let Some((r, n)) = dup_by.into_iter().find(|(_, n)| *n > dup_bound) {
+                self.violation(
+                    at,
+                    &format!(
+                        "epoch {epoch}: {n} samples of dead rank {r} processed twice (bound {dup_bound})"
+                    ),
+                );
+                return;
+            }
+        }
+    }
+}
