@@ -87,7 +87,13 @@ pub struct Checker {
     hosts_faulted: BTreeMap<String, Time>,
     controller_lost: Option<Time>,
     dead: BTreeSet<u32>,
+    /// Per dead rank: the epoch it died in and the samples the coordinator knew it processed.
+    known_at_death: BTreeMap<u32, (u64, u64)>,
+    crashed: BTreeSet<u32>,
     rank_host: BTreeMap<u32, String>,
+    // NCCL
+    nccl_survivors: Option<Vec<u32>>,
+    nccl_seen: BTreeMap<u32, (u64, u64)>,
 }
 
 impl Checker {
@@ -113,7 +119,11 @@ impl Checker {
             hosts_faulted: BTreeMap::new(),
             controller_lost: None,
             dead: BTreeSet::new(),
+            known_at_death: BTreeMap::new(),
+            crashed: BTreeSet::new(),
             rank_host: BTreeMap::new(),
+            nccl_survivors: None,
+            nccl_seen: BTreeMap::new(),
         }
     }
 
@@ -136,10 +146,19 @@ impl Checker {
     /// A fault is being injected.
     pub fn fault(&mut self, at: Time, f: &Fault) {
         match f {
-            Fault::KillRank(r) | Fault::WedgeRank(r) => {
+            Fault::KillRank(r) => {
+                self.faulted.entry(*r).or_insert(at);
+                self.crashed.insert(*r);
+            }
+            Fault::WedgeRank(r) => {
                 self.faulted.entry(*r).or_insert(at);
             }
-            Fault::KillHost(h) | Fault::CorruptLink(h) | Fault::PartitionHost { host: h, .. } => {
+            Fault::KillHost(h) => {
+                self.hosts_faulted.entry(h.clone()).or_insert(at);
+                let ranks: Vec<u32> = self.rank_host.iter().filter(|(_, x)| *x == h).map(|(r, _)| *r).collect();
+                self.crashed.extend(ranks);
+            }
+            Fault::CorruptLink(h) | Fault::PartitionHost { host: h, .. } => {
                 self.hosts_faulted.entry(h.clone()).or_insert(at);
             }
             Fault::KillController => self.controller_lost = Some(at),
@@ -178,7 +197,15 @@ impl Checker {
             ControllerEvent::Reduce(ReduceEvent::Consensus { round, consensus, contributors, .. }) => {
                 self.consensus(t, *round, consensus, contributors);
             }
-            ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, .. }) => self.death(t, *rank, cause),
+            ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, epoch, processed, .. }) => {
+                if let Some(e) = epoch {
+                    self.known_at_death.insert(*rank, (*e, *processed));
+                }
+                self.death(t, *rank, cause);
+            }
+            ControllerEvent::Coord(CoordEvent::NcclSessionIssued { survivors, .. }) => {
+                self.nccl_survivors = Some(survivors.clone());
+            }
             ControllerEvent::Started { world_size } => {
                 let joined: u32 = self.admissions.iter().map(|a| a.3 - a.2).sum();
                 if *world_size != joined {
@@ -263,6 +290,21 @@ impl Checker {
 
     fn rank(&mut self, t: Time, r: u32, ev: &RankEvent) {
         match ev {
+            RankEvent::Command(cohort_proto::wire::ControlMsgWire::NewNcclSession {
+                new_rank, new_world_size, ..
+            }) => {
+                let Some(survivors) = &self.nccl_survivors else {
+                    return self.violation(t, &format!("rank {r} got an NCCL session nobody issued"));
+                };
+                let want = survivors.iter().position(|x| *x == r).map(|p| (p as u64, survivors.len() as u64));
+                if want != Some((*new_rank, *new_world_size)) {
+                    self.violation(
+                        t,
+                        &format!("rank {r}: NCCL session rank {new_rank} of {new_world_size}, survivors {survivors:?}"),
+                    );
+                }
+                self.nccl_seen.insert(r, (*new_rank, *new_world_size));
+            }
             RankEvent::Submitted { mass, values, .. } => {
                 self.submissions.entry(r).or_default().push((*mass, values.clone()));
             }
@@ -415,8 +457,18 @@ impl Checker {
         }
         let samples = self.sc.samples_per_epoch;
         let dead: BTreeSet<u32> = deaths.iter().map(|d| d.rank).collect();
-        // At most the batches a rank finished and reported too late, per death.
-        let dup_bound = 2 * self.sc.batch_size;
+        // A dead rank's samples may be processed again only as far as it
+        // processed them without the coordinator knowing (its unreported
+        // work); a crashed rank's unreported work is at most the reports in
+        // flight when it died: two batches.
+        let unreported = |r: u32, epoch: u64| -> u64 {
+            let done: u64 = processed.get(&r).map_or(0, |p| p.iter().filter(|x| x.0 == epoch).map(|x| x.2).sum());
+            match self.known_at_death.get(&r) {
+                Some((e, known)) if *e == epoch => done.saturating_sub(*known),
+                Some((e, _)) if *e < epoch => 0,
+                _ => done,
+            }
+        };
         for epoch in 0..epochs_completed {
             let mut runs: Vec<(u64, u64, u32)> = processed
                 .iter()
@@ -454,14 +506,21 @@ impl Checker {
                 );
                 return;
             }
-            if let Some((r, n)) = dup_by.into_iter().find(|(_, n)| *n > dup_bound) {
-                self.violation(
-                    at,
-                    &format!(
-                        "epoch {epoch}: {n} samples of dead rank {r} processed twice (bound {dup_bound})"
-                    ),
-                );
-                return;
+            for (r, n) in dup_by {
+                let bound = if self.crashed.contains(&r) {
+                    unreported(r, epoch).min(2 * self.sc.batch_size)
+                } else {
+                    unreported(r, epoch)
+                };
+                if n > bound {
+                    self.violation(
+                        at,
+                        &format!(
+                            "epoch {epoch}: {n} samples of dead rank {r} processed twice (its unreported work: {bound})"
+                        ),
+                    );
+                    return;
+                }
             }
         }
     }

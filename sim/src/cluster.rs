@@ -438,13 +438,17 @@ impl Cluster {
                 ControllerEvent::Join(JoinEvent::Failed { failure, .. }) => {
                     self.timeline.instant(t, "controller", &format!("join window failed: {failure}"));
                 }
+                ControllerEvent::Coord(CoordEvent::NcclSessionIssued { generator, survivors }) => {
+                    let msg = format!("new NCCL session from rank {generator}: survivors {survivors:?}");
+                    self.timeline.instant(t, "controller", &msg);
+                }
                 ControllerEvent::Reduce(ReduceEvent::Consensus { round, .. }) => {
                     self.timeline.round(t, *round);
                 }
                 _ => {}
             },
             (Some(Role::Rank(r)), SimEvent::Rank(RankEvent::CoordinatorLost { reason, .. })) => {
-                self.timeline.instant(t, &format!("rank {r}"), &format!("coordinator lost: {reason}"));
+                self.timeline.instant(t, &format!("rank {r}"), reason);
             }
             _ => {}
         }
