@@ -90,6 +90,7 @@ pub struct Checker {
     /// Per dead rank: the epoch it died in and the samples the coordinator knew it processed.
     known_at_death: BTreeMap<u32, (u64, u64)>,
     crashed: BTreeSet<u32>,
+    partitioned: BTreeSet<String>,
     rank_host: BTreeMap<u32, String>,
     // NCCL
     nccl_survivors: Option<Vec<u32>>,
@@ -121,6 +122,7 @@ impl Checker {
             dead: BTreeSet::new(),
             known_at_death: BTreeMap::new(),
             crashed: BTreeSet::new(),
+            partitioned: BTreeSet::new(),
             rank_host: BTreeMap::new(),
             nccl_survivors: None,
             nccl_seen: BTreeMap::new(),
@@ -155,10 +157,15 @@ impl Checker {
             }
             Fault::KillHost(h) => {
                 self.hosts_faulted.entry(h.clone()).or_insert(at);
-                let ranks: Vec<u32> = self.rank_host.iter().filter(|(_, x)| *x == h).map(|(r, _)| *r).collect();
+                let ranks: Vec<u32> =
+                    self.rank_host.iter().filter(|(_, x)| *x == h).map(|(r, _)| *r).collect();
                 self.crashed.extend(ranks);
             }
-            Fault::CorruptLink(h) | Fault::PartitionHost { host: h, .. } => {
+            Fault::PartitionHost { host: h, .. } => {
+                self.hosts_faulted.entry(h.clone()).or_insert(at);
+                self.partitioned.insert(h.clone());
+            }
+            Fault::CorruptLink(h) => {
                 self.hosts_faulted.entry(h.clone()).or_insert(at);
             }
             Fault::KillController => self.controller_lost = Some(at),
@@ -291,7 +298,9 @@ impl Checker {
     fn rank(&mut self, t: Time, r: u32, ev: &RankEvent) {
         match ev {
             RankEvent::Command(cohort_proto::wire::ControlMsgWire::NewNcclSession {
-                new_rank, new_world_size, ..
+                new_rank,
+                new_world_size,
+                ..
             }) => {
                 let Some(survivors) = &self.nccl_survivors else {
                     return self.violation(t, &format!("rank {r} got an NCCL session nobody issued"));
@@ -462,7 +471,8 @@ impl Checker {
         // work); a crashed rank's unreported work is at most the reports in
         // flight when it died: two batches.
         let unreported = |r: u32, epoch: u64| -> u64 {
-            let done: u64 = processed.get(&r).map_or(0, |p| p.iter().filter(|x| x.0 == epoch).map(|x| x.2).sum());
+            let done: u64 =
+                processed.get(&r).map_or(0, |p| p.iter().filter(|x| x.0 == epoch).map(|x| x.2).sum());
             match self.known_at_death.get(&r) {
                 Some((e, known)) if *e == epoch => done.saturating_sub(*known),
                 Some((e, _)) if *e < epoch => 0,
@@ -507,7 +517,8 @@ impl Checker {
                 return;
             }
             for (r, n) in dup_by {
-                let bound = if self.crashed.contains(&r) {
+                let cut_off = self.rank_host.get(&r).is_some_and(|h| self.partitioned.contains(h));
+                let bound = if self.crashed.contains(&r) && !cut_off {
                     unreported(r, epoch).min(2 * self.sc.batch_size)
                 } else {
                     unreported(r, epoch)

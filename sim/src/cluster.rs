@@ -447,8 +447,29 @@ impl Cluster {
                 }
                 _ => {}
             },
-            (Some(Role::Rank(r)), SimEvent::Rank(RankEvent::CoordinatorLost { reason, .. })) => {
-                self.timeline.instant(t, &format!("rank {r}"), reason);
+            (Some(Role::Rank(r)), SimEvent::Rank(ev)) => {
+                let code = match ev {
+                    RankEvent::CoordinatorLost { reason, .. } => {
+                        self.timeline.instant(t, &format!("rank {r}"), reason);
+                        Some(1)
+                    }
+                    RankEvent::DataFailed { reason } => {
+                        self.timeline.instant(
+                            t,
+                            &format!("rank {r}"),
+                            &format!("data plane failed: {reason}"),
+                        );
+                        Some(1)
+                    }
+                    RankEvent::Exited => Some(0),
+                    _ => None,
+                };
+                // The rank's process exits; its agent (its parent) reports it.
+                if let Some(code) = code
+                    && let Some(agent) = self.hosts.iter().find(|h| h.ranks.contains(&r)).map(|h| h.agent)
+                {
+                    self.world.command::<JoinClient, _>(agent, |a, _| a.report_rank_exit(r, code));
+                }
             }
             _ => {}
         }
@@ -522,6 +543,7 @@ impl Cluster {
             }
         }
         self.checker.finish(now, self.epochs_completed, &processed, &self.deaths);
+        self.timeline.close(now);
         let (outcome, reason) = match &self.outcome {
             Some((Outcome::Done, _)) => ("done", None),
             Some((Outcome::Failed(r), _)) => ("failed", Some(r.clone())),
@@ -540,6 +562,8 @@ impl Cluster {
             trace_hash: self.world.trace_hash(),
             events: self.events_seen,
             steps: self.world.steps(),
+            hosts: self.hosts.iter().map(|h| (h.name.clone(), h.ranks.clone())).collect(),
+            replay: None,
             timeline: core::mem::take(&mut self.timeline),
         }
     }

@@ -9,6 +9,7 @@
 
 pub mod check;
 pub mod cluster;
+pub mod explore;
 pub mod http;
 pub mod node;
 pub mod report;

@@ -142,6 +142,10 @@ pub struct Report {
     pub events: u64,
     /// World events processed.
     pub steps: u64,
+    /// Each worker host's ranks.
+    pub hosts: std::collections::BTreeMap<String, Vec<u32>>,
+    /// The command that replays this run (set by the caller).
+    pub replay: Option<String>,
     /// The timeline (not in the JSON report; see `--trace`).
     #[serde(skip)]
     pub timeline: Timeline,

@@ -28,10 +28,12 @@ fn explore_faults() {
     sc.faults = vec![FaultAt { at_s: 10.0, fault: Fault::KillController }];
     show("kill controller", sc);
     let mut sc = Scenario::healthy(2, 2, 2);
-    sc.faults = vec![FaultAt { at_s: 10.0, fault: Fault::PartitionHost { host: "host-1".into(), for_s: 5.0 } }];
+    sc.faults =
+        vec![FaultAt { at_s: 10.0, fault: Fault::PartitionHost { host: "host-1".into(), for_s: 5.0 } }];
     show("short partition", sc);
     let mut sc = Scenario::healthy(2, 2, 2);
-    sc.faults = vec![FaultAt { at_s: 10.0, fault: Fault::PartitionHost { host: "host-1".into(), for_s: 45.0 } }];
+    sc.faults =
+        vec![FaultAt { at_s: 10.0, fault: Fault::PartitionHost { host: "host-1".into(), for_s: 45.0 } }];
     show("long partition", sc);
     let mut sc = Scenario::healthy(2, 2, 2);
     sc.faults = vec![FaultAt { at_s: 10.0, fault: Fault::CorruptLink("host-1".into()) }];

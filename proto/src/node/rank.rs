@@ -75,7 +75,8 @@ pub enum RankEvent {
         /// The peers the rank now takes for dead.
         dead_peers: Vec<u32>,
     },
-    /// The data leg failed.
+    /// The data leg failed; the rank stopped (as a rank process exits with
+    /// an error when its data plane breaks).
     DataFailed {
         /// Why.
         reason: String,
@@ -156,6 +157,12 @@ impl RankNode {
         self.ended
     }
 
+    /// The exit code a rank process would end with: 0 after a clean
+    /// shutdown, 1 after a failure, `None` while it runs.
+    pub fn exit_code(&self) -> Option<i32> {
+        self.ended.then_some(if self.trainer.is_done() { 0 } else { 1 })
+    }
+
     fn act(&mut self, now: Time, actions: Vec<Action>) {
         for a in actions {
             // A send can only fail once the control client has ended; the
@@ -189,7 +196,10 @@ impl RankNode {
                 self.rounds_submitted += 1;
             }
             Err(SubmitError::NotConnected) => self.pending_submit = Some((mass, values)),
-            Err(e) => self.out.event(RankEvent::DataFailed { reason: format!("submit: {e}") }),
+            Err(e) => {
+                self.control.close();
+                self.end(RankEvent::DataFailed { reason: format!("submit: {e}") });
+            }
         }
     }
 
@@ -294,7 +304,8 @@ impl RankNode {
             }
             DataClientEvent::Failed(err) => {
                 if !self.ended {
-                    self.out.event(RankEvent::DataFailed { reason: err.to_string() });
+                    self.control.close();
+                    self.end(RankEvent::DataFailed { reason: err.to_string() });
                 }
             }
         }
