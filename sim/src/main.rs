@@ -145,6 +145,7 @@ fn cause_time(sc: &Scenario, report: &Report, rank: u32, declared: f64) -> Optio
     let host = report.hosts.iter().find(|(_, r)| r.contains(&rank)).map(|(h, _)| h.as_str());
     sc.faults
         .iter()
+        .rev()
         .filter(|f| f.at_s <= declared)
         .filter(|f| match &f.fault {
             Fault::KillRank(r) | Fault::WedgeRank(r) => *r == rank,
@@ -155,7 +156,7 @@ fn cause_time(sc: &Scenario, report: &Report, rank: u32, declared: f64) -> Optio
             _ => false,
         })
         .map(|f| f.at_s)
-        .last()
+        .next()
 }
 
 fn summary(sc: &Scenario, r: &Report, wall_s: f64) {
