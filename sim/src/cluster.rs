@@ -259,7 +259,13 @@ impl Cluster {
     }
 
     /// Plays the scenario to its end and reports.
-    pub fn run(mut self) -> Report {
+    pub fn run(self) -> Report {
+        self.run_observed(|_, _, _| {})
+    }
+
+    /// Plays the scenario, showing every node event to `observe` as it
+    /// happens (after the checkers saw it), and reports.
+    pub fn run_observed(mut self, mut observe: impl FnMut(Time, Option<Role>, &SimEvent)) -> Report {
         loop {
             let next_world = self.world.next_event_time();
             let next_act = self.acts.get(self.next_act).map(|(t, _)| *t);
@@ -281,7 +287,7 @@ impl Cluster {
                 }
                 (None, Some(_)) => unreachable!("the guard above takes every pending action"),
             }
-            self.absorb();
+            self.absorb(&mut observe);
             if self.ended() {
                 break;
             }
@@ -376,12 +382,13 @@ impl Cluster {
 
     /// Feeds the world's new events to the checkers and reacts to the ones
     /// that start nodes.
-    fn absorb(&mut self) {
+    fn absorb(&mut self, observe: &mut impl FnMut(Time, Option<Role>, &SimEvent)) {
         for (t, n, e) in self.world.take_events() {
             self.events_seen += 1;
             let role = self.roles.get(&n).copied();
             self.checker.event(t, role, &e);
             self.react(t, n, role, &e);
+            observe(t, role, &e);
         }
         if self.controller_gone && self.outcome.is_none() {
             let all_left = self.rank_nodes.values().all(|n| {

@@ -18,6 +18,11 @@ use super::{tag_dial, untag_dial};
 const CONTROL: u8 = 0;
 const DATA: u8 = 1;
 
+/// After its data leg fails, a rank waits this long for its control leg's
+/// verdict before exiting with the data failure: when the controller dies,
+/// both relay legs close together, and the root cause is the coordinator.
+pub const DATA_LOSS_GRACE: core::time::Duration = core::time::Duration::from_secs(1);
+
 /// A rank's configuration.
 #[derive(Debug, Clone)]
 pub struct RankConfig {
@@ -99,6 +104,8 @@ pub struct RankNode {
     pending_submit: Option<(f64, Vec<f32>)>,
     rounds_submitted: u64,
     rounds_done: u64,
+    /// The data leg failed at this instant, for this reason; training stopped.
+    data_lost: Option<(Time, String)>,
     ended: bool,
     out: Outbox<RankEvent>,
 }
@@ -130,6 +137,7 @@ impl RankNode {
             pending_submit: None,
             rounds_submitted: 0,
             rounds_done: 0,
+            data_lost: None,
             ended: false,
             out: Outbox::default(),
         }
@@ -264,9 +272,14 @@ impl RankNode {
                 if !matches!(msg, ControlMsgWire::CoordHeartbeat) {
                     self.out.event(RankEvent::Command(msg.clone()));
                 }
-                if !self.ended {
+                if !self.ended && self.data_lost.is_none() {
                     let actions = self.trainer.on_control(now, &msg);
                     self.act(now, actions);
+                } else if !self.ended
+                    && matches!(msg, ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. })
+                {
+                    self.control.close();
+                    self.end(RankEvent::Exited);
                 }
             }
             ControlEvent::CoordinatorLost { reason, dead_peers } => {
@@ -303,9 +316,8 @@ impl RankNode {
                 }
             }
             DataClientEvent::Failed(err) => {
-                if !self.ended {
-                    self.control.close();
-                    self.end(RankEvent::DataFailed { reason: err.to_string() });
+                if !self.ended && self.data_lost.is_none() {
+                    self.data_lost = Some((now + DATA_LOSS_GRACE, err.to_string()));
                 }
             }
         }
@@ -352,7 +364,17 @@ impl Machine for RankNode {
                 if self.data.poll_timeout().is_some_and(|t| t <= now) {
                     self.data.handle(now, Input::Timeout);
                 }
-                if !self.ended && self.trainer.next_wake().is_some_and(|t| t <= now) {
+                if let Some((deadline, reason)) = self.data_lost.clone()
+                    && now >= deadline
+                    && !self.ended
+                {
+                    self.control.close();
+                    self.end(RankEvent::DataFailed { reason });
+                }
+                if !self.ended
+                    && self.data_lost.is_none()
+                    && self.trainer.next_wake().is_some_and(|t| t <= now)
+                {
                     let actions = self.trainer.on_timeout(now);
                     self.act(now, actions);
                 }
@@ -367,6 +389,10 @@ impl Machine for RankNode {
 
     fn poll_timeout(&self) -> Option<Time> {
         let clients = earliest(self.control.poll_timeout(), self.data.poll_timeout());
-        if self.ended { clients } else { earliest(clients, self.trainer.next_wake()) }
+        match (&self.data_lost, self.ended) {
+            (_, true) => clients,
+            (Some((deadline, _)), false) => earliest(clients, Some(*deadline)),
+            (None, false) => earliest(clients, self.trainer.next_wake()),
+        }
     }
 }
