@@ -25,10 +25,16 @@ fn control_kind() -> ControlHandshake {
 fn control_handshake_mio_to_mio() {
     let relay = spawn(Acceptor::new(control_kind(), Duration::from_secs(10)), quick(), true);
     let hello = ControlHelloFields { rank: 2, model_sig: [9; 32] };
-    let rank = spawn(Dialer::new(control_kind(), hello, relay.addr(), None, Duration::from_secs(10)), quick(), false);
+    let rank = spawn(
+        Dialer::new(control_kind(), hello, relay.addr(), None, Duration::from_secs(10)),
+        quick(),
+        false,
+    );
     rank.remote.with(|d, now| d.start(now)).unwrap();
     let admitted = relay.expect(|e| match e {
-        AcceptorEvent::Admitted { hello, leftover, .. } => Some((hello.rank, hello.model_sig, leftover.len())),
+        AcceptorEvent::Admitted { hello, leftover, .. } => {
+            Some((hello.rank, hello.model_sig, leftover.len()))
+        }
         _ => None,
     });
     assert_eq!(admitted, (2, [9; 32], 0));
@@ -48,10 +54,11 @@ fn data_handshake_refuses_a_wrong_world_size() {
         false,
     );
     rank.remote.with(|d, now| d.start(now)).unwrap();
-    relay.expect(|e| match e {
-        AcceptorEvent::Refused { error: HandshakeError::Wire(w), .. } => Some(assert!(w.to_string().contains("world"))),
+    let refusal = relay.expect(|e| match e {
+        AcceptorEvent::Refused { error: HandshakeError::Wire(w), .. } => Some(w.to_string()),
         other => panic!("unexpected {other:?}"),
     });
+    assert!(refusal.contains("world"), "{refusal}");
     // The acceptor closed without a reply: the dialer sees the end of stream.
     let err = rank.expect(|e| match e {
         DialerEvent::Failed(err) => Some(err.clone()),
@@ -138,7 +145,8 @@ fn eof_is_reported_once() {
     node.call(move |p, _| p.send(conn, &b"late"[..]));
     drop(client);
     node.call(|_, _| ());
-    let closes = node.pending().into_iter().filter(|e| matches!(e, NodeEvent::Machine(ProbeEvent::Closed { .. })));
+    let closes =
+        node.pending().into_iter().filter(|e| matches!(e, NodeEvent::Machine(ProbeEvent::Closed { .. })));
     assert_eq!(closes.count(), 0);
 }
 
@@ -272,7 +280,8 @@ fn driver_embeds_in_a_callers_poll() {
     let mut own = MioListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     poll.registry().register(&mut own, Token(0), Interest::READABLE).unwrap();
     let mut driver =
-        Driver::new(Echo::default(), poll.registry(), TokenRange::new(100, 10), quick(), Clock::start()).unwrap();
+        Driver::new(Echo::default(), poll.registry(), TokenRange::new(100, 10), quick(), Clock::start())
+            .unwrap();
     let echo_addr = driver.listen("127.0.0.1:0".parse().unwrap()).unwrap();
 
     let frame = Bytes::from_static(b"0123456789abcdef0123456789abcdef");

@@ -75,7 +75,10 @@ where
     }
 
     /// Runs `f` on the machine and returns its result.
-    pub fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut M, cohort_proto::Time) -> R + Send + 'static) -> R {
+    pub fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut M, cohort_proto::Time) -> R + Send + 'static,
+    ) -> R {
         self.remote.call(f).expect("node running")
     }
 
