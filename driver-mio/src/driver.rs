@@ -328,7 +328,8 @@ impl<M: Machine> Driver<M> {
         r
     }
 
-    /// The next event, oldest first.
+    /// The next event, oldest first. Drain them after every call that
+    /// feeds the driver: the queue is unbounded.
     pub fn poll_event(&mut self) -> Option<NodeEvent<M::Event>> {
         self.events.pop_front()
     }

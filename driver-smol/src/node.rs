@@ -241,6 +241,9 @@ impl<M: Machine> NodeHandle<M> {
 }
 
 /// A node's events, in order; ends when the node has stopped.
+///
+/// The queue behind it is unbounded (a node must never stall its peers
+/// because its application is slow): read it, or drop it to discard events.
 #[derive(Debug)]
 pub struct Events<E> {
     rx: Pin<Box<Receiver<NodeEvent<E>>>>,
@@ -473,7 +476,9 @@ impl<M: Machine> Core<M> {
                 Some(Entry::Dial(_)) => self.poll_connect(key, now),
                 Some(Entry::Conn(_)) => {
                     self.flush(key, now);
-                    self.read(key, now);
+                    if self.readable(key) {
+                        self.read(key, now);
+                    }
                 }
                 None => {}
             }
@@ -783,6 +788,17 @@ impl<M: Machine> Core<M> {
     }
 
     // ---- connection I/O ----
+
+    /// Whether the connection may have bytes (or an end) to read: consumes
+    /// the readiness the reactor reported, or registers interest. Asking
+    /// first saves the read that would only find the socket empty.
+    fn readable(&mut self, slot: usize) -> bool {
+        let Some(s) = self.slots.get(slot) else { return false };
+        let Some(Entry::Conn(c)) = &s.entry else { return false };
+        let mut cx = Context::from_waker(&s.waker);
+        // An error is surfaced by the read itself.
+        c.sock.poll_readable(&mut cx).is_ready()
+    }
 
     /// Registers interest in the connection's readability without reading;
     /// if it is readable already, queues the slot to be served.
