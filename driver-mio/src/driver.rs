@@ -87,9 +87,10 @@ pub struct TokenRange {
 }
 
 impl TokenRange {
-    /// Tokens `start .. start + len` (`len` at least 2; the end is clamped to
-    /// `usize::MAX`).
+    /// Tokens `start .. start + len` (`len` at least 2; the range is kept
+    /// below `usize::MAX`, which stays free for a caller's waker).
     pub fn new(start: usize, len: usize) -> Self {
+        let start = start.min(usize::MAX - 2);
         let len = len.max(2).min(usize::MAX - start);
         TokenRange { start, len }
     }
@@ -233,8 +234,9 @@ pub struct Driver<M: Machine> {
 
 impl<M: Machine> Driver<M> {
     /// A driver for `machine`, registering its sockets on `registry` under
-    /// `tokens`. Nothing happens until the machine dials (after a command run
-    /// with [`Driver::with`]) or a listener accepts ([`Driver::listen`]).
+    /// `tokens`. Outputs the machine already holds (a dial it queued when it
+    /// was built) are carried out on the first [`Driver::fire_timers`] or
+    /// [`Driver::with`]; [`Driver::next_deadline`] says "now" until then.
     pub fn new(
         machine: M,
         registry: &Registry,

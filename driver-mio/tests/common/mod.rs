@@ -107,7 +107,7 @@ pub fn quick() -> Config {
         connect_backoff: Duration::from_millis(20),
         connect_timeout: Duration::from_secs(2),
         write_stall: Duration::from_secs(10),
-        close_linger: Duration::from_millis(500),
+        close_linger: Duration::from_millis(200),
         ..Config::default()
     }
 }

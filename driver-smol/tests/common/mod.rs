@@ -43,7 +43,7 @@ pub fn quick() -> Config {
         connect_backoff: Duration::from_millis(20),
         connect_timeout: Duration::from_secs(2),
         write_stall: Duration::from_secs(10),
-        close_linger: Duration::from_millis(500),
+        close_linger: Duration::from_millis(200),
         ..Config::default()
     }
 }
@@ -55,7 +55,7 @@ pub fn quick_mio() -> cohort_driver_mio::Config {
         connect_backoff: Duration::from_millis(20),
         connect_timeout: Duration::from_secs(2),
         write_stall: Duration::from_secs(10),
-        close_linger: Duration::from_millis(500),
+        close_linger: Duration::from_millis(200),
         ..cohort_driver_mio::Config::default()
     }
 }
