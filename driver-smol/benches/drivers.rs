@@ -279,6 +279,45 @@ fn frame256(c: &mut Criterion) {
         reader.join().unwrap();
     }
 
+    // Raw blocking std sockets again, the reader verifying the frame as the
+    // drivers' receivers do: what MAC-as-you-read costs without any driver.
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (done_tx, done_rx) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut dec = cohort_proto::wire::RoundDecoder::new(DEFAULT_FRAME_CEILING);
+            let key = key();
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let mut rest = &buf[..n];
+                        while !rest.is_empty() {
+                            let (used, done) =
+                                dec.feed(rest, &key, &mut cohort_proto::wire::NullSink).unwrap();
+                            rest = &rest[used..];
+                            if done.is_some() {
+                                let _ = done_tx.send(());
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        let mut s = TcpStream::connect(addr).unwrap();
+        g.bench_function("raw_std_verify", |b| {
+            b.iter(|| {
+                s.write_all(&frame).unwrap();
+                done_rx.recv().unwrap();
+            })
+        });
+        drop(s);
+        reader.join().unwrap();
+    }
+
     // The mio driver: a sender node and a verifying (or counting) receiver node.
     {
         let sink = mio_node(RoundSink::new(key(), DEFAULT_FRAME_CEILING), true);
