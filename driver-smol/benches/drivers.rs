@@ -7,11 +7,14 @@
 //! - `frame256/*`: one 256 MiB round frame sent over loopback and verified
 //!   by the receiver as it streams in (`RoundDecoder` + `NullSink`: MAC over
 //!   every byte): through each driver; against raw blocking std TCP moving
-//!   the same bytes (counted, not verified) and SHA-256 over them. The
-//!   `*_count` variants count bytes without verifying (the drivers' own cost).
+//!   the same bytes (counted, not verified) and SHA-256 over them.
+//!   `raw_std_verify` is raw std sockets with the drivers' receiver work
+//!   (verify as you read): what a driver can at best reach. The `*_count`
+//!   variants count bytes without verifying (the drivers' own cost).
 //!
-//! Ratios: `scripts/bench-ratios rtt/mio rtt/raw_std rtt/smol rtt/raw_std
-//! frame256/mio frame256/raw_std frame256/mio frame256/sha256 ...`.
+//! Run: `cargo bench -p cohort-driver-smol --bench drivers`, then
+//! `scripts/bench-ratios rtt/mio rtt/raw_std rtt/smol rtt/raw_std
+//! frame256/mio frame256/sha256 frame256/mio frame256/raw_std_verify ...`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
