@@ -61,6 +61,8 @@ pub enum ProbeEvent {
     Woke {
         /// When it was set for.
         at: Time,
+        /// When the driver woke the probe.
+        now: Time,
     },
 }
 
@@ -161,7 +163,7 @@ impl Machine for Probe {
             Input::Timeout => {
                 if let Some(at) = self.wake.filter(|at| *at <= now) {
                     self.wake = None;
-                    self.out.event(ProbeEvent::Woke { at });
+                    self.out.event(ProbeEvent::Woke { at, now });
                 }
             }
         }

@@ -356,3 +356,19 @@ fn token_range_bounds_the_sockets() {
     assert_eq!(accepted, [ConnId(1), ConnId(2)]);
     assert_eq!(driver.sockets(), 2);
 }
+
+#[test]
+fn the_machine_timer_fires_at_its_deadline_not_before() {
+    let node = spawn(Probe::new(), quick(), false);
+    let set = node.call(|p, now| {
+        let at = now + Duration::from_millis(30);
+        p.wake_at(at);
+        at
+    });
+    let (at, now) = node.expect(|e| match e {
+        ProbeEvent::Woke { at, now } => Some((*at, *now)),
+        _ => None,
+    });
+    assert_eq!(at, set);
+    assert!(now >= at, "woken at {now:?}, before {at:?}");
+}

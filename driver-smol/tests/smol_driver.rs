@@ -325,3 +325,25 @@ fn a_node_task_runs_on_any_executor() {
         handle.shutdown().await;
     }));
 }
+
+#[test]
+fn the_machine_timer_fires_at_its_deadline_not_before() {
+    smol::block_on(async {
+        let (node, mut ev) = Node::new(Probe::new(), quick()).spawn();
+        let set = node
+            .with(|p, now| {
+                let at = now + Duration::from_millis(30);
+                p.wake_at(at);
+                at
+            })
+            .await
+            .unwrap();
+        let (at, now) = expect(&mut ev, |e| match e {
+            ProbeEvent::Woke { at, now } => Some((*at, *now)),
+            _ => None,
+        })
+        .await;
+        assert_eq!(at, set);
+        assert!(now >= at, "woken at {now:?}, before {at:?}");
+    });
+}
