@@ -490,8 +490,9 @@ impl<M: Machine> Driver<M> {
             return;
         }
         if c.out.is_empty() {
+            // The stall clock starts now; its timer is armed only if a flush
+            // leaves bytes behind (most writes complete at once).
             c.progress_at = now;
-            self.timers.arm(&mut c.armed, now + self.config.write_stall, (slot, c.id.0));
         }
         c.out.push(bytes);
         if c.out.len() > self.config.max_queued_bytes {
@@ -679,9 +680,10 @@ impl<M: Machine> Driver<M> {
                 if f.wrote > 0 {
                     c.progress_at = now;
                 }
-                if c.out.is_empty()
-                    && let ConnState::Closing { .. } = c.state
-                {
+                if f.blocked {
+                    let deadline = c.progress_at + self.config.write_stall;
+                    self.timers.arm(&mut c.armed, deadline, (slot, c.id.0));
+                } else if let ConnState::Closing { .. } = c.state {
                     self.finish_close(slot, now);
                 }
             }

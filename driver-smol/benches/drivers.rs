@@ -3,7 +3,10 @@
 //! - `rtt/*`: one control frame (a signed `TimingMsgWire::Heartbeat`)
 //!   bounced between two machines over loopback, per round trip: through
 //!   the mio driver, the smol driver, and a raw blocking std TCP ping-pong
-//!   of the same bytes (each side on its own thread in every case).
+//!   of the same bytes. The echo side runs in a child process (as a relay
+//!   is to its rank), the pinging side in the bench process; async-io's
+//!   reactor is per process, so two smol nodes in one process would share
+//!   one reactor thread and add a thread hop the deployment does not have.
 //! - `frame256/*`: one 256 MiB round frame sent over loopback and verified
 //!   by the receiver as it streams in (`RoundDecoder` + `NullSink`: MAC over
 //!   every byte): through each driver; against raw blocking std TCP moving
@@ -31,7 +34,7 @@ use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, Dtype, MacKey, RoundKind, RoundWriter, SessionSalt, TimingMsgWire, encode_frame,
 };
 use cohort_proto::{DialId, Input, Machine, Output, Time};
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use sha2::{Digest, Sha256};
 use smol::stream::StreamExt;
 
@@ -151,8 +154,10 @@ impl<M: Machine> SmolNode<M> {
     fn addr(&self) -> String {
         self.handle.local_addr().unwrap().to_string()
     }
+    /// Waits here without driving async-io's reactor (which the node's own
+    /// thread drives), so the bench thread adds no hop to the node's I/O.
     fn next_machine_event(&mut self) -> M::Event {
-        smol::block_on(async {
+        smol::future::block_on(async {
             loop {
                 if let Some(e) = self.events.next().await.expect("node running").machine() {
                     return e;
@@ -164,7 +169,7 @@ impl<M: Machine> SmolNode<M> {
 
 impl<M: Machine> Drop for SmolNode<M> {
     fn drop(&mut self) {
-        smol::block_on(self.handle.shutdown());
+        smol::future::block_on(self.handle.shutdown());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -173,43 +178,94 @@ impl<M: Machine> Drop for SmolNode<M> {
 
 // ---- round trips ----
 
+/// Environment variable that turns this bench binary into the echo side of
+/// `rtt`, in a child process: `raw`, `mio` or `smol`.
+const ECHO_ROLE: &str = "COHORT_BENCH_ECHO";
+
+/// The echo side of `rtt`: prints its address, echoes until stdin closes.
+fn serve_echo(kind: &str) -> ! {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("{}", listener.local_addr().unwrap());
+    match kind {
+        "raw" => {
+            std::thread::spawn(move || {
+                let (mut s, _) = listener.accept().unwrap();
+                s.set_nodelay(true).unwrap();
+                let mut buf = vec![0u8; heartbeat().len()];
+                while s.read_exact(&mut buf).is_ok() && s.write_all(&buf).is_ok() {}
+            });
+        }
+        "mio" => {
+            let mut runner =
+                cohort_driver_mio::Runner::new(Echo::default(), cohort_driver_mio::Config::default())
+                    .unwrap();
+            runner.driver().adopt_listener(listener).unwrap();
+            std::thread::spawn(move || runner.run(|_| ControlFlow::Continue(())));
+        }
+        _ => {
+            let mut node = Node::new(Echo::default(), cohort_driver_smol::Config::default());
+            node.adopt_listener(listener).unwrap();
+            let (task, handle, _events) = node.into_task();
+            std::mem::forget(handle); // keep the node running until the process exits
+            std::thread::spawn(move || smol::block_on(task));
+        }
+    }
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    std::process::exit(0)
+}
+
+/// An echo peer in a child process (as a relay is to its rank).
+struct EchoChild {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl EchoChild {
+    fn start(kind: &str) -> Self {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env(ECHO_ROLE, kind)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        EchoChild { child, addr: line.trim().to_string() }
+    }
+}
+
+impl Drop for EchoChild {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
 fn rtt(c: &mut Criterion) {
     let frame = heartbeat();
     let mut g = c.benchmark_group("rtt");
     g.sample_size(30).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
 
-    // Raw blocking std sockets: an echo thread and the pinging bench thread.
+    // Raw blocking std sockets: the bench thread pings a raw echo process.
     {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let len = frame.len();
-        let echo = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            s.set_nodelay(true).unwrap();
-            let mut buf = vec![0u8; len];
-            while s.read_exact(&mut buf).is_ok() {
-                if s.write_all(&buf).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut s = TcpStream::connect(addr).unwrap();
+        let echo = EchoChild::start("raw");
+        let mut s = TcpStream::connect(&echo.addr).unwrap();
         s.set_nodelay(true).unwrap();
-        let mut back = vec![0u8; len];
+        let mut back = vec![0u8; frame.len()];
         g.bench_function("raw_std", |b| {
             b.iter(|| {
                 s.write_all(&frame).unwrap();
                 s.read_exact(&mut back).unwrap();
             })
         });
-        drop(s);
-        echo.join().unwrap();
     }
 
-    // The mio driver: an Echo node and a Pinger node, each on its thread.
+    // The mio driver: a Pinger node here, an Echo node in the child.
     {
-        let echo = mio_node(Echo::default(), true);
-        let pinger = mio_node(Pinger::new(echo.addr.clone().unwrap(), frame.clone()), false);
+        let echo = EchoChild::start("mio");
+        let pinger = mio_node(Pinger::new(echo.addr.clone(), frame.clone()), false);
         assert_eq!(pinger.events.recv().unwrap(), PingerEvent::Ready);
         g.bench_function("mio", |b| {
             b.iter_custom(|iters| {
@@ -221,10 +277,10 @@ fn rtt(c: &mut Criterion) {
         });
     }
 
-    // The smol driver: the same two machines, each node task on its thread.
+    // The smol driver, the same way.
     {
-        let echo = smol_node(Echo::default(), true);
-        let mut pinger = smol_node(Pinger::new(echo.addr(), frame.clone()), false);
+        let echo = EchoChild::start("smol");
+        let mut pinger = smol_node(Pinger::new(echo.addr.clone(), frame.clone()), false);
         assert_eq!(pinger.next_machine_event(), PingerEvent::Ready);
         g.bench_function("smol", |b| {
             b.iter_custom(|iters| {
@@ -380,4 +436,11 @@ fn frame256(c: &mut Criterion) {
 }
 
 criterion_group!(benches, rtt, frame256);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(kind) = std::env::var(ECHO_ROLE) {
+        serve_echo(&kind);
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

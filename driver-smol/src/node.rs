@@ -587,14 +587,14 @@ impl<M: Machine> Core<M> {
             tracing::trace!(%conn, len = bytes.len(), "transmit on a closed connection dropped");
             return;
         };
-        let stall = self.config.write_stall;
         let Some(Some(Entry::Conn(c))) = self.slots.get_mut(slot).map(|s| &mut s.entry) else { return };
         if c.state != ConnState::Open {
             return;
         }
         if c.out.is_empty() {
+            // The stall clock starts now; its timer is armed only if a flush
+            // leaves bytes behind (most writes complete at once).
             c.progress_at = now;
-            self.timers.arm(&mut c.armed, now + stall, (slot, c.id.0));
         }
         c.out.push(bytes);
         if c.out.len() > self.config.max_queued_bytes {
@@ -828,6 +828,8 @@ impl<M: Machine> Core<M> {
                         c.progress_at = now;
                     }
                     if f.blocked {
+                        let deadline = c.progress_at + self.config.write_stall;
+                        self.timers.arm(&mut c.armed, deadline, (slot, c.id.0));
                         let mut cx = Context::from_waker(&s.waker);
                         match c.sock.poll_writable(&mut cx) {
                             Poll::Pending => return,
