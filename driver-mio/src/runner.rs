@@ -9,7 +9,7 @@
 //! let mut runner = Runner::new(Echo::default(), Config::default())?;
 //! let addr = runner.listen("127.0.0.1:0".parse().unwrap())?;
 //! let remote = runner.remote();
-//! let node = std::thread::spawn(move || runner.run(|_event| ControlFlow::Continue(())));
+//! let node = std::thread::spawn(move || runner.run(|_driver, _event| ControlFlow::Continue(())));
 //! // ... dial `addr` and talk to it ...
 //! # let _ = addr;
 //! remote.shutdown();
@@ -139,17 +139,18 @@ impl<M: Machine> Runner<M> {
         Ok(())
     }
 
-    /// Runs until a shutdown (from `on_event` returning `Break`, a
-    /// [`Remote`], or [`Runner::stop`] inside a command) has completed.
-    /// Every machine event is passed to `on_event` in order.
+    /// Runs until a shutdown (from `on_event` returning `Break`, or a
+    /// [`Remote`]) has completed. Every event is passed to `on_event` in
+    /// order, with the driver, so the application can answer it with a
+    /// command ([`Driver::with`]) at once.
     pub fn run(
         &mut self,
-        mut on_event: impl FnMut(NodeEvent<M::Event>) -> ControlFlow<()>,
+        mut on_event: impl FnMut(&mut Driver<M>, NodeEvent<M::Event>) -> ControlFlow<()>,
     ) -> io::Result<()> {
         loop {
             self.turn(None)?;
             while let Some(e) = self.driver.poll_event() {
-                if on_event(e).is_break() {
+                if on_event(&mut self.driver, e).is_break() {
                     self.stop();
                 }
             }

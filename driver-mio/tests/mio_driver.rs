@@ -372,3 +372,31 @@ fn the_machine_timer_fires_at_its_deadline_not_before() {
     assert_eq!(at, set);
     assert!(now >= at, "woken at {now:?}, before {at:?}");
 }
+
+#[test]
+fn run_answers_events_through_the_driver_and_stops_on_break() {
+    use cohort_driver_mio::Runner;
+    use std::ops::ControlFlow;
+
+    let mut runner = Runner::new(Probe::new(), quick()).unwrap();
+    let addr = runner.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let node = std::thread::spawn(move || {
+        runner.run(|driver, event| match event {
+            NodeEvent::Machine(ProbeEvent::Accepted { conn, .. }) => {
+                driver.with(|p, _| p.send(conn, &b"hi"[..]));
+                ControlFlow::Continue(())
+            }
+            NodeEvent::Machine(ProbeEvent::Closed { cause, .. }) => {
+                assert_eq!(cause, CloseCause::Eof);
+                ControlFlow::Break(())
+            }
+            _ => ControlFlow::Continue(()),
+        })
+    });
+    let mut client = TcpStream::connect(addr).unwrap();
+    let mut buf = [0u8; 2];
+    client.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"hi");
+    drop(client);
+    node.join().unwrap().unwrap();
+}

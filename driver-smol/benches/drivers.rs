@@ -108,7 +108,7 @@ where
     let (tx, events) = mpsc::channel();
     let thread = std::thread::spawn(move || {
         runner
-            .run(|e| {
+            .run(|_, e| {
                 if let Some(e) = e.machine() {
                     let _ = tx.send(e);
                 }
@@ -200,7 +200,7 @@ fn serve_echo(kind: &str) -> ! {
                 cohort_driver_mio::Runner::new(Echo::default(), cohort_driver_mio::Config::default())
                     .unwrap();
             runner.driver().adopt_listener(listener).unwrap();
-            std::thread::spawn(move || runner.run(|_| ControlFlow::Continue(())));
+            std::thread::spawn(move || runner.run(|_, _| ControlFlow::Continue(())));
         }
         _ => {
             let mut node = Node::new(Echo::default(), cohort_driver_smol::Config::default());

@@ -89,7 +89,7 @@ where
     let remote = runner.remote();
     let (tx, events) = mpsc::channel();
     let thread = std::thread::spawn(move || {
-        runner.run(|e| {
+        runner.run(|_, e| {
             let _ = tx.send(e);
             ControlFlow::Continue(())
         })
