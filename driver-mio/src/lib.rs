@@ -1,7 +1,26 @@
-//! cohort-driver-mio: runs cohort's proto machines on mio.
+//! cohort-driver-mio: runs cohort's proto machines on mio, and the `cohort`
+//! program.
 //!
-//! Status: only the `cohort wire` inspector exists so far ([`wire_tool`]); the
-//! mio driver itself is not written yet.
+//! - [`Driver`]: one machine on mio sockets, registered on a caller's
+//!   `Poll` under a [`TokenRange`] (embed it in any mio loop);
+//! - [`Runner`]: a driver with its own `Poll` and blocking loop, and
+//!   [`Remote`] to command it from other threads (one thread per node);
+//! - [`Clock`]: the real clock mapped onto proto's `Time`, shareable;
+//! - [`Config`]: dial retry budget, write-stall deadline, buffer bounds;
+//! - [`testing`]: small machines for driver tests and benchmarks;
+//! - [`wire_tool`]: the `cohort wire` inspector.
 #![forbid(unsafe_code)]
 
+pub mod clock;
+pub mod config;
+pub mod driver;
+mod queue;
+pub mod runner;
+pub mod testing;
+mod timers;
 pub mod wire_tool;
+
+pub use clock::Clock;
+pub use config::Config;
+pub use driver::{Driver, NodeEvent, TokenRange};
+pub use runner::{Remote, Runner, Stopped};

@@ -1,4 +1,25 @@
-//! cohort-driver-smol: runs cohort's proto machines on smol.
+//! cohort-driver-smol: runs cohort's proto machines on smol 2.x.
 //!
-//! Status: empty. The smol driver is not written yet.
+//! - [`Node`]: one machine with its optional listener, started as a task
+//!   ([`Node::spawn`] on smol's executor, or [`Node::into_task`] for any
+//!   executor that drives async-io, async-std's included);
+//! - [`NodeHandle`]: run commands on the machine inside its task
+//!   (`handle.with(|m, now| m.start(now)).await`) and shut it down;
+//! - [`Events`]: the node's events as a `Stream`;
+//! - [`Clock`]: the real clock mapped onto proto's `Time`, shareable;
+//! - [`Config`]: dial retry budget, write-stall deadline, buffer bounds.
+//!
+//! The semantics are those of `cohort-driver-mio`; the two interoperate
+//! byte for byte (they only carry the machines' bytes).
 #![forbid(unsafe_code)]
+
+pub mod clock;
+pub mod config;
+pub mod node;
+mod queue;
+mod ready;
+mod timers;
+
+pub use clock::Clock;
+pub use config::Config;
+pub use node::{Events, Node, NodeEvent, NodeHandle, NodeTask, Stopped};

@@ -1,0 +1,89 @@
+//! The driver's knobs: dial retry budget, write-stall deadline, buffer bounds.
+
+use std::time::Duration;
+
+use cohort_proto::config::{TimeoutScale, connect_attempts, defaults};
+use cohort_proto::wire::{DEFAULT_FRAME_CEILING, MAX_CONTROL_PAYLOAD};
+
+/// How long one connect attempt may take before it counts as failed, before
+/// scaling. flodl leaves this to the operating system; a driver that never
+/// blocks needs its own bound so a black-holed address still spends the
+/// retry budget.
+pub const CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a connection closed by its machine keeps draining the peer's
+/// bytes after our FIN, waiting for the peer's, before it is dropped.
+pub const CLOSE_LINGER: Duration = Duration::from_secs(2);
+
+/// Driver configuration. [`Config::scaled`] gives flodl 0.8's values under a
+/// network timeout scale; tests set the durations directly.
+///
+/// ```
+/// use cohort_driver_smol::Config;
+/// use cohort_proto::config::TimeoutScale;
+/// use std::time::Duration;
+///
+/// let c = Config::scaled(TimeoutScale::parse("0.5").unwrap());
+/// assert_eq!(c.connect_attempts, 30);
+/// assert_eq!(c.connect_backoff, Duration::from_millis(500));
+/// assert_eq!(c.write_stall, Duration::from_secs(15));
+/// let quick = Config { write_stall: Duration::from_millis(200), ..Config::default() };
+/// assert_eq!(quick.connect_attempts, 60);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Connect attempts per dial before `DialFailed` (at least one is made).
+    pub connect_attempts: u32,
+    /// Pause after a failed attempt before the next.
+    pub connect_backoff: Duration,
+    /// Longest one connect attempt may stay pending.
+    pub connect_timeout: Duration,
+    /// A connection with queued bytes that accepts none for this long is
+    /// closed (`CloseCause::WriteStall`).
+    pub write_stall: Duration,
+    /// Most bytes queued for one connection. A machine that queues more has
+    /// outrun its peer: the connection is closed as stalled.
+    pub max_queued_bytes: usize,
+    /// Size of the driver's one read buffer (the largest single `Received`).
+    pub read_chunk: usize,
+    /// Bytes read from one connection before the driver serves the others.
+    pub read_budget: usize,
+    /// After a requested close is flushed: how long to keep reading (and
+    /// discarding) while waiting for the peer's FIN, so the peer is not
+    /// reset before it read what we sent.
+    pub close_linger: Duration,
+    /// Most sockets (connections and dials) at once; connections accepted
+    /// beyond it are closed at once, dials beyond it fail.
+    pub max_sockets: usize,
+    /// Set `TCP_NODELAY` on every connection (flodl does).
+    pub nodelay: bool,
+}
+
+impl Config {
+    /// flodl 0.8's deadlines under `scale`: `connect_attempts(scale)` attempts
+    /// 500 ms apart, write stall `scaled(30 s)`.
+    pub fn scaled(scale: TimeoutScale) -> Self {
+        Config {
+            connect_attempts: connect_attempts(scale),
+            connect_backoff: defaults::CONNECT_BACKOFF,
+            connect_timeout: scale.scaled(CONNECT_ATTEMPT_TIMEOUT),
+            write_stall: scale.scaled(defaults::WRITE_STALL),
+            // Two frames at the default ceiling plus control traffic: a
+            // machine never legitimately has more in flight to one peer.
+            max_queued_bytes: usize::try_from(2 * DEFAULT_FRAME_CEILING)
+                .unwrap_or(usize::MAX)
+                .saturating_add(MAX_CONTROL_PAYLOAD),
+            read_chunk: 256 * 1024,
+            read_budget: 4 * 1024 * 1024,
+            close_linger: CLOSE_LINGER,
+            max_sockets: 65_536,
+            nodelay: true,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::scaled(TimeoutScale::ONE)
+    }
+}
