@@ -13,16 +13,39 @@ fn hwm_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
 }
 
+/// CPU seconds this thread has run (user + system), from /proc.
+fn cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line: 11 and 12 counting from the state.
+    let tick = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    (tick(11) + tick(12)) as f64 / 100.0
+}
+
 fn main() {
-    let sizes: Vec<u32> =
-        std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect::<Vec<_>>();
+    let sizes: Vec<u32> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect::<Vec<_>>();
     let sizes = if sizes.is_empty() { vec![64, 128, 256, 512, 1024] } else { sizes };
-    println!("{:>6} {:>6} {:>14} {:>12} {:>14} {:>12} {:>10}", "ranks", "hosts", "simulated s", "wall s", "sim s / wall s", "events", "peak MiB");
+    println!(
+        "{:>6} {:>6} {:>12} {:>9} {:>14} {:>9} {:>13} {:>10} {:>9}",
+        "ranks",
+        "hosts",
+        "simulated s",
+        "wall s",
+        "sim s / wall s",
+        "cpu s",
+        "sim s / cpu s",
+        "events",
+        "peak MiB"
+    );
     for ranks in sizes {
         let hosts = (ranks / 8).max(1);
         let mut sc = Scenario::healthy(hosts, 8, 1);
@@ -36,17 +59,20 @@ fn main() {
         sc.run_for_s = Some(3600.0);
         sc.join.join_timeout_secs = 60;
         let cluster = Cluster::new(sc, 1).expect("scenario");
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu_s());
         let report = cluster.run();
         let wall = t.elapsed().as_secs_f64();
+        let cpu = cpu_s() - c;
         assert!(report.violations.is_empty(), "{:?}", report.violations);
         println!(
-            "{:>6} {:>6} {:>14.0} {:>12.2} {:>14.1} {:>12} {:>10.0}",
+            "{:>6} {:>6} {:>12.0} {:>9.2} {:>14.1} {:>9.2} {:>13.1} {:>10} {:>9.0}",
             hosts * 8,
             hosts,
             report.ended_at_s,
             wall,
             report.ended_at_s / wall,
+            cpu,
+            report.ended_at_s / cpu.max(0.01),
             report.steps,
             hwm_kib() as f64 / 1024.0
         );

@@ -117,6 +117,7 @@ pub struct Cluster {
     epochs_completed: u64,
     cap: Time,
     events_seen: u64,
+    events_buf: Vec<(Time, NodeId, SimEvent)>,
 }
 
 fn secs(s: f64) -> Time {
@@ -239,6 +240,7 @@ impl Cluster {
             epochs_completed: 0,
             cap,
             events_seen: 0,
+            events_buf: Vec::new(),
             sc,
         })
     }
@@ -383,13 +385,16 @@ impl Cluster {
     /// Feeds the world's new events to the checkers and reacts to the ones
     /// that start nodes.
     fn absorb(&mut self, observe: &mut impl FnMut(Time, Option<Role>, &SimEvent)) {
-        for (t, n, e) in self.world.take_events() {
+        let mut events = core::mem::take(&mut self.events_buf);
+        self.world.swap_events(&mut events);
+        for (t, n, e) in events.drain(..) {
             self.events_seen += 1;
             let role = self.roles.get(&n).copied();
             self.checker.event(t, role, &e);
             self.react(t, n, role, &e);
             observe(t, role, &e);
         }
+        self.events_buf = events;
         if self.controller_gone && self.outcome.is_none() {
             let all_left = self.rank_nodes.values().all(|n| {
                 self.world.process(*n) != Process::Alive

@@ -20,6 +20,17 @@ use crate::node::SimNode;
 use crate::rng::{SimRng, stream};
 use crate::trace::TraceHasher;
 
+fn conn_slot(id: u64) -> usize {
+    (id.saturating_sub(1) / 2) as usize
+}
+
+fn conn_at(conns: &mut [Option<Conn>], id: u64) -> Option<&mut Conn> {
+    conns.get_mut(conn_slot(id)).and_then(Option::as_mut)
+}
+
+/// Queued writes smaller than this are carried as one delivery.
+const COALESCE: usize = 16 * 1024;
+
 /// A node's index in the world.
 pub type NodeId = usize;
 /// A host's index in the world.
@@ -94,7 +105,10 @@ struct NodeSlot<E> {
     host: HostId,
     machine: Box<dyn SimNode<E>>,
     process: Process,
+    /// When the machine wants waking (its `poll_timeout`).
     timer: Option<Time>,
+    /// The instant of the one live `Timer` event in the queue, if any.
+    armed: Option<Time>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -112,6 +126,8 @@ struct Pipe {
     last_arrival: Time,
     last_progress: Time,
     stall_check: bool,
+    /// Queued by the current drain, not yet pumped.
+    dirty: bool,
     fin_queued: bool,
     fin_sent: bool,
     /// The receiving side is gone: drop whatever arrives.
@@ -119,6 +135,9 @@ struct Pipe {
 }
 
 struct Conn {
+    id: u64,
+    link: LinkSpec,
+    hosts: (HostId, HostId),
     ends: [End; 2],
     pipes: [Pipe; 2],
     /// A side that has closed (by the machine, a crash or a fault) hears nothing more.
@@ -128,7 +147,7 @@ struct Conn {
 
 #[derive(Debug)]
 enum Ev {
-    Timer(NodeId),
+    Timer(NodeId, Time),
     Deliver { conn: u64, dir: usize, bytes: Bytes },
     Fin { conn: u64, dir: usize, cause: CloseCause },
     Syn { conn: u64 },
@@ -138,27 +157,42 @@ enum Ev {
     Heal { a: HostId, b: HostId },
 }
 
-/// An event in the queue, ordered by time then insertion.
-struct Scheduled {
-    at: Time,
-    seq: u64,
-    ev: Ev,
+/// The event queue: a heap of small `(time, insertion, slot)` keys over a
+/// slab of events, so sifting moves 24 bytes, never an event.
+#[derive(Default)]
+struct Queue {
+    heap: BinaryHeap<Reverse<(Time, u64, u32)>>,
+    slots: Vec<Option<Ev>>,
+    free: Vec<u32>,
 }
 
-impl PartialEq for Scheduled {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
+impl Queue {
+    fn push(&mut self, at: Time, seq: u64, ev: Ev) {
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(ev);
+                i
+            }
+            None => {
+                self.slots.push(Some(ev));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.heap.push(Reverse((at, seq, slot)));
     }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, o: &Self) -> Option<core::cmp::Ordering> {
-        Some(self.cmp(o))
+
+    fn peek(&self) -> Option<Time> {
+        self.heap.peek().map(|Reverse((t, _, _))| *t)
     }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, o: &Self) -> core::cmp::Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
+
+    fn pop(&mut self) -> Option<(Time, Ev)> {
+        let Reverse((at, _, slot)) = self.heap.pop()?;
+        self.free.push(slot);
+        self.slots[slot as usize].take().map(|ev| (at, ev))
+    }
+
+    fn len(&self) -> usize {
+        self.heap.len()
     }
 }
 
@@ -166,17 +200,19 @@ impl Ord for Scheduled {
 pub struct World<E> {
     now: Time,
     seq: u64,
-    queue: BinaryHeap<Reverse<Scheduled>>,
+    queue: Queue,
     dial_of: BTreeMap<u64, (DialId, String, u32)>,
     nodes: Vec<NodeSlot<E>>,
     hosts: Vec<String>,
     links: BTreeMap<(HostId, HostId), LinkSpec>,
     listeners: BTreeMap<String, NodeId>,
-    conns: BTreeMap<u64, Conn>,
-    by_end: BTreeMap<End, (u64, usize)>,
+    /// Connections by `(id - 1) / 2`; ids are odd (dialer side), the
+    /// acceptor's side is `id + 1`.
+    conns: Vec<Option<Conn>>,
     next_conn: u64,
     partitions: BTreeMap<(HostId, HostId), Time>,
     corrupt_next: BTreeSet<HostId>,
+    dirty: Vec<(u64, usize)>,
     config: NetConfig,
     rng: SimRng,
     events: Vec<(Time, NodeId, E)>,
@@ -189,7 +225,7 @@ impl<E> core::fmt::Debug for World<E> {
         f.debug_struct("World")
             .field("now", &self.now)
             .field("nodes", &self.nodes.len())
-            .field("connections", &self.conns.len())
+            .field("connections", &self.conns.iter().flatten().count())
             .field("queued", &self.queue.len())
             .finish()
     }
@@ -201,17 +237,17 @@ impl<E> World<E> {
         World {
             now: Time::ZERO,
             seq: 0,
-            queue: BinaryHeap::new(),
+            queue: Queue::default(),
             dial_of: BTreeMap::new(),
             nodes: Vec::new(),
             hosts: Vec::new(),
             links: BTreeMap::new(),
             listeners: BTreeMap::new(),
-            conns: BTreeMap::new(),
-            by_end: BTreeMap::new(),
+            conns: Vec::new(),
             next_conn: 1,
             partitions: BTreeMap::new(),
             corrupt_next: BTreeSet::new(),
+            dirty: Vec::new(),
             config,
             rng: stream(seed, "net"),
             events: Vec::new(),
@@ -267,7 +303,14 @@ impl<E> World<E> {
         listen: &[&str],
     ) -> NodeId {
         let id = self.nodes.len();
-        self.nodes.push(NodeSlot { name: name.into(), host, machine, process: Process::Alive, timer: None });
+        self.nodes.push(NodeSlot {
+            name: name.into(),
+            host,
+            machine,
+            process: Process::Alive,
+            timer: None,
+            armed: None,
+        });
         for a in listen {
             self.listeners.insert((*a).to_owned(), id);
         }
@@ -312,20 +355,27 @@ impl<E> World<E> {
         core::mem::take(&mut self.events)
     }
 
+    /// Moves the events emitted since the last call into `into` (which is
+    /// cleared first), keeping both buffers' allocations.
+    pub fn swap_events(&mut self, into: &mut Vec<(Time, NodeId, E)>) {
+        into.clear();
+        core::mem::swap(&mut self.events, into);
+    }
+
     fn schedule(&mut self, at: Time, ev: Ev) {
         let seq = self.seq;
         self.seq += 1;
-        self.queue.push(Reverse(Scheduled { at, seq, ev }));
+        self.queue.push(at, seq, ev);
     }
 
     /// The instant of the next event, if any.
     pub fn next_event_time(&self) -> Option<Time> {
-        self.queue.peek().map(|Reverse(s)| s.at)
+        self.queue.peek()
     }
 
     /// Processes the next event; `false` when nothing is left.
     pub fn step(&mut self) -> bool {
-        let Some(Reverse(Scheduled { at, ev, .. })) = self.queue.pop() else { return false };
+        let Some((at, ev)) = self.queue.pop() else { return false };
         self.now = self.now.max(at);
         self.steps += 1;
         self.dispatch(ev);
@@ -342,18 +392,30 @@ impl<E> World<E> {
 
     fn dispatch(&mut self, ev: Ev) {
         match ev {
-            Ev::Timer(n) => {
+            Ev::Timer(n, at) => {
+                let now = self.now;
                 let slot = &mut self.nodes[n];
-                if slot.process != Process::Alive || slot.timer.is_none_or(|t| t > self.now) {
+                if slot.armed != Some(at) || slot.process != Process::Alive {
+                    // Superseded by an earlier arming, or the process is gone.
                     return;
                 }
-                slot.timer = None;
-                self.trace.event(self.now, n as u64, 1, 0);
-                self.feed(n, Input::Timeout);
+                slot.armed = None;
+                match slot.timer {
+                    Some(t) if t <= now => {
+                        slot.timer = None;
+                        self.trace.event(now, n as u64, 1, 0);
+                        self.feed(n, Input::Timeout);
+                    }
+                    Some(t) => {
+                        slot.armed = Some(t);
+                        self.schedule(t, Ev::Timer(n, t));
+                    }
+                    None => {}
+                }
             }
             Ev::Deliver { conn, dir, bytes } => self.deliver(conn, dir, bytes),
             Ev::Fin { conn, dir, cause } => {
-                let Some(c) = self.conns.get_mut(&conn) else { return };
+                let Some(c) = conn_at(&mut self.conns, conn) else { return };
                 let to = 1 - dir;
                 if c.gone[to] {
                     return;
@@ -369,7 +431,7 @@ impl<E> World<E> {
             }
             Ev::Syn { conn } => self.syn(conn),
             Ev::SynAck { conn } => {
-                let Some(c) = self.conns.get(&conn) else { return };
+                let Some(c) = self.conn(conn) else { return };
                 let end = c.ends[0];
                 if c.gone[0] {
                     return;
@@ -388,11 +450,9 @@ impl<E> World<E> {
                     let crossing: Vec<(u64, usize)> = self
                         .conns
                         .iter()
-                        .filter(|(_, c)| {
-                            let (x, y) = (self.nodes[c.ends[0].node].host, self.nodes[c.ends[1].node].host);
-                            (x.min(y), x.max(y)) == (a, b)
-                        })
-                        .flat_map(|(id, _)| [(*id, 0), (*id, 1)])
+                        .flatten()
+                        .filter(|c| (c.hosts.0.min(c.hosts.1), c.hosts.0.max(c.hosts.1)) == (a, b))
+                        .flat_map(|c| [(c.id, 0), (c.id, 1)])
                         .collect();
                     for (c, d) in crossing {
                         self.pump(c, d);
@@ -400,6 +460,27 @@ impl<E> World<E> {
                 }
             }
         }
+    }
+
+    fn conn(&self, id: u64) -> Option<&Conn> {
+        self.conns.get(conn_slot(id)).and_then(Option::as_ref)
+    }
+
+    /// The connection and direction a node's `ConnId` names, if it is that node's.
+    fn end_of(&self, node: NodeId, conn: ConnId) -> Option<(u64, usize)> {
+        let dir = (conn.0.checked_sub(1)? % 2) as usize;
+        let id = conn.0 - dir as u64;
+        let c = self.conn(id)?;
+        (c.ends[dir].node == node).then_some((id, dir))
+    }
+
+    /// Every open connection end of node `n`.
+    fn ends_of(&self, n: NodeId) -> Vec<(u64, usize)> {
+        self.conns
+            .iter()
+            .flatten()
+            .flat_map(|c| (0..2).filter(move |d| c.ends[*d].node == n).map(move |d| (c.id, d)))
+            .collect()
     }
 
     /// Feeds an input to a live node and carries out its outputs.
@@ -431,12 +512,17 @@ impl<E> World<E> {
                 }
             }
         }
+        self.flush_dirty();
         let next = self.nodes[n].machine.poll_timeout();
-        if next != self.nodes[n].timer {
-            self.nodes[n].timer = next;
-            if let Some(t) = next {
-                self.schedule(t.max(now), Ev::Timer(n));
-            }
+        let slot = &mut self.nodes[n];
+        slot.timer = next;
+        // One live timer event per node: re-armed only when the wake-up moves
+        // earlier; a later one is re-armed when the pending event fires.
+        if let Some(t) = next.map(|t| t.max(now))
+            && slot.armed.is_none_or(|a| t < a)
+        {
+            slot.armed = Some(t);
+            self.schedule(t, Ev::Timer(n, t));
         }
     }
 
@@ -456,15 +542,23 @@ impl<E> World<E> {
                 let id = self.next_conn;
                 self.next_conn += 2;
                 let ends = [End { node, conn: ConnId(id) }, End { node: t, conn: ConnId(id + 1) }];
-                let mut conn = Conn { ends, pipes: Default::default(), gone: [false; 2], established: false };
+                let link = self.link(from, self.nodes[t].host);
+                let mut conn = Conn {
+                    id,
+                    link,
+                    hosts: (from, self.nodes[t].host),
+                    ends,
+                    pipes: Default::default(),
+                    gone: [false; 2],
+                    established: false,
+                };
                 for p in &mut conn.pipes {
                     p.next_free = self.now;
                     p.last_arrival = self.now;
                     p.last_progress = self.now;
                 }
-                self.by_end.insert(ends[0], (id, 0));
-                self.by_end.insert(ends[1], (id, 1));
-                self.conns.insert(id, conn);
+                debug_assert_eq!(conn_slot(id), self.conns.len());
+                self.conns.push(Some(conn));
                 self.dial_of.insert(id, (dial, addr, attempt));
                 let lat = self.link(from, self.nodes[t].host).latency;
                 self.schedule(self.now + lat, Ev::Syn { conn: id });
@@ -485,7 +579,7 @@ impl<E> World<E> {
     }
 
     fn syn(&mut self, conn: u64) {
-        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let Some(c) = conn_at(&mut self.conns, conn) else { return };
         // Neither side can send before it knows the connection, and the
         // SynAck is queued ahead of anything the acceptor sends back.
         c.established = true;
@@ -509,11 +603,11 @@ impl<E> World<E> {
     }
 
     fn transmit(&mut self, from: NodeId, conn: ConnId, mut bytes: Bytes) {
-        let Some(&(id, dir)) = self.by_end.get(&End { node: from, conn }) else { return };
+        let Some((id, dir)) = self.end_of(from, conn) else { return };
         if bytes.is_empty() {
             return;
         }
-        let Some(c) = self.conns.get(&id) else { return };
+        let Some(c) = self.conn(id) else { return };
         if c.gone[dir] || c.pipes[dir].fin_queued {
             return;
         }
@@ -525,62 +619,89 @@ impl<E> World<E> {
             bytes = Bytes::from(v);
         }
         self.trace.event(self.now, from as u64, 2, bytes.len() as u64);
-        let Some(c) = self.conns.get_mut(&id) else { return };
+        let Some(c) = conn_at(&mut self.conns, id) else { return };
         let p = &mut c.pipes[dir];
         if p.pending.is_empty() {
             p.last_progress = self.now;
         }
         p.pending_len += bytes.len();
         p.pending.push_back(bytes);
-        self.pump(id, dir);
+        if !p.dirty {
+            p.dirty = true;
+            self.dirty.push((id, dir));
+        }
+    }
+
+    /// Sends what the last drain queued: everything a node wrote to one
+    /// connection in one turn leaves together (as one write would).
+    fn flush_dirty(&mut self) {
+        while let Some((id, dir)) = self.dirty.pop() {
+            if let Some(c) = conn_at(&mut self.conns, id) {
+                c.pipes[dir].dirty = false;
+            }
+            self.pump(id, dir);
+        }
     }
 
     /// Moves a direction's queued bytes onto the wire as far as the window,
     /// partitions and the link allow.
     fn pump(&mut self, id: u64, dir: usize) {
         let window = self.config.window;
-        let Some(c) = self.conns.get(&id) else { return };
-        let (src, dst) = (c.ends[dir].node, c.ends[1 - dir].node);
-        let (hs, hd) = (self.nodes[src].host, self.nodes[dst].host);
-        if self.partitioned(hs, hd) {
+        let now = self.now;
+        let Some(c) = self.conn(id) else { return };
+        if !self.partitions.is_empty() && self.partitioned(c.hosts.0, c.hosts.1) {
             self.arm_stall(id, dir);
             return;
         }
-        let link = self.link(hs, hd);
-        let now = self.now;
-        let mut sends: Vec<(Time, Bytes)> = Vec::new();
-        let Some(c) = self.conns.get_mut(&id) else { return };
-        let p = &mut c.pipes[dir];
-        while p.in_network < window {
+        let link = c.link;
+        loop {
+            let Some(c) = conn_at(&mut self.conns, id) else { return };
+            let p = &mut c.pipes[dir];
+            if p.in_network >= window {
+                break;
+            }
             let Some(mut front) = p.pending.pop_front() else { break };
             let room = window - p.in_network;
             if front.len() > room {
                 let rest = front.split_off(room);
                 p.pending.push_front(rest);
+            } else if front.len() < COALESCE && p.pending.front().is_some_and(|b| b.len() < COALESCE) {
+                // Small writes queued together travel together.
+                let mut joined = bytes::BytesMut::from(&front[..]);
+                while let Some(next) = p.pending.front()
+                    && joined.len() + next.len() <= COALESCE.min(room)
+                {
+                    joined.extend_from_slice(next);
+                    p.pending.pop_front();
+                }
+                front = joined.freeze();
             }
             let n = front.len();
             p.pending_len -= n;
             p.in_network += n;
             p.last_progress = now;
             let depart = p.next_free.max(now);
-            p.next_free = depart + Duration::from_secs_f64(n as f64 / link.bandwidth);
+            p.next_free = depart + Duration::from_nanos((n as f64 * 1e9 / link.bandwidth) as u64);
+            let base = p.next_free + link.latency;
+            let last = p.last_arrival;
             let jitter = if link.jitter.is_zero() {
                 Duration::ZERO
             } else {
                 Duration::from_nanos(self.rng.range(0, link.jitter.as_nanos() as u64))
             };
-            let arrive = (p.next_free + link.latency + jitter).max(p.last_arrival);
-            p.last_arrival = arrive;
-            sends.push((arrive, front));
+            let arrive = (base + jitter).max(last);
+            if let Some(c) = conn_at(&mut self.conns, id) {
+                c.pipes[dir].last_arrival = arrive;
+            }
+            self.schedule(arrive, Ev::Deliver { conn: id, dir, bytes: front });
         }
+        let Some(c) = conn_at(&mut self.conns, id) else { return };
+        let p = &mut c.pipes[dir];
         let fin = (p.pending.is_empty() && p.fin_queued && !p.fin_sent).then(|| {
             p.fin_sent = true;
             p.last_arrival
         });
         let waiting = !p.pending.is_empty();
-        for (at, bytes) in sends {
-            self.schedule(at, Ev::Deliver { conn: id, dir, bytes });
-        }
         if let Some(at) = fin {
             self.schedule(at, Ev::Fin { conn: id, dir, cause: CloseCause::Eof });
         }
@@ -591,7 +712,7 @@ impl<E> World<E> {
 
     fn arm_stall(&mut self, id: u64, dir: usize) {
         let stall = self.config.write_stall;
-        let Some(c) = self.conns.get_mut(&id) else { return };
+        let Some(c) = conn_at(&mut self.conns, id) else { return };
         let p = &mut c.pipes[dir];
         if !p.stall_check {
             p.stall_check = true;
@@ -603,7 +724,7 @@ impl<E> World<E> {
     fn stall_check(&mut self, id: u64, dir: usize) {
         let stall = self.config.write_stall;
         let now = self.now;
-        let Some(c) = self.conns.get_mut(&id) else { return };
+        let Some(c) = conn_at(&mut self.conns, id) else { return };
         let p = &mut c.pipes[dir];
         p.stall_check = false;
         if p.pending.is_empty() || c.gone[dir] {
@@ -627,7 +748,7 @@ impl<E> World<E> {
     }
 
     fn deliver(&mut self, id: u64, dir: usize, bytes: Bytes) {
-        let Some(c) = self.conns.get_mut(&id) else { return };
+        let Some(c) = conn_at(&mut self.conns, id) else { return };
         let to = c.ends[1 - dir];
         if c.gone[1 - dir] || c.pipes[dir].dead {
             c.pipes[dir].in_network -= bytes.len();
@@ -651,8 +772,8 @@ impl<E> World<E> {
 
     /// The machine on `from` closes its side: queued bytes flush, then FIN.
     fn close(&mut self, from: NodeId, conn: ConnId) {
-        let Some(&(id, dir)) = self.by_end.get(&End { node: from, conn }) else { return };
-        let Some(c) = self.conns.get_mut(&id) else { return };
+        let Some((id, dir)) = self.end_of(from, conn) else { return };
+        let Some(c) = conn_at(&mut self.conns, id) else { return };
         if c.gone[dir] {
             return;
         }
@@ -662,22 +783,23 @@ impl<E> World<E> {
         c.pipes[1 - dir].dead = true;
         c.pipes[1 - dir].pending.clear();
         c.pipes[1 - dir].pending_len = 0;
-        self.pump(id, dir);
+        if !c.pipes[dir].dirty {
+            c.pipes[dir].dirty = true;
+            self.dirty.push((id, dir));
+        }
         self.maybe_forget(id);
     }
 
     fn maybe_forget(&mut self, id: u64) {
-        if self.conns.get(&id).is_some_and(|c| c.gone == [true, true]) {
+        if self.conn(id).is_some_and(|c| c.gone == [true, true]) {
             // Keep in-flight deliveries harmless: they find no conn and drop.
             self.forget(id);
         }
     }
 
     fn forget(&mut self, id: u64) {
-        if let Some(c) = self.conns.remove(&id) {
-            for e in c.ends {
-                self.by_end.remove(&e);
-            }
+        if let Some(c) = self.conns.get_mut(conn_slot(id)) {
+            *c = None;
         }
         self.dial_of.remove(&id);
     }
@@ -692,14 +814,14 @@ impl<E> World<E> {
         }
         self.nodes[n].process = Process::Crashed;
         self.nodes[n].timer = None;
+        self.nodes[n].armed = None;
         self.trace.event(self.now, n as u64, 11, 0);
         self.listeners.retain(|_, v| *v != n);
-        let mine: Vec<(u64, usize)> =
-            self.by_end.iter().filter(|(e, _)| e.node == n).map(|(_, v)| *v).collect();
+        let mine = self.ends_of(n);
         for (id, dir) in mine {
-            let Some(c) = self.conns.get(&id) else { continue };
+            let Some(c) = self.conn(id) else { continue };
             let lat = self.link(self.nodes[c.ends[0].node].host, self.nodes[c.ends[1].node].host).latency;
-            let Some(c) = self.conns.get_mut(&id) else { continue };
+            let Some(c) = conn_at(&mut self.conns, id) else { continue };
             if c.gone[dir] {
                 continue;
             }
@@ -735,6 +857,7 @@ impl<E> World<E> {
         if self.nodes[n].process == Process::Alive {
             self.nodes[n].process = Process::Wedged;
             self.nodes[n].timer = None;
+            self.nodes[n].armed = None;
             self.trace.event(self.now, n as u64, 12, 0);
         }
     }
@@ -758,10 +881,9 @@ impl<E> World<E> {
 
     /// Resets every connection of node `n` (both sides see `Reset`).
     pub fn reset_connections(&mut self, n: NodeId) {
-        let mine: Vec<(u64, usize)> =
-            self.by_end.iter().filter(|(e, _)| e.node == n).map(|(_, v)| *v).collect();
+        let mine = self.ends_of(n);
         for (id, dir) in mine {
-            let Some(c) = self.conns.get(&id) else { continue };
+            let Some(c) = self.conn(id) else { continue };
             let lat = self.link(self.nodes[c.ends[0].node].host, self.nodes[c.ends[1].node].host).latency;
             self.schedule(self.now, Ev::Fin { conn: id, dir: 1 - dir, cause: CloseCause::Reset });
             self.schedule(self.now + lat, Ev::Fin { conn: id, dir, cause: CloseCause::Reset });

@@ -1,6 +1,6 @@
 //! The coordinator machine (see [`Coordinator`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::{Bytes, BytesMut};
 use core::time::Duration;
@@ -67,6 +67,9 @@ pub struct Coordinator {
     key: MacKey,
     hello_budget: Duration,
     relays: BTreeMap<ConnId, Relay>,
+    /// The hello deadlines of relays not yet joined (so the next wake-up
+    /// never needs a scan of every relay).
+    hello_deadlines: BTreeSet<(Time, ConnId)>,
     routes: BTreeMap<u32, ConnId>,
     parked: BTreeMap<u32, Vec<Bytes>>,
     out: Outbox<CoordEvent>,
@@ -81,6 +84,7 @@ impl Coordinator {
             key,
             hello_budget,
             relays: BTreeMap::new(),
+            hello_deadlines: BTreeSet::new(),
             routes: BTreeMap::new(),
             parked: BTreeMap::new(),
             out: Outbox::default(),
@@ -96,10 +100,10 @@ impl Coordinator {
     /// channel magic was already consumed; `first` holds bytes that followed.
     pub fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
         let ceiling = (CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64;
-        let relay = Relay {
-            dec: MuxDecoder::new(ceiling),
-            state: RelayState::AwaitHello { deadline: now + self.hello_budget },
-        };
+        let deadline = now + self.hello_budget;
+        let relay = Relay { dec: MuxDecoder::new(ceiling), state: RelayState::AwaitHello { deadline } };
+        self.forget_hello(conn);
+        self.hello_deadlines.insert((deadline, conn));
         self.relays.insert(conn, relay);
         if !first.is_empty() {
             self.received(now, conn, first);
@@ -207,6 +211,7 @@ impl Coordinator {
             None
         };
         if let Some(reason) = refusal {
+            self.forget_hello(conn);
             self.relays.remove(&conn);
             self.out.close(conn);
             self.out.event(CoordEvent::RelayRejected { conn, reason: format!("host {host:?}: {reason}") });
@@ -222,15 +227,24 @@ impl Coordinator {
                 self.transmit_data(conn, r, frame);
             }
         }
+        self.forget_hello(conn);
         if let Some(relay) = self.relays.get_mut(&conn) {
             relay.state = RelayState::Ready { ranks: ranks.clone() };
         }
         self.out.event(CoordEvent::RelayJoined { conn, host, ranks });
     }
 
+    /// Drops a relay's pending hello deadline, if it has one.
+    fn forget_hello(&mut self, conn: ConnId) {
+        if let Some(Relay { state: RelayState::AwaitHello { deadline }, .. }) = self.relays.get(&conn) {
+            self.hello_deadlines.remove(&(*deadline, conn));
+        }
+    }
+
     /// Forgets a relay; its live ranks are dead. `close` when the machine
     /// ends the connection itself.
     fn drop_relay(&mut self, now: Time, conn: ConnId, error: Option<WireError>, close: bool) {
+        self.forget_hello(conn);
         let Some(relay) = self.relays.remove(&conn) else { return };
         if close {
             self.out.close(conn);
@@ -306,15 +320,10 @@ impl Machine for Coordinator {
                 self.drop_relay(now, conn, error, false);
             }
             Input::Timeout => {
-                let late: Vec<ConnId> = self
-                    .relays
-                    .iter()
-                    .filter(
-                        |(_, r)| matches!(r.state, RelayState::AwaitHello { deadline } if now >= deadline),
-                    )
-                    .map(|(c, _)| *c)
-                    .collect();
+                let late: Vec<ConnId> =
+                    self.hello_deadlines.iter().take_while(|(t, _)| *t <= now).map(|(_, c)| *c).collect();
                 for conn in late {
+                    self.forget_hello(conn);
                     self.relays.remove(&conn);
                     self.out.close(conn);
                     self.out.event(CoordEvent::RelayRejected {
@@ -333,10 +342,7 @@ impl Machine for Coordinator {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        let hellos = self.relays.values().filter_map(|r| match r.state {
-            RelayState::AwaitHello { deadline } => Some(deadline),
-            RelayState::Ready { .. } => None,
-        });
-        hellos.chain(self.sched.next_deadline()).min()
+        let hello = self.hello_deadlines.first().map(|(t, _)| *t);
+        hello.into_iter().chain(self.sched.next_deadline()).min()
     }
 }

@@ -45,6 +45,8 @@ pub enum Life {
 #[derive(Debug, Clone)]
 pub struct Liveness {
     ranks: Vec<Life>,
+    /// The ranks still alive, ascending (kept in step with `ranks`).
+    alive: Vec<u32>,
     staleness: Duration,
     /// No alive rank goes stale before this instant (a lower bound).
     bound: Time,
@@ -57,7 +59,7 @@ impl Liveness {
     /// `world` ranks, all alive and heard at the origin.
     pub fn new(world: u32, staleness: Duration) -> Self {
         let ranks = vec![Life::Alive { last_heard: Time::ZERO }; world as usize];
-        Liveness { ranks, staleness, bound: Time::ZERO + staleness + NS }
+        Liveness { ranks, alive: (0..world).collect(), staleness, bound: Time::ZERO + staleness + NS }
     }
 
     /// The staleness deadline.
@@ -106,6 +108,7 @@ impl Liveness {
         match self.ranks.get_mut(rank as usize) {
             Some(l @ Life::Alive { .. }) => {
                 *l = Life::Exited;
+                self.alive.retain(|r| *r != rank);
                 true
             }
             _ => false,
@@ -117,6 +120,7 @@ impl Liveness {
         match self.ranks.get_mut(rank as usize) {
             Some(l @ Life::Alive { .. }) => {
                 *l = Life::Dead;
+                self.alive.retain(|r| *r != rank);
                 true
             }
             _ => false,
@@ -177,12 +181,17 @@ impl Liveness {
 
     /// Alive ranks, ascending.
     pub fn alive(&self) -> Vec<u32> {
-        (0..self.ranks.len() as u32).filter(|&r| self.is_alive(r)).collect()
+        self.alive.clone()
+    }
+
+    /// The ranks alive, ascending, without copying them.
+    pub fn alive_ranks(&self) -> &[u32] {
+        &self.alive
     }
 
     /// How many ranks are alive.
     pub fn alive_count(&self) -> u32 {
-        self.ranks.iter().filter(|l| matches!(l, Life::Alive { .. })).count() as u32
+        self.alive.len() as u32
     }
 
     /// How many ranks were declared dead.

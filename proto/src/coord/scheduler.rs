@@ -940,9 +940,9 @@ impl Scheduler {
 
     fn epoch_complete(&self, ep: &EpochBook) -> bool {
         self.live
-            .alive()
-            .into_iter()
-            .all(|r| ep.reports.reports(r) > 0 && ep.reports.samples(r) >= ep.assigned[r as usize].total())
+            .alive_ranks()
+            .iter()
+            .all(|&r| ep.reports.reports(r) > 0 && ep.reports.samples(r) >= ep.assigned[r as usize].total())
     }
 
     fn aggregate(&mut self) {
@@ -1012,9 +1012,8 @@ impl Scheduler {
         if self.epoch.as_ref().is_none_or(|e| e.aggregated) {
             return;
         }
-        let alive = self.live.alive();
         let mut mover = false;
-        for &r in &alive {
+        for &r in self.live.alive_ranks() {
             mover |= self.steps_since_sync(r) > 0;
             if !self.gate_satisfied(r) {
                 return;
@@ -1063,15 +1062,18 @@ impl Scheduler {
 
     /// Finishes a CPU cycle once every live rank acked; settles an NCCL one.
     fn cycle_progress(&mut self, now: Time) {
-        let alive = self.live.alive();
+        let alive = self.live.alive_ranks();
         let done = match &self.cycle {
             Cycle::Idle => false,
-            Cycle::CpuPending { acked, .. } => alive.iter().all(|r| acked.contains(r)),
+            Cycle::CpuPending { acked, .. } => {
+                acked.len() >= alive.len() && alive.iter().all(|r| acked.contains(r))
+            }
             Cycle::NcclSettling { .. } => alive.iter().all(|&r| self.ranks[r as usize].acked),
         };
         if !done {
             return;
         }
+        let alive = self.live.alive();
         if let Cycle::CpuPending { steps, .. } = core::mem::replace(&mut self.cycle, Cycle::Idle) {
             self.finish_cpu_cycle(steps, &alive);
         }

@@ -89,6 +89,9 @@ enum Part {
     Rendezvous,
 }
 
+const PARTS: usize = 6;
+const ALL_PARTS: u8 = (1 << PARTS) - 1;
+
 /// The controller node.
 #[derive(Debug)]
 pub struct ControllerNode {
@@ -102,6 +105,10 @@ pub struct ControllerNode {
     rendezvous: Option<RendezvousServer>,
     owners: BTreeMap<ConnId, Part>,
     outcome: Option<Outcome>,
+    /// Each part's next wake-up, refreshed only for the parts an input or
+    /// command reached (a part's deadline can only move when it is called).
+    timeouts: [Option<Time>; PARTS],
+    touched: u8,
     out: Outbox<ControllerEvent>,
 }
 
@@ -111,7 +118,7 @@ impl ControllerNode {
         let mut params = WindowParams::new(cfg.join.clone(), cfg.salt, cfg.trust);
         params.scale = cfg.scale;
         let window = JoinWindow::new(params, now)?;
-        Ok(ControllerNode {
+        let mut node = ControllerNode {
             key: MacKey::new(&cfg.salt),
             router: PortRouter::new(cfg.scale),
             window,
@@ -121,9 +128,13 @@ impl ControllerNode {
             rendezvous: None,
             owners: BTreeMap::new(),
             outcome: None,
+            timeouts: [None; PARTS],
+            touched: ALL_PARTS,
             out: Outbox::default(),
             cfg,
-        })
+        };
+        node.refresh_timeouts();
+        Ok(node)
     }
 
     /// The join window (read-only).
@@ -143,6 +154,7 @@ impl ControllerNode {
 
     /// The operator's start (as `POST /start` would arm it).
     pub fn start(&mut self, now: Time) -> bool {
+        self.touched = ALL_PARTS;
         let armed = self.window.start(now);
         self.pump(now);
         armed
@@ -151,6 +163,7 @@ impl ControllerNode {
     /// The launcher aborts: the window fails (or the run stops) and every
     /// admitted worker gets `Abort`.
     pub fn abort(&mut self, now: Time, reason: &str) {
+        self.touched = ALL_PARTS;
         self.window.abort(now, reason);
         if let Some(c) = self.coord.as_mut() {
             c.stop(now);
@@ -160,6 +173,7 @@ impl ControllerNode {
 
     /// Ends the run early and gracefully (`Shutdown` to every rank).
     pub fn stop(&mut self, now: Time) {
+        self.touched = ALL_PARTS;
         if let Some(c) = self.coord.as_mut() {
             c.stop(now);
         }
@@ -207,6 +221,7 @@ impl ControllerNode {
     }
 
     fn routed(&mut self, now: Time, conn: ConnId, peer: Peer, channel: Channel, first: &[u8]) {
+        self.touched |= ALL_PARTS;
         let part = match channel {
             Channel::Join => {
                 self.window.adopt(now, conn, peer, first);
@@ -260,8 +275,13 @@ impl ControllerNode {
     }
 
     /// Drains every part, acting on the events that concern the others,
-    /// until nothing moves.
+    /// until nothing moves; then refreshes the wake-ups of the parts touched.
     fn pump(&mut self, now: Time) {
+        self.pump_parts(now);
+        self.refresh_timeouts();
+    }
+
+    fn pump_parts(&mut self, now: Time) {
         loop {
             let mut moved = false;
             while let Some(o) = self.router.poll(now) {
@@ -306,6 +326,7 @@ impl ControllerNode {
                         && let Some(c) = self.coord.as_mut()
                     {
                         c.report_deaths(now, &[(*rank, DeathCause::DataPlaneLost)]);
+                        self.touched |= 1 << Part::Coord as u8;
                     }
                     self.out.event(ControllerEvent::Reduce(e));
                 }
@@ -324,6 +345,7 @@ impl ControllerNode {
     }
 
     fn join_event(&mut self, now: Time, e: &JoinEvent) {
+        self.touched |= ALL_PARTS;
         match e {
             JoinEvent::Formed { world_size, .. } => self.formed(now, *world_size as u32),
             JoinEvent::Failed { failure, .. } if self.coord.is_none() => {
@@ -354,6 +376,7 @@ impl ControllerNode {
             CoordEvent::RankDead { rank, .. } => {
                 if let Some(r) = self.reduce.as_mut() {
                     r.declare_dead(now, *rank);
+                    self.touched |= 1 << Part::Reduce as u8;
                 }
             }
             CoordEvent::Ended(RunEnd::Done) => self.finish(Outcome::Done),
@@ -362,7 +385,40 @@ impl ControllerNode {
         }
     }
 
+    fn touch(&mut self, part: Part) {
+        self.touched |= 1 << part as u8;
+        if part == Part::Status {
+            // The status endpoint reads (and may arm) the join window.
+            self.touched |= 1 << Part::Join as u8;
+        }
+    }
+
+    fn refresh_timeouts(&mut self) {
+        let t = &mut self.timeouts;
+        let touched = core::mem::take(&mut self.touched);
+        let hit = |p: Part| touched & (1 << p as u8) != 0;
+        if hit(Part::Router) {
+            t[Part::Router as usize] = self.router.poll_timeout();
+        }
+        if hit(Part::Join) {
+            t[Part::Join as usize] = self.window.poll_timeout();
+        }
+        if hit(Part::Status) {
+            t[Part::Status as usize] = self.status.poll_timeout();
+        }
+        if hit(Part::Coord) {
+            t[Part::Coord as usize] = self.coord.as_ref().and_then(Machine::poll_timeout);
+        }
+        if hit(Part::Reduce) {
+            t[Part::Reduce as usize] = self.reduce.as_ref().and_then(Machine::poll_timeout);
+        }
+        if hit(Part::Rendezvous) {
+            t[Part::Rendezvous as usize] = self.rendezvous.as_ref().and_then(Machine::poll_timeout);
+        }
+    }
+
     fn part_handle(&mut self, now: Time, part: Part, input: Input<'_>) {
+        self.touch(part);
         match part {
             Part::Router => self.router.handle(now, input),
             Part::Join => self.window.handle(now, input),
@@ -393,6 +449,7 @@ impl Machine for ControllerNode {
         match input {
             Input::Accepted { conn, .. } => {
                 self.owners.insert(conn, Part::Router);
+                self.touch(Part::Router);
                 self.router.handle(now, input);
             }
             Input::Received { conn, .. } | Input::Closed { conn, .. } => {
@@ -405,6 +462,7 @@ impl Machine for ControllerNode {
                 }
             }
             Input::Timeout => {
+                self.touched = ALL_PARTS;
                 let due = |t: Option<Time>| t.is_some_and(|t| t <= now);
                 if due(self.router.poll_timeout()) {
                     self.router.handle(now, Input::Timeout);
@@ -435,15 +493,6 @@ impl Machine for ControllerNode {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        [
-            self.router.poll_timeout(),
-            self.window.poll_timeout(),
-            self.status.poll_timeout(),
-            self.coord.as_ref().and_then(Machine::poll_timeout),
-            self.reduce.as_ref().and_then(Machine::poll_timeout),
-            self.rendezvous.as_ref().and_then(Machine::poll_timeout),
-        ]
-        .into_iter()
-        .fold(None, earliest)
+        self.timeouts.iter().copied().fold(None, earliest)
     }
 }

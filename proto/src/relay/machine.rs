@@ -571,7 +571,7 @@ impl Relay {
                 continue;
             }
             self.stats.bytes_in += payload.len() as u64;
-            let mut rec = BytesMut::new();
+            let mut rec = BytesMut::with_capacity(crate::wire::MUX_HEADER_LEN + payload.len());
             MuxRecord::Data { rank, payload }.encode(&self.cfg.key, &mut rec).map_err(FeedError::Stream)?;
             if !self.is_ready() && self.backlog_bytes + rec.len() as u64 > self.cfg.ceiling {
                 return Err(FeedError::Stream(WireError::new(

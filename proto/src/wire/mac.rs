@@ -68,23 +68,27 @@ impl MacKey {
     /// `mac64` of one contiguous byte string.
     #[inline]
     pub fn mac64(&self, bytes: &[u8]) -> u64 {
-        if bytes.len() < BLOCK - 8 {
-            // One padded block: the common case of control frames and handshakes.
-            let mut block = [0u8; BLOCK];
-            block[..bytes.len()].copy_from_slice(bytes);
-            block[bytes.len()] = 0x80;
-            block[BLOCK - 8..].copy_from_slice(&(((BLOCK + bytes.len()) as u64) * 8).to_be_bytes());
-            let mut state = self.inner;
-            compress256(&mut state, &[block]);
-            return self.outer_tag(&state);
-        }
-        let mut st = self.start();
-        st.update(bytes);
-        st.finish()
+        self.mac64_parts(&[bytes])
     }
 
     /// `mac64` of the concatenation of `parts`, without concatenating them.
     pub fn mac64_parts(&self, parts: &[&[u8]]) -> u64 {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        if total < BLOCK - 8 {
+            // One padded block: the common case of control frames, handshakes
+            // and small mux records.
+            let mut block = [0u8; BLOCK];
+            let mut at = 0;
+            for p in parts {
+                block[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+            block[total] = 0x80;
+            block[BLOCK - 8..].copy_from_slice(&(((BLOCK + total) as u64) * 8).to_be_bytes());
+            let mut state = self.inner;
+            compress256(&mut state, &[block]);
+            return self.outer_tag(&state);
+        }
         let mut st = self.start();
         for p in parts {
             st.update(p);

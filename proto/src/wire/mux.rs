@@ -113,12 +113,19 @@ fn header(key: &MacKey, kind: u8, rank: u32, segments: &[Bytes]) -> WireResult<[
     h[8] = kind;
     h[9..13].copy_from_slice(&rank.to_le_bytes());
     h[13..17].copy_from_slice(&len.to_le_bytes());
-    let mut mac = key.start();
-    mac.update(&h[0..17]);
-    for s in segments {
-        mac.update(s);
-    }
-    h[17..25].copy_from_slice(&mac.finish().to_le_bytes());
+    let tag = match segments {
+        [] => key.mac64(&h[0..17]),
+        [one] => key.mac64_parts(&[&h[0..17], one]),
+        many => {
+            let mut mac = key.start();
+            mac.update(&h[0..17]);
+            for s in many {
+                mac.update(s);
+            }
+            mac.finish()
+        }
+    };
+    h[17..25].copy_from_slice(&tag.to_le_bytes());
     Ok(h)
 }
 
@@ -132,18 +139,41 @@ pub fn encode_control(key: &MacKey, msg: &RelayControlMsg, out: &mut BytesMut) -
     h[4..8].copy_from_slice(&MUX_PROTOCOL_VERSION.to_le_bytes());
     h[8] = REC_CONTROL;
     h[13..17].copy_from_slice(&(len as u32).to_le_bytes());
-    let mut mac = key.start();
-    mac.update(&out[start..start + 17]);
-    mac.update(&out[start + MUX_HEADER_LEN..]);
-    let tag = mac.finish();
+    let tag = key.mac64_parts(&[&out[start..start + 17], &out[start + MUX_HEADER_LEN..]]);
     out[start + 17..start + MUX_HEADER_LEN].copy_from_slice(&tag.to_le_bytes());
     Ok(MUX_HEADER_LEN + len)
+}
+
+/// The record a verified payload makes, by kind (checked last, after the MAC).
+fn record(kind: u8, rank: u32, payload: Payload) -> WireResult<MuxRecord> {
+    const F: FrameType = FrameType::MuxRecord;
+    Ok(match kind {
+        REC_DATA => MuxRecord::Data { rank, payload },
+        REC_CONTROL => MuxRecord::Control(
+            bin::decode_exact(&payload.to_bytes())
+                .map_err(|why| WireError::new(F, "payload", Problem::Invalid(why)))?,
+        ),
+        REC_HOST_FRAME => MuxRecord::HostFrame { payload },
+        REC_BROADCAST => MuxRecord::Broadcast { payload },
+        other => return Err(WireError::new(F, "kind", Problem::Unknown(other.into()))),
+    })
+}
+
+/// A record whose payload is still arriving (boxed: rare, and large).
+#[derive(Debug)]
+struct Body {
+    kind: u8,
+    rank: u32,
+    len: usize,
+    tag: u64,
+    mac: MacState,
+    body: PayloadBuilder,
 }
 
 #[derive(Debug)]
 enum State {
     Header { buf: [u8; MUX_HEADER_LEN], have: usize },
-    Body { kind: u8, rank: u32, len: usize, tag: u64, mac: MacState, body: PayloadBuilder },
+    Body(Box<Body>),
 }
 
 impl Default for State {
@@ -226,46 +256,41 @@ impl MuxDecoder {
             }
             let mut tag = [0u8; 8];
             tag.copy_from_slice(&h[17..25]);
+            let tag = u64::from_le_bytes(tag);
+            let (kind, rank, len) = (h[8], u32_at(9), len as usize);
+            if input.len() - used >= len {
+                // The whole payload is here: verify and copy it in one go.
+                let body = &input[used..used + len];
+                self.state = State::default();
+                if key.mac64_parts(&[&h[0..17], body]) != tag {
+                    return Err(WireError::new(F, "tag", Problem::Mac));
+                }
+                let payload = if body.is_empty() { Payload::new() } else { Payload::from(body) };
+                return Ok((used + len, Some(record(kind, rank, payload)?)));
+            }
             let mut mac = key.start();
             mac.update(&h[0..17]);
-            self.state = State::Body {
-                kind: h[8],
-                rank: u32_at(9),
-                len: len as usize,
-                tag: u64::from_le_bytes(tag),
-                mac,
-                body: PayloadBuilder::default(),
-            };
+            self.state =
+                State::Body(Box::new(Body { kind, rank, len, tag, mac, body: PayloadBuilder::default() }));
         }
-        let State::Body { len, mac, body, .. } = &mut self.state else {
-            unreachable!("header state handled above")
-        };
+        let State::Body(b) = &mut self.state else { unreachable!("header state handled above") };
         let rest = &input[used..];
-        let n = (*len - body.len()).min(rest.len());
-        mac.update(&rest[..n]);
-        body.push(&rest[..n], *len - body.len() - n);
+        let n = (b.len - b.body.len()).min(rest.len());
+        b.mac.update(&rest[..n]);
+        let after = b.len - b.body.len() - n;
+        b.body.push(&rest[..n], after);
         used += n;
-        if body.len() < *len {
+        if b.body.len() < b.len {
             return Ok((used, None));
         }
-        let State::Body { kind, rank, tag, mac, body, .. } = core::mem::take(&mut self.state) else {
+        let State::Body(b) = core::mem::take(&mut self.state) else {
             unreachable!("body state checked above")
         };
+        let Body { kind, rank, tag, mac, body, .. } = *b;
         if mac.finish() != tag {
             return Err(WireError::new(F, "tag", Problem::Mac));
         }
-        let payload = body.finish();
-        let record = match kind {
-            REC_DATA => MuxRecord::Data { rank, payload },
-            REC_CONTROL => MuxRecord::Control(
-                bin::decode_exact(&payload.to_bytes())
-                    .map_err(|why| WireError::new(F, "payload", Problem::Invalid(why)))?,
-            ),
-            REC_HOST_FRAME => MuxRecord::HostFrame { payload },
-            REC_BROADCAST => MuxRecord::Broadcast { payload },
-            other => return Err(WireError::new(F, "kind", Problem::Unknown(other.into()))),
-        };
-        Ok((used, Some(record)))
+        Ok((used, Some(record(kind, rank, body.finish())?)))
     }
 
     /// Decodes every record in `input`, handing each to `f`.
@@ -290,7 +315,8 @@ impl MuxDecoder {
         match &self.state {
             State::Header { have: 0, .. } => Ok(()),
             State::Header { have, .. } => Err(WireError::truncated(FrameType::MuxRecord, *have)),
-            State::Body { body, .. } => {
+            State::Body(b) => {
+                let body = &b.body;
                 Err(WireError::truncated(FrameType::MuxRecord, MUX_HEADER_LEN + body.len()))
             }
         }

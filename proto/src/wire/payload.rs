@@ -22,7 +22,11 @@ pub const SEGMENT: usize = 64 * 1024;
 /// ```
 #[derive(Clone, Default)]
 pub struct Payload {
-    segments: Vec<Bytes>,
+    /// The only segment, when there is exactly one (the common case: no
+    /// list is allocated for it).
+    one: Option<Bytes>,
+    /// Every segment, when there are several.
+    many: Vec<Bytes>,
     len: usize,
 }
 
@@ -44,13 +48,16 @@ impl Payload {
 
     /// The segments, in order (none of them empty).
     pub fn segments(&self) -> &[Bytes] {
-        &self.segments
+        match &self.one {
+            Some(b) => core::slice::from_ref(b),
+            None => &self.many,
+        }
     }
 
     /// The payload as one buffer: free when it is a single segment, one copy
     /// otherwise.
     pub fn to_bytes(&self) -> Bytes {
-        match self.segments.as_slice() {
+        match self.segments() {
             [] => Bytes::new(),
             [one] => one.clone(),
             many => {
@@ -66,7 +73,7 @@ impl Payload {
     /// Copies the payload into a vector.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.len);
-        for s in &self.segments {
+        for s in self.segments() {
             v.extend_from_slice(s);
         }
         v
@@ -74,9 +81,14 @@ impl Payload {
 
     /// Appends a shared segment (no copy).
     pub fn push(&mut self, seg: Bytes) {
-        if !seg.is_empty() {
-            self.len += seg.len();
-            self.segments.push(seg);
+        if seg.is_empty() {
+            return;
+        }
+        self.len += seg.len();
+        match self.one.take() {
+            Some(first) => self.many = vec![first, seg],
+            None if self.many.is_empty() => self.one = Some(seg),
+            None => self.many.push(seg),
         }
     }
 }
@@ -111,7 +123,7 @@ impl Eq for Payload {}
 
 impl core::fmt::Debug for Payload {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "Payload({} bytes in {} segments)", self.len, self.segments.len())
+        write!(f, "Payload({} bytes in {} segments)", self.len, self.segments().len())
     }
 }
 
