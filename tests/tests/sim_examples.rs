@@ -1,0 +1,53 @@
+//! Every example scenario loads, plays to a named outcome and holds every
+//! invariant; `--trace` output is Chrome trace-event JSON.
+
+use cohort_sim::{Cluster, Scenario};
+
+fn examples() -> Vec<(String, Scenario)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/scenarios");
+    let mut out: Vec<(String, Scenario)> = std::fs::read_dir(&dir)
+        .expect("examples/scenarios exists")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).expect("readable");
+            let sc: Scenario = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (p.file_name().unwrap().to_string_lossy().into_owned(), sc)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn every_example_scenario_plays_clean() {
+    let all = examples();
+    assert!(all.len() >= 5, "{} examples", all.len());
+    for (name, sc) in all {
+        let report = Cluster::new(sc, 1).unwrap_or_else(|e| panic!("{name}: {e}")).run();
+        assert_eq!(report.violations, Vec::<String>::new(), "{name}");
+        assert!(report.outcome == "done" || report.reason.is_some(), "{name}: an outcome must be named");
+        assert!(report.formed_at_s.is_some(), "{name} forms");
+    }
+}
+
+#[test]
+fn the_trace_is_chrome_trace_event_json_with_a_track_per_node() {
+    let (_, sc) = examples().into_iter().find(|(n, _)| n == "rank-crash.json").unwrap();
+    let report = Cluster::new(sc, 1).unwrap().run();
+    let trace = report.timeline.chrome_trace();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let names: Vec<&str> =
+        events.iter().filter(|e| e["ph"] == "M").map(|e| e["args"]["name"].as_str().unwrap()).collect();
+    for track in ["controller", "gpu-a", "gpu-b", "epochs", "rounds", "faults"] {
+        assert!(names.contains(&track), "no {track} track in {names:?}");
+    }
+    let spans = events.iter().filter(|e| e["ph"] == "X").count();
+    let instants = events.iter().filter(|e| e["ph"] == "i").count();
+    assert!(spans > 10 && instants > 3, "{spans} spans, {instants} instants");
+    assert!(events.iter().any(|e| e["ph"] == "i" && e["name"].as_str().unwrap().contains("declared dead")));
+    // Timestamps are microseconds of virtual time.
+    let death = events.iter().find(|e| e["name"].as_str().unwrap().contains("declared dead")).unwrap();
+    let ts = death["ts"].as_f64().unwrap();
+    assert!((10_000_000.0..10_002_000.0).contains(&ts), "{ts}");
+}
