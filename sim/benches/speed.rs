@@ -13,16 +13,20 @@ fn hwm_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
 }
 
 fn main() {
-    let sizes: Vec<u32> =
-        std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect::<Vec<_>>();
+    let sizes: Vec<u32> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect::<Vec<_>>();
     let sizes = if sizes.is_empty() { vec![64, 128, 256, 512, 1024] } else { sizes };
-    println!("{:>6} {:>6} {:>14} {:>12} {:>14} {:>12} {:>10}", "ranks", "hosts", "simulated s", "wall s", "sim s / wall s", "events", "peak MiB");
+    println!(
+        "{:>6} {:>6} {:>14} {:>12} {:>14} {:>12} {:>10}",
+        "ranks", "hosts", "simulated s", "wall s", "sim s / wall s", "events", "peak MiB"
+    );
     for ranks in sizes {
         let hosts = (ranks / 8).max(1);
         let mut sc = Scenario::healthy(hosts, 8, 1);
