@@ -283,7 +283,8 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
     let controller = spawn_controller(cfg, opts.bind, config.clone(), clock, sink.clone())
         .map_err(|e| format!("controller on {}: {e}", opts.bind))?;
     let addr = controller.addr().ok_or("the controller has no listener")?;
-    note(&sink, clock, format!("controller listening on {addr}: curl http://{addr}/state.json"));
+    let listening = ClusterEvent::Listening { addr };
+    let _ = sink.send(Stamped { at: clock.now(), source: Source::Controller, event: listening });
     let pre_shared = (trust == TrustMode::PreShared).then_some(salt);
     let mut hosts = Vec::new();
     for i in 0..opts.hosts {

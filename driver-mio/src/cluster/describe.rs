@@ -146,6 +146,9 @@ pub fn describe(s: &Stamped) -> Line {
             "dial_retry",
             format!("connect attempt {attempt}/{attempts} failed ({error:?}); retrying"),
         ),
+        ClusterEvent::Listening { addr } => {
+            line(Info, "listening", format!("listening on {addr}: curl http://{addr}/state.json"))
+        }
         ClusterEvent::Note(n) => line(Info, "note", n.clone()),
     }
 }

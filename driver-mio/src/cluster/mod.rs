@@ -94,6 +94,11 @@ pub enum ClusterEvent {
         /// Why.
         error: io::ErrorKind,
     },
+    /// The node listens at this address (the controller's single port).
+    Listening {
+        /// The bound address.
+        addr: SocketAddr,
+    },
     /// Something the launcher or a host did or saw (spawned nodes, a kill, an error).
     Note(String),
 }
