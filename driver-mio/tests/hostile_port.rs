@@ -157,7 +157,7 @@ impl Watch {
 fn route_drops(ctrl: &[ControllerEvent]) -> Vec<RouteDrop> {
     ctrl.iter()
         .filter_map(|e| match e {
-            ControllerEvent::Route(RouteEvent::Dropped { reason, .. }) => Some(reason.clone()),
+            ControllerEvent::Route(RouteEvent::Dropped { reason, .. }) => Some(*reason),
             _ => None,
         })
         .collect()
