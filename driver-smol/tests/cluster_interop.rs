@@ -138,11 +138,13 @@ impl SmolHost {
     }
 
     fn stop(self) {
+        let ranks: Vec<_> = std::mem::take(&mut *self.ranks.lock().unwrap());
+        let relays: Vec<_> = std::mem::take(&mut *self.relays.lock().unwrap());
         smol::block_on(async {
-            for h in self.ranks.lock().unwrap().drain(..) {
+            for h in ranks {
                 h.shutdown().await;
             }
-            for h in self.relays.lock().unwrap().drain(..) {
+            for h in relays {
                 h.shutdown().await;
             }
             self.agent.shutdown().await;
