@@ -92,8 +92,10 @@ pub fn describe(s: &Stamped) -> Line {
                 line(Warn, "rank_refused", format!("refused loopback connection {conn}: {reason}"))
             }
             RelayEvent::UpstreamReady => line(Info, "upstream_ready", "connected to the controller"),
+            // The coordinator's verdict is the warning; a relay sees every
+            // exit, clean ones included, as its loopback ending.
             RelayEvent::RankDead { rank, cause } => {
-                line(Warn, "rank_dead", format!("rank {rank} is gone ({cause:?})"))
+                line(Info, "rank_gone", format!("rank {rank} is gone ({cause:?})"))
             }
             RelayEvent::HostFrameShipped { round, deposits, weight, bytes, .. } => line(
                 Debug,
