@@ -24,7 +24,7 @@ use cohort_proto::wire::SessionSalt;
 /// Progress goes to stderr (set RUST_LOG=debug for every round); `--json`
 /// writes one JSON object per event to stdout.
 #[derive(Debug, Parser)]
-#[command(name = "cohort", version, about, long_about = None)]
+#[command(name = "cohort", version)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
