@@ -7,11 +7,14 @@
 //!   [`Remote`] to command it from other threads (one thread per node);
 //! - [`Clock`]: the real clock mapped onto proto's `Time`, shareable;
 //! - [`Config`]: dial retry budget, write-stall deadline, buffer bounds;
+//! - [`cluster`]: whole nodes (controller, worker hosts) on threads, the
+//!   consensus check and the local demo cluster behind the `cohort` program;
 //! - [`testing`]: small machines for driver tests and benchmarks;
 //! - [`wire_tool`]: the `cohort wire` inspector.
 #![forbid(unsafe_code)]
 
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod driver;
 mod queue;

@@ -1,12 +1,30 @@
 //! `cohort`: cohort's command-line program.
 
-use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use cohort_driver_mio::cluster::compose::{RunKnobs, controller_config, os_salt};
+use cohort_driver_mio::cluster::demo::{self, DemoOptions, Kill};
+use cohort_driver_mio::cluster::describe::{json_line, log};
+use cohort_driver_mio::cluster::host::{HostParams, MioHost};
+use cohort_driver_mio::cluster::{ClusterEvent, Source, Stamped, http, shutdown_all, spawn_controller};
 use cohort_driver_mio::wire_tool::{self, WireCmd};
+use cohort_driver_mio::{Clock, Config};
+use cohort_proto::config::TimeoutScale;
+use cohort_proto::join::client::ClientEvent;
+use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
+use cohort_proto::node::controller::{ControllerEvent, Outcome};
+use cohort_proto::wire::SessionSalt;
 
 /// cohort: the control plane of an elastic distributed-training cluster,
 /// speaking flodl 0.8's wire protocol.
+///
+/// Progress goes to stderr (set RUST_LOG=debug for every round); `--json`
+/// writes one JSON object per event to stdout.
 #[derive(Debug, Parser)]
-#[command(name = "cohort", version, about, long_about = None)]
+#[command(name = "cohort", version)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -14,15 +32,430 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// Run a controller: the join window, status endpoint, coordinator and
+    /// reduce behind one port, until the run ends.
+    Controller(ControllerArgs),
+    /// Run a worker host: join the controller, then run the host's relays
+    /// and K synthetic-workload ranks on loopback until they exit.
+    Agent(AgentArgs),
+    /// Print a controller's state.json.
+    Status {
+        /// The controller's address (host:port).
+        addr: String,
+    },
+    /// Arm a controller's operator start switch (POST /start).
+    Start {
+        /// The controller's address (host:port).
+        addr: String,
+        /// The session salt as hex: required from a non-loopback address.
+        #[arg(long)]
+        token: Option<String>,
+    },
+    /// Run a whole cluster on loopback: form it, train, kill a rank
+    /// mid-epoch, check every consensus, summarise.
+    Demo(DemoArgs),
     /// Decode captured frames to JSON, or encode JSON to frames.
     #[command(subcommand)]
     Wire(WireCmd),
 }
 
+/// Who closes the join window once quorum is met.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StartArg {
+    /// Only the operator (`cohort start`).
+    Manual,
+    /// The window's clock or the target.
+    Auto,
+    /// Whichever comes first.
+    Hybrid,
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    /// Network timeout scale: every scaled deadline (staleness, handshakes,
+    /// join window) is multiplied by it.
+    #[arg(long, default_value_t = 1.0)]
+    timeout_scale: f64,
+    /// Write one JSON object per event to stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Epochs to train.
+    #[arg(long, default_value_t = 3)]
+    epochs: u64,
+    /// Samples in one epoch.
+    #[arg(long, default_value_t = 400)]
+    samples_per_epoch: u64,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 1)]
+    batch_size: u64,
+    /// Batches between averaging rounds.
+    #[arg(long, default_value_t = 10)]
+    sync_every: u64,
+    /// Elements of the synthetic model.
+    #[arg(long, default_value_t = 256)]
+    model_elems: u32,
+}
+
+impl RunArgs {
+    fn knobs(&self) -> RunKnobs {
+        RunKnobs {
+            epochs: self.epochs,
+            samples_per_epoch: self.samples_per_epoch,
+            batch_size: self.batch_size,
+            sync_every: self.sync_every,
+            model_elems: self.model_elems,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct ControllerArgs {
+    /// Address to listen on (its one port serves every channel and HTTP).
+    #[arg(long)]
+    bind: SocketAddr,
+    /// Accept joins keyed with zeros on a non-loopback bind (anyone who can
+    /// reach the port can join; a loopback bind is open regardless).
+    #[arg(long, conflicts_with = "pre_shared")]
+    open_admission: bool,
+    /// Require hellos keyed with the pre-shared salt even on a loopback bind.
+    #[arg(long)]
+    pre_shared: bool,
+    /// Quorum: ranks needed to form the world.
+    #[arg(long, default_value_t = 1)]
+    min_ranks: usize,
+    /// Form at once when this many ranks joined (not in manual mode).
+    #[arg(long)]
+    target_ranks: Option<usize>,
+    /// Who closes the window once quorum is met.
+    #[arg(long, value_enum, default_value_t = StartArg::Auto)]
+    start: StartArg,
+    /// The join window, in seconds (scaled).
+    #[arg(long, default_value_t = 300)]
+    join_timeout_secs: u64,
+    /// The join window's hard cap, in seconds (scaled).
+    #[arg(long, default_value_t = 600)]
+    max_join_timeout_secs: u64,
+    /// The session salt, 32 hex digits (default: fresh from the OS RNG).
+    #[arg(long)]
+    salt: Option<String>,
+    /// After the run ends, keep serving this many seconds (so agents hear
+    /// the end and state.json shows it).
+    #[arg(long, default_value_t = 2.0)]
+    linger_secs: f64,
+    #[command(flatten)]
+    run: RunArgs,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Args)]
+struct AgentArgs {
+    /// The controller's address.
+    #[arg(long)]
+    connect: String,
+    /// This host's name (unique in the world).
+    #[arg(long)]
+    host: String,
+    /// Ranks (devices) to offer.
+    #[arg(long, default_value_t = 1)]
+    ranks: u32,
+    /// Mean batch time of the synthetic workload, in milliseconds.
+    #[arg(long, default_value_t = 20.0)]
+    batch_ms: f64,
+    /// The pre-shared session salt (32 hex digits); without it the hello is
+    /// keyed with zeros (open admission) and the salt comes with the accept.
+    #[arg(long)]
+    salt: Option<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Args)]
+struct DemoArgs {
+    /// Worker hosts.
+    #[arg(long, default_value_t = 2)]
+    hosts: u32,
+    /// Ranks on each host.
+    #[arg(long, default_value_t = 2)]
+    ranks_per_host: u32,
+    /// Mean batch time, in milliseconds.
+    #[arg(long, default_value_t = 20.0)]
+    batch_ms: f64,
+    /// The rank to kill.
+    #[arg(long, default_value_t = 1)]
+    kill_rank: u32,
+    /// When to kill it: seconds after the world formed (training started).
+    #[arg(long, default_value_t = 3.0)]
+    kill_rank_at: f64,
+    /// Kill nobody.
+    #[arg(long)]
+    no_kill: bool,
+    /// Network timeout scale (small, so a silent death is detected in
+    /// seconds rather than 30).
+    #[arg(long, default_value_t = 0.1)]
+    timeout_scale: f64,
+    /// Where the controller listens (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    bind: SocketAddr,
+    /// Write one JSON object per event to stdout, then the summary as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Wire(_)) {
+        init_tracing();
+    }
     let code = match cli.cmd {
+        Cmd::Controller(a) => controller(a),
+        Cmd::Agent(a) => agent(a),
+        Cmd::Status { addr } => status(&addr),
+        Cmd::Start { addr, token } => start(&addr, token.as_deref()),
+        Cmd::Demo(a) => run_demo(a),
         Cmd::Wire(w) => wire_tool::run(w),
     };
     std::process::exit(code);
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_timer(tracing_subscriber::fmt::time::uptime())
+        .init();
+}
+
+fn fail(what: &str) -> i32 {
+    eprintln!("cohort: {what}");
+    2
+}
+
+fn scale_of(raw: f64) -> Result<TimeoutScale, String> {
+    TimeoutScale::new(raw).map_err(|e| format!("--timeout-scale: {e}"))
+}
+
+fn salt_of(raw: Option<&str>) -> Result<Option<SessionSalt>, String> {
+    raw.map(|h| SessionSalt::from_hex(h).map_err(|e| format!("--salt: {e}"))).transpose()
+}
+
+/// Writes a line to stdout; a closed stdout (a pager that quit) is not an error.
+fn emit(line: impl std::fmt::Display) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+/// Logs an event (stderr) and, with `--json`, prints it as a JSON line (stdout).
+fn show(s: &Stamped, json: bool) {
+    log(s);
+    if json {
+        emit(json_line(s));
+    }
+}
+
+fn controller(a: ControllerArgs) -> i32 {
+    let scale = match scale_of(a.common.timeout_scale) {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    let salt = match salt_of(a.salt.as_deref()) {
+        Ok(Some(s)) => s,
+        Ok(None) => match os_salt() {
+            Ok(s) => s,
+            Err(e) => return fail(&format!("no OS randomness for the session salt: {e}")),
+        },
+        Err(e) => return fail(&e),
+    };
+    let join = JoinConfig {
+        min_rank_start: a.min_ranks,
+        join_timeout_secs: a.join_timeout_secs,
+        target_ranks: a.target_ranks,
+        max_join_timeout_secs: a.max_join_timeout_secs,
+        open_admission: a.open_admission,
+        start_mode: match a.start {
+            StartArg::Manual => StartMode::Manual,
+            StartArg::Auto => StartMode::Auto,
+            StartArg::Hybrid => StartMode::Hybrid,
+        },
+        nccl_backend: false,
+    };
+    let trust = if a.pre_shared {
+        TrustMode::PreShared
+    } else {
+        TrustMode::resolve(&join, a.bind.ip().is_loopback())
+    };
+    let cfg = match controller_config(join, salt, trust, scale, &a.run.knobs()) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    let clock = Clock::start();
+    let (sink, events) = mpsc::channel();
+    let node = match spawn_controller(cfg, a.bind, Config::scaled(scale), clock, sink) {
+        Ok(n) => n,
+        Err(e) => return fail(&format!("listening on {}: {e}", a.bind)),
+    };
+    let addr = node.addr().map_or_else(|| a.bind.to_string(), |x| x.to_string());
+    tracing::info!("controller listening on {addr} ({trust:?}); state: curl http://{addr}/state.json");
+    if trust == TrustMode::PreShared {
+        tracing::info!("session salt {} (pass it to every agent with --salt)", salt.to_hex());
+    }
+    let linger = Duration::from_secs_f64(a.linger_secs.max(0.0));
+    let mut ended: Option<(Instant, Outcome)> = None;
+    loop {
+        if ended.as_ref().is_some_and(|(t, _)| t.elapsed() >= linger) {
+            break;
+        }
+        match events.recv_timeout(Duration::from_millis(100)) {
+            Ok(s) => {
+                show(&s, a.common.json);
+                if let ClusterEvent::Controller(ControllerEvent::Finished(o)) = &s.event
+                    && ended.is_none()
+                {
+                    ended = Some((Instant::now(), o.clone()));
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    shutdown_all([node]);
+    match ended {
+        Some((_, Outcome::Done)) => 0,
+        _ => 1,
+    }
+}
+
+fn agent(a: AgentArgs) -> i32 {
+    let scale = match scale_of(a.common.timeout_scale) {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    let pre_shared = match salt_of(a.salt.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    if a.ranks == 0 || a.ranks > 256 {
+        return fail("--ranks must be 1 to 256");
+    }
+    let (sink, events) = mpsc::channel();
+    let mut p = HostParams::new(a.host.clone(), a.ranks, a.connect.clone(), scale);
+    p.pre_shared = pre_shared;
+    p.batch_ms = a.batch_ms;
+    let host = match MioHost::spawn(p, sink) {
+        Ok(h) => h,
+        Err(e) => return fail(&format!("starting the agent: {e}")),
+    };
+    tracing::info!("agent {} joining {} with {} ranks", a.host, a.connect, a.ranks);
+    let (mut ranks, mut exits, mut worst) = (0usize, 0usize, 0i32);
+    let code = loop {
+        let s = match events.recv_timeout(Duration::from_millis(250)) {
+            Ok(s) => s,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => break 1,
+        };
+        show(&s, a.common.json);
+        match (&s.source, &s.event) {
+            (Source::Agent(_), ClusterEvent::Agent(ClientEvent::Admitted { ranks: r, .. })) => {
+                ranks = r.len()
+            }
+            (Source::Agent(_), ClusterEvent::Agent(ClientEvent::Failed(_))) => break 1,
+            (Source::Agent(_), ClusterEvent::Agent(ClientEvent::LinkEnded(_))) if !host.is_spawned() => {
+                break 1;
+            }
+            (Source::Agent(_), ClusterEvent::Note(n)) if !host.is_spawned() => {
+                tracing::error!("{n}");
+                break 1;
+            }
+            (Source::Rank(_), ClusterEvent::RankExit { code }) => {
+                exits += 1;
+                if *code != 0 {
+                    worst = 1;
+                }
+                if ranks > 0 && exits >= ranks {
+                    break worst;
+                }
+            }
+            _ => {}
+        }
+    };
+    // A clean stop flushes the exit reports still queued for the controller.
+    host.stop();
+    code
+}
+
+fn status(addr: &str) -> i32 {
+    match http::request(addr, "GET", "/state.json", Duration::from_secs(5)) {
+        Ok((200, body)) => {
+            match serde_json::from_str::<serde_json::Value>(&body) {
+                Ok(v) => emit(serde_json::to_string_pretty(&v).unwrap_or(body)),
+                Err(_) => emit(body),
+            }
+            0
+        }
+        Ok((code, body)) => {
+            eprintln!("cohort: {addr} answered {code}: {}", body.trim());
+            1
+        }
+        Err(e) => fail(&format!("GET http://{addr}/state.json: {e}")),
+    }
+}
+
+fn start(addr: &str, token: Option<&str>) -> i32 {
+    let path = token.map_or_else(|| "/start".to_owned(), |t| format!("/start?token={t}"));
+    match http::request(addr, "POST", &path, Duration::from_secs(5)) {
+        Ok((code, body)) => {
+            emit(body.trim());
+            if code == 200 {
+                0
+            } else {
+                eprintln!("cohort: {addr} answered {code}");
+                1
+            }
+        }
+        Err(e) => fail(&format!("POST http://{addr}/start: {e}")),
+    }
+}
+
+fn run_demo(a: DemoArgs) -> i32 {
+    let scale = match scale_of(a.timeout_scale) {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    if !(a.kill_rank_at.is_finite() && a.kill_rank_at >= 0.0) {
+        return fail("--kill-rank-at must be a number of seconds");
+    }
+    let opts = DemoOptions {
+        hosts: a.hosts,
+        ranks_per_host: a.ranks_per_host,
+        knobs: a.run.knobs(),
+        batch_ms: a.batch_ms,
+        kill: (!a.no_kill)
+            .then(|| Kill { rank: a.kill_rank, after: Duration::from_secs_f64(a.kill_rank_at) }),
+        scale,
+        bind: a.bind,
+        ..DemoOptions::default()
+    };
+    let json = a.json;
+    let report = match demo::run(&opts, |s| show(s, json)) {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    if json {
+        emit(report.json());
+    } else {
+        emit("\ncohort demo summary");
+        for l in report.lines() {
+            emit(format_args!("  {l}"));
+        }
+    }
+    if report.ok() { 0 } else { 1 }
 }

@@ -1,0 +1,400 @@
+//! The consensus check of a live cluster: every round the controller reduced
+//! is recomputed in f64 as the exact mass-weighted mean of the contributions
+//! folded into it, and every rank's copy of every round must be exactly the
+//! reduced values. The same rule as the simulator's checker
+//! (`sim/src/check.rs`, `Checker::consensus`), on events that arrive from
+//! many threads.
+//!
+//! A round is identified from three sources: the data relay's
+//! `HostFrameShipped{ranks}` (which ranks' frames a host frame holds, in
+//! shipping order per host), the reduce's `Consensus{contributors}` (which
+//! host frames the round summed; hosts are named by their `HostJoined`), and
+//! each rank's `Submitted{mass, values}` (consumed in order per rank). Events
+//! of different nodes reach the checker in any order, so a round waits until
+//! everything it needs has arrived; what still waits at [`ConsensusCheck::finish`]
+//! is a violation.
+//!
+//! ```
+//! use cohort_driver_mio::cluster::check::ConsensusCheck;
+//! let mut check = ConsensusCheck::default();
+//! assert_eq!(check.finish().rounds_checked, 0);
+//! ```
+
+use std::collections::{BTreeMap, VecDeque};
+
+use cohort_proto::ConnId;
+use cohort_proto::node::controller::ControllerEvent;
+use cohort_proto::node::rank::RankEvent;
+use cohort_proto::reduce::ReduceEvent;
+use cohort_proto::relay::{Leg, RelayEvent};
+
+use super::{ClusterEvent, Source, Stamped};
+
+/// What the check found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CheckSummary {
+    /// Rounds reduced.
+    pub rounds: u64,
+    /// Rounds verified against the exact weighted mean (zero-mass rounds
+    /// are verified for their mass only).
+    pub rounds_checked: u64,
+    /// Rank deliveries compared with the reduced values.
+    pub deliveries_checked: u64,
+    /// Everything that did not match, first first.
+    pub violations: Vec<String>,
+}
+
+impl CheckSummary {
+    /// Whether every check passed.
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+#[derive(Debug)]
+struct Round {
+    round: u64,
+    weight: f64,
+    values: Option<Vec<f32>>,
+    contributors: Vec<ConnId>,
+}
+
+#[derive(Debug)]
+struct Delivery {
+    k: u64,
+    weight: f64,
+    keep_local: bool,
+    values: Vec<f32>,
+}
+
+/// Watches a cluster's events and checks every consensus.
+#[derive(Debug, Default)]
+pub struct ConsensusCheck {
+    host_of: BTreeMap<ConnId, String>,
+    shipped: BTreeMap<String, VecDeque<Vec<u32>>>,
+    submitted: BTreeMap<u32, VecDeque<(f64, Vec<f32>)>>,
+    pending: VecDeque<Round>,
+    /// Every reduced round: its weight and values, by round number.
+    reduced: Vec<(f64, Option<Vec<f32>>)>,
+    deliveries: BTreeMap<u32, VecDeque<Delivery>>,
+    received: BTreeMap<u32, u64>,
+    summary: CheckSummary,
+}
+
+impl ConsensusCheck {
+    /// Feeds one event (any node's; the irrelevant ones are ignored).
+    pub fn observe(&mut self, s: &Stamped) {
+        match (&s.source, &s.event) {
+            (Source::Controller, ClusterEvent::Controller(ControllerEvent::Reduce(e))) => match e {
+                ReduceEvent::HostJoined { conn, host, .. } => {
+                    self.host_of.insert(*conn, host.clone());
+                }
+                ReduceEvent::Consensus { round, consensus, contributors, .. } => {
+                    if *round != self.reduced.len() as u64 {
+                        self.violation(format!("reduce round {round} out of sequence"));
+                    }
+                    let values = consensus.tensors.first().and_then(|t| t.values.clone());
+                    self.reduced.push((consensus.weight, values.clone()));
+                    self.summary.rounds += 1;
+                    self.pending.push_back(Round {
+                        round: *round,
+                        weight: consensus.weight,
+                        values,
+                        contributors: contributors.clone(),
+                    });
+                }
+                _ => {}
+            },
+            (
+                Source::Relay(host, Leg::Data),
+                ClusterEvent::Relay(RelayEvent::HostFrameShipped { ranks, .. }),
+            ) => {
+                self.shipped.entry(host.clone()).or_default().push_back(ranks.clone());
+            }
+            (Source::Rank(r), ClusterEvent::Rank(RankEvent::Submitted { mass, values, .. })) => {
+                self.submitted.entry(*r).or_default().push_back((*mass, values.clone()));
+            }
+            (
+                Source::Rank(r),
+                ClusterEvent::Rank(RankEvent::Consensus { round, weight, keep_local, values }),
+            ) => {
+                let k = self.received.entry(*r).or_insert(0);
+                if *round != *k {
+                    let msg = format!("rank {r} numbered its consensus {round}, expected {k}");
+                    *k += 1;
+                    self.violation(msg);
+                } else {
+                    *k += 1;
+                }
+                let d =
+                    Delivery { k: *round, weight: *weight, keep_local: *keep_local, values: values.clone() };
+                self.deliveries.entry(*r).or_default().push_back(d);
+            }
+            _ => {}
+        }
+        self.settle();
+    }
+
+    /// The summary so far (rounds still waiting for their events are not
+    /// counted yet).
+    pub fn summary(&self) -> &CheckSummary {
+        &self.summary
+    }
+
+    /// Ends the check: whatever still waits for events that never came is a
+    /// violation.
+    pub fn finish(&mut self) -> CheckSummary {
+        self.settle();
+        if let Some(r) = self.pending.front() {
+            let msg = format!(
+                "round {}: never saw every host frame and submission it summed ({} rounds unchecked)",
+                r.round,
+                self.pending.len()
+            );
+            self.violation(msg);
+        }
+        let stray: Vec<String> = self
+            .deliveries
+            .iter()
+            .filter_map(|(r, q)| {
+                q.front().map(|d| format!("rank {r} received round {} that was never reduced", d.k))
+            })
+            .collect();
+        for s in stray {
+            self.violation(s);
+        }
+        self.summary.clone()
+    }
+
+    fn violation(&mut self, what: String) {
+        tracing::error!(%what, "consensus check");
+        self.summary.violations.push(what);
+    }
+
+    fn settle(&mut self) {
+        while self.pending.front().is_some_and(|r| self.ready(r)) {
+            let Some(r) = self.pending.pop_front() else { break };
+            self.check_round(&r);
+        }
+        let ranks: Vec<u32> = self.deliveries.keys().copied().collect();
+        for r in ranks {
+            while let Some(d) = self.deliveries.get(&r).and_then(VecDeque::front) {
+                let Some((w, v)) = self.reduced.get(d.k as usize) else { break };
+                let verdict = if w.to_bits() != d.weight.to_bits() {
+                    Some(format!("rank {r} round {}: weight {} differs from the reduce's {w}", d.k, d.weight))
+                } else if !d.keep_local && v.as_deref() != Some(d.values.as_slice()) {
+                    Some(format!("rank {r} round {}: its consensus differs from the reduced values", d.k))
+                } else {
+                    None
+                };
+                if let Some(q) = self.deliveries.get_mut(&r) {
+                    q.pop_front();
+                }
+                self.summary.deliveries_checked += 1;
+                if let Some(v) = verdict {
+                    self.violation(v);
+                }
+            }
+        }
+    }
+
+    /// Whether every event round `r` needs has arrived.
+    fn ready(&self, r: &Round) -> bool {
+        let mut need_ship: BTreeMap<&str, usize> = BTreeMap::new();
+        for c in &r.contributors {
+            // An unknown contributor fails the round at once (check_round says why).
+            let Some(h) = self.host_of.get(c) else { return true };
+            *need_ship.entry(h).or_default() += 1;
+        }
+        let mut need_sub: BTreeMap<u32, usize> = BTreeMap::new();
+        for (h, n) in need_ship {
+            let Some(q) = self.shipped.get(h).filter(|q| q.len() >= n) else { return false };
+            for ranks in q.iter().take(n) {
+                for rank in ranks {
+                    *need_sub.entry(*rank).or_default() += 1;
+                }
+            }
+        }
+        need_sub.into_iter().all(|(rank, n)| self.submitted.get(&rank).is_some_and(|q| q.len() >= n))
+    }
+
+    fn check_round(&mut self, r: &Round) {
+        let round = r.round;
+        let mut ranks = Vec::new();
+        for c in &r.contributors {
+            let Some(h) = self.host_of.get(c).cloned() else {
+                return self
+                    .violation(format!("round {round}: a contributor ({c}) that never joined the reduce"));
+            };
+            match self.shipped.get_mut(&h).and_then(VecDeque::pop_front) {
+                Some(rs) => ranks.extend(rs),
+                None => return self.violation(format!("round {round}: {h}'s host frame was never shipped")),
+            }
+        }
+        // The exact mass-weighted mean of exactly these contributions, in f64.
+        let (mut mass, mut sum, mut scale) = (0.0f64, Vec::<f64>::new(), 0.0f64);
+        for rank in &ranks {
+            let Some((m, v)) = self.submitted.get_mut(rank).and_then(VecDeque::pop_front) else {
+                return self.violation(format!("round {round}: rank {rank} was folded but never submitted"));
+            };
+            if sum.is_empty() {
+                sum = vec![0.0; v.len()];
+            }
+            if v.len() != sum.len() {
+                return self.violation(format!(
+                    "round {round}: rank {rank} submitted {} values, others {}",
+                    v.len(),
+                    sum.len()
+                ));
+            }
+            mass += m;
+            for (s, x) in sum.iter_mut().zip(&v) {
+                *s += m * f64::from(*x);
+                scale = scale.max(f64::from(x.abs()));
+            }
+        }
+        if (mass - r.weight).abs() > 1e-9 * mass.max(1.0) {
+            return self.violation(format!(
+                "round {round}: consensus mass {} but the folded contributions weigh {mass}",
+                r.weight
+            ));
+        }
+        self.summary.rounds_checked += 1;
+        if mass <= 0.0 {
+            return;
+        }
+        let Some(got) = &r.values else {
+            return self.violation(format!("round {round}: a round with mass came back elided"));
+        };
+        if got.len() != sum.len() {
+            return self.violation(format!(
+                "round {round}: {} values reduced from {} submitted",
+                got.len(),
+                sum.len()
+            ));
+        }
+        // f32 accumulation over n ranks in h host frames: a few ulps per term.
+        let tol = (ranks.len() as f64 + r.contributors.len() as f64 + 4.0)
+            * 4.0
+            * f64::from(f32::EPSILON)
+            * scale.max(1e-30);
+        for (i, (g, s)) in got.iter().zip(&sum).enumerate() {
+            let want = s / mass;
+            if (f64::from(*g) - want).abs() > tol {
+                self.summary.rounds_checked -= 1;
+                return self.violation(format!(
+                    "round {round} element {i}: consensus {g} != exact weighted mean {want} (tolerance {tol:e})"
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use cohort_proto::Time;
+    use cohort_proto::reduce::{Consensus, ConsensusTensor};
+    use cohort_proto::wire::{Dtype, RoundKind};
+
+    fn ev(source: Source, event: ClusterEvent) -> Stamped {
+        Stamped { at: Time::ZERO, source, event }
+    }
+
+    fn consensus(round: u64, weight: f64, values: Vec<f32>) -> Stamped {
+        let tensor =
+            ConsensusTensor { dtype: Dtype::F32, shape: vec![values.len() as u32], values: Some(values) };
+        let consensus = Consensus { kind: RoundKind::Model, weight, tensors: vec![tensor] };
+        ev(
+            Source::Controller,
+            ClusterEvent::Controller(ControllerEvent::Reduce(ReduceEvent::Consensus {
+                round,
+                consensus,
+                frame: Bytes::new(),
+                recipients: 1,
+                contributors: vec![ConnId(9)],
+            })),
+        )
+    }
+
+    fn feed(
+        check: &mut ConsensusCheck,
+        reduced: Vec<f32>,
+        delivered: Vec<f32>,
+        order: &[usize],
+    ) -> CheckSummary {
+        let events = [
+            ev(
+                Source::Controller,
+                ClusterEvent::Controller(ControllerEvent::Reduce(ReduceEvent::HostJoined {
+                    conn: ConnId(9),
+                    host: "a".into(),
+                    ranks: vec![0, 1],
+                })),
+            ),
+            ev(
+                Source::Rank(0),
+                ClusterEvent::Rank(RankEvent::Submitted { round: 0, mass: 1.0, values: vec![1.0, 2.0] }),
+            ),
+            ev(
+                Source::Rank(1),
+                ClusterEvent::Rank(RankEvent::Submitted { round: 0, mass: 3.0, values: vec![5.0, 6.0] }),
+            ),
+            ev(
+                Source::Relay("a".into(), Leg::Data),
+                ClusterEvent::Relay(RelayEvent::HostFrameShipped {
+                    round: 0,
+                    deposits: 2,
+                    ranks: vec![0, 1],
+                    weight: 4.0,
+                    bytes: 0,
+                }),
+            ),
+            consensus(0, 4.0, reduced),
+            ev(
+                Source::Rank(1),
+                ClusterEvent::Rank(RankEvent::Consensus {
+                    round: 0,
+                    weight: 4.0,
+                    keep_local: false,
+                    values: delivered,
+                }),
+            ),
+        ];
+        for &i in order {
+            check.observe(&events[i]);
+        }
+        check.finish()
+    }
+
+    #[test]
+    fn the_exact_weighted_mean_passes_in_any_arrival_order() {
+        // (1*1 + 3*5)/4 = 4, (1*2 + 3*6)/4 = 5.
+        for order in [[0, 1, 2, 3, 4, 5], [0, 4, 5, 3, 2, 1], [0, 5, 4, 1, 3, 2]] {
+            let s = feed(&mut ConsensusCheck::default(), vec![4.0, 5.0], vec![4.0, 5.0], &order);
+            assert!(s.ok(), "{order:?}: {:?}", s.violations);
+            assert_eq!((s.rounds, s.rounds_checked, s.deliveries_checked), (1, 1, 1));
+        }
+    }
+
+    #[test]
+    fn a_wrong_mean_or_a_wrong_copy_is_named() {
+        let s = feed(&mut ConsensusCheck::default(), vec![4.0, 5.01], vec![4.0, 5.01], &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(s.violations.len(), 1);
+        assert!(s.violations[0].contains("round 0 element 1"), "{:?}", s.violations);
+        let s = feed(&mut ConsensusCheck::default(), vec![4.0, 5.0], vec![4.0, 5.5], &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(
+            s.violations,
+            vec!["rank 1 round 0: its consensus differs from the reduced values".to_owned()]
+        );
+    }
+
+    #[test]
+    fn a_round_whose_events_never_came_is_a_violation() {
+        // The relay's HostFrameShipped (event 3) never arrives.
+        let s = feed(&mut ConsensusCheck::default(), vec![4.0, 5.0], vec![4.0, 5.0], &[0, 1, 2, 4, 5]);
+        assert_eq!(s.rounds_checked, 0);
+        assert!(s.violations[0].starts_with("round 0: never saw"), "{:?}", s.violations);
+    }
+}

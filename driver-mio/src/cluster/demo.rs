@@ -1,0 +1,384 @@
+//! `cohort demo`: a whole cluster on loopback in one process. The
+//! controller listens on one port; each worker host's agent joins; the world
+//! forms; every rank trains the synthetic model with real fold rounds
+//! through its host's relays; one rank is killed mid-epoch (its sockets
+//! close unflushed, its agent reports exit 137); the coordinator declares it
+//! dead and hands its remaining samples to the survivors; the run finishes.
+//! Every consensus is checked against the exact weighted mean of what was
+//! folded into it ([`ConsensusCheck`]), and every rank's copy against it.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use cohort_proto::Time;
+use cohort_proto::config::TimeoutScale;
+use cohort_proto::coord::CoordEvent;
+use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
+use cohort_proto::node::controller::{ControllerEvent, Outcome};
+use cohort_proto::status::StatusEvent;
+
+use super::check::{CheckSummary, ConsensusCheck};
+use super::compose::{RunKnobs, controller_config, os_salt};
+use super::host::{HostParams, MioHost, stop_all};
+use super::{ClusterEvent, Sink, Source, Stamped, shutdown_all, spawn_controller};
+use crate::{Clock, Config};
+
+/// How long after the run's end the launcher waits for every rank to exit.
+pub const EXIT_GRACE: Duration = Duration::from_secs(10);
+
+/// Which rank to kill, and when.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Kill {
+    /// The global rank.
+    pub rank: u32,
+    /// How long after the world formed (training started).
+    pub after: Duration,
+}
+
+/// The demo's knobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DemoOptions {
+    /// Worker hosts.
+    pub hosts: u32,
+    /// Ranks on each.
+    pub ranks_per_host: u32,
+    /// The run.
+    pub knobs: RunKnobs,
+    /// Mean batch time, in milliseconds.
+    pub batch_ms: f64,
+    /// The rank to kill, if any.
+    pub kill: Option<Kill>,
+    /// The network timeout scale (staleness, handshakes, join window).
+    pub scale: TimeoutScale,
+    /// Where the controller listens.
+    pub bind: SocketAddr,
+    /// Give up if the run has not ended by then.
+    pub deadline: Duration,
+}
+
+impl Default for DemoOptions {
+    /// 2 hosts x 2 ranks, 3 epochs of 400 samples in 20 ms batches, rank 1
+    /// killed 3 s into training, timeout scale 0.1, an ephemeral loopback port.
+    fn default() -> Self {
+        DemoOptions {
+            hosts: 2,
+            ranks_per_host: 2,
+            knobs: RunKnobs::default(),
+            batch_ms: 20.0,
+            kill: Some(Kill { rank: 1, after: Duration::from_secs(3) }),
+            scale: TimeoutScale::new(0.1).unwrap_or_default(),
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            deadline: Duration::from_secs(120),
+        }
+    }
+}
+
+/// What happened to the killed rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KillReport {
+    /// The rank.
+    pub rank: u32,
+    /// When it was killed (on the cluster clock, from the controller's start).
+    pub at: Time,
+    /// How long until the coordinator declared it dead, and why.
+    pub detected: Option<(Duration, String)>,
+    /// The coordinator's redistribution of its remaining samples.
+    pub redistributed: Vec<String>,
+}
+
+/// How the demo went.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DemoReport {
+    /// The controller's address.
+    pub addr: SocketAddr,
+    /// How the run ended, if it did.
+    pub outcome: Option<Outcome>,
+    /// Ranks in the world.
+    pub world_size: u32,
+    /// From the controller's start to the world's formation.
+    pub formation: Option<Duration>,
+    /// From the world's formation to the run's end.
+    pub training: Option<Duration>,
+    /// Epochs aggregated.
+    pub epochs: u64,
+    /// The kill, if one happened.
+    pub kill: Option<KillReport>,
+    /// A kill that was asked for but could not happen, and why.
+    pub kill_skipped: Option<String>,
+    /// `state.json` requests answered while it ran.
+    pub status_answers: u64,
+    /// The consensus check.
+    pub check: CheckSummary,
+    /// Wall time, start to teardown.
+    pub wall: Duration,
+}
+
+impl DemoReport {
+    /// The demo's verdict: the run finished `Done`, at least one round was
+    /// reduced, and every round and every rank's copy matched.
+    pub fn ok(&self) -> bool {
+        self.outcome == Some(Outcome::Done)
+            && self.check.ok()
+            && self.check.rounds > 0
+            && self.check.rounds_checked == self.check.rounds
+    }
+
+    /// The summary, as lines for a human.
+    pub fn lines(&self) -> Vec<String> {
+        let secs = |d: Option<Duration>| d.map_or("-".to_owned(), |d| format!("{:.3} s", d.as_secs_f64()));
+        let mut out = vec![
+            format!("controller          {}", self.addr),
+            format!(
+                "outcome             {}",
+                match &self.outcome {
+                    Some(Outcome::Done) => "done".to_owned(),
+                    Some(Outcome::Failed(r)) => format!("failed: {r}"),
+                    None => "did not end".to_owned(),
+                }
+            ),
+            format!("world               {} ranks", self.world_size),
+            format!("formation           {} after the controller started", secs(self.formation)),
+            format!("training            {} ({} epochs)", secs(self.training), self.epochs),
+            format!("rounds              {} reduced", self.check.rounds),
+            format!(
+                "consensus checks    {}/{} rounds equal the exact weighted mean; {} rank copies equal the reduced values",
+                self.check.rounds_checked, self.check.rounds, self.check.deliveries_checked
+            ),
+        ];
+        match (&self.kill, &self.kill_skipped) {
+            (Some(k), _) => {
+                out.push(format!("killed              rank {} at {:.3} s", k.rank, k.at.as_secs_f64()));
+                out.push(match &k.detected {
+                    Some((d, why)) => format!("detection delay     {:.1} ms ({why})", d.as_secs_f64() * 1e3),
+                    None => "detection delay     never detected".to_owned(),
+                });
+                out.push(format!("redistributed       {} slices", k.redistributed.len()));
+                out.extend(k.redistributed.iter().map(|r| format!("                    {r}")));
+            }
+            (None, Some(why)) => out.push(format!("kill                skipped: {why}")),
+            (None, None) => {}
+        }
+        out.push(format!("state.json served   {} times", self.status_answers));
+        out.extend(self.check.violations.iter().map(|v| format!("VIOLATION           {v}")));
+        out.push(format!("wall time           {:.3} s", self.wall.as_secs_f64()));
+        out.push(format!("verdict             {}", if self.ok() { "PASS" } else { "FAIL" }));
+        out
+    }
+
+    /// The summary as one JSON object.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "addr": self.addr.to_string(),
+            "outcome": match &self.outcome {
+                Some(Outcome::Done) => "done".to_owned(),
+                Some(Outcome::Failed(r)) => format!("failed: {r}"),
+                None => "none".to_owned(),
+            },
+            "world_size": self.world_size,
+            "formation_s": self.formation.map(|d| d.as_secs_f64()),
+            "training_s": self.training.map(|d| d.as_secs_f64()),
+            "epochs": self.epochs,
+            "rounds": self.check.rounds,
+            "rounds_checked": self.check.rounds_checked,
+            "deliveries_checked": self.check.deliveries_checked,
+            "killed_rank": self.kill.as_ref().map(|k| k.rank),
+            "killed_at_s": self.kill.as_ref().map(|k| k.at.as_secs_f64()),
+            "detection_delay_s": self.kill.as_ref().and_then(|k| k.detected.as_ref()).map(|(d, _)| d.as_secs_f64()),
+            "detection_cause": self.kill.as_ref().and_then(|k| k.detected.as_ref()).map(|(_, c)| c.clone()),
+            "redistributed": self.kill.as_ref().map(|k| k.redistributed.clone()),
+            "kill_skipped": self.kill_skipped,
+            "status_answers": self.status_answers,
+            "violations": self.check.violations,
+            "wall_s": self.wall.as_secs_f64(),
+            "ok": self.ok(),
+        })
+    }
+}
+
+/// What the launcher tracks while the cluster runs.
+#[derive(Debug, Default)]
+struct Watch {
+    formed: Option<Time>,
+    world_size: u32,
+    finished: Option<(Time, Outcome)>,
+    exited: BTreeSet<u32>,
+    epochs: u64,
+    status_answers: u64,
+    kill: Option<KillReport>,
+}
+
+impl Watch {
+    fn observe(&mut self, s: &Stamped) {
+        match (&s.source, &s.event) {
+            (Source::Controller, ClusterEvent::Controller(e)) => match e {
+                ControllerEvent::Started { world_size } => {
+                    self.formed = Some(s.at);
+                    self.world_size = *world_size;
+                }
+                ControllerEvent::Finished(o) if self.finished.is_none() => {
+                    self.finished = Some((s.at, o.clone()))
+                }
+                ControllerEvent::Status(StatusEvent::Answered { .. }) => self.status_answers += 1,
+                ControllerEvent::Coord(CoordEvent::EpochAggregated { metrics }) => {
+                    self.epochs = self.epochs.max(metrics.epoch + 1);
+                }
+                ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, .. }) => {
+                    if let Some(k) = self.kill.as_mut().filter(|k| k.rank == *rank && k.detected.is_none()) {
+                        k.detected = Some((s.at.saturating_since(k.at), cause.to_string()));
+                    }
+                }
+                ControllerEvent::Coord(CoordEvent::PartitionExtended { epoch, from, rank, segment }) => {
+                    if let Some(k) = self.kill.as_mut().filter(|k| k.rank == *from) {
+                        k.redistributed.push(format!(
+                            "epoch {epoch}: samples {}..{} to rank {rank}",
+                            segment.offset,
+                            segment.offset + segment.size
+                        ));
+                    }
+                }
+                _ => {}
+            },
+            (Source::Rank(r), ClusterEvent::RankExit { .. }) => {
+                self.exited.insert(*r);
+            }
+            _ => {}
+        }
+    }
+
+    /// The run ended and every rank of the world has left.
+    fn over(&self) -> bool {
+        self.finished.is_some() && self.exited.len() as u32 >= self.world_size
+    }
+}
+
+fn note(sink: &Sink, clock: Clock, text: String) {
+    let _ = sink.send(Stamped { at: clock.now(), source: Source::Launcher, event: ClusterEvent::Note(text) });
+}
+
+/// Runs the demo; every event (the launcher's notes included) goes to
+/// `on_event` as it arrives, after the checks saw it.
+pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<DemoReport, String> {
+    let started = Instant::now();
+    let world =
+        opts.hosts.checked_mul(opts.ranks_per_host).filter(|w| *w > 0).ok_or("the world needs a rank")?;
+    if let Some(k) = opts.kill
+        && k.rank >= world
+    {
+        return Err(format!("cannot kill rank {}: the world has ranks 0..{world}", k.rank));
+    }
+    let clock = Clock::start();
+    let (sink, events) = mpsc::channel();
+    let salt = os_salt().map_err(|e| format!("no OS randomness for the session salt: {e}"))?;
+    let join = JoinConfig {
+        min_rank_start: world as usize,
+        target_ranks: Some(world as usize),
+        start_mode: StartMode::Auto,
+        ..JoinConfig::default()
+    };
+    let trust = TrustMode::resolve(&join, opts.bind.ip().is_loopback());
+    let cfg = controller_config(join, salt, trust, opts.scale, &opts.knobs)?;
+    let config = Config::scaled(opts.scale);
+    let controller = spawn_controller(cfg, opts.bind, config.clone(), clock, sink.clone())
+        .map_err(|e| format!("controller on {}: {e}", opts.bind))?;
+    let addr = controller.addr().ok_or("the controller has no listener")?;
+    let listening = ClusterEvent::Listening { addr };
+    let _ = sink.send(Stamped { at: clock.now(), source: Source::Controller, event: listening });
+    let pre_shared = (trust == TrustMode::PreShared).then_some(salt);
+    let mut hosts = Vec::new();
+    for i in 0..opts.hosts {
+        let mut p = HostParams::new(format!("host-{i}"), opts.ranks_per_host, addr.to_string(), opts.scale);
+        p.pre_shared = pre_shared;
+        p.batch_ms = opts.batch_ms;
+        p.config = config.clone();
+        p.clock = clock;
+        hosts.push(MioHost::spawn(p, sink.clone()).map_err(|e| format!("host-{i}: {e}"))?);
+    }
+    let mut watch = Watch::default();
+    let mut check = ConsensusCheck::default();
+    let mut kill_skipped = None;
+    let mut pending_kill = opts.kill;
+    let mut gave_up = None;
+    let mut handle = |s: Stamped, watch: &mut Watch, check: &mut ConsensusCheck| {
+        check.observe(&s);
+        watch.observe(&s);
+        on_event(&s);
+    };
+    while !watch.over() {
+        let now = clock.now();
+        let kill_at = pending_kill.zip(watch.formed).map(|(k, f)| f.saturating_add(k.after));
+        if let (Some(k), Some(at)) = (pending_kill, kill_at)
+            && at <= now
+        {
+            pending_kill = None;
+            match hosts.iter().find(|h| h.ranks().contains(&k.rank)) {
+                Some(h) if watch.finished.is_none() => {
+                    note(
+                        &sink,
+                        clock,
+                        format!("killing rank {} on {} (as a crashed process)", k.rank, h.name()),
+                    );
+                    watch.kill = Some(KillReport {
+                        rank: k.rank,
+                        at: clock.now(),
+                        detected: None,
+                        redistributed: Vec::new(),
+                    });
+                    h.kill_rank(k.rank);
+                }
+                _ => kill_skipped = Some(format!("rank {} had already left when its kill came due", k.rank)),
+            }
+        }
+        if let Some((t, _)) = &watch.finished
+            && now.saturating_since(*t) > EXIT_GRACE
+        {
+            let missing = watch.world_size as usize - watch.exited.len().min(watch.world_size as usize);
+            note(
+                &sink,
+                clock,
+                format!("{missing} ranks did not exit within {EXIT_GRACE:?} of the run's end"),
+            );
+            break;
+        }
+        if started.elapsed() > opts.deadline {
+            gave_up = Some(format!("the run did not end within {:?}", opts.deadline));
+            break;
+        }
+        let wait = kill_at
+            .filter(|_| pending_kill.is_some())
+            .map_or(Duration::from_millis(250), |t| t.saturating_since(now).min(Duration::from_millis(250)));
+        match events.recv_timeout(wait) {
+            Ok(s) => handle(s, &mut watch, &mut check),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    note(&sink, clock, "tearing the cluster down".into());
+    stop_all(hosts);
+    shutdown_all([controller]);
+    drop(sink);
+    while let Ok(s) = events.try_recv() {
+        handle(s, &mut watch, &mut check);
+    }
+    let mut summary = check.finish();
+    if let Some(g) = gave_up {
+        summary.violations.push(g);
+    }
+    Ok(DemoReport {
+        addr,
+        outcome: watch.finished.as_ref().map(|(_, o)| o.clone()),
+        world_size: watch.world_size,
+        formation: watch.formed.map(|f| f.saturating_since(Time::ZERO)),
+        training: watch
+            .formed
+            .zip(watch.finished.as_ref().map(|(t, _)| *t))
+            .map(|(f, e)| e.saturating_since(f)),
+        epochs: watch.epochs,
+        kill: watch.kill,
+        kill_skipped,
+        status_answers: watch.status_answers,
+        check: summary,
+        wall: started.elapsed(),
+    })
+}

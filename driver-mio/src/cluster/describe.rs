@@ -1,0 +1,354 @@
+//! Cluster events as one human line each (with a level: milestones at info,
+//! per-round traffic at debug, refusals and deaths at warn) and as JSON lines
+//! for machines.
+//!
+//! ```
+//! use cohort_driver_mio::cluster::describe::{Level, describe, json_line};
+//! use cohort_driver_mio::cluster::{ClusterEvent, Source, Stamped};
+//! use cohort_proto::Time;
+//!
+//! let s = Stamped { at: Time::from_millis(1500), source: Source::Rank(1),
+//!                   event: ClusterEvent::RankExit { code: 137 } };
+//! let line = describe(&s);
+//! assert_eq!((line.level, line.kind), (Level::Info, "rank_exit"));
+//! let json: serde_json::Value = serde_json::from_str(&json_line(&s)).unwrap();
+//! assert_eq!(json["node"], "rank 1");
+//! assert_eq!(json["t"], 1.5);
+//! ```
+
+use cohort_proto::coord::{CoordEvent, RunEnd};
+use cohort_proto::join::client::ClientEvent;
+use cohort_proto::join::window::JoinEvent;
+use cohort_proto::node::controller::{ControllerEvent, Outcome};
+use cohort_proto::node::envelope::Envelope;
+use cohort_proto::node::rank::RankEvent;
+use cohort_proto::reduce::ReduceEvent;
+use cohort_proto::relay::RelayEvent;
+use cohort_proto::status::StatusEvent;
+
+use super::{ClusterEvent, Stamped};
+
+/// How much an event matters to a human watching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// Per-round traffic and other detail.
+    Debug,
+    /// Milestones.
+    Info,
+    /// Refusals, drops, deaths, failures.
+    Warn,
+}
+
+/// One event, described.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    /// How much it matters.
+    pub level: Level,
+    /// A short stable name of the event (`route_dropped`, `rank_dead`, ...).
+    pub kind: &'static str,
+    /// What happened, in words.
+    pub text: String,
+}
+
+fn line(level: Level, kind: &'static str, text: impl Into<String>) -> Line {
+    Line { level, kind, text: text.into() }
+}
+
+/// Describes one event.
+pub fn describe(s: &Stamped) -> Line {
+    use Level::{Debug, Info, Warn};
+    match &s.event {
+        ClusterEvent::Controller(e) => controller(e),
+        ClusterEvent::Agent(e) => match e {
+            ClientEvent::Admitted { ranks, formation_wait } => line(
+                Info,
+                "admitted",
+                format!("admitted as ranks {ranks:?}; the world forms within {formation_wait:.1?}"),
+            ),
+            ClientEvent::WorldFormed { envelope_hex, .. } => match Envelope::from_hex(envelope_hex) {
+                Ok(env) => line(
+                    Info,
+                    "world_formed",
+                    format!(
+                        "world formed: {} ranks, batch {}, model of {} elements",
+                        env.world_size, env.batch_size, env.model_elems
+                    ),
+                ),
+                Err(e) => {
+                    line(Warn, "world_formed", format!("world formed, but its envelope is unreadable: {e}"))
+                }
+            },
+            ClientEvent::Failed(f) => line(Warn, "join_failed", format!("join failed: {f}")),
+            ClientEvent::LinkEnded(e) => line(Info, "link_ended", format!("host link ended: {e}")),
+            ClientEvent::Ignored { what } => {
+                line(Debug, "ignored", format!("ignored {what} on the host link"))
+            }
+        },
+        ClusterEvent::Relay(e) => match e {
+            RelayEvent::RankAdmitted { rank, conn } => {
+                line(Debug, "rank_admitted", format!("rank {rank} connected ({conn})"))
+            }
+            RelayEvent::RankRefused { conn, reason } => {
+                line(Warn, "rank_refused", format!("refused loopback connection {conn}: {reason}"))
+            }
+            RelayEvent::UpstreamReady => line(Info, "upstream_ready", "connected to the controller"),
+            // The coordinator's verdict is the warning; a relay sees every
+            // exit, clean ones included, as its loopback ending.
+            RelayEvent::RankDead { rank, cause } => {
+                line(Info, "rank_gone", format!("rank {rank} is gone ({cause:?})"))
+            }
+            RelayEvent::HostFrameShipped { round, deposits, weight, bytes, .. } => line(
+                Debug,
+                "host_frame_shipped",
+                format!(
+                    "round {round}: folded {deposits} frames (mass {weight}) into a {bytes}-byte host frame"
+                ),
+            ),
+            RelayEvent::ConsensusFannedOut { ranks, bytes } => line(
+                Debug,
+                "consensus_fanned_out",
+                format!("consensus ({bytes} bytes) fanned out to {ranks} ranks"),
+            ),
+            RelayEvent::RecordDropped { kind, rank, why } => {
+                line(Warn, "record_dropped", format!("dropped a {kind} record (rank {rank:?}): {why}"))
+            }
+            RelayEvent::Stopped(r) => line(Info, "relay_stopped", format!("stopped: {r}")),
+        },
+        ClusterEvent::Rank(e) => match e {
+            RankEvent::Connected => line(Debug, "connected", "connected to both relay legs"),
+            RankEvent::Command(m) => line(Debug, "command", format!("{m:?}")),
+            RankEvent::Submitted { round, mass, values } => line(
+                Debug,
+                "submitted",
+                format!("submitted its round {round}: mass {mass}, {} values", values.len()),
+            ),
+            RankEvent::Consensus { round, weight, keep_local, values } => line(
+                Debug,
+                "consensus",
+                format!(
+                    "received round {round}: mass {weight}, {} values, keep local {keep_local}",
+                    values.len()
+                ),
+            ),
+            RankEvent::Exited => line(Info, "exited", "shut down cleanly"),
+            RankEvent::CoordinatorLost { reason, dead_peers } => line(
+                Warn,
+                "coordinator_lost",
+                format!("lost the coordinator: {reason} (peers taken for dead: {dead_peers:?})"),
+            ),
+            RankEvent::DataFailed { reason } => {
+                line(Warn, "data_failed", format!("data plane failed: {reason}"))
+            }
+        },
+        ClusterEvent::RankExit { code } => {
+            line(Info, "rank_exit", format!("process ended with exit code {code}, reported to its agent"))
+        }
+        ClusterEvent::DialRetry { attempt, attempts, error } => line(
+            Debug,
+            "dial_retry",
+            format!("connect attempt {attempt}/{attempts} failed ({error:?}); retrying"),
+        ),
+        ClusterEvent::Listening { addr } => {
+            line(Info, "listening", format!("listening on {addr}: curl http://{addr}/state.json"))
+        }
+        ClusterEvent::Note(n) => line(Info, "note", n.clone()),
+    }
+}
+
+fn controller(e: &ControllerEvent) -> Line {
+    use Level::{Debug, Info, Warn};
+    match e {
+        ControllerEvent::Route(r) => match r {
+            cohort_proto::route::RouteEvent::Dropped { conn, reason } => {
+                line(Warn, "route_dropped", format!("router dropped {conn}: {reason}"))
+            }
+            cohort_proto::route::RouteEvent::Routed { conn, channel, .. } => {
+                line(Debug, "routed", format!("{conn} routed to {channel:?}"))
+            }
+        },
+        ControllerEvent::Join(j) => match j {
+            JoinEvent::Warning(w) => line(Warn, "join_warning", format!("join window: {w}")),
+            JoinEvent::Admitted { host, ranks, joined_ranks, .. } => line(
+                Info,
+                "host_admitted",
+                format!(
+                    "admitted {host} as ranks {}..{} ({joined_ranks} ranks joined)",
+                    ranks.start, ranks.end
+                ),
+            ),
+            JoinEvent::Rejected { conn, reason } => {
+                line(Warn, "join_rejected", format!("join dial {conn} rejected: {reason}"))
+            }
+            JoinEvent::Retracted { host, ranks, .. } => line(
+                Warn,
+                "join_retracted",
+                format!("{host}'s admission never reached it: ranks {}..{} returned", ranks.start, ranks.end),
+            ),
+            JoinEvent::StartArmed { joined_ranks } => {
+                line(Info, "start_armed", format!("operator start armed with {joined_ranks} ranks in"))
+            }
+            JoinEvent::Formed { reason, world_size, hosts, .. } => line(
+                Info,
+                "formed",
+                format!("join window closed: {world_size} ranks on {hosts} hosts ({reason})"),
+            ),
+            JoinEvent::Failed { failure, .. } => {
+                line(Warn, "join_failed", format!("join window failed: {failure}"))
+            }
+            JoinEvent::RankExited { host, rank, code, .. } => line(
+                if *code == 0 { Info } else { Warn },
+                "rank_exited",
+                format!("{host} reports rank {rank} exited with code {code}"),
+            ),
+            JoinEvent::HostLost { host, ranks, loss, .. } => {
+                line(Warn, "host_lost", format!("lost {host} (ranks {}..{}): {loss}", ranks.start, ranks.end))
+            }
+        },
+        ControllerEvent::Status(s) => match s {
+            StatusEvent::Answered { conn, reply } => {
+                line(Info, "status_answered", format!("HTTP {conn}: {reply}"))
+            }
+            StatusEvent::Abandoned { conn, cause } => {
+                line(Warn, "status_abandoned", format!("HTTP {conn} left before a whole request ({cause})"))
+            }
+        },
+        ControllerEvent::Coord(c) => coord(c),
+        ControllerEvent::Reduce(r) => match r {
+            ReduceEvent::HostJoined { conn, host, ranks } => line(
+                Info,
+                "data_host_joined",
+                format!("data plane: {host} joined with ranks {ranks:?} ({conn})"),
+            ),
+            ReduceEvent::HostRefused { conn, reason } => {
+                line(Warn, "data_host_refused", format!("data plane: refused {conn}: {reason}"))
+            }
+            ReduceEvent::HostFailed { conn, error } => {
+                line(Warn, "data_host_failed", format!("data plane: dropped {conn}: {error}"))
+            }
+            ReduceEvent::HostFrameDropped { conn } => line(
+                Warn,
+                "host_frame_dropped",
+                format!("data plane: dropped a frame of {conn} (all its ranks dead)"),
+            ),
+            ReduceEvent::RankDead { rank, cause } => {
+                line(Info, "reduce_rank_dead", format!("data plane: rank {rank} left the sum ({cause:?})"))
+            }
+            ReduceEvent::Consensus { round, consensus, recipients, contributors, .. } => line(
+                Debug,
+                "consensus",
+                format!(
+                    "round {round}: reduced {} host frames (mass {}), sent to {recipients} hosts",
+                    contributors.len(),
+                    consensus.weight
+                ),
+            ),
+            ReduceEvent::Stopped => line(Info, "reduce_stopped", "data plane: every rank is dead"),
+        },
+        ControllerEvent::Rendezvous(r) => line(Debug, "rendezvous", format!("{r:?}")),
+        ControllerEvent::Refused { conn, channel } => {
+            line(Warn, "refused", format!("refused {conn} on the {channel:?} channel: nothing serves it yet"))
+        }
+        ControllerEvent::Started { world_size } => {
+            line(Info, "started", format!("training started: world of {world_size} ranks"))
+        }
+        ControllerEvent::Finished(Outcome::Done) => line(Info, "finished", "run finished: done"),
+        ControllerEvent::Finished(Outcome::Failed(r)) => line(Warn, "finished", format!("run failed: {r}")),
+    }
+}
+
+fn coord(c: &CoordEvent) -> Line {
+    use Level::{Debug, Info, Warn};
+    match c {
+        CoordEvent::Started => line(Info, "coord_started", "coordinator: epoch 0 goes out"),
+        CoordEvent::RelayJoined { host, ranks, .. } => {
+            line(Info, "relay_joined", format!("control plane: {host} joined with ranks {ranks:?}"))
+        }
+        CoordEvent::RelayRejected { conn, reason } => {
+            line(Warn, "relay_rejected", format!("control plane: refused {conn}: {reason}"))
+        }
+        CoordEvent::RelayLost { conn, error: Some(e) } => {
+            line(Warn, "relay_lost", format!("control plane: closed {conn}: {e}"))
+        }
+        CoordEvent::RelayLost { conn, error: None } => {
+            line(Info, "relay_lost", format!("control plane: {conn} ended"))
+        }
+        CoordEvent::BadMessage { rank, error } => {
+            line(Warn, "bad_message", format!("control plane: dropped a message of rank {rank}: {error}"))
+        }
+        CoordEvent::RankExited { rank } => line(Info, "rank_left", format!("rank {rank} left cleanly")),
+        CoordEvent::RankDead { rank, cause, epoch, processed, remainder } => {
+            let left: u64 = remainder.iter().map(|s| s.size).sum();
+            let epoch = epoch.map_or("-".to_owned(), |e| e.to_string());
+            line(
+                Warn,
+                "rank_dead",
+                format!(
+                    "rank {rank} declared dead: {cause} (epoch {epoch}: {processed} samples done, {left} to redistribute)"
+                ),
+            )
+        }
+        CoordEvent::PlanIssued { epoch, plans, calibrated, .. } => {
+            let sizes: Vec<u64> = plans.iter().map(|p| p.partition_size).collect();
+            let how = if *calibrated { "by measured throughput" } else { "equal" };
+            line(Info, "plan_issued", format!("epoch {epoch}: partitions {sizes:?} ({how})"))
+        }
+        CoordEvent::PartitionExtended { epoch, from, rank, segment } => line(
+            Info,
+            "partition_extended",
+            format!(
+                "epoch {epoch}: rank {rank} takes samples {}..{} of dead rank {from}",
+                segment.offset,
+                segment.offset + segment.size
+            ),
+        ),
+        CoordEvent::RoleMoved { role, from, to, why } => {
+            line(Info, "role_moved", format!("{role} moved from rank {from} to rank {to} ({why:?})"))
+        }
+        CoordEvent::EpochAggregated { metrics } => line(
+            Info,
+            "epoch_aggregated",
+            format!(
+                "epoch {} done: mean loss {:.4}, samples per rank {:?}",
+                metrics.epoch, metrics.avg_loss, metrics.per_rank_samples
+            ),
+        ),
+        CoordEvent::Ended(RunEnd::Done) => {
+            line(Info, "ended", "coordinator: every epoch done, Shutdown sent")
+        }
+        CoordEvent::Ended(RunEnd::Saved(r)) => {
+            line(Warn, "ended", format!("coordinator: stopping with ShutdownWithSave: {r}"))
+        }
+        other => line(Debug, "coord", format!("{other:?}")),
+    }
+}
+
+/// The event as one JSON object (one line): `{"t": seconds, "node", "event"
+/// (the kind), "level", "text"}`.
+pub fn json_line(s: &Stamped) -> String {
+    let l = describe(s);
+    let level = match l.level {
+        Level::Debug => "debug",
+        Level::Info => "info",
+        Level::Warn => "warn",
+    };
+    serde_json::json!({
+        "t": (s.at.as_nanos() / 1_000) as f64 / 1e6,
+        "node": s.source.to_string(),
+        "event": l.kind,
+        "level": level,
+        "text": l.text,
+    })
+    .to_string()
+}
+
+/// Logs the event with `tracing` at its level (target `cohort`), as
+/// `node | text`.
+pub fn log(s: &Stamped) {
+    let l = describe(s);
+    let node = s.source.to_string();
+    match l.level {
+        Level::Debug => tracing::debug!(target: "cohort", "{node:>20} | {}", l.text),
+        Level::Info => tracing::info!(target: "cohort", "{node:>20} | {}", l.text),
+        Level::Warn => tracing::warn!(target: "cohort", "{node:>20} | {}", l.text),
+    }
+}

@@ -1,0 +1,131 @@
+//! The `cohort` program's node subcommands as separate processes on
+//! loopback: a controller in manual-start mode, two agents, `status` and
+//! `start` from the operator, and the run to its end.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A safety net against a hung test, not a synchronisation device.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn cohort(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cohort"));
+    c.args(args).env("RUST_LOG", "warn");
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    cohort(args).output().expect("run cohort")
+}
+
+/// Kills a child the test no longer waits for (on a failed assertion).
+struct Reap(Option<Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn controller_agents_status_and_start_as_processes() {
+    // A free port: bound, released, then given to the controller.
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut controller = Reap(Some(
+        cohort(&[
+            "controller",
+            "--bind",
+            &addr,
+            "--min-ranks",
+            "3",
+            "--start",
+            "manual",
+            "--timeout-scale",
+            "0.1",
+            "--epochs",
+            "1",
+            "--samples-per-epoch",
+            "90",
+            "--linger-secs",
+            "0.2",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("controller"),
+    ));
+    // The controller's JSON event lines, as they come.
+    let (tx, lines) = mpsc::channel::<serde_json::Value>();
+    let stdout = controller.0.as_mut().unwrap().stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(serde_json::from_str(&l).expect("a JSON event line"));
+        }
+    });
+    let wait_for = |event: &str| loop {
+        let v = lines.recv_timeout(PATIENCE).unwrap_or_else(|_| panic!("no {event} event"));
+        if v["event"] == event && v["node"] == "controller" {
+            return v;
+        }
+    };
+    let agent = |host: &str, ranks: &str| {
+        Reap(Some(
+            cohort(&[
+                "agent",
+                "--connect",
+                &addr,
+                "--host",
+                host,
+                "--ranks",
+                ranks,
+                "--timeout-scale",
+                "0.1",
+                "--batch-ms",
+                "5",
+            ])
+            .spawn()
+            .expect("agent"),
+        ))
+    };
+
+    let mut a = agent("alpha", "2");
+    wait_for("host_admitted");
+    // Quorum is 3: the operator's start is refused with the reason.
+    let early = run(&["start", &addr]);
+    assert_eq!(early.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&early.stdout).contains("quorum not met: 2/3"), "{early:?}");
+
+    let mut b = agent("beta", "1");
+    wait_for("host_admitted");
+    let status = run(&["status", &addr]);
+    assert!(status.status.success(), "{status:?}");
+    let state: serde_json::Value = serde_json::from_slice(&status.stdout).expect("state.json");
+    assert_eq!((state["joined_ranks"].as_u64(), state["joined_hosts"].as_u64()), (Some(3), Some(2)));
+
+    let armed = run(&["start", &addr]);
+    assert!(armed.status.success(), "{armed:?}");
+    assert!(String::from_utf8_lossy(&armed.stdout).contains(r#""armed":true"#));
+    wait_for("started");
+    let finished = wait_for("finished");
+    assert_eq!(finished["text"], "run finished: done");
+
+    for (name, child) in [("alpha", &mut a), ("beta", &mut b), ("controller", &mut controller)] {
+        let status = child.0.take().unwrap().wait().expect("wait");
+        assert!(status.success(), "{name} exited with {status}");
+    }
+}
+
+#[test]
+fn status_of_nothing_fails_cleanly() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = run(&["status", &format!("127.0.0.1:{port}")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("state.json"), "{out:?}");
+}

@@ -1,0 +1,127 @@
+//! The local demo cluster on real loopback sockets: it forms, trains, loses
+//! a rank mid-epoch, redistributes its work, finishes, and every consensus
+//! matches; `state.json` answers while it runs; the `cohort demo` program
+//! exits 0 with its summary.
+
+use std::process::Command;
+use std::time::Duration;
+
+use cohort_driver_mio::cluster::compose::RunKnobs;
+use cohort_driver_mio::cluster::demo::{self, DemoOptions, Kill};
+use cohort_driver_mio::cluster::{ClusterEvent, Source, http};
+use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::node::controller::{ControllerEvent, Outcome};
+
+/// A short run: 2 hosts x 2 ranks, 2 epochs of 400 samples in 5 ms
+/// batches (about half a second per epoch), rank 2 killed 0.25 s in.
+fn quick() -> DemoOptions {
+    DemoOptions {
+        knobs: RunKnobs { epochs: 2, samples_per_epoch: 400, batch_size: 1, sync_every: 5, model_elems: 64 },
+        batch_ms: 5.0,
+        kill: Some(Kill { rank: 2, after: Duration::from_millis(250) }),
+        deadline: Duration::from_secs(60),
+        ..DemoOptions::default()
+    }
+}
+
+#[test]
+fn demo_forms_trains_survives_a_kill_and_every_consensus_matches() {
+    let mut addr: Option<std::net::SocketAddr> = None;
+    let mut state = None;
+    let mut deaths = Vec::new();
+    let mut extended = Vec::new();
+    let report = demo::run(&quick(), |s| {
+        if let (Source::Controller, ClusterEvent::Controller(e)) = (&s.source, &s.event) {
+            match e {
+                // The operator's view while the world trains.
+                ControllerEvent::Started { .. } => {
+                    let addr = addr.expect("the controller's address comes first").to_string();
+                    state = Some(
+                        http::request(&addr, "GET", "/state.json", Duration::from_secs(5))
+                            .expect("state.json"),
+                    );
+                }
+                ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, .. }) => {
+                    deaths.push((*rank, *cause))
+                }
+                ControllerEvent::Coord(CoordEvent::PartitionExtended { from, segment, .. }) => {
+                    extended.push((*from, segment.size))
+                }
+                _ => {}
+            }
+        }
+        if let ClusterEvent::Listening { addr: a } = &s.event {
+            addr = Some(*a);
+        }
+    })
+    .expect("demo runs");
+    let text = report.lines().join("\n");
+    assert!(report.ok(), "{text}");
+    assert_eq!(report.outcome, Some(Outcome::Done));
+    assert_eq!((report.world_size, report.epochs), (4, 2));
+    assert_eq!(report.check.rounds_checked, report.check.rounds);
+    assert!(report.check.rounds >= 10, "{} rounds", report.check.rounds);
+    // Every live rank received every round it was alive for: at least the
+    // three survivors' copies of each round.
+    assert!(report.check.deliveries_checked >= 3 * report.check.rounds, "{:?}", report.check);
+
+    let (code, body) = state.expect("state.json asked at formation");
+    assert_eq!(code, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).expect("state.json is JSON");
+    assert_eq!(v["joined_ranks"], 4);
+
+    // The kill: declared dead once, promptly, and its remainder handed out.
+    let kill = report.kill.expect("rank 2 was killed");
+    assert_eq!(kill.rank, 2);
+    assert_eq!(deaths.iter().filter(|d| d.0 == 2).count(), 1, "{deaths:?}");
+    // Whichever saw the crash first: a relay's loopback EOF (control leg
+    // directly, data leg through the reduce) or the agent's exit report.
+    assert!(
+        matches!(
+            deaths[0].1,
+            DeathCause::RelayRankExit | DeathCause::DataPlaneLost | DeathCause::ProcessExited { code: 137 }
+        ),
+        "{deaths:?}"
+    );
+    let (delay, _) = kill.detected.expect("death detected");
+    assert!(delay < Duration::from_secs(1), "detected after {delay:?}");
+    assert!(!extended.is_empty() && extended.iter().all(|e| e.0 == 2), "{extended:?}\n{text}");
+    assert_eq!(kill.redistributed.len(), extended.len());
+}
+
+#[test]
+fn cohort_demo_program_exits_zero_with_its_summary() {
+    let out = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args([
+            "demo",
+            "--epochs",
+            "2",
+            "--samples-per-epoch",
+            "400",
+            "--batch-ms",
+            "5",
+            "--kill-rank-at",
+            "0.25",
+            "--json",
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run cohort demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // One JSON object per event, then the summary.
+    let lines: Vec<serde_json::Value> =
+        stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    assert!(lines.iter().any(|l| l["event"] == "rank_dead" && l["node"] == "controller"));
+    assert!(lines.iter().any(|l| l["event"] == "partition_extended"));
+    let summary = lines.last().expect("a summary");
+    assert_eq!(summary["ok"], true, "{summary}");
+    assert_eq!(summary["outcome"], "done");
+    assert_eq!(summary["killed_rank"], 1);
+    assert_eq!(summary["rounds"], summary["rounds_checked"]);
+}
