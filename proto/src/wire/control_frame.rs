@@ -55,7 +55,16 @@ impl MsgKind {
     /// assert_eq!(MsgKind::from_u32(0xDEAD), None);
     /// ```
     pub fn from_u32(v: u32) -> Option<Self> {
-        MsgKind::ALL.into_iter().find(|k| *k as u32 == v)
+        Some(match v {
+            1 => MsgKind::Control,
+            2 => MsgKind::Timing,
+            3 => MsgKind::Metrics,
+            4 => MsgKind::ParamSnapshotMeta,
+            5 => MsgKind::Heartbeat,
+            6 => MsgKind::Rendezvous,
+            7 => MsgKind::Join,
+            _ => return None,
+        })
     }
 
     /// The tag.
@@ -299,6 +308,61 @@ pub fn decode_frame(buf: &mut RecvBuf, key: &MacKey) -> WireResult<Option<Messag
             Ok(Some(msg))
         }
         None => Ok(None),
+    }
+}
+
+/// Decodes every whole control frame in `input`, after whatever `buf`
+/// already holds, handing each to `f`; an unfinished tail stays in `buf`.
+///
+/// Frames that lie wholly inside `input` are parsed where they are: bytes
+/// are copied only for a frame split across arrivals.
+///
+/// ```
+/// use bytes::BytesMut;
+/// use cohort_proto::wire::*;
+/// let key = MacKey::new(&SessionSalt::from_bytes([1; 16]));
+/// let mut out = BytesMut::new();
+/// encode_frame(&key, &ControlMsgWire::SyncNow, &mut out).unwrap();
+/// encode_frame(&key, &ControlMsgWire::Throttle, &mut out).unwrap();
+/// let (mut buf, mut got) = (RecvBuf::new(), Vec::new());
+/// decode_frames(&mut buf, &out[..30], &key, |m| got.push(m)).unwrap();
+/// decode_frames(&mut buf, &out[30..], &key, |m| got.push(m)).unwrap();
+/// assert_eq!(got.len(), 2);
+/// assert!(buf.is_empty());
+/// ```
+pub fn decode_frames(
+    buf: &mut RecvBuf,
+    mut input: &[u8],
+    key: &MacKey,
+    mut f: impl FnMut(Message),
+) -> WireResult<()> {
+    if !buf.is_empty() {
+        // Finish the buffered frame: take just enough of the input for it.
+        let need = match buf.as_slice().get(20..24) {
+            Some(len) => CONTROL_HEADER_LEN + u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize,
+            None => CONTROL_HEADER_LEN,
+        };
+        let take = need.saturating_sub(buf.len()).min(input.len());
+        buf.push(&input[..take]);
+        input = &input[take..];
+        match decode_frame(buf, key)? {
+            Some(m) => f(m),
+            None if input.is_empty() => return Ok(()),
+            // Only the header was buffered: go round again with its length known.
+            None => return decode_frames(buf, input, key, f),
+        }
+    }
+    loop {
+        match parse_frame(input, key)? {
+            Some((m, used)) => {
+                f(m);
+                input = &input[used..];
+            }
+            None => {
+                buf.push(input);
+                return Ok(());
+            }
+        }
     }
 }
 
