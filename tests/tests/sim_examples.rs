@@ -51,3 +51,13 @@ fn the_trace_is_chrome_trace_event_json_with_a_track_per_node() {
     let ts = death["ts"].as_f64().unwrap();
     assert!((10_000_000.0..10_002_000.0).contains(&ts), "{ts}");
 }
+
+#[test]
+fn the_readme_scenario_example_parses_and_validates() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let start = readme.find("```json\n").expect("a json block") + "```json\n".len();
+    let end = start + readme[start..].find("```").unwrap();
+    let sc: Scenario = serde_json::from_str(&readme[start..end]).expect("the README example parses");
+    sc.validate().unwrap();
+    assert_eq!(sc.faults.len(), 8, "every fault kind is shown");
+}
