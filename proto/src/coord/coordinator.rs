@@ -31,6 +31,10 @@ struct Relay {
     state: RelayState,
 }
 
+/// Frames up to this size are copied behind their record header (one write);
+/// larger ones are shared by every recipient.
+const SMALL_RECORD: usize = 256;
+
 /// The coordinator machine: the controller side of the control channel.
 ///
 /// Each host's relay dials the controller's port with the control-channel
@@ -261,7 +265,15 @@ impl Coordinator {
 
     fn transmit_data(&mut self, conn: ConnId, rank: u32, frame: Bytes) {
         let rec = MuxRecord::Data { rank, payload: Payload::from(frame.clone()) };
-        if let Ok(header) = rec.header(&self.key) {
+        let Ok(header) = rec.header(&self.key) else { return };
+        if frame.len() <= SMALL_RECORD {
+            // A beacon or a command: header and frame in one small write.
+            let mut one = BytesMut::with_capacity(header.len() + frame.len());
+            one.extend_from_slice(&header);
+            one.extend_from_slice(&frame);
+            self.out.transmit(conn, one.freeze());
+        } else {
+            // A large frame (aggregated metrics) stays shared by every rank's record.
             self.out.transmit(conn, Bytes::copy_from_slice(&header));
             self.out.transmit(conn, frame);
         }

@@ -262,16 +262,18 @@ impl ControllerNode {
         self.out.event(ControllerEvent::Refused { conn, channel });
     }
 
-    fn pass<E>(&mut self, o: &Output<E>) {
+    /// Carries a part's I/O output out (moved, never copied); returns its event.
+    fn pass<E>(&mut self, o: Output<E>) -> Option<E> {
         match o {
-            Output::Transmit { conn, bytes } => self.out.transmit(*conn, bytes.clone()),
-            Output::Dial { dial, addr } => self.out.dial(*dial, addr.clone()),
+            Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
+            Output::Dial { dial, addr } => self.out.dial(dial, addr),
             Output::Close { conn } => {
-                self.owners.remove(conn);
-                self.out.close(*conn);
+                self.owners.remove(&conn);
+                self.out.close(conn);
             }
-            Output::Event(_) => {}
+            Output::Event(e) => return Some(e),
         }
+        None
     }
 
     /// Drains every part, acting on the events that concern the others,
@@ -286,42 +288,37 @@ impl ControllerNode {
             let mut moved = false;
             while let Some(o) = self.router.poll(now) {
                 moved = true;
-                self.pass(&o);
-                match o {
-                    Output::Event(RouteEvent::Routed { conn, peer, channel, first }) => {
+                match self.pass(o) {
+                    Some(RouteEvent::Routed { conn, peer, channel, first }) => {
                         self.routed(now, conn, peer, channel, &first)
                     }
-                    Output::Event(e) => self.out.event(ControllerEvent::Route(e)),
-                    _ => {}
+                    Some(e) => self.out.event(ControllerEvent::Route(e)),
+                    None => {}
                 }
             }
             while let Some(o) = self.window.poll(now) {
                 moved = true;
-                self.pass(&o);
-                if let Output::Event(e) = o {
+                if let Some(e) = self.pass(o) {
                     self.join_event(now, &e);
                     self.out.event(ControllerEvent::Join(e));
                 }
             }
             while let Some(o) = self.status.poll() {
                 moved = true;
-                self.pass(&o);
-                if let Output::Event(e) = o {
+                if let Some(e) = self.pass(o) {
                     self.out.event(ControllerEvent::Status(e));
                 }
             }
             while let Some(o) = self.coord.as_mut().and_then(|c| c.poll(now)) {
                 moved = true;
-                self.pass(&o);
-                if let Output::Event(e) = o {
+                if let Some(e) = self.pass(o) {
                     self.coord_event(now, &e);
                     self.out.event(ControllerEvent::Coord(e));
                 }
             }
             while let Some(o) = self.reduce.as_mut().and_then(|r| r.poll(now)) {
                 moved = true;
-                self.pass(&o);
-                if let Output::Event(e) = o {
+                if let Some(e) = self.pass(o) {
                     if let ReduceEvent::RankDead { rank, .. } = &e
                         && let Some(c) = self.coord.as_mut()
                     {
@@ -333,8 +330,7 @@ impl ControllerNode {
             }
             while let Some(o) = self.rendezvous.as_mut().and_then(|r| r.poll(now)) {
                 moved = true;
-                self.pass(&o);
-                if let Output::Event(e) = o {
+                if let Some(e) = self.pass(o) {
                     self.out.event(ControllerEvent::Rendezvous(e));
                 }
             }

@@ -839,10 +839,21 @@ impl Relay {
             },
             None => self.locals.values().filter(|l| !l.dead).filter_map(|l| l.conn).collect(),
         };
-        for conn in &targets {
-            self.out.transmit(*conn, prefix.clone());
+        if let ([conn], Some(_)) = (targets.as_slice(), to) {
+            // One rank's control blob: one small write, prefix and blob together.
+            let mut one = BytesMut::with_capacity(prefix.len() + payload.len());
+            one.extend_from_slice(&prefix);
             for seg in payload.segments() {
-                self.out.transmit(*conn, seg.clone());
+                one.extend_from_slice(seg);
+            }
+            self.out.transmit(*conn, one.freeze());
+        } else {
+            // The consensus: the same shared segments to every rank, never copied.
+            for conn in &targets {
+                self.out.transmit(*conn, prefix.clone());
+                for seg in payload.segments() {
+                    self.out.transmit(*conn, seg.clone());
+                }
             }
         }
         if to.is_none() {
