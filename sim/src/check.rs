@@ -87,14 +87,18 @@ pub struct Checker {
     hosts_faulted: BTreeMap<String, Time>,
     controller_lost: Option<Time>,
     dead: BTreeSet<u32>,
-    /// Per dead rank: the epoch it died in and the samples the coordinator knew it processed.
-    known_at_death: BTreeMap<u32, (u64, u64)>,
+    /// Each rank's assignment per epoch, in walk order: its plan, then the
+    /// slices it was given, as the coordinator issued them.
+    assigned: BTreeMap<(u64, u32), Vec<(u64, u64)>>,
+    /// Per dead rank: the epoch it died in and the samples the coordinator
+    /// knew it had processed (the first `processed` of its walk order).
+    known_at_death: BTreeMap<u32, (u64, Vec<(u64, u64)>)>,
     crashed: BTreeSet<u32>,
     partitioned: BTreeSet<String>,
     rank_host: BTreeMap<u32, String>,
-    // NCCL
-    nccl_survivors: Option<Vec<u32>>,
-    nccl_seen: BTreeMap<u32, (u64, u64)>,
+    // NCCL: per rank, the (new_rank, new_world_size) of every session issued
+    // with it among the survivors, in order (a rank cut off may receive them late).
+    nccl_expected: BTreeMap<u32, VecDeque<(u64, u64, Vec<u32>)>>,
 }
 
 impl Checker {
@@ -120,12 +124,12 @@ impl Checker {
             hosts_faulted: BTreeMap::new(),
             controller_lost: None,
             dead: BTreeSet::new(),
+            assigned: BTreeMap::new(),
             known_at_death: BTreeMap::new(),
             crashed: BTreeSet::new(),
             partitioned: BTreeSet::new(),
             rank_host: BTreeMap::new(),
-            nccl_survivors: None,
-            nccl_seen: BTreeMap::new(),
+            nccl_expected: BTreeMap::new(),
         }
     }
 
@@ -206,12 +210,39 @@ impl Checker {
             }
             ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, epoch, processed, .. }) => {
                 if let Some(e) = epoch {
-                    self.known_at_death.insert(*rank, (*e, *processed));
+                    let mut left = *processed;
+                    let mut known = Vec::new();
+                    for &(off, len) in self.assigned.get(&(*e, *rank)).map(Vec::as_slice).unwrap_or(&[]) {
+                        let n = len.min(left);
+                        if n > 0 {
+                            known.push((off, n));
+                        }
+                        left -= n;
+                    }
+                    self.known_at_death.insert(*rank, (*e, known));
                 }
                 self.death(t, *rank, cause);
             }
+            ControllerEvent::Coord(CoordEvent::PlanIssued { epoch, plans, .. }) => {
+                for (r, p) in plans.iter().enumerate() {
+                    let seg = if p.partition_size > 0 {
+                        vec![(p.partition_offset, p.partition_size)]
+                    } else {
+                        vec![]
+                    };
+                    self.assigned.insert((*epoch, r as u32), seg);
+                }
+            }
+            ControllerEvent::Coord(CoordEvent::PartitionExtended { epoch, rank, segment, .. }) => {
+                if segment.size > 0 {
+                    self.assigned.entry((*epoch, *rank)).or_default().push((segment.offset, segment.size));
+                }
+            }
             ControllerEvent::Coord(CoordEvent::NcclSessionIssued { survivors, .. }) => {
-                self.nccl_survivors = Some(survivors.clone());
+                for (position, r) in survivors.iter().enumerate() {
+                    let want = (position as u64, survivors.len() as u64, survivors.clone());
+                    self.nccl_expected.entry(*r).or_default().push_back(want);
+                }
             }
             ControllerEvent::Started { world_size } => {
                 let joined: u32 = self.admissions.iter().map(|a| a.3 - a.2).sum();
@@ -228,7 +259,12 @@ impl Checker {
 
     fn join(&mut self, t: Time, j: &JoinEvent) {
         match j {
-            JoinEvent::Admitted { conn, ranks, .. } => {
+            JoinEvent::Admitted { conn, ranks, host, .. } => {
+                // The controller's word on which host holds which ranks (its
+                // agent may never hear the accept, e.g. behind a partition).
+                for r in ranks.clone() {
+                    self.rank_host.insert(r, host.clone());
+                }
                 let next = self.admissions.last().map_or(0, |a| a.3);
                 if ranks.start != next {
                     self.violation(t, &format!("ranks not contiguous: admitted {ranks:?} after rank {next}"));
@@ -301,19 +337,20 @@ impl Checker {
                 new_rank,
                 new_world_size,
                 ..
-            }) => {
-                let Some(survivors) = &self.nccl_survivors else {
-                    return self.violation(t, &format!("rank {r} got an NCCL session nobody issued"));
-                };
-                let want = survivors.iter().position(|x| *x == r).map(|p| (p as u64, survivors.len() as u64));
-                if want != Some((*new_rank, *new_world_size)) {
+            }) => match self.nccl_expected.get_mut(&r).and_then(VecDeque::pop_front) {
+                None => self.violation(t, &format!("rank {r} got an NCCL session nobody issued to it")),
+                Some((want_rank, want_world, survivors))
+                    if (want_rank, want_world) != (*new_rank, *new_world_size) =>
+                {
                     self.violation(
                         t,
-                        &format!("rank {r}: NCCL session rank {new_rank} of {new_world_size}, survivors {survivors:?}"),
+                        &format!(
+                            "rank {r}: NCCL session rank {new_rank} of {new_world_size}, survivors {survivors:?}"
+                        ),
                     );
                 }
-                self.nccl_seen.insert(r, (*new_rank, *new_world_size));
-            }
+                Some(_) => {}
+            },
             RankEvent::Submitted { mass, values, .. } => {
                 self.submissions.entry(r).or_default().push((*mass, values.clone()));
             }
@@ -466,68 +503,101 @@ impl Checker {
         }
         let samples = self.sc.samples_per_epoch;
         let dead: BTreeSet<u32> = deaths.iter().map(|d| d.rank).collect();
-        // A dead rank's samples may be processed again only as far as it
-        // processed them without the coordinator knowing (its unreported
-        // work); a crashed rank's unreported work is at most the reports in
-        // flight when it died: two batches.
-        let unreported = |r: u32, epoch: u64| -> u64 {
-            let done: u64 =
-                processed.get(&r).map_or(0, |p| p.iter().filter(|x| x.0 == epoch).map(|x| x.2).sum());
+        // A sample may be processed twice only by a rank that died after
+        // processing it and before reporting it: of every sample's
+        // processors, at most one processed it as known work (a live rank, or
+        // a dead one within what the coordinator knew it had processed).
+        let known = |r: u32, epoch: u64, x: u64| -> bool {
             match self.known_at_death.get(&r) {
-                Some((e, known)) if *e == epoch => done.saturating_sub(*known),
-                Some((e, _)) if *e < epoch => 0,
-                _ => done,
+                Some((e, segs)) if *e == epoch => segs.iter().any(|(o, n)| (*o..o + n).contains(&x)),
+                Some((e, _)) => *e > epoch,
+                None => true,
             }
         };
         for epoch in 0..epochs_completed {
-            let mut runs: Vec<(u64, u64, u32)> = processed
+            // Sweep the epoch's samples: between consecutive boundaries (of
+            // runs, and of dead ranks' known work) the picture is constant.
+            let mut edges: Vec<(u64, i8, u32)> = processed
                 .iter()
-                .flat_map(|(r, p)| p.iter().filter(|x| x.0 == epoch).map(move |x| (x.1, x.1 + x.2, *r)))
+                .flat_map(|(r, p)| {
+                    p.iter()
+                        .filter(|x| x.0 == epoch && x.2 > 0)
+                        .flat_map(move |x| [(x.1, 1, *r), (x.1 + x.2, -1, *r)])
+                })
                 .collect();
-            runs.sort_unstable();
-            let mut covered = 0u64;
-            let mut dup_by: BTreeMap<u32, u64> = BTreeMap::new();
-            let mut open: Vec<(u64, u32)> = Vec::new();
-            for (start, end, r) in runs {
-                if start > covered {
-                    self.violation(
-                        at,
-                        &format!("epoch {epoch}: samples {covered}..{start} were never processed"),
-                    );
-                    return;
+            for (r, (e, segs)) in &self.known_at_death {
+                if *e == epoch {
+                    edges.extend(segs.iter().flat_map(|(o, n)| [(*o, 0, *r), (o + n, 0, *r)]));
                 }
-                open.retain(|(e, _)| *e > start);
-                for (e, other) in &open {
-                    let overlap = (*e).min(end) - start;
-                    if !dead.contains(&r) && !dead.contains(other) {
-                        self.violation(at, &format!("epoch {epoch}: ranks {r} and {other} both processed samples from {start} and neither died"));
+            }
+            edges.sort_unstable_by_key(|(pos, delta, r)| (*pos, *delta, *r));
+            let mut active: BTreeMap<u32, u32> = BTreeMap::new();
+            let mut covered_to = 0u64;
+            let mut last = 0u64;
+            // Per dead rank, how many of its unreported samples others processed too.
+            let mut dup_by: BTreeMap<u32, u64> = BTreeMap::new();
+            for (pos, delta, r) in edges {
+                if pos > last && !active.is_empty() {
+                    if last > covered_to {
+                        self.violation(
+                            at,
+                            &format!("epoch {epoch}: samples {covered_to}..{last} were never processed"),
+                        );
                         return;
                     }
-                    let who = if dead.contains(other) { *other } else { r };
-                    *dup_by.entry(who).or_default() += overlap;
+                    if active.len() >= 2 {
+                        let reporting: Vec<u32> = active
+                            .keys()
+                            .copied()
+                            .filter(|x| !dead.contains(x) || known(*x, epoch, last))
+                            .collect();
+                        if reporting.len() >= 2 {
+                            self.violation(
+                                at,
+                                &format!(
+                                    "epoch {epoch}: samples {last}..{pos} processed by ranks {:?}, as known work by {reporting:?}",
+                                    active.keys().collect::<Vec<_>>()
+                                ),
+                            );
+                            return;
+                        }
+                        for d in active.keys().filter(|x| !reporting.contains(x)) {
+                            *dup_by.entry(*d).or_default() += pos - last;
+                        }
+                    }
+                    covered_to = pos;
                 }
-                open.push((end, r));
-                covered = covered.max(end);
+                last = pos;
+                match delta {
+                    1 => *active.entry(r).or_default() += 1,
+                    -1 => {
+                        if let Some(n) = active.get_mut(&r) {
+                            *n -= 1;
+                            if *n == 0 {
+                                active.remove(&r);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
             }
-            if covered < samples {
+            if covered_to < samples {
                 self.violation(
                     at,
-                    &format!("epoch {epoch}: samples {covered}..{samples} were never processed"),
+                    &format!("epoch {epoch}: samples {covered_to}..{samples} were never processed"),
                 );
                 return;
             }
+            // A crashed rank (not cut off first) lost only the reports in
+            // flight when it died: at most two batches' worth.
             for (r, n) in dup_by {
                 let cut_off = self.rank_host.get(&r).is_some_and(|h| self.partitioned.contains(h));
-                let bound = if self.crashed.contains(&r) && !cut_off {
-                    unreported(r, epoch).min(2 * self.sc.batch_size)
-                } else {
-                    unreported(r, epoch)
-                };
-                if n > bound {
+                let bound = 2 * self.sc.batch_size;
+                if self.crashed.contains(&r) && !cut_off && n > bound {
                     self.violation(
                         at,
                         &format!(
-                            "epoch {epoch}: {n} samples of dead rank {r} processed twice (its unreported work: {bound})"
+                            "epoch {epoch}: {n} samples of crashed rank {r} processed twice (bound {bound})"
                         ),
                     );
                     return;
