@@ -233,10 +233,10 @@ impl Checker {
                     self.assigned.insert((*epoch, r as u32), seg);
                 }
             }
-            ControllerEvent::Coord(CoordEvent::PartitionExtended { epoch, rank, segment, .. }) => {
-                if segment.size > 0 {
-                    self.assigned.entry((*epoch, *rank)).or_default().push((segment.offset, segment.size));
-                }
+            ControllerEvent::Coord(CoordEvent::PartitionExtended { epoch, rank, segment, .. })
+                if segment.size > 0 =>
+            {
+                self.assigned.entry((*epoch, *rank)).or_default().push((segment.offset, segment.size));
             }
             ControllerEvent::Coord(CoordEvent::NcclSessionIssued { survivors, .. }) => {
                 for (position, r) in survivors.iter().enumerate() {
