@@ -61,10 +61,10 @@ use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
 
-use crate::clock::Clock;
-use crate::config::Config;
-use crate::queue::OutQueue;
-use crate::timers::Timers;
+use cohort_driver_core::Clock;
+use cohort_driver_core::Config;
+use cohort_driver_core::queue::OutQueue;
+use cohort_driver_core::timers::Timers;
 
 /// Pause before accepting again after the listener failed (e.g. out of file
 /// descriptors): the pending connection stays in the backlog meanwhile.

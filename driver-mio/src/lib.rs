@@ -13,17 +13,12 @@
 //! - [`wire_tool`]: the `cohort wire` inspector.
 #![forbid(unsafe_code)]
 
-pub mod clock;
 pub mod cluster;
-pub mod config;
 pub mod driver;
-mod queue;
 pub mod runner;
 pub mod testing;
-mod timers;
 pub mod wire_tool;
 
-pub use clock::Clock;
-pub use config::Config;
+pub use cohort_driver_core::{Clock, Config, clock, config};
 pub use driver::{Driver, NodeEvent, TokenRange};
 pub use runner::{Remote, Runner, Stopped};

@@ -28,9 +28,9 @@ use std::time::Duration;
 use cohort_proto::{Machine, Time};
 use mio::{Events, Poll, Token, Waker};
 
-use crate::clock::Clock;
-use crate::config::Config;
 use crate::driver::{Driver, NodeEvent, TokenRange};
+use cohort_driver_core::Clock;
+use cohort_driver_core::Config;
 
 /// The runner's own token for its waker (the driver gets everything below).
 const WAKER: Token = Token(usize::MAX);

@@ -13,13 +13,8 @@
 //! byte for byte (they only carry the machines' bytes).
 #![forbid(unsafe_code)]
 
-pub mod clock;
-pub mod config;
 pub mod node;
-mod queue;
 mod ready;
-mod timers;
 
-pub use clock::Clock;
-pub use config::Config;
+pub use cohort_driver_core::{Clock, Config, clock, config};
 pub use node::{Events, Node, NodeEvent, NodeHandle, NodeTask, Stopped};

@@ -29,11 +29,11 @@ use smol::channel::{self, Receiver, Sender};
 use smol::stream::Stream;
 use smol::{Async, Timer};
 
-use crate::clock::Clock;
-use crate::config::Config;
-use crate::queue::OutQueue;
 use crate::ready::{KeyWaker, ReadySet};
-use crate::timers::Timers;
+use cohort_driver_core::Clock;
+use cohort_driver_core::Config;
+use cohort_driver_core::queue::OutQueue;
+use cohort_driver_core::timers::Timers;
 
 /// Pause before accepting again after the listener failed.
 const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);

@@ -19,7 +19,7 @@ pub const CLOSE_LINGER: Duration = Duration::from_secs(2);
 /// network timeout scale; tests set the durations directly.
 ///
 /// ```
-/// use cohort_driver_mio::Config;
+/// use cohort_driver_core::Config;
 /// use cohort_proto::config::TimeoutScale;
 /// use std::time::Duration;
 ///

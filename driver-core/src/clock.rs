@@ -11,7 +11,7 @@ use cohort_proto::Time;
 /// A monotonic clock whose origin is an [`Instant`].
 ///
 /// ```
-/// use cohort_driver_smol::Clock;
+/// use cohort_driver_core::Clock;
 /// use cohort_proto::Time;
 /// use std::time::Duration;
 ///

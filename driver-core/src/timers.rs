@@ -50,9 +50,13 @@ impl<K: Ord + Copy> Timers<K> {
     }
 
     /// Entries held (live and stale).
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.heap.len()
+    }
+
+    /// Whether no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
     }
 }
 
