@@ -12,3 +12,36 @@ pub mod timers;
 
 pub use clock::Clock;
 pub use config::Config;
+
+use cohort_proto::DialId;
+use std::io;
+
+/// What a node reports, in order: its machine's events and the driver's
+/// own progress notices.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeEvent<E> {
+    /// An event of the machine.
+    Machine(E),
+    /// A connect attempt of a dial failed and another will follow after the
+    /// backoff (the last failure is the machine's `DialFailed` instead).
+    DialRetry {
+        /// The machine's name for the dial.
+        dial: DialId,
+        /// The attempt that failed (1-based).
+        attempt: u32,
+        /// Attempts in the budget.
+        attempts: u32,
+        /// Why it failed.
+        error: io::ErrorKind,
+    },
+}
+
+impl<E> NodeEvent<E> {
+    /// The machine's event, if this is one.
+    pub fn machine(self) -> Option<E> {
+        match self {
+            NodeEvent::Machine(e) => Some(e),
+            NodeEvent::DialRetry { .. } => None,
+        }
+    }
+}

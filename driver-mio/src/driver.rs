@@ -62,9 +62,9 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
 
 use cohort_driver_core::Clock;
-use cohort_driver_core::Config;
 use cohort_driver_core::queue::OutQueue;
 use cohort_driver_core::timers::Timers;
+use cohort_driver_core::{Config, NodeEvent};
 
 /// Pause before accepting again after the listener failed (e.g. out of file
 /// descriptors): the pending connection stays in the backlog meanwhile.
@@ -114,36 +114,6 @@ impl TokenRange {
 
     fn slots(&self) -> usize {
         self.len - 1
-    }
-}
-
-/// What a node reports, in order: its machine's events and the driver's
-/// own progress notices.
-#[derive(Debug, Clone, PartialEq)]
-pub enum NodeEvent<E> {
-    /// An event of the machine.
-    Machine(E),
-    /// A connect attempt of a dial failed and another will follow after the
-    /// backoff (the last failure is the machine's `DialFailed` instead).
-    DialRetry {
-        /// The machine's name for the dial.
-        dial: DialId,
-        /// The attempt that failed (1-based).
-        attempt: u32,
-        /// Attempts in the budget.
-        attempts: u32,
-        /// Why it failed.
-        error: io::ErrorKind,
-    },
-}
-
-impl<E> NodeEvent<E> {
-    /// The machine's event, if this is one.
-    pub fn machine(self) -> Option<E> {
-        match self {
-            NodeEvent::Machine(e) => Some(e),
-            NodeEvent::DialRetry { .. } => None,
-        }
     }
 }
 

@@ -19,6 +19,7 @@ pub mod runner;
 pub mod testing;
 pub mod wire_tool;
 
+pub use cohort_driver_core::NodeEvent;
 pub use cohort_driver_core::{Clock, Config, clock, config};
-pub use driver::{Driver, NodeEvent, TokenRange};
+pub use driver::{Driver, TokenRange};
 pub use runner::{Remote, Runner, Stopped};

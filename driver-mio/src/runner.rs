@@ -28,9 +28,10 @@ use std::time::Duration;
 use cohort_proto::{Machine, Time};
 use mio::{Events, Poll, Token, Waker};
 
-use crate::driver::{Driver, NodeEvent, TokenRange};
+use crate::driver::{Driver, TokenRange};
 use cohort_driver_core::Clock;
 use cohort_driver_core::Config;
+use cohort_driver_core::NodeEvent;
 
 /// The runner's own token for its waker (the driver gets everything below).
 const WAKER: Token = Token(usize::MAX);

@@ -16,5 +16,6 @@
 pub mod node;
 mod ready;
 
+pub use cohort_driver_core::NodeEvent;
 pub use cohort_driver_core::{Clock, Config, clock, config};
-pub use node::{Events, Node, NodeEvent, NodeHandle, NodeTask, Stopped};
+pub use node::{Events, Node, NodeHandle, NodeTask, Stopped};
