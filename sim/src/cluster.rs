@@ -16,7 +16,7 @@ use cohort_proto::node::rank::{RankConfig, RankEvent, RankNode};
 use cohort_proto::node::trainer::WorkloadConfig;
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::{Leg, Relay, RelayConfig, RelayEvent};
-use cohort_proto::wire::{DEFAULT_FRAME_CEILING, MacKey, SessionSalt};
+use cohort_proto::wire::{MacKey, SessionSalt};
 use core::time::Duration;
 
 use crate::check::Checker;
@@ -167,20 +167,7 @@ impl Cluster {
             MaxFailure::Absolute(n) => FailureBudget::Absolute(n),
             MaxFailure::Percent(p) => FailureBudget::Percent(p),
         });
-        let cfg = ControllerConfig {
-            join,
-            salt,
-            trust,
-            scale,
-            run,
-            envelope: Envelope {
-                world_size: 0,
-                batch_size: sc.batch_size,
-                model_elems: sc.model_elems,
-                gamma: 1.0,
-            },
-            ceiling: DEFAULT_FRAME_CEILING,
-        };
+        let cfg = ControllerConfig::new(join, salt, trust, scale, run, sc.model_elems);
         let ctrl = ControllerNode::new(cfg, Time::ZERO).map_err(|e| e.to_string())?;
         let controller = world.add_node(ctrl_host, "controller", Box::new(ctrl), &[CONTROLLER_ADDR]);
         let mut roles = BTreeMap::from([(controller, Role::Controller)]);

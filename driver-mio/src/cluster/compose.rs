@@ -26,7 +26,7 @@ use cohort_proto::node::envelope::Envelope;
 use cohort_proto::node::rank::{RankConfig, RankNode};
 use cohort_proto::node::trainer::WorkloadConfig;
 use cohort_proto::relay::{Leg, Relay, RelayConfig};
-use cohort_proto::wire::{DEFAULT_FRAME_CEILING, MacKey, SessionSalt};
+use cohort_proto::wire::{MacKey, SessionSalt};
 
 /// The run's knobs: what the coordinator schedules and what every rank's
 /// synthetic workload trains.
@@ -77,20 +77,7 @@ pub fn controller_config(
     if knobs.samples_per_epoch == 0 || knobs.epochs == 0 {
         return Err("epochs and samples per epoch must be at least 1".into());
     }
-    Ok(ControllerConfig {
-        join,
-        salt,
-        trust,
-        scale,
-        run,
-        envelope: Envelope {
-            world_size: 0,
-            batch_size: knobs.batch_size,
-            model_elems: knobs.model_elems,
-            gamma: 1.0,
-        },
-        ceiling: DEFAULT_FRAME_CEILING,
-    })
+    Ok(ControllerConfig::new(join, salt, trust, scale, run, knobs.model_elems))
 }
 
 /// A host's agent: joins `controller` offering `ranks` devices.

@@ -39,6 +39,31 @@ pub struct ControllerConfig {
     pub ceiling: u64,
 }
 
+impl ControllerConfig {
+    /// A controller for `run` (its world size is filled in at formation)
+    /// whose ranks train a `model_elems`-element model in the run's batches,
+    /// with the default frame ceiling.
+    pub fn new(
+        join: JoinConfig,
+        salt: SessionSalt,
+        trust: TrustMode,
+        scale: TimeoutScale,
+        run: CoordConfig,
+        model_elems: u32,
+    ) -> Self {
+        let envelope = Envelope { world_size: 0, batch_size: run.batch_size, model_elems, gamma: 1.0 };
+        ControllerConfig {
+            join,
+            salt,
+            trust,
+            scale,
+            run,
+            envelope,
+            ceiling: crate::wire::DEFAULT_FRAME_CEILING,
+        }
+    }
+}
+
 /// How the run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
