@@ -73,7 +73,7 @@ impl Config {
             max_queued_bytes: usize::try_from(2 * DEFAULT_FRAME_CEILING)
                 .unwrap_or(usize::MAX)
                 .saturating_add(MAX_CONTROL_PAYLOAD),
-            read_chunk: 256 * 1024,
+            read_chunk: 1024 * 1024,
             read_budget: 4 * 1024 * 1024,
             close_linger: CLOSE_LINGER,
             max_sockets: 65_536,
