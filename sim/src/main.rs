@@ -281,18 +281,21 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool) -> i32 {
     let t = tally.lock().unwrap_or_else(|p| p.into_inner());
     let wall_s = wall.elapsed().as_secs_f64();
     if !json {
+        // The label column fits the longest failure reason (indented two more).
+        let w = t.reasons.keys().map(|r| r.len() + 2).max().unwrap_or(0).max(28);
+        let row = |label: &str, value: String| println!("  {label:<w$} {value:>8}");
         println!("cohort-sim explore: seeds {from}..{} on {jobs} threads", from + seeds);
-        println!("  {:<28} {:>12}", "runs", seeds);
-        println!("  {:<28} {:>12}", "outcome done", t.done);
-        println!("  {:<28} {:>12}", "outcome failed (named)", t.failed);
+        row("runs", seeds.to_string());
+        row("outcome done", t.done.to_string());
+        row("outcome failed (named)", t.failed.to_string());
         for (reason, n) in &t.reasons {
-            println!("    {:<26} {:>12}", reason, n);
+            row(&format!("  {reason}"), n.to_string());
         }
-        println!("  {:<28} {:>12}", "ranks declared dead", t.deaths);
-        println!("  {:<28} {:>12.0}", "virtual seconds simulated", t.virtual_s);
-        println!("  {:<28} {:>12}", "world events", t.steps);
-        println!("  {:<28} {:>12.1}", "wall seconds", wall_s);
-        println!("  {:<28} {:>12}", "violations", t.failures.len());
+        row("ranks declared dead", t.deaths.to_string());
+        row("virtual seconds simulated", format!("{:.0}", t.virtual_s));
+        row("world events", t.steps.to_string());
+        row("wall seconds", format!("{wall_s:.1}"));
+        row("violations", t.failures.len().to_string());
     }
     for (seed, v) in &t.failures {
         eprintln!("seed {seed}: {v}\n  replay: cohort-sim run --random --seed {seed}");
