@@ -30,6 +30,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::io;
+use std::net::SocketAddr;
 
 use bytes::Bytes;
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
@@ -487,10 +488,12 @@ impl<M: Machine, I: Io> Engine<M, I> {
 
     // ---- connections ----
 
-    /// Installs a connection the driver accepted into `slot` (from
-    /// [`Engine::alloc`]) and tells the machine (unless shutting down).
-    pub fn accepted(&mut self, slot: usize, sock: I::Stream, peer: Peer, now: Time) -> ConnId {
+    /// Installs a connection the driver accepted from `addr` into `slot`
+    /// (from [`Engine::alloc`]) and tells the machine (unless shutting down).
+    pub fn accepted(&mut self, slot: usize, sock: I::Stream, addr: SocketAddr, now: Time) -> ConnId {
         let conn = self.open(slot, sock, now);
+        tracing::trace!(%conn, %addr, "accepted");
+        let peer = Peer { loopback: addr.ip().to_canonical().is_loopback() };
         if !self.shutting_down {
             self.machine.handle(now, Input::Accepted { conn, peer });
             self.settle(now);

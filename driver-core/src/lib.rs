@@ -5,7 +5,7 @@
 //! [`engine::Io`] trait; the [`Clock`] mapping real instants onto proto's
 //! `Time`; the driver [`Config`] (dial budget, write stall, queue bounds);
 //! the bounded outbound [`queue::OutQueue`] with its unsent-byte accounting;
-//! the [`timers::Timers`] heap; and what a node reports ([`NodeEvent`]) or
+//! the [`timers::Timers`] heap; the [`listener::Listener`]'s accept retry; and what a node reports ([`NodeEvent`]) or
 //! answers once stopped ([`Stopped`]). The mio and smol drivers are built
 //! on it: each keeps only its listener and readiness plumbing.
 #![forbid(unsafe_code)]
@@ -13,6 +13,7 @@
 pub mod clock;
 pub mod config;
 pub mod engine;
+pub mod listener;
 pub mod queue;
 pub mod timers;
 

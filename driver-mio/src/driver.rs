@@ -52,18 +52,15 @@ use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 
-use cohort_proto::{Machine, Peer, Time};
+use cohort_proto::{Machine, Time};
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
 
 use cohort_driver_core::engine::{Connect, Drained, Engine, Io, Occupant};
+use cohort_driver_core::listener::Listener;
 use cohort_driver_core::queue::{Flushed, OutQueue};
 use cohort_driver_core::{Clock, Config, NodeEvent};
-
-/// Pause before accepting again after the listener failed (e.g. out of file
-/// descriptors): the pending connection stays in the backlog meanwhile.
-const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The mio tokens a driver may use: `start` for its listener, the rest for
 /// its connections (so at most `len - 1` sockets at once).
@@ -216,12 +213,6 @@ impl Io for MioIo {
     }
 }
 
-#[derive(Debug)]
-struct Listener {
-    sock: TcpListener,
-    retry_at: Option<Time>,
-}
-
 /// Runs one [`Machine`] on mio sockets registered with a caller's `Poll`.
 ///
 /// See the [module documentation](self) for the loop and the semantics.
@@ -229,7 +220,7 @@ struct Listener {
 pub struct Driver<M: Machine> {
     engine: Engine<M, MioIo>,
     clock: Clock,
-    listener: Option<Listener>,
+    listener: Option<Listener<TcpListener>>,
     /// The machine may hold outputs nobody drained yet (it was just built).
     unsettled: bool,
 }
@@ -270,7 +261,7 @@ impl<M: Machine> Driver<M> {
         self.stop_listening();
         let io = self.engine.io();
         io.registry.register(&mut sock, io.tokens.listener(), Interest::READABLE)?;
-        self.listener = Some(Listener { sock, retry_at: None });
+        self.listener = Some(Listener::new(sock));
         Ok(addr)
     }
 
@@ -340,7 +331,7 @@ impl<M: Machine> Driver<M> {
         if self.unsettled || !self.engine.io().ready.is_empty() {
             return Some(Time::ZERO);
         }
-        let listener = self.listener.as_ref().and_then(|l| l.retry_at);
+        let listener = self.listener.as_ref().and_then(Listener::retry_at);
         [self.engine.next_deadline(), listener].into_iter().flatten().min()
     }
 
@@ -389,7 +380,7 @@ impl<M: Machine> Driver<M> {
             let Some(slot) = self.engine.io_mut().next_ready() else { break };
             self.engine.read(slot, now, true);
         }
-        if self.listener.as_ref().and_then(|l| l.retry_at).is_some_and(|t| t <= now) {
+        if self.listener.as_ref().is_some_and(|l| l.retry_due(now)) {
             self.accept(now);
         }
         self.engine.fire_timers(now);
@@ -415,11 +406,10 @@ impl<M: Machine> Driver<M> {
     }
 
     fn accept(&mut self, now: Time) {
-        if let Some(l) = &mut self.listener {
-            l.retry_at = None;
-        }
+        let Some(l) = &mut self.listener else { return };
+        l.accepting();
         loop {
-            let Some(l) = &self.listener else { return };
+            let Some(l) = &mut self.listener else { return };
             match l.sock.accept() {
                 Ok((mut sock, addr)) => {
                     let Some(slot) = self.engine.alloc() else {
@@ -435,24 +425,13 @@ impl<M: Machine> Driver<M> {
                         self.engine.release(slot);
                         continue;
                     }
-                    let peer = Peer { loopback: addr.ip().to_canonical().is_loopback() };
-                    let conn = self.engine.accepted(slot, sock, peer, now);
-                    tracing::trace!(%conn, %addr, "accepted");
+                    self.engine.accepted(slot, sock, addr, now);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::Interrupted
-                            | io::ErrorKind::ConnectionAborted
-                            | io::ErrorKind::ConnectionReset
-                    ) => {}
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed; retrying shortly");
-                    if let Some(l) = &mut self.listener {
-                        l.retry_at = Some(now + ACCEPT_RETRY);
+                    if !l.failed(&e, now) {
+                        return;
                     }
-                    return;
                 }
             }
         }

@@ -22,7 +22,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use cohort_proto::{Machine, Peer, Time};
+use cohort_proto::{Machine, Time};
 use smol::channel::{self, Receiver, Sender};
 use smol::stream::Stream;
 use smol::{Async, Timer};
@@ -30,11 +30,9 @@ use smol::{Async, Timer};
 use crate::ready::{KeyWaker, ReadySet};
 pub use cohort_driver_core::Stopped;
 use cohort_driver_core::engine::{Connect, Drained, Engine, Io, Occupant};
+use cohort_driver_core::listener::Listener;
 use cohort_driver_core::queue::{Flushed, OutQueue};
 use cohort_driver_core::{Clock, Config, NodeEvent};
-
-/// Pause before accepting again after the listener failed.
-const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The ready-list key of the listener (slots use their index).
 const LISTENER: usize = usize::MAX;
@@ -107,7 +105,7 @@ where
     pub fn adopt_listener(&mut self, listener: TcpListener) -> io::Result<SocketAddr> {
         let sock = Async::new(listener)?;
         let addr = sock.get_ref().local_addr()?;
-        self.core.listener = Some(Listener { sock, retry_at: None });
+        self.core.listener = Some(Listener::new(sock));
         Ok(addr)
     }
 
@@ -387,15 +385,10 @@ impl Io for SmolIo {
     }
 }
 
-struct Listener {
-    sock: Async<TcpListener>,
-    retry_at: Option<Time>,
-}
-
 struct Core<M: Machine> {
     engine: Engine<M, SmolIo>,
     clock: Clock,
-    listener: Option<Listener>,
+    listener: Option<Listener<Async<TcpListener>>>,
     listener_key: Arc<KeyWaker>,
     listener_waker: Waker,
     timer: Timer,
@@ -494,7 +487,7 @@ impl<M: Machine> Core<M> {
 
     fn fire_timers(&mut self) {
         let now = self.clock.now();
-        if self.listener.as_ref().and_then(|l| l.retry_at).is_some_and(|t| t <= now) {
+        if self.listener.as_ref().is_some_and(|l| l.retry_due(now)) {
             self.accept(now);
         }
         self.engine.fire_timers(now);
@@ -502,7 +495,7 @@ impl<M: Machine> Core<M> {
 
     /// Points the one timer at the next deadline and polls it.
     fn arm_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let listener = self.listener.as_ref().and_then(|l| l.retry_at);
+        let listener = self.listener.as_ref().and_then(Listener::retry_at);
         let next = [self.engine.next_deadline(), listener].into_iter().flatten().min();
         if next != self.timer_at {
             self.timer_at = next;
@@ -534,11 +527,10 @@ impl<M: Machine> Core<M> {
     // ---- accepting ----
 
     fn accept(&mut self, now: Time) {
-        if let Some(l) = &mut self.listener {
-            l.retry_at = None;
-        }
+        let Some(l) = &mut self.listener else { return };
+        l.accepting();
         loop {
-            let Some(l) = &self.listener else { return };
+            let Some(l) = &mut self.listener else { return };
             match l.sock.get_ref().accept() {
                 Ok((sock, addr)) => {
                     let Some(slot) = self.engine.alloc() else {
@@ -553,9 +545,7 @@ impl<M: Machine> Core<M> {
                             continue;
                         }
                     };
-                    let peer = Peer { loopback: addr.ip().to_canonical().is_loopback() };
-                    let conn = self.engine.accepted(slot, sock, peer, now);
-                    tracing::trace!(%conn, %addr, "accepted");
+                    self.engine.accepted(slot, sock, addr, now);
                     // Bytes may already be waiting.
                     self.engine.read(slot, now, false);
                     self.engine.settle(now);
@@ -567,30 +557,17 @@ impl<M: Machine> Core<M> {
                         Poll::Pending => return,
                         Poll::Ready(Err(e)) => {
                             tracing::warn!(error = %e, "listener readiness failed; retrying shortly");
-                            self.retry_accept(now);
+                            l.retry_later(now);
                             return;
                         }
                     }
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::Interrupted
-                            | io::ErrorKind::ConnectionAborted
-                            | io::ErrorKind::ConnectionReset
-                    ) => {}
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed; retrying shortly");
-                    self.retry_accept(now);
-                    return;
+                    if !l.failed(&e, now) {
+                        return;
+                    }
                 }
             }
-        }
-    }
-
-    fn retry_accept(&mut self, now: Time) {
-        if let Some(l) = &mut self.listener {
-            l.retry_at = Some(now + ACCEPT_RETRY);
         }
     }
 }
