@@ -110,7 +110,7 @@ pub trait Io {
     fn write_again(&mut self, slot: usize, stream: &Self::Stream) -> io::Result<bool>;
 
     /// The connection in `slot` spent its read budget with bytes left: read
-    /// it again (with `until_blocked`) after serving the others.
+    /// it again after serving the others.
     fn read_later(&mut self, slot: usize);
 
     /// `slot` is used for the first time (slots are reused after that).
