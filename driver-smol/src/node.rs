@@ -9,8 +9,9 @@
 //!
 //! The task owns the machine, the listener, every connection and dial, and
 //! one timer. Each socket has its own waker feeding a ready list, so a wake
-//! serves only the sockets that became ready. Semantics match the mio
-//! driver's: dial retry budget, write-stall deadline and queue bound,
+//! serves only the sockets that became ready. The semantics are those of
+//! the engine shared with the mio driver (`cohort_driver_core::engine`):
+//! dial retry budget, write-stall deadline and queue bound,
 //! `Closed{cause, unsent}` once per connection that ends by itself, `Close`
 //! flushes, FINs and lingers, one reused read buffer.
 
