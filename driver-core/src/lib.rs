@@ -1,12 +1,19 @@
 //! cohort-driver-core: what every cohort driver shares, whatever its event
-//! loop: the [`Clock`] mapping real instants onto proto's `Time`, the driver
-//! [`Config`] (dial budget, write stall, queue bounds), the bounded outbound
-//! [`queue::OutQueue`] with its unsent-byte accounting, and the
-//! [`timers::Timers`] heap. The mio and smol drivers are built on it.
+//! loop: the [`engine::Engine`] that runs one machine over a table of dials
+//! and connections (output draining, reports back to the machine, dial
+//! retries, write stalls, reads, close and linger) behind a small
+//! [`engine::Io`] trait; the [`Clock`] mapping real instants onto proto's
+//! `Time`; the driver [`Config`] (dial budget, write stall, queue bounds);
+//! the bounded outbound [`queue::OutQueue`] with its unsent-byte accounting;
+//! the [`timers::Timers`] heap; the [`listener::Listener`]'s accept retry; and what a node reports ([`NodeEvent`]) or
+//! answers once stopped ([`Stopped`]). The mio and smol drivers are built
+//! on it: each keeps only its listener and readiness plumbing.
 #![forbid(unsafe_code)]
 
 pub mod clock;
 pub mod config;
+pub mod engine;
+pub mod listener;
 pub mod queue;
 pub mod timers;
 
@@ -14,7 +21,19 @@ pub use clock::Clock;
 pub use config::Config;
 
 use cohort_proto::DialId;
-use std::io;
+use std::{fmt, io};
+
+/// The node has stopped; the command was not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped;
+
+impl fmt::Display for Stopped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the node has stopped")
+    }
+}
+
+impl std::error::Error for Stopped {}
 
 /// What a node reports, in order: its machine's events and the driver's
 /// own progress notices.

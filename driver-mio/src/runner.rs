@@ -32,6 +32,7 @@ use crate::driver::{Driver, TokenRange};
 use cohort_driver_core::Clock;
 use cohort_driver_core::Config;
 use cohort_driver_core::NodeEvent;
+pub use cohort_driver_core::Stopped;
 
 /// The runner's own token for its waker (the driver gets everything below).
 const WAKER: Token = Token(usize::MAX);
@@ -43,18 +44,6 @@ enum Command<M: Machine> {
     Run(Job<M>),
     Shutdown,
 }
-
-/// The node has stopped; the command was not run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stopped;
-
-impl fmt::Display for Stopped {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the node has stopped")
-    }
-}
-
-impl std::error::Error for Stopped {}
 
 /// A [`Driver`] with its own `Poll` and blocking loop.
 pub struct Runner<M: Machine> {
