@@ -384,3 +384,42 @@ fn any_inbound_frame_resets_the_coordinator_liveness_clock() {
         assert_eq!(c.liveness_deadline(), Some(t + Duration::from_secs(30)));
     }
 }
+
+/// BEHAVIOUR.md Rank: a bad frame means the coordinator is gone only
+/// *without a prior clean `Shutdown`*: after one, a garbled frame (or a
+/// frame cut by EOF) ends the client as a close, and no peer is marked dead.
+#[test]
+fn a_bad_frame_after_a_clean_shutdown_is_a_close_not_coordinator_lost() {
+    let garbled = || {
+        let mut f = down(&ControlMsgWire::SyncNow);
+        let n = f.len();
+        f[n - 1] ^= 1;
+        f
+    };
+    for end in [ControlMsgWire::Shutdown, ControlMsgWire::ShutdownWithSave { reason: 2 }] {
+        // A frame whose MAC fails.
+        let mut c = client(1.0);
+        connected(&mut c, Time::ZERO);
+        c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &down(&end) });
+        drain_machine(&mut c, Time::from_secs(1));
+        c.handle(Time::from_secs(2), Input::Received { conn: CONN, bytes: &garbled() });
+        let d = drain_machine(&mut c, Time::from_secs(2));
+        assert_eq!(lost(&d.events), None, "after {end:?}");
+        assert_eq!(d.events, vec![ControlEvent::Closed]);
+        assert_eq!(d.closed, vec![CONN]);
+        assert!(c.dead_peers().is_empty(), "no peer marked dead after {end:?}");
+        assert!(c.is_ended());
+        // A frame cut short by EOF.
+        let mut c = client(1.0);
+        connected(&mut c, Time::ZERO);
+        let mut bytes = down(&end);
+        let f = down(&ControlMsgWire::Throttle);
+        bytes.extend_from_slice(&f[..f.len() - 2]);
+        c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &bytes });
+        c.handle(Time::from_secs(2), Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
+        let d = drain_machine(&mut c, Time::from_secs(2));
+        assert_eq!(lost(&d.events), None, "after {end:?}");
+        assert_eq!(d.events.last(), Some(&ControlEvent::Closed));
+        assert!(c.dead_peers().is_empty());
+    }
+}
