@@ -45,6 +45,8 @@ fn deaths_until_save(s: &mut Scheduler) -> (u32, Option<SaveReason>) {
     (world, None)
 }
 
+/// BEHAVIOUR.md Coordinator [C26]: budget `Absolute(n)`: dead count >= n -> MaxFailureExceeded (1)
+/// BEHAVIOUR.md Coordinator [C32]: `ShutdownWithSave{reason}` sent once to the survivors; the reason is latched
 #[test]
 fn failure_budget_absolute_2_on_worlds_of_4_and_5() {
     for world in [4, 5] {
@@ -54,6 +56,8 @@ fn failure_budget_absolute_2_on_worlds_of_4_and_5() {
     }
 }
 
+/// BEHAVIOUR.md Coordinator [C27]: budget `Percent(p)`: limit = ceil(p x world)
+/// BEHAVIOUR.md Coordinator [C26]: budget `Absolute(n)`: dead count >= n -> MaxFailureExceeded (1)
 #[test]
 fn failure_budget_percent_half_on_worlds_of_4_and_5_rounds_up() {
     let mut s = started(4, Some(FailureBudget::Percent(0.5)), Backend::Cpu);
@@ -68,18 +72,21 @@ fn failure_budget_is_checked_before_the_backend_limit() {
     assert_eq!(deaths_until_save(&mut s), (1, Some(SaveReason::MaxFailureExceeded)));
 }
 
+/// BEHAVIOUR.md Coordinator [C28]: NCCL with fewer than 2 alive -> SingleSurvivor (2)
 #[test]
 fn single_survivor_on_nccl_is_reason_2() {
     let mut s = started(3, None, Backend::Nccl);
     assert_eq!(deaths_until_save(&mut s), (2, Some(SaveReason::SingleSurvivor)));
 }
 
+/// BEHAVIOUR.md Coordinator [C29]: CPU with none alive -> AllRanksLost (3)
 #[test]
 fn all_ranks_lost_on_cpu_is_reason_3() {
     let mut s = started(3, None, Backend::Cpu);
     assert_eq!(deaths_until_save(&mut s), (3, Some(SaveReason::AllRanksLost)));
 }
 
+/// BEHAVIOUR.md Coordinator [C32]: `ShutdownWithSave{reason}` sent once to the survivors; the reason is latched
 #[test]
 fn shutdown_with_save_goes_to_survivors_once_and_the_reason_is_latched() {
     let mut s = started(4, Some(FailureBudget::Absolute(2)), Backend::Cpu);
@@ -102,6 +109,7 @@ fn shutdown_with_save_goes_to_survivors_once_and_the_reason_is_latched() {
     assert_eq!(s.phase(), Phase::Ended(RunEnd::Saved(SaveReason::MaxFailureExceeded)));
 }
 
+/// BEHAVIOUR.md Coordinator [C33]: the budget counts deaths only: clean exits are not failures
 #[test]
 fn clean_exits_are_not_failures_and_do_not_count_against_the_budget() {
     let mut s = started(4, Some(FailureBudget::Absolute(2)), Backend::Cpu);
@@ -113,6 +121,7 @@ fn clean_exits_are_not_failures_and_do_not_count_against_the_budget() {
     assert_eq!(s.phase(), Phase::Running);
 }
 
+/// BEHAVIOUR.md Coordinator [C30]: reduce stall -> ReduceStall (4)
 #[test]
 fn reduce_stall_is_reason_4_strictly_after_the_ceiling() {
     let mut c = CoordConfig::new(2, 1, 100, 1);
@@ -144,6 +153,7 @@ fn reduce_stall_is_reason_4_strictly_after_the_ceiling() {
     assert_eq!(sent_to(&st, 1).last(), Some(&ControlMsgWire::ShutdownWithSave { reason: 4 }));
 }
 
+/// BEHAVIOUR.md Coordinator [C31]: graceful is 0 (reason bytes 0..=4)
 #[test]
 fn save_reason_bytes_graceful_0_max_failure_1_single_survivor_2_all_ranks_lost_3_reduce_stall_4() {
     let reasons = [

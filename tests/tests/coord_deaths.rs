@@ -18,6 +18,9 @@ fn started(cfg: CoordConfig) -> Scheduler {
     s
 }
 
+/// BEHAVIOUR.md Coordinator [C10]: on a death, last: the remainder goes to survivors as `ExtendPartition`
+/// BEHAVIOUR.md Coordinator [C12]: slices: survivors ascending, `size / n` each, the first `size % n` one more
+/// BEHAVIOUR.md Coordinator [C13]: slices are contiguous, starting at the remainder's offset
 #[test]
 fn extend_partition_30_samples_3_ranks_batch_1_rank_2_silent_survivors_get_5_and_5() {
     let mut s = Scheduler::new(CoordConfig::new(3, 1, 30, 1)).unwrap();
@@ -49,6 +52,11 @@ fn extend_partition_30_samples_3_ranks_batch_1_rank_2_silent_survivors_get_5_and
     assert_eq!(s.assignment(0).unwrap().segments(), &[Segment::new(0, 10), Segment::new(20, 5)]);
 }
 
+/// BEHAVIOUR.md Coordinator [C6]: on a death, first: compute the dead rank's unprocessed remainder
+/// BEHAVIOUR.md Coordinator [C7]: on a death, second: mark it dead (final)
+/// BEHAVIOUR.md Coordinator [C8]: on a death, third: fail over any role it held
+/// BEHAVIOUR.md Coordinator [C9]: on a death, fourth: NCCL plane only, `DeclareDead{rank}` to the survivors
+/// BEHAVIOUR.md Coordinator [C10]: on a death, last: the remainder goes to survivors as `ExtendPartition`
 #[test]
 fn death_processing_order_remainder_then_ledger_then_roles_then_declare_dead_then_extend() {
     let mut cfg = CoordConfig::new(3, 1, 30, 1);
@@ -84,6 +92,9 @@ fn death_processing_order_remainder_then_ledger_then_roles_then_declare_dead_the
     assert_eq!(moved, vec![Role::Checkpoint, Role::Eval, Role::EpochCallback]);
 }
 
+/// BEHAVIOUR.md Coordinator [C12]: slices: survivors ascending, `size / n` each, the first `size % n` one more
+/// BEHAVIOUR.md Coordinator [C13]: slices are contiguous, starting at the remainder's offset
+/// BEHAVIOUR.md Coordinator [C14]: zero-size slices are skipped
 #[test]
 fn extend_partition_survivors_ascending_size_div_n_first_size_mod_n_one_more_zero_size_skipped() {
     // 8 samples over 4 ranks: 2 each. Rank 3 dies having done nothing: its
@@ -102,6 +113,7 @@ fn extend_partition_survivors_ascending_size_div_n_first_size_mod_n_one_more_zer
     assert_eq!(got, vec![vec![(22, 4)], vec![(26, 4)], vec![(30, 3)]]);
 }
 
+/// BEHAVIOUR.md Coordinator [C11]: the remainder is the unprocessed rest of the current epoch (plan and extensions)
 #[test]
 fn remainder_counts_the_batches_the_rank_reported() {
     let mut s = started(CoordConfig::new(3, 1, 30, 1));
@@ -118,6 +130,7 @@ fn remainder_counts_the_batches_the_rank_reported() {
     assert_eq!(extensions_in(&sent_to(&st, 1)), vec![(27, 3)]);
 }
 
+/// BEHAVIOUR.md Coordinator [C11]: the remainder is the unprocessed rest of the current epoch (plan and extensions)
 #[test]
 fn remainder_with_batches_larger_than_one_is_the_least_the_rank_can_have_done() {
     // batch 4, plans of 10: [4, 4, 2] batches. An extension appended to
@@ -140,6 +153,7 @@ fn remainder_with_batches_larger_than_one_is_the_least_the_rank_can_have_done() 
     assert_eq!(extensions_in(&sent_to(&st, 1)), vec![(24, 1)]);
 }
 
+/// BEHAVIOUR.md Coordinator [C11]: the remainder is the unprocessed rest of the current epoch (plan and extensions)
 #[test]
 fn cascading_death_hands_out_the_extensions_the_dead_rank_had_received() {
     let mut s = started(CoordConfig::new(3, 1, 30, 1));
@@ -160,6 +174,8 @@ fn cascading_death_hands_out_the_extensions_the_dead_rank_had_received() {
     );
 }
 
+/// BEHAVIOUR.md Coordinator [C11]: the remainder is the unprocessed rest of the current epoch (plan and extensions)
+/// BEHAVIOUR.md Coordinator [C14]: zero-size slices are skipped
 #[test]
 fn a_rank_that_reported_all_its_work_leaves_no_remainder() {
     let mut s = started(CoordConfig::new(3, 1, 30, 1));
@@ -173,6 +189,7 @@ fn a_rank_that_reported_all_its_work_leaves_no_remainder() {
     assert!(extensions_in(&sent_to(&st, 0)).is_empty() && extensions_in(&sent_to(&st, 1)).is_empty());
 }
 
+/// BEHAVIOUR.md Coordinator [C9]: on a death, fourth: NCCL plane only, `DeclareDead{rank}` to the survivors
 #[test]
 fn declare_dead_is_broadcast_only_on_an_nccl_plane() {
     let mut s = started(CoordConfig::new(3, 1, 30, 1));
@@ -181,6 +198,7 @@ fn declare_dead_is_broadcast_only_on_an_nccl_plane() {
     assert!(!sent_to(&st, 0).iter().any(|m| matches!(m, ControlMsgWire::DeclareDead { .. })));
 }
 
+/// BEHAVIOUR.md Coordinator [C15]: invariant: every sample of an epoch goes to a rank that processes it, whatever dies
 #[test]
 fn every_sample_is_assigned_to_a_rank_that_processes_it_whatever_dies() {
     // Invariant check over a concrete run with two deaths; the property test

@@ -31,6 +31,8 @@ fn keep_alive(s: &mut Scheduler, ranks: &[u32], from: u64, to: u64) -> Vec<Step>
     out
 }
 
+/// BEHAVIOUR.md Coordinator [C3]: a rank not heard for longer than the staleness deadline is declared dead
+/// BEHAVIOUR.md Defaults [D4]: staleness is strictly greater than: alive at last + 30 s, dead at last + 30 s + 1 ns
 #[test]
 fn staleness_rank_heard_at_t_is_alive_at_t_plus_30s_and_dead_at_t_plus_30s_plus_1ns() {
     let mut s = started(CoordConfig::new(2, 1, 10, 1), T0);
@@ -54,6 +56,8 @@ fn staleness_rank_heard_at_t_is_alive_at_t_plus_30s_and_dead_at_t_plus_30s_plus_
     assert!(s.liveness().is_dead(1));
 }
 
+/// BEHAVIOUR.md Coordinator [C3]: a rank not heard for longer than the staleness deadline is declared dead
+/// BEHAVIOUR.md Defaults [D4]: staleness is strictly greater than: alive at last + 30 s, dead at last + 30 s + 1 ns
 #[test]
 fn staleness_deadline_is_what_next_deadline_returns_when_nothing_else_is_due() {
     // With the rank alone and beacons one second apart, the scheduler's wake
@@ -74,6 +78,7 @@ fn staleness_deadline_is_what_next_deadline_returns_when_nothing_else_is_due() {
     assert!(wakes.contains(&Time::from_secs(30)), "beacon at 30 s still comes");
 }
 
+/// BEHAVIOUR.md Coordinator [C1]: any timing message from a rank refreshes its last-heard time
 #[test]
 fn any_timing_message_refreshes_last_heard() {
     let mut s = started(CoordConfig::new(3, 1, 30, 1), Time::ZERO);
@@ -97,6 +102,7 @@ fn any_timing_message_refreshes_last_heard() {
     assert_eq!(s.liveness().get(0), Some(Life::Alive { last_heard: Time::from_secs(17) }));
 }
 
+/// BEHAVIOUR.md Coordinator [C2]: a rank that sent `Exiting` is latched as exited, never declared dead
 #[test]
 fn exiting_rank_is_latched_as_exited_and_never_declared_dead() {
     let mut s = started(CoordConfig::new(2, 1, 10, 1), Time::ZERO);
@@ -115,6 +121,9 @@ fn exiting_rank_is_latched_as_exited_and_never_declared_dead() {
     assert!(st.contains(&Step::Send { to: vec![0], msg: ControlMsgWire::CoordHeartbeat }), "{st:?}");
 }
 
+/// BEHAVIOUR.md Defaults [D3]: heartbeat staleness is scaled(30 s)
+/// BEHAVIOUR.md Defaults [D4]: staleness is strictly greater than: alive at last + 30 s, dead at last + 30 s + 1 ns
+/// BEHAVIOUR.md Defaults [D2]: coordinator heartbeat cadence 1 s, not scaled
 #[test]
 fn scale_factor_stretches_staleness_and_stall_ceiling_together_not_the_cadences() {
     let mut cfg = CoordConfig::new(2, 1, 10, 1);
@@ -139,6 +148,7 @@ fn scale_factor_stretches_staleness_and_stall_ceiling_together_not_the_cadences(
     assert_eq!(small.stall_ceiling(), Duration::from_secs(300), "the ceiling never drops below 300 s");
 }
 
+/// BEHAVIOUR.md Coordinator [C4]: a launcher-reported exit with a non-zero code is declared dead (zero: exited)
 #[test]
 fn launcher_nonzero_exit_declares_dead_and_zero_exit_latches_exited() {
     let mut s = started(CoordConfig::new(3, 1, 30, 1), Time::ZERO);
@@ -157,6 +167,7 @@ fn launcher_nonzero_exit_declares_dead_and_zero_exit_latches_exited() {
     assert!(deaths(&drain(&mut s)).is_empty());
 }
 
+/// BEHAVIOUR.md Coordinator [C5]: host EOF declares that host's live ranks dead
 #[test]
 fn host_eof_declares_every_rank_of_the_host_dead() {
     let mut s = started(CoordConfig::new(4, 1, 40, 1), Time::ZERO);
@@ -171,6 +182,8 @@ fn host_eof_declares_every_rank_of_the_host_dead() {
     );
 }
 
+/// BEHAVIOUR.md Coordinator [C34]: `CoordHeartbeat` to every live rank each second
+/// BEHAVIOUR.md Defaults [D2]: coordinator heartbeat cadence 1 s, not scaled
 #[test]
 fn coord_heartbeat_goes_to_every_live_rank_every_second() {
     let mut s = Scheduler::new(CoordConfig::new(3, 1, 30, 1)).unwrap();
@@ -200,6 +213,7 @@ fn coord_heartbeat_goes_to_every_live_rank_every_second() {
     assert_eq!(s.next_deadline(), Some(Time::from_millis(6300)));
 }
 
+/// BEHAVIOUR.md Coordinator [C7]: on a death, second: mark it dead (final)
 #[test]
 fn dead_rank_is_never_revived_by_its_late_messages() {
     let mut s = started(CoordConfig::new(2, 1, 10, 1), Time::ZERO);
@@ -222,6 +236,7 @@ fn rank_field_disagreeing_with_its_relay_tag_is_a_bad_message() {
     assert_eq!(s.liveness().get(0), Some(Life::Alive { last_heard: Time::ZERO }), "not refreshed");
 }
 
+/// BEHAVIOUR.md Coordinator [C3]: a rank not heard for longer than the staleness deadline is declared dead
 #[test]
 fn a_message_arriving_after_the_deadline_does_not_save_the_rank() {
     let mut s = started(CoordConfig::new(2, 1, 10, 1), Time::ZERO);
@@ -229,4 +244,56 @@ fn a_message_arriving_after_the_deadline_does_not_save_the_rank() {
     // No timer fired; rank 1's heartbeat arrives 1 ns past its deadline.
     s.on_timing(plus_ns(Time::from_secs(30), 1), 1, heartbeat(1));
     assert!(s.liveness().is_dead(1));
+}
+
+/// BEHAVIOUR.md Coordinator: `CoordHeartbeat` to every rank each second,
+/// *whatever else happens*: through an averaging cycle in flight, a death,
+/// its redistribution, an NCCL re-rendezvous and an ask timing out, the
+/// beacon goes out exactly once per second to the live ranks, and never in
+/// between.
+///
+/// BEHAVIOUR.md Coordinator [C35]: ... whatever else happens (cycle, death, NCCL ask, timeouts)
+/// BEHAVIOUR.md Coordinator [C34]: `CoordHeartbeat` to every live rank each second
+#[test]
+fn coord_heartbeat_each_second_whatever_else_happens() {
+    use cohort_proto::coord::Backend;
+    let mut cfg = CoordConfig::new(4, 1, 100, 1);
+    cfg.backend = Backend::Nccl;
+    cfg.sync_every = Some(1);
+    let mut s = Scheduler::new(cfg).unwrap();
+    let mut log: Vec<(Time, Step)> = Vec::new();
+    let mut run = |s: &mut Scheduler, t: Time, f: &dyn Fn(&mut Scheduler)| {
+        f(s);
+        log.extend(drain(s).into_iter().map(|x| (t, x)));
+    };
+    run(&mut s, Time::ZERO, &|s| s.start(Time::ZERO));
+    // A cycle starts at 0.3 s (every rank stepped) and stays in flight.
+    let t = Time::from_millis(300);
+    run(&mut s, t, &|s| (0..4).for_each(|r| s.on_timing(t, r, batch(r, 1, 10.0))));
+    for sec in 1..=12u64 {
+        let at = Time::from_secs(sec);
+        run(&mut s, at, &|s| s.tick(at));
+        let mid = at + Duration::from_millis(500);
+        if sec == 1 {
+            // Rank 3 dies: DeclareDead, ExtendPartition, RequestNewNcclId.
+            run(&mut s, mid, &|s| s.rank_exited(mid, 3, 1));
+        } else {
+            run(&mut s, mid, &|s| (0..3).for_each(|r| s.on_timing(mid, r, heartbeat(r))));
+        }
+    }
+    let ev: Vec<CoordEvent> = log.iter().filter_map(|(_, x)| events(std::slice::from_ref(x)).pop()).collect();
+    assert!(ev.iter().any(|e| matches!(e, CoordEvent::CycleStarted { .. })));
+    assert!(ev.iter().any(|e| matches!(e, CoordEvent::RankDead { rank: 3, .. })));
+    assert!(ev.iter().any(|e| matches!(e, CoordEvent::NcclAskAbandoned { .. })), "an ask timed out");
+    let beacons: Vec<(Time, Vec<u32>)> = log
+        .iter()
+        .filter_map(|(t, x)| match x {
+            Step::Send { to, msg: ControlMsgWire::CoordHeartbeat } => Some((*t, to.clone())),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<(Time, Vec<u32>)> = (0..=12u64)
+        .map(|sec| (Time::from_secs(sec), if sec <= 1 { vec![0, 1, 2, 3] } else { vec![0, 1, 2] }))
+        .collect();
+    assert_eq!(beacons, expected);
 }

@@ -150,6 +150,7 @@ fn relay_hello_refused_for_range_duplicates_order_and_model_signature() {
     }
 }
 
+/// BEHAVIOUR.md Coordinator [C4]: a launcher-reported exit with a non-zero code is declared dead (zero: exited)
 #[test]
 fn relay_rank_exit_record_declares_that_rank_dead() {
     let mut c = coordinator(2, 10);
@@ -170,6 +171,8 @@ fn relay_rank_exit_record_declares_that_rank_dead() {
     assert!(d.closed.is_empty(), "the relay stays");
 }
 
+/// BEHAVIOUR.md Coordinator [C5]: host EOF declares that host's live ranks dead
+/// BEHAVIOUR.md Coordinator [C2]: a rank that sent `Exiting` is latched as exited, never declared dead
 #[test]
 fn relay_connection_ending_declares_its_live_ranks_dead_not_the_exited_ones() {
     let mut c = coordinator(3, 30);
@@ -264,6 +267,8 @@ fn a_data_record_for_a_rank_the_relay_did_not_announce_closes_that_relay() {
     assert_eq!(d.closed, vec![a.conn]);
 }
 
+/// BEHAVIOUR.md Coordinator [C3]: a rank not heard for longer than the staleness deadline is declared dead
+/// BEHAVIOUR.md Defaults [D4]: staleness is strictly greater than: alive at last + 30 s, dead at last + 30 s + 1 ns
 #[test]
 fn staleness_through_the_machine_wakes_at_the_exact_instant() {
     let mut c = coordinator(2, 10);
@@ -302,6 +307,11 @@ fn a_relay_silent_past_its_hello_deadline_is_closed() {
     assert_eq!(d.closed, vec![ConnId(5)]);
 }
 
+/// BEHAVIOUR.md Defaults [D7]: scaled(x) = x times the timeout scale: every scaled deadline stretches together
+/// BEHAVIOUR.md Defaults [D3]: heartbeat staleness is scaled(30 s)
+/// BEHAVIOUR.md Defaults [D5]: rank-side coordinator liveness deadline is scaled(30 s)
+/// BEHAVIOUR.md Defaults [D2]: coordinator heartbeat cadence 1 s, not scaled
+/// BEHAVIOUR.md Defaults [D6]: NCCL re-rendezvous answer timeout 5 s, not scaled
 #[test]
 fn scale_factor_stretches_every_scaled_deadline_together() {
     use cohort_proto::config::TimeoutScale;

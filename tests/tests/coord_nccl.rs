@@ -40,6 +40,8 @@ fn asked(st: &[cohort_proto::coord::Step]) -> Vec<u32> {
         .collect()
 }
 
+/// BEHAVIOUR.md Coordinator [C17]: NCCL: ask the lowest survivor on the controller's host
+/// BEHAVIOUR.md Coordinator [C19]: NCCL: the ask is `RequestNewNcclId` to that rank
 #[test]
 fn nccl_generator_is_lowest_survivor_on_the_controllers_host() {
     let mut cfg = nccl(5);
@@ -51,6 +53,7 @@ fn nccl_generator_is_lowest_survivor_on_the_controllers_host() {
     assert_eq!(sent_to(&st, 3).last(), Some(&ControlMsgWire::RequestNewNcclId));
 }
 
+/// BEHAVIOUR.md Coordinator [C18]: NCCL: else the fastest survivor, ties to the lowest
 #[test]
 fn nccl_generator_without_a_local_survivor_is_the_fastest_ties_to_lowest() {
     let mut cfg = nccl(4);
@@ -69,6 +72,7 @@ fn nccl_generator_without_a_local_survivor_is_the_fastest_ties_to_lowest() {
     assert_eq!(asked(&drain(&mut s)), vec![1]);
 }
 
+/// BEHAVIOUR.md Coordinator [C20]: NCCL: the asked rank dies -> ask the next untried survivor
 #[test]
 fn nccl_generator_dying_before_answering_moves_to_the_next_untried_survivor() {
     let mut cfg = nccl(5);
@@ -83,6 +87,8 @@ fn nccl_generator_dying_before_answering_moves_to_the_next_untried_survivor() {
     assert_eq!(s.nccl_asked(), Some(1));
 }
 
+/// BEHAVIOUR.md Coordinator [C21]: NCCL: no answer within 5 s -> ask the next untried survivor
+/// BEHAVIOUR.md Defaults [D6]: NCCL re-rendezvous answer timeout 5 s, not scaled
 #[test]
 fn nccl_no_answer_within_5s_moves_on_at_5s_plus_1ns_and_is_not_scaled() {
     let mut cfg = nccl(4);
@@ -107,6 +113,7 @@ fn nccl_no_answer_within_5s_moves_on_at_5s_plus_1ns_and_is_not_scaled() {
     assert_eq!(asked(&drain(&mut s)), vec![3]);
 }
 
+/// BEHAVIOUR.md Coordinator [C23]: NCCL: only the asked rank's `NewNcclIdGenerated` counts (others, stale, ignored)
 #[test]
 fn nccl_reply_from_a_rank_not_asked_is_ignored_including_a_stale_one() {
     let mut s = started(nccl(4));
@@ -130,6 +137,7 @@ fn nccl_reply_from_a_rank_not_asked_is_ignored_including_a_stale_one() {
     assert_eq!(s.nccl_asked(), Some(2));
 }
 
+/// BEHAVIOUR.md Coordinator [C24]: NCCL: every survivor gets `NewNcclSession{uid, new_rank = position, new_world_size = count}`
 #[test]
 fn nccl_new_session_new_rank_is_position_among_survivors_and_world_is_their_count() {
     let mut s = started(nccl(5));
@@ -154,6 +162,8 @@ fn nccl_new_session_new_rank_is_position_among_survivors_and_world_is_their_coun
     assert_eq!(s.nccl_asked(), None);
 }
 
+/// BEHAVIOUR.md Coordinator [C25]: NCCL: no candidate left -> `ShutdownWithSave`
+/// BEHAVIOUR.md Coordinator [C22]: NCCL: a survivor already asked is never asked again
 #[test]
 fn nccl_no_candidate_left_ends_with_shutdown_with_save() {
     let mut s = started(nccl(3));
@@ -178,6 +188,8 @@ fn nccl_no_candidate_left_ends_with_shutdown_with_save() {
     assert!(events(&st).contains(&CoordEvent::Ended(RunEnd::Saved(SaveReason::SingleSurvivor))));
 }
 
+/// BEHAVIOUR.md Coordinator [C16]: NCCL re-rendezvous only with at least 2 survivors
+/// BEHAVIOUR.md Coordinator [C28]: NCCL with fewer than 2 alive -> SingleSurvivor (2)
 #[test]
 fn nccl_rendezvous_needs_two_survivors() {
     let mut s = started(nccl(2));
@@ -187,6 +199,7 @@ fn nccl_rendezvous_needs_two_survivors() {
     assert!(events(&st).contains(&CoordEvent::Ended(RunEnd::Saved(SaveReason::SingleSurvivor))));
 }
 
+/// BEHAVIOUR.md Coordinator [C24]: NCCL: every survivor gets `NewNcclSession{uid, new_rank = position, new_world_size = count}`
 #[test]
 fn nccl_deaths_during_a_rendezvous_are_folded_into_the_session() {
     let mut s = started(nccl(4));

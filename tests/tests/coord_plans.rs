@@ -44,6 +44,8 @@ fn finish_epoch(s: &mut Scheduler, t: Time, epoch: u64, sizes: &[(u32, u64)]) ->
     drain(s)
 }
 
+/// BEHAVIOUR.md Coordinator [C36]: epoch plans: contiguous partitions in rank order covering the epoch exactly
+/// BEHAVIOUR.md Coordinator [C37]: equal sizes until timing is calibrated
 #[test]
 fn epoch_plans_are_contiguous_in_rank_order_cover_the_epoch_and_are_equal_until_calibrated() {
     let (_, st) = started(CoordConfig::new(3, 2, 31, 2));
@@ -65,6 +67,7 @@ fn epoch_plans_are_contiguous_in_rank_order_cover_the_epoch_and_are_equal_until_
     );
 }
 
+/// BEHAVIOUR.md Coordinator [C37]: equal sizes until timing is calibrated
 #[test]
 fn epoch_plans_stay_equal_while_any_rank_is_uncalibrated() {
     let (mut s, _) = started(CoordConfig::new(2, 2, 20, 1));
@@ -73,6 +76,7 @@ fn epoch_plans_stay_equal_while_any_rank_is_uncalibrated() {
     assert_eq!(plan_events(&st), vec![(1, vec![(0, 10), (10, 10)], false, PlanCarrier::StartEpoch)]);
 }
 
+/// BEHAVIOUR.md Coordinator [C38]: then proportional to smoothed measured throughput (ms per batch)
 #[test]
 fn epoch_plans_are_proportional_to_smoothed_ms_per_batch_once_calibrated() {
     let (mut s, _) = started(CoordConfig::new(3, 2, 100, 1));
@@ -87,6 +91,7 @@ fn epoch_plans_are_proportional_to_smoothed_ms_per_batch_once_calibrated() {
     assert_eq!(plan_events(&st), vec![(1, vec![(0, 57), (57, 29), (86, 14)], true, PlanCarrier::StartEpoch)]);
 }
 
+/// BEHAVIOUR.md Coordinator [C39]: never below one batch
 #[test]
 fn epoch_plans_never_give_a_live_rank_less_than_one_batch() {
     let (mut s, _) = started(CoordConfig::new(3, 2, 100, 8));
@@ -99,6 +104,7 @@ fn epoch_plans_never_give_a_live_rank_less_than_one_batch() {
     assert_eq!(plans, &vec![(0, 46), (46, 46), (92, 8)], "the slow rank keeps one batch of 8");
 }
 
+/// BEHAVIOUR.md Coordinator [C36]: epoch plans: contiguous partitions in rank order covering the epoch exactly
 #[test]
 fn epoch_plans_give_dead_ranks_nothing_and_the_live_ones_everything() {
     let (mut s, _) = started(CoordConfig::new(3, 2, 30, 1));
@@ -110,6 +116,7 @@ fn epoch_plans_give_dead_ranks_nothing_and_the_live_ones_everything() {
     assert!(plans_in(&sent_to(&st, 1)).is_empty());
 }
 
+/// BEHAVIOUR.md Coordinator [C51]: per-epoch metrics from every live rank are aggregated
 #[test]
 fn epoch_completes_only_when_every_live_rank_reported_its_plan_and_extensions() {
     let (mut s, _) = started(CoordConfig::new(3, 2, 30, 1));
@@ -128,6 +135,8 @@ fn epoch_completes_only_when_every_live_rank_reported_its_plan_and_extensions() 
     assert_eq!(s.current_epoch(), Some(1));
 }
 
+/// BEHAVIOUR.md Coordinator [C51]: per-epoch metrics from every live rank are aggregated
+/// BEHAVIOUR.md Coordinator [C52]: ... and broadcast as `EpochAggregated`
 #[test]
 fn epoch_metrics_from_every_live_rank_are_aggregated_and_broadcast_as_epoch_aggregated() {
     let (mut s, _) = started(CoordConfig::new(2, 1, 20, 1));
@@ -159,6 +168,7 @@ fn epoch_metrics_from_every_live_rank_are_aggregated_and_broadcast_as_epoch_aggr
     }
 }
 
+/// BEHAVIOUR.md Coordinator [C53]: (issue 5) `Shutdown` to every live rank at the end
 #[test]
 fn shutdown_is_sent_to_every_live_rank_after_the_last_epoch() {
     let (mut s, _) = started(CoordConfig::new(2, 1, 20, 1));
@@ -172,6 +182,7 @@ fn shutdown_is_sent_to_every_live_rank_after_the_last_epoch() {
     assert_eq!(s.next_deadline(), None);
 }
 
+/// BEHAVIOUR.md Coordinator [C40]: `Update{version, next_plan}` may carry the next plan
 #[test]
 fn cpu_cycle_is_request_params_then_sync_acks_then_update_and_set_global_step() {
     let mut c = CoordConfig::new(2, 2, 20, 1);
@@ -198,6 +209,7 @@ fn cpu_cycle_is_request_params_then_sync_acks_then_update_and_set_global_step() 
     assert!(events(&st).contains(&CoordEvent::CycleFinished { version: 1, global_step: 4 }));
 }
 
+/// BEHAVIOUR.md Coordinator [C40]: `Update{version, next_plan}` may carry the next plan
 #[test]
 fn update_carries_the_next_plan_when_the_epoch_ends_during_a_cpu_cycle() {
     let mut c = CoordConfig::new(2, 2, 4, 1);
@@ -221,6 +233,7 @@ fn update_carries_the_next_plan_when_the_epoch_ends_during_a_cpu_cycle() {
     assert_eq!(plan_events(&st)[0].3, PlanCarrier::Update { version: 1 });
 }
 
+/// BEHAVIOUR.md Coordinator [C53]: (issue 5) `Shutdown` to every live rank at the end
 #[test]
 fn final_consensus_cycle_runs_before_shutdown_when_steps_are_unaveraged() {
     let mut c = CoordConfig::new(2, 1, 6, 1);
@@ -291,6 +304,8 @@ fn nccl_cycle_is_sync_now_and_rearms_only_after_every_live_rank_acknowledged() {
     assert!(st.contains(&Step::Send { to: vec![0, 1], msg: ControlMsgWire::SyncNow }));
 }
 
+/// BEHAVIOUR.md Coordinator [C49]: `Throttle` a rank more than `max_batch_diff` steps ahead of the slowest
+/// BEHAVIOUR.md Coordinator [C50]: ... once per cycle
 #[test]
 fn throttle_a_rank_more_than_max_batch_diff_steps_ahead_of_the_slowest_once_per_cycle() {
     let mut c = CoordConfig::new(3, 1, 300, 1);
@@ -338,6 +353,7 @@ fn throttle_a_rank_more_than_max_batch_diff_steps_ahead_of_the_slowest_once_per_
     assert_eq!(throttled(&drain(&mut s)), vec![(0, 4, 0)]);
 }
 
+/// BEHAVIOUR.md Coordinator [C49]: `Throttle` a rank more than `max_batch_diff` steps ahead of the slowest
 #[test]
 fn throttle_is_not_used_on_the_nccl_plane() {
     let mut c = CoordConfig::new(2, 1, 300, 1);

@@ -159,6 +159,7 @@ fn run(c: &Case) -> Result<Seen, TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
+    /// BEHAVIOUR.md Coordinator [C15]: invariant: every sample of an epoch goes to a rank that processes it, whatever dies
     #[test]
     fn every_epochs_samples_are_covered_whatever_dies(c in case()) {
         run(&c)?;
@@ -195,6 +196,8 @@ fn property_cases_exercise_deaths_extensions_throttles_and_nccl() {
 
 /// A fixed, busy case kept as a regression anchor: five ranks, cycles,
 /// throttling, NCCL, three deaths at awkward instants.
+///
+/// BEHAVIOUR.md Coordinator [C15]: invariant: every sample of an epoch goes to a rank that processes it, whatever dies
 #[test]
 fn every_epochs_samples_are_covered_in_a_busy_nccl_world() {
     let c = Case {

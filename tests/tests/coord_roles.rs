@@ -34,6 +34,7 @@ fn checkpoint_result(rank: u32, version: u64, error: Option<&str>) -> TimingMsgW
     }
 }
 
+/// BEHAVIOUR.md Coordinator [C46]: epoch callback role via `SetEpochCallbackRole`
 #[test]
 fn epoch_callback_role_is_announced_before_the_first_start_epoch() {
     let (s, st) = started(CoordConfig::new(2, 1, 10, 1));
@@ -47,6 +48,7 @@ fn epoch_callback_role_is_announced_before_the_first_start_epoch() {
     assert_eq!(sent_to_but_beacons(&st, 0)[0], ControlMsgWire::SetEpochCallbackRole { rank: 2 });
 }
 
+/// BEHAVIOUR.md Coordinator [C41]: checkpoint every `checkpoint_every` epochs
 #[test]
 fn checkpoint_every_n_epochs_goes_to_the_checkpoint_role_before_start_epoch() {
     let mut c = CoordConfig::new(2, 5, 10, 1);
@@ -71,6 +73,7 @@ fn checkpoint_every_n_epochs_goes_to_the_checkpoint_role_before_start_epoch() {
     assert!(events(&st).contains(&CoordEvent::CheckpointRequested { version: 2, rank: 0 }));
 }
 
+/// BEHAVIOUR.md Coordinator [C42]: checkpoint on a `CheckpointNow` intent (at the next epoch boundary, once)
 #[test]
 fn checkpoint_now_intent_is_folded_into_the_next_epoch_boundary() {
     let (mut s, _) = started(CoordConfig::new(2, 3, 10, 1));
@@ -85,6 +88,7 @@ fn checkpoint_now_intent_is_folded_into_the_next_epoch_boundary() {
     assert!(!sent_to(&st, 0).iter().any(|m| matches!(m, ControlMsgWire::Checkpoint { .. })));
 }
 
+/// BEHAVIOUR.md Coordinator [C43]: checkpoint error -> retry on the lowest live untried rank
 #[test]
 fn checkpoint_error_is_retried_on_the_lowest_live_untried_rank_then_abandoned() {
     let mut c = CoordConfig::new(4, 2, 40, 1);
@@ -133,6 +137,8 @@ fn checkpoint_success_keeps_the_role_on_that_rank() {
     assert_eq!(s.roles().checkpoint, 0);
 }
 
+/// BEHAVIOUR.md Coordinator [C44]: eval via `ExecuteEvalCallback` to the eval role
+/// BEHAVIOUR.md Coordinator [C45]: eval result broadcast as `EvalBroadcast` (not a failed one)
 #[test]
 fn eval_intent_sends_execute_eval_callback_and_the_result_is_broadcast_as_eval_broadcast() {
     let (mut s, _) = started(CoordConfig::new(3, 3, 30, 1));
@@ -162,6 +168,8 @@ fn eval_intent_sends_execute_eval_callback_and_the_result_is_broadcast_as_eval_b
     assert!(events(&st).contains(&CoordEvent::EvalDone { epoch: 1, rank: 0, metric: 0.93, error: None }));
 }
 
+/// BEHAVIOUR.md Coordinator [C44]: eval via `ExecuteEvalCallback` to the eval role
+/// BEHAVIOUR.md Coordinator [C45]: eval result broadcast as `EvalBroadcast` (not a failed one)
 #[test]
 fn eval_every_n_epochs_and_a_failed_eval_is_not_broadcast() {
     let mut c = CoordConfig::new(2, 3, 10, 1);
@@ -191,6 +199,8 @@ fn eval_every_n_epochs_and_a_failed_eval_is_not_broadcast() {
     assert!(!st.iter().any(|x| matches!(x, Step::Send { msg: ControlMsgWire::EvalBroadcast { .. }, .. })));
 }
 
+/// BEHAVIOUR.md Coordinator [C44]: eval via `ExecuteEvalCallback` to the eval role
+/// BEHAVIOUR.md Coordinator [C53]: (issue 5) `Shutdown` to every live rank at the end
 #[test]
 fn final_eval_runs_on_the_eval_role_before_shutdown() {
     let mut c = CoordConfig::new(2, 1, 10, 1);
@@ -222,6 +232,9 @@ fn final_eval_runs_on_the_eval_role_before_shutdown() {
     assert!(bcast.is_some() && bcast < shut, "EvalBroadcast precedes Shutdown");
 }
 
+/// BEHAVIOUR.md Coordinator [C47]: a dead role holder's roles (and its job in flight) fail over
+/// BEHAVIOUR.md Coordinator [C48]: fastest policy: lowest smoothed ms per batch
+/// BEHAVIOUR.md Coordinator [C46]: epoch callback role via `SetEpochCallbackRole`
 #[test]
 fn dead_role_holders_roles_fail_over_to_the_fastest_live_rank() {
     let (mut s, _) = started(CoordConfig::new(4, 2, 40, 1));
@@ -241,6 +254,7 @@ fn dead_role_holders_roles_fail_over_to_the_fastest_live_rank() {
     );
 }
 
+/// BEHAVIOUR.md Coordinator [C47]: a dead role holder's roles (and its job in flight) fail over
 #[test]
 fn a_checkpoint_in_flight_on_a_dead_holder_moves_with_the_role() {
     let mut c = CoordConfig::new(3, 2, 30, 1);

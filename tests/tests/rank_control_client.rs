@@ -89,6 +89,7 @@ fn lost(events: &[ControlEvent]) -> Option<(LostReason, Vec<u32>)> {
     })
 }
 
+/// BEHAVIOUR.md Rank [R1]: control client handshake: 56-byte salted hello, 16-byte ack
 #[test]
 fn handshake_is_the_56_byte_salted_hello_and_the_16_byte_ack_then_a_heartbeat_at_once() {
     let mut c = client(1.0);
@@ -97,6 +98,8 @@ fn handshake_is_the_56_byte_salted_hello_and_the_16_byte_ack_then_a_heartbeat_at
     assert_eq!(c.liveness_deadline(), Some(Time::from_secs(35)), "the ack seeds the liveness clock");
 }
 
+/// BEHAVIOUR.md Rank [R2]: heartbeat every second, whatever the application is doing
+/// BEHAVIOUR.md Defaults [D1]: rank heartbeat cadence 1 s, not scaled
 #[test]
 fn heartbeat_every_second_whatever_the_application_is_doing() {
     let mut c = client(1.0);
@@ -121,6 +124,7 @@ fn heartbeat_every_second_whatever_the_application_is_doing() {
     assert_eq!(beats, expected);
 }
 
+/// BEHAVIOUR.md Rank [R4]: metrics and intent reports are commands
 #[test]
 fn reports_are_commands_queued_before_the_handshake_and_sent_in_order() {
     let mut c = client(1.0);
@@ -140,6 +144,7 @@ fn reports_are_commands_queued_before_the_handshake_and_sent_in_order() {
     assert_eq!(up(&d.bytes[&CONN]), vec![TimingMsgWire::Exiting { rank: 2 }]);
 }
 
+/// BEHAVIOUR.md Rank [R5]: every coordinator command surfaces as an event
 #[test]
 fn every_coordinator_message_surfaces_as_an_event_and_declare_dead_marks_the_peer() {
     let mut c = client(1.0);
@@ -177,6 +182,10 @@ fn every_coordinator_message_surfaces_as_an_event_and_declare_dead_marks_the_pee
     assert_eq!(c.dead_peers().iter().copied().collect::<Vec<_>>(), vec![1]);
 }
 
+/// BEHAVIOUR.md Rank [R7]: silence past the deadline -> coordinator gone, exactly at the deadline, not before
+/// BEHAVIOUR.md Rank [R11]: coordinator gone -> all peers marked dead
+/// BEHAVIOUR.md Rank [R12]: coordinator gone -> the client ends with a named reason
+/// BEHAVIOUR.md Defaults [D5]: rank-side coordinator liveness deadline is scaled(30 s)
 #[test]
 fn coordinator_lost_at_exactly_the_liveness_deadline_and_not_before() {
     let mut c = client(1.0);
@@ -206,6 +215,10 @@ proptest! {
     /// However the beacons are spaced within the deadline, the coordinator
     /// is never lost while they come, and is lost exactly one deadline after
     /// the last one.
+    ///
+    /// BEHAVIOUR.md Rank [R7]: silence past the deadline -> coordinator gone, exactly at the deadline, not before
+    /// BEHAVIOUR.md Rank [R6]: any inbound frame resets the coordinator-liveness clock
+    /// BEHAVIOUR.md Defaults [D5]: rank-side coordinator liveness deadline is scaled(30 s)
     #[test]
     fn coordinator_lost_exactly_one_deadline_after_the_last_frame_however_beacons_are_spaced(
         gaps in proptest::collection::vec(1u64..30_000_000_000, 1..12),
@@ -238,6 +251,8 @@ proptest! {
     }
 }
 
+/// BEHAVIOUR.md Rank [R8]: EOF without a prior clean `Shutdown` -> coordinator gone
+/// BEHAVIOUR.md Rank [R11]: coordinator gone -> all peers marked dead
 #[test]
 fn eof_before_a_clean_shutdown_is_coordinator_lost_with_all_peers_dead() {
     let mut c = client(1.0);
@@ -259,6 +274,8 @@ fn eof_mid_frame_is_a_bad_frame() {
     assert!(matches!(reason, LostReason::BadFrame(e) if e.field == "eof"));
 }
 
+/// BEHAVIOUR.md Rank [R9]: a bad frame without a prior clean `Shutdown` -> coordinator gone
+/// BEHAVIOUR.md Rank [R11]: coordinator gone -> all peers marked dead
 #[test]
 fn a_bad_frame_is_coordinator_lost_naming_frame_and_field() {
     // MAC failure.
@@ -285,6 +302,7 @@ fn a_bad_frame_is_coordinator_lost_naming_frame_and_field() {
     assert!(matches!(&reason, LostReason::BadFrame(e) if e.field == "kind"));
 }
 
+/// BEHAVIOUR.md Rank [R6]: any inbound frame resets the coordinator-liveness clock
 #[test]
 fn reserved_kinds_reset_the_liveness_clock_without_an_event() {
     let mut c = client(1.0);
@@ -299,6 +317,7 @@ fn reserved_kinds_reset_the_liveness_clock_without_an_event() {
     assert_eq!(c.liveness_deadline(), Some(Time::from_secs(50)));
 }
 
+/// BEHAVIOUR.md Rank [R10]: after a clean `Shutdown`, EOF, silence or a bad frame are not loss
 #[test]
 fn after_a_clean_shutdown_eof_is_a_clean_close_and_silence_is_not_loss() {
     for end in [ControlMsgWire::Shutdown, ControlMsgWire::ShutdownWithSave { reason: 1 }] {
@@ -316,6 +335,8 @@ fn after_a_clean_shutdown_eof_is_a_clean_close_and_silence_is_not_loss() {
     }
 }
 
+/// BEHAVIOUR.md Defaults [D5]: rank-side coordinator liveness deadline is scaled(30 s)
+/// BEHAVIOUR.md Rank [R7]: silence past the deadline -> coordinator gone, exactly at the deadline, not before
 #[test]
 fn scale_stretches_the_coordinator_liveness_deadline() {
     let mut c = client(2.0);
@@ -327,6 +348,8 @@ fn scale_stretches_the_coordinator_liveness_deadline() {
     assert!(lost(&drain_machine(&mut c, Time::from_secs(60)).events).is_some());
 }
 
+/// BEHAVIOUR.md Rank [R1]: control client handshake: 56-byte salted hello, 16-byte ack
+/// BEHAVIOUR.md Rank [R12]: coordinator gone -> the client ends with a named reason
 #[test]
 fn a_failed_handshake_is_coordinator_lost_naming_the_handshake() {
     let mut c = client(1.0);
@@ -368,6 +391,7 @@ fn close_ends_the_client_after_what_is_queued() {
     assert_eq!(d.events, vec![ControlEvent::Closed]);
 }
 
+/// BEHAVIOUR.md Rank [R6]: any inbound frame resets the coordinator-liveness clock
 #[test]
 fn any_inbound_frame_resets_the_coordinator_liveness_clock() {
     let mut c = client(1.0);
@@ -382,5 +406,191 @@ fn any_inbound_frame_resets_the_coordinator_liveness_clock() {
         c.handle(t, Input::Received { conn: CONN, bytes: &f });
         assert!(lost(&drain_machine(&mut c, t).events).is_none(), "at {s} s");
         assert_eq!(c.liveness_deadline(), Some(t + Duration::from_secs(30)));
+    }
+}
+
+/// BEHAVIOUR.md Rank: a bad frame means the coordinator is gone only
+/// *without a prior clean `Shutdown`*: after one, a garbled frame (or a
+/// frame cut by EOF) ends the client as a close, and no peer is marked dead.
+///
+/// BEHAVIOUR.md Rank [R10]: after a clean `Shutdown`, EOF, silence or a bad frame are not loss
+#[test]
+fn a_bad_frame_after_a_clean_shutdown_is_a_close_not_coordinator_lost() {
+    let garbled = || {
+        let mut f = down(&ControlMsgWire::SyncNow);
+        let n = f.len();
+        f[n - 1] ^= 1;
+        f
+    };
+    for end in [ControlMsgWire::Shutdown, ControlMsgWire::ShutdownWithSave { reason: 2 }] {
+        // A frame whose MAC fails.
+        let mut c = client(1.0);
+        connected(&mut c, Time::ZERO);
+        c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &down(&end) });
+        drain_machine(&mut c, Time::from_secs(1));
+        c.handle(Time::from_secs(2), Input::Received { conn: CONN, bytes: &garbled() });
+        let d = drain_machine(&mut c, Time::from_secs(2));
+        assert_eq!(lost(&d.events), None, "after {end:?}");
+        assert_eq!(d.events, vec![ControlEvent::Closed]);
+        assert_eq!(d.closed, vec![CONN]);
+        assert!(c.dead_peers().is_empty(), "no peer marked dead after {end:?}");
+        assert!(c.is_ended());
+        // A frame cut short by EOF.
+        let mut c = client(1.0);
+        connected(&mut c, Time::ZERO);
+        let mut bytes = down(&end);
+        let f = down(&ControlMsgWire::Throttle);
+        bytes.extend_from_slice(&f[..f.len() - 2]);
+        c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &bytes });
+        c.handle(Time::from_secs(2), Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
+        let d = drain_machine(&mut c, Time::from_secs(2));
+        assert_eq!(lost(&d.events), None, "after {end:?}");
+        assert_eq!(d.events.last(), Some(&ControlEvent::Closed));
+        assert!(c.dead_peers().is_empty());
+    }
+}
+
+/// BEHAVIOUR.md Defaults: the rank heartbeat cadence is 1 s and is not
+/// scaled (only the coordinator-liveness deadline stretches).
+///
+/// BEHAVIOUR.md Defaults [D1]: rank heartbeat cadence 1 s, not scaled
+/// BEHAVIOUR.md Rank [R2]: heartbeat every second, whatever the application is doing
+#[test]
+fn rank_heartbeat_cadence_is_one_second_whatever_the_scale() {
+    for scale in [0.5, 1.0, 2.5] {
+        let mut c = client(scale);
+        let first = connected(&mut c, Time::ZERO);
+        assert_eq!(first, vec![TimingMsgWire::Heartbeat { rank: 2, step_count: 0 }], "scale {scale}");
+        let mut beats = Vec::new();
+        while let Some(t) = c.poll_timeout().filter(|t| *t <= Time::from_secs(5)) {
+            c.handle(t, Input::Timeout);
+            for m in up(&drain_machine(&mut c, t).bytes.get(&CONN).cloned().unwrap_or_default()) {
+                beats.push((t, m));
+            }
+        }
+        let expected: Vec<(Time, TimingMsgWire)> = (1..=5)
+            .map(|s| (Time::from_secs(s), TimingMsgWire::Heartbeat { rank: 2, step_count: 0 }))
+            .collect();
+        assert_eq!(beats, expected, "scale {scale}");
+    }
+}
+
+/// BEHAVIOUR.md Rank: timing reports are commands; each goes up as exactly
+/// the timing frame asked for, in order, and the heartbeat carries the
+/// highest step count reported so far.
+///
+/// BEHAVIOUR.md Rank [R3]: timing reports are commands, sent as the exact timing frame
+#[test]
+fn timing_reports_go_up_exactly_as_commanded_and_heartbeats_carry_the_step() {
+    let mut c = client(1.0);
+    connected(&mut c, Time::ZERO);
+    c.report_batch(12.0, 1.5, 7, 0.25).unwrap();
+    let ack = TimingMsgWire::SyncAck {
+        rank: 2,
+        step_count: 9,
+        divergence: Some(0.5),
+        post_norm: None,
+        pre_norm: Some(3.0),
+    };
+    c.report(&ack).unwrap();
+    c.report_batch(10.0, 0.0, 3, 0.5).unwrap();
+    let result = TimingMsgWire::CheckpointResult { rank: 2, version: 4, elapsed_ms: 8.0, error: None };
+    c.report(&result).unwrap();
+    let d = drain_machine(&mut c, Time::from_millis(10));
+    let batch = |step_count, batch_ms, data_ms, batch_loss| TimingMsgWire::Batch {
+        rank: 2,
+        batch_ms,
+        data_ms,
+        step_count,
+        param_norm: None,
+        batch_loss,
+        sync_divergence: None,
+    };
+    assert_eq!(up(&d.bytes[&CONN]), vec![batch(7, 12.0, 1.5, 0.25), ack, batch(3, 10.0, 0.0, 0.5), result]);
+    c.handle(Time::from_secs(1), Input::Timeout);
+    let d = drain_machine(&mut c, Time::from_secs(1));
+    assert_eq!(up(&d.bytes[&CONN]), vec![TimingMsgWire::Heartbeat { rank: 2, step_count: 9 }]);
+}
+
+/// BEHAVIOUR.md Rank: the control client surfaces *every* coordinator
+/// command as an event: each of the 20 `ControlMsgWire` variants, in order,
+/// unchanged.
+///
+/// BEHAVIOUR.md Rank [R5]: every coordinator command surfaces as an event
+#[test]
+fn every_coordinator_message_kind_surfaces_as_an_event_unchanged() {
+    use cohort_proto::wire::{EpochMetricsWire, EpochPlanWire};
+    let plan = EpochPlanWire { epoch: 3, partition_offset: 40, partition_size: 9 };
+    let agg = EpochMetricsWire {
+        epoch: 3,
+        avg_loss: 0.75,
+        per_rank_samples: vec![1, 2, 3, 4],
+        ..Default::default()
+    };
+    let msgs = vec![
+        ControlMsgWire::RequestParams,
+        ControlMsgWire::Update { version: 5, next_plan: Some(plan.clone()) },
+        ControlMsgWire::SyncNow,
+        ControlMsgWire::StartEpoch(plan),
+        ControlMsgWire::ExtendPartition { partition_offset: 90, partition_size: 4 },
+        ControlMsgWire::DeclareDead { rank: 3 },
+        ControlMsgWire::RequestNewNcclId,
+        ControlMsgWire::NewNcclSession { uid_bytes: vec![6; 128], new_rank: 1, new_world_size: 3 },
+        ControlMsgWire::Throttle,
+        ControlMsgWire::SetGlobalStep { global_step: 77 },
+        ControlMsgWire::Checkpoint { version: 2, target_rank: 2 },
+        ControlMsgWire::ExecuteEvalCallback { schedule_id: 8, epoch: 3, target_rank: 2 },
+        ControlMsgWire::SetEpochCallbackRole { rank: 1 },
+        ControlMsgWire::EpochAggregated(Box::new(agg)),
+        ControlMsgWire::EvalBroadcast { epoch: 3, metric: 0.875 },
+        ControlMsgWire::SaveConsensusModel { target_rank: 2 },
+        ControlMsgWire::CoordHeartbeat,
+        ControlMsgWire::StageAdvisory { counts: vec![3, 4], segments: vec![(3, vec![(0, 5), (9, 2)])] },
+        ControlMsgWire::ShutdownWithSave { reason: 4 },
+        ControlMsgWire::Shutdown,
+    ];
+    let mut c = client(1.0);
+    connected(&mut c, Time::ZERO);
+    let bytes: Vec<u8> = msgs.iter().flat_map(down).collect();
+    c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &bytes });
+    let d = drain_machine(&mut c, Time::from_secs(1));
+    let got: Vec<ControlMsgWire> = d
+        .events
+        .into_iter()
+        .map(|e| match e {
+            ControlEvent::Control(m) => m,
+            other => panic!("only control events expected, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(got, msgs);
+    assert_eq!(c.dead_peers().iter().copied().collect::<Vec<_>>(), vec![3]);
+}
+
+/// BEHAVIOUR.md Rank: the coordinator being gone ends the client with a
+/// named reason: every `LostReason` (silence, EOF, bad frame, failed
+/// handshake) reads "coordinator lost: ..." and says which.
+///
+/// BEHAVIOUR.md Rank [R12]: coordinator gone -> the client ends with a named reason
+#[test]
+fn every_coordinator_lost_reason_is_named() {
+    use cohort_proto::wire::{FrameType, Problem, WireError};
+    let cases = [
+        (LostReason::Silent { last_frame: Time::from_secs(3) }, "silent since"),
+        (LostReason::Closed(CloseCause::Eof), ""),
+        (
+            LostReason::BadFrame(WireError::new(
+                FrameType::ControlFrame,
+                "tag",
+                Problem::Invalid("x".into()),
+            )),
+            "bad frame",
+        ),
+        (LostReason::Handshake(HandshakeError::Timeout), "handshake failed"),
+    ];
+    for (reason, what) in cases {
+        let s = reason.to_string();
+        assert!(s.starts_with("coordinator lost: "), "{s}");
+        assert!(s.contains(what), "{s} names {what}");
+        assert!(s.len() > "coordinator lost: ".len(), "{s}");
     }
 }

@@ -62,6 +62,10 @@ fn conn(rank: u32) -> ConnId {
     ConnId(100 + u64::from(rank))
 }
 
+/// BEHAVIOUR.md Rendezvous [V3]: exactly one `Generate`
+/// BEHAVIOUR.md Rendezvous [V4]: the generator is the first rank of the controller's own host
+/// BEHAVIOUR.md Rendezvous [V6]: the rest get `Wait`
+/// BEHAVIOUR.md Rendezvous [V8]: the controller sends that `Uid` to every `Wait` rank
 #[test]
 fn exactly_one_generate_the_first_rank_of_the_controllers_host_and_the_uid_reaches_every_wait_rank() {
     let mut s = server(4, &[2, 3], Some(DS));
@@ -90,6 +94,8 @@ fn exactly_one_generate_the_first_rank_of_the_controllers_host_and_the_uid_reach
     assert_eq!(s.poll_timeout(), None);
 }
 
+/// BEHAVIOUR.md Rendezvous [V5]: else the lowest rank
+/// BEHAVIOUR.md Rendezvous [V3]: exactly one `Generate`
 #[test]
 fn generator_is_the_lowest_rank_when_the_controller_runs_none() {
     let mut s = server(3, &[], None);
@@ -107,6 +113,7 @@ fn generator_is_the_lowest_rank_when_the_controller_runs_none() {
     assert_eq!(generates, 1);
 }
 
+/// BEHAVIOUR.md Rendezvous [V2]: roles go out once every rank has said hello
 #[test]
 fn roles_wait_for_every_rank_and_hello_bytes_may_arrive_split() {
     let mut s = server(2, &[], None);
@@ -122,6 +129,7 @@ fn roles_wait_for_every_rank_and_hello_bytes_may_arrive_split() {
     assert_eq!(d.bytes.len(), 2);
 }
 
+/// BEHAVIOUR.md Rendezvous [V9]: dataset signature checked against the others; a mismatch is refused by name
 #[test]
 fn dataset_signature_mismatch_is_refused_naming_host_and_rank() {
     let mut s = server(3, &[], None);
@@ -223,6 +231,7 @@ fn no_new_rank_for_strictly_longer_than_the_idle_timeout_fails_the_rendezvous() 
     assert_eq!(d.closed, vec![conn(0)]);
 }
 
+/// BEHAVIOUR.md Rendezvous [V7]: the generator sends a `Uid` of exactly 128 bytes
 #[test]
 fn after_the_roles_a_short_uid_or_a_lost_connection_fails_the_rendezvous() {
     let setup = || {
@@ -253,6 +262,7 @@ fn after_the_roles_a_short_uid_or_a_lost_connection_fails_the_rendezvous() {
     assert!(matches!(&d.events[..], [RendezvousEvent::Failed(RendezvousError::Protocol { rank: 1, .. })]));
 }
 
+/// BEHAVIOUR.md Rendezvous [V8]: the controller sends that `Uid` to every `Wait` rank
 #[test]
 fn the_uid_may_arrive_with_the_hello_before_the_roles_go_out() {
     let mut s = server(2, &[], None);
@@ -269,4 +279,37 @@ fn the_uid_may_arrive_with_the_hello_before_the_roles_go_out() {
         ]
     );
     assert!(d.events.contains(&RendezvousEvent::Completed { generator: 0 }));
+}
+
+/// BEHAVIOUR.md Rendezvous: a `Hello` carries the global rank and host
+/// (each surfaced as `Joined` in arrival order), and the generator's `Uid`
+/// is exactly 128 bytes: 127 or 129 fail the rendezvous, naming the rank.
+///
+/// BEHAVIOUR.md Rendezvous [V1]: `Hello` carries dataset signature, global rank, host
+/// BEHAVIOUR.md Rendezvous [V7]: the generator sends a `Uid` of exactly 128 bytes
+#[test]
+fn hello_names_rank_and_host_and_the_uid_is_exactly_128_bytes() {
+    for len in [127, 129] {
+        let mut s = server(2, &[1], Some(DS));
+        s.adopt(Time::ZERO, conn(1), Peer::REMOTE, &hello(1, "ctl", DS));
+        s.adopt(Time::ZERO, conn(0), Peer::REMOTE, &hello(0, "far", DS));
+        let d = drain_machine(&mut s, Time::ZERO);
+        assert_eq!(
+            d.events,
+            vec![
+                RendezvousEvent::Joined { rank: 1, host: "ctl".into() },
+                RendezvousEvent::Joined { rank: 0, host: "far".into() },
+                RendezvousEvent::RolesSent { generator: 1 },
+            ]
+        );
+        let uid = frame(&RendezvousMsgWire::Uid { uid_bytes: vec![3; len] });
+        s.handle(Time::ZERO, Input::Received { conn: conn(1), bytes: &uid });
+        let d = drain_machine(&mut s, Time::ZERO);
+        assert!(
+            matches!(&d.events[..], [RendezvousEvent::Failed(RendezvousError::Protocol { rank: 1, what })] if what.contains(&len.to_string())),
+            "{len}: {:?}",
+            d.events
+        );
+        assert!(!d.bytes.contains_key(&conn(0)), "no uid of {len} bytes relayed");
+    }
 }

@@ -301,8 +301,16 @@ impl ControlClient {
         if let Some(conn) = close {
             self.out.close(conn);
         }
+        let clean = matches!(self.state, State::Connected { clean: true, .. });
         self.state = State::Ended;
         self.queued.clear();
+        if clean {
+            // After a clean `Shutdown` nothing means the coordinator is
+            // lost: a bad frame (or a torn one at EOF) only ends the link,
+            // and the peers stay as they were.
+            self.out.event(ControlEvent::Closed);
+            return;
+        }
         let me = self.cfg.rank;
         self.dead.extend((0..self.cfg.world_size).filter(|&r| r != me));
         let dead_peers = self.dead.iter().copied().collect();
