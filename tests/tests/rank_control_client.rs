@@ -290,16 +290,38 @@ fn a_bad_frame_is_coordinator_lost_naming_frame_and_field() {
     assert!(matches!(&reason, LostReason::BadFrame(e) if e.is_mac() && e.field == "tag"), "{reason}");
     assert_eq!(peers, vec![0, 1, 3]);
     assert_eq!(d.closed, vec![CONN]);
-    // A frame of a kind the coordinator never sends.
+}
+
+/// flodl 0.8's rank: a MAC-verified frame of a kind the coordinator never
+/// sends on this channel is dropped with a notice, the link kept; being well
+/// signed it is a sign of life (BEHAVIOUR.md Rank [R6]).
+#[test]
+fn a_well_signed_frame_of_another_kind_is_ignored_and_keeps_the_link() {
     let mut c = client(1.0);
     connected(&mut c, Time::ZERO);
     let mut g = BytesMut::new();
     encode_frame(&key(), &TimingMsgWire::Heartbeat { rank: 0, step_count: 0 }, &mut g).unwrap();
     let mut blob = len_prefix(g.len(), 1 << 30).unwrap().to_vec();
     blob.extend_from_slice(&g);
-    c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &blob });
-    let (reason, _) = lost(&drain_machine(&mut c, Time::from_secs(1)).events).unwrap();
-    assert!(matches!(&reason, LostReason::BadFrame(e) if e.field == "kind"));
+    let at = Time::from_secs(20);
+    c.handle(at, Input::Received { conn: CONN, bytes: &blob });
+    let d = drain_machine(&mut c, at);
+    assert!(
+        d.events.iter().any(|e| matches!(e, ControlEvent::Ignored { kind: MsgKind::Timing })),
+        "{:?}",
+        d.events
+    );
+    assert!(lost(&d.events).is_none());
+    assert!(d.closed.is_empty());
+    // The liveness clock restarted at 20 s.
+    assert_eq!(c.liveness_deadline(), Some(at + Duration::from_secs(30)));
+    // And a control message after it still surfaces.
+    let later = at + Duration::from_secs(29);
+    assert!(lost(&drain_machine(&mut c, later).events).is_none());
+    let f = down(&ControlMsgWire::Throttle);
+    c.handle(later, Input::Received { conn: CONN, bytes: &f });
+    let d = drain_machine(&mut c, later);
+    assert!(d.events.iter().any(|e| matches!(e, ControlEvent::Control(ControlMsgWire::Throttle))));
 }
 
 /// BEHAVIOUR.md Rank [R6]: any inbound frame resets the coordinator-liveness clock

@@ -285,7 +285,8 @@ impl RankNode {
             ControlEvent::CoordinatorLost { reason, dead_peers } => {
                 self.end(RankEvent::CoordinatorLost { reason: reason.to_string(), dead_peers });
             }
-            ControlEvent::Closed => {}
+            // A stray well-signed frame: the client keeps the link, so do we.
+            ControlEvent::Ignored { .. } | ControlEvent::Closed => {}
         }
     }
 

@@ -29,8 +29,8 @@ use crate::handshake::{ControlHandshake, ControlHelloFields, Dialer, DialerEvent
 use crate::machine::{CloseCause, ConnId, Input, Machine, Outbox, Output};
 use crate::time::Time;
 use crate::wire::{
-    CONTROL_HEADER_LEN, ControlMsgWire, FrameType, IntentKind, LenDecoder, MAX_CONTROL_PAYLOAD, MacKey,
-    Message, MetricsMsgWire, Problem, TimingMsgWire, WireError, WireMessage, encode_frame, len_prefix,
+    CONTROL_HEADER_LEN, ControlMsgWire, IntentKind, LenDecoder, MAX_CONTROL_PAYLOAD, MacKey, Message,
+    MetricsMsgWire, MsgKind, TimingMsgWire, WireError, WireMessage, encode_frame, len_prefix,
     parse_exact_frame,
 };
 
@@ -93,6 +93,14 @@ pub enum ControlEvent {
         reason: LostReason,
         /// The peers now marked dead (every rank but this one).
         dead_peers: Vec<u32>,
+    },
+    /// A MAC-verified frame of a kind the coordinator never sends on this
+    /// channel (Timing, Metrics, Rendezvous, Join): dropped with this notice
+    /// and the link kept, as flodl 0.8's rank does. Being well signed, it
+    /// still counts as a sign of life.
+    Ignored {
+        /// The frame's kind.
+        kind: MsgKind,
     },
     /// The connection ended after a clean `Shutdown` / `ShutdownWithSave`,
     /// or [`ControlClient::close`] was called.
@@ -374,9 +382,8 @@ impl ControlClient {
                 Ok(Message::Control(m)) => Some(m),
                 Ok(Message::Reserved { .. }) => None,
                 Ok(other) => {
-                    let why = format!("a {} frame from the coordinator", other.kind().name());
-                    let e = WireError::new(FrameType::ControlFrame, "kind", Problem::Invalid(why));
-                    return self.lose(LostReason::BadFrame(e), Some(conn));
+                    self.out.event(ControlEvent::Ignored { kind: other.kind() });
+                    None
                 }
                 Err(e) => return self.lose(LostReason::BadFrame(e), Some(conn)),
             };
