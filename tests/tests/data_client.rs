@@ -89,6 +89,7 @@ fn a_bad_ack_or_a_silent_relay_fails_the_handshake() {
     assert_eq!(rig.out.closed, vec![CONN]);
 }
 
+/// BEHAVIOUR.md Rank [R13]: data client sends its contribution pre-scaled by its mass
 #[test]
 fn a_model_contribution_is_pre_scaled_by_its_mass() {
     let mut rig = Rig::connected();
@@ -124,6 +125,7 @@ fn zero_mass_and_zero_tensors_are_sent_elided() {
     assert_eq!(values(&f.tensors[1]), vec![4.0]);
 }
 
+/// BEHAVIOUR.md Rank [R14]: data client receives the consensus
 #[test]
 fn the_consensus_arrives_whatever_the_split() {
     let t = [TensorView::new(&[3], &[1.0, 2.0, 3.0]), TensorView::zeros(&[2])];
@@ -146,6 +148,7 @@ fn the_consensus_arrives_whatever_the_split() {
     }
 }
 
+/// BEHAVIOUR.md Rank [R15]: data client keeps its local state when the returned mass is 0
 #[test]
 fn a_zero_mass_consensus_says_keep_local() {
     let mut rig = Rig::connected();
