@@ -160,7 +160,8 @@ impl DemoReport {
             (None, Some(why)) => out.push(format!("kill                skipped: {why}")),
             (None, None) => {}
         }
-        out.push(format!("state.json served   {} times", self.status_answers));
+        let plural = if self.status_answers == 1 { "" } else { "s" };
+        out.push(format!("state.json served   {} time{plural}", self.status_answers));
         out.extend(self.check.violations.iter().map(|v| format!("VIOLATION           {v}")));
         out.push(format!("wall time           {:.3} s", self.wall.as_secs_f64()));
         out.push(format!("verdict             {}", if self.ok() { "PASS" } else { "FAIL" }));
