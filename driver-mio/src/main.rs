@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use cohort_driver_mio::cluster::compose::{RunKnobs, controller_config, os_salt};
 use cohort_driver_mio::cluster::demo::{self, DemoOptions, Kill};
-use cohort_driver_mio::cluster::describe::{json_line, log};
+use cohort_driver_mio::cluster::describe::{Narrator, json_of, log_line};
 use cohort_driver_mio::cluster::host::{HostParams, MioHost};
 use cohort_driver_mio::cluster::{ClusterEvent, Source, Stamped, http, shutdown_all, spawn_controller};
 use cohort_driver_mio::wire_tool::{self, WireCmd};
@@ -256,10 +256,11 @@ fn emit(line: impl std::fmt::Display) {
 }
 
 /// Logs an event (stderr) and, with `--json`, prints it as a JSON line (stdout).
-fn show(s: &Stamped, json: bool) {
-    log(s);
+fn show(narrator: &mut Narrator, s: &Stamped, json: bool) {
+    let line = narrator.describe(s);
+    log_line(s, &line);
     if json {
-        emit(json_line(s));
+        emit(json_of(s, &line));
     }
 }
 
@@ -311,13 +312,14 @@ fn controller(a: ControllerArgs) -> i32 {
     }
     let linger = Duration::from_secs_f64(a.linger_secs.max(0.0));
     let mut ended: Option<(Instant, Outcome)> = None;
+    let mut narrator = Narrator::default();
     loop {
         if ended.as_ref().is_some_and(|(t, _)| t.elapsed() >= linger) {
             break;
         }
         match events.recv_timeout(Duration::from_millis(100)) {
             Ok(s) => {
-                show(&s, a.common.json);
+                show(&mut narrator, &s, a.common.json);
                 if let ClusterEvent::Controller(ControllerEvent::Finished(o)) = &s.event
                     && ended.is_none()
                 {
@@ -357,13 +359,14 @@ fn agent(a: AgentArgs) -> i32 {
     };
     tracing::info!("agent {} joining {} with {} ranks", a.host, a.connect, a.ranks);
     let (mut ranks, mut exits, mut worst) = (0usize, 0usize, 0i32);
+    let mut narrator = Narrator::default();
     let code = loop {
         let s = match events.recv_timeout(Duration::from_millis(250)) {
             Ok(s) => s,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => break 1,
         };
-        show(&s, a.common.json);
+        show(&mut narrator, &s, a.common.json);
         match (&s.source, &s.event) {
             (Source::Agent(_), ClusterEvent::Agent(ClientEvent::Admitted { ranks: r, .. })) => {
                 ranks = r.len()
@@ -446,7 +449,8 @@ fn run_demo(a: DemoArgs) -> i32 {
         ..DemoOptions::default()
     };
     let json = a.json;
-    let report = match demo::run(&opts, |s| show(s, json)) {
+    let mut narrator = Narrator::default();
+    let report = match demo::run(&opts, |s| show(&mut narrator, s, json)) {
         Ok(r) => r,
         Err(e) => return fail(&e),
     };

@@ -322,10 +322,48 @@ fn coord(c: &CoordEvent) -> Line {
     }
 }
 
+/// Describes a stream of events, remembering what came before: once the
+/// coordinator has ended the run, a host leaving is the expected teardown,
+/// not a loss worth a warning.
+///
+/// ```
+/// use cohort_driver_mio::cluster::describe::{Level, Narrator};
+/// use cohort_driver_mio::cluster::{ClusterEvent, Source, Stamped};
+/// use cohort_proto::Time;
+///
+/// let mut n = Narrator::default();
+/// let s = Stamped { at: Time::ZERO, source: Source::Rank(0), event: ClusterEvent::RankExit { code: 0 } };
+/// assert_eq!(n.describe(&s).level, Level::Info);
+/// ```
+#[derive(Debug, Default)]
+pub struct Narrator {
+    run_ended: bool,
+}
+
+impl Narrator {
+    /// Describes the next event of the stream.
+    pub fn describe(&mut self, s: &Stamped) -> Line {
+        let mut l = describe(s);
+        match l.kind {
+            "ended" => self.run_ended = true,
+            "host_lost" if self.run_ended => {
+                l.level = Level::Info;
+                l.text.push_str(" (after the end of the run)");
+            }
+            _ => {}
+        }
+        l
+    }
+}
+
 /// The event as one JSON object (one line): `{"t": seconds, "node", "event"
-/// (the kind), "level", "text"}`.
+/// (the short name), "level", "text"}`.
 pub fn json_line(s: &Stamped) -> String {
-    let l = describe(s);
+    json_of(s, &describe(s))
+}
+
+/// [`json_line`] for an event already described.
+pub fn json_of(s: &Stamped, l: &Line) -> String {
     let level = match l.level {
         Level::Debug => "debug",
         Level::Info => "info",
@@ -344,11 +382,53 @@ pub fn json_line(s: &Stamped) -> String {
 /// Logs the event with `tracing` at its level (target `cohort`), as
 /// `node | text`.
 pub fn log(s: &Stamped) {
-    let l = describe(s);
+    log_line(s, &describe(s))
+}
+
+/// [`log`] for an event already described.
+pub fn log_line(s: &Stamped, l: &Line) {
     let node = s.source.to_string();
     match l.level {
         Level::Debug => tracing::debug!(target: "cohort", "{node:>20} | {}", l.text),
         Level::Info => tracing::info!(target: "cohort", "{node:>20} | {}", l.text),
         Level::Warn => tracing::warn!(target: "cohort", "{node:>20} | {}", l.text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Source;
+    use cohort_proto::join::window::HostLoss;
+    use cohort_proto::{CloseCause, ConnId, Time};
+
+    fn at(ms: u64, event: ControllerEvent) -> Stamped {
+        Stamped {
+            at: Time::from_millis(ms),
+            source: Source::Controller,
+            event: ClusterEvent::Controller(event),
+        }
+    }
+
+    fn host_lost() -> ControllerEvent {
+        ControllerEvent::Join(JoinEvent::HostLost {
+            conn: ConnId(7),
+            host: "host-0".into(),
+            ranks: 0..2,
+            loss: HostLoss::Closed(CloseCause::Eof),
+        })
+    }
+
+    #[test]
+    fn a_host_lost_during_the_run_warns_and_after_its_end_informs() {
+        let mut n = Narrator::default();
+        assert_eq!(n.describe(&at(1, host_lost())).level, Level::Warn);
+        let end = n.describe(&at(2, ControllerEvent::Coord(CoordEvent::Ended(RunEnd::Done))));
+        assert_eq!((end.level, end.kind), (Level::Info, "ended"));
+        let after = n.describe(&at(3, host_lost()));
+        assert_eq!((after.level, after.kind), (Level::Info, "host_lost"));
+        assert!(after.text.ends_with("(after the end of the run)"), "{}", after.text);
+        // The stateless description is unchanged.
+        assert_eq!(describe(&at(4, host_lost())).level, Level::Warn);
     }
 }
