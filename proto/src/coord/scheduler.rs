@@ -675,28 +675,8 @@ impl Scheduler {
             } else {
                 next_untried(&alive, &job.tried)
             };
-            match next {
-                Some(n) => {
-                    job.target = n;
-                    let version = job.version;
-                    let from = self.roles.assign(Role::Checkpoint, n);
-                    if from != n {
-                        self.event(CoordEvent::RoleMoved {
-                            role: Role::Checkpoint,
-                            from,
-                            to: n,
-                            why: RoleMove::CheckpointFailed,
-                        });
-                    }
-                    self.send(vec![n], ControlMsgWire::Checkpoint { version, target_rank: n.into() });
-                    self.event(CoordEvent::CheckpointRequested { version, rank: n });
-                }
-                None => {
-                    let version = job.version;
-                    self.checkpoint = None;
-                    self.event(CoordEvent::CheckpointAbandoned { version });
-                }
-            }
+            let version = job.version;
+            self.retry_checkpoint(version, next);
         }
         if let Some(job) = self.eval.as_mut().filter(|j| j.target == dead)
             && alive.contains(&self.roles.eval)
@@ -826,9 +806,19 @@ impl Scheduler {
         let alive = self.live.alive();
         let Some(job) = self.checkpoint.as_mut() else { return };
         job.tried.insert(rank);
-        match next_untried(&alive, &job.tried) {
+        let next = next_untried(&alive, &job.tried);
+        self.retry_checkpoint(version, next);
+    }
+
+    /// A checkpoint attempt failed (its rank died or reported an error): ask
+    /// `next`, moving the role to it, or abandon the checkpoint when nobody
+    /// is left to try.
+    fn retry_checkpoint(&mut self, version: u64, next: Option<u32>) {
+        match next {
             Some(n) => {
-                job.target = n;
+                if let Some(job) = self.checkpoint.as_mut() {
+                    job.target = n;
+                }
                 let from = self.roles.assign(Role::Checkpoint, n);
                 if from != n {
                     self.event(CoordEvent::RoleMoved {
