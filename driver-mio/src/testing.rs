@@ -7,8 +7,17 @@
 //! - [`Pinger`]: dials, then plays ping-pong with one frame;
 //! - [`Echo`]: accepts and echoes every byte back;
 //! - [`RoundSink`]: accepts and verifies round frames as they stream in.
+//!
+//! And the plumbing tests of either driver share: [`ThreadNode`] (a machine
+//! on its own thread, its events on a channel), [`quick`] (a config with
+//! short dial and close deadlines), [`free_addr`] and [`pattern`].
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::ControlFlow;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use bytes::Bytes;
 use cohort_proto::machine::Outbox;
@@ -363,4 +372,168 @@ impl Machine for RoundSink {
     fn poll_timeout(&self) -> Option<Time> {
         None
     }
+}
+
+/// How long a [`ThreadNode`] waits for an event before it panics: a safety
+/// net against a hung test, not a synchronisation device (every wait ends
+/// with the awaited event long before this).
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A machine run by a [`Runner`](crate::Runner) on its own thread, its events
+/// on a channel: the test and benchmark harness of either driver. Its waits
+/// panic after [`PATIENCE`], as a test wants.
+pub struct ThreadNode<M: Machine> {
+    /// Commands into the running machine.
+    pub remote: crate::Remote<M>,
+    /// The listening address, when it listens.
+    pub addr: Option<SocketAddr>,
+    events: Receiver<crate::NodeEvent<M::Event>>,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl<M> ThreadNode<M>
+where
+    M: Machine + Send + 'static,
+    M::Event: Send + 'static,
+{
+    /// Starts `machine` on a new thread, listening on a loopback port if
+    /// `listen`.
+    ///
+    /// # Panics
+    /// If the runner or its listener cannot be set up.
+    pub fn spawn(machine: M, config: crate::Config, listen: bool) -> Self {
+        let mut runner = crate::Runner::new(machine, config).expect("runner");
+        let addr = listen.then(|| runner.listen(SocketAddr::from(([127, 0, 0, 1], 0))).expect("listen"));
+        let remote = runner.remote();
+        let (tx, events) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            runner.run(|_, e| {
+                let _ = tx.send(e);
+                ControlFlow::Continue(())
+            })
+        });
+        ThreadNode { remote, addr, events, thread: Some(thread) }
+    }
+}
+
+impl<M: Machine> ThreadNode<M> {
+    /// The listening address as text.
+    ///
+    /// # Panics
+    /// If the node does not listen.
+    pub fn addr(&self) -> String {
+        self.addr.expect("listening node").to_string()
+    }
+
+    /// The next event, driver notices included.
+    ///
+    /// # Panics
+    /// If none arrives within [`PATIENCE`], or the node stopped.
+    pub fn next(&self) -> crate::NodeEvent<M::Event> {
+        match self.events.recv_timeout(PATIENCE) {
+            Ok(e) => e,
+            Err(RecvTimeoutError::Timeout) => panic!("no event within {PATIENCE:?}"),
+            Err(RecvTimeoutError::Disconnected) => panic!("node stopped"),
+        }
+    }
+
+    /// The next event of the machine itself, skipping driver notices.
+    ///
+    /// # Panics
+    /// As [`ThreadNode::next`].
+    pub fn next_machine_event(&self) -> M::Event {
+        loop {
+            if let crate::NodeEvent::Machine(e) = self.next() {
+                return e;
+            }
+        }
+    }
+
+    /// Skips events until `f` picks one out of a machine event.
+    ///
+    /// # Panics
+    /// As [`ThreadNode::next`].
+    pub fn expect<T>(&self, mut f: impl FnMut(&M::Event) -> Option<T>) -> T {
+        loop {
+            if let Some(t) = f(&self.next_machine_event()) {
+                return t;
+            }
+        }
+    }
+
+    /// Events already delivered, without waiting.
+    pub fn pending(&self) -> Vec<crate::NodeEvent<M::Event>> {
+        self.events.try_iter().collect()
+    }
+
+    /// Runs `f` on the machine and returns its result.
+    ///
+    /// # Panics
+    /// If the node stopped.
+    pub fn call<R: Send + 'static>(&self, f: impl FnOnce(&mut M, Time) -> R + Send + 'static) -> R {
+        self.remote.call(f).expect("node running")
+    }
+
+    /// Shuts the node down cleanly and waits for its thread.
+    ///
+    /// # Panics
+    /// If the node's loop failed or its thread panicked.
+    pub fn stop(mut self) {
+        self.remote.shutdown();
+        if let Some(t) = self.thread.take() {
+            t.join().expect("node thread").expect("node loop");
+        }
+    }
+}
+
+impl<M: Machine> Drop for ThreadNode<M> {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.remote.shutdown();
+            let _ = t.join();
+        }
+    }
+}
+
+impl<M: Machine> std::fmt::Debug for ThreadNode<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadNode").field("addr", &self.addr).finish_non_exhaustive()
+    }
+}
+
+/// A config with short dial, stall and close deadlines, for tests.
+///
+/// ```
+/// let c = cohort_driver_mio::testing::quick();
+/// assert!(c.connect_backoff < cohort_driver_mio::Config::default().connect_backoff);
+/// ```
+pub fn quick() -> crate::Config {
+    crate::Config {
+        connect_attempts: 50,
+        connect_backoff: Duration::from_millis(20),
+        connect_timeout: Duration::from_secs(2),
+        write_stall: Duration::from_secs(10),
+        close_linger: Duration::from_millis(200),
+        ..crate::Config::default()
+    }
+}
+
+/// A loopback address nothing listens on (bound, then released).
+///
+/// # Panics
+/// If no loopback port can be bound.
+pub fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    l.local_addr().expect("its address")
+}
+
+/// `n` bytes of a recognisable, non-repeating-looking pattern.
+///
+/// ```
+/// let p = cohort_driver_mio::testing::pattern(4);
+/// assert_eq!(p.len(), 4);
+/// assert_ne!(p[0..2], p[2..4]);
+/// ```
+pub fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1]).collect()
 }

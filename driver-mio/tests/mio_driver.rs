@@ -1,13 +1,12 @@
 //! The mio driver on real loopback sockets.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::time::Duration;
 
 use bytes::Bytes;
 use cohort_driver_mio::testing::{Echo, Pinger, PingerEvent, Probe, ProbeEvent};
+use cohort_driver_mio::testing::{PATIENCE, ThreadNode, free_addr, pattern, quick};
 use cohort_driver_mio::{Clock, Config, Driver, NodeEvent, TokenRange};
 use cohort_proto::handshake::{
     Acceptor, AcceptorEvent, ControlHandshake, ControlHelloFields, DataHandshake, Dialer, DialerEvent,
@@ -15,7 +14,6 @@ use cohort_proto::handshake::{
 };
 use cohort_proto::wire::{MacKey, SessionSalt};
 use cohort_proto::{CloseCause, ConnId, DialId};
-use common::{PATIENCE, free_addr, pattern, quick, spawn};
 
 fn control_kind() -> ControlHandshake {
     ControlHandshake { key: MacKey::new(&SessionSalt::from_bytes([7; 16])), world_size: 4 }
@@ -23,9 +21,9 @@ fn control_kind() -> ControlHandshake {
 
 #[test]
 fn control_handshake_mio_to_mio() {
-    let relay = spawn(Acceptor::new(control_kind(), Duration::from_secs(10)), quick(), true);
+    let relay = ThreadNode::spawn(Acceptor::new(control_kind(), Duration::from_secs(10)), quick(), true);
     let hello = ControlHelloFields { rank: 2, model_sig: [9; 32] };
-    let rank = spawn(
+    let rank = ThreadNode::spawn(
         Dialer::new(control_kind(), hello, relay.addr(), None, Duration::from_secs(10)),
         quick(),
         false,
@@ -47,8 +45,12 @@ fn control_handshake_mio_to_mio() {
 
 #[test]
 fn data_handshake_refuses_a_wrong_world_size() {
-    let relay = spawn(Acceptor::new(DataHandshake { world_size: 4 }, Duration::from_secs(10)), quick(), true);
-    let rank = spawn(
+    let relay = ThreadNode::spawn(
+        Acceptor::new(DataHandshake { world_size: 4 }, Duration::from_secs(10)),
+        quick(),
+        true,
+    );
+    let rank = ThreadNode::spawn(
         Dialer::new(DataHandshake { world_size: 5 }, 1, relay.addr(), None, Duration::from_secs(10)),
         quick(),
         false,
@@ -70,7 +72,7 @@ fn data_handshake_refuses_a_wrong_world_size() {
 #[test]
 fn dial_retries_until_a_listener_appears() {
     let addr = free_addr();
-    let node = spawn(Probe::new(), quick(), false);
+    let node = ThreadNode::spawn(Probe::new(), quick(), false);
     node.remote.with(move |p, _| p.dial(DialId(7), addr.to_string())).unwrap();
     // Wait for a refused attempt, then start listening.
     match node.next() {
@@ -98,7 +100,7 @@ fn dial_retries_until_a_listener_appears() {
 fn dial_fails_after_the_budget() {
     let addr = free_addr();
     let cfg = Config { connect_attempts: 3, connect_backoff: Duration::from_millis(10), ..quick() };
-    let node = spawn(Probe::new(), cfg, false);
+    let node = ThreadNode::spawn(Probe::new(), cfg, false);
     node.remote.with(move |p, _| p.dial(DialId(1), addr.to_string())).unwrap();
     let mut retries = Vec::new();
     loop {
@@ -117,7 +119,7 @@ fn dial_fails_after_the_budget() {
 #[test]
 fn unresolvable_names_spend_the_budget_too() {
     let cfg = Config { connect_attempts: 2, connect_backoff: Duration::from_millis(1), ..quick() };
-    let node = spawn(Probe::new(), cfg, false);
+    let node = ThreadNode::spawn(Probe::new(), cfg, false);
     node.remote.with(|p, _| p.dial(DialId(3), "not an address")).unwrap();
     assert!(matches!(node.next(), NodeEvent::DialRetry { attempt: 1, .. }));
     assert_eq!(node.expect(|e| Some(e.clone())), ProbeEvent::DialFailed { dial: DialId(3) });
@@ -125,7 +127,7 @@ fn unresolvable_names_spend_the_budget_too() {
 
 #[test]
 fn eof_is_reported_once() {
-    let node = spawn(Probe::new(), quick(), true);
+    let node = ThreadNode::spawn(Probe::new(), quick(), true);
     let mut client = TcpStream::connect(node.addr()).unwrap();
     client.write_all(b"hello").unwrap();
     client.shutdown(Shutdown::Write).unwrap();
@@ -152,7 +154,7 @@ fn eof_is_reported_once() {
 
 #[test]
 fn reset_is_reported_as_reset() {
-    let node = spawn(Probe::new(), quick(), true);
+    let node = ThreadNode::spawn(Probe::new(), quick(), true);
     let client = TcpStream::connect(node.addr()).unwrap();
     let conn = node.expect(|e| match e {
         ProbeEvent::Accepted { conn, .. } => Some(*conn),
@@ -175,8 +177,8 @@ fn reset_is_reported_as_reset() {
 fn close_flushes_everything_queued() {
     const N: usize = 8 << 20;
     let cfg = Config { read_budget: 64 * 1024, read_chunk: 16 * 1024, ..quick() };
-    let receiver = spawn(Probe::new().keeping().quiet(), cfg, true);
-    let sender = spawn(Probe::new(), quick(), false);
+    let receiver = ThreadNode::spawn(Probe::new().keeping().quiet(), cfg, true);
+    let sender = ThreadNode::spawn(Probe::new(), quick(), false);
     let addr = receiver.addr();
     sender.remote.with(move |p, _| p.dial(DialId(0), addr)).unwrap();
     let conn = sender.expect(|e| match e {
@@ -212,7 +214,7 @@ fn a_peer_that_never_reads_stalls_and_unsent_bytes_are_counted() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let cfg = Config { write_stall: Duration::from_millis(300), ..quick() };
-    let node = spawn(Probe::new(), cfg, false);
+    let node = ThreadNode::spawn(Probe::new(), cfg, false);
     node.remote.with(move |p, _| p.dial(DialId(0), addr.to_string())).unwrap();
     let (mut peer, _) = listener.accept().unwrap();
     let conn = node.expect(|e| match e {
@@ -239,7 +241,7 @@ fn outgrowing_the_queue_bound_closes_as_stalled() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let cfg = Config { max_queued_bytes: 1 << 20, ..quick() };
-    let node = spawn(Probe::new(), cfg, false);
+    let node = ThreadNode::spawn(Probe::new(), cfg, false);
     node.remote.with(move |p, _| p.dial(DialId(0), addr.to_string())).unwrap();
     let _peer = listener.accept().unwrap();
     let conn = node.expect(|e| match e {
@@ -256,7 +258,7 @@ fn outgrowing_the_queue_bound_closes_as_stalled() {
 
 #[test]
 fn shutdown_flushes_and_closes_every_connection() {
-    let node = spawn(Probe::new(), quick(), true);
+    let node = ThreadNode::spawn(Probe::new(), quick(), true);
     let mut client = TcpStream::connect(node.addr()).unwrap();
     let conn = node.expect(|e| match e {
         ProbeEvent::Accepted { conn, .. } => Some(*conn),
@@ -285,7 +287,7 @@ fn driver_embeds_in_a_callers_poll() {
     let echo_addr = driver.listen("127.0.0.1:0".parse().unwrap()).unwrap();
 
     let frame = Bytes::from_static(b"0123456789abcdef0123456789abcdef");
-    let pinger = spawn(Pinger::new(echo_addr.to_string(), frame), quick(), false);
+    let pinger = ThreadNode::spawn(Pinger::new(echo_addr.to_string(), frame), quick(), false);
     let _own_client = TcpStream::connect(own.local_addr().unwrap()).unwrap();
 
     let mut events = Events::with_capacity(64);
@@ -359,7 +361,7 @@ fn token_range_bounds_the_sockets() {
 
 #[test]
 fn the_machine_timer_fires_at_its_deadline_not_before() {
-    let node = spawn(Probe::new(), quick(), false);
+    let node = ThreadNode::spawn(Probe::new(), quick(), false);
     let set = node.call(|p, now| {
         let at = now + Duration::from_millis(30);
         p.wake_at(at);

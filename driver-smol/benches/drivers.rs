@@ -27,7 +27,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use cohort_driver_mio::testing::{Echo, Pinger, PingerEvent, Probe, ProbeEvent, RoundSink, SinkEvent};
+use cohort_driver_mio::testing::{
+    Echo, Pinger, PingerEvent, Probe, ProbeEvent, RoundSink, SinkEvent, ThreadNode,
+};
 use cohort_driver_smol::Node;
 use cohort_proto::machine::Outbox;
 use cohort_proto::wire::{
@@ -90,42 +92,12 @@ impl Machine for Counter {
 
 // ---- mio nodes on threads ----
 
-struct MioNode<M: Machine> {
-    remote: cohort_driver_mio::Remote<M>,
-    events: mpsc::Receiver<M::Event>,
-    addr: Option<String>,
-    thread: Option<JoinHandle<()>>,
-}
-
-fn mio_node<M>(machine: M, listen: bool) -> MioNode<M>
+fn mio_node<M>(machine: M, listen: bool) -> ThreadNode<M>
 where
     M: Machine + Send + 'static,
     M::Event: Send + 'static,
 {
-    let mut runner = cohort_driver_mio::Runner::new(machine, cohort_driver_mio::Config::default()).unwrap();
-    let addr = listen.then(|| runner.listen("127.0.0.1:0".parse().unwrap()).unwrap().to_string());
-    let remote = runner.remote();
-    let (tx, events) = mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        runner
-            .run(|_, e| {
-                if let Some(e) = e.machine() {
-                    let _ = tx.send(e);
-                }
-                ControlFlow::Continue(())
-            })
-            .unwrap();
-    });
-    MioNode { remote, events, addr, thread: Some(thread) }
-}
-
-impl<M: Machine> Drop for MioNode<M> {
-    fn drop(&mut self) {
-        self.remote.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    ThreadNode::spawn(machine, cohort_driver_mio::Config::default(), listen)
 }
 
 // ---- smol nodes, each on its own thread ----
@@ -266,12 +238,12 @@ fn rtt(c: &mut Criterion) {
     {
         let echo = EchoChild::start("mio");
         let pinger = mio_node(Pinger::new(echo.addr.clone(), frame.clone()), false);
-        assert_eq!(pinger.events.recv().unwrap(), PingerEvent::Ready);
+        assert_eq!(pinger.next_machine_event(), PingerEvent::Ready);
         g.bench_function("mio", |b| {
             b.iter_custom(|iters| {
                 let t = Instant::now();
                 pinger.remote.with(move |p, _| p.start(iters)).unwrap();
-                assert_eq!(pinger.events.recv().unwrap(), PingerEvent::Done { rounds: iters });
+                assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: iters });
                 t.elapsed()
             })
         });
@@ -381,12 +353,10 @@ fn frame256(c: &mut Criterion) {
     {
         let sink = mio_node(RoundSink::new(key(), DEFAULT_FRAME_CEILING), true);
         let counter = mio_node(Counter { target: len, got: 0, out: Outbox::default() }, true);
-        for (name, addr) in
-            [("mio", sink.addr.clone().unwrap()), ("mio_count", counter.addr.clone().unwrap())]
-        {
+        for (name, addr) in [("mio", sink.addr()), ("mio_count", counter.addr())] {
             let src = mio_node(Probe::new(), false);
             src.remote.with(move |p, _| p.dial(DialId(0), addr)).unwrap();
-            let ProbeEvent::Connected { conn, .. } = src.events.recv().unwrap() else {
+            let ProbeEvent::Connected { conn, .. } = src.next_machine_event() else {
                 panic!("no connection")
             };
             g.bench_function(name, |b| {
@@ -394,12 +364,12 @@ fn frame256(c: &mut Criterion) {
                     let f = frame.clone();
                     src.remote.with(move |p, _| p.send(conn, f)).unwrap();
                     if name == "mio" {
-                        match sink.events.recv().unwrap() {
+                        match sink.next_machine_event() {
                             SinkEvent::Frame { wire_len, .. } => assert_eq!(wire_len, len),
                             SinkEvent::Bad { error, .. } => panic!("{error}"),
                         }
                     } else {
-                        assert_eq!(counter.events.recv().unwrap(), len);
+                        assert_eq!(counter.next_machine_event(), len);
                     }
                 })
             });

@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use cohort_driver_mio::testing::pattern;
 use cohort_driver_mio::testing::{Probe, ProbeEvent, RoundSink, SinkEvent};
 use cohort_driver_smol::Node;
 use cohort_proto::handshake::{
@@ -12,7 +13,7 @@ use cohort_proto::handshake::{
 };
 use cohort_proto::wire::{DEFAULT_FRAME_CEILING, Dtype, MacKey, RoundKind, RoundWriter, SessionSalt};
 use cohort_proto::{CloseCause, DialId};
-use common::{expect, pattern, quick, spawn_mio};
+use common::{expect, quick, spawn_mio};
 
 fn key() -> MacKey {
     MacKey::new(&SessionSalt::from_bytes([0x42; 16]))

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cohort_driver_mio::testing::{Probe, ProbeEvent};
+use cohort_driver_mio::testing::{free_addr, pattern};
 use cohort_driver_smol::{Config, Node, NodeEvent};
 use cohort_proto::handshake::{
     Acceptor, AcceptorEvent, ControlHandshake, ControlHelloFields, DataHandshake, Dialer, DialerEvent,
@@ -15,7 +16,7 @@ use cohort_proto::handshake::{
 };
 use cohort_proto::wire::{MacKey, SessionSalt};
 use cohort_proto::{CloseCause, DialId};
-use common::{PATIENCE, expect, free_addr, next, pattern, quick};
+use common::{PATIENCE, expect, next, quick};
 
 fn control_kind() -> ControlHandshake {
     ControlHandshake { key: MacKey::new(&SessionSalt::from_bytes([7; 16])), world_size: 4 }
