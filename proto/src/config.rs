@@ -113,6 +113,11 @@ pub mod defaults {
     pub const MAX_REJECTED_JOINS: u32 = 1024;
     /// Ranks (devices) one join hello may announce.
     pub const MAX_RANKS_PER_HELLO: usize = 256;
+    /// The largest payload a peer may send before it has authenticated (a
+    /// join `Hello`, a relay's `Hello`): every honest hello is a few KiB, so
+    /// an unauthenticated dial cannot make the controller buffer the full
+    /// 16 MiB control or frame-ceiling limits. They apply once admitted.
+    pub const MAX_HELLO_BYTES: usize = 64 * 1024;
     /// A rank's wait for its handshake ack, and an acceptor's for the hello (scaled).
     pub const HANDSHAKE: Duration = Duration::from_secs(10);
     /// The port router's deadline for the first 4 bytes (scaled).

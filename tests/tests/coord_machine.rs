@@ -355,3 +355,30 @@ fn scale_factor_stretches_every_scaled_deadline_together() {
         assert_eq!(cohort_proto::coord::NCCL_ANSWER, Duration::from_secs(5));
     }
 }
+
+/// Until its hello verifies, a relay may claim no more than a hello's worth
+/// (not the 16 MiB a control frame may carry): refused from the header alone.
+#[test]
+fn an_unauthenticated_relay_claiming_more_than_a_hello_is_refused_from_its_header() {
+    let mut c = coordinator(2, 10);
+    let claimed = cohort_proto::config::defaults::MAX_HELLO_BYTES as u32 + 1;
+    let mut h = Vec::new();
+    h.extend_from_slice(&cohort_proto::wire::MUX_RECORD_MAGIC.to_le_bytes());
+    h.extend_from_slice(&cohort_proto::wire::MUX_PROTOCOL_VERSION.to_le_bytes());
+    h.push(2);
+    h.extend_from_slice(&0u32.to_le_bytes());
+    h.extend_from_slice(&claimed.to_le_bytes());
+    h.extend_from_slice(&[0; 8]);
+    c.adopt(Time::ZERO, ConnId(9), Peer::REMOTE, &h);
+    let d = drain_machine(&mut c, Time::ZERO);
+    assert_eq!(d.closed, vec![ConnId(9)]);
+    assert!(!d.bytes.contains_key(&ConnId(9)), "no reply");
+    let limit = cohort_proto::config::defaults::MAX_HELLO_BYTES as u64;
+    assert!(
+        d.events.iter().any(|e| matches!(e, CoordEvent::RelayLost { conn: ConnId(9), error: Some(e) }
+            if e.field == "payload_len"
+                && e.problem == cohort_proto::wire::Problem::TooLarge { got: claimed.into(), limit })),
+        "{:?}",
+        d.events
+    );
+}

@@ -6,9 +6,11 @@
 use bytes::BytesMut;
 
 use cohort_proto::config::TimeoutScale;
+use cohort_proto::config::defaults;
 use cohort_proto::join::*;
 use cohort_proto::wire::{
-    Channel, ControlMsgWire, JoinMsgWire, MacKey, MsgKind, Problem, SessionSalt, encode_frame, encode_raw,
+    CONTROL_FRAME_MAGIC, CONTROL_PROTOCOL_VERSION, Channel, ControlMsgWire, JoinMsgWire, MacKey, MsgKind,
+    Problem, SessionSalt, encode_frame, encode_raw,
 };
 use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::join_harness::{Drained, at, dial_bytes, drain, frame, join_msgs, offer, one_msg};
@@ -566,4 +568,37 @@ fn the_snapshot_follows_the_window() {
     assert_eq!(rig.w.snapshot(at(2, 0)).phase, ClusterPhase::Staging);
     // Before the timer is handled, an observer already sees the closing window.
     assert_eq!(rig.w.snapshot(at(300, 0)).phase, ClusterPhase::Forming);
+}
+
+/// Before its MAC verifies, a dial may claim no more than a hello's worth:
+/// a header claiming the protocol's full 16 MiB is refused from the header
+/// alone, with no reply, and the window stays open.
+#[test]
+fn an_unauthenticated_dial_claiming_more_than_a_hello_is_refused_from_its_header() {
+    let mut rig = Rig::new(JoinConfig::default(), TrustMode::PreShared);
+    let mut bytes = Channel::Join.magic_bytes().to_vec();
+    let mut hdr = [0u8; 24];
+    hdr[0..4].copy_from_slice(&CONTROL_FRAME_MAGIC.to_le_bytes());
+    hdr[4..8].copy_from_slice(&CONTROL_PROTOCOL_VERSION.to_le_bytes());
+    hdr[16..20].copy_from_slice(&MsgKind::Join.as_u32().to_le_bytes());
+    let claimed = defaults::MAX_HELLO_BYTES as u32 + 1;
+    hdr[20..24].copy_from_slice(&claimed.to_le_bytes());
+    bytes.extend_from_slice(&hdr);
+    let d = rig.dial(at(1, 0), 1, &bytes);
+    assert!(d.closed(ConnId(1)) && !d.sent_any(ConnId(1)), "closed with no reply");
+    match rejected(&d).as_slice() {
+        [RejectReason::Frame(e)] => {
+            assert_eq!(e.field, "payload_len");
+            assert_eq!(
+                e.problem,
+                Problem::TooLarge { got: claimed.into(), limit: defaults::MAX_HELLO_BYTES as u64 }
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rig.w.state(), &WindowState::Open);
+    // A claim of exactly a hello's worth is still waited for.
+    let mut ok = bytes.clone();
+    ok[24..28].copy_from_slice(&(defaults::MAX_HELLO_BYTES as u32).to_le_bytes());
+    assert!(!rig.dial(at(1, 0), 2, &ok).closed(ConnId(2)));
 }

@@ -2,10 +2,11 @@
 //! round barrier, the reduce rule, deaths, and hostile hosts.
 
 use bytes::BytesMut;
+use cohort_proto::config::defaults;
 use cohort_proto::reduce::{DeathCause, HostError, HostRefusal, Reduce, ReduceConfig, ReduceEvent};
 use cohort_proto::wire::{
-    DEFAULT_FRAME_CEILING, Dtype, MacKey, MuxRecord, Payload, Problem, RelayControlMsg, RoundFrame,
-    RoundKind, SessionSalt,
+    DEFAULT_FRAME_CEILING, Dtype, MUX_PROTOCOL_VERSION, MUX_RECORD_MAGIC, MacKey, MuxRecord, Payload,
+    Problem, RelayControlMsg, RoundFrame, RoundKind, SessionSalt,
 };
 use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::data_harness::*;
@@ -489,4 +490,46 @@ fn an_oversized_record_is_refused_before_it_is_read() {
         ),
         "{ev:?}"
     );
+}
+
+/// A mux header claiming `len` payload bytes (kind Control, no payload sent).
+fn mux_claim(len: u32) -> Vec<u8> {
+    let mut h = Vec::with_capacity(25);
+    h.extend_from_slice(&MUX_RECORD_MAGIC.to_le_bytes());
+    h.extend_from_slice(&MUX_PROTOCOL_VERSION.to_le_bytes());
+    h.push(2);
+    h.extend_from_slice(&0u32.to_le_bytes());
+    h.extend_from_slice(&len.to_le_bytes());
+    h.extend_from_slice(&[0; 8]);
+    h
+}
+
+/// Until its hello verifies, a relay may claim no more than a hello's worth
+/// (the frame ceiling is 1 GiB): refused from the header alone. Once joined,
+/// frames far larger than that are taken.
+#[test]
+fn an_unauthenticated_relay_may_claim_only_a_hello_then_the_full_ceiling() {
+    let mut rig = Rig::new(2);
+    let claimed = defaults::MAX_HELLO_BYTES as u32 + 1;
+    let conn = rig.adopt(&mux_claim(claimed));
+    let ev = rig.events();
+    match &ev[..] {
+        [ReduceEvent::HostRefused { reason: HostRefusal::Wire(e), .. }] => {
+            assert_eq!(e.field, "payload_len");
+            assert_eq!(
+                e.problem,
+                Problem::TooLarge { got: claimed.into(), limit: defaults::MAX_HELLO_BYTES as u64 }
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rig.out.closed, vec![conn]);
+    // Joined relays send frames well past a hello's worth.
+    let a = rig.join(&[0]);
+    let b = rig.join(&[1]);
+    let big: Vec<f32> = (0..40_000).map(|i| i as f32).collect();
+    rig.host_frame(a, &f(&big, 1.0));
+    rig.host_frame(b, &f(&big, 1.0));
+    let c = rig.consensus(a).expect("consensus");
+    assert_eq!(values(&c.tensors[0]), big);
 }

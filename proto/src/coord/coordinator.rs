@@ -103,9 +103,10 @@ impl Coordinator {
     /// Takes over an accepted control-channel connection from a relay; its
     /// channel magic was already consumed; `first` holds bytes that followed.
     pub fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
-        let ceiling = (CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64;
         let deadline = now + self.hello_budget;
-        let relay = Relay { dec: MuxDecoder::new(ceiling), state: RelayState::AwaitHello { deadline } };
+        // Until its hello verifies, a relay may only send a hello's worth.
+        let dec = MuxDecoder::new(crate::config::defaults::MAX_HELLO_BYTES as u64);
+        let relay = Relay { dec, state: RelayState::AwaitHello { deadline } };
         self.forget_hello(conn);
         self.hello_deadlines.insert((deadline, conn));
         self.relays.insert(conn, relay);
@@ -234,6 +235,7 @@ impl Coordinator {
         self.forget_hello(conn);
         if let Some(relay) = self.relays.get_mut(&conn) {
             relay.state = RelayState::Ready { ranks: ranks.clone() };
+            relay.dec.set_ceiling((CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64);
         }
         self.out.event(CoordEvent::RelayJoined { conn, host, ranks });
     }

@@ -53,7 +53,7 @@ use crate::machine::{CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
     Channel, JoinMsgWire, MacKey, Message, MsgKind, Problem, RecvBuf, SessionSalt, WireError, encode_frame,
-    parse_frame,
+    parse_frame, parse_frame_within,
 };
 
 /// Everything a window is opened with.
@@ -728,7 +728,8 @@ impl JoinWindow {
             dial.buf.consume(4);
             dial.magic_pending = false;
         }
-        let parsed = parse_frame(dial.buf.as_slice(), &self.join_key);
+        // Nothing is authenticated yet: a hello's worth is all a dial may claim.
+        let parsed = parse_frame_within(dial.buf.as_slice(), &self.join_key, defaults::MAX_HELLO_BYTES);
         let (msg, used) = match parsed {
             Ok(None) => return,
             Ok(Some(ok)) => ok,

@@ -247,7 +247,8 @@ impl Reduce {
         let deadline = now + self.cfg.timeout_scale.scaled(defaults::HANDSHAKE);
         let host = Host {
             state: HostState::Hello { deadline },
-            dec: MuxDecoder::new(self.cfg.ceiling),
+            // Until its hello verifies, a relay may only send a hello's worth.
+            dec: MuxDecoder::new(defaults::MAX_HELLO_BYTES as u64),
             mid_since: None,
         };
         self.hosts.insert(conn, host);
@@ -436,6 +437,7 @@ impl Reduce {
         }
         if let Some(h) = self.hosts.get_mut(&conn) {
             h.state = HostState::Joined { ranks: ranks.clone(), delivered: false };
+            h.dec.set_ceiling(self.cfg.ceiling);
         }
         self.send_control(conn, &RelayControlMsg::HelloAck);
         // Ranks already dead before their relay joined: tell it now, or its

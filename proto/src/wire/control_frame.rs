@@ -189,11 +189,11 @@ impl From<JoinMsgWire> for Message {
     }
 }
 
-fn too_large(len: usize) -> WireError {
+fn too_large(len: usize, limit: usize) -> WireError {
     WireError::new(
         FrameType::ControlFrame,
         "payload_len",
-        Problem::TooLarge { got: len as u64, limit: MAX_CONTROL_PAYLOAD as u64 },
+        Problem::TooLarge { got: len as u64, limit: limit as u64 },
     )
 }
 
@@ -216,7 +216,7 @@ pub fn encode_frame<M: WireMessage>(key: &MacKey, msg: &M, out: &mut BytesMut) -
     let len = bin::encode_into(msg, out);
     if len > MAX_CONTROL_PAYLOAD {
         out.truncate(start);
-        return Err(too_large(len));
+        return Err(too_large(len, MAX_CONTROL_PAYLOAD));
     }
     seal(key, M::KIND, out, start, len);
     Ok(CONTROL_HEADER_LEN + len)
@@ -225,7 +225,7 @@ pub fn encode_frame<M: WireMessage>(key: &MacKey, msg: &M, out: &mut BytesMut) -
 /// Appends a control frame around an already-encoded payload.
 pub fn encode_raw(key: &MacKey, kind: MsgKind, payload: &[u8], out: &mut BytesMut) -> WireResult<usize> {
     if payload.len() > MAX_CONTROL_PAYLOAD {
-        return Err(too_large(payload.len()));
+        return Err(too_large(payload.len(), MAX_CONTROL_PAYLOAD));
     }
     let start = out.len();
     out.extend_from_slice(&[0u8; CONTROL_HEADER_LEN]);
@@ -251,7 +251,29 @@ fn seal(key: &MacKey, kind: MsgKind, out: &mut BytesMut, start: usize, len: usiz
 /// version, kind, payload length (before anything is allocated), MAC, then
 /// the payload's bincode.
 pub fn parse_frame(bytes: &[u8], key: &MacKey) -> WireResult<Option<(Message, usize)>> {
+    parse_frame_within(bytes, key, MAX_CONTROL_PAYLOAD)
+}
+
+/// [`parse_frame`] with a tighter payload limit than the protocol's 16 MiB:
+/// for frames from peers not yet authenticated (a join hello), so that a
+/// claimed length is refused before its bytes are buffered.
+///
+/// ```
+/// use cohort_proto::wire::{parse_frame_within, encode_frame, MacKey, SessionSalt, TimingMsgWire};
+/// let key = MacKey::new(&SessionSalt::from_bytes([1; 16]));
+/// let mut out = bytes::BytesMut::new();
+/// encode_frame(&key, &TimingMsgWire::Heartbeat { rank: 0, step_count: 1 }, &mut out).unwrap();
+/// assert!(parse_frame_within(&out, &key, 64).unwrap().is_some());
+/// let e = parse_frame_within(&out[..24], &key, 1).unwrap_err();
+/// assert_eq!(e.field, "payload_len");
+/// ```
+pub fn parse_frame_within(
+    bytes: &[u8],
+    key: &MacKey,
+    max_payload: usize,
+) -> WireResult<Option<(Message, usize)>> {
     const F: FrameType = FrameType::ControlFrame;
+    let max_payload = max_payload.min(MAX_CONTROL_PAYLOAD);
     if bytes.len() < CONTROL_HEADER_LEN {
         return Ok(None);
     }
@@ -272,8 +294,8 @@ pub fn parse_frame(bytes: &[u8], key: &MacKey) -> WireResult<Option<(Message, us
     let kind = MsgKind::from_u32(kind_raw)
         .ok_or_else(|| WireError::new(F, "kind", Problem::Unknown(kind_raw.into())))?;
     let len = u32_at(20) as usize;
-    if len > MAX_CONTROL_PAYLOAD {
-        return Err(too_large(len));
+    if len > max_payload {
+        return Err(too_large(len, max_payload));
     }
     let total = CONTROL_HEADER_LEN + len;
     if bytes.len() < total {

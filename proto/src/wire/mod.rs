@@ -27,7 +27,7 @@ mod salt;
 pub use consts::*;
 pub use control_frame::{
     CONTROL_HEADER_LEN, Message, MsgKind, WireMessage, decode_frame, decode_frames, encode_frame, encode_raw,
-    finish, parse_exact_frame, parse_frame,
+    finish, parse_exact_frame, parse_frame, parse_frame_within,
 };
 pub use dtype::{Dtype, add_le_into, bf16_to_f32, copy_le_into, extend_le, f32_to_bf16};
 pub use error::{FrameType, Problem, WireError, WireResult};

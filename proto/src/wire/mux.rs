@@ -210,6 +210,14 @@ impl MuxDecoder {
         MuxDecoder { ceiling, state: State::default() }
     }
 
+    /// Changes the payload limit for the records that follow (a record whose
+    /// header was already read keeps the limit it was checked against). A
+    /// reader starts a peer at a small limit and raises it once the peer has
+    /// authenticated.
+    pub fn set_ceiling(&mut self, ceiling: u64) {
+        self.ceiling = ceiling;
+    }
+
     /// Whether the decoder sits between records.
     pub fn is_idle(&self) -> bool {
         matches!(self.state, State::Header { have: 0, .. })
