@@ -21,7 +21,9 @@
 //!   connection (a reconnect);
 //! - no new rank for [`IDLE_TIMEOUT`] fails the rendezvous;
 //! - after the roles go out, any connection ending, a `Uid` that is not 128
-//!   bytes or any other frame fails it.
+//!   bytes or any other frame fails it, and so does a generator that sends
+//!   no `Uid` within [`UID_DEADLINE`] (flodl reads it under its 30 s I/O
+//!   timeout): the rendezvous never waits forever.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,6 +41,9 @@ use crate::wire::{
 pub const UID_BYTES: usize = 128;
 /// A connection must deliver its `Hello` within this (flodl's I/O timeout).
 pub const HELLO_DEADLINE: Duration = Duration::from_secs(30);
+/// After the roles go out, the generator's `Uid` must arrive within this
+/// (flodl's I/O timeout).
+pub const UID_DEADLINE: Duration = Duration::from_secs(30);
 /// With no new rank for this long, the rendezvous fails.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// More rejected pre-authentication connections than this fail it.
@@ -101,6 +106,12 @@ pub enum RendezvousError {
         /// Ranks in at that point.
         joined: u32,
     },
+    /// After the roles went out, the generator sent no `Uid` within
+    /// [`UID_DEADLINE`].
+    NoUid {
+        /// The generator.
+        generator: u32,
+    },
     /// After the roles went out: a connection ended, or a rank sent
     /// something it should not have.
     Protocol {
@@ -126,6 +137,9 @@ impl fmt::Display for RendezvousError {
             }
             RendezvousError::Idle { joined } => {
                 write!(f, "no new rank for {}s ({joined} ranks in)", IDLE_TIMEOUT.as_secs())
+            }
+            RendezvousError::NoUid { generator } => {
+                write!(f, "generator rank {generator} sent no uid within {}s", UID_DEADLINE.as_secs())
             }
             RendezvousError::Protocol { rank, what } => write!(f, "rank {rank}: {what}"),
         }
@@ -175,7 +189,7 @@ struct Pending {
 #[derive(Debug, PartialEq, Eq)]
 enum Phase {
     Collecting { last_progress: Time },
-    AwaitUid,
+    AwaitUid { deadline: Time },
     Done,
 }
 
@@ -338,11 +352,11 @@ impl RendezvousServer {
         }
         self.out.event(RendezvousEvent::Joined { rank: global_rank, host: host_name });
         if self.slots.len() as u32 == self.cfg.world_size {
-            self.send_roles();
+            self.send_roles(now);
         }
     }
 
-    fn send_roles(&mut self) {
+    fn send_roles(&mut self, now: Time) {
         let generator = self.cfg.generator();
         let slots: Vec<(u32, ConnId)> = self.slots.iter().map(|(r, c)| (*r, *c)).collect();
         for (rank, conn) in slots {
@@ -350,7 +364,7 @@ impl RendezvousServer {
             let f = self.frame(&RendezvousMsgWire::Role(role));
             self.out.transmit(conn, f);
         }
-        self.phase = Phase::AwaitUid;
+        self.phase = Phase::AwaitUid { deadline: now + UID_DEADLINE };
         self.out.event(RendezvousEvent::RolesSent { generator });
         if let Some(&conn) = self.slots.get(&generator) {
             self.slotted_bytes(generator, conn);
@@ -360,7 +374,7 @@ impl RendezvousServer {
     /// Bytes from a slotted rank: before the roles, held; after, only the
     /// generator's `Uid` is acceptable.
     fn slotted_bytes(&mut self, rank: u32, conn: ConnId) {
-        if self.phase != Phase::AwaitUid {
+        if !matches!(self.phase, Phase::AwaitUid { .. }) {
             return;
         }
         let Some((_, buf)) = self.slot_bufs.get_mut(&conn) else { return };
@@ -418,7 +432,7 @@ impl Machine for RendezvousServer {
                     return;
                 }
                 let Some((rank, _)) = self.slot_bufs.remove(&conn) else { return };
-                if self.phase == Phase::AwaitUid {
+                if matches!(self.phase, Phase::AwaitUid { .. }) {
                     self.fail(RendezvousError::Protocol {
                         rank,
                         what: "connection ended before the uid was relayed".into(),
@@ -437,10 +451,16 @@ impl Machine for RendezvousServer {
                     }
                     self.reject(conn, None);
                 }
-                if let Phase::Collecting { last_progress } = self.phase
-                    && now.saturating_since(last_progress) > IDLE_TIMEOUT
-                {
-                    self.fail(RendezvousError::Idle { joined: self.joined() });
+                match self.phase {
+                    Phase::Collecting { last_progress }
+                        if now.saturating_since(last_progress) > IDLE_TIMEOUT =>
+                    {
+                        self.fail(RendezvousError::Idle { joined: self.joined() });
+                    }
+                    Phase::AwaitUid { deadline } if now >= deadline => {
+                        self.fail(RendezvousError::NoUid { generator: self.cfg.generator() });
+                    }
+                    _ => {}
                 }
             }
             Input::Connected { .. } | Input::DialFailed { .. } => {}
@@ -456,7 +476,8 @@ impl Machine for RendezvousServer {
             Phase::Collecting { last_progress } => {
                 Some(last_progress + IDLE_TIMEOUT + Duration::from_nanos(1))
             }
-            _ => None,
+            Phase::AwaitUid { deadline } => Some(deadline),
+            Phase::Done => None,
         };
         self.pending.values().map(|p| p.deadline).chain(idle).min()
     }

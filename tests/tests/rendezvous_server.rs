@@ -313,3 +313,27 @@ fn hello_names_rank_and_host_and_the_uid_is_exactly_128_bytes() {
         assert!(!d.bytes.contains_key(&conn(0)), "no uid of {len} bytes relayed");
     }
 }
+
+/// flodl 0.8 reads the generator's uid under its 30 s I/O timeout: a
+/// generator that connects, gets its role and goes silent fails the
+/// rendezvous at exactly that deadline, not never.
+/// BEHAVIOUR.md Rendezvous [V10]: the generator's uid within 30 s of the roles
+#[test]
+fn a_generator_silent_after_the_roles_fails_the_rendezvous_at_its_deadline() {
+    let mut s = server(2, &[], None);
+    let t0 = Time::from_secs(7);
+    s.adopt(t0, conn(0), Peer::REMOTE, &hello(0, "a", DS));
+    s.adopt(t0, conn(1), Peer::REMOTE, &hello(1, "b", DS));
+    let d = drain_machine(&mut s, t0);
+    assert!(d.events.contains(&RendezvousEvent::RolesSent { generator: 0 }), "{:?}", d.events);
+    let deadline = t0 + cohort_proto::rendezvous::UID_DEADLINE;
+    assert_eq!(s.poll_timeout(), Some(deadline));
+    let before = Time::from_nanos(deadline.as_nanos() - 1);
+    s.handle(before, Input::Timeout);
+    assert!(drain_machine(&mut s, before).events.is_empty(), "1 ns before the deadline");
+    s.handle(deadline, Input::Timeout);
+    let d = drain_machine(&mut s, deadline);
+    assert_eq!(d.events, vec![RendezvousEvent::Failed(RendezvousError::NoUid { generator: 0 })]);
+    assert_eq!(d.closed.len(), 2, "both ranks' connections closed");
+    assert_eq!(s.poll_timeout(), None);
+}
