@@ -297,3 +297,17 @@ fn coord_heartbeat_each_second_whatever_else_happens() {
         .collect();
     assert_eq!(beacons, expected);
 }
+
+/// Any scale `TimeoutScale` accepts is a valid configuration: a huge one
+/// saturates the deadlines instead of overflowing (it used to panic in the
+/// stall ceiling, on every message).
+#[test]
+fn a_huge_timeout_scale_saturates_the_deadlines() {
+    let mut cfg = CoordConfig::new(2, 1, 10, 1);
+    cfg.scale = TimeoutScale::new(1e17).unwrap();
+    assert_eq!(cfg.stall_ceiling(), Duration::MAX);
+    let mut s = started(cfg, Time::ZERO);
+    keep_alive(&mut s, &[0, 1], 0, 3);
+    s.tick(Time::from_secs(3));
+    assert!(deaths(&drain(&mut s)).is_empty());
+}

@@ -158,7 +158,7 @@ impl CoordConfig {
     /// before the run stops with `ReduceStall`: ten staleness deadlines, at
     /// least 300 s.
     pub fn stall_ceiling(&self) -> Duration {
-        (self.staleness() * 10).max(Duration::from_secs(300))
+        self.staleness().saturating_mul(10).max(Duration::from_secs(300))
     }
 }
 

@@ -302,17 +302,15 @@ impl RankNode {
                 }
             }
             DataClientEvent::Consensus(result) => {
-                let values = result.tensors.first().map(|t| t.values.clone()).unwrap_or_default();
-                self.out.event(RankEvent::Consensus {
-                    round: self.rounds_done,
-                    weight: result.weight,
-                    keep_local: result.keep_local,
-                    values: values.clone(),
-                });
+                let (weight, keep_local) = (result.weight, result.keep_local);
+                let values = result.tensors.into_iter().next().map(|t| t.values).unwrap_or_default();
+                // The trainer reads the values before they move into the event
+                // (its actions run after the event, as before): no copy.
+                let actions = (!self.ended)
+                    .then(|| self.trainer.on_consensus(now, (!keep_local).then_some(values.as_slice())));
+                self.out.event(RankEvent::Consensus { round: self.rounds_done, weight, keep_local, values });
                 self.rounds_done += 1;
-                if !self.ended {
-                    let keep = result.keep_local;
-                    let actions = self.trainer.on_consensus(now, (!keep).then_some(values.as_slice()));
+                if let Some(actions) = actions {
                     self.act(now, actions);
                 }
             }

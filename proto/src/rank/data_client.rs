@@ -39,7 +39,7 @@ use crate::config::{TimeoutScale, defaults};
 use crate::handshake::{DataHandshake, Dialer, DialerEvent, HandshakeError};
 use crate::machine::{CloseCause, ConnId, Input, Machine, Outbox, Output};
 pub use crate::reduce::{gamma_mass, is_realized, mover_mass};
-use crate::relay::fold::{extend_f32_le, reserve_clamped};
+use crate::relay::fold::extend_f32_le;
 use crate::time::Time;
 use crate::wire::{
     DEFAULT_FRAME_CEILING, Dtype, FrameType, LenDecoder, LenStep, MacKey, Problem, RoundDecoder, RoundKind,
@@ -272,7 +272,11 @@ impl RoundSink for RecvSink<'_> {
                 Problem::Invalid(format!("{:?} but {shape:?} was submitted", meta.shape)),
             ));
         }
-        self.tensors.push((meta.clone(), Vec::new()));
+        // The shape is the one this rank submitted, so its size is ours, not
+        // a peer's claim: reserve it whole (no regrowth while it streams in).
+        // An elided tensor gets its zeros at the end instead.
+        let capacity = if meta.nbytes == 0 { 0 } else { meta.numel() as usize };
+        self.tensors.push((meta.clone(), Vec::with_capacity(capacity)));
         Ok(())
     }
 
@@ -280,7 +284,6 @@ impl RoundSink for RecvSink<'_> {
         let Some((meta, values)) = self.tensors.get_mut(index as usize) else {
             return Err(WireError::tensor(index, "data", Problem::Invalid("data before its header".into())));
         };
-        reserve_clamped(values, bytes.len() / meta.dtype.size(), meta.numel() as usize);
         extend_f32_le(values, bytes, meta.dtype);
         Ok(())
     }
