@@ -1,0 +1,65 @@
+//! The checkers can fail: fed event streams that break an invariant, each
+//! names the violation with the virtual instant it happened and stops the run.
+//! (The real machines never break them, so no end-to-end run does.)
+
+use cohort_proto::Time;
+use cohort_proto::config::TimeoutScale;
+use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::node::controller::ControllerEvent;
+use cohort_proto::node::rank::RankEvent;
+use cohort_sim::check::Checker;
+use cohort_sim::{Role, Scenario, SimEvent};
+use core::time::Duration;
+
+fn checker() -> Checker {
+    Checker::new(&Scenario::healthy(2, 2, 1), TimeoutScale::ONE)
+}
+
+#[test]
+fn a_consensus_nobody_reduced_is_a_violation_at_its_instant() {
+    let mut c = checker();
+    assert!(!c.stopped());
+    let ev =
+        SimEvent::Rank(RankEvent::Consensus { round: 0, weight: 1.0, keep_local: false, values: vec![1.0] });
+    c.event(Time::from_millis(12_500), Some(Role::Rank(0)), &ev);
+    assert!(c.stopped());
+    assert_eq!(
+        c.violations(),
+        ["at 12.500000s: rank 0 received a consensus for round 0 that was never reduced".to_string()]
+    );
+}
+
+#[test]
+fn a_stale_death_at_the_deadline_itself_and_of_an_untouched_rank_are_violations() {
+    let mut c = checker();
+    let dead = |last_heard| {
+        SimEvent::Controller(ControllerEvent::Coord(CoordEvent::RankDead {
+            rank: 1,
+            cause: DeathCause::Stale { last_heard },
+            epoch: None,
+            processed: 0,
+            remainder: vec![],
+        }))
+    };
+    // Declared at exactly last heard + 30 s: the rule says strictly longer.
+    c.event(Time::from_secs(40), Some(Role::Controller), &dead(Time::from_secs(10)));
+    assert!(c.stopped());
+    let v = c.violations();
+    assert_eq!(v.len(), 2, "{v:?}");
+    assert!(v[0].starts_with("at 40.000000s: rank 1 declared stale after 30s of silence"), "{v:?}");
+    assert!(
+        v[1].starts_with("at 40.000000s: rank 1 declared dead") && v[1].contains("nothing happened"),
+        "{v:?}"
+    );
+    // Declared twice.
+    c.event(
+        Time::from_secs(41),
+        Some(Role::Controller),
+        &dead(Time::from_secs(10) + Duration::from_millis(500)),
+    );
+    assert!(
+        c.violations().iter().any(|v| v == "at 41.000000s: rank 1 declared dead twice"),
+        "{:?}",
+        c.violations()
+    );
+}
