@@ -204,9 +204,9 @@ fn summary(sc: &Scenario, r: &Report, wall_s: f64) {
         for v in &r.violations {
             let _ = writeln!(out, "VIOLATION:        {v}");
         }
-        if let Some(cmd) = &r.replay {
-            let _ = writeln!(out, "replay with:      {cmd}");
-        }
+    }
+    if let Some(cmd) = &r.replay {
+        let _ = writeln!(out, "replay with:      {cmd}");
     }
 }
 
