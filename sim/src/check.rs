@@ -169,9 +169,12 @@ impl Checker {
                 self.hosts_faulted.entry(h.clone()).or_insert(at);
                 self.partitioned.insert(h.clone());
             }
-            Fault::CorruptLink(h) => {
+            // A reset costs the host's links like a corruption does.
+            Fault::CorruptLink(h) | Fault::ResetHost(h) => {
                 self.hosts_faulted.entry(h.clone()).or_insert(at);
             }
+            // Slowness is no excuse for a death: heartbeats keep flowing.
+            Fault::SlowRank { .. } | Fault::SlowLink { .. } => {}
             Fault::KillController => self.controller_lost = Some(at),
             Fault::Abort => self.aborted = Some(at),
             Fault::OperatorStart => {}

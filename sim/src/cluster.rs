@@ -364,6 +364,31 @@ impl Cluster {
                             c.abort(now, "launcher abort")
                         });
                     }
+                    Fault::SlowRank { rank, factor } => {
+                        if let Some(n) = self.rank_node(rank) {
+                            self.world.command::<RankNode, _>(n, |r, _| r.slow_down(factor));
+                        }
+                    }
+                    Fault::SlowLink { host, latency_ms } => {
+                        if let Some(h) = self.hosts.iter().find(|h| h.name == host).map(|h| h.host) {
+                            let spec = LinkSpec {
+                                latency: Duration::from_secs_f64(latency_ms / 1000.0),
+                                ..self.world.link(h, self.ctrl_host)
+                            };
+                            for o in (0..self.world.hosts().len()).filter(|o| *o != h) {
+                                self.world.set_link(h, o, spec);
+                            }
+                        }
+                    }
+                    Fault::ResetHost(host) => {
+                        if let Some(h) = self.hosts.iter().find(|h| h.name == host).map(|h| h.host) {
+                            let on_host: Vec<NodeId> =
+                                self.world.nodes().filter(|n| n.2 == h).map(|n| n.0).collect();
+                            for n in on_host {
+                                self.world.reset_connections(n);
+                            }
+                        }
+                    }
                 }
             }
         }

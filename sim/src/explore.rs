@@ -62,7 +62,7 @@ pub fn random_scenario(seed: u64) -> Scenario {
         let at = r.uniform(0.5, busy);
         let rank = r.range(0, u64::from(world)) as u32;
         let host = format!("host-{}", r.range(0, u64::from(n_hosts)));
-        let fault = match r.range(0, 20) {
+        let fault = match r.range(0, 23) {
             0..=5 => Fault::KillRank(rank),
             6..=8 => Fault::WedgeRank(rank),
             9..=10 => Fault::KillHost(host),
@@ -70,6 +70,9 @@ pub fn random_scenario(seed: u64) -> Scenario {
             15..=16 => Fault::CorruptLink(host),
             17 => Fault::KillController,
             18 => Fault::Abort,
+            19 => Fault::SlowRank { rank, factor: r.uniform(1.5, 8.0) },
+            20 => Fault::SlowLink { host, latency_ms: r.uniform(1.0, 500.0) },
+            21 => Fault::ResetHost(host),
             _ => Fault::OperatorStart,
         };
         sc.faults.push(FaultAt { at_s: at, fault });

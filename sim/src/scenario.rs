@@ -284,6 +284,25 @@ pub enum Fault {
     OperatorStart,
     /// The launcher aborts the run.
     Abort,
+    /// The rank's process turns straggler: its batches take `factor` times
+    /// as long from then on (it still heartbeats).
+    SlowRank {
+        /// The rank.
+        rank: u32,
+        /// Batch-time multiplier (> 0).
+        factor: f64,
+    },
+    /// Every link between that host and the rest gets `latency_ms` of one-way
+    /// delay from then on (open connections too).
+    SlowLink {
+        /// The host.
+        host: String,
+        /// One-way delay in milliseconds.
+        latency_ms: f64,
+    },
+    /// Every connection of every process on that host is reset (RST both
+    /// ways); the processes live on.
+    ResetHost(String),
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -308,6 +327,16 @@ struct RawFault {
     operator_start: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     abort: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    slow_rank: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    slow_link: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    latency_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reset_host: Option<String>,
 }
 
 impl TryFrom<RawFault> for FaultAt {
@@ -344,10 +373,31 @@ impl TryFrom<RawFault> for FaultAt {
         if r.abort == Some(true) {
             found.push(Fault::Abort);
         }
+        if let Some(rank) = r.slow_rank {
+            let factor = r.factor.ok_or("slow_rank needs factor")?;
+            if !(factor.is_finite() && factor > 0.0) {
+                return Err("factor: a positive number".into());
+            }
+            found.push(Fault::SlowRank { rank, factor });
+        } else if r.factor.is_some() {
+            return Err("factor goes with slow_rank".into());
+        }
+        if let Some(host) = r.slow_link {
+            let latency_ms = r.latency_ms.ok_or("slow_link needs latency_ms")?;
+            if !(latency_ms.is_finite() && latency_ms >= 0.0) {
+                return Err("latency_ms: a duration >= 0".into());
+            }
+            found.push(Fault::SlowLink { host, latency_ms });
+        } else if r.latency_ms.is_some() {
+            return Err("latency_ms goes with slow_link".into());
+        }
+        if let Some(h) = r.reset_host {
+            found.push(Fault::ResetHost(h));
+        }
         match found.len() {
             1 => Ok(FaultAt { at_s: r.at_s, fault: found.remove(0) }),
             0 => Err("a fault needs one of kill_rank, kill_host, wedge_rank, partition_host, corrupt_link, \
-                      kill_controller, operator_start, abort"
+                      kill_controller, operator_start, abort, slow_rank, slow_link, reset_host"
                 .into()),
             _ => Err("a fault entry holds exactly one fault".into()),
         }
@@ -369,6 +419,15 @@ impl From<FaultAt> for RawFault {
             Fault::KillController => r.kill_controller = Some(true),
             Fault::OperatorStart => r.operator_start = Some(true),
             Fault::Abort => r.abort = Some(true),
+            Fault::SlowRank { rank, factor } => {
+                r.slow_rank = Some(rank);
+                r.factor = Some(factor);
+            }
+            Fault::SlowLink { host, latency_ms } => {
+                r.slow_link = Some(host);
+                r.latency_ms = Some(latency_ms);
+            }
+            Fault::ResetHost(h) => r.reset_host = Some(h),
         }
         r
     }

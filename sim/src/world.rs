@@ -284,10 +284,18 @@ impl<E> World<E> {
 
     /// Overrides the link between two hosts (both directions).
     pub fn set_link(&mut self, a: HostId, b: HostId, spec: LinkSpec) {
-        self.links.insert((a.min(b), a.max(b)), spec);
+        let key = (a.min(b), a.max(b));
+        self.links.insert(key, spec);
+        // Open connections between the two take the new link from their next send.
+        for c in self.conns.iter_mut().flatten() {
+            if (c.hosts.0.min(c.hosts.1), c.hosts.0.max(c.hosts.1)) == key {
+                c.link = spec;
+            }
+        }
     }
 
-    fn link(&self, a: HostId, b: HostId) -> LinkSpec {
+    /// The link between two hosts (loopback within one).
+    pub fn link(&self, a: HostId, b: HostId) -> LinkSpec {
         if a == b {
             return LinkSpec::LOOPBACK;
         }

@@ -258,3 +258,71 @@ fn same_seed_same_trace_other_seed_other_trace() {
     a.assert_clean("done");
     c.assert_clean("done");
 }
+
+/// A straggler (the "slow" process fault): rank 1's batches take four times
+/// as long from 2 s on. It keeps heartbeating, so nobody declares it; the
+/// calibrated plans give it a smaller share than every other rank.
+#[test]
+fn a_slow_rank_is_not_a_death_and_the_calibrated_plans_shrink_its_share() {
+    let run = play(with(exact(2, 2, 4), 2.0, Fault::SlowRank { rank: 1, factor: 4.0 }), 12);
+    run.assert_clean("done");
+    assert!(run.report.deaths.is_empty(), "{:?}", run.report.deaths);
+    let last = run
+        .coord()
+        .filter_map(|(_, e)| match e {
+            CoordEvent::PlanIssued { plans, calibrated: true, .. } => Some(plans.clone()),
+            _ => None,
+        })
+        .last()
+        .expect("a calibrated plan");
+    let share: Vec<u64> = last.iter().map(|p| p.partition_size).collect();
+    for r in [0, 2, 3] {
+        assert!(share[1] * 2 < share[r], "rank 1 gets {} vs rank {r}'s {}: {share:?}", share[1], share[r]);
+    }
+}
+
+/// A slow link: host-1's links get 50 ms of one-way delay at 5 s (open
+/// connections too). Nothing dies; every consensus still arrives, and
+/// host-1's rank gets each one at least 49 ms after host-0's does.
+#[test]
+fn a_slow_link_delays_that_host_and_costs_nothing_else() {
+    let run =
+        play(with(exact(2, 2, 2), 5.0, Fault::SlowLink { host: "host-1".into(), latency_ms: 50.0 }), 13);
+    run.assert_clean("done");
+    assert!(run.report.deaths.is_empty(), "{:?}", run.report.deaths);
+    assert_eq!(run.report.epochs_completed, 2);
+    let (fast, slow) = (run.report.hosts["host-0"][0], run.report.hosts["host-1"][0]);
+    let arrivals = |r: u32| -> Vec<(u64, cohort_proto::Time)> {
+        run.rank(r)
+            .filter_map(|(t, e)| match e {
+                RankEvent::Consensus { round, .. } => Some((*round, t)),
+                _ => None,
+            })
+            .collect()
+    };
+    let (a, b) = (arrivals(fast), arrivals(slow));
+    assert_eq!(a.len(), b.len());
+    let late: Vec<_> = a.iter().zip(&b).filter(|((_, ta), _)| *ta > at(6.0)).collect();
+    assert!(late.len() > 3, "rounds after the fault: {}", late.len());
+    for ((ra, ta), (rb, tb)) in late {
+        assert_eq!(ra, rb);
+        assert!(*tb >= *ta + 49 * MS, "round {ra}: host-0 at {ta}, host-1 at {tb}");
+    }
+}
+
+/// Every connection of host-1's processes is reset (the processes live on):
+/// its ranks are lost like any other loss, within a few ms; the rest finish.
+#[test]
+fn a_reset_host_loses_its_ranks_and_the_rest_finish() {
+    let run = play(with(exact(3, 2, 2), 10.0, Fault::ResetHost("host-1".into())), 14);
+    run.assert_clean("done");
+    let d = deaths(&run);
+    let mut ranks: Vec<u32> = d.iter().map(|x| x.1).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, run.report.hosts["host-1"]);
+    for (t, _, _) in &d {
+        assert!(*t >= at(10.0) && *t <= at(10.0) + 3 * MS, "declared at {t}");
+    }
+    assert!(consensus_rounds_after(&run, at(10.0) + 3 * MS) > 5);
+    assert_eq!(run.report.epochs_completed, 2);
+}

@@ -155,6 +155,11 @@ impl RankNode {
         &self.trainer
     }
 
+    /// Slows the workload: batch times times `factor` from the next batch.
+    pub fn slow_down(&mut self, factor: f64) {
+        self.trainer.slow_down(factor);
+    }
+
     /// The rank.
     pub fn rank(&self) -> u32 {
         self.cfg.rank

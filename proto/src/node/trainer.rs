@@ -202,6 +202,15 @@ impl Trainer {
         self.batch = Some((end, ms, n, first));
     }
 
+    /// Multiplies the mean batch time by `factor` from the next batch on: a
+    /// process turned straggler (a simulator's "slow" fault). A factor that
+    /// is not finite and positive is ignored.
+    pub fn slow_down(&mut self, factor: f64) {
+        if factor.is_finite() && factor > 0.0 {
+            self.cfg.batch_ms *= factor;
+        }
+    }
+
     fn submit(&mut self, out: &mut Vec<Action>) {
         let mass = gamma_mass(self.steps_since_sync as f64, self.cfg.gamma);
         out.push(Action::Submit { mass, values: self.model.clone() });
