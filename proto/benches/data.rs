@@ -29,8 +29,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use cohort_proto::relay::fold::add_le;
 use cohort_proto::relay::{Leg, Relay, RelayConfig, UPSTREAM_DIAL};
+use cohort_proto::wire::add_le;
 use cohort_proto::wire::{
     DataHello, Dtype, MacKey, MuxRecord, RelayControlMsg, RoundKind, RoundWriter, SessionSalt,
 };

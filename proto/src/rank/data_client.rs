@@ -39,8 +39,8 @@ use crate::config::{TimeoutScale, defaults};
 use crate::handshake::{DataHandshake, Dialer, DialerEvent, HandshakeError};
 use crate::machine::{CloseCause, ConnId, Input, Machine, Outbox, Output};
 pub use crate::reduce::{gamma_mass, is_realized, mover_mass};
-use crate::relay::fold::extend_f32_le;
 use crate::time::Time;
+use crate::wire::extend_f32_le;
 use crate::wire::{
     DEFAULT_FRAME_CEILING, Dtype, FrameType, LenDecoder, LenStep, MacKey, Problem, RoundDecoder, RoundKind,
     RoundSink, RoundWriter, TensorMeta, WireError, WireResult, len_prefix, round_frame_len,
@@ -370,16 +370,11 @@ impl DataClient {
         let n = u32::try_from(c.tensors.len()).unwrap_or(u32::MAX);
         let mut buf = BytesMut::with_capacity(4 + len as usize);
         buf.extend_from_slice(&prefix);
-        let mut scratch: Vec<f32> = Vec::new();
         let mut w = RoundWriter::begin(&mut buf, c.kind, c.weight, n).map_err(SubmitError::Invalid)?;
         for t in c.tensors {
             let r = match t.values {
                 Some(v) if !elide && c.scale == 1.0 => w.tensor_values(c.dtype, t.shape, v),
-                Some(v) if !elide => {
-                    scratch.clear();
-                    scratch.extend(v.iter().map(|x| x * c.scale));
-                    w.tensor_values(c.dtype, t.shape, &scratch)
-                }
+                Some(v) if !elide => w.tensor_values_mapped(c.dtype, t.shape, v, |x| x * c.scale),
                 _ => w.tensor_elided(c.dtype, t.shape),
             };
             r.map_err(SubmitError::Invalid)?;

@@ -18,11 +18,11 @@
 use bytes::{Bytes, BytesMut};
 
 use super::mass::is_realized;
-use crate::relay::fold::{add_le, extend_f32_le};
 use crate::wire::{
     Dtype, FrameType, MacKey, Payload, Problem, RoundDecoder, RoundFrame, RoundKind, RoundSink, RoundWriter,
     TensorMeta, TensorPayload, WireError, WireResult, round_frame_len,
 };
+use crate::wire::{add_le, extend_f32_le};
 
 /// Where one tensor of a verified frame sits in its payload.
 #[derive(Debug, Clone, PartialEq, Eq)]

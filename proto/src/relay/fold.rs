@@ -37,7 +37,7 @@ use core::fmt;
 
 use crate::wire::{
     Dtype, FrameType, MacKey, Problem, RoundKind, RoundSink, RoundWriter, TensorMeta, WireError, WireResult,
-    bf16_to_f32, round_frame_len,
+    add_le, extend_f32_le, round_frame_len,
 };
 
 /// Why a round could not be folded. Every variant stops the relay.
@@ -96,49 +96,6 @@ pub(crate) fn reserve_clamped(v: &mut Vec<f32>, additional: usize, limit: usize)
     }
     let grow = v.capacity().saturating_mul(2).max(16 * 1024).min(limit);
     v.reserve_exact(need.max(grow) - v.len());
-}
-
-/// `acc[i] += bytes[i]` for little-endian `dtype` elements (`bytes` holds
-/// exactly `acc.len()` of them). Written in blocks of eight so it vectorises.
-#[inline]
-pub fn add_le(acc: &mut [f32], bytes: &[u8], dtype: Dtype) {
-    match dtype {
-        Dtype::F32 => {
-            let mut a8 = acc.chunks_exact_mut(8);
-            let mut b8 = bytes.chunks_exact(32);
-            for (a, b) in (&mut a8).zip(&mut b8) {
-                for (x, c) in a.iter_mut().zip(b.chunks_exact(4)) {
-                    *x += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-            for (x, c) in a8.into_remainder().iter_mut().zip(b8.remainder().chunks_exact(4)) {
-                *x += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        Dtype::Bf16 => {
-            let mut a8 = acc.chunks_exact_mut(8);
-            let mut b8 = bytes.chunks_exact(16);
-            for (a, b) in (&mut a8).zip(&mut b8) {
-                for (x, c) in a.iter_mut().zip(b.chunks_exact(2)) {
-                    *x += bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
-                }
-            }
-            for (x, c) in a8.into_remainder().iter_mut().zip(b8.remainder().chunks_exact(2)) {
-                *x += bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
-            }
-        }
-    }
-}
-
-/// Appends the little-endian `dtype` elements in `bytes` to `acc` as f32.
-#[inline]
-pub fn extend_f32_le(acc: &mut Vec<f32>, bytes: &[u8], dtype: Dtype) {
-    match dtype {
-        Dtype::F32 => acc.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-        Dtype::Bf16 => {
-            acc.extend(bytes.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))))
-        }
-    }
 }
 
 /// One tensor slot of the round: its pinned schema and its running sum.

@@ -64,37 +64,45 @@ pub fn bf16_to_f32(b: u16) -> f32 {
     f32::from_bits(u32::from(b) << 16)
 }
 
-/// Adds the little-endian elements in `bytes` into `acc` element-wise.
-/// `bytes` must hold exactly `acc.len()` elements of `dtype`.
+/// `acc[i] += bytes[i]` for little-endian `dtype` elements (`bytes` holds
+/// exactly `acc.len()` of them). Written in blocks of eight so it vectorises.
 #[inline]
-pub fn add_le_into(acc: &mut [f32], bytes: &[u8], dtype: Dtype) {
+pub fn add_le(acc: &mut [f32], bytes: &[u8], dtype: Dtype) {
     match dtype {
         Dtype::F32 => {
-            for (a, c) in acc.iter_mut().zip(bytes.chunks_exact(4)) {
-                *a += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            let mut a8 = acc.chunks_exact_mut(8);
+            let mut b8 = bytes.chunks_exact(32);
+            for (a, b) in (&mut a8).zip(&mut b8) {
+                for (x, c) in a.iter_mut().zip(b.chunks_exact(4)) {
+                    *x += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            for (x, c) in a8.into_remainder().iter_mut().zip(b8.remainder().chunks_exact(4)) {
+                *x += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
         Dtype::Bf16 => {
-            for (a, c) in acc.iter_mut().zip(bytes.chunks_exact(2)) {
-                *a += bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+            let mut a8 = acc.chunks_exact_mut(8);
+            let mut b8 = bytes.chunks_exact(16);
+            for (a, b) in (&mut a8).zip(&mut b8) {
+                for (x, c) in a.iter_mut().zip(b.chunks_exact(2)) {
+                    *x += bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                }
+            }
+            for (x, c) in a8.into_remainder().iter_mut().zip(b8.remainder().chunks_exact(2)) {
+                *x += bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
             }
         }
     }
 }
 
-/// Writes the little-endian elements in `bytes` over `acc` (widening bf16).
+/// Appends the little-endian `dtype` elements in `bytes` to `acc` as f32.
 #[inline]
-pub fn copy_le_into(acc: &mut [f32], bytes: &[u8], dtype: Dtype) {
+pub fn extend_f32_le(acc: &mut Vec<f32>, bytes: &[u8], dtype: Dtype) {
     match dtype {
-        Dtype::F32 => {
-            for (a, c) in acc.iter_mut().zip(bytes.chunks_exact(4)) {
-                *a = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
+        Dtype::F32 => acc.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
         Dtype::Bf16 => {
-            for (a, c) in acc.iter_mut().zip(bytes.chunks_exact(2)) {
-                *a = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
-            }
+            acc.extend(bytes.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))))
         }
     }
 }
@@ -102,13 +110,20 @@ pub fn copy_le_into(acc: &mut [f32], bytes: &[u8], dtype: Dtype) {
 /// Appends `values` to `out` as little-endian `dtype` elements.
 #[inline]
 pub fn extend_le(out: &mut bytes::BytesMut, values: &[f32], dtype: Dtype) {
+    extend_le_mapped(out, values, dtype, |v| v);
+}
+
+/// [`extend_le`] with each value passed through `f` on its way (a rank's
+/// contribution pre-scaled by its mass), with no intermediate copy.
+#[inline]
+pub fn extend_le_mapped(out: &mut bytes::BytesMut, values: &[f32], dtype: Dtype, f: impl Fn(f32) -> f32) {
     out.reserve(values.len() * dtype.size());
     match dtype {
         Dtype::F32 => {
             for chunk in values.chunks(1024) {
                 let mut buf = [0u8; 4096];
                 for (d, v) in buf.chunks_exact_mut(4).zip(chunk) {
-                    d.copy_from_slice(&v.to_le_bytes());
+                    d.copy_from_slice(&f(*v).to_le_bytes());
                 }
                 out.extend_from_slice(&buf[..chunk.len() * 4]);
             }
@@ -117,7 +132,7 @@ pub fn extend_le(out: &mut bytes::BytesMut, values: &[f32], dtype: Dtype) {
             for chunk in values.chunks(2048) {
                 let mut buf = [0u8; 4096];
                 for (d, v) in buf.chunks_exact_mut(2).zip(chunk) {
-                    d.copy_from_slice(&f32_to_bf16(*v).to_le_bytes());
+                    d.copy_from_slice(&f32_to_bf16(f(*v)).to_le_bytes());
                 }
                 out.extend_from_slice(&buf[..chunk.len() * 2]);
             }

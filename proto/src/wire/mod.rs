@@ -29,7 +29,7 @@ pub use control_frame::{
     CONTROL_HEADER_LEN, Message, MsgKind, WireMessage, decode_frame, decode_frames, encode_frame, encode_raw,
     finish, parse_exact_frame, parse_frame, parse_frame_within,
 };
-pub use dtype::{Dtype, add_le_into, bf16_to_f32, copy_le_into, extend_le, f32_to_bf16};
+pub use dtype::{Dtype, add_le, bf16_to_f32, extend_f32_le, extend_le, extend_le_mapped, f32_to_bf16};
 pub use error::{FrameType, Problem, WireError, WireResult};
 pub use handshake::{Channel, ControlAck, ControlHello, DataAck, DataHello, take_fixed};
 pub use len_frame::{LenDecoder, LenStep, len_framed, len_prefix};

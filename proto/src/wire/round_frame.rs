@@ -12,7 +12,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::consts::*;
-use super::dtype::{Dtype, extend_le};
+use super::dtype::{Dtype, extend_le_mapped};
 use super::error::{FrameType, Problem, WireError, WireResult};
 use super::mac::{MacKey, MacState};
 
@@ -272,6 +272,18 @@ impl<'a> RoundWriter<'a> {
 
     /// Appends a tensor from f32 values, converted to `dtype` as they are written.
     pub fn tensor_values(&mut self, dtype: Dtype, shape: &[u32], values: &[f32]) -> WireResult<()> {
+        self.tensor_values_mapped(dtype, shape, values, |v| v)
+    }
+
+    /// [`RoundWriter::tensor_values`] with each value passed through `f` as
+    /// it is written (a rank's values pre-scaled by its mass): no copy.
+    pub fn tensor_values_mapped(
+        &mut self,
+        dtype: Dtype,
+        shape: &[u32],
+        values: &[f32],
+        f: impl Fn(f32) -> f32,
+    ) -> WireResult<()> {
         let want = self.expected_nbytes(dtype, shape)?;
         let nbytes = (values.len() * dtype.size()) as u64;
         if nbytes != want {
@@ -280,7 +292,7 @@ impl<'a> RoundWriter<'a> {
             return Err(self.fail(e));
         }
         self.header(dtype, shape, nbytes)?;
-        extend_le(self.out, values, dtype);
+        extend_le_mapped(self.out, values, dtype, f);
         Ok(())
     }
 
