@@ -120,6 +120,8 @@ fn closed_by_controller(mut s: TcpStream) -> usize {
 struct Watch {
     rx: Receiver<Stamped>,
     events: Vec<Stamped>,
+    /// The controller's events among them, kept as they arrive.
+    ctrl: Vec<ControllerEvent>,
     check: ConsensusCheck,
 }
 
@@ -128,29 +130,21 @@ impl Watch {
     fn until(&mut self, what: &str, done: impl Fn(&[ControllerEvent], &[Stamped]) -> bool) {
         let deadline = Instant::now() + PATIENCE;
         loop {
-            let ctrl = self.controller();
-            if done(&ctrl, &self.events) {
+            if done(&self.ctrl, &self.events) {
                 return;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
                 Ok(s) => {
                     self.check.observe(&s);
+                    if let (Source::Controller, ClusterEvent::Controller(e)) = (&s.source, &s.event) {
+                        self.ctrl.push(e.clone());
+                    }
                     self.events.push(s);
                 }
                 Err(_) => panic!("waiting for {what}: nothing more within {PATIENCE:?}"),
             }
         }
-    }
-
-    fn controller(&self) -> Vec<ControllerEvent> {
-        self.events
-            .iter()
-            .filter_map(|s| match (&s.source, &s.event) {
-                (Source::Controller, ClusterEvent::Controller(e)) => Some(e.clone()),
-                _ => None,
-            })
-            .collect()
     }
 }
 
@@ -213,7 +207,7 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
         spawn_controller(cfg, "127.0.0.1:0".parse().unwrap(), Config::scaled(scale), clock, sink.clone())
             .unwrap();
     let addr = controller.addr().unwrap();
-    let mut w = Watch { rx, events: Vec::new(), check: ConsensusCheck::default() };
+    let mut w = Watch { rx, events: Vec::new(), ctrl: Vec::new(), check: ConsensusCheck::default() };
 
     // While the window is open, before any worker: a wrong-salt hello, a
     // join frame claiming 4 GiB, a control-channel dial nobody serves yet,
@@ -288,7 +282,7 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
         w.check.observe(&s);
         w.events.push(s);
     }
-    let ctrl = w.controller();
+    let ctrl = w.ctrl.clone();
 
     // The cluster was served throughout.
     assert!(

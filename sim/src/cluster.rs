@@ -472,24 +472,20 @@ impl Cluster {
                 _ => {}
             },
             (Some(Role::Rank(r)), SimEvent::Rank(ev)) => {
-                let code = match ev {
-                    RankEvent::CoordinatorLost { reason, .. } => {
-                        self.timeline.instant(t, &format!("rank {r}"), reason);
-                        Some(1)
-                    }
-                    RankEvent::DataFailed { reason } => {
-                        self.timeline.instant(
-                            t,
-                            &format!("rank {r}"),
-                            &format!("data plane failed: {reason}"),
-                        );
-                        Some(1)
-                    }
-                    RankEvent::Exited => Some(0),
+                let reason = match ev {
+                    RankEvent::CoordinatorLost { reason, .. } => Some(reason.clone()),
+                    RankEvent::DataFailed { reason } => Some(format!("data plane failed: {reason}")),
                     _ => None,
                 };
-                // The rank's process exits; its agent (its parent) reports it.
-                if let Some(code) = code
+                if let Some(reason) = &reason {
+                    self.timeline.instant(t, &format!("rank {r}"), reason);
+                }
+                // The rank's process exits with the code the rank itself gives
+                // (as on real sockets); its agent, its parent, reports it.
+                let ended = reason.is_some() || matches!(ev, RankEvent::Exited);
+                if ended
+                    && let Some(code) =
+                        self.world.inspect_ref::<RankNode, _>(n, RankNode::exit_code).flatten()
                     && let Some(agent) = self.hosts.iter().find(|h| h.ranks.contains(&r)).map(|h| h.agent)
                 {
                     self.world.command::<JoinClient, _>(agent, |a, _| a.report_rank_exit(r, code));
@@ -497,7 +493,6 @@ impl Cluster {
             }
             _ => {}
         }
-        let _ = n;
     }
 
     fn spawn_host(&mut self, i: usize, env: &Envelope) {

@@ -5,9 +5,9 @@
 use cohort_proto::coord::{CoordEvent, DeathCause};
 use cohort_proto::node::controller::ControllerEvent;
 use cohort_proto::node::rank::RankEvent;
-use cohort_proto::reduce::ReduceEvent;
+use cohort_proto::reduce::{HostError, ReduceEvent};
 use cohort_proto::relay::{Leg, RankDeath, RelayEvent};
-use cohort_proto::wire::{ControlMsgWire, Problem};
+use cohort_proto::wire::ControlMsgWire;
 use cohort_sim::scenario::{BackendSpec, Fault};
 use cohort_sim::{Role, SimEvent};
 use cohort_tests::sim_harness::*;
@@ -136,16 +136,17 @@ fn a_controller_death_ends_every_rank_with_coordinator_lost_within_its_deadline(
 fn a_corrupted_byte_is_never_accepted_the_connection_drops_and_the_loss_is_handled() {
     let run = play(with(exact(2, 2, 2), 10.0, Fault::CorruptLink("host-1".into())), 7);
     run.assert_clean("done");
-    // The receiver refused the frame on its MAC (or a field the flip broke).
+    // The receiver refused the frame by a typed wire error (its MAC, or a
+    // field the flip broke) within the next frame's flight of the fault.
     let refused = run.controller().find_map(|(t, e)| match e {
-        ControllerEvent::Coord(CoordEvent::RelayLost { error: Some(err), .. }) => {
-            Some((t, err.problem.clone()))
+        ControllerEvent::Coord(CoordEvent::RelayLost { error: Some(err), .. }) => Some((t, err.clone())),
+        ControllerEvent::Reduce(ReduceEvent::HostFailed { error: HostError::Wire(err), .. }) => {
+            Some((t, err.clone()))
         }
-        ControllerEvent::Reduce(ReduceEvent::HostFailed { .. }) => Some((t, Problem::Mac)),
         _ => None,
     });
-    let (t, _) = refused.expect("the corrupted frame's connection was dropped");
-    assert!(t >= at(10.0));
+    let (t, err) = refused.expect("the corrupted frame's connection was dropped on a wire error");
+    assert!(t >= at(10.0) && t <= at(12.0), "refused at {t}: {err}");
     // Only host-1's ranks paid, like any other loss; the run finished.
     let mut ranks: Vec<u32> = deaths(&run).iter().map(|x| x.1).collect();
     ranks.sort_unstable();
