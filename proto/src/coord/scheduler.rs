@@ -386,7 +386,12 @@ impl Scheduler {
                 let book = &mut self.ranks[r];
                 book.last_step = book.last_step.max(step_count);
                 book.speed.push(batch_ms + data_ms.max(0.0));
-                if matches!(self.cycle, Cycle::NcclSettling { .. }) && step_count > book.sync_snapshot {
+                // Only a new ack can finish the cycle (a death re-checks it
+                // itself): later batches skip the O(world) walk.
+                if matches!(self.cycle, Cycle::NcclSettling { .. })
+                    && step_count > book.sync_snapshot
+                    && !book.acked
+                {
                     book.acked = true;
                     self.cycle_progress(now);
                 }
@@ -399,14 +404,16 @@ impl Scheduler {
             }
             TimingMsgWire::SyncAck { step_count, .. } => match &mut self.cycle {
                 Cycle::CpuPending { acked, .. } => {
-                    acked.insert(rank);
-                    self.cycle_progress(now);
+                    if acked.insert(rank) {
+                        self.cycle_progress(now);
+                    }
                 }
                 Cycle::NcclSettling { .. } => {
                     let book = &mut self.ranks[r];
                     book.last_step = book.last_step.max(step_count);
-                    book.acked = true;
-                    self.cycle_progress(now);
+                    if !core::mem::replace(&mut book.acked, true) {
+                        self.cycle_progress(now);
+                    }
                 }
                 Cycle::Idle => {}
             },
@@ -1112,8 +1119,9 @@ impl Scheduler {
         }
         let Some(slowest) = self
             .live
-            .alive()
-            .into_iter()
+            .alive_ranks()
+            .iter()
+            .copied()
             .filter(|&r| !self.quiesced(r))
             .map(|r| self.steps_since_sync(r))
             .min()

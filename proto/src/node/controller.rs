@@ -177,7 +177,10 @@ impl ControllerNode {
         self.outcome.as_ref()
     }
 
-    /// The operator's start (as `POST /start` would arm it).
+    /// The operator's start as a command ([`JoinWindow::start`]): arms the
+    /// switch in manual and hybrid modes while the window is open. Unlike
+    /// `POST /start` it does not refuse below quorum: the armed switch waits
+    /// for the quorum, and the window forms the instant it is met.
     pub fn start(&mut self, now: Time) -> bool {
         self.touched = ALL_PARTS;
         let armed = self.window.start(now);
