@@ -1,4 +1,4 @@
-//! flodl 0.8's conformance vectors (`../shared/vectors/flodl-0.8-wire.jsonl`).
+//! flodl 0.8's conformance vectors (`tests/vectors/flodl-0.8-wire.jsonl`).
 
 use cohort_proto::wire::{SessionSalt, hex};
 use serde_json::Value;
@@ -20,7 +20,7 @@ pub struct Vector {
 
 /// Where the vectors live, from this crate's directory.
 pub fn path() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors/flodl-0.8-wire.jsonl")
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("vectors/flodl-0.8-wire.jsonl")
 }
 
 /// Every vector, in file order.

@@ -1,5 +1,5 @@
 //! Codecs byte-exact with flodl 0.8 (control protocol v4, data protocol v3,
-//! relay-mux v1); see `../shared/spec/WIRE.md`.
+//! relay-mux v1); see `docs/WIRE.md` at the repository root.
 //!
 //! Every decoder is incremental (any split of the stream yields the same
 //! frames), checks limits before allocating, and answers bad input with a
