@@ -2,18 +2,8 @@
 
 use std::time::Duration;
 
-use cohort_proto::config::{TimeoutScale, connect_attempts, defaults};
+use cohort_proto::config::{NetDefaults, TimeoutScale};
 use cohort_proto::wire::{DEFAULT_FRAME_CEILING, MAX_CONTROL_PAYLOAD};
-
-/// How long one connect attempt may take before it counts as failed, before
-/// scaling. flodl leaves this to the operating system; a driver that never
-/// blocks needs its own bound so a black-holed address still spends the
-/// retry budget.
-pub const CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a connection closed by its machine keeps draining the peer's
-/// bytes after our FIN, waiting for the peer's, before it is dropped.
-pub const CLOSE_LINGER: Duration = Duration::from_secs(2);
 
 /// Driver configuration. [`Config::scaled`] gives flodl 0.8's values under a
 /// network timeout scale; tests set the durations directly.
@@ -60,14 +50,16 @@ pub struct Config {
 }
 
 impl Config {
-    /// flodl 0.8's deadlines under `scale`: `connect_attempts(scale)` attempts
+    /// flodl 0.8's deadlines under `scale` ([`NetDefaults::scaled`], the
+    /// values the simulator uses too): `connect_attempts(scale)` attempts
     /// 500 ms apart, write stall `scaled(30 s)`.
     pub fn scaled(scale: TimeoutScale) -> Self {
+        let net = NetDefaults::scaled(scale);
         Config {
-            connect_attempts: connect_attempts(scale),
-            connect_backoff: defaults::CONNECT_BACKOFF,
-            connect_timeout: scale.scaled(CONNECT_ATTEMPT_TIMEOUT),
-            write_stall: scale.scaled(defaults::WRITE_STALL),
+            connect_attempts: net.connect_attempts,
+            connect_backoff: net.connect_backoff,
+            connect_timeout: net.connect_timeout,
+            write_stall: net.write_stall,
             // Two frames at the default ceiling plus control traffic: a
             // machine never legitimately has more in flight to one peer.
             max_queued_bytes: usize::try_from(2 * DEFAULT_FRAME_CEILING)
@@ -75,7 +67,7 @@ impl Config {
                 .saturating_add(MAX_CONTROL_PAYLOAD),
             read_chunk: 1024 * 1024,
             read_budget: 4 * 1024 * 1024,
-            close_linger: CLOSE_LINGER,
+            close_linger: net.close_linger,
             max_sockets: 65_536,
             nodelay: true,
         }

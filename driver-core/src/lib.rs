@@ -21,7 +21,16 @@ pub use clock::Clock;
 pub use config::Config;
 
 use cohort_proto::DialId;
+use cohort_proto::wire::SessionSalt;
 use std::{fmt, io};
+
+/// A fresh session salt from the operating system's RNG (what every real
+/// deployment uses; proto itself draws no randomness).
+pub fn os_salt() -> Result<SessionSalt, getrandom::Error> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b)?;
+    Ok(SessionSalt::from_bytes(b))
+}
 
 /// The node has stopped; the command was not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

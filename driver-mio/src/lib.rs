@@ -1,5 +1,4 @@
-//! cohort-driver-mio: runs cohort's proto machines on mio, and the `cohort`
-//! program.
+//! cohort-driver-mio: runs cohort's proto machines on mio.
 //!
 //! - [`Driver`]: one machine on mio sockets, registered on a caller's
 //!   `Poll` under a [`TokenRange`] (embed it in any mio loop);
@@ -7,17 +6,12 @@
 //!   [`Remote`] to command it from other threads (one thread per node);
 //! - [`Clock`]: the real clock mapped onto proto's `Time`, shareable;
 //! - [`Config`]: dial retry budget, write-stall deadline, buffer bounds;
-//! - [`cluster`]: whole nodes (controller, worker hosts) on threads, the
-//!   consensus check and the local demo cluster behind the `cohort` program;
-//! - [`testing`]: small machines for driver tests and benchmarks;
-//! - [`wire_tool`]: the `cohort wire` inspector.
+//! - [`testing`]: small machines for driver tests and benchmarks.
 #![forbid(unsafe_code)]
 
-pub mod cluster;
 pub mod driver;
 pub mod runner;
 pub mod testing;
-pub mod wire_tool;
 
 pub use cohort_driver_core::NodeEvent;
 pub use cohort_driver_core::{Clock, Config, clock, config};

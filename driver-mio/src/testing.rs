@@ -245,8 +245,8 @@ impl Pinger {
         Pinger { frame, conn: None, remaining: 0, rounds: 0, got: 0, out }
     }
 
-    /// Starts `rounds` round trips (reported with `Done`).
-    pub fn start(&mut self, rounds: u64) {
+    /// Plays `rounds` round trips (reported with `Done`).
+    pub fn play(&mut self, rounds: u64) {
         let Some(conn) = self.conn else { return };
         if rounds == 0 {
             self.out.event(PingerEvent::Done { rounds: 0 });

@@ -13,7 +13,7 @@ use cohort_proto::handshake::{
     HandshakeError,
 };
 use cohort_proto::wire::{MacKey, SessionSalt};
-use cohort_proto::{CloseCause, ConnId, DialId};
+use cohort_proto::{CloseCause, ConnId, DialId, Time};
 
 fn control_kind() -> ControlHandshake {
     ControlHandshake { key: MacKey::new(&SessionSalt::from_bytes([7; 16])), world_size: 4 }
@@ -24,11 +24,10 @@ fn control_handshake_mio_to_mio() {
     let relay = ThreadNode::spawn(Acceptor::new(control_kind(), Duration::from_secs(10)), quick(), true);
     let hello = ControlHelloFields { rank: 2, model_sig: [9; 32] };
     let rank = ThreadNode::spawn(
-        Dialer::new(control_kind(), hello, relay.addr(), None, Duration::from_secs(10)),
+        Dialer::new(control_kind(), hello, relay.addr(), None, Duration::from_secs(10), Time::ZERO),
         quick(),
         false,
     );
-    rank.remote.with(|d, now| d.start(now)).unwrap();
     let admitted = relay.expect(|e| match e {
         AcceptorEvent::Admitted { hello, leftover, .. } => {
             Some((hello.rank, hello.model_sig, leftover.len()))
@@ -51,11 +50,17 @@ fn data_handshake_refuses_a_wrong_world_size() {
         true,
     );
     let rank = ThreadNode::spawn(
-        Dialer::new(DataHandshake { world_size: 5 }, 1, relay.addr(), None, Duration::from_secs(10)),
+        Dialer::new(
+            DataHandshake { world_size: 5 },
+            1,
+            relay.addr(),
+            None,
+            Duration::from_secs(10),
+            Time::ZERO,
+        ),
         quick(),
         false,
     );
-    rank.remote.with(|d, now| d.start(now)).unwrap();
     let refusal = relay.expect(|e| match e {
         AcceptorEvent::Refused { error: HandshakeError::Wire(w), .. } => Some(w.to_string()),
         other => panic!("unexpected {other:?}"),
@@ -310,7 +315,7 @@ fn driver_embeds_in_a_callers_poll() {
         for e in pinger.pending() {
             match e {
                 NodeEvent::Machine(PingerEvent::Ready) => {
-                    pinger.remote.with(|p, _| p.start(100)).unwrap();
+                    pinger.remote.with(|p, _| p.play(100)).unwrap();
                     started = true;
                 }
                 NodeEvent::Machine(PingerEvent::Done { rounds }) => {

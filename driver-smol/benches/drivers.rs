@@ -242,7 +242,7 @@ fn rtt(c: &mut Criterion) {
         g.bench_function("mio", |b| {
             b.iter_custom(|iters| {
                 let t = Instant::now();
-                pinger.remote.with(move |p, _| p.start(iters)).unwrap();
+                pinger.remote.with(move |p, _| p.play(iters)).unwrap();
                 assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: iters });
                 t.elapsed()
             })
@@ -257,7 +257,7 @@ fn rtt(c: &mut Criterion) {
         g.bench_function("smol", |b| {
             b.iter_custom(|iters| {
                 let t = Instant::now();
-                pinger.handle.send(move |p, _| p.start(iters)).unwrap();
+                pinger.handle.send(move |p, _| p.play(iters)).unwrap();
                 assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: iters });
                 t.elapsed()
             })

@@ -4,7 +4,7 @@
 //!   ([`Node::spawn`] on smol's executor, or [`Node::into_task`] for any
 //!   executor that drives async-io, async-std's included);
 //! - [`NodeHandle`]: run commands on the machine inside its task
-//!   (`handle.with(|m, now| m.start(now)).await`) and shut it down;
+//!   (`handle.with(|m, now| m.operator_start(now)).await`) and shut it down;
 //! - [`Events`]: the node's events as a `Stream`;
 //! - [`Clock`]: the real clock mapped onto proto's `Time`, shareable;
 //! - [`Config`]: dial retry budget, write-stall deadline, buffer bounds.

@@ -12,7 +12,7 @@ use cohort_proto::handshake::{
     Acceptor, AcceptorEvent, ControlHandshake, ControlHelloFields, DataHandshake, Dialer, DialerEvent,
 };
 use cohort_proto::wire::{DEFAULT_FRAME_CEILING, Dtype, MacKey, RoundKind, RoundWriter, SessionSalt};
-use cohort_proto::{CloseCause, DialId};
+use cohort_proto::{CloseCause, DialId, Time};
 use common::{expect, quick, spawn_mio};
 
 fn key() -> MacKey {
@@ -26,9 +26,9 @@ fn smol_rank_handshakes_with_a_mio_relay() {
     let addr = relay.addr.unwrap().to_string();
     smol::block_on(async {
         let hello = ControlHelloFields { rank: 5, model_sig: [1; 32] };
-        let (rank, mut ev) =
-            Node::new(Dialer::new(kind, hello, addr, None, Duration::from_secs(10)), quick()).spawn();
-        rank.with(|d, now| d.start(now)).await.unwrap();
+        let (_rank, mut ev) =
+            Node::new(Dialer::new(kind, hello, addr, None, Duration::from_secs(10), Time::ZERO), quick())
+                .spawn();
         let est = expect(&mut ev, |e| match e {
             DialerEvent::Established { .. } => Some(true),
             DialerEvent::Failed(err) => panic!("{err}"),
@@ -51,10 +51,16 @@ fn mio_rank_handshakes_with_a_smol_relay() {
         let addr = relay.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let (_relay, mut relay_ev) = relay.spawn();
         let rank = spawn_mio(
-            Dialer::new(DataHandshake { world_size: 2 }, 1, addr.to_string(), None, Duration::from_secs(10)),
+            Dialer::new(
+                DataHandshake { world_size: 2 },
+                1,
+                addr.to_string(),
+                None,
+                Duration::from_secs(10),
+                Time::ZERO,
+            ),
             false,
         );
-        rank.remote.with(|d, now| d.start(now)).unwrap();
         let admitted = expect(&mut relay_ev, |e| match e {
             AcceptorEvent::Admitted { hello, .. } => Some(hello.rank),
             AcceptorEvent::Refused { error, .. } => panic!("{error}"),

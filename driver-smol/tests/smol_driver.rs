@@ -15,7 +15,7 @@ use cohort_proto::handshake::{
     HandshakeError,
 };
 use cohort_proto::wire::{MacKey, SessionSalt};
-use cohort_proto::{CloseCause, DialId};
+use cohort_proto::{CloseCause, DialId, Time};
 use common::{PATIENCE, expect, next, quick};
 
 fn control_kind() -> ControlHandshake {
@@ -45,9 +45,9 @@ fn control_handshake_smol_to_smol() {
         let (relay, mut relay_ev) =
             listening(Acceptor::new(control_kind(), Duration::from_secs(10)), quick());
         let hello = ControlHelloFields { rank: 3, model_sig: [4; 32] };
-        let dialer = Dialer::new(control_kind(), hello, addr_of(&relay), None, Duration::from_secs(10));
+        let dialer =
+            Dialer::new(control_kind(), hello, addr_of(&relay), None, Duration::from_secs(10), Time::ZERO);
         let (rank, mut rank_ev) = Node::new(dialer, quick()).spawn();
-        rank.with(|d, now| d.start(now)).await.unwrap();
         let admitted = expect(&mut relay_ev, |e| match e {
             AcceptorEvent::Admitted { hello, .. } => Some((hello.rank, hello.model_sig)),
             _ => None,
@@ -72,10 +72,15 @@ fn data_handshake_refuses_a_wrong_world_size() {
     smol::block_on(async {
         let (relay, mut relay_ev) =
             listening(Acceptor::new(DataHandshake { world_size: 4 }, Duration::from_secs(10)), quick());
-        let dialer =
-            Dialer::new(DataHandshake { world_size: 5 }, 1, addr_of(&relay), None, Duration::from_secs(10));
-        let (rank, mut rank_ev) = Node::new(dialer, quick()).spawn();
-        rank.with(|d, now| d.start(now)).await.unwrap();
+        let dialer = Dialer::new(
+            DataHandshake { world_size: 5 },
+            1,
+            addr_of(&relay),
+            None,
+            Duration::from_secs(10),
+            Time::ZERO,
+        );
+        let (_rank, mut rank_ev) = Node::new(dialer, quick()).spawn();
         let refusal = expect(&mut relay_ev, |e| match e {
             AcceptorEvent::Refused { error: HandshakeError::Wire(w), .. } => Some(w.to_string()),
             other => panic!("unexpected {other:?}"),

@@ -8,7 +8,7 @@ use cohort_proto::coord::{CoordConfig, Coordinator, Scheduler};
 use cohort_proto::wire::{
     MacKey, MuxRecord, Payload, RelayControlMsg, SessionSalt, TimingMsgWire, encode_frame, parse_exact_frame,
 };
-use cohort_proto::{ConnId, Input, Machine, Peer, Time};
+use cohort_proto::{Adopt, ConnId, Input, Machine, Peer, Time};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 
@@ -42,7 +42,7 @@ fn bench(c: &mut Criterion) {
     for world in [8u32, 256, 1024] {
         c.bench_function(&format!("scheduler/batch_report/world_{world}"), |b| {
             let mut s = Scheduler::new(config(world)).unwrap();
-            s.start(Time::ZERO);
+            s.begin(Time::ZERO);
             while s.poll().is_some() {}
             let mut step = 0u64;
             b.iter(|| {
@@ -52,7 +52,7 @@ fn bench(c: &mut Criterion) {
             })
         });
         c.bench_function(&format!("coordinator/batch_record/world_{world}"), |b| {
-            let mut co = Coordinator::new(config(world), key.clone()).unwrap();
+            let mut co = Coordinator::new(config(world), key.clone(), Time::ZERO).unwrap();
             let hello = MuxRecord::Control(RelayControlMsg::Hello {
                 host: "h".into(),
                 ranks: (0..world).collect(),
@@ -61,7 +61,6 @@ fn bench(c: &mut Criterion) {
             .to_bytes(&key)
             .unwrap();
             co.adopt(Time::ZERO, ConnId(1), Peer::REMOTE, &hello);
-            co.start(Time::ZERO);
             while co.poll(Time::ZERO).is_some() {}
             let records: Vec<_> = (0..world)
                 .map(|r| {

@@ -83,6 +83,21 @@ impl TimeoutScale {
     pub fn scaled(self, base: Duration) -> Duration {
         Duration::try_from_secs_f64(base.as_secs_f64() * self.0).unwrap_or(Duration::MAX)
     }
+
+    /// `base` stretched by the factor and rounded up to whole seconds, at
+    /// least one: flodl 0.8's scaled deadlines (`ceil(x * scale).max(1)`).
+    ///
+    /// ```
+    /// use cohort_proto::config::TimeoutScale;
+    /// use core::time::Duration;
+    /// let s = TimeoutScale::new(0.15).unwrap();
+    /// assert_eq!(s.scaled_secs(Duration::from_secs(30)), Duration::from_secs(5)); // 4.5 -> 5
+    /// assert_eq!(s.scaled_secs(Duration::from_secs(5)), Duration::from_secs(1)); // 0.75 -> 1
+    /// ```
+    pub fn scaled_secs(self, base: Duration) -> Duration {
+        let secs = (base.as_secs_f64() * self.0).ceil().max(1.0);
+        Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
+    }
 }
 
 impl Default for TimeoutScale {
@@ -122,6 +137,9 @@ pub mod defaults {
     pub const HANDSHAKE: Duration = Duration::from_secs(10);
     /// The port router's deadline for the first 4 bytes (scaled).
     pub const PORT_PEEK: Duration = Duration::from_secs(5);
+    /// The coordinator's formation: relays must announce every rank of the
+    /// world within this (scaled, whole seconds).
+    pub const COORD_FORMATION: Duration = Duration::from_secs(60);
     /// NCCL re-rendezvous answer timeout (not scaled).
     pub const NCCL_ANSWER: Duration = Duration::from_secs(5);
     /// A peer that accepts no bytes for this long is closed (scaled).
@@ -136,9 +154,54 @@ pub mod defaults {
     pub const CONNECT_ATTEMPTS: u32 = 60;
     /// Pause between dial attempts (not scaled).
     pub const CONNECT_BACKOFF: Duration = Duration::from_millis(500);
+    /// The longest one connect attempt may stay pending (scaled). flodl
+    /// leaves this to the operating system; a harness that never blocks needs
+    /// its own bound so a black-holed address still spends the retry budget.
+    pub const CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+    /// After a close is flushed, how long to keep reading (and discarding)
+    /// while waiting for the peer's FIN, so the peer is not reset before it
+    /// read what was sent (not scaled).
+    pub const CLOSE_LINGER: Duration = Duration::from_secs(2);
 }
 
 /// Dial attempts under `scale` (at least one).
 pub fn connect_attempts(scale: TimeoutScale) -> u32 {
     ((defaults::CONNECT_ATTEMPTS as f64 * scale.get()).ceil() as u32).max(1)
+}
+
+/// How every harness (the drivers and the simulator) dials, writes and
+/// closes: one set of values, flodl 0.8's under a timeout scale.
+///
+/// ```
+/// use cohort_proto::config::{NetDefaults, TimeoutScale};
+/// use core::time::Duration;
+/// let n = NetDefaults::scaled(TimeoutScale::new(0.5).unwrap());
+/// assert_eq!(n.connect_attempts, 30);
+/// assert_eq!(n.write_stall, Duration::from_secs(15));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetDefaults {
+    /// Connect attempts per dial before it fails.
+    pub connect_attempts: u32,
+    /// Pause after a failed attempt.
+    pub connect_backoff: Duration,
+    /// Longest one connect attempt may stay pending.
+    pub connect_timeout: Duration,
+    /// A peer that accepts none of the bytes queued for it this long is closed.
+    pub write_stall: Duration,
+    /// How long a closed connection waits for the peer's FIN.
+    pub close_linger: Duration,
+}
+
+impl NetDefaults {
+    /// flodl 0.8's values under `scale`.
+    pub fn scaled(scale: TimeoutScale) -> Self {
+        NetDefaults {
+            connect_attempts: connect_attempts(scale),
+            connect_backoff: defaults::CONNECT_BACKOFF,
+            connect_timeout: scale.scaled(defaults::CONNECT_ATTEMPT_TIMEOUT),
+            write_stall: scale.scaled(defaults::WRITE_STALL),
+            close_linger: defaults::CLOSE_LINGER,
+        }
+    }
 }

@@ -15,10 +15,9 @@
 //! let key = MacKey::new(&SessionSalt::from_bytes([7; 16]));
 //! let kind = ControlHandshake { key: key.clone(), world_size: 4 };
 //! let hello = ControlHelloFields { rank: 2, model_sig: [0; 32] };
-//! let mut rank = Dialer::new(kind.clone(), hello, "relay", None, Duration::from_secs(10));
-//! let mut relay = Acceptor::new(kind, Duration::from_secs(10));
 //! let t = Time::ZERO;
-//! rank.start(t);
+//! let mut rank = Dialer::new(kind.clone(), hello, "relay", None, Duration::from_secs(10), t);
+//! let mut relay = Acceptor::new(kind, Duration::from_secs(10));
 //! assert!(matches!(rank.poll(t), Some(Output::Dial { .. })));
 //! rank.handle(t, Input::Connected { dial: DialId(0), conn: ConnId(1) });
 //! relay.handle(t, Input::Accepted { conn: ConnId(2), peer: Peer::LOOPBACK });
@@ -38,7 +37,7 @@ use bytes::Bytes;
 use core::fmt;
 use core::time::Duration;
 
-use crate::machine::{ConnId, DialId, Input, Machine, Outbox, Output};
+use crate::machine::{Adopt, ConnId, DialId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{ControlAck, ControlHello, DataAck, DataHello, MacKey, RecvBuf, WireError};
 
@@ -178,7 +177,6 @@ pub enum DialerEvent {
 
 #[derive(Debug)]
 enum DialState {
-    Idle,
     Dialing,
     AwaitAck { conn: ConnId, buf: RecvBuf, deadline: Time },
     Done,
@@ -190,7 +188,6 @@ enum DialState {
 pub struct Dialer<K: Handshake> {
     kind: K,
     fields: K::Fields,
-    addr: String,
     channel_magic: Option<[u8; 4]>,
     budget: Duration,
     state: DialState,
@@ -201,31 +198,19 @@ pub struct Dialer<K: Handshake> {
 pub const HANDSHAKE_DIAL: DialId = DialId(0);
 
 impl<K: Handshake> Dialer<K> {
-    /// A dialer to `addr`; `channel_magic` is written first on cross-host dials.
+    /// A dialer to `addr`, asking for the connection at once;
+    /// `channel_magic` is written first on cross-host dials.
     pub fn new(
         kind: K,
         fields: K::Fields,
         addr: impl Into<String>,
         channel_magic: Option<[u8; 4]>,
         budget: Duration,
+        _now: Time,
     ) -> Self {
-        Dialer {
-            kind,
-            fields,
-            addr: addr.into(),
-            channel_magic,
-            budget,
-            state: DialState::Idle,
-            out: Outbox::default(),
-        }
-    }
-
-    /// Asks for the connection.
-    pub fn start(&mut self, _now: Time) {
-        if matches!(self.state, DialState::Idle) {
-            self.state = DialState::Dialing;
-            self.out.dial(HANDSHAKE_DIAL, self.addr.clone());
-        }
+        let mut out = Outbox::default();
+        out.dial(HANDSHAKE_DIAL, addr);
+        Dialer { kind, fields, channel_magic, budget, state: DialState::Dialing, out }
     }
 
     fn fail(&mut self, err: HandshakeError) {
@@ -331,16 +316,6 @@ impl<K: Handshake> Acceptor<K> {
         Acceptor { kind, budget, pending: BTreeMap::new(), out: Outbox::default() }
     }
 
-    /// Starts a handshake on a connection the caller accepted (and, for
-    /// routed connections, whose channel magic it already consumed). `first`
-    /// holds bytes that already arrived.
-    pub fn adopt(&mut self, now: Time, conn: ConnId, first: &[u8]) {
-        self.pending.insert(conn, Pending { buf: RecvBuf::new(), deadline: now + self.budget });
-        if !first.is_empty() {
-            self.received(conn, first);
-        }
-    }
-
     /// Whether `conn` is mid-handshake here.
     pub fn owns(&self, conn: ConnId) -> bool {
         self.pending.contains_key(&conn)
@@ -373,12 +348,24 @@ impl<K: Handshake> Acceptor<K> {
     }
 }
 
+impl<K: Handshake> Adopt for Acceptor<K> {
+    /// Starts a handshake on a connection the caller accepted (and, for
+    /// routed connections, whose channel magic it already consumed). `first`
+    /// holds bytes that already arrived.
+    fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
+        self.pending.insert(conn, Pending { buf: RecvBuf::new(), deadline: now + self.budget });
+        if !first.is_empty() {
+            self.received(conn, first);
+        }
+    }
+}
+
 impl<K: Handshake> Machine for Acceptor<K> {
     type Event = AcceptorEvent<K::Hello>;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
         match input {
-            Input::Accepted { conn, .. } => self.adopt(now, conn, &[]),
+            Input::Accepted { conn, peer } => self.adopt(now, conn, peer, &[]),
             Input::Received { conn, bytes } => self.received(conn, bytes),
             Input::Closed { conn, cause, .. } => {
                 if self.pending.remove(&conn).is_some() {

@@ -14,7 +14,10 @@
 //!   status endpoint; [`coord`], [`rendezvous`]: the coordinator and the NCCL
 //!   bootstrap; [`relay`], [`reduce`]: the data plane's two fold tiers;
 //!   [`rank`]: a rank's clients.
-//! - [`node`]: whole nodes (controller, rank) composed from those machines.
+//! - [`node`]: whole nodes (controller, worker host, rank) composed from those
+//!   machines, and the cluster's event vocabulary.
+//! - `testing` (feature `testing`): the consensus oracle and the join
+//!   window's reference verdict.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -31,8 +34,10 @@ pub mod relay;
 pub mod rendezvous;
 pub mod route;
 pub mod status;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod time;
 pub mod wire;
 
-pub use machine::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer};
+pub use machine::{Adopt, CloseCause, ConnId, DialId, Input, Machine, Output, Peer};
 pub use time::Time;

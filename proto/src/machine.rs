@@ -17,6 +17,14 @@
 //! own choosing; the driver answers with [`Input::Connected`] (with the new
 //! `ConnId`) or [`Input::DialFailed`].
 //!
+//! Lifecycle: a machine is live from its constructor. A constructor that
+//! needs the clock (the machine dials, or arms a deadline, at birth) takes
+//! `now`, and whatever the machine wants done at once is already waiting in
+//! `poll`. There is no separate `start`: after constructing a machine the
+//! driver drains `poll` and arms `poll_timeout` as after any input. Commands
+//! are the protocol's own operations (`operator_start`, `submit_round`,
+//! `stop`, ...), never a lifecycle step.
+//!
 //! Rules drivers follow:
 //! - bytes in [`Output::Transmit`] are written in order, completely, before
 //!   anything later on the same connection;
@@ -185,6 +193,21 @@ pub trait Machine {
 
     /// The next instant the machine must be woken with [`Input::Timeout`].
     fn poll_timeout(&self) -> Option<Time>;
+}
+
+/// A machine that takes over connections accepted, and read into, by another
+/// one: behind the controller's single port, the [`PortRouter`] consumes
+/// each connection's channel magic and hands the connection to the machine
+/// of that channel.
+///
+/// `first` holds the bytes that arrived after what the router consumed;
+/// the machine treats them as if they had just been received. From then on
+/// the machine gets every input of `conn`, as for a connection it accepted.
+///
+/// [`PortRouter`]: crate::route::PortRouter
+pub trait Adopt {
+    /// Takes over `conn` from `peer` at `now`.
+    fn adopt(&mut self, now: Time, conn: ConnId, peer: Peer, first: &[u8]);
 }
 
 /// A FIFO of pending outputs: the plumbing most machines share.

@@ -31,7 +31,7 @@ use bytes::{Bytes, BytesMut};
 use core::fmt;
 use core::time::Duration;
 
-use crate::machine::{ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::machine::{Adopt, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
     MacKey, Message, RecvBuf, RendezvousMsgWire, RendezvousRole, WireError, encode_frame, parse_frame,
@@ -201,8 +201,7 @@ enum Phase {
 /// use cohort_proto::{Machine, Time};
 /// use core::time::Duration;
 /// let cfg = RendezvousConfig { world_size: 2, local_ranks: Default::default(), dataset_sig: None };
-/// let mut rv = RendezvousServer::new(cfg, MacKey::new(&SessionSalt::from_bytes([1; 16])));
-/// rv.start(Time::ZERO);
+/// let mut rv = RendezvousServer::new(cfg, MacKey::new(&SessionSalt::from_bytes([1; 16])), Time::ZERO);
 /// // Strictly more than 120 s without a new rank fails it.
 /// assert_eq!(rv.poll_timeout(), Some(Time::from_secs(120) + Duration::from_nanos(1)));
 /// ```
@@ -221,8 +220,9 @@ pub struct RendezvousServer {
 }
 
 impl RendezvousServer {
-    /// A rendezvous for `cfg`, keyed with the session key.
-    pub fn new(cfg: RendezvousConfig, key: MacKey) -> Self {
+    /// A rendezvous for `cfg`, keyed with the session key, whose idle clock
+    /// starts at `now`.
+    pub fn new(cfg: RendezvousConfig, key: MacKey, now: Time) -> Self {
         RendezvousServer {
             reference_sig: cfg.dataset_sig,
             cfg,
@@ -231,34 +231,14 @@ impl RendezvousServer {
             slots: BTreeMap::new(),
             slot_bufs: BTreeMap::new(),
             rejected: 0,
-            phase: Phase::Collecting { last_progress: Time::ZERO },
+            phase: Phase::Collecting { last_progress: now },
             out: Outbox::default(),
-        }
-    }
-
-    /// Starts the idle clock.
-    pub fn start(&mut self, now: Time) {
-        if let Phase::Collecting { last_progress } = &mut self.phase {
-            *last_progress = now;
         }
     }
 
     /// Ranks that have said hello.
     pub fn joined(&self) -> u32 {
         self.slots.len() as u32
-    }
-
-    /// Takes over an accepted rendezvous connection; its channel magic was
-    /// already consumed; `first` holds bytes that followed.
-    pub fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
-        if self.phase == Phase::Done {
-            self.out.close(conn);
-            return;
-        }
-        self.pending.insert(conn, Pending { buf: RecvBuf::new(), deadline: now + HELLO_DEADLINE });
-        if !first.is_empty() {
-            self.received(now, conn, first);
-        }
     }
 
     fn frame(&self, msg: &RendezvousMsgWire) -> Bytes {
@@ -416,6 +396,21 @@ impl RendezvousServer {
                 self.fail(RendezvousError::Protocol { rank, what });
             }
             Err(what) => self.fail(RendezvousError::Protocol { rank, what }),
+        }
+    }
+}
+
+impl Adopt for RendezvousServer {
+    /// Takes over an accepted rendezvous connection; its channel magic was
+    /// already consumed; `first` holds bytes that followed.
+    fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
+        if self.phase == Phase::Done {
+            self.out.close(conn);
+            return;
+        }
+        self.pending.insert(conn, Pending { buf: RecvBuf::new(), deadline: now + HELLO_DEADLINE });
+        if !first.is_empty() {
+            self.received(now, conn, first);
         }
     }
 }

@@ -1,91 +1,59 @@
 //! A whole simulated cluster built from a [`Scenario`]: the controller, one
-//! agent per worker host, relays and ranks once the world forms, every fault
-//! at its instant, and the checkers watching every event.
+//! [`HostNode`] per worker host (joining at its instant), the relays and
+//! ranks each host asks for once the world forms, every fault at its
+//! instant, and the checkers watching every event.
+//!
+//! The hosts are proto's own composition, so the simulator plays the wiring
+//! the `cohort` program runs: the host decides what to start and reports its
+//! ranks' exits; the cluster only carries that out on the simulated network.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::{Backend, CoordConfig, CoordEvent, FailureBudget, RunEnd};
-use cohort_proto::join::client::{ClientEvent, ClientParams, JoinClient};
+use cohort_proto::join::client::ClientEvent;
 use cohort_proto::join::ledger::{JoinConfig, JoinOffer, StartMode, TrustMode};
 use cohort_proto::join::window::JoinEvent;
+use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, Outcome};
-use cohort_proto::node::envelope::Envelope;
-use cohort_proto::node::rank::{RankConfig, RankEvent, RankNode};
-use cohort_proto::node::trainer::WorkloadConfig;
+use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
+use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RankEnd, RankSpec, RelayListen};
+use cohort_proto::node::rank::{RankEvent, RankNode};
+use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::reduce::ReduceEvent;
-use cohort_proto::relay::{Leg, Relay, RelayConfig, RelayEvent};
-use cohort_proto::wire::{MacKey, SessionSalt};
+use cohort_proto::relay::Relay;
+use cohort_proto::rendezvous::UID_BYTES;
+use cohort_proto::status::StatusClient;
+use cohort_proto::wire::SessionSalt;
 use core::time::Duration;
 
 use crate::check::Checker;
-use crate::http::{HttpClient, HttpEvent};
 use crate::report::{Death, Report, Timeline};
-use crate::rng::stream;
+use crate::rng::{SimRng, stream};
 use crate::scenario::{BackendSpec, Fault, MaxFailure, Scenario, StartModeSpec};
 use crate::world::{HostId, LinkSpec, NetConfig, NodeId, Process, World};
 
-/// Every node's events, as the world carries them.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SimEvent {
-    /// The controller.
-    Controller(ControllerEvent),
-    /// A host's agent (join client).
-    Agent(ClientEvent),
-    /// A relay.
-    Relay(RelayEvent),
-    /// A rank.
-    Rank(RankEvent),
-    /// An operator's HTTP request.
-    Http(HttpEvent),
-}
-
-macro_rules! from_event {
-    ($t:ty, $v:ident) => {
-        impl From<$t> for SimEvent {
-            fn from(e: $t) -> Self {
-                SimEvent::$v(e)
-            }
-        }
-    };
-}
-from_event!(ControllerEvent, Controller);
-from_event!(ClientEvent, Agent);
-from_event!(RelayEvent, Relay);
-from_event!(RankEvent, Rank);
-from_event!(HttpEvent, Http);
-
-/// What a node is, for the checkers and the timeline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The controller.
-    Controller,
-    /// The agent of worker host `.0`.
-    Agent(usize),
-    /// A relay of worker host `.0`.
-    Relay(usize, Leg),
-    /// Global rank `.0`.
-    Rank(u32),
-    /// An operator's HTTP client.
-    Operator,
-}
+/// A rank as the simulator runs it: the rank composition over the synthetic workload.
+pub type SimRank = RankNode<Trainer>;
 
 /// The controller's address in the simulated network.
 pub const CONTROLLER_ADDR: &str = "controller:7070";
 
 #[derive(Debug, Clone, PartialEq)]
 enum Act {
-    AgentStart(usize),
+    HostJoins(usize),
     Fault(usize),
     RunFor,
 }
 
 #[derive(Debug)]
 struct HostRt {
-    name: String,
+    name: Arc<str>,
     host: HostId,
-    agent: NodeId,
+    /// The host's agent, once it joined.
+    agent: Option<NodeId>,
     ranks: Vec<u32>,
     batch_ms: f64,
     spread: f64,
@@ -95,16 +63,17 @@ struct HostRt {
 /// A scenario, playing.
 #[derive(Debug)]
 pub struct Cluster {
-    /// The world (public for tests that need to look inside).
-    pub world: World<SimEvent>,
+    world: World<ClusterEvent>,
     sc: Scenario,
     seed: u64,
     salt: SessionSalt,
+    scale: TimeoutScale,
     controller: NodeId,
     ctrl_host: HostId,
     hosts: Vec<HostRt>,
-    roles: BTreeMap<NodeId, Role>,
+    sources: BTreeMap<NodeId, Source>,
     rank_nodes: BTreeMap<u32, NodeId>,
+    uids: SimRng,
     acts: Vec<(Time, Act)>,
     next_act: usize,
     checker: Checker,
@@ -117,7 +86,7 @@ pub struct Cluster {
     epochs_completed: u64,
     cap: Time,
     events_seen: u64,
-    events_buf: Vec<(Time, NodeId, SimEvent)>,
+    events_buf: Vec<(Time, NodeId, ClusterEvent)>,
 }
 
 fn secs(s: f64) -> Time {
@@ -130,14 +99,12 @@ impl Cluster {
         sc.validate()?;
         let scale = TimeoutScale::new(sc.timeout_scale).map_err(|e| e.to_string())?;
         let net = NetConfig {
-            write_stall: scale.scaled(Duration::from_secs(30)),
-            connect_attempts: cohort_proto::config::connect_attempts(scale),
             link: LinkSpec {
                 latency: Duration::from_micros(sc.latency_us),
                 bandwidth: sc.bandwidth_gbps * 1.25e8,
                 jitter: Duration::from_micros(sc.jitter_us),
             },
-            ..NetConfig::default()
+            ..NetConfig::scaled(scale)
         };
         let mut world = World::new(seed, net);
         let salt = SessionSalt::generate(stream(seed, "salt").inner());
@@ -167,31 +134,26 @@ impl Cluster {
             MaxFailure::Absolute(n) => FailureBudget::Absolute(n),
             MaxFailure::Percent(p) => FailureBudget::Percent(p),
         });
-        let cfg = ControllerConfig::new(join, salt, trust, scale, run, sc.model_elems);
+        let advertise = ControllerAddr::parse(CONTROLLER_ADDR).ok_or("the controller's address")?;
+        let workload = WorkloadSpec { batch_size: sc.batch_size, model_elems: sc.model_elems, gamma: 1.0 };
+        let cfg = ControllerConfig::new(join, salt, trust, scale, run, advertise, workload);
         let ctrl = ControllerNode::new(cfg, Time::ZERO).map_err(|e| e.to_string())?;
         let controller = world.add_node(ctrl_host, "controller", Box::new(ctrl), &[CONTROLLER_ADDR]);
-        let mut roles = BTreeMap::from([(controller, Role::Controller)]);
         let mut hosts = Vec::new();
         let mut acts = Vec::new();
         for (i, h) in sc.hosts.iter().enumerate() {
             let host = world.add_host(h.name.clone());
-            let mut offer = JoinOffer::new(h.name.clone(), (0..h.ranks).map(|d| d as u8).collect(), [7; 32]);
-            offer.libtorch = h.libtorch.clone().unwrap_or_default();
-            let pre_shared = (!sc.join.open_admission).then_some(salt);
-            let agent = JoinClient::new(ClientParams::new(CONTROLLER_ADDR, offer, pre_shared, scale));
-            let agent = world.add_node(host, format!("{}/agent", h.name), Box::new(agent), &[]);
-            roles.insert(agent, Role::Agent(i));
             let class = sc.speed_classes[h.speed.as_deref().unwrap_or("medium")];
             hosts.push(HostRt {
-                name: h.name.clone(),
+                name: Arc::from(h.name.as_str()),
                 host,
-                agent,
+                agent: None,
                 ranks: Vec::new(),
                 batch_ms: class.batch_ms,
                 spread: class.spread,
                 spawned: false,
             });
-            acts.push((secs(h.join_at_s), Act::AgentStart(i)));
+            acts.push((secs(h.join_at_s), Act::HostJoins(i)));
         }
         for (i, f) in sc.faults.iter().enumerate() {
             acts.push((secs(f.at_s), Act::Fault(i)));
@@ -211,11 +173,13 @@ impl Cluster {
             world,
             seed,
             salt,
+            scale,
             controller,
             ctrl_host,
             hosts,
-            roles,
+            sources: BTreeMap::from([(controller, Source::Controller)]),
             rank_nodes: BTreeMap::new(),
+            uids: stream(seed, "nccl-uid"),
             acts,
             next_act: 0,
             timeline: Timeline::default(),
@@ -232,9 +196,9 @@ impl Cluster {
         })
     }
 
-    /// The role of a node.
-    pub fn role(&self, n: NodeId) -> Option<Role> {
-        self.roles.get(&n).copied()
+    /// Where a node's events come from.
+    pub fn source(&self, n: NodeId) -> Option<&Source> {
+        self.sources.get(&n)
     }
 
     /// The node running global rank `r`, once spawned.
@@ -254,7 +218,7 @@ impl Cluster {
 
     /// Plays the scenario, showing every node event to `observe` as it
     /// happens (after the checkers saw it), and reports.
-    pub fn run_observed(mut self, mut observe: impl FnMut(Time, Option<Role>, &SimEvent)) -> Report {
+    pub fn run_observed(mut self, mut observe: impl FnMut(Time, &Source, &ClusterEvent)) -> Report {
         loop {
             let next_world = self.world.next_event_time();
             let next_act = self.acts.get(self.next_act).map(|(t, _)| *t);
@@ -284,27 +248,63 @@ impl Cluster {
         self.finish()
     }
 
+    fn ranks_left(&self) -> bool {
+        self.rank_nodes.values().all(|n| {
+            self.world.process(*n) != Process::Alive
+                || self.world.inspect_ref::<SimRank, _>(*n, SimRank::is_ended).unwrap_or(true)
+        })
+    }
+
     fn ended(&self) -> bool {
         if self.checker.stopped() {
             return true;
         }
-        let Some((_, _)) = &self.outcome else { return false };
-        // Every spawned rank has left (exited, lost its coordinator, crashed or wedged).
-        self.rank_nodes.values().all(|n| {
-            self.world.process(*n) != Process::Alive
-                || self.world.inspect_ref::<RankNode, _>(*n, RankNode::is_ended).unwrap_or(true)
-        }) && self
-            .hosts
-            .iter()
-            .all(|h| h.spawned || self.world.process(h.agent) != Process::Alive || self.formed_at.is_none())
+        if self.outcome.is_none() {
+            return false;
+        }
+        // Every spawned rank has left (exited, lost its coordinator, crashed
+        // or wedged), and no host still waits to start its ranks.
+        self.ranks_left()
+            && self.hosts.iter().all(|h| {
+                h.spawned
+                    || h.agent.is_none_or(|a| self.world.process(a) != Process::Alive)
+                    || self.formed_at.is_none()
+            })
+    }
+
+    fn host_named(&self, name: &str) -> Option<usize> {
+        self.hosts.iter().position(|h| &*h.name == name)
+    }
+
+    /// The host whose ranks include `r`.
+    fn host_of(&self, r: u32) -> Option<usize> {
+        self.hosts.iter().position(|h| h.ranks.contains(&r))
+    }
+
+    fn rank_ended(&mut self, r: u32, end: RankEnd) {
+        if let Some(agent) = self.host_of(r).and_then(|i| self.hosts[i].agent) {
+            // A host whose link is gone cannot report: nothing to do then.
+            self.world.command::<HostNode, _>(agent, |h, now| {
+                let _ = h.rank_ended(now, r, end);
+            });
+        }
     }
 
     fn apply(&mut self, act: Act) {
         let now = self.world.now();
         match act {
-            Act::AgentStart(i) => {
-                let agent = self.hosts[i].agent;
-                self.world.command::<JoinClient, _>(agent, |a, now| a.start(now));
+            Act::HostJoins(i) => {
+                let h = &self.sc.hosts[i];
+                let mut offer =
+                    JoinOffer::new(h.name.clone(), (0..h.ranks).map(|d| d as u8).collect(), [7; 32]);
+                offer.libtorch = h.libtorch.clone().unwrap_or_default();
+                let pre_shared = (!self.sc.join.open_admission).then_some(self.salt);
+                let cfg = HostConfig::new(offer, CONTROLLER_ADDR, pre_shared, self.scale, RelayListen::Flodl);
+                let node = HostNode::new(cfg, now);
+                let name = self.hosts[i].name.clone();
+                let n = self.world.add_node(self.hosts[i].host, format!("{name}/agent"), Box::new(node), &[]);
+                self.sources.insert(n, Source::Host(name));
+                self.hosts[i].agent = Some(n);
             }
             Act::RunFor => {
                 self.timeline.instant(now, "controller", "run_for reached: graceful stop");
@@ -314,80 +314,78 @@ impl Cluster {
                 let f = self.sc.faults[i].fault.clone();
                 self.timeline.instant(now, "faults", &format!("{f:?}"));
                 self.checker.fault(now, &f);
-                match f {
-                    Fault::KillRank(r) => {
-                        if let Some(n) = self.rank_node(r) {
-                            self.world.crash(n);
-                            // Its agent is its parent process: it sees the exit.
-                            if let Some(h) = self.hosts.iter().find(|h| h.ranks.contains(&r)) {
-                                let agent = h.agent;
-                                self.world.command::<JoinClient, _>(agent, |a, _| a.report_rank_exit(r, 137));
-                            }
-                        }
+                self.inject(f);
+            }
+        }
+    }
+
+    fn inject(&mut self, f: Fault) {
+        let now = self.world.now();
+        match f {
+            Fault::KillRank(r) => {
+                if let Some(n) = self.rank_node(r) {
+                    self.world.crash(n);
+                    // Its agent is its parent process: it sees the kill.
+                    self.rank_ended(r, RankEnd::Killed);
+                }
+            }
+            Fault::WedgeRank(r) => {
+                if let Some(n) = self.rank_node(r) {
+                    self.world.wedge(n);
+                }
+            }
+            Fault::KillHost(name) => {
+                if let Some(i) = self.host_named(&name) {
+                    self.world.kill_host(self.hosts[i].host);
+                }
+            }
+            Fault::PartitionHost { host, for_s } => {
+                if let Some(h) = self.host_named(&host).map(|i| self.hosts[i].host) {
+                    let others: Vec<HostId> = (0..self.world.hosts().len()).filter(|o| *o != h).collect();
+                    for o in others {
+                        self.world.partition(h, o, Duration::from_secs_f64(for_s));
                     }
-                    Fault::WedgeRank(r) => {
-                        if let Some(n) = self.rank_node(r) {
-                            self.world.wedge(n);
-                        }
+                }
+            }
+            Fault::CorruptLink(host) => {
+                if let Some(h) = self.host_named(&host).map(|i| self.hosts[i].host) {
+                    self.world.corrupt_next_upstream(h);
+                }
+            }
+            Fault::KillController => {
+                self.world.crash(self.controller);
+                self.controller_gone = true;
+            }
+            Fault::OperatorStart => {
+                let client = StatusClient::new(CONTROLLER_ADDR, "POST", "/start", now);
+                let n = self.world.add_node(self.ctrl_host, "operator", Box::new(client), &[]);
+                self.sources.insert(n, Source::Operator);
+            }
+            Fault::Abort => {
+                self.world
+                    .command::<ControllerNode, _>(self.controller, |c, now| c.abort(now, "launcher abort"));
+            }
+            Fault::SlowRank { rank, factor } => {
+                if let Some(n) = self.rank_node(rank) {
+                    self.world.command::<SimRank, _>(n, |r, _| r.workload_mut().slow_down(factor));
+                }
+            }
+            Fault::SlowLink { host, latency_ms } => {
+                if let Some(h) = self.host_named(&host).map(|i| self.hosts[i].host) {
+                    let spec = LinkSpec {
+                        latency: Duration::from_secs_f64(latency_ms / 1000.0),
+                        ..self.world.link(h, self.ctrl_host)
+                    };
+                    for o in (0..self.world.hosts().len()).filter(|o| *o != h) {
+                        self.world.set_link(h, o, spec);
                     }
-                    Fault::KillHost(name) => {
-                        if let Some(h) = self.hosts.iter().find(|h| h.name == name) {
-                            self.world.kill_host(h.host);
-                        }
-                    }
-                    Fault::PartitionHost { host, for_s } => {
-                        if let Some(h) = self.hosts.iter().find(|h| h.name == host).map(|h| h.host) {
-                            let others: Vec<HostId> =
-                                (0..self.world.hosts().len()).filter(|o| *o != h).collect();
-                            for o in others {
-                                self.world.partition(h, o, Duration::from_secs_f64(for_s));
-                            }
-                        }
-                    }
-                    Fault::CorruptLink(host) => {
-                        if let Some(h) = self.hosts.iter().find(|h| h.name == host).map(|h| h.host) {
-                            self.world.corrupt_next_upstream(h);
-                        }
-                    }
-                    Fault::KillController => {
-                        self.world.crash(self.controller);
-                        self.controller_gone = true;
-                    }
-                    Fault::OperatorStart => {
-                        let mut http = HttpClient::new(CONTROLLER_ADDR, "POST", "/start");
-                        http.start();
-                        let n = self.world.add_node(self.ctrl_host, "operator", Box::new(http), &[]);
-                        self.roles.insert(n, Role::Operator);
-                    }
-                    Fault::Abort => {
-                        self.world.command::<ControllerNode, _>(self.controller, |c, now| {
-                            c.abort(now, "launcher abort")
-                        });
-                    }
-                    Fault::SlowRank { rank, factor } => {
-                        if let Some(n) = self.rank_node(rank) {
-                            self.world.command::<RankNode, _>(n, |r, _| r.slow_down(factor));
-                        }
-                    }
-                    Fault::SlowLink { host, latency_ms } => {
-                        if let Some(h) = self.hosts.iter().find(|h| h.name == host).map(|h| h.host) {
-                            let spec = LinkSpec {
-                                latency: Duration::from_secs_f64(latency_ms / 1000.0),
-                                ..self.world.link(h, self.ctrl_host)
-                            };
-                            for o in (0..self.world.hosts().len()).filter(|o| *o != h) {
-                                self.world.set_link(h, o, spec);
-                            }
-                        }
-                    }
-                    Fault::ResetHost(host) => {
-                        if let Some(h) = self.hosts.iter().find(|h| h.name == host).map(|h| h.host) {
-                            let on_host: Vec<NodeId> =
-                                self.world.nodes().filter(|n| n.2 == h).map(|n| n.0).collect();
-                            for n in on_host {
-                                self.world.reset_connections(n);
-                            }
-                        }
+                }
+            }
+            Fault::ResetHost(host) => {
+                if let Some(h) = self.host_named(&host).map(|i| self.hosts[i].host) {
+                    let on_host: Vec<NodeId> = self.world.nodes().filter(|n| n.2 == h).map(|n| n.0).collect();
+                    for n in on_host {
+                        self.world.reset_connections(n);
                     }
                 }
             }
@@ -396,158 +394,134 @@ impl Cluster {
 
     /// Feeds the world's new events to the checkers and reacts to the ones
     /// that start nodes.
-    fn absorb(&mut self, observe: &mut impl FnMut(Time, Option<Role>, &SimEvent)) {
+    fn absorb(&mut self, observe: &mut impl FnMut(Time, &Source, &ClusterEvent)) {
         let mut events = core::mem::take(&mut self.events_buf);
         self.world.swap_events(&mut events);
         for (t, n, e) in events.drain(..) {
             self.events_seen += 1;
-            let role = self.roles.get(&n).copied();
-            self.checker.event(t, role, &e);
-            self.react(t, n, role, &e);
-            observe(t, role, &e);
+            let Some(source) = self.sources.get(&n).cloned() else { continue };
+            self.checker.event(t, &source, &e);
+            self.react(t, n, &source, &e);
+            observe(t, &source, &e);
         }
         self.events_buf = events;
-        if self.controller_gone && self.outcome.is_none() {
-            let all_left = self.rank_nodes.values().all(|n| {
-                self.world.process(*n) != Process::Alive
-                    || self.world.inspect_ref::<RankNode, _>(*n, RankNode::is_ended).unwrap_or(true)
-            });
-            if all_left {
-                self.outcome = Some((Outcome::Failed("controller lost".into()), self.world.now()));
-            }
+        if self.controller_gone && self.outcome.is_none() && self.ranks_left() {
+            self.outcome = Some((Outcome::Failed("controller lost".into()), self.world.now()));
         }
     }
 
-    fn react(&mut self, t: Time, n: NodeId, role: Option<Role>, e: &SimEvent) {
-        match (role, e) {
-            (Some(Role::Agent(i)), SimEvent::Agent(ClientEvent::Admitted { ranks, .. })) => {
-                self.hosts[i].ranks = ranks.clone();
-                self.timeline.instant(t, &self.hosts[i].name.clone(), &format!("admitted ranks {ranks:?}"));
+    fn react(&mut self, t: Time, n: NodeId, source: &Source, e: &ClusterEvent) {
+        match (source, e) {
+            (Source::Host(name), ClusterEvent::Host(ev)) => {
+                let Some(i) = self.host_named(name) else { return };
+                self.host_event(t, i, ev);
             }
-            (Some(Role::Agent(i)), SimEvent::Agent(ClientEvent::WorldFormed { envelope_hex, .. })) => {
-                if let Ok(env) = Envelope::from_hex(envelope_hex) {
-                    self.spawn_host(i, &env);
-                }
-            }
-            (Some(Role::Controller), SimEvent::Controller(ev)) => match ev {
-                ControllerEvent::Started { world_size } => {
-                    self.formed_at = Some(t);
-                    self.world_size = *world_size;
-                    self.timeline.instant(t, "controller", &format!("world formed: {world_size} ranks"));
-                }
-                ControllerEvent::Finished(o) => {
-                    self.timeline.instant(t, "controller", &format!("run finished: {o:?}"));
-                    if self.outcome.is_none() {
-                        self.outcome = Some((o.clone(), t));
-                    }
-                }
-                ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, .. }) => {
-                    self.timeline.instant(t, "controller", &format!("rank {rank} declared dead: {cause}"));
-                    self.deaths.push(Death { rank: *rank, declared_at: t, cause: cause.to_string() });
-                }
-                ControllerEvent::Coord(CoordEvent::EpochAggregated { metrics }) => {
-                    self.epochs_completed = self.epochs_completed.max(metrics.epoch + 1);
-                    self.timeline.instant(t, "controller", &format!("epoch {} aggregated", metrics.epoch));
-                }
-                ControllerEvent::Coord(CoordEvent::PlanIssued { epoch, .. }) => {
-                    self.timeline.begin_epoch(t, *epoch);
-                }
-                ControllerEvent::Coord(CoordEvent::Ended(end)) => {
-                    let s = match end {
-                        RunEnd::Done => "shutdown".to_owned(),
-                        RunEnd::Saved(r) => format!("shutdown with save: {r}"),
-                    };
-                    self.timeline.instant(t, "controller", &s);
-                }
-                ControllerEvent::Join(JoinEvent::Failed { failure, .. }) => {
-                    self.timeline.instant(t, "controller", &format!("join window failed: {failure}"));
-                }
-                ControllerEvent::Coord(CoordEvent::NcclSessionIssued { generator, survivors }) => {
-                    let msg = format!("new NCCL session from rank {generator}: survivors {survivors:?}");
-                    self.timeline.instant(t, "controller", &msg);
-                }
-                ControllerEvent::Reduce(ReduceEvent::Consensus { round, .. }) => {
-                    self.timeline.round(t, *round);
-                }
-                _ => {}
-            },
-            (Some(Role::Rank(r)), SimEvent::Rank(ev)) => {
+            (Source::Controller, ClusterEvent::Controller(ev)) => self.controller_event(t, ev),
+            (Source::Rank(r), ClusterEvent::Rank(ev)) => {
                 let reason = match ev {
                     RankEvent::CoordinatorLost { reason, .. } => Some(reason.clone()),
                     RankEvent::DataFailed { reason } => Some(format!("data plane failed: {reason}")),
+                    RankEvent::RendezvousFailed { reason } => Some(reason.clone()),
                     _ => None,
                 };
                 if let Some(reason) = &reason {
                     self.timeline.instant(t, &format!("rank {r}"), reason);
                 }
-                // The rank's process exits with the code the rank itself gives
-                // (as on real sockets); its agent, its parent, reports it.
-                let ended = reason.is_some() || matches!(ev, RankEvent::Exited);
-                if ended
-                    && let Some(code) =
-                        self.world.inspect_ref::<RankNode, _>(n, RankNode::exit_code).flatten()
-                    && let Some(agent) = self.hosts.iter().find(|h| h.ranks.contains(&r)).map(|h| h.agent)
-                {
-                    self.world.command::<JoinClient, _>(agent, |a, _| a.report_rank_exit(r, code));
+                // The rank's process exits with the code the rank gives; its
+                // agent, its parent, reports it.
+                if reason.is_some() || matches!(ev, RankEvent::Exited) {
+                    let code = self.world.inspect_ref::<SimRank, _>(n, SimRank::exit_code).flatten();
+                    self.rank_ended(*r, RankEnd::from_code(code));
                 }
             }
             _ => {}
         }
     }
 
-    fn spawn_host(&mut self, i: usize, env: &Envelope) {
-        if self.hosts[i].spawned {
-            return;
+    fn host_event(&mut self, t: Time, i: usize, ev: &HostEvent) {
+        let name = self.hosts[i].name.clone();
+        match ev {
+            HostEvent::Agent(ClientEvent::Admitted { ranks, .. }) => {
+                self.timeline.instant(t, &name, &format!("admitted ranks {ranks:?}"));
+                self.hosts[i].ranks = ranks.clone();
+            }
+            HostEvent::StartRelay { relay, listen } => {
+                self.hosts[i].spawned = true;
+                let leg = relay.leg;
+                let Ok(relay) = Relay::new(relay.clone()) else { return };
+                // Hosts in the simulator always use flodl's port layout.
+                let addr = listen.clone().unwrap_or_default();
+                let n = self.world.add_node(
+                    self.hosts[i].host,
+                    format!("{name}/relay-{leg:?}"),
+                    Box::new(relay),
+                    &[&addr],
+                );
+                self.sources.insert(n, Source::Relay(name, leg));
+            }
+            HostEvent::StartRank(spec) => self.start_rank(i, spec),
+            HostEvent::Refused(why) => self.timeline.instant(t, &name, &format!("cannot start: {why}")),
+            _ => {}
         }
-        self.hosts[i].spawned = true;
+    }
+
+    fn start_rank(&mut self, i: usize, spec: &RankSpec) {
         let now = self.world.now();
-        let scale = TimeoutScale::new(self.sc.timeout_scale).unwrap_or_default();
-        let agent = self.hosts[i].agent;
-        let salt =
-            self.world.inspect_ref::<JoinClient, _>(agent, JoinClient::salt).flatten().unwrap_or(self.salt);
-        let key = MacKey::new(&salt);
-        let (name, host, ranks) =
-            (self.hosts[i].name.clone(), self.hosts[i].host, self.hosts[i].ranks.clone());
-        for leg in [Leg::Control, Leg::Data] {
-            let mut cfg = RelayConfig::new(
-                leg,
-                name.clone(),
-                ranks.clone(),
-                env.world_size,
-                key.clone(),
-                CONTROLLER_ADDR,
-            );
-            cfg.timeout_scale = scale;
-            let Ok(relay) = Relay::new(cfg) else { continue };
-            let addr = relay_addr(&name, leg);
-            let n = self.world.add_node(host, format!("{name}/relay-{leg:?}"), Box::new(relay), &[&addr]);
-            self.roles.insert(n, Role::Relay(i, leg));
-        }
-        for &r in &ranks {
-            let workload = WorkloadConfig {
-                rank: r,
-                batch_size: env.batch_size,
-                batch_ms: self.hosts[i].batch_ms,
-                spread: self.hosts[i].spread,
-                model_elems: env.model_elems,
-                gamma: env.gamma,
-                seed: self.seed,
-            };
-            let cfg = RankConfig {
-                rank: r,
-                world_size: env.world_size,
-                key: key.clone(),
-                model_sig: [0; 32],
-                control_addr: relay_addr(&name, Leg::Control),
-                data_addr: relay_addr(&name, Leg::Data),
-                scale,
-                workload,
-            };
-            let mut node = RankNode::new(cfg);
-            node.start(now);
-            let n = self.world.add_node(host, format!("rank-{r}"), Box::new(node), &[]);
-            self.roles.insert(n, Role::Rank(r));
-            self.rank_nodes.insert(r, n);
+        let r = spec.rank;
+        let own =
+            WorkloadSpec { batch_size: self.sc.batch_size, model_elems: self.sc.model_elems, gamma: 1.0 };
+        let w = spec.workload.unwrap_or(own);
+        let wcfg = WorkloadConfig::for_rank(r, &w, self.hosts[i].batch_ms, self.hosts[i].spread, self.seed);
+        let mut uid = [0u8; UID_BYTES];
+        uid.iter_mut().for_each(|b| *b = self.uids.u64() as u8);
+        let node = SimRank::new(spec.rank_config(uid), Trainer::new(wcfg), now);
+        let n = self.world.add_node(self.hosts[i].host, format!("rank-{r}"), Box::new(node), &[]);
+        self.sources.insert(n, Source::Rank(r));
+        self.rank_nodes.insert(r, n);
+    }
+
+    fn controller_event(&mut self, t: Time, ev: &ControllerEvent) {
+        match ev {
+            ControllerEvent::Started { world_size } => {
+                self.formed_at = Some(t);
+                self.world_size = *world_size;
+                self.timeline.instant(t, "controller", &format!("world formed: {world_size} ranks"));
+            }
+            ControllerEvent::Finished(o) => {
+                self.timeline.instant(t, "controller", &format!("run finished: {o:?}"));
+                if self.outcome.is_none() {
+                    self.outcome = Some((o.clone(), t));
+                }
+            }
+            ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, .. }) => {
+                self.timeline.instant(t, "controller", &format!("rank {rank} declared dead: {cause}"));
+                self.deaths.push(Death { rank: *rank, declared_at: t, cause: cause.to_string() });
+            }
+            ControllerEvent::Coord(CoordEvent::EpochAggregated { metrics }) => {
+                self.epochs_completed = self.epochs_completed.max(metrics.epoch + 1);
+                self.timeline.instant(t, "controller", &format!("epoch {} aggregated", metrics.epoch));
+            }
+            ControllerEvent::Coord(CoordEvent::PlanIssued { epoch, .. }) => {
+                self.timeline.begin_epoch(t, *epoch);
+            }
+            ControllerEvent::Coord(CoordEvent::Ended(end)) => {
+                let s = match end {
+                    RunEnd::Done => "shutdown".to_owned(),
+                    RunEnd::Saved(r) => format!("shutdown with save: {r}"),
+                };
+                self.timeline.instant(t, "controller", &s);
+            }
+            ControllerEvent::Join(JoinEvent::Failed { failure, .. }) => {
+                self.timeline.instant(t, "controller", &format!("join window failed: {failure}"));
+            }
+            ControllerEvent::Coord(CoordEvent::NcclSessionIssued { generator, survivors }) => {
+                let msg = format!("new NCCL session from rank {generator}: survivors {survivors:?}");
+                self.timeline.instant(t, "controller", &msg);
+            }
+            ControllerEvent::Reduce(ReduceEvent::Consensus { round, .. }) => {
+                self.timeline.round(t, *round);
+            }
+            _ => {}
         }
     }
 
@@ -556,7 +530,7 @@ impl Cluster {
         // Coverage and duplicates are checked on what every rank actually processed.
         let mut processed = BTreeMap::new();
         for (r, n) in &self.rank_nodes {
-            if let Some(p) = self.world.inspect_ref::<RankNode, _>(*n, |rn| rn.trainer().processed().to_vec())
+            if let Some(p) = self.world.inspect_ref::<SimRank, _>(*n, |rn| rn.workload().processed().to_vec())
             {
                 processed.insert(*r, p);
             }
@@ -581,17 +555,9 @@ impl Cluster {
             trace_hash: self.world.trace_hash(),
             events: self.events_seen,
             steps: self.world.steps(),
-            hosts: self.hosts.iter().map(|h| (h.name.clone(), h.ranks.clone())).collect(),
+            hosts: self.hosts.iter().map(|h| (h.name.to_string(), h.ranks.clone())).collect(),
             replay: None,
             timeline: core::mem::take(&mut self.timeline),
         }
-    }
-}
-
-/// A relay leg's loopback address on `host`.
-pub fn relay_addr(host: &str, leg: Leg) -> String {
-    match leg {
-        Leg::Control => format!("{host}:relay-control"),
-        Leg::Data => format!("{host}:relay-data"),
     }
 }

@@ -4,13 +4,12 @@
 //! machines over a modelled network (latency, bandwidth, jitter, partitions,
 //! wedged peers, resets, corrupted bytes) with process faults (crash, wedge),
 //! all drawn from one root seed. [`Cluster`] builds a whole cohort cluster
-//! from a [`Scenario`] on it and checks BEHAVIOUR.md's invariants as it runs.
+//! from a [`Scenario`] on it and checks `docs/BEHAVIOUR.md`'s invariants as it runs.
 #![forbid(unsafe_code)]
 
 pub mod check;
 pub mod cluster;
 pub mod explore;
-pub mod http;
 pub mod node;
 pub mod report;
 pub mod rng;
@@ -18,7 +17,7 @@ pub mod scenario;
 pub mod trace;
 pub mod world;
 
-pub use cluster::{Cluster, Role, SimEvent};
+pub use cluster::{Cluster, SimRank};
 pub use node::SimNode;
 pub use report::Report;
 pub use scenario::Scenario;

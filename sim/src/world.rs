@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use bytes::Bytes;
 use cohort_proto::Time;
+use cohort_proto::config::{NetDefaults, TimeoutScale};
 use cohort_proto::machine::{CloseCause, ConnId, DialId, Input, Output, Peer};
 use core::time::Duration;
 
@@ -76,16 +77,25 @@ pub struct NetConfig {
     pub link: LinkSpec,
 }
 
-impl Default for NetConfig {
-    fn default() -> Self {
+impl NetConfig {
+    /// The drivers' own dial budget and write stall ([`NetDefaults`]) under
+    /// `scale`, 4 MiB socket buffers, a LAN between hosts.
+    pub fn scaled(scale: TimeoutScale) -> Self {
+        let net = NetDefaults::scaled(scale);
         NetConfig {
             window: 4 << 20,
-            write_stall: Duration::from_secs(30),
-            connect_attempts: 60,
-            connect_backoff: Duration::from_millis(500),
-            connect_timeout: Duration::from_secs(1),
+            write_stall: net.write_stall,
+            connect_attempts: net.connect_attempts,
+            connect_backoff: net.connect_backoff,
+            connect_timeout: net.connect_timeout,
             link: LinkSpec::LAN,
         }
+    }
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig::scaled(TimeoutScale::ONE)
     }
 }
 
@@ -302,7 +312,9 @@ impl<E> World<E> {
         self.links.get(&(a.min(b), a.max(b))).copied().unwrap_or(self.config.link)
     }
 
-    /// Adds a node on `host`, listening on `listen` addresses.
+    /// Adds a node on `host`, listening on `listen` addresses (a loopback
+    /// address, `127.x.x.x:port`, `localhost:port` or `[::1]:port`, is the
+    /// host's own: every host has its own loopback).
     pub fn add_node(
         &mut self,
         host: HostId,
@@ -320,7 +332,7 @@ impl<E> World<E> {
             armed: None,
         });
         for a in listen {
-            self.listeners.insert((*a).to_owned(), id);
+            self.listeners.insert(listener_key(host, a), id);
         }
         self.drain(id);
         id
@@ -542,9 +554,12 @@ impl<E> World<E> {
         if self.nodes[node].process == Process::Crashed {
             return;
         }
-        let target =
-            self.listeners.get(&addr).copied().filter(|t| self.nodes[*t].process != Process::Crashed);
         let from = self.nodes[node].host;
+        let target = self
+            .listeners
+            .get(&listener_key(from, &addr))
+            .copied()
+            .filter(|t| self.nodes[*t].process != Process::Crashed);
         match target {
             Some(t) if !self.partitioned(from, self.nodes[t].host) => {
                 let id = self.next_conn;
@@ -907,4 +922,11 @@ impl<E> World<E> {
     pub fn nodes(&self) -> impl Iterator<Item = (NodeId, &str, HostId, Process)> {
         self.nodes.iter().enumerate().map(|(i, s)| (i, s.name.as_str(), s.host, s.process))
     }
+}
+
+/// The key a listening address is found under: a loopback address belongs to
+/// its host, any other is global.
+fn listener_key(host: HostId, addr: &str) -> String {
+    let loopback = addr.starts_with("127.") || addr.starts_with("localhost:") || addr.starts_with("[::1]:");
+    if loopback { format!("{host}/{addr}") } else { addr.to_owned() }
 }

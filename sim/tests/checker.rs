@@ -5,10 +5,11 @@
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::ControllerEvent;
 use cohort_proto::node::rank::RankEvent;
+use cohort_sim::Scenario;
 use cohort_sim::check::Checker;
-use cohort_sim::{Role, Scenario, SimEvent};
 use core::time::Duration;
 
 fn checker() -> Checker {
@@ -19,9 +20,13 @@ fn checker() -> Checker {
 fn a_consensus_nobody_reduced_is_a_violation_at_its_instant() {
     let mut c = checker();
     assert!(!c.stopped());
-    let ev =
-        SimEvent::Rank(RankEvent::Consensus { round: 0, weight: 1.0, keep_local: false, values: vec![1.0] });
-    c.event(Time::from_millis(12_500), Some(Role::Rank(0)), &ev);
+    let ev = ClusterEvent::Rank(RankEvent::Consensus {
+        round: 0,
+        weight: 1.0,
+        keep_local: false,
+        values: vec![1.0],
+    });
+    c.event(Time::from_millis(12_500), &Source::Rank(0), &ev);
     assert!(c.stopped());
     assert_eq!(
         c.violations(),
@@ -33,7 +38,7 @@ fn a_consensus_nobody_reduced_is_a_violation_at_its_instant() {
 fn a_stale_death_at_the_deadline_itself_and_of_an_untouched_rank_are_violations() {
     let mut c = checker();
     let dead = |last_heard| {
-        SimEvent::Controller(ControllerEvent::Coord(CoordEvent::RankDead {
+        ClusterEvent::Controller(ControllerEvent::Coord(CoordEvent::RankDead {
             rank: 1,
             cause: DeathCause::Stale { last_heard },
             epoch: None,
@@ -42,7 +47,7 @@ fn a_stale_death_at_the_deadline_itself_and_of_an_untouched_rank_are_violations(
         }))
     };
     // Declared at exactly last heard + 30 s: the rule says strictly longer.
-    c.event(Time::from_secs(40), Some(Role::Controller), &dead(Time::from_secs(10)));
+    c.event(Time::from_secs(40), &Source::Controller, &dead(Time::from_secs(10)));
     assert!(c.stopped());
     let v = c.violations();
     assert_eq!(v.len(), 2, "{v:?}");
@@ -54,7 +59,7 @@ fn a_stale_death_at_the_deadline_itself_and_of_an_untouched_rank_are_violations(
     // Declared twice.
     c.event(
         Time::from_secs(41),
-        Some(Role::Controller),
+        &Source::Controller,
         &dead(Time::from_secs(10) + Duration::from_millis(500)),
     );
     assert!(

@@ -111,6 +111,7 @@ fn handshake_world(seed: u64, cfg: NetConfig) -> (World<Ev>, usize, usize) {
             "b:1",
             None,
             Duration::from_secs(10),
+            Time::ZERO,
         )),
         &[],
     );
@@ -119,8 +120,7 @@ fn handshake_world(seed: u64, cfg: NetConfig) -> (World<Ev>, usize, usize) {
 
 #[test]
 fn handshake_across_hosts_takes_exactly_two_round_trips() {
-    let (mut w, rank, _) = handshake_world(1, net());
-    w.command::<Dialer<ControlHandshake>, _>(rank, |d, now| d.start(now));
+    let (mut w, _rank, _) = handshake_world(1, net());
     w.run_until(Time::from_secs(1));
     let ev = w.take_events();
     // SYN at 1 ms (acceptor), SYN-ACK at 2 ms (dialer sends hello), hello at
@@ -136,7 +136,7 @@ fn handshake_across_hosts_takes_exactly_two_round_trips() {
 fn dials_retry_until_a_listener_appears_and_fail_after_the_budget() {
     let mut w = World::<Ev>::new(1, NetConfig { connect_attempts: 4, ..net() });
     let h = w.add_host("a");
-    let d = w.add_node(
+    let _d = w.add_node(
         h,
         "rank",
         Box::new(Dialer::new(
@@ -145,10 +145,10 @@ fn dials_retry_until_a_listener_appears_and_fail_after_the_budget() {
             "nowhere",
             None,
             Duration::from_secs(10),
+            Time::ZERO,
         )),
         &[],
     );
-    w.command::<Dialer<ControlHandshake>, _>(d, |d, now| d.start(now));
     w.run_until(Time::from_secs(10));
     let ev = w.take_events();
     // Attempts at 0, 0.5, 1.0, 1.5 s; the fourth fails.
@@ -169,10 +169,10 @@ fn dials_retry_until_a_listener_appears_and_fail_after_the_budget() {
                 "b:1",
                 None,
                 Duration::from_secs(10),
+                Time::ZERO,
             )),
             &[],
         );
-        w.command::<Dialer<ControlHandshake>, _>(rank, |d, now| d.start(now));
         w.run_until(Time::from_millis(1200));
         let relay =
             w.add_node(hb, "relay", Box::new(Acceptor::new(kind(), Duration::from_secs(10))), &["b:1"]);
@@ -187,8 +187,7 @@ fn dials_retry_until_a_listener_appears_and_fail_after_the_budget() {
 
 #[test]
 fn a_crashed_peer_is_seen_as_end_of_stream_after_the_latency() {
-    let (mut w, rank, relay) = handshake_world(1, net());
-    w.command::<Dialer<ControlHandshake>, _>(rank, |d, now| d.start(now));
+    let (mut w, _rank, relay) = handshake_world(1, net());
     w.run_until(Time::from_millis(2) + Duration::from_micros(500));
     // The rank sent its hello at 2 ms; the relay dies before it arrives.
     w.crash(relay);
@@ -240,7 +239,6 @@ fn a_partition_delays_bytes_until_it_heals_and_costs_nothing_else() {
 fn a_corrupted_byte_fails_the_mac_and_the_acceptor_closes_without_reply() {
     let (mut w, rank, relay) = handshake_world(5, net());
     w.corrupt_next_upstream(w.node_host(rank));
-    w.command::<Dialer<ControlHandshake>, _>(rank, |d, now| d.start(now));
     w.run_until(Time::from_secs(20));
     let ev = w.take_events();
     let refused = ev.iter().find(|(_, n, _)| *n == relay).unwrap();

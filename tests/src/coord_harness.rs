@@ -377,7 +377,7 @@ impl SimWorld {
     /// Runs until the scheduler ends and every message is delivered, or
     /// until `limit`; returns whether the run ended.
     pub fn run(&mut self, limit: Time) -> bool {
-        self.sched.start(self.now);
+        self.sched.begin(self.now);
         self.collect();
         self.start_idle_batches();
         while let Some(t) = self.next_instant() {

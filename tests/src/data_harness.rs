@@ -12,7 +12,7 @@ use cohort_proto::wire::{
     Channel, ControlHello, DataHello, Dtype, LenDecoder, MacKey, MuxDecoder, MuxRecord, RelayControlMsg,
     RoundFrame, RoundKind, SessionSalt, TensorPayload, bf16_to_f32, extend_le,
 };
-use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
+use cohort_proto::{Adopt, CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 
 /// The session salt 01..10 (flodl's test salt).
 pub fn salt() -> SessionSalt {
@@ -353,12 +353,10 @@ impl DataCluster {
         }
         let ranks = (0..world)
             .map(|r| {
-                DataClient::new(DataClientConfig::new(
-                    r,
-                    world,
-                    key(),
-                    format!("relay-{}", host_of[r as usize]),
-                ))
+                DataClient::new(
+                    DataClientConfig::new(r, world, key(), format!("relay-{}", host_of[r as usize])),
+                    Time::ZERO,
+                )
             })
             .collect();
         let relays = hosts
@@ -383,9 +381,6 @@ impl DataCluster {
             chunk: chunk.max(1),
             rng: seed | 1,
         };
-        for r in 0..c.ranks.len() {
-            c.ranks[r].start(c.now);
-        }
         c.pump();
         c
     }

@@ -3,10 +3,11 @@
 use cohort_proto::Time;
 use cohort_proto::coord::CoordEvent;
 use cohort_proto::join::window::JoinEvent;
+use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::ControllerEvent;
 use cohort_proto::node::rank::RankEvent;
 use cohort_sim::scenario::{Fault, FaultAt};
-use cohort_sim::{Cluster, Report, Role, Scenario, SimEvent};
+use cohort_sim::{Cluster, Report, Scenario};
 use core::time::Duration;
 
 /// A finished run: its report and every node event, in order.
@@ -14,8 +15,8 @@ use core::time::Duration;
 pub struct Run {
     /// The report.
     pub report: Report,
-    /// `(time, role, event)` for every node event.
-    pub events: Vec<(Time, Option<Role>, SimEvent)>,
+    /// `(time, source, event)` for every node event.
+    pub events: Vec<(Time, Source, ClusterEvent)>,
 }
 
 /// Plays `sc` under `seed`, keeping every event.
@@ -23,7 +24,7 @@ pub fn play(sc: Scenario, seed: u64) -> Run {
     let mut events = Vec::new();
     let report = Cluster::new(sc, seed)
         .expect("scenario builds")
-        .run_observed(|t, r, e| events.push((t, r, e.clone())));
+        .run_observed(|t, s, e| events.push((t, s.clone(), e.clone())));
     Run { report, events }
 }
 
@@ -53,7 +54,7 @@ impl Run {
     /// The controller's events.
     pub fn controller(&self) -> impl Iterator<Item = (Time, &ControllerEvent)> + '_ {
         self.events.iter().filter_map(|(t, r, e)| match (r, e) {
-            (Some(Role::Controller), SimEvent::Controller(c)) => Some((*t, c)),
+            (Source::Controller, ClusterEvent::Controller(c)) => Some((*t, c)),
             _ => None,
         })
     }
@@ -77,7 +78,7 @@ impl Run {
     /// A rank's events.
     pub fn rank(&self, rank: u32) -> impl Iterator<Item = (Time, &RankEvent)> + '_ {
         self.events.iter().filter_map(move |(t, r, e)| match (r, e) {
-            (Some(Role::Rank(x)), SimEvent::Rank(ev)) if *x == rank => Some((*t, ev)),
+            (Source::Rank(x), ClusterEvent::Rank(ev)) if *x == rank => Some((*t, ev)),
             _ => None,
         })
     }

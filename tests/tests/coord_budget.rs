@@ -17,7 +17,7 @@ fn started(world: u32, budget: Option<FailureBudget>, backend: Backend) -> Sched
     c.failure_budget = budget;
     c.backend = backend;
     let mut s = Scheduler::new(c).unwrap();
-    s.start(Time::ZERO);
+    s.begin(Time::ZERO);
     drain(&mut s);
     s
 }
@@ -129,7 +129,7 @@ fn reduce_stall_is_reason_4_strictly_after_the_ceiling() {
     let ceiling = c.stall_ceiling();
     assert_eq!(ceiling, Duration::from_secs(300));
     let mut s = Scheduler::new(c).unwrap();
-    s.start(Time::ZERO);
+    s.begin(Time::ZERO);
     drain(&mut s);
     // One step each starts a cycle; rank 1 never acknowledges it.
     s.on_timing(Time::from_secs(1), 0, batch(0, 1, 10.0));

@@ -13,7 +13,7 @@ use cohort_tests::coord_harness::*;
 
 fn started(cfg: CoordConfig) -> Scheduler {
     let mut s = Scheduler::new(cfg).unwrap();
-    s.start(Time::ZERO);
+    s.begin(Time::ZERO);
     drain(&mut s);
     s
 }
@@ -24,7 +24,7 @@ fn started(cfg: CoordConfig) -> Scheduler {
 #[test]
 fn extend_partition_30_samples_3_ranks_batch_1_rank_2_silent_survivors_get_5_and_5() {
     let mut s = Scheduler::new(CoordConfig::new(3, 1, 30, 1)).unwrap();
-    s.start(Time::ZERO);
+    s.begin(Time::ZERO);
     let first = drain(&mut s);
     assert_eq!(plans_in(&sent_to(&first, 0)), vec![(0, 10)]);
     assert_eq!(plans_in(&sent_to(&first, 1)), vec![(10, 10)]);

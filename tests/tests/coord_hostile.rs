@@ -6,7 +6,7 @@ use cohort_proto::coord::{CoordConfig, CoordEvent, Coordinator, Scheduler};
 use cohort_proto::rank::control_client::{ControlClient, ControlClientConfig, ControlEvent};
 use cohort_proto::rendezvous::{MAX_BUFFERED, RendezvousConfig, RendezvousEvent, RendezvousServer};
 use cohort_proto::wire::{ControlAck, IntentKind, MetricsMsgWire, TimingMsgWire};
-use cohort_proto::{ConnId, DialId, Input, Machine, Peer, Time};
+use cohort_proto::{Adopt, ConnId, DialId, Input, Machine, Peer, Time};
 use cohort_tests::coord_harness::*;
 use proptest::prelude::*;
 
@@ -18,10 +18,9 @@ proptest! {
         chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..200), 0..8),
         valid_first in any::<bool>(),
     ) {
-        let mut c = Coordinator::new(CoordConfig::new(2, 1, 10, 1), key()).unwrap();
+        let mut c = Coordinator::new(CoordConfig::new(2, 1, 10, 1), key(), Time::ZERO).unwrap();
         let good = FakeRelay::new(ConnId(1));
         c.adopt(Time::ZERO, good.conn, Peer::REMOTE, &good.hello("good", &[0], [0; 32]));
-        c.start(Time::ZERO);
         let bad = FakeRelay::new(ConnId(2));
         let first = if valid_first { bad.hello("bad", &[1], [0; 32]) } else { Vec::new() };
         c.adopt(Time::ZERO, bad.conn, Peer::REMOTE, &first);
@@ -46,7 +45,7 @@ proptest! {
         cfg.sync_every = Some(2);
         cfg.max_batch_diff = Some(1);
         let mut s = Scheduler::new(cfg).unwrap();
-        s.start(Time::ZERO);
+        s.begin(Time::ZERO);
         let t = Time::from_millis(5);
         s.on_timing(t, rank, batch(rank, step, ms));
         s.on_timing(t, rank, TimingMsgWire::SyncAck { rank: rank.into(), step_count: step, divergence: Some(ms), post_norm: None, pre_norm: None });
@@ -68,8 +67,7 @@ proptest! {
         chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..700), 0..12),
     ) {
         let cfg = RendezvousConfig { world_size: 2, local_ranks: Default::default(), dataset_sig: None };
-        let mut s = RendezvousServer::new(cfg, key());
-        s.start(Time::ZERO);
+        let mut s = RendezvousServer::new(cfg, key(), Time::ZERO);
         s.adopt(Time::ZERO, ConnId(1), Peer::REMOTE, &[]);
         let mut sent = 0;
         for ch in &chunks {
@@ -86,15 +84,15 @@ proptest! {
     fn rank_control_client_survives_arbitrary_bytes_from_its_relay(
         chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..200), 0..8),
     ) {
-        let mut c = ControlClient::new(ControlClientConfig {
+        let cfg = ControlClientConfig {
             rank: 0,
             world_size: 2,
             key: key(),
             model_sig: [0; 32],
             relay_addr: "r".into(),
-            scale: Default::default(),
-        });
-        c.start(Time::ZERO);
+            timeout_scale: Default::default(),
+        };
+        let mut c = ControlClient::new(cfg, Time::ZERO);
         c.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: ConnId(1) });
         c.handle(Time::ZERO, Input::Received { conn: ConnId(1), bytes: &ControlAck::encode(&key()) });
         for ch in &chunks {
@@ -111,7 +109,7 @@ fn huge_step_counts_do_not_overflow_remainders_or_global_steps() {
     let mut cfg = CoordConfig::new(2, 1, 10, 7);
     cfg.sync_every = Some(1);
     let mut s = Scheduler::new(cfg).unwrap();
-    s.start(Time::ZERO);
+    s.begin(Time::ZERO);
     s.on_timing(Time::from_millis(1), 0, batch(0, u64::MAX, 1.0));
     s.on_timing(Time::from_millis(1), 1, batch(1, u64::MAX - 1, 1.0));
     s.on_timing(Time::from_millis(2), 0, sync_ack(0, 0));

@@ -14,7 +14,7 @@ const T0: Time = Time::from_secs(100);
 
 fn started(cfg: CoordConfig, at: Time) -> Scheduler {
     let mut s = Scheduler::new(cfg).unwrap();
-    s.start(at);
+    s.begin(at);
     drain(&mut s);
     s
 }
@@ -127,7 +127,7 @@ fn exiting_rank_is_latched_as_exited_and_never_declared_dead() {
 #[test]
 fn scale_factor_stretches_staleness_and_stall_ceiling_together_not_the_cadences() {
     let mut cfg = CoordConfig::new(2, 1, 10, 1);
-    cfg.scale = TimeoutScale::new(2.0).unwrap();
+    cfg.timeout_scale = TimeoutScale::new(2.0).unwrap();
     assert_eq!(cfg.staleness(), Duration::from_secs(60));
     assert_eq!(cfg.stall_ceiling(), Duration::from_secs(600));
     let mut s = started(cfg, Time::ZERO);
@@ -143,7 +143,7 @@ fn scale_factor_stretches_staleness_and_stall_ceiling_together_not_the_cadences(
     assert_eq!(st, vec![Step::Send { to: vec![0], msg: ControlMsgWire::CoordHeartbeat }]);
 
     let mut small = CoordConfig::new(1, 1, 1, 1);
-    small.scale = TimeoutScale::new(0.5).unwrap();
+    small.timeout_scale = TimeoutScale::new(0.5).unwrap();
     assert_eq!(small.staleness(), Duration::from_secs(15));
     assert_eq!(small.stall_ceiling(), Duration::from_secs(300), "the ceiling never drops below 300 s");
 }
@@ -188,7 +188,7 @@ fn host_eof_declares_every_rank_of_the_host_dead() {
 fn coord_heartbeat_goes_to_every_live_rank_every_second() {
     let mut s = Scheduler::new(CoordConfig::new(3, 1, 30, 1)).unwrap();
     assert_eq!(s.next_deadline(), None, "nothing before the start");
-    s.start(Time::ZERO);
+    s.begin(Time::ZERO);
     let st = drain(&mut s);
     assert_eq!(
         st[1],
@@ -266,7 +266,7 @@ fn coord_heartbeat_each_second_whatever_else_happens() {
         f(s);
         log.extend(drain(s).into_iter().map(|x| (t, x)));
     };
-    run(&mut s, Time::ZERO, &|s| s.start(Time::ZERO));
+    run(&mut s, Time::ZERO, &|s| s.begin(Time::ZERO));
     // A cycle starts at 0.3 s (every rank stepped) and stays in flight.
     let t = Time::from_millis(300);
     run(&mut s, t, &|s| (0..4).for_each(|r| s.on_timing(t, r, batch(r, 1, 10.0))));
@@ -304,7 +304,7 @@ fn coord_heartbeat_each_second_whatever_else_happens() {
 #[test]
 fn a_huge_timeout_scale_saturates_the_deadlines() {
     let mut cfg = CoordConfig::new(2, 1, 10, 1);
-    cfg.scale = TimeoutScale::new(1e17).unwrap();
+    cfg.timeout_scale = TimeoutScale::new(1e17).unwrap();
     assert_eq!(cfg.stall_ceiling(), Duration::MAX);
     let mut s = started(cfg, Time::ZERO);
     keep_alive(&mut s, &[0, 1], 0, 3);

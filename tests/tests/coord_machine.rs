@@ -5,7 +5,7 @@
 
 use cohort_proto::coord::{CoordConfig, CoordEvent, Coordinator, DeathCause};
 use cohort_proto::wire::{ControlMsgWire, EpochPlanWire, RelayControlMsg};
-use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
+use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::coord_harness::*;
 use core::time::Duration;
 
@@ -14,7 +14,7 @@ const SIG: [u8; 32] = [0x11; 32];
 fn coordinator(world: u32, samples: u64) -> Coordinator {
     let mut c = CoordConfig::new(world, 1, samples, 1);
     c.model_sig = Some(SIG);
-    Coordinator::new(c, key()).unwrap()
+    Coordinator::new(c, key(), Time::ZERO).unwrap()
 }
 
 fn to_rank(msgs: &[RelayIn], rank: u32) -> Vec<ControlMsgWire> {
@@ -40,7 +40,6 @@ fn relay_hello_is_acknowledged_and_rank_frames_flow_both_ways() {
     for byte in b.hello("host-b", &[2], SIG) {
         c.handle(t, Input::Received { conn: b.conn, bytes: &[byte] });
     }
-    c.start(t);
     let d = drain_machine(&mut c, t);
     assert!(d.events.contains(&CoordEvent::RelayJoined {
         conn: a.conn,
@@ -79,19 +78,29 @@ fn relay_hello_is_acknowledged_and_rank_frames_flow_both_ways() {
 }
 
 #[test]
-fn frames_for_a_rank_not_yet_announced_wait_for_its_relays_hello_beacons_excepted() {
+fn the_run_begins_the_moment_the_relays_cover_the_world() {
     let mut c = coordinator(2, 10);
-    c.start(Time::ZERO);
-    c.handle(Time::from_secs(3), Input::Timeout);
-    drain_machine(&mut c, Time::from_secs(3));
     let mut a = FakeRelay::new(ConnId(7));
-    c.adopt(Time::from_secs(3), a.conn, Peer::REMOTE, &a.hello("h", &[0, 1], SIG));
+    let mut b = FakeRelay::new(ConnId(8));
+    // Rank 0's relay at 3 s: acknowledged, nothing else yet.
+    c.adopt(Time::from_secs(3), a.conn, Peer::REMOTE, &a.hello("h", &[0], SIG));
     let d = drain_machine(&mut c, Time::from_secs(3));
-    let got = a.decode(&d.bytes[&a.conn]);
-    assert_eq!(got[0], RelayIn::Control(RelayControlMsg::HelloAck));
+    assert_eq!(a.decode(&d.bytes[&a.conn]), vec![RelayIn::Control(RelayControlMsg::HelloAck)]);
+    assert!(!d.events.contains(&CoordEvent::Started));
+    assert!(c.is_forming());
+    // Rank 1's relay at 5 s covers the world: the run begins at once.
+    c.adopt(Time::from_secs(5), b.conn, Peer::REMOTE, &b.hello("g", &[1], SIG));
+    let d = drain_machine(&mut c, Time::from_secs(5));
+    assert!(d.events.contains(&CoordEvent::Started));
+    assert!(!c.is_forming());
     assert_eq!(
-        got[1..].to_vec(),
+        c.scheduler().liveness().get(0),
+        Some(cohort_proto::coord::Life::Alive { last_heard: Time::from_secs(5) })
+    );
+    assert_eq!(
+        a.decode(&d.bytes[&a.conn]),
         vec![
+            RelayIn::ToRank(0, ControlMsgWire::CoordHeartbeat),
             RelayIn::ToRank(0, ControlMsgWire::SetEpochCallbackRole { rank: 0 }),
             RelayIn::ToRank(
                 0,
@@ -101,17 +110,43 @@ fn frames_for_a_rank_not_yet_announced_wait_for_its_relays_hello_beacons_excepte
                     partition_size: 5
                 })
             ),
-            RelayIn::ToRank(1, ControlMsgWire::SetEpochCallbackRole { rank: 0 }),
-            RelayIn::ToRank(
-                1,
-                ControlMsgWire::StartEpoch(EpochPlanWire {
-                    epoch: 0,
-                    partition_offset: 5,
-                    partition_size: 5
-                })
-            ),
         ]
     );
+    let got_b = b.decode(&d.bytes[&b.conn]);
+    assert_eq!(got_b[0], RelayIn::Control(RelayControlMsg::HelloAck));
+    assert!(got_b.contains(&RelayIn::ToRank(
+        1,
+        ControlMsgWire::StartEpoch(EpochPlanWire { epoch: 0, partition_offset: 5, partition_size: 5 })
+    )));
+}
+
+/// flodl's coordinator fails formation when the relays have not announced
+/// every rank within scaled(60 s), rounded up to whole seconds.
+#[test]
+fn formation_fails_by_name_when_the_relays_do_not_cover_the_world_in_time() {
+    use cohort_proto::config::TimeoutScale;
+    use cohort_proto::coord::FormationFailure;
+    for (scale, secs) in [(1.0, 60u64), (0.15, 9), (0.1, 6), (2.5, 150)] {
+        let mut cfg = CoordConfig::new(3, 1, 30, 1);
+        cfg.timeout_scale = TimeoutScale::new(scale).unwrap();
+        let mut c = Coordinator::new(cfg, key(), Time::ZERO).unwrap();
+        let a = FakeRelay::new(ConnId(1));
+        c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], [0; 32]));
+        drain_machine(&mut c, Time::ZERO);
+        let deadline = Time::from_secs(secs);
+        assert_eq!(c.poll_timeout(), Some(deadline), "scale {scale}");
+        c.handle(deadline - Duration::from_nanos(1), Input::Timeout);
+        assert!(drain_machine(&mut c, deadline).events.is_empty());
+        c.handle(deadline, Input::Timeout);
+        let d = drain_machine(&mut c, deadline);
+        let why = FormationFailure::Deadline(Duration::from_secs(secs));
+        assert_eq!(d.events, vec![CoordEvent::FormationFailed { covered: 2, world_size: 3, why }]);
+        assert_eq!(
+            why.describe(2, 3),
+            format!("relay dial-in did not cover the world within {secs}s (2/3 ranks covered)")
+        );
+        assert!(!c.is_forming());
+    }
 }
 
 #[test]
@@ -156,7 +191,6 @@ fn relay_rank_exit_record_declares_that_rank_dead() {
     let mut c = coordinator(2, 10);
     let a = FakeRelay::new(ConnId(1));
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
-    c.start(Time::ZERO);
     drain_machine(&mut c, Time::ZERO);
     c.handle(
         Time::from_secs(1),
@@ -180,7 +214,6 @@ fn relay_connection_ending_declares_its_live_ranks_dead_not_the_exited_ones() {
     let b = FakeRelay::new(ConnId(2));
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0], SIG));
     c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[1, 2], SIG));
-    c.start(Time::ZERO);
     drain_machine(&mut c, Time::ZERO);
     let exiting = b.timing(1, &cohort_proto::wire::TimingMsgWire::Exiting { rank: 1 });
     c.handle(Time::from_secs(1), Input::Received { conn: b.conn, bytes: &exiting });
@@ -203,7 +236,6 @@ fn a_bad_frame_inside_a_data_record_costs_only_that_message() {
     let mut c = coordinator(2, 10);
     let mut a = FakeRelay::new(ConnId(1));
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
-    c.start(Time::ZERO);
     drain_machine(&mut c, Time::ZERO);
     let mut frame = a.timing(0, &heartbeat(0));
     // Corrupt the inner frame's MAC-covered kind byte but re-sign the record.
@@ -231,7 +263,6 @@ fn a_bad_mux_record_closes_only_that_relay_and_its_ranks_die() {
     let b = FakeRelay::new(ConnId(2));
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0], SIG));
     c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[1, 2], SIG));
-    c.start(Time::ZERO);
     drain_machine(&mut c, Time::ZERO);
     let mut rec = b.timing(1, &heartbeat(1));
     let last = rec.len() - 1;
@@ -274,7 +305,6 @@ fn staleness_through_the_machine_wakes_at_the_exact_instant() {
     let mut c = coordinator(2, 10);
     let a = FakeRelay::new(ConnId(1));
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
-    c.start(Time::ZERO);
     let last = Time::from_millis(4_250);
     // Rank 1 is heard for the last time at 4.25 s; rank 0 every second.
     c.handle(last, Input::Received { conn: a.conn, bytes: &a.timing(1, &heartbeat(1)) });
@@ -322,30 +352,30 @@ fn scale_factor_stretches_every_scaled_deadline_together() {
         // Coordinator: relay hello budget scaled(10 s), staleness scaled(30 s),
         // stall ceiling max(10 x staleness, 300 s).
         let mut cfg = CoordConfig::new(1, 1, 10, 1);
-        cfg.scale = TimeoutScale::new(scale).unwrap();
+        cfg.timeout_scale = TimeoutScale::new(scale).unwrap();
         assert_eq!(cfg.staleness(), Duration::from_secs(30 * factor));
         assert_eq!(cfg.stall_ceiling(), Duration::from_secs((300 * factor).max(300)));
-        let mut c = Coordinator::new(cfg, key()).unwrap();
+        let mut c = Coordinator::new(cfg, key(), Time::ZERO).unwrap();
         c.adopt(Time::ZERO, ConnId(1), Peer::REMOTE, &[]);
         assert_eq!(c.poll_timeout(), Some(Time::from_secs(10 * factor)));
         let mut s = cohort_proto::coord::Scheduler::new({
             let mut k = CoordConfig::new(1, 1, 10, 1);
-            k.scale = TimeoutScale::new(scale).unwrap();
+            k.timeout_scale = TimeoutScale::new(scale).unwrap();
             k
         })
         .unwrap();
-        s.start(Time::ZERO);
+        s.begin(Time::ZERO);
         assert_eq!(s.liveness().next_deadline(), Some(plus_ns(Time::from_secs(30 * factor), 1)));
         // Rank client: handshake budget scaled(10 s), liveness scaled(30 s).
-        let mut r = ControlClient::new(ControlClientConfig {
+        let rcfg = ControlClientConfig {
             rank: 0,
             world_size: 1,
             key: key(),
             model_sig: [0; 32],
             relay_addr: "r".into(),
-            scale: TimeoutScale::new(scale).unwrap(),
-        });
-        r.start(Time::ZERO);
+            timeout_scale: TimeoutScale::new(scale).unwrap(),
+        };
+        let mut r = ControlClient::new(rcfg, Time::ZERO);
         r.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: ConnId(2) });
         assert_eq!(r.poll_timeout(), Some(Time::from_secs(10 * factor)));
         r.handle(Time::ZERO, Input::Received { conn: ConnId(2), bytes: &ControlAck::encode(&key()) });

@@ -21,7 +21,7 @@ fn nccl(world: u32) -> CoordConfig {
 
 fn started(cfg: CoordConfig) -> Scheduler {
     let mut s = Scheduler::new(cfg).unwrap();
-    s.start(Time::ZERO);
+    s.begin(Time::ZERO);
     drain(&mut s);
     s
 }
@@ -92,7 +92,7 @@ fn nccl_generator_dying_before_answering_moves_to_the_next_untried_survivor() {
 #[test]
 fn nccl_no_answer_within_5s_moves_on_at_5s_plus_1ns_and_is_not_scaled() {
     let mut cfg = nccl(4);
-    cfg.scale = TimeoutScale::new(3.0).unwrap();
+    cfg.timeout_scale = TimeoutScale::new(3.0).unwrap();
     let mut s = started(cfg);
     let t = Time::from_secs(10);
     s.rank_exited(t, 0, 1);

@@ -12,7 +12,7 @@ use cohort_tests::coord_harness::*;
 
 fn started(cfg: CoordConfig) -> (Scheduler, Vec<Step>) {
     let mut s = Scheduler::new(cfg).unwrap();
-    s.start(Time::ZERO);
+    s.begin(Time::ZERO);
     let st = drain(&mut s);
     (s, st)
 }

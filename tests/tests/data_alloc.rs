@@ -14,7 +14,7 @@ use bytes::Bytes;
 use cohort_proto::reduce::{Reduce, ReduceConfig};
 use cohort_proto::relay::Leg;
 use cohort_proto::wire::{Dtype, MuxRecord, Payload, RelayControlMsg, RoundFrame, RoundKind, TensorPayload};
-use cohort_proto::{ConnId, Input, Machine, Output, Peer, Time};
+use cohort_proto::{Adopt, ConnId, Input, Machine, Output, Peer, Time};
 use cohort_tests::data_harness::*;
 
 struct Counting;

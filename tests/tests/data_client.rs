@@ -20,9 +20,8 @@ struct Rig {
 
 impl Rig {
     fn new() -> Self {
-        let mut client = DataClient::new(DataClientConfig::new(2, 4, key(), "127.0.0.1:9"));
+        let mut client = DataClient::new(DataClientConfig::new(2, 4, key(), "127.0.0.1:9"), Time::ZERO);
         let mut out = Collected::default();
-        client.start(Time::ZERO);
         drain(&mut client, Time::ZERO, &mut out);
         Rig { client, out, now: Time::ZERO }
     }

@@ -13,14 +13,13 @@ const SALT: SessionSalt = SessionSalt::from_bytes([9; 16]);
 const ZERO: SessionSalt = SessionSalt::ZERO;
 const C: ConnId = ConnId(7);
 
-fn client(pre_shared: Option<SessionSalt>) -> JoinClient {
-    JoinClient::new(ClientParams::new("ctl:1", offer("node", 2), pre_shared, TimeoutScale::ONE))
+fn client(pre_shared: Option<SessionSalt>, t: Time) -> JoinClient {
+    JoinClient::new(ClientParams::new("ctl:1", offer("node", 2), pre_shared, TimeoutScale::ONE), t)
 }
 
 /// A client connected at `t` whose hello has been taken off the wire.
 fn connected(pre_shared: Option<SessionSalt>, t: Time) -> (JoinClient, Vec<u8>) {
-    let mut c = client(pre_shared);
-    c.start(t);
+    let mut c = client(pre_shared, t);
     let d = drain(&mut c, t);
     assert!(matches!(&d.outputs[..], [Output::Dial { dial, addr }] if *dial == JOIN_DIAL && addr == "ctl:1"));
     c.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
@@ -122,8 +121,7 @@ fn reply_deadline_is_exact_and_scaled() {
     assert!(d.closed(C));
 
     let mut scaled =
-        JoinClient::new(ClientParams::new("x", offer("n", 1), None, TimeoutScale::new(0.5).unwrap()));
-    scaled.start(t);
+        JoinClient::new(ClientParams::new("x", offer("n", 1), None, TimeoutScale::new(0.5).unwrap()), t);
     scaled.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
     assert_eq!(scaled.poll_timeout(), Some(at(17, 0)));
 }
@@ -142,8 +140,7 @@ fn formation_wait_is_the_announced_wait_plus_the_margin() {
     // With no margin the wait is exactly the announced one.
     let mut params = ClientParams::new("x", offer("n", 1), None, TimeoutScale::ONE);
     params.formation_margin = Duration::ZERO;
-    let mut c = JoinClient::new(params);
-    c.start(t);
+    let mut c = JoinClient::new(params, t);
     c.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
     c.handle(t, Input::Received { conn: C, bytes: &frame(&ZERO, &accept(Some(SALT.to_hex()), 60)) });
     assert_eq!(c.poll_timeout(), Some(at(70, 0)));
@@ -170,8 +167,7 @@ fn aborts_and_closes_before_formation_are_named() {
     assert_eq!(f, ClientFailure::ClosedBeforeReply(CloseCause::Eof));
     assert!(f.to_string().contains("salt"), "the likely cause is named: {f}");
 
-    let mut c = client(None);
-    c.start(t);
+    let mut c = client(None, t);
     drain(&mut c, t);
     c.handle(t, Input::DialFailed { dial: JOIN_DIAL });
     assert_eq!(failure(&drain(&mut c, t)), ClientFailure::Unreachable);
@@ -270,8 +266,7 @@ fn end_to_end_open_admission_formation_exit_and_abort() {
     let mut w =
         JoinWindow::new(WindowParams::new(config, SALT, TrustMode::OpenLoopback), Time::ZERO).unwrap();
     let t = at(4, 0);
-    let mut c = client(None);
-    c.start(t);
+    let mut c = client(None, t);
     assert!(matches!(c.poll(t), Some(Output::Dial { .. })));
     c.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
     w.handle(t, Input::Accepted { conn: ConnId(70), peer: Peer::LOOPBACK });
@@ -308,8 +303,7 @@ fn end_to_end_pre_shared_wrong_salt_is_a_silent_close() {
         JoinWindow::new(WindowParams::new(JoinConfig::default(), SALT, TrustMode::PreShared), Time::ZERO)
             .unwrap();
     let t = at(1, 0);
-    let mut c = client(Some(SessionSalt::from_bytes([1; 16])));
-    c.start(t);
+    let mut c = client(Some(SessionSalt::from_bytes([1; 16])), t);
     c.poll(t);
     c.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
     w.handle(t, Input::Accepted { conn: ConnId(70), peer: Peer::REMOTE });

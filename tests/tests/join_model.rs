@@ -367,7 +367,7 @@ struct Driver {
 impl Driver {
     fn new(setup: Setup) -> Driver {
         let mut params = WindowParams::new(setup.config.clone(), SALT, setup.trust);
-        params.scale = setup.scale;
+        params.timeout_scale = setup.scale;
         params.dataset_sig = setup.dataset_sig;
         params.model_sig = setup.model_sig;
         let w = JoinWindow::new(params, Time::ZERO).expect("valid config");
@@ -454,7 +454,7 @@ impl Driver {
                 self.advance_to(to);
             }
             Op::Start => {
-                let armed = self.w.start(self.now);
+                let armed = self.w.operator_start(self.now);
                 self.drain();
                 let mode_ok = self.m.setup.config.start_mode != StartMode::Auto;
                 assert_eq!(armed, mode_ok && self.m.state == MState::Open, "start() answer");

@@ -12,7 +12,7 @@ use cohort_proto::wire::{
     CONTROL_FRAME_MAGIC, CONTROL_PROTOCOL_VERSION, Channel, ControlMsgWire, JoinMsgWire, MacKey, MsgKind,
     Problem, SessionSalt, encode_frame, encode_raw,
 };
-use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
+use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::join_harness::{Drained, at, dial_bytes, drain, frame, join_msgs, offer, one_msg};
 
 const SALT: SessionSalt = SessionSalt::from_bytes([9; 16]);
@@ -150,7 +150,7 @@ fn a_dial_that_never_finishes_is_closed_at_the_budget() {
 #[test]
 fn budget_scales_and_restarts_per_dial() {
     let mut params = WindowParams::new(JoinConfig::default(), SALT, TrustMode::PreShared);
-    params.scale = TimeoutScale::new(2.0).unwrap();
+    params.timeout_scale = TimeoutScale::new(2.0).unwrap();
     let mut rig = Rig::with(params);
     rig.dial(at(0, 0), 1, &[]);
     rig.dial(at(5, 0), 2, &[]);
@@ -373,17 +373,17 @@ fn manual_operator_start_and_auto_refusal() {
     let config = JoinConfig { min_rank_start: 2, start_mode: StartMode::Manual, ..JoinConfig::default() };
     let mut rig = Rig::new(config, TrustMode::PreShared);
     rig.join(at(1, 0), 1, &SALT, &offer("a", 1));
-    assert!(rig.w.start(at(2, 0)), "armed below quorum");
+    assert!(rig.w.operator_start(at(2, 0)), "armed below quorum");
     let d = drain(&mut rig.w, at(2, 0));
     assert_eq!(d.events(), vec![JoinEvent::StartArmed { joined_ranks: 1 }]);
     assert!(rig.w.snapshot(at(2, 0)).start_armed);
     let d = rig.join(at(50, 0), 2, &SALT, &offer("b", 1));
     assert_eq!(formed(&d), Some((FormReason::OperatorStart, 2, at(50, 0))), "armed + quorum forms at once");
-    assert!(!rig.w.start(at(51, 0)), "no start once closed");
+    assert!(!rig.w.operator_start(at(51, 0)), "no start once closed");
 
     let mut rig = Rig::new(JoinConfig::default(), TrustMode::PreShared);
     rig.join(at(1, 0), 1, &SALT, &offer("a", 1));
-    assert!(!rig.w.start(at(2, 0)), "auto refuses the switch");
+    assert!(!rig.w.operator_start(at(2, 0)), "auto refuses the switch");
     assert!(drain(&mut rig.w, at(2, 0)).is_empty());
     assert!(!rig.w.start_armed());
 }

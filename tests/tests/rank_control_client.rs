@@ -27,20 +27,20 @@ fn key() -> MacKey {
 }
 
 fn client(scale: f64) -> ControlClient {
-    ControlClient::new(ControlClientConfig {
+    let cfg = ControlClientConfig {
         rank: 2,
         world_size: 4,
         key: key(),
         model_sig: SIG,
         relay_addr: "127.0.0.1:9000".into(),
-        scale: TimeoutScale::new(scale).unwrap(),
-    })
+        timeout_scale: TimeoutScale::new(scale).unwrap(),
+    };
+    ControlClient::new(cfg, Time::ZERO)
 }
 
 /// Runs the handshake, acknowledged at `at`; returns what the client sent
 /// after its hello.
 fn connected(c: &mut ControlClient, at: Time) -> Vec<TimingMsgWire> {
-    c.start(Time::ZERO);
     let d = drain_machine(c, Time::ZERO);
     assert!(d.bytes.is_empty());
     c.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: CONN });
@@ -375,7 +375,6 @@ fn scale_stretches_the_coordinator_liveness_deadline() {
 #[test]
 fn a_failed_handshake_is_coordinator_lost_naming_the_handshake() {
     let mut c = client(1.0);
-    c.start(Time::ZERO);
     c.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: CONN });
     drain_machine(&mut c, Time::ZERO);
     let mut bad = ControlAck::encode(&key());
@@ -386,7 +385,6 @@ fn a_failed_handshake_is_coordinator_lost_naming_the_handshake() {
     assert!(matches!(reason, LostReason::Handshake(HandshakeError::Wire(ref e)) if e.is_mac()));
     // And an ack that never comes: the handshake budget (scaled 10 s).
     let mut c = client(1.0);
-    c.start(Time::ZERO);
     c.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: CONN });
     assert_eq!(c.poll_timeout(), Some(Time::from_secs(10)));
     c.handle(Time::from_secs(10), Input::Timeout);
@@ -394,7 +392,6 @@ fn a_failed_handshake_is_coordinator_lost_naming_the_handshake() {
     assert_eq!(reason, LostReason::Handshake(HandshakeError::Timeout));
     // A dial that fails.
     let mut c = client(1.0);
-    c.start(Time::ZERO);
     assert!(matches!(c.poll(Time::ZERO), Some(Output::Dial { .. })));
     c.handle(Time::ZERO, Input::DialFailed { dial: DialId(0) });
     let (reason, _) = lost(&drain_machine(&mut c, Time::ZERO).events).unwrap();

@@ -8,7 +8,7 @@ use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, Dtype, MUX_PROTOCOL_VERSION, MUX_RECORD_MAGIC, MacKey, MuxRecord, Payload,
     Problem, RelayControlMsg, RoundFrame, RoundKind, SessionSalt,
 };
-use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
+use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::data_harness::*;
 
 const M: RoundKind = RoundKind::Model;

@@ -14,7 +14,7 @@ use cohort_proto::wire::{
     MacKey, Message, RecvBuf, RendezvousMsgWire, RendezvousRole, SessionSalt, TimingMsgWire, decode_frame,
     encode_frame,
 };
-use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
+use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::coord_harness::{drain_machine, plus_ns};
 
 const DS: [u8; 32] = [7; 32];
@@ -53,9 +53,7 @@ fn server(world: u32, local: &[u32], sig: Option<[u8; 32]>) -> RendezvousServer 
         local_ranks: local.iter().copied().collect(),
         dataset_sig: sig,
     };
-    let mut s = RendezvousServer::new(cfg, key());
-    s.start(Time::ZERO);
-    s
+    RendezvousServer::new(cfg, key(), Time::ZERO)
 }
 
 fn conn(rank: u32) -> ConnId {

@@ -4,9 +4,9 @@
 
 use cohort_proto::Time;
 use cohort_proto::join::window::JoinEvent;
-use cohort_sim::http::HttpEvent;
+use cohort_proto::node::cluster::{ClusterEvent, Source};
+use cohort_proto::status::StatusClientEvent;
 use cohort_sim::scenario::{Fault, HostSpec, Scenario, StartModeSpec};
-use cohort_sim::{Role, SimEvent};
 use cohort_tests::sim_harness::*;
 
 const WINDOW: f64 = 30.0;
@@ -239,7 +239,7 @@ fn every_schedule_forms_or_fails_at_the_instant_the_rules_give() {
             .events
             .iter()
             .filter_map(|(_, r, e)| match (r, e) {
-                (Some(Role::Operator), SimEvent::Http(HttpEvent::Response { status, .. })) => Some(*status),
+                (Source::Operator, ClusterEvent::Operator(StatusClientEvent::Answer(a))) => Some(a.status),
                 _ => None,
             })
             .collect();

@@ -3,13 +3,13 @@
 //! each exact on virtual time, with every invariant checked as the run goes.
 
 use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::ControllerEvent;
 use cohort_proto::node::rank::RankEvent;
 use cohort_proto::reduce::{HostError, ReduceEvent};
 use cohort_proto::relay::{Leg, RankDeath, RelayEvent};
 use cohort_proto::wire::ControlMsgWire;
 use cohort_sim::scenario::{BackendSpec, Fault};
-use cohort_sim::{Role, SimEvent};
 use cohort_tests::sim_harness::*;
 use core::time::Duration;
 
@@ -90,7 +90,7 @@ fn a_wedged_rank_is_declared_dead_exactly_at_the_staleness_deadline_and_its_rela
     assert_eq!(t, last_heard + STALENESS + Duration::from_nanos(1));
     // The relay's fold barrier was released by DeclareDead, not by a timeout.
     let released = run.events.iter().find_map(|(at, r, e)| match (r, e) {
-        (Some(Role::Relay(_, Leg::Data)), SimEvent::Relay(RelayEvent::RankDead { rank: 2, cause })) => {
+        (Source::Relay(_, Leg::Data), ClusterEvent::Relay(RelayEvent::RankDead { rank: 2, cause })) => {
             Some((*at, cause.clone()))
         }
         _ => None,
@@ -326,4 +326,44 @@ fn a_reset_host_loses_its_ranks_and_the_rest_finish() {
     }
     assert!(consensus_rounds_after(&run, at(10.0) + 3 * MS) > 5);
     assert_eq!(run.report.epochs_completed, 2);
+}
+
+#[test]
+fn an_nccl_world_that_forms_late_keeps_its_rendezvous_open() {
+    use cohort_proto::rendezvous::RendezvousEvent;
+    // The hosts arrive at 200 s, later than the rendezvous idle timeout
+    // (120 s) after the controller started: the rendezvous starts its clock
+    // at formation, not at the controller's birth, and every rank of the
+    // world goes through it before training.
+    let mut sc = exact(2, 2, 1);
+    sc.backend = BackendSpec::Nccl;
+    for h in &mut sc.hosts {
+        h.join_at_s += 200.0;
+    }
+    let run = play(sc, 12);
+    run.assert_clean("done");
+    let rendezvous: Vec<_> = run
+        .controller()
+        .filter_map(|(t, e)| match e {
+            ControllerEvent::Rendezvous(
+                r @ (RendezvousEvent::Failed(_) | RendezvousEvent::Completed { .. }),
+            ) => Some((t, r.clone())),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        matches!(rendezvous[..], [(t, RendezvousEvent::Completed { generator: 0 })] if t > at(200.0)),
+        "{rendezvous:?}"
+    );
+    let uids: Vec<Vec<u8>> = (0..4)
+        .map(|r| {
+            run.rank(r)
+                .find_map(|(_, e)| match e {
+                    RankEvent::NcclReady { uid } => Some(uid.clone()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("rank {r} never got the NCCL id"))
+        })
+        .collect();
+    assert!(uids.iter().all(|u| u.len() == 128 && *u == uids[0]));
 }

@@ -6,7 +6,7 @@ use cohort_proto::join::*;
 use cohort_proto::route::{PortRouter, RouteEvent};
 use cohort_proto::status::*;
 use cohort_proto::wire::SessionSalt;
-use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
+use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::join_harness::{Drained, at, dial_bytes, drain, offer};
 
 const TOKEN: SessionSalt = SessionSalt::from_bytes([0xDE; 16]);

@@ -6,18 +6,15 @@ use bytes::{Bytes, BytesMut};
 use core::time::Duration;
 
 use super::scheduler::Scheduler;
-use super::{CoordConfig, CoordEvent, DeathCause, Step};
+use super::{CoordConfig, CoordEvent, DeathCause, FormationFailure, Step};
 use crate::config::ConfigError;
-use crate::config::defaults::HANDSHAKE;
-use crate::machine::{ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::config::defaults::{COORD_FORMATION, HANDSHAKE};
+use crate::machine::{Adopt, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
     CONTROL_HEADER_LEN, ControlMsgWire, MAX_CONTROL_PAYLOAD, MacKey, MuxDecoder, MuxRecord, Payload,
     RelayControlMsg, WireError, encode_control, encode_frame, parse_exact_frame,
 };
-
-/// Frames parked per rank whose relay has not announced it yet.
-const MAX_PARKED: usize = 4096;
 
 #[derive(Debug)]
 enum RelayState {
@@ -29,6 +26,14 @@ enum RelayState {
 struct Relay {
     dec: MuxDecoder,
     state: RelayState,
+}
+
+/// A report about ranks that arrived before the run began.
+#[derive(Debug)]
+enum Report {
+    Deaths(Vec<(u32, DeathCause)>),
+    Exited { rank: u32, code: i32 },
+    HostLost(Vec<u32>),
 }
 
 /// Frames up to this size are copied behind their record header (one write);
@@ -44,8 +49,12 @@ const SMALL_RECORD: usize = 256;
 /// one `Data{rank, payload}` record per control frame a rank sent (the frame
 /// forwarded untouched), and `Control(RankExit{rank})` when a rank's loopback
 /// connection ends. Messages for a rank go back as `Data` records tagged with
-/// it on its relay's connection; messages for a rank whose relay has not
-/// announced it yet wait (heartbeats excepted) until it does.
+/// it on its relay's connection.
+///
+/// The run begins (liveness clocks, roles, epoch 0's plans) the moment the
+/// relays' hellos have announced every rank of the world; if they have not
+/// within scaled(60 s), formation fails by name
+/// ([`CoordEvent::FormationFailed`]), as flodl's coordinator's does.
 ///
 /// A relay hello is refused (connection closed, no reply) when a rank is out
 /// of range or announced twice, the ranks are not strictly ascending, or the
@@ -59,14 +68,18 @@ const SMALL_RECORD: usize = 256;
 /// use cohort_proto::wire::{MacKey, SessionSalt};
 /// use cohort_proto::{Machine, Time};
 /// let key = MacKey::new(&SessionSalt::from_bytes([3; 16]));
-/// let mut c = Coordinator::new(CoordConfig::new(2, 1, 10, 1), key).unwrap();
-/// c.start(Time::ZERO);
-/// // Beacons wait for relays; the next wake-up is the next beacon.
+/// let mut c = Coordinator::new(CoordConfig::new(2, 1, 10, 1), key, Time::ZERO).unwrap();
+/// // No relay yet: the next wake-up is the formation deadline.
 /// while c.poll(Time::ZERO).is_some() {}
-/// assert_eq!(c.poll_timeout(), Some(Time::from_secs(1)));
+/// assert!(c.is_forming());
+/// assert_eq!(c.poll_timeout(), Some(Time::from_secs(60)));
 /// ```
 #[derive(Debug)]
 pub struct Coordinator {
+    /// The formation deadline, until the relays have covered the world.
+    forming: Option<Time>,
+    /// Reports held until the run begins.
+    reports: Vec<Report>,
     sched: Scheduler,
     key: MacKey,
     hello_budget: Duration,
@@ -75,24 +88,31 @@ pub struct Coordinator {
     /// never needs a scan of every relay).
     hello_deadlines: BTreeSet<(Time, ConnId)>,
     routes: BTreeMap<u32, ConnId>,
-    parked: BTreeMap<u32, Vec<Bytes>>,
     out: Outbox<CoordEvent>,
 }
 
 impl Coordinator {
-    /// A coordinator for `config`, keyed with the session salt's `key`.
-    pub fn new(config: CoordConfig, key: MacKey) -> Result<Self, ConfigError> {
-        let hello_budget = config.scale.scaled(HANDSHAKE);
-        Ok(Coordinator {
-            sched: Scheduler::new(config)?,
+    /// A coordinator for `config`, keyed with the session salt's `key`,
+    /// forming from `now`: the run begins (see [`Scheduler::begin`]) once the
+    /// relays' hellos have announced every rank of the world, which must
+    /// happen within scaled(60 s), as flodl's coordinator requires.
+    pub fn new(config: CoordConfig, key: MacKey, now: Time) -> Result<Self, ConfigError> {
+        let hello_budget = config.timeout_scale.scaled(HANDSHAKE);
+        let forming = Some(now + config.timeout_scale.scaled_secs(COORD_FORMATION));
+        let sched = Scheduler::new(config)?;
+        let mut c = Coordinator {
+            sched,
+            forming,
+            reports: Vec::new(),
             key,
             hello_budget,
             relays: BTreeMap::new(),
             hello_deadlines: BTreeSet::new(),
             routes: BTreeMap::new(),
-            parked: BTreeMap::new(),
             out: Outbox::default(),
-        })
+        };
+        c.pump();
+        Ok(c)
     }
 
     /// The decision core (read-only).
@@ -100,50 +120,56 @@ impl Coordinator {
         &self.sched
     }
 
-    /// Takes over an accepted control-channel connection from a relay; its
-    /// channel magic was already consumed; `first` holds bytes that followed.
-    pub fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
-        let deadline = now + self.hello_budget;
-        // Until its hello verifies, a relay may only send a hello's worth.
-        let dec = MuxDecoder::new(crate::config::defaults::MAX_HELLO_BYTES as u64);
-        let relay = Relay { dec, state: RelayState::AwaitHello { deadline } };
-        self.forget_hello(conn);
-        self.hello_deadlines.insert((deadline, conn));
-        self.relays.insert(conn, relay);
-        if !first.is_empty() {
-            self.received(now, conn, first);
-        }
-        self.pump();
+    /// Whether the relays still have to announce some rank before the run begins.
+    pub fn is_forming(&self) -> bool {
+        self.forming.is_some()
     }
 
-    /// Starts the run (see [`Scheduler::start`]).
-    pub fn start(&mut self, now: Time) {
-        self.sched.start(now);
-        self.pump();
-    }
-
-    /// Ends the run early and gracefully (see [`Scheduler::stop`]).
+    /// Ends the run early and gracefully (see [`Scheduler::stop`]); before
+    /// the run began, formation is given up.
     pub fn stop(&mut self, now: Time) {
+        if self.forming.take().is_some() {
+            self.formation_failed(FormationFailure::Stopped);
+        }
         self.sched.stop(now);
         self.pump();
+    }
+
+    fn formation_failed(&mut self, why: FormationFailure) {
+        let covered = self.routes.len() as u32;
+        let world_size = self.sched.config().world_size;
+        self.out.event(CoordEvent::FormationFailed { covered, world_size, why });
     }
 
     /// Deaths learned elsewhere (e.g. the reduce lost a host's data
     /// connection): declared like any other (see [`Scheduler::report_deaths`]).
     pub fn report_deaths(&mut self, now: Time, deaths: &[(u32, super::DeathCause)]) {
-        self.sched.report_deaths(now, deaths);
-        self.pump();
+        self.report(now, Report::Deaths(deaths.to_vec()));
     }
 
     /// The launcher saw a rank's process exit (join-link `RankExited`).
     pub fn rank_exited(&mut self, now: Time, rank: u32, code: i32) {
-        self.sched.rank_exited(now, rank, code);
-        self.pump();
+        self.report(now, Report::Exited { rank, code });
     }
 
     /// A host's join link ended: its ranks are dead.
     pub fn host_lost(&mut self, now: Time, ranks: &[u32]) {
-        self.sched.host_lost(now, ranks);
+        self.report(now, Report::HostLost(ranks.to_vec()));
+    }
+
+    /// What the launcher or a relay reports about ranks reaches the
+    /// scheduler once the run began; before, it waits (as flodl's reported
+    /// deaths wait for its coordinator's first tick).
+    fn report(&mut self, now: Time, r: Report) {
+        if self.forming.is_some() {
+            self.reports.push(r);
+            return;
+        }
+        match r {
+            Report::Deaths(d) => self.sched.report_deaths(now, &d),
+            Report::Exited { rank, code } => self.sched.rank_exited(now, rank, code),
+            Report::HostLost(ranks) => self.sched.host_lost(now, &ranks),
+        }
         self.pump();
     }
 
@@ -171,7 +197,7 @@ impl Coordinator {
             (
                 RelayState::AwaitHello { .. },
                 MuxRecord::Control(RelayControlMsg::Hello { host, ranks, model_sigs }),
-            ) => self.hello(conn, host, ranks, model_sigs),
+            ) => self.hello(now, conn, host, ranks, model_sigs),
             (RelayState::Ready { ranks }, MuxRecord::Data { rank, payload }) if ranks.contains(&rank) => {
                 match parse_exact_frame(&payload.to_bytes(), &self.key) {
                     Ok(msg) => self.sched.on_message(now, rank, msg),
@@ -181,7 +207,7 @@ impl Coordinator {
             (RelayState::Ready { ranks }, MuxRecord::Control(RelayControlMsg::RankExit { rank }))
                 if ranks.contains(&rank) =>
             {
-                self.sched.report_deaths(now, &[(rank, DeathCause::RelayRankExit)]);
+                self.report(now, Report::Deaths(vec![(rank, DeathCause::RelayRankExit)]));
             }
             (_, rec) => {
                 let why = format!("unexpected {} record on the control channel", rec.kind_name());
@@ -196,7 +222,7 @@ impl Coordinator {
         self.pump();
     }
 
-    fn hello(&mut self, conn: ConnId, host: String, ranks: Vec<u32>, model_sigs: Vec<[u8; 32]>) {
+    fn hello(&mut self, now: Time, conn: ConnId, host: String, ranks: Vec<u32>, model_sigs: Vec<[u8; 32]>) {
         let cfg = self.sched.config();
         let refusal = if ranks.is_empty() {
             Some("no ranks announced".to_string())
@@ -228,9 +254,6 @@ impl Coordinator {
         }
         for &r in &ranks {
             self.routes.insert(r, conn);
-            for frame in self.parked.remove(&r).unwrap_or_default() {
-                self.transmit_data(conn, r, frame);
-            }
         }
         self.forget_hello(conn);
         if let Some(relay) = self.relays.get_mut(&conn) {
@@ -238,6 +261,13 @@ impl Coordinator {
             relay.dec.set_ceiling((CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64);
         }
         self.out.event(CoordEvent::RelayJoined { conn, host, ranks });
+        if self.forming.is_some() && self.routes.len() as u32 == self.sched.config().world_size {
+            self.forming = None;
+            self.sched.begin(now);
+            for r in core::mem::take(&mut self.reports) {
+                self.report(now, r);
+            }
+        }
     }
 
     /// Drops a relay's pending hello deadline, if it has one.
@@ -260,8 +290,12 @@ impl Coordinator {
             for r in &ranks {
                 self.routes.remove(r);
             }
-            let deaths: Vec<(u32, DeathCause)> = ranks.iter().map(|&r| (r, DeathCause::RelayLost)).collect();
-            self.sched.report_deaths(now, &deaths);
+            // Before the run began, the ranks are merely uncovered again.
+            if self.forming.is_none() {
+                let deaths: Vec<(u32, DeathCause)> =
+                    ranks.iter().map(|&r| (r, DeathCause::RelayLost)).collect();
+                self.sched.report_deaths(now, &deaths);
+            }
         }
     }
 
@@ -292,15 +326,10 @@ impl Coordinator {
         }
         let frame = buf.freeze();
         for &r in to {
-            match self.routes.get(&r) {
-                Some(&conn) => self.transmit_data(conn, r, frame.clone()),
-                None if !matches!(msg, ControlMsgWire::CoordHeartbeat) => {
-                    let q = self.parked.entry(r).or_default();
-                    if q.len() < MAX_PARKED {
-                        q.push(frame.clone());
-                    }
-                }
-                None => {}
+            // The run begins once every rank has a route; a rank whose relay
+            // was lost since is dead, and what is sent to it goes nowhere.
+            if let Some(&conn) = self.routes.get(&r) {
+                self.transmit_data(conn, r, frame.clone());
             }
         }
     }
@@ -310,14 +339,27 @@ impl Coordinator {
         while let Some(step) = self.sched.poll() {
             match step {
                 Step::Send { to, msg } => self.send(&to, &msg),
-                Step::Event(e) => {
-                    if let CoordEvent::RankDead { rank, .. } = &e {
-                        self.parked.remove(rank);
-                    }
-                    self.out.event(e);
-                }
+                Step::Event(e) => self.out.event(e),
             }
         }
+    }
+}
+
+impl Adopt for Coordinator {
+    /// Takes over an accepted control-channel connection from a relay; its
+    /// channel magic was already consumed; `first` holds bytes that followed.
+    fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
+        let deadline = now + self.hello_budget;
+        // Until its hello verifies, a relay may only send a hello's worth.
+        let dec = MuxDecoder::new(crate::config::defaults::MAX_HELLO_BYTES as u64);
+        let relay = Relay { dec, state: RelayState::AwaitHello { deadline } };
+        self.forget_hello(conn);
+        self.hello_deadlines.insert((deadline, conn));
+        self.relays.insert(conn, relay);
+        if !first.is_empty() {
+            self.received(now, conn, first);
+        }
+        self.pump();
     }
 }
 
@@ -334,6 +376,11 @@ impl Machine for Coordinator {
                 self.drop_relay(now, conn, error, false);
             }
             Input::Timeout => {
+                if self.forming.is_some_and(|t| t <= now) {
+                    self.forming = None;
+                    let timeout = self.sched.config().timeout_scale.scaled_secs(COORD_FORMATION);
+                    self.formation_failed(FormationFailure::Deadline(timeout));
+                }
                 let late: Vec<ConnId> =
                     self.hello_deadlines.iter().take_while(|(t, _)| *t <= now).map(|(_, c)| *c).collect();
                 for conn in late {
@@ -357,6 +404,6 @@ impl Machine for Coordinator {
 
     fn poll_timeout(&self) -> Option<Time> {
         let hello = self.hello_deadlines.first().map(|(t, _)| *t);
-        hello.into_iter().chain(self.sched.next_deadline()).min()
+        hello.into_iter().chain(self.forming).chain(self.sched.next_deadline()).min()
     }
 }

@@ -35,8 +35,7 @@ pub enum Life {
 /// use cohort_proto::coord::Liveness;
 /// use cohort_proto::Time;
 /// use core::time::Duration;
-/// let mut l = Liveness::new(2, Duration::from_secs(30));
-/// l.start(Time::ZERO);
+/// let mut l = Liveness::new(2, Duration::from_secs(30), Time::ZERO);
 /// l.heard(0, Time::from_secs(10));
 /// assert_eq!(l.stale(Time::from_secs(30)).collect::<Vec<_>>(), Vec::<u32>::new());
 /// assert_eq!(l.stale(Time::from_secs(30) + Duration::from_nanos(1)).collect::<Vec<_>>(), vec![1]);
@@ -56,10 +55,10 @@ pub struct Liveness {
 const NS: Duration = Duration::from_nanos(1);
 
 impl Liveness {
-    /// `world` ranks, all alive and heard at the origin.
-    pub fn new(world: u32, staleness: Duration) -> Self {
-        let ranks = vec![Life::Alive { last_heard: Time::ZERO }; world as usize];
-        Liveness { ranks, alive: (0..world).collect(), staleness, bound: Time::ZERO + staleness + NS }
+    /// `world` ranks, all alive and heard at `now`.
+    pub fn new(world: u32, staleness: Duration, now: Time) -> Self {
+        let ranks = vec![Life::Alive { last_heard: now }; world as usize];
+        Liveness { ranks, alive: (0..world).collect(), staleness, bound: now + staleness + NS }
     }
 
     /// The staleness deadline.
@@ -67,8 +66,8 @@ impl Liveness {
         self.staleness
     }
 
-    /// Starts every alive rank's clock at `now` (the run begins).
-    pub fn start(&mut self, now: Time) {
+    /// Every alive rank counts as heard at `now` (the run begins).
+    pub fn heard_all(&mut self, now: Time) {
         for l in &mut self.ranks {
             if let Life::Alive { last_heard } = l {
                 *last_heard = now;
@@ -211,7 +210,7 @@ mod tests {
 
     #[test]
     fn death_and_exit_are_final() {
-        let mut l = Liveness::new(3, Duration::from_secs(30));
+        let mut l = Liveness::new(3, Duration::from_secs(30), Time::ZERO);
         assert!(l.latch_exit(0));
         assert!(!l.mark_dead(0), "an exited rank is never declared dead");
         assert!(l.mark_dead(1));
@@ -224,8 +223,7 @@ mod tests {
 
     #[test]
     fn take_stale_scans_only_once_the_bound_is_reached() {
-        let mut l = Liveness::new(3, Duration::from_secs(30));
-        l.start(Time::ZERO);
+        let mut l = Liveness::new(3, Duration::from_secs(30), Time::ZERO);
         l.heard(0, Time::from_secs(10));
         l.heard(1, Time::from_secs(20));
         assert!(l.take_stale(Time::from_secs(30)).is_empty());
@@ -243,7 +241,7 @@ mod tests {
 
     #[test]
     fn heard_never_moves_backwards() {
-        let mut l = Liveness::new(1, Duration::from_secs(30));
+        let mut l = Liveness::new(1, Duration::from_secs(30), Time::ZERO);
         l.heard(0, Time::from_secs(10));
         l.heard(0, Time::from_secs(5));
         assert_eq!(l.get(0), Some(Life::Alive { last_heard: Time::from_secs(10) }));

@@ -74,7 +74,7 @@ pub struct CoordConfig {
     /// The failure budget (`None`: only the backend's hard limits apply).
     pub failure_budget: Option<FailureBudget>,
     /// The network timeout scale (stretches staleness and the stall ceiling).
-    pub scale: TimeoutScale,
+    pub timeout_scale: TimeoutScale,
     /// Batches per averaging cycle; `None` disables cycles (no
     /// `RequestParams`/`SyncNow`, no `Update`, no throttling).
     pub sync_every: Option<u64>,
@@ -106,7 +106,7 @@ impl CoordConfig {
             backend: Backend::Cpu,
             local_ranks: BTreeSet::new(),
             failure_budget: None,
-            scale: TimeoutScale::ONE,
+            timeout_scale: TimeoutScale::ONE,
             sync_every: None,
             max_batch_diff: None,
             checkpoint_every: None,
@@ -151,7 +151,7 @@ impl CoordConfig {
 
     /// The staleness deadline, scaled.
     pub fn staleness(&self) -> Duration {
-        self.scale.scaled(crate::config::defaults::HEARTBEAT_STALENESS)
+        self.timeout_scale.scaled(crate::config::defaults::HEARTBEAT_STALENESS)
     }
 
     /// How long an averaging cycle may stay unfinished with the cohort alive
@@ -230,11 +230,45 @@ pub enum RunEnd {
     Saved(SaveReason),
 }
 
+/// Why the coordinator never began the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormationFailure {
+    /// The relays did not announce every rank within this.
+    Deadline(Duration),
+    /// The run was stopped before they did.
+    Stopped,
+}
+
+impl FormationFailure {
+    /// The failure in words, for `covered` of `world_size` ranks announced.
+    pub fn describe(self, covered: u32, world_size: u32) -> String {
+        match self {
+            FormationFailure::Deadline(d) => format!(
+                "relay dial-in did not cover the world within {}s ({covered}/{world_size} ranks covered)",
+                d.as_secs()
+            ),
+            FormationFailure::Stopped => {
+                format!("stopped before the relays covered the world ({covered}/{world_size} ranks covered)")
+            }
+        }
+    }
+}
+
 /// Every decision the coordinator makes, and what it saw.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CoordEvent {
-    /// The run started: liveness clocks run from now and epoch 0 goes out.
+    /// The run started: every rank's relay announced it; liveness clocks run
+    /// from now and epoch 0 goes out.
     Started,
+    /// The relays did not cover the world: the run never began.
+    FormationFailed {
+        /// Ranks announced.
+        covered: u32,
+        /// Ranks in the world.
+        world_size: u32,
+        /// Why.
+        why: FormationFailure,
+    },
     /// A relay announced its host and ranks and was acknowledged.
     RelayJoined {
         /// Its connection.

@@ -89,7 +89,7 @@ const FINAL_EVAL_ID: u64 = u64::MAX;
 ///
 /// # The run
 ///
-/// [`Scheduler::start`] elects the roles, starts every liveness clock and
+/// [`Scheduler::begin`] elects the roles, starts every liveness clock and
 /// sends epoch 0's plans. Ranks report batches (`Timing::Batch`) and, when
 /// they run out of assigned work in an epoch, `Metrics` for it. An epoch is
 /// complete when every live rank has reported, in one or more `Metrics`,
@@ -117,7 +117,7 @@ const FINAL_EVAL_ID: u64 = u64::MAX;
 /// use cohort_proto::Time;
 ///
 /// let mut s = Scheduler::new(CoordConfig::new(2, 1, 10, 1)).unwrap();
-/// s.start(Time::ZERO);
+/// s.begin(Time::ZERO);
 /// let steps: Vec<Step> = std::iter::from_fn(|| s.poll()).collect();
 /// assert!(steps.contains(&Step::Send { to: vec![0, 1], msg: ControlMsgWire::CoordHeartbeat }));
 /// assert!(steps.iter().any(|s| matches!(s, Step::Event(CoordEvent::PlanIssued { epoch: 0, .. }))));
@@ -178,7 +178,7 @@ impl Scheduler {
         cfg.validate()?;
         let world = cfg.world_size;
         Ok(Scheduler {
-            live: Liveness::new(world, cfg.staleness()),
+            live: Liveness::new(world, cfg.staleness(), Time::ZERO),
             ranks: vec![RankBook::default(); world as usize],
             phase: Phase::Waiting,
             next_beacon: Time::ZERO,
@@ -287,12 +287,12 @@ impl Scheduler {
 
     /// Starts the run at `now`: liveness clocks start, the roles are
     /// elected, the first beacon and epoch 0's plans go out.
-    pub fn start(&mut self, now: Time) {
+    pub fn begin(&mut self, now: Time) {
         if self.phase != Phase::Waiting {
             return;
         }
         self.phase = Phase::Running;
-        self.live.start(now);
+        self.live.heard_all(now);
         self.next_beacon = now;
         self.event(CoordEvent::Started);
         let alive = self.live.alive();

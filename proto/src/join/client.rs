@@ -12,8 +12,7 @@
 //!
 //! let offer = JoinOffer::new("node-a", vec![0, 1], [7; 32]);
 //! let params = ClientParams::new("controller:7000", offer, None, TimeoutScale::ONE);
-//! let mut agent = JoinClient::new(params);
-//! agent.start(Time::ZERO);
+//! let mut agent = JoinClient::new(params, Time::ZERO);
 //! assert!(matches!(agent.poll(Time::ZERO), Some(Output::Dial { .. })));
 //! agent.handle(Time::ZERO, Input::Connected { dial: JOIN_DIAL, conn: ConnId(3) });
 //! // The channel magic and the zero-keyed hello leave in one write.
@@ -68,13 +67,13 @@ impl ClientParams {
         addr: impl Into<String>,
         offer: JoinOffer,
         pre_shared: Option<SessionSalt>,
-        scale: TimeoutScale,
+        timeout_scale: TimeoutScale,
     ) -> Self {
         ClientParams {
             addr: addr.into(),
             offer,
             pre_shared,
-            reply_budget: scale.scaled(JOIN_REPLY_BUDGET),
+            reply_budget: timeout_scale.scaled(JOIN_REPLY_BUDGET),
             formation_margin: FORMATION_MARGIN,
         }
     }
@@ -222,7 +221,6 @@ impl std::error::Error for NotLinked {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    Idle,
     Dialing,
     AwaitReply { deadline: Time },
     AwaitFormation { deadline: Time },
@@ -256,26 +254,20 @@ fn msg_name(msg: &Message) -> &'static str {
 }
 
 impl JoinClient {
-    /// A client that has not dialled yet.
-    pub fn new(params: ClientParams) -> Self {
+    /// A client dialing the controller at once.
+    pub fn new(params: ClientParams, _now: Time) -> Self {
         let join_key = MacKey::new(&params.pre_shared.unwrap_or(SessionSalt::ZERO));
+        let mut out = Outbox::default();
+        out.dial(JOIN_DIAL, params.addr.clone());
         JoinClient {
             params,
             join_key,
             salt: None,
             ranks: Vec::new(),
-            state: State::Idle,
+            state: State::Dialing,
             conn: None,
             buf: RecvBuf::new(),
-            out: Outbox::default(),
-        }
-    }
-
-    /// Dials the controller.
-    pub fn start(&mut self, _now: Time) {
-        if self.state == State::Idle {
-            self.state = State::Dialing;
-            self.out.dial(JOIN_DIAL, self.params.addr.clone());
+            out,
         }
     }
 

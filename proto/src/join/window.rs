@@ -49,7 +49,7 @@ use super::ledger::{
     MembershipSnapshot, StartMode, TrustMode, Verdict,
 };
 use crate::config::{ConfigError, TimeoutScale, defaults};
-use crate::machine::{CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
     Channel, JoinMsgWire, MacKey, Message, MsgKind, Problem, RecvBuf, SessionSalt, WireError, encode_frame,
@@ -66,7 +66,7 @@ pub struct WindowParams {
     /// How pre-admission frames are keyed (see [`TrustMode::resolve`]).
     pub trust: TrustMode,
     /// The network timeout scale (window, cap and handshake budget scale with it).
-    pub scale: TimeoutScale,
+    pub timeout_scale: TimeoutScale,
     /// The controller's dataset signature, when it has one.
     pub dataset_sig: Option<[u8; 32]>,
     /// The controller's model signature, when it could build the model.
@@ -76,7 +76,14 @@ pub struct WindowParams {
 impl WindowParams {
     /// Parameters with the default scale and no controller signatures.
     pub fn new(config: JoinConfig, salt: SessionSalt, trust: TrustMode) -> Self {
-        WindowParams { config, salt, trust, scale: TimeoutScale::ONE, dataset_sig: None, model_sig: None }
+        WindowParams {
+            config,
+            salt,
+            trust,
+            timeout_scale: TimeoutScale::ONE,
+            dataset_sig: None,
+            model_sig: None,
+        }
     }
 }
 
@@ -436,7 +443,7 @@ fn join_msg_name(msg: &JoinMsgWire) -> &'static str {
 impl JoinWindow {
     /// Opens a window at `now`. Fails only on an invalid configuration.
     pub fn new(params: WindowParams, now: Time) -> Result<JoinWindow, ConfigError> {
-        let WindowParams { config, salt, trust, scale, dataset_sig, model_sig } = params;
+        let WindowParams { config, salt, trust, timeout_scale: scale, dataset_sig, model_sig } = params;
         let window = config.window(scale);
         let cap = config.cap(scale);
         let ledger = Ledger::new(config, dataset_sig, model_sig)?;
@@ -468,22 +475,10 @@ impl JoinWindow {
         Ok(w)
     }
 
-    /// Takes over a join connection routed by the port router: its channel
-    /// magic was already consumed, and `first` holds the bytes that arrived
-    /// after it. The handshake budget starts now.
-    pub fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
-        self.tick(now);
-        self.begin(now, conn, false);
-        if !first.is_empty() {
-            self.dial_bytes(now, conn, first);
-        }
-        self.evaluate(now);
-    }
-
     /// The operator start: arms the switch (idempotent) and re-evaluates.
     /// Returns whether the switch is armed: never in `Auto` mode, nor once the
     /// window has closed. The verdict still gates it on quorum.
-    pub fn start(&mut self, now: Time) -> bool {
+    pub fn operator_start(&mut self, now: Time) -> bool {
         self.tick(now);
         if self.ledger.config().start_mode == StartMode::Auto || self.state != WindowState::Open {
             return false;
@@ -860,6 +855,20 @@ impl JoinWindow {
     }
 }
 
+impl Adopt for JoinWindow {
+    /// Takes over a join connection routed by the port router: its channel
+    /// magic was already consumed, and `first` holds the bytes that arrived
+    /// after it. The handshake budget starts now.
+    fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
+        self.tick(now);
+        self.begin(now, conn, false);
+        if !first.is_empty() {
+            self.dial_bytes(now, conn, first);
+        }
+        self.evaluate(now);
+    }
+}
+
 impl Machine for JoinWindow {
     type Event = JoinEvent;
 
@@ -921,6 +930,6 @@ impl crate::status::StatusBackend for JoinWindow {
     }
 
     fn arm_start(&mut self, now: Time) {
-        self.start(now);
+        self.operator_start(now);
     }
 }

@@ -5,19 +5,19 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::TimeoutScale;
+use crate::config::{ConfigError, TimeoutScale};
 use crate::coord::{Backend, CoordConfig, CoordEvent, Coordinator, DeathCause, RunEnd};
 use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
 use crate::join::window::{JoinEvent, JoinWindow, WindowParams};
-use crate::machine::{ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::machine::{Adopt, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::reduce::{Reduce, ReduceConfig, ReduceEvent};
 use crate::rendezvous::{RendezvousConfig, RendezvousEvent, RendezvousServer};
 use crate::route::{PortRouter, RouteEvent};
 use crate::status::{StatusEvent, StatusLimits, StatusResponder};
 use crate::time::{Time, earliest};
-use crate::wire::{Channel, MacKey, SessionSalt};
+use crate::wire::{Channel, MacKey, SessionSalt, derive_frame_ceiling};
 
-use super::envelope::Envelope;
+use super::envelope::{ControllerAddr, Envelope, RelaySpec, WorkloadSpec};
 
 /// The controller's configuration.
 #[derive(Debug, Clone)]
@@ -29,38 +29,120 @@ pub struct ControllerConfig {
     /// How pre-admission join frames are keyed.
     pub trust: TrustMode,
     /// The network timeout scale.
-    pub scale: TimeoutScale,
+    pub timeout_scale: TimeoutScale,
     /// The run: epochs, samples, cycles, budget. `world_size` and
     /// `device_indices` are filled in at formation.
     pub run: CoordConfig,
-    /// What every host is told at formation (`world_size` filled in then).
-    pub envelope: Envelope,
-    /// The frame ceiling on the data channel.
+    /// Where the controller listens, as every worker's envelope names it
+    /// (a worker's agent replaces it with the address it joined at).
+    pub advertise: ControllerAddr,
+    /// What cohort's synthetic workload trains (sent in every envelope).
+    pub workload: WorkloadSpec,
+    /// The frame ceiling of the data plane (the relays get it in their spec).
     pub ceiling: u64,
 }
 
 impl ControllerConfig {
-    /// A controller for `run` (its world size is filled in at formation)
-    /// whose ranks train a `model_elems`-element model in the run's batches,
-    /// with the default frame ceiling.
+    /// A controller for `run` (its world size is filled in at formation),
+    /// reachable at `advertise`, whose ranks train `workload`; the frame
+    /// ceiling is derived from the model's size, as flodl derives it.
     pub fn new(
         join: JoinConfig,
         salt: SessionSalt,
         trust: TrustMode,
-        scale: TimeoutScale,
+        timeout_scale: TimeoutScale,
         run: CoordConfig,
-        model_elems: u32,
+        advertise: ControllerAddr,
+        workload: WorkloadSpec,
     ) -> Self {
-        let envelope = Envelope { world_size: 0, batch_size: run.batch_size, model_elems, gamma: 1.0 };
         ControllerConfig {
             join,
             salt,
             trust,
-            scale,
+            timeout_scale,
             run,
-            envelope,
-            ceiling: crate::wire::DEFAULT_FRAME_CEILING,
+            advertise,
+            ceiling: derive_frame_ceiling(workload.model_bytes()),
+            workload,
         }
+    }
+}
+
+/// The run as an operator states it: what the coordinator schedules and
+/// what every rank's synthetic workload trains. One place for the
+/// defaults the `cohort` program, its demo and the drivers' tests use.
+///
+/// ```
+/// use cohort_proto::config::TimeoutScale;
+/// use cohort_proto::join::{JoinConfig, TrustMode};
+/// use cohort_proto::node::controller::{ControllerConfig, RunKnobs};
+/// use cohort_proto::node::envelope::ControllerAddr;
+/// use cohort_proto::wire::SessionSalt;
+///
+/// let knobs = RunKnobs::default();
+/// let join = JoinConfig { target_ranks: Some(4), ..JoinConfig::default() };
+/// let at = ControllerAddr::parse("127.0.0.1:7070").unwrap();
+/// let cfg = ControllerConfig::from_knobs(join, SessionSalt::from_bytes([1; 16]), TrustMode::PreShared,
+///                                        TimeoutScale::ONE, at, &knobs).unwrap();
+/// assert_eq!(cfg.run.epochs, knobs.epochs);
+/// assert!(!cfg.join.nccl_backend); // the synthetic workload reduces on the CPU plane
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunKnobs {
+    /// Epochs to train.
+    pub epochs: u64,
+    /// Samples in one epoch.
+    pub samples_per_epoch: u64,
+    /// Samples per batch.
+    pub batch_size: u64,
+    /// Batches between averaging rounds.
+    pub sync_every: u64,
+    /// Elements of the synthetic model tensor.
+    pub model_elems: u32,
+}
+
+impl Default for RunKnobs {
+    /// A short run: 3 epochs of 400 one-sample batches, a round every 10
+    /// batches, a 256-element model.
+    fn default() -> Self {
+        RunKnobs { epochs: 3, samples_per_epoch: 400, batch_size: 1, sync_every: 10, model_elems: 256 }
+    }
+}
+
+impl RunKnobs {
+    /// What the ranks' synthetic workload trains.
+    pub fn workload(&self) -> WorkloadSpec {
+        WorkloadSpec { batch_size: self.batch_size, model_elems: self.model_elems, gamma: 1.0 }
+    }
+}
+
+impl ControllerConfig {
+    /// A controller on the CPU data plane for `knobs`, every value checked
+    /// (the join window's knobs, the run's, the model's size).
+    pub fn from_knobs(
+        join: JoinConfig,
+        salt: SessionSalt,
+        trust: TrustMode,
+        timeout_scale: TimeoutScale,
+        advertise: ControllerAddr,
+        knobs: &RunKnobs,
+    ) -> Result<Self, ConfigError> {
+        let join = JoinConfig { nccl_backend: false, ..join };
+        join.validate()?;
+        if knobs.epochs == 0 {
+            return Err(ConfigError::new("epochs", "at least 1"));
+        }
+        if knobs.samples_per_epoch == 0 {
+            return Err(ConfigError::new("samples per epoch", "at least 1"));
+        }
+        if knobs.model_elems == 0 {
+            return Err(ConfigError::new("model elements", "at least 1"));
+        }
+        let mut run = CoordConfig::new(1, knobs.epochs, knobs.samples_per_epoch, knobs.batch_size);
+        run.sync_every = Some(knobs.sync_every);
+        run.timeout_scale = timeout_scale;
+        run.validate()?;
+        Ok(ControllerConfig::new(join, salt, trust, timeout_scale, run, advertise, knobs.workload()))
     }
 }
 
@@ -141,11 +223,11 @@ impl ControllerNode {
     /// A controller whose join window opens at `now`.
     pub fn new(cfg: ControllerConfig, now: Time) -> Result<Self, crate::config::ConfigError> {
         let mut params = WindowParams::new(cfg.join.clone(), cfg.salt, cfg.trust);
-        params.scale = cfg.scale;
+        params.timeout_scale = cfg.timeout_scale;
         let window = JoinWindow::new(params, now)?;
         let mut node = ControllerNode {
             key: MacKey::new(&cfg.salt),
-            router: PortRouter::new(cfg.scale),
+            router: PortRouter::new(cfg.timeout_scale),
             window,
             status: StatusResponder::new(StatusLimits::default()),
             coord: None,
@@ -177,13 +259,13 @@ impl ControllerNode {
         self.outcome.as_ref()
     }
 
-    /// The operator's start as a command ([`JoinWindow::start`]): arms the
+    /// The operator's start as a command ([`JoinWindow::operator_start`]): arms the
     /// switch in manual and hybrid modes while the window is open. Unlike
     /// `POST /start` it does not refuse below quorum: the armed switch waits
     /// for the quorum, and the window forms the instant it is met.
-    pub fn start(&mut self, now: Time) -> bool {
+    pub fn operator_start(&mut self, now: Time) -> bool {
         self.touched = ALL_PARTS;
-        let armed = self.window.start(now);
+        let armed = self.window.operator_start(now);
         self.pump(now);
         armed
     }
@@ -223,26 +305,46 @@ impl ControllerNode {
         let mut run = self.cfg.run.clone();
         run.world_size = world_size;
         run.device_indices = (0..world_size).map(|r| (r % 256) as u8).collect();
-        run.scale = self.cfg.scale;
-        let mut coord = match Coordinator::new(run, self.key.clone()) {
+        run.timeout_scale = self.cfg.timeout_scale;
+        let coord = match Coordinator::new(run, self.key.clone(), now) {
             Ok(c) => c,
             Err(e) => return self.finish(Outcome::Failed(format!("run configuration: {e}"))),
         };
-        coord.start(now);
         self.coord = Some(coord);
-        let mut rc = ReduceConfig::new(world_size, self.key.clone());
-        rc.ceiling = self.cfg.ceiling;
-        rc.timeout_scale = self.cfg.scale;
-        self.reduce = Some(Reduce::new(rc));
+        if self.cfg.run.backend == Backend::Cpu {
+            let mut rc = ReduceConfig::new(world_size, self.key.clone());
+            rc.ceiling = self.cfg.ceiling;
+            rc.timeout_scale = self.cfg.timeout_scale;
+            self.reduce = Some(Reduce::new(rc));
+        }
         if self.cfg.run.backend == Backend::Nccl {
             let cfg = RendezvousConfig { world_size, local_ranks: Default::default(), dataset_sig: None };
-            self.rendezvous = Some(RendezvousServer::new(cfg, self.key.clone()));
+            self.rendezvous = Some(RendezvousServer::new(cfg, self.key.clone(), now));
         }
-        let envelope = Envelope { world_size, ..self.cfg.envelope.clone() }.to_hex();
-        let links: Vec<ConnId> = self.window.members().map(|(c, _)| c).collect();
-        for conn in links {
+        let cpu = self.cfg.run.backend == Backend::Cpu;
+        let advertise = &self.cfg.advertise;
+        let workers = self.window.members().count() as u32;
+        let formed: Vec<(ConnId, String, String)> = self
+            .window
+            .members()
+            .map(|(conn, m)| {
+                let mut e = Envelope::for_worker(
+                    (&advertise.host, advertise.port),
+                    world_size,
+                    workers,
+                    &m.host,
+                    m.ranks.clone().collect(),
+                    m.local_devices.clone(),
+                );
+                e.salt = Some(self.cfg.salt.to_hex());
+                e.cohort = Some(self.cfg.workload);
+                let spec = RelaySpec::for_envelope(&e, cpu, self.cfg.ceiling);
+                (conn, e.to_hex(), spec.to_hex())
+            })
+            .collect();
+        for (conn, envelope, spec) in formed {
             // A link that ended at this very instant is reported by its own event.
-            let _ = self.window.send_world_formed(conn, envelope.clone(), None);
+            let _ = self.window.send_world_formed(conn, envelope, Some(spec));
         }
         self.window.set_phase(ClusterPhase::Training);
         self.out.event(ControllerEvent::Started { world_size });
@@ -402,6 +504,13 @@ impl ControllerNode {
                     r.declare_dead(now, *rank);
                     self.touched |= 1 << Part::Reduce as u8;
                 }
+            }
+            CoordEvent::FormationFailed { covered, world_size, why } => {
+                let reason = why.describe(*covered, *world_size);
+                // Every host hears it (flodl's walk-in agents are left waiting).
+                self.window.abort(now, &reason);
+                self.touched |= 1 << Part::Join as u8;
+                self.finish(Outcome::Failed(reason));
             }
             CoordEvent::Ended(RunEnd::Done) => self.finish(Outcome::Done),
             CoordEvent::Ended(RunEnd::Saved(reason)) => self.finish(Outcome::Failed(format!("{reason}"))),

@@ -1,20 +1,26 @@
 //! Whole nodes of a cohort cluster, composed from the protocol machines, so
-//! that the simulator and the real drivers run exactly the same code.
+//! that the simulator, the `cohort` program and the drivers' tests run
+//! exactly the same code.
 //!
 //! - [`controller::ControllerNode`]: the controller's single port: router,
 //!   join window, status endpoint, then (once the world forms) coordinator,
 //!   reduce and, on an NCCL plane, rendezvous, wired to each other.
-//! - [`rank::RankNode`]: one rank: control client, data client and the
-//!   synthetic [`trainer`] workload.
-//! - A worker host runs a [`JoinClient`](crate::join::client::JoinClient)
-//!   (its agent) and, once the world forms, one
-//!   [`Relay`](crate::relay::Relay) per channel and its ranks; the
-//!   [`envelope::Envelope`] in `WorldFormed` tells it what to start.
+//! - [`host::HostNode`]: a worker host: its agent, and what it starts once
+//!   the world forms (relays from the [`envelope::RelaySpec`], one rank per
+//!   admitted rank); a rank's end goes up as its exit code.
+//! - [`rank::RankNode`]: one rank: control client, data client or NCCL
+//!   bootstrap, and any [`workload::Workload`] (the synthetic
+//!   [`trainer::Trainer`], or a real training loop).
+//! - [`envelope`]: what `WorldFormed` carries, in flodl 0.8's shapes.
+//! - [`cluster`]: the event vocabulary every harness speaks.
 
+pub mod cluster;
 pub mod controller;
 pub mod envelope;
+pub mod host;
 pub mod rank;
 pub mod trainer;
+pub mod workload;
 
 use crate::machine::DialId;
 

@@ -1,5 +1,12 @@
-//! One rank: its control client, its data client and the synthetic training
-//! workload that answers the coordinator, as a single machine.
+//! One rank: its control client, its data client (on the CPU plane) or its
+//! NCCL bootstrap rendezvous (on the NCCL plane), and its training loop (any
+//! [`Workload`]: the synthetic [`Trainer`](super::trainer::Trainer), or a real
+//! one), as a single machine.
+//!
+//! On the CPU plane the rank dials both relay legs at once. On the NCCL
+//! plane it first runs the bootstrap rendezvous with the controller, as
+//! flodl's rank does before its control handshake, and dials the control
+//! relay once it holds the unique id.
 
 use std::collections::BTreeMap;
 
@@ -9,19 +16,36 @@ use crate::rank::control_client::{ControlClient, ControlClientConfig, ControlEve
 use crate::rank::data_client::{
     Contribution, DataClient, DataClientConfig, DataClientEvent, SubmitError, TensorView,
 };
+use crate::rank::rendezvous_client::{RendezvousClient, RendezvousClientConfig, RendezvousClientEvent};
+use crate::rendezvous::UID_BYTES;
 use crate::time::{Time, earliest};
-use crate::wire::{ControlMsgWire, DEFAULT_FRAME_CEILING, Dtype, MacKey};
+use crate::wire::{ControlMsgWire, Dtype, MacKey};
 
-use super::trainer::{Action, Trainer, WorkloadConfig};
+use super::workload::{Action, Workload};
 use super::{tag_dial, untag_dial};
 
 const CONTROL: u8 = 0;
 const DATA: u8 = 1;
+const RENDEZVOUS: u8 = 2;
 
 /// After its data leg fails, a rank waits this long for its control leg's
 /// verdict before exiting with the data failure: when the controller dies,
 /// both relay legs close together, and the root cause is the coordinator.
 pub const DATA_LOSS_GRACE: core::time::Duration = core::time::Duration::from_secs(1);
+
+/// What a rank on the NCCL plane brings to the bootstrap rendezvous.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclBootstrap {
+    /// The controller's address.
+    pub controller: String,
+    /// The rank's host name.
+    pub host: String,
+    /// The dataset signature (all zeros: none configured).
+    pub dataset_sig: [u8; 32],
+    /// The unique id this rank offers if it is told to generate one (the
+    /// caller draws it: the machine has no randomness of its own).
+    pub uid: [u8; UID_BYTES],
+}
 
 /// A rank's configuration.
 #[derive(Debug, Clone)]
@@ -36,18 +60,26 @@ pub struct RankConfig {
     pub model_sig: [u8; 32],
     /// The host relay's control-leg address.
     pub control_addr: String,
-    /// The host relay's data-leg address.
-    pub data_addr: String,
+    /// The host relay's data-leg address (`None`: no CPU data plane).
+    pub data_addr: Option<String>,
+    /// The NCCL bootstrap, on the NCCL plane.
+    pub nccl: Option<NcclBootstrap>,
+    /// The frame ceiling of the data leg.
+    pub ceiling: u64,
     /// The network timeout scale.
-    pub scale: TimeoutScale,
-    /// The workload.
-    pub workload: WorkloadConfig,
+    pub timeout_scale: TimeoutScale,
 }
 
 /// What a rank reports.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RankEvent {
-    /// Both legs are connected.
+    /// The NCCL bootstrap rendezvous completed: the world's unique id
+    /// (every rank must hold the same).
+    NcclReady {
+        /// The id.
+        uid: Vec<u8>,
+    },
+    /// Every leg is connected.
     Connected,
     /// A coordinator command (beacons excepted).
     Command(ControlMsgWire),
@@ -86,19 +118,27 @@ pub enum RankEvent {
         /// Why.
         reason: String,
     },
+    /// The NCCL bootstrap rendezvous failed; the rank stopped.
+    RendezvousFailed {
+        /// Why.
+        reason: String,
+    },
 }
 
-/// One rank as a machine: dial both relay legs, run the workload, report.
+/// One rank as a machine: dial its legs, run the workload, report.
 ///
-/// Call [`RankNode::start`] once; it then runs until the coordinator shuts it
+/// It dials from its construction and runs until the coordinator shuts it
 /// down or is lost.
 #[derive(Debug)]
-pub struct RankNode {
+pub struct RankNode<W> {
     cfg: RankConfig,
-    control: ControlClient,
-    data: DataClient,
-    trainer: Trainer,
+    rendezvous: Option<RendezvousClient>,
+    control: Option<ControlClient>,
+    data: Option<DataClient>,
+    workload: W,
+    actions: Vec<Action>,
     owners: BTreeMap<ConnId, u8>,
+    /// Control leg connected; data leg connected (or absent).
     connected: (bool, bool),
     /// A submission that waits for the data leg.
     pending_submit: Option<(f64, Vec<f32>)>,
@@ -110,54 +150,71 @@ pub struct RankNode {
     out: Outbox<RankEvent>,
 }
 
-impl RankNode {
-    /// A rank (call [`RankNode::start`] to connect).
-    pub fn new(cfg: RankConfig) -> Self {
-        let control = ControlClient::new(ControlClientConfig {
-            rank: cfg.rank,
-            world_size: cfg.world_size,
-            key: cfg.key.clone(),
-            model_sig: cfg.model_sig,
-            relay_addr: cfg.control_addr.clone(),
-            scale: cfg.scale,
+impl<W: Workload> RankNode<W> {
+    /// Rank `cfg.rank` running `workload`, dialing at once: its relay legs,
+    /// or first the controller's rendezvous on the NCCL plane.
+    pub fn new(cfg: RankConfig, workload: W, now: Time) -> Self {
+        let data = cfg.data_addr.clone().map(|addr| {
+            let mut dcfg = DataClientConfig::new(cfg.rank, cfg.world_size, cfg.key.clone(), addr);
+            dcfg.ceiling = cfg.ceiling;
+            dcfg.timeout_scale = cfg.timeout_scale;
+            DataClient::new(dcfg, now)
         });
-        let mut dcfg =
-            DataClientConfig::new(cfg.rank, cfg.world_size, cfg.key.clone(), cfg.data_addr.clone());
-        dcfg.ceiling = DEFAULT_FRAME_CEILING;
-        dcfg.timeout_scale = cfg.scale;
-        let data = DataClient::new(dcfg);
-        let trainer = Trainer::new(cfg.workload.clone());
-        RankNode {
-            cfg,
-            control,
+        let rendezvous = cfg.nccl.clone().map(|n| {
+            let rcfg = RendezvousClientConfig {
+                rank: cfg.rank,
+                host: n.host,
+                dataset_sig: n.dataset_sig,
+                key: cfg.key.clone(),
+                controller: n.controller,
+                uid: n.uid,
+            };
+            RendezvousClient::new(rcfg, now)
+        });
+        let mut node = RankNode {
+            connected: (false, data.is_none()),
+            control: None,
+            rendezvous,
             data,
-            trainer,
+            workload,
+            actions: Vec::new(),
             owners: BTreeMap::new(),
-            connected: (false, false),
             pending_submit: None,
             rounds_submitted: 0,
             rounds_done: 0,
             data_lost: None,
             ended: false,
             out: Outbox::default(),
+            cfg,
+        };
+        if node.rendezvous.is_none() {
+            node.dial_control(now);
         }
+        node.pump(now);
+        node
     }
 
-    /// Dials both legs.
-    pub fn start(&mut self, now: Time) {
-        self.control.start(now);
-        self.data.start(now);
-        self.pump(now);
+    fn dial_control(&mut self, now: Time) {
+        let ccfg = ControlClientConfig {
+            rank: self.cfg.rank,
+            world_size: self.cfg.world_size,
+            key: self.cfg.key.clone(),
+            model_sig: self.cfg.model_sig,
+            relay_addr: self.cfg.control_addr.clone(),
+            timeout_scale: self.cfg.timeout_scale,
+        };
+        self.control = Some(ControlClient::new(ccfg, now));
     }
 
-    /// The workload (read-only).
-    pub fn trainer(&self) -> &Trainer {
-        &self.trainer
+    /// The workload.
+    pub fn workload(&self) -> &W {
+        &self.workload
     }
 
-    /// Slows the workload: batch times times `factor` from the next batch.
-    pub fn slow_down(&mut self, factor: f64) {
-        self.trainer.slow_down(factor);
+    /// The workload, to change it between events (its next wake-up is read
+    /// again after every input).
+    pub fn workload_mut(&mut self) -> &mut W {
+        &mut self.workload
     }
 
     /// The rank.
@@ -165,7 +222,7 @@ impl RankNode {
         self.cfg.rank
     }
 
-    /// Whether the rank has stopped (shut down or coordinator lost).
+    /// Whether the rank has stopped (shut down, coordinator lost, or a leg failed).
     pub fn is_ended(&self) -> bool {
         self.ended
     }
@@ -173,46 +230,68 @@ impl RankNode {
     /// The exit code a rank process would end with: 0 after a clean
     /// shutdown, 1 after a failure, `None` while it runs.
     pub fn exit_code(&self) -> Option<i32> {
-        self.ended.then_some(if self.trainer.is_done() { 0 } else { 1 })
+        self.ended.then_some(if self.workload.finished() { 0 } else { 1 })
     }
 
-    fn act(&mut self, now: Time, actions: Vec<Action>) {
-        for a in actions {
+    fn close_control(&mut self) {
+        if let Some(c) = self.control.as_mut() {
+            c.close();
+        }
+    }
+
+    /// Carries out the actions the workload pushed, in order.
+    fn act(&mut self, now: Time) {
+        let mut actions = core::mem::take(&mut self.actions);
+        for a in actions.drain(..) {
+            if let Action::Submit { mass, values } = a {
+                self.submit(now, mass, values);
+                continue;
+            }
+            let Some(control) = self.control.as_mut() else { continue };
             // A send can only fail once the control client has ended; the
             // loss is reported by its own event.
             let _ = match a {
                 Action::Batch { batch_ms, step_count, loss } => {
-                    self.control.report_batch(batch_ms, 0.0, step_count, loss)
+                    control.report_batch(batch_ms, 0.0, step_count, loss)
                 }
-                Action::Report(msg) => self.control.report(&msg),
-                Action::Metrics(m) => self.control.report_metrics(&m),
-                Action::Submit { mass, values } => {
-                    self.submit(now, mass, values);
-                    Ok(())
-                }
+                Action::Report(msg) => control.report(&msg),
+                Action::Metrics(m) => control.report_metrics(&m),
                 Action::Exit => {
-                    let _ = self.control.exiting();
-                    self.control.close();
+                    let _ = control.exiting();
+                    control.close();
                     self.end(RankEvent::Exited);
                     Ok(())
                 }
+                Action::Submit { .. } => Ok(()),
             };
         }
+        // Keep the buffer's allocation for the next call.
+        self.actions = actions;
     }
 
     fn submit(&mut self, now: Time, mass: f64, values: Vec<f32>) {
+        let Some(data) = self.data.as_mut() else {
+            // No CPU data plane: a contribution has nowhere to go.
+            return self.fail_data(now, "a contribution was submitted without a CPU data plane".into());
+        };
         let shape = [values.len() as u32];
         let views = [TensorView::new(&shape, &values)];
-        match self.data.submit_round(now, &Contribution::model(mass, Dtype::F32, &views)) {
+        match data.submit_round(now, &Contribution::model(mass, Dtype::F32, &views)) {
             Ok(()) => {
                 self.out.event(RankEvent::Submitted { round: self.rounds_submitted, mass, values });
                 self.rounds_submitted += 1;
             }
             Err(SubmitError::NotConnected) => self.pending_submit = Some((mass, values)),
             Err(e) => {
-                self.control.close();
+                self.close_control();
                 self.end(RankEvent::DataFailed { reason: format!("submit: {e}") });
             }
+        }
+    }
+
+    fn fail_data(&mut self, now: Time, reason: String) {
+        if !self.ended && self.data_lost.is_none() {
+            self.data_lost = Some((now + DATA_LOSS_GRACE, reason));
         }
     }
 
@@ -222,7 +301,7 @@ impl RankNode {
         }
         self.ended = true;
         for (conn, part) in core::mem::take(&mut self.owners) {
-            if part == DATA {
+            if part != CONTROL {
                 self.out.close(conn);
             }
         }
@@ -233,14 +312,21 @@ impl RankNode {
     fn pump(&mut self, now: Time) {
         loop {
             let mut progressed = false;
-            while let Some(o) = self.control.poll(now) {
+            while let Some(o) = self.rendezvous.as_mut().and_then(|r| r.poll(now)) {
+                progressed = true;
+                match o {
+                    Output::Event(e) => self.rendezvous_event(now, e),
+                    other => self.pass(RENDEZVOUS, other),
+                }
+            }
+            while let Some(o) = self.control.as_mut().and_then(|c| c.poll(now)) {
                 progressed = true;
                 match o {
                     Output::Event(e) => self.control_event(now, e),
                     other => self.pass(CONTROL, other),
                 }
             }
-            while let Some(o) = self.data.poll(now) {
+            while let Some(o) = self.data.as_mut().and_then(|d| d.poll(now)) {
                 progressed = true;
                 match o {
                     Output::Event(e) => self.data_event(now, e),
@@ -265,25 +351,44 @@ impl RankNode {
         }
     }
 
+    fn legs_connected(&mut self) {
+        if self.connected == (true, true) {
+            self.out.event(RankEvent::Connected);
+        }
+    }
+
+    fn rendezvous_event(&mut self, now: Time, e: RendezvousClientEvent) {
+        match e {
+            RendezvousClientEvent::Role(_) => {}
+            RendezvousClientEvent::Done { uid } => {
+                self.out.event(RankEvent::NcclReady { uid });
+                if !self.ended && self.control.is_none() {
+                    self.dial_control(now);
+                }
+            }
+            RendezvousClientEvent::Failed(why) => {
+                self.end(RankEvent::RendezvousFailed { reason: why.to_string() })
+            }
+        }
+    }
+
     fn control_event(&mut self, now: Time, e: ControlEvent) {
         match e {
             ControlEvent::Connected => {
                 self.connected.0 = true;
-                if self.connected.1 {
-                    self.out.event(RankEvent::Connected);
-                }
+                self.legs_connected();
             }
             ControlEvent::Control(msg) => {
                 if !matches!(msg, ControlMsgWire::CoordHeartbeat) {
                     self.out.event(RankEvent::Command(msg.clone()));
                 }
                 if !self.ended && self.data_lost.is_none() {
-                    let actions = self.trainer.on_control(now, &msg);
-                    self.act(now, actions);
+                    self.workload.on_command(now, &msg, &mut self.actions);
+                    self.act(now);
                 } else if !self.ended
                     && matches!(msg, ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. })
                 {
-                    self.control.close();
+                    self.close_control();
                     self.end(RankEvent::Exited);
                 }
             }
@@ -299,9 +404,7 @@ impl RankNode {
         match e {
             DataClientEvent::Connected => {
                 self.connected.1 = true;
-                if self.connected.0 {
-                    self.out.event(RankEvent::Connected);
-                }
+                self.legs_connected();
                 if let Some((mass, values)) = self.pending_submit.take() {
                     self.submit(now, mass, values);
                 }
@@ -309,26 +412,45 @@ impl RankNode {
             DataClientEvent::Consensus(result) => {
                 let (weight, keep_local) = (result.weight, result.keep_local);
                 let values = result.tensors.into_iter().next().map(|t| t.values).unwrap_or_default();
-                // The trainer reads the values before they move into the event
-                // (its actions run after the event, as before): no copy.
-                let actions = (!self.ended)
-                    .then(|| self.trainer.on_consensus(now, (!keep_local).then_some(values.as_slice())));
+                // The workload reads the values before they move into the event
+                // (its actions run after the event): no copy.
+                let live = !self.ended;
+                if live {
+                    let local = (!keep_local).then_some(values.as_slice());
+                    self.workload.on_consensus(now, local, &mut self.actions);
+                }
                 self.out.event(RankEvent::Consensus { round: self.rounds_done, weight, keep_local, values });
                 self.rounds_done += 1;
-                if let Some(actions) = actions {
-                    self.act(now, actions);
+                if live {
+                    self.act(now);
                 }
             }
-            DataClientEvent::Failed(err) => {
-                if !self.ended && self.data_lost.is_none() {
-                    self.data_lost = Some((now + DATA_LOSS_GRACE, err.to_string()));
+            DataClientEvent::Failed(err) => self.fail_data(now, err.to_string()),
+        }
+    }
+
+    fn part_handle(&mut self, now: Time, part: u8, input: Input<'_>) {
+        match part {
+            CONTROL => {
+                if let Some(c) = self.control.as_mut() {
+                    c.handle(now, input)
+                }
+            }
+            DATA => {
+                if let Some(d) = self.data.as_mut() {
+                    d.handle(now, input)
+                }
+            }
+            _ => {
+                if let Some(r) = self.rendezvous.as_mut() {
+                    r.handle(now, input)
                 }
             }
         }
     }
 }
 
-impl Machine for RankNode {
+impl<W: Workload> Machine for RankNode<W> {
     type Event = RankEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
@@ -336,51 +458,43 @@ impl Machine for RankNode {
             Input::Connected { dial, conn } => {
                 let (part, dial) = untag_dial(dial);
                 self.owners.insert(conn, part);
-                let inner = Input::Connected { dial, conn };
-                match part {
-                    CONTROL => self.control.handle(now, inner),
-                    _ => self.data.handle(now, inner),
-                }
+                self.part_handle(now, part, Input::Connected { dial, conn });
             }
             Input::DialFailed { dial } => {
                 let (part, dial) = untag_dial(dial);
-                match part {
-                    CONTROL => self.control.handle(now, Input::DialFailed { dial }),
-                    _ => self.data.handle(now, Input::DialFailed { dial }),
-                }
+                self.part_handle(now, part, Input::DialFailed { dial });
             }
             Input::Received { conn, .. } | Input::Closed { conn, .. } => {
                 let part = self.owners.get(&conn).copied();
                 if matches!(input, Input::Closed { .. }) {
                     self.owners.remove(&conn);
                 }
-                match part {
-                    Some(CONTROL) => self.control.handle(now, input),
-                    Some(_) => self.data.handle(now, input),
-                    None => {}
+                if let Some(part) = part {
+                    self.part_handle(now, part, input);
                 }
             }
             Input::Accepted { conn, .. } => self.out.close(conn),
             Input::Timeout => {
-                if self.control.poll_timeout().is_some_and(|t| t <= now) {
-                    self.control.handle(now, Input::Timeout);
+                let due = |t: Option<Time>| t.is_some_and(|t| t <= now);
+                if due(self.rendezvous.as_ref().and_then(Machine::poll_timeout)) {
+                    self.part_handle(now, RENDEZVOUS, Input::Timeout);
                 }
-                if self.data.poll_timeout().is_some_and(|t| t <= now) {
-                    self.data.handle(now, Input::Timeout);
+                if due(self.control.as_ref().and_then(Machine::poll_timeout)) {
+                    self.part_handle(now, CONTROL, Input::Timeout);
+                }
+                if due(self.data.as_ref().and_then(Machine::poll_timeout)) {
+                    self.part_handle(now, DATA, Input::Timeout);
                 }
                 if let Some((deadline, reason)) = self.data_lost.clone()
                     && now >= deadline
                     && !self.ended
                 {
-                    self.control.close();
+                    self.close_control();
                     self.end(RankEvent::DataFailed { reason });
                 }
-                if !self.ended
-                    && self.data_lost.is_none()
-                    && self.trainer.next_wake().is_some_and(|t| t <= now)
-                {
-                    let actions = self.trainer.on_timeout(now);
-                    self.act(now, actions);
+                if !self.ended && self.data_lost.is_none() && due(self.workload.next_wake()) {
+                    self.workload.on_wake(now, &mut self.actions);
+                    self.act(now);
                 }
             }
         }
@@ -392,11 +506,17 @@ impl Machine for RankNode {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        let clients = earliest(self.control.poll_timeout(), self.data.poll_timeout());
+        let clients = [
+            self.rendezvous.as_ref().and_then(Machine::poll_timeout),
+            self.control.as_ref().and_then(Machine::poll_timeout),
+            self.data.as_ref().and_then(Machine::poll_timeout),
+        ]
+        .into_iter()
+        .fold(None, earliest);
         match (&self.data_lost, self.ended) {
             (_, true) => clients,
             (Some((deadline, _)), false) => earliest(clients, Some(*deadline)),
-            (None, false) => earliest(clients, self.trainer.next_wake()),
+            (None, false) => earliest(clients, self.workload.next_wake()),
         }
     }
 }

@@ -3,13 +3,16 @@
 //! a small f32 model whose every update is known.
 //!
 //! Pure and deterministic: time comes in, its randomness is a seeded
-//! SplitMix64 stream of its own, and it answers with [`Action`]s that the
-//! [`RankNode`](super::rank::RankNode) carries out over the rank's clients.
+//! SplitMix64 stream of its own, and, as a [`Workload`], it answers with
+//! [`Action`]s that the [`RankNode`](super::rank::RankNode) carries out over
+//! the rank's clients.
 
 use std::collections::VecDeque;
 
 use core::time::Duration;
 
+use super::envelope::WorkloadSpec;
+use super::workload::{Action, Workload};
 use crate::reduce::gamma_mass;
 use crate::time::Time;
 use crate::wire::{ControlMsgWire, EpochPlanWire, MetricsMsgWire, TimingMsgWire};
@@ -38,33 +41,19 @@ impl WorkloadConfig {
     pub fn new(rank: u32, batch_ms: f64, seed: u64) -> Self {
         WorkloadConfig { rank, batch_size: 1, batch_ms, spread: 0.2, model_elems: 8, gamma: 1.0, seed }
     }
-}
 
-/// What the workload asks its rank to do.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Action {
-    /// Report a finished batch (`Timing::Batch`).
-    Batch {
-        /// Compute time.
-        batch_ms: f64,
-        /// The step counter after it.
-        step_count: u64,
-        /// Its loss.
-        loss: f64,
-    },
-    /// Send any other timing report.
-    Report(TimingMsgWire),
-    /// Send a metrics report (work ran out in this epoch).
-    Metrics(MetricsMsgWire),
-    /// Submit the current model, pre-scaled by `mass`, to the data plane.
-    Submit {
-        /// The contribution's mass.
-        mass: f64,
-        /// The values submitted (the model as it stands).
-        values: Vec<f32>,
-    },
-    /// Leave: announce `Exiting`, then close.
-    Exit,
+    /// Rank `rank` training `spec`, its batches `batch_ms` +- `spread`.
+    pub fn for_rank(rank: u32, spec: &WorkloadSpec, batch_ms: f64, spread: f64, seed: u64) -> Self {
+        WorkloadConfig {
+            rank,
+            batch_size: spec.batch_size,
+            batch_ms,
+            spread,
+            model_elems: spec.model_elems,
+            gamma: spec.gamma,
+            seed,
+        }
+    }
 }
 
 /// Why the workload is not running batches.
@@ -164,16 +153,6 @@ impl Trainer {
         self.nccl_session
     }
 
-    /// Whether it was told to stop.
-    pub fn is_done(&self) -> bool {
-        self.done
-    }
-
-    /// When the batch in progress completes.
-    pub fn next_wake(&self) -> Option<Time> {
-        self.batch.map(|(end, ..)| end)
-    }
-
     /// Every sample processed so far, as `(epoch, first, count)` runs.
     pub fn processed(&self) -> &[(u64, u64, u64)] {
         &self.processed
@@ -236,12 +215,11 @@ impl Trainer {
         m
     }
 
-    /// The batch in progress finished (call at [`Trainer::next_wake`]).
-    pub fn on_timeout(&mut self, now: Time) -> Vec<Action> {
-        let mut out = Vec::new();
-        let Some((end, ms, n, first)) = self.batch else { return out };
+    /// The batch in progress finished (at [`Workload::next_wake`]).
+    fn batch_done(&mut self, now: Time, out: &mut Vec<Action>) {
+        let Some((end, ms, n, first)) = self.batch else { return };
         if now < end {
-            return out;
+            return;
         }
         self.batch = None;
         self.step_count += 1;
@@ -264,11 +242,10 @@ impl Trainer {
         }
         if self.snapshot_pending {
             self.snapshot_pending = false;
-            self.submit(&mut out);
+            self.submit(out);
         } else {
             self.start_batch(now);
         }
-        out
     }
 
     fn start_epoch(&mut self, now: Time, plan: &EpochPlanWire, out: &mut Vec<Action>) {
@@ -282,12 +259,10 @@ impl Trainer {
         self.start_batch(now);
     }
 
-    /// A coordinator command.
-    pub fn on_control(&mut self, now: Time, msg: &ControlMsgWire) -> Vec<Action> {
-        let mut out = Vec::new();
+    fn command(&mut self, now: Time, msg: &ControlMsgWire, out: &mut Vec<Action>) {
         let me = u64::from(self.cfg.rank);
         match msg {
-            ControlMsgWire::StartEpoch(plan) => self.start_epoch(now, plan, &mut out),
+            ControlMsgWire::StartEpoch(plan) => self.start_epoch(now, plan, out),
             ControlMsgWire::ExtendPartition { partition_offset, partition_size } => {
                 if *partition_size > 0 {
                     self.work.push_back((*partition_offset, *partition_size));
@@ -299,7 +274,7 @@ impl Trainer {
                 if self.batch.is_some() {
                     self.snapshot_pending = true;
                 } else {
-                    self.submit(&mut out);
+                    self.submit(out);
                 }
             }
             ControlMsgWire::SyncNow => {
@@ -319,7 +294,7 @@ impl Trainer {
                     self.hold = Hold::Free;
                 }
                 if let Some(plan) = next_plan {
-                    self.start_epoch(now, plan, &mut out);
+                    self.start_epoch(now, plan, out);
                 } else {
                     self.start_batch(now);
                 }
@@ -357,12 +332,9 @@ impl Trainer {
             }
             _ => {}
         }
-        out
     }
 
-    /// The consensus of the submitted round arrived (`None`: keep local state).
-    pub fn on_consensus(&mut self, now: Time, values: Option<&[f32]>) -> Vec<Action> {
-        let mut out = Vec::new();
+    fn consensus(&mut self, now: Time, values: Option<&[f32]>, out: &mut Vec<Action>) {
         if let Some(v) = values
             && v.len() == self.model.len()
         {
@@ -380,6 +352,27 @@ impl Trainer {
             pre_norm: None,
         }));
         self.start_batch(now);
-        out
+    }
+}
+
+impl Workload for Trainer {
+    fn on_command(&mut self, now: Time, msg: &ControlMsgWire, out: &mut Vec<Action>) {
+        self.command(now, msg, out);
+    }
+
+    fn on_consensus(&mut self, now: Time, values: Option<&[f32]>, out: &mut Vec<Action>) {
+        self.consensus(now, values, out);
+    }
+
+    fn on_wake(&mut self, now: Time, out: &mut Vec<Action>) {
+        self.batch_done(now, out);
+    }
+
+    fn next_wake(&self) -> Option<Time> {
+        self.batch.map(|(end, ..)| end)
+    }
+
+    fn finished(&self) -> bool {
+        self.done
     }
 }

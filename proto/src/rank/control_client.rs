@@ -48,7 +48,7 @@ pub struct ControlClientConfig {
     /// The relay's loopback address.
     pub relay_addr: String,
     /// The network timeout scale.
-    pub scale: TimeoutScale,
+    pub timeout_scale: TimeoutScale,
 }
 
 /// Why the coordinator is considered gone.
@@ -129,7 +129,6 @@ impl std::error::Error for SendError {}
 
 #[derive(Debug)]
 enum State {
-    Idle,
     Handshaking(Box<Dialer<ControlHandshake>>),
     Connected {
         conn: ConnId,
@@ -152,10 +151,9 @@ enum State {
 /// use cohort_proto::{Machine, Output, Time};
 /// let cfg = ControlClientConfig {
 ///     rank: 1, world_size: 2, key: MacKey::new(&SessionSalt::from_bytes([9; 16])),
-///     model_sig: [0; 32], relay_addr: "127.0.0.1:7000".into(), scale: TimeoutScale::ONE,
+///     model_sig: [0; 32], relay_addr: "127.0.0.1:7000".into(), timeout_scale: TimeoutScale::ONE,
 /// };
-/// let mut c = ControlClient::new(cfg);
-/// c.start(Time::ZERO);
+/// let mut c = ControlClient::new(cfg, Time::ZERO);
 /// assert!(matches!(c.poll(Time::ZERO), Some(Output::Dial { .. })));
 /// ```
 #[derive(Debug)]
@@ -175,32 +173,24 @@ fn ceiling() -> u64 {
 }
 
 impl ControlClient {
-    /// A client (call [`ControlClient::start`] to dial).
-    pub fn new(cfg: ControlClientConfig) -> Self {
-        let liveness = cfg.scale.scaled(COORD_LIVENESS);
-        ControlClient {
+    /// A client for `cfg`, dialing the relay and starting the handshake at once.
+    pub fn new(cfg: ControlClientConfig, now: Time) -> Self {
+        let liveness = cfg.timeout_scale.scaled(COORD_LIVENESS);
+        let kind = ControlHandshake { key: cfg.key.clone(), world_size: cfg.world_size };
+        let fields = ControlHelloFields { rank: cfg.rank, model_sig: cfg.model_sig };
+        let budget = cfg.timeout_scale.scaled(HANDSHAKE);
+        let dialer = Dialer::new(kind, fields, cfg.relay_addr.clone(), None, budget, now);
+        let mut c = ControlClient {
             cfg,
             liveness,
-            state: State::Idle,
+            state: State::Handshaking(Box::new(dialer)),
             queued: Vec::new(),
             step_count: 0,
             dead: BTreeSet::new(),
             out: Outbox::default(),
-        }
-    }
-
-    /// Dials the relay and starts the handshake.
-    pub fn start(&mut self, now: Time) {
-        if !matches!(self.state, State::Idle) {
-            return;
-        }
-        let kind = ControlHandshake { key: self.cfg.key.clone(), world_size: self.cfg.world_size };
-        let fields = ControlHelloFields { rank: self.cfg.rank, model_sig: self.cfg.model_sig };
-        let budget = self.cfg.scale.scaled(HANDSHAKE);
-        let mut d = Dialer::new(kind, fields, self.cfg.relay_addr.clone(), None, budget);
-        d.start(now);
-        self.state = State::Handshaking(Box::new(d));
-        self.drain_dialer(now);
+        };
+        c.drain_dialer(now);
+        c
     }
 
     /// Peers known dead: from `DeclareDead`, or all of them once the
@@ -279,7 +269,7 @@ impl ControlClient {
                 self.out.close(conn);
                 self.out.event(ControlEvent::Closed);
             }
-            State::Handshaking(_) | State::Idle => self.out.event(ControlEvent::Closed),
+            State::Handshaking(_) => self.out.event(ControlEvent::Closed),
             State::Ended => {}
         }
     }
@@ -452,7 +442,7 @@ impl Machine for ControlClient {
             State::Connected { next_heartbeat, .. } => {
                 Some(self.liveness_deadline().map_or(*next_heartbeat, |d| d.min(*next_heartbeat)))
             }
-            State::Idle | State::Ended => None,
+            State::Ended => None,
         }
     }
 }

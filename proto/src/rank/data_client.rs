@@ -18,8 +18,7 @@
 //! use cohort_proto::wire::{Dtype, MacKey, SessionSalt};
 //! use cohort_proto::{ConnId, DialId, Input, Machine, Output, Time};
 //! let key = MacKey::new(&SessionSalt::from_bytes([4; 16]));
-//! let mut c = DataClient::new(DataClientConfig::new(1, 2, key, "127.0.0.1:7001"));
-//! c.start(Time::ZERO);
+//! let mut c = DataClient::new(DataClientConfig::new(1, 2, key, "127.0.0.1:7001"), Time::ZERO);
 //! assert!(matches!(c.poll(Time::ZERO), Some(Output::Dial { .. })));
 //! c.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: ConnId(5) });
 //! let Some(Output::Transmit { bytes, .. }) = c.poll(Time::ZERO) else { panic!() };
@@ -210,7 +209,6 @@ pub enum DataClientEvent {
 
 #[derive(Debug)]
 enum State {
-    Idle,
     Handshaking(Box<Dialer<DataHandshake>>),
     Ready { conn: ConnId },
     Failed,
@@ -305,32 +303,24 @@ pub struct DataClient {
 }
 
 impl DataClient {
-    /// A client for `cfg` (call [`DataClient::start`] to dial).
-    pub fn new(cfg: DataClientConfig) -> Self {
-        DataClient {
+    /// A client for `cfg`, dialing the relay and starting the handshake at once.
+    pub fn new(cfg: DataClientConfig, now: Time) -> Self {
+        let budget = cfg.timeout_scale.scaled(defaults::HANDSHAKE);
+        let kind = DataHandshake { world_size: cfg.world_size };
+        let dialer = Dialer::new(kind, cfg.rank, cfg.relay.clone(), None, budget, now);
+        let mut c = DataClient {
             len: LenDecoder::new(cfg.ceiling),
             dec: RoundDecoder::new(cfg.ceiling),
             cfg,
-            state: State::Idle,
+            state: State::Handshaking(Box::new(dialer)),
             pending: None,
             rx: Vec::new(),
             rx_weight: 0.0,
             rx_done: false,
             out: Outbox::default(),
-        }
-    }
-
-    /// Dials the relay and starts the handshake.
-    pub fn start(&mut self, now: Time) {
-        if !matches!(self.state, State::Idle) {
-            return;
-        }
-        let budget = self.cfg.timeout_scale.scaled(defaults::HANDSHAKE);
-        let kind = DataHandshake { world_size: self.cfg.world_size };
-        let mut d = Box::new(Dialer::new(kind, self.cfg.rank, self.cfg.relay.clone(), None, budget));
-        d.start(now);
-        self.state = State::Handshaking(d);
-        self.drain_dialer(now);
+        };
+        c.drain_dialer(now);
+        c
     }
 
     /// Whether rounds may be submitted.
@@ -528,7 +518,7 @@ impl Machine for DataClient {
                     _ => {}
                 }
             }
-            State::Idle | State::Failed => {
+            State::Failed => {
                 if let Input::Connected { conn, .. } = input {
                     self.out.close(conn);
                 }

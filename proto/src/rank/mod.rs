@@ -1,4 +1,6 @@
-//! A rank's clients: the control client and the data client.
+//! A rank's clients: the control client, the data client, and the NCCL
+//! bootstrap rendezvous client.
 
 pub mod control_client;
 pub mod data_client;
+pub mod rendezvous_client;

@@ -7,7 +7,7 @@ use core::fmt;
 
 use super::sum::{Consensus, RoundSum, verify_layout};
 use crate::config::{TimeoutScale, defaults};
-use crate::machine::{CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
     DEFAULT_FRAME_CEILING, MacKey, MuxDecoder, MuxRecord, Payload, RelayControlMsg, WireError, encode_control,
@@ -195,7 +195,7 @@ struct Host {
 /// ```
 /// use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
 /// use cohort_proto::wire::*;
-/// use cohort_proto::{ConnId, Machine, Output, Peer, Time};
+/// use cohort_proto::{Adopt, ConnId, Machine, Output, Peer, Time};
 /// let key = MacKey::new(&SessionSalt::from_bytes([2; 16]));
 /// let mut reduce = Reduce::new(ReduceConfig::new(2, key.clone()));
 /// let hello = MuxRecord::Control(RelayControlMsg::Hello {
@@ -234,26 +234,6 @@ impl Reduce {
             round: 0,
             stopped: false,
             out: Outbox::default(),
-        }
-    }
-
-    /// Takes over an accepted data-channel connection whose channel magic the
-    /// router already consumed; `first` holds bytes that followed it.
-    pub fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
-        if self.stopped {
-            self.out.close(conn);
-            return;
-        }
-        let deadline = now + self.cfg.timeout_scale.scaled(defaults::HANDSHAKE);
-        let host = Host {
-            state: HostState::Hello { deadline },
-            // Until its hello verifies, a relay may only send a hello's worth.
-            dec: MuxDecoder::new(defaults::MAX_HELLO_BYTES as u64),
-            mid_since: None,
-        };
-        self.hosts.insert(conn, host);
-        if !first.is_empty() {
-            self.received(now, conn, first);
         }
     }
 
@@ -533,6 +513,28 @@ impl Reduce {
             }
         }
         self.try_complete();
+    }
+}
+
+impl Adopt for Reduce {
+    /// Takes over an accepted data-channel connection whose channel magic the
+    /// router already consumed; `first` holds bytes that followed it.
+    fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
+        if self.stopped {
+            self.out.close(conn);
+            return;
+        }
+        let deadline = now + self.cfg.timeout_scale.scaled(defaults::HANDSHAKE);
+        let host = Host {
+            state: HostState::Hello { deadline },
+            // Until its hello verifies, a relay may only send a hello's worth.
+            dec: MuxDecoder::new(defaults::MAX_HELLO_BYTES as u64),
+            mid_since: None,
+        };
+        self.hosts.insert(conn, host);
+        if !first.is_empty() {
+            self.received(now, conn, first);
+        }
     }
 }
 

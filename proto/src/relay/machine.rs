@@ -21,7 +21,7 @@ use crate::wire::{
 pub const UPSTREAM_DIAL: DialId = DialId(1);
 
 /// A relay's configuration (plain data).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RelayConfig {
     /// The channel served.
     pub leg: Leg,
@@ -265,12 +265,6 @@ enum Acc {
 type Admission = AcceptorEvent<(u32, [u8; 32])>;
 
 impl Acc {
-    fn adopt(&mut self, now: Time, conn: ConnId) {
-        match self {
-            Acc::Control(a) => a.adopt(now, conn, &[]),
-            Acc::Data(a) => a.adopt(now, conn, &[]),
-        }
-    }
     fn handle(&mut self, now: Time, input: Input<'_>) {
         match self {
             Acc::Control(a) => a.handle(now, input),
@@ -921,7 +915,7 @@ impl Machine for Relay {
                     return;
                 }
                 self.handshaking.insert(conn);
-                self.acceptor.adopt(now, conn);
+                self.acceptor.handle(now, input);
                 self.drain_acceptor(now);
             }
             Input::Connected { dial, conn } => {

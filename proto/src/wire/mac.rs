@@ -31,7 +31,7 @@ type HmacSha256 = Hmac<Sha256>;
 /// st.update(b"bc");
 /// assert_eq!(st.finish(), key.mac64(b"abc"));
 /// ```
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct MacKey {
     inner: [u32; 8],
     outer: [u32; 8],

@@ -6,10 +6,10 @@
 use std::process::Command;
 use std::time::Duration;
 
-use cohort_driver_mio::cluster::compose::RunKnobs;
-use cohort_driver_mio::cluster::demo::{self, DemoOptions, Kill};
-use cohort_driver_mio::cluster::{ClusterEvent, Source, http};
+use cohort::cluster::demo::{self, DemoOptions, Kill};
+use cohort::cluster::{ClusterEvent, Source, http};
 use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::node::controller::RunKnobs;
 use cohort_proto::node::controller::{ControllerEvent, Outcome};
 
 /// A short run: 2 hosts x 2 ranks, 2 epochs of 400 samples in 5 ms
@@ -51,7 +51,7 @@ fn demo_forms_trains_survives_a_kill_and_every_consensus_matches() {
             }
         }
         if let ClusterEvent::Listening { addr: a } = &s.event {
-            addr = Some(*a);
+            addr = a.parse().ok();
         }
     })
     .expect("demo runs");
@@ -65,7 +65,8 @@ fn demo_forms_trains_survives_a_kill_and_every_consensus_matches() {
     // three survivors' copies of each round.
     assert!(report.check.deliveries_checked >= 3 * report.check.rounds, "{:?}", report.check);
 
-    let (code, body) = state.expect("state.json asked at formation");
+    let answer = state.expect("state.json asked at formation");
+    let (code, body) = (answer.status, answer.body);
     assert_eq!(code, 200);
     let v: serde_json::Value = serde_json::from_str(&body).expect("state.json is JSON");
     assert_eq!(v["joined_ranks"], 4);

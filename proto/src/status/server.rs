@@ -1,4 +1,4 @@
-//! The HTTP status responder on the controller's single port: `GET /` and
+//! The status responder on the controller's single port: `GET /` and
 //! `GET /state.json` serve the membership snapshot, `POST /start` arms the
 //! operator start switch. One request per connection, parsed with httparse;
 //! the request head must arrive within 5 s and 2048 bytes, and the
@@ -17,7 +17,7 @@
 //! use cohort_proto::status::*;
 //! use cohort_proto::join::{ClusterPhase, StartMode};
 //! use cohort_proto::wire::SessionSalt;
-//! use cohort_proto::{ConnId, Input, Machine, Output, Peer, Time};
+//! use cohort_proto::{Adopt, ConnId, Input, Machine, Output, Peer, Time};
 //!
 //! #[derive(Debug, Default)]
 //! struct Fixed { armed: bool }
@@ -48,7 +48,7 @@ use core::time::Duration;
 
 use crate::config::defaults;
 use crate::join::{ClusterPhase, StartMode};
-use crate::machine::{CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::SessionSalt;
 
@@ -451,12 +451,6 @@ impl<B: StatusBackend> StatusServer<B> {
         StatusServer { responder, backend }
     }
 
-    /// Takes over an HTTP connection routed by the port router (`first`
-    /// includes the 4 routing bytes).
-    pub fn adopt(&mut self, now: Time, conn: ConnId, peer: Peer, first: &[u8]) {
-        self.responder.adopt_with(now, conn, peer, first, &mut self.backend);
-    }
-
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.backend
@@ -465,6 +459,14 @@ impl<B: StatusBackend> StatusServer<B> {
     /// The backend, mutably.
     pub fn backend_mut(&mut self) -> &mut B {
         &mut self.backend
+    }
+}
+
+impl<B: StatusBackend> Adopt for StatusServer<B> {
+    /// Takes over an HTTP connection routed by the port router (`first`
+    /// includes the 4 routing bytes).
+    fn adopt(&mut self, now: Time, conn: ConnId, peer: Peer, first: &[u8]) {
+        self.responder.adopt_with(now, conn, peer, first, &mut self.backend);
     }
 }
 

@@ -1,30 +1,26 @@
-//! Whole cohort nodes on real sockets: the controller, worker hosts (agent,
-//! relays, ranks) and the local demo cluster, composed exactly as the
-//! simulator composes them (`sim/src/cluster.rs`), one thread per node.
+//! Whole cohort nodes on real sockets, one thread per node on the mio
+//! driver: the controller, worker hosts (proto's [`HostNode`] composition,
+//! the one the simulator plays) and the local demo cluster.
 //!
 //! - [`NodeThread`]: one machine on a [`Runner`] on its own thread, with a
 //!   crash switch ([`NodeThread::kill`]: the sockets close unflushed, as when
 //!   a process dies) and a clean stop;
-//! - [`Stamped`]: every node's events, tagged with their [`Source`] and the
-//!   instant, merged onto one channel;
-//! - [`compose`]: the driver-agnostic parts (machine builders from the
-//!   knobs), shared with other drivers;
-//! - [`host::MioHost`]: a worker host: its agent, and once the world forms,
-//!   its two relays and its ranks;
-//! - [`check::ConsensusCheck`]: every consensus against the exact weighted
-//!   mean of the contributions it folded, and every rank's copy against it;
+//! - [`Stamped`] events from every node, tagged with their [`Source`] and the
+//!   instant on one shared [`Clock`], merged onto one channel;
+//! - [`host::MioHost`]: a worker host: its [`HostNode`], and the relays and
+//!   ranks it asks for once the world forms;
 //! - [`describe`]: events as human lines and JSON lines;
-//! - [`demo`]: `cohort demo`, a whole cluster on loopback;
-//! - [`http`]: the operator's `status` / `start` requests.
+//! - [`demo`]: `cohort demo`, a whole cluster on loopback, every consensus
+//!   checked by proto's consensus oracle;
+//! - [`http`]: the operator's blocking `status` / `start` requests.
+//!
+//! [`HostNode`]: cohort_proto::node::host::HostNode
 
-pub mod check;
-pub mod compose;
 pub mod demo;
 pub mod describe;
 pub mod host;
 pub mod http;
 
-use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
@@ -33,86 +29,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::thread::JoinHandle;
 
-use cohort_proto::join::client::ClientEvent;
-use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode};
-use cohort_proto::node::rank::RankEvent;
-use cohort_proto::relay::{Leg, RelayEvent};
+use cohort_driver_mio::{Clock, Config, Driver, NodeEvent, Remote, Runner};
+pub use cohort_proto::node::cluster::{ClusterEvent, Source, Stamped};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNode};
 use cohort_proto::{Machine, Time};
-
-use crate::{Clock, Config, Driver, NodeEvent, Remote, Runner};
-
-/// Which node an event comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    /// The controller.
-    Controller,
-    /// The agent of the named host.
-    Agent(String),
-    /// A relay of the named host.
-    Relay(String, Leg),
-    /// A global rank.
-    Rank(u32),
-    /// The process running the cluster (the demo, a test).
-    Launcher,
-}
-
-impl fmt::Display for Source {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Source::Controller => f.write_str("controller"),
-            Source::Agent(h) => write!(f, "{h}/agent"),
-            Source::Relay(h, Leg::Control) => write!(f, "{h}/relay-control"),
-            Source::Relay(h, Leg::Data) => write!(f, "{h}/relay-data"),
-            Source::Rank(r) => write!(f, "rank {r}"),
-            Source::Launcher => f.write_str("launcher"),
-        }
-    }
-}
-
-/// An event of some node of the cluster.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ClusterEvent {
-    /// The controller's.
-    Controller(ControllerEvent),
-    /// An agent's (join client).
-    Agent(ClientEvent),
-    /// A relay's.
-    Relay(RelayEvent),
-    /// A rank's.
-    Rank(RankEvent),
-    /// A rank's process ended (its node stopped); its agent reported `code`.
-    RankExit {
-        /// The exit code (137: killed).
-        code: i32,
-    },
-    /// A connect attempt failed; another follows after the backoff.
-    DialRetry {
-        /// The attempt that failed (1-based).
-        attempt: u32,
-        /// Attempts in the budget.
-        attempts: u32,
-        /// Why.
-        error: io::ErrorKind,
-    },
-    /// The node listens at this address (the controller's single port).
-    Listening {
-        /// The bound address.
-        addr: SocketAddr,
-    },
-    /// Something the launcher or a host did or saw (spawned nodes, a kill, an error).
-    Note(String),
-}
-
-/// An event, where it came from and when (on the cluster's shared [`Clock`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Stamped {
-    /// The instant, on the shared clock.
-    pub at: Time,
-    /// The node.
-    pub source: Source,
-    /// What happened.
-    pub event: ClusterEvent,
-}
+use core::fmt;
 
 /// Where a cluster's nodes send their events (one merged, ordered-per-node stream).
 pub type Sink = Sender<Stamped>;
@@ -129,7 +50,7 @@ pub fn forward<E>(
     let event = match e {
         NodeEvent::Machine(e) => wrap(e),
         NodeEvent::DialRetry { attempt, attempts, error, .. } => {
-            ClusterEvent::DialRetry { attempt, attempts, error }
+            ClusterEvent::DialRetry { attempt, attempts, error: error.to_string() }
         }
     };
     // A launcher that stopped listening does not stop the node.
@@ -272,17 +193,18 @@ pub fn shutdown_all<M: Machine>(nodes: impl IntoIterator<Item = NodeThread<M>>) 
 }
 
 /// Starts the controller: a [`ControllerNode`] whose join window opens now,
-/// listening at `bind`, its events going to `sink`.
+/// serving `listener` (bound by the caller, so the address it advertises in
+/// every envelope is known first), its events going to `sink`.
 pub fn spawn_controller(
     cfg: ControllerConfig,
-    bind: SocketAddr,
+    listener: std::net::TcpListener,
     config: Config,
     clock: Clock,
     sink: Sink,
 ) -> io::Result<NodeThread<ControllerNode>> {
     let node = ControllerNode::new(cfg, clock.now()).map_err(|e| io::Error::other(e.to_string()))?;
     let mut runner = Runner::with_clock(node, config, clock)?;
-    runner.listen(bind)?;
+    runner.driver().adopt_listener(listener)?;
     NodeThread::spawn("controller", runner, move |d, e| {
         forward(&sink, d.now(), &Source::Controller, e, ClusterEvent::Controller);
         ControlFlow::Continue(())

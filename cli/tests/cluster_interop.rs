@@ -10,18 +10,20 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cohort_driver_mio::cluster::check::ConsensusCheck;
-use cohort_driver_mio::cluster::compose::{HostWorld, RunKnobs, agent, controller_config, os_salt};
-use cohort_driver_mio::cluster::host::{HostParams, MioHost, stop_all};
-use cohort_driver_mio::cluster::{ClusterEvent, Sink, Source, Stamped, shutdown_all, spawn_controller};
+use cohort::cluster::host::{HostParams, MioHost, stop_all};
+use cohort::cluster::{ClusterEvent, Sink, Source, Stamped, shutdown_all, spawn_controller};
+use cohort_driver_core::os_salt;
 use cohort_driver_smol::{Clock, Config, Events, Node, NodeEvent, NodeHandle};
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::join::client::{ClientEvent, JoinClient};
-use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerEvent, Outcome};
+use cohort_proto::join::ledger::{JoinConfig, JoinOffer, StartMode, TrustMode};
+use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
+use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
+use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RankEnd, RelayListen};
 use cohort_proto::node::rank::{RankEvent, RankNode};
+use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::{Leg, Relay, RelayEvent};
+use cohort_proto::testing::oracle::ConsensusOracle;
 use smol::stream::StreamExt;
 
 /// A safety net against a hung test, not a synchronisation device.
@@ -44,7 +46,7 @@ fn forward<E: Send + 'static>(
             let event = match e {
                 NodeEvent::Machine(e) => wrap(e),
                 NodeEvent::DialRetry { attempt, attempts, error, .. } => {
-                    ClusterEvent::DialRetry { attempt, attempts, error }
+                    ClusterEvent::DialRetry { attempt, attempts, error: error.to_string() }
                 }
             };
             send(&sink, clock, &source, event);
@@ -52,12 +54,12 @@ fn forward<E: Send + 'static>(
     })
 }
 
-/// A worker host on the smol driver: the same composition as
-/// `cohort_driver_mio::cluster::host::MioHost`.
+/// A worker host on the smol driver: proto's `HostNode`, whose relays and
+/// ranks are smol tasks (the mio host does the same with threads).
 struct SmolHost {
-    agent: NodeHandle<JoinClient>,
+    agent: NodeHandle<HostNode>,
     relays: Arc<Mutex<Vec<NodeHandle<Relay>>>>,
-    ranks: Arc<Mutex<Vec<NodeHandle<RankNode>>>>,
+    ranks: Arc<Mutex<Vec<NodeHandle<RankNode<Trainer>>>>>,
 }
 
 impl SmolHost {
@@ -69,67 +71,85 @@ impl SmolHost {
         clock: Clock,
         sink: Sink,
     ) -> SmolHost {
-        let mut node =
-            Node::with_clock(agent(&controller, name, ranks, None, scale), Config::scaled(scale), clock);
-        node.with(|a, now| a.start(now));
+        let offer = JoinOffer::new(name, (0..ranks as u8).collect(), [0; 32]);
+        let cfg = HostConfig::new(offer, controller, None, scale, RelayListen::Ephemeral);
+        let node = Node::with_clock(HostNode::new(cfg, clock.now()), Config::scaled(scale), clock);
         let (handle, mut events) = node.spawn();
         let host = SmolHost { agent: handle.clone(), relays: Arc::default(), ranks: Arc::default() };
         let (relays, rank_nodes, name) = (host.relays.clone(), host.ranks.clone(), name.to_owned());
         smol::spawn(async move {
-            let source = Source::Agent(name.clone());
+            let source = Source::Host(name.as_str().into());
             while let Some(e) = events.next().await {
                 let NodeEvent::Machine(e) = e else { continue };
-                let formed = match &e {
-                    ClientEvent::WorldFormed { envelope_hex, .. } => Some(envelope_hex.clone()),
-                    _ => None,
-                };
-                send(&sink, clock, &source, ClusterEvent::Agent(e));
-                let Some(hex) = formed else { continue };
-                let (n, up) = (name.clone(), controller.clone());
-                let world = handle.with(move |a, _| HostWorld::from_agent(a, &hex, &n, &up, scale)).await;
-                let world = world.expect("agent running").expect("a readable world");
-                let mut addrs = Vec::new();
-                for leg in [Leg::Control, Leg::Data] {
-                    let mut relay = Node::with_clock(world.relay(leg).unwrap(), Config::scaled(scale), clock);
-                    addrs.push(relay.listen(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).unwrap().to_string());
-                    let (h, ev) = relay.spawn();
-                    forward(ev, sink.clone(), clock, Source::Relay(name.clone(), leg), ClusterEvent::Relay)
+                send(&sink, clock, &source, ClusterEvent::Host(e.clone()));
+                match e {
+                    HostEvent::StartRelay { relay, listen: None } => {
+                        let leg = relay.leg;
+                        let mut node =
+                            Node::with_clock(Relay::new(relay).unwrap(), Config::scaled(scale), clock);
+                        let addr =
+                            node.listen(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).unwrap().to_string();
+                        let (h, ev) = node.spawn();
+                        forward(
+                            ev,
+                            sink.clone(),
+                            clock,
+                            Source::Relay(name.as_str().into(), leg),
+                            ClusterEvent::Relay,
+                        )
                         .detach();
-                    relays.lock().unwrap().push(h);
-                }
-                for &r in &world.ranks {
-                    let mut rank = Node::with_clock(
-                        world.rank(r, addrs[0].clone(), addrs[1].clone(), 5.0, 0.2),
-                        Config::scaled(scale),
-                        clock,
-                    );
-                    rank.with(|m, now| m.start(now));
-                    let (h, mut ev) = rank.spawn();
-                    rank_nodes.lock().unwrap().push(h.clone());
-                    let (agent, sink) = (handle.clone(), sink.clone());
-                    smol::spawn(async move {
-                        while let Some(e) = ev.next().await {
-                            let NodeEvent::Machine(e) = e else { continue };
-                            let ends = matches!(
-                                e,
-                                RankEvent::Exited
-                                    | RankEvent::CoordinatorLost { .. }
-                                    | RankEvent::DataFailed { .. }
-                            );
-                            send(&sink, clock, &Source::Rank(r), ClusterEvent::Rank(e));
-                            if ends {
-                                // The rank process exits; its agent reports the code.
-                                let code = h.with(|m, _| m.exit_code().unwrap_or(1)).await.unwrap_or(1);
-                                let _ = agent.send(move |a, _| {
-                                    let _ = a.report_rank_exit(r, code);
-                                });
-                                send(&sink, clock, &Source::Rank(r), ClusterEvent::RankExit { code });
-                                h.shutdown().await;
-                                break;
+                        relays.lock().unwrap().push(h);
+                        handle
+                            .with(move |host, now| host.relay_listening(now, leg, &addr))
+                            .await
+                            .unwrap()
+                            .unwrap();
+                    }
+                    HostEvent::StartRank(spec) => {
+                        let r = spec.rank;
+                        let w = WorkloadConfig::for_rank(
+                            r,
+                            &spec.workload.unwrap_or_default(),
+                            5.0,
+                            0.2,
+                            u64::from(r),
+                        );
+                        let rank = RankNode::new(spec.rank_config([0; 128]), Trainer::new(w), clock.now());
+                        let (h, mut ev) = Node::with_clock(rank, Config::scaled(scale), clock).spawn();
+                        rank_nodes.lock().unwrap().push(h.clone());
+                        let (agent, sink) = (handle.clone(), sink.clone());
+                        smol::spawn(async move {
+                            while let Some(e) = ev.next().await {
+                                let NodeEvent::Machine(e) = e else { continue };
+                                let ends = matches!(
+                                    e,
+                                    RankEvent::Exited
+                                        | RankEvent::CoordinatorLost { .. }
+                                        | RankEvent::DataFailed { .. }
+                                        | RankEvent::RendezvousFailed { .. }
+                                );
+                                send(&sink, clock, &Source::Rank(r), ClusterEvent::Rank(e));
+                                if ends {
+                                    // The rank process exits; its agent reports it.
+                                    let end =
+                                        RankEnd::from_code(h.with(|m, _| m.exit_code()).await.ok().flatten());
+                                    let _ = agent.send(move |a, now| {
+                                        let _ = a.rank_ended(now, r, end);
+                                    });
+                                    send(
+                                        &sink,
+                                        clock,
+                                        &Source::Rank(r),
+                                        ClusterEvent::RankExit { code: end.code() },
+                                    );
+                                    h.shutdown().await;
+                                    break;
+                                }
                             }
-                        }
-                    })
-                    .detach();
+                        })
+                        .detach();
+                    }
+                    _ => {}
                 }
             }
         })
@@ -169,23 +189,27 @@ fn controller_on_mio_hosts_on_smol_and_mio_agree_on_every_round() {
         start_mode: StartMode::Auto,
         ..JoinConfig::default()
     };
-    let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let listener = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).unwrap();
+    let at = listener.local_addr().unwrap();
     // A loopback bind admits openly: both agents get the salt in their accept.
     let trust = TrustMode::resolve(&join, true);
     let knobs =
         RunKnobs { epochs: 2, samples_per_epoch: 400, batch_size: 1, sync_every: 5, model_elems: 128 };
-    let cfg = controller_config(join, os_salt().unwrap(), trust, scale, &knobs).unwrap();
+    let advertise = ControllerAddr { host: at.ip().to_string(), port: at.port() };
+    let cfg =
+        ControllerConfig::from_knobs(join, os_salt().unwrap(), trust, scale, advertise, &knobs).unwrap();
     let mio_clock = cohort_driver_mio::Clock::start();
     let smol_clock = Clock::with_origin(mio_clock.origin());
     let (sink, rx) = mpsc::channel();
     let controller =
-        spawn_controller(cfg, bind, cohort_driver_mio::Config::scaled(scale), mio_clock, sink.clone())
+        spawn_controller(cfg, listener, cohort_driver_mio::Config::scaled(scale), mio_clock, sink.clone())
             .unwrap();
-    let addr = controller.addr().unwrap().to_string();
+    let addr = at.to_string();
 
     let smol_host = SmolHost::spawn("smol-host", 2, addr.clone(), scale, smol_clock, sink.clone());
     let mut p = HostParams::new("mio-host", 2, addr, scale);
     p.batch_ms = 5.0;
+    p.workload = WorkloadSpec { model_elems: 128, ..WorkloadSpec::default() };
     p.clock = mio_clock;
     let mio_host = MioHost::spawn(p, sink.clone()).unwrap();
 
@@ -222,7 +246,7 @@ fn controller_on_mio_hosts_on_smol_and_mio_agree_on_every_round() {
         let shipped = events
             .iter()
             .filter(|s| {
-                matches!(&s.source, Source::Relay(h, Leg::Data) if h == host)
+                matches!(&s.source, Source::Relay(h, Leg::Data) if &**h == host)
                     && matches!(
                         s.event,
                         ClusterEvent::Relay(RelayEvent::HostFrameShipped { deposits: 2, .. })
@@ -233,8 +257,10 @@ fn controller_on_mio_hosts_on_smol_and_mio_agree_on_every_round() {
     }
 
     // Every consensus is the exact weighted mean of what was folded.
-    let mut check = ConsensusCheck::default();
-    events.iter().for_each(|s| check.observe(s));
+    let mut check = ConsensusOracle::default();
+    events.iter().for_each(|s| {
+        check.observe(&s.source, &s.event);
+    });
     let summary = check.finish();
     assert!(summary.ok(), "{:?}", summary.violations);
     assert!(summary.rounds >= 10 && summary.rounds_checked == summary.rounds, "{summary:?}");

@@ -13,19 +13,20 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use cohort_driver_mio::cluster::check::ConsensusCheck;
-use cohort_driver_mio::cluster::compose::{RunKnobs, controller_config};
-use cohort_driver_mio::cluster::host::{HostParams, MioHost, stop_all};
-use cohort_driver_mio::cluster::{ClusterEvent, Source, Stamped, shutdown_all, spawn_controller};
+use cohort::cluster::host::{HostParams, MioHost, stop_all};
+use cohort::cluster::{ClusterEvent, Source, Stamped, shutdown_all, spawn_controller};
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::CoordEvent;
 use cohort_proto::join::client::join_frame;
 use cohort_proto::join::ledger::{JoinConfig, JoinOffer, StartMode, TrustMode};
 use cohort_proto::join::window::{JoinEvent, RejectReason};
+use cohort_proto::node::controller::{ControllerConfig, RunKnobs};
 use cohort_proto::node::controller::{ControllerEvent, Outcome};
+use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::reduce::{HostRefusal, ReduceEvent};
 use cohort_proto::route::{RouteDrop, RouteEvent};
+use cohort_proto::testing::oracle::ConsensusOracle;
 use cohort_proto::wire::{
     CONTROL_FRAME_MAGIC, CONTROL_PROTOCOL_VERSION, Channel, MUX_PROTOCOL_VERSION, MUX_RECORD_MAGIC, Problem,
     SessionSalt, WireError,
@@ -122,7 +123,7 @@ struct Watch {
     events: Vec<Stamped>,
     /// The controller's events among them, kept as they arrive.
     ctrl: Vec<ControllerEvent>,
-    check: ConsensusCheck,
+    check: ConsensusOracle,
 }
 
 impl Watch {
@@ -136,7 +137,7 @@ impl Watch {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
                 Ok(s) => {
-                    self.check.observe(&s);
+                    self.check.observe(&s.source, &s.event);
                     if let (Source::Controller, ClusterEvent::Controller(e)) = (&s.source, &s.event) {
                         self.ctrl.push(e.clone());
                     }
@@ -200,14 +201,15 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
         ..JoinConfig::default()
     };
     let knobs = RunKnobs { epochs: 3, samples_per_epoch: 400, batch_size: 1, sync_every: 5, model_elems: 64 };
-    let cfg = controller_config(join, salt, TrustMode::PreShared, scale, &knobs).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let advertise = ControllerAddr { host: addr.ip().to_string(), port: addr.port() };
+    let cfg =
+        ControllerConfig::from_knobs(join, salt, TrustMode::PreShared, scale, advertise, &knobs).unwrap();
     let clock = Clock::start();
     let (sink, rx) = mpsc::channel();
-    let controller =
-        spawn_controller(cfg, "127.0.0.1:0".parse().unwrap(), Config::scaled(scale), clock, sink.clone())
-            .unwrap();
-    let addr = controller.addr().unwrap();
-    let mut w = Watch { rx, events: Vec::new(), ctrl: Vec::new(), check: ConsensusCheck::default() };
+    let controller = spawn_controller(cfg, listener, Config::scaled(scale), clock, sink.clone()).unwrap();
+    let mut w = Watch { rx, events: Vec::new(), ctrl: Vec::new(), check: ConsensusOracle::default() };
 
     // While the window is open, before any worker: a wrong-salt hello, a
     // join frame claiming 4 GiB, a control-channel dial nobody serves yet,
@@ -279,7 +281,7 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
     shutdown_all([controller]);
     drop(sink);
     while let Ok(s) = w.rx.try_recv() {
-        w.check.observe(&s);
+        w.check.observe(&s.source, &s.event);
         w.events.push(s);
     }
     let ctrl = w.ctrl.clone();

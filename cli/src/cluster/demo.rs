@@ -5,25 +5,27 @@
 //! close unflushed, its agent reports exit 137); the coordinator declares it
 //! dead and hands its remaining samples to the survivors; the run finishes.
 //! Every consensus is checked against the exact weighted mean of what was
-//! folded into it ([`ConsensusCheck`]), and every rank's copy against it.
+//! folded into it (proto's [`ConsensusOracle`], the simulator's consensus
+//! check), and every rank's copy against it.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use cohort_driver_core::os_salt;
+use cohort_driver_mio::{Clock, Config};
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::CoordEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerEvent, Outcome};
+use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
+use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::status::StatusEvent;
+use cohort_proto::testing::oracle::{CheckSummary, ConsensusOracle};
 
-use super::check::{CheckSummary, ConsensusCheck};
-use super::compose::{RunKnobs, controller_config, os_salt};
 use super::host::{HostParams, MioHost, stop_all};
 use super::{ClusterEvent, Sink, Source, Stamped, shutdown_all, spawn_controller};
-use crate::{Clock, Config};
 
 /// How long after the run's end the launcher waits for every rank to exit.
 pub const EXIT_GRACE: Duration = Duration::from_secs(10);
@@ -279,12 +281,16 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
         ..JoinConfig::default()
     };
     let trust = TrustMode::resolve(&join, opts.bind.ip().is_loopback());
-    let cfg = controller_config(join, salt, trust, opts.scale, &opts.knobs)?;
     let config = Config::scaled(opts.scale);
-    let controller = spawn_controller(cfg, opts.bind, config.clone(), clock, sink.clone())
-        .map_err(|e| format!("controller on {}: {e}", opts.bind))?;
-    let addr = controller.addr().ok_or("the controller has no listener")?;
-    let listening = ClusterEvent::Listening { addr };
+    let listener =
+        std::net::TcpListener::bind(opts.bind).map_err(|e| format!("controller on {}: {e}", opts.bind))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let advertise = ControllerAddr { host: addr.ip().to_string(), port: addr.port() };
+    let cfg = ControllerConfig::from_knobs(join, salt, trust, opts.scale, advertise, &opts.knobs)
+        .map_err(|e| e.to_string())?;
+    let controller = spawn_controller(cfg, listener, config.clone(), clock, sink.clone())
+        .map_err(|e| format!("controller on {addr}: {e}"))?;
+    let listening = ClusterEvent::Listening { addr: addr.to_string() };
     let _ = sink.send(Stamped { at: clock.now(), source: Source::Controller, event: listening });
     let pre_shared = (trust == TrustMode::PreShared).then_some(salt);
     let mut hosts = Vec::new();
@@ -292,17 +298,22 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
         let mut p = HostParams::new(format!("host-{i}"), opts.ranks_per_host, addr.to_string(), opts.scale);
         p.pre_shared = pre_shared;
         p.batch_ms = opts.batch_ms;
+        p.workload = opts.knobs.workload();
         p.config = config.clone();
         p.clock = clock;
         hosts.push(MioHost::spawn(p, sink.clone()).map_err(|e| format!("host-{i}: {e}"))?);
     }
     let mut watch = Watch::default();
-    let mut check = ConsensusCheck::default();
+    let mut check = ConsensusOracle::default();
     let mut kill_skipped = None;
     let mut pending_kill = opts.kill;
     let mut gave_up = None;
-    let mut handle = |s: Stamped, watch: &mut Watch, check: &mut ConsensusCheck| {
-        check.observe(&s);
+    let mut handle = |s: Stamped, watch: &mut Watch, check: &mut ConsensusOracle| {
+        let found = check.observe(&s.source, &s.event);
+        let all = &check.summary().violations;
+        for v in &all[all.len() - found..] {
+            tracing::error!(what = %v, "consensus check");
+        }
         watch.observe(&s);
         on_event(&s);
     };

@@ -1,36 +1,34 @@
-//! The consensus check of a live cluster: every round the controller reduced
-//! is recomputed in f64 as the exact mass-weighted mean of the contributions
-//! folded into it, and every rank's copy of every round must be exactly the
-//! reduced values. The same rule as the simulator's checker
-//! (`sim/src/check.rs`, `Checker::consensus`), on events that arrive from
-//! many threads.
+//! The consensus oracle: every round the controller reduced, recomputed in
+//! f64 as the exact mass-weighted mean of the contributions folded into it
+//! (lengths checked), and every rank's copy of every round compared with the
+//! reduced values. It reads the cluster's events in any arrival order, so the
+//! simulator and a cluster on real sockets (events from many threads) use it
+//! alike.
 //!
-//! A round is identified from three sources: the data relay's
+//! A round is pieced together from three sources: the data relay's
 //! `HostFrameShipped{ranks}` (which ranks' frames a host frame holds, in
 //! shipping order per host), the reduce's `Consensus{contributors}` (which
 //! host frames the round summed; hosts are named by their `HostJoined`), and
-//! each rank's `Submitted{mass, values}` (consumed in order per rank). Events
-//! of different nodes reach the checker in any order, so a round waits until
-//! everything it needs has arrived; what still waits at [`ConsensusCheck::finish`]
-//! is a violation.
+//! each rank's `Submitted{mass, values}` (consumed in order per rank). A
+//! round waits until everything it needs has arrived; what still waits at
+//! [`ConsensusOracle::finish`] is a violation.
 //!
 //! ```
-//! use cohort_driver_mio::cluster::check::ConsensusCheck;
-//! let mut check = ConsensusCheck::default();
-//! assert_eq!(check.finish().rounds_checked, 0);
+//! use cohort_proto::testing::oracle::ConsensusOracle;
+//! let mut oracle = ConsensusOracle::default();
+//! assert_eq!(oracle.finish().rounds_checked, 0);
 //! ```
 
 use std::collections::{BTreeMap, VecDeque};
 
-use cohort_proto::ConnId;
-use cohort_proto::node::controller::ControllerEvent;
-use cohort_proto::node::rank::RankEvent;
-use cohort_proto::reduce::ReduceEvent;
-use cohort_proto::relay::{Leg, RelayEvent};
+use crate::machine::ConnId;
+use crate::node::cluster::{ClusterEvent, Source};
+use crate::node::controller::ControllerEvent;
+use crate::node::rank::RankEvent;
+use crate::reduce::ReduceEvent;
+use crate::relay::{Leg, RelayEvent};
 
-use super::{ClusterEvent, Source, Stamped};
-
-/// What the check found.
+/// What the oracle found.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CheckSummary {
     /// Rounds reduced.
@@ -69,7 +67,7 @@ struct Delivery {
 
 /// Watches a cluster's events and checks every consensus.
 #[derive(Debug, Default)]
-pub struct ConsensusCheck {
+pub struct ConsensusOracle {
     host_of: BTreeMap<ConnId, String>,
     shipped: BTreeMap<String, VecDeque<Vec<u32>>>,
     submitted: BTreeMap<u32, VecDeque<(f64, Vec<f32>)>>,
@@ -77,14 +75,29 @@ pub struct ConsensusCheck {
     /// Every reduced round: its weight and values, by round number.
     reduced: Vec<(f64, Option<Vec<f32>>)>,
     deliveries: BTreeMap<u32, VecDeque<Delivery>>,
+    /// Ranks whose next delivery waits for its round to be reduced.
+    waiting: std::collections::BTreeSet<u32>,
     received: BTreeMap<u32, u64>,
+    /// Events arrive in causal order (the simulator): what a round or a
+    /// delivery needs has arrived before it, or never will.
+    causal: bool,
     summary: CheckSummary,
 }
 
-impl ConsensusCheck {
+impl ConsensusOracle {
+    /// An oracle for events that arrive in causal order, as the simulator
+    /// delivers them: a round is checked the moment it is reduced and a rank's
+    /// copy the moment it arrives, so a violation is named at its instant.
+    pub fn causal() -> Self {
+        ConsensusOracle { causal: true, ..ConsensusOracle::default() }
+    }
+
     /// Feeds one event (any node's; the irrelevant ones are ignored).
-    pub fn observe(&mut self, s: &Stamped) {
-        match (&s.source, &s.event) {
+    /// Returns how many new violations it revealed (see
+    /// [`ConsensusOracle::summary`]).
+    pub fn observe(&mut self, source: &Source, event: &ClusterEvent) -> usize {
+        let before = self.summary.violations.len();
+        match (source, event) {
             (Source::Controller, ClusterEvent::Controller(ControllerEvent::Reduce(e))) => match e {
                 ReduceEvent::HostJoined { conn, host, .. } => {
                     self.host_of.insert(*conn, host.clone());
@@ -102,6 +115,10 @@ impl ConsensusCheck {
                         values,
                         contributors: contributors.clone(),
                     });
+                    self.settle_rounds();
+                    for r in core::mem::take(&mut self.waiting) {
+                        self.settle_deliveries(r);
+                    }
                 }
                 _ => {}
             },
@@ -109,10 +126,12 @@ impl ConsensusCheck {
                 Source::Relay(host, Leg::Data),
                 ClusterEvent::Relay(RelayEvent::HostFrameShipped { ranks, .. }),
             ) => {
-                self.shipped.entry(host.clone()).or_default().push_back(ranks.clone());
+                self.shipped.entry(host.to_string()).or_default().push_back(ranks.clone());
+                self.settle_rounds();
             }
             (Source::Rank(r), ClusterEvent::Rank(RankEvent::Submitted { mass, values, .. })) => {
                 self.submitted.entry(*r).or_default().push_back((*mass, values.clone()));
+                self.settle_rounds();
             }
             (
                 Source::Rank(r),
@@ -126,13 +145,22 @@ impl ConsensusCheck {
                 } else {
                     *k += 1;
                 }
-                let d =
-                    Delivery { k: *round, weight: *weight, keep_local: *keep_local, values: values.clone() };
-                self.deliveries.entry(*r).or_default().push_back(d);
+                if self.causal {
+                    self.deliver(*r, *round, *weight, *keep_local, values);
+                } else {
+                    let d = Delivery {
+                        k: *round,
+                        weight: *weight,
+                        keep_local: *keep_local,
+                        values: values.clone(),
+                    };
+                    self.deliveries.entry(*r).or_default().push_back(d);
+                    self.settle_deliveries(*r);
+                }
             }
             _ => {}
         }
-        self.settle();
+        self.summary.violations.len() - before
     }
 
     /// The summary so far (rounds still waiting for their events are not
@@ -144,7 +172,7 @@ impl ConsensusCheck {
     /// Ends the check: whatever still waits for events that never came is a
     /// violation.
     pub fn finish(&mut self) -> CheckSummary {
-        self.settle();
+        self.settle_rounds();
         if let Some(r) = self.pending.front() {
             let msg = format!(
                 "round {}: never saw every host frame and submission it summed ({} rounds unchecked)",
@@ -167,34 +195,45 @@ impl ConsensusCheck {
     }
 
     fn violation(&mut self, what: String) {
-        tracing::error!(%what, "consensus check");
         self.summary.violations.push(what);
     }
 
-    fn settle(&mut self) {
-        while self.pending.front().is_some_and(|r| self.ready(r)) {
+    fn settle_rounds(&mut self) {
+        while self.pending.front().is_some_and(|r| self.causal || self.ready(r)) {
             let Some(r) = self.pending.pop_front() else { break };
             self.check_round(&r);
         }
-        let ranks: Vec<u32> = self.deliveries.keys().copied().collect();
-        for r in ranks {
-            while let Some(d) = self.deliveries.get(&r).and_then(VecDeque::front) {
-                let Some((w, v)) = self.reduced.get(d.k as usize) else { break };
-                let verdict = if w.to_bits() != d.weight.to_bits() {
-                    Some(format!("rank {r} round {}: weight {} differs from the reduce's {w}", d.k, d.weight))
-                } else if !d.keep_local && v.as_deref() != Some(d.values.as_slice()) {
-                    Some(format!("rank {r} round {}: its consensus differs from the reduced values", d.k))
-                } else {
-                    None
-                };
-                if let Some(q) = self.deliveries.get_mut(&r) {
-                    q.pop_front();
-                }
-                self.summary.deliveries_checked += 1;
-                if let Some(v) = verdict {
-                    self.violation(v);
-                }
+    }
+
+    /// Checks rank `r`'s copy of round `k` against what was reduced.
+    fn deliver(&mut self, r: u32, k: u64, weight: f64, keep_local: bool, values: &[f32]) {
+        let verdict = match self.reduced.get(k as usize) {
+            None => Some(format!("rank {r} received a consensus for round {k} that was never reduced")),
+            Some((w, _)) if w.to_bits() != weight.to_bits() => {
+                Some(format!("rank {r} round {k}: weight {weight} differs from the reduce's {w}"))
             }
+            Some((_, v)) if !keep_local && v.as_deref() != Some(values) => {
+                Some(format!("rank {r} round {k}: its consensus differs from the reduced values"))
+            }
+            Some(_) => None,
+        };
+        self.summary.deliveries_checked += 1;
+        if let Some(v) = verdict {
+            self.violation(v);
+        }
+    }
+
+    fn settle_deliveries(&mut self, r: u32) {
+        while let Some(d) = self.deliveries.get_mut(&r).and_then(VecDeque::pop_front) {
+            if self.reduced.len() as u64 <= d.k {
+                // Its round is not reduced yet: wait for it.
+                if let Some(q) = self.deliveries.get_mut(&r) {
+                    q.push_front(d);
+                }
+                self.waiting.insert(r);
+                return;
+            }
+            self.deliver(r, d.k, d.weight, d.keep_local, &d.values);
         }
     }
 
@@ -293,16 +332,15 @@ impl ConsensusCheck {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reduce::{Consensus, ConsensusTensor};
+    use crate::wire::{Dtype, RoundKind};
     use bytes::Bytes;
-    use cohort_proto::Time;
-    use cohort_proto::reduce::{Consensus, ConsensusTensor};
-    use cohort_proto::wire::{Dtype, RoundKind};
 
-    fn ev(source: Source, event: ClusterEvent) -> Stamped {
-        Stamped { at: Time::ZERO, source, event }
+    fn ev(source: Source, event: ClusterEvent) -> (Source, ClusterEvent) {
+        (source, event)
     }
 
-    fn consensus(round: u64, weight: f64, values: Vec<f32>) -> Stamped {
+    fn consensus(round: u64, weight: f64, values: Vec<f32>) -> (Source, ClusterEvent) {
         let tensor =
             ConsensusTensor { dtype: Dtype::F32, shape: vec![values.len() as u32], values: Some(values) };
         let consensus = Consensus { kind: RoundKind::Model, weight, tensors: vec![tensor] };
@@ -319,7 +357,7 @@ mod tests {
     }
 
     fn feed(
-        check: &mut ConsensusCheck,
+        check: &mut ConsensusOracle,
         reduced: Vec<f32>,
         delivered: Vec<f32>,
         order: &[usize],
@@ -363,7 +401,7 @@ mod tests {
             ),
         ];
         for &i in order {
-            check.observe(&events[i]);
+            check.observe(&events[i].0, &events[i].1);
         }
         check.finish()
     }
@@ -372,7 +410,7 @@ mod tests {
     fn the_exact_weighted_mean_passes_in_any_arrival_order() {
         // (1*1 + 3*5)/4 = 4, (1*2 + 3*6)/4 = 5.
         for order in [[0, 1, 2, 3, 4, 5], [0, 4, 5, 3, 2, 1], [0, 5, 4, 1, 3, 2]] {
-            let s = feed(&mut ConsensusCheck::default(), vec![4.0, 5.0], vec![4.0, 5.0], &order);
+            let s = feed(&mut ConsensusOracle::default(), vec![4.0, 5.0], vec![4.0, 5.0], &order);
             assert!(s.ok(), "{order:?}: {:?}", s.violations);
             assert_eq!((s.rounds, s.rounds_checked, s.deliveries_checked), (1, 1, 1));
         }
@@ -380,10 +418,10 @@ mod tests {
 
     #[test]
     fn a_wrong_mean_or_a_wrong_copy_is_named() {
-        let s = feed(&mut ConsensusCheck::default(), vec![4.0, 5.01], vec![4.0, 5.01], &[0, 1, 2, 3, 4, 5]);
+        let s = feed(&mut ConsensusOracle::default(), vec![4.0, 5.01], vec![4.0, 5.01], &[0, 1, 2, 3, 4, 5]);
         assert_eq!(s.violations.len(), 1);
         assert!(s.violations[0].contains("round 0 element 1"), "{:?}", s.violations);
-        let s = feed(&mut ConsensusCheck::default(), vec![4.0, 5.0], vec![4.0, 5.5], &[0, 1, 2, 3, 4, 5]);
+        let s = feed(&mut ConsensusOracle::default(), vec![4.0, 5.0], vec![4.0, 5.5], &[0, 1, 2, 3, 4, 5]);
         assert_eq!(
             s.violations,
             vec!["rank 1 round 0: its consensus differs from the reduced values".to_owned()]
@@ -393,7 +431,7 @@ mod tests {
     #[test]
     fn a_round_whose_events_never_came_is_a_violation() {
         // The relay's HostFrameShipped (event 3) never arrives.
-        let s = feed(&mut ConsensusCheck::default(), vec![4.0, 5.0], vec![4.0, 5.0], &[0, 1, 2, 4, 5]);
+        let s = feed(&mut ConsensusOracle::default(), vec![4.0, 5.0], vec![4.0, 5.0], &[0, 1, 2, 4, 5]);
         assert_eq!(s.rounds_checked, 0);
         assert!(s.violations[0].starts_with("round 0: never saw"), "{:?}", s.violations);
     }

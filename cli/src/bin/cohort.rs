@@ -5,17 +5,19 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use cohort_driver_mio::cluster::compose::{RunKnobs, controller_config, os_salt};
-use cohort_driver_mio::cluster::demo::{self, DemoOptions, Kill};
-use cohort_driver_mio::cluster::describe::{Narrator, json_of, log_line};
-use cohort_driver_mio::cluster::host::{HostParams, MioHost};
-use cohort_driver_mio::cluster::{ClusterEvent, Source, Stamped, http, shutdown_all, spawn_controller};
-use cohort_driver_mio::wire_tool::{self, WireCmd};
+use cohort::cluster::demo::{self, DemoOptions, Kill};
+use cohort::cluster::describe::{Narrator, json_of, log_line};
+use cohort::cluster::host::{HostParams, MioHost};
+use cohort::cluster::{ClusterEvent, Source, Stamped, http, shutdown_all, spawn_controller};
+use cohort::wire_tool::{self, WireCmd};
+use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::client::ClientEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerEvent, Outcome};
+use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
+use cohort_proto::node::envelope::ControllerAddr;
+use cohort_proto::node::host::{HostEvent, RelayListen};
 use cohort_proto::wire::SessionSalt;
 
 /// cohort: the control plane of an elastic distributed-training cluster,
@@ -142,6 +144,11 @@ struct ControllerArgs {
     /// The session salt, 32 hex digits (default: fresh from the OS RNG).
     #[arg(long)]
     salt: Option<String>,
+    /// The host name every worker's envelope gives for the controller
+    /// (default: the bound address; a worker's agent replaces it with the
+    /// address it joined at).
+    #[arg(long)]
+    advertise: Option<String>,
     /// After the run ends, keep serving this many seconds (so agents hear
     /// the end and state.json shows it).
     #[arg(long, default_value_t = 2.0)]
@@ -170,8 +177,29 @@ struct AgentArgs {
     /// keyed with zeros (open admission) and the salt comes with the accept.
     #[arg(long)]
     salt: Option<String>,
+    /// Where the host's relays listen: ports the system picks (several
+    /// hosts on one machine), or flodl's layout (the controller's port + 5
+    /// and + 4 on loopback, where flodl's ranks look).
+    #[arg(long, value_enum, default_value_t = RelayPorts::Ephemeral)]
+    relay_ports: RelayPorts,
+    /// What the ranks train when the controller does not say (a flodl
+    /// controller never does): samples per batch and model elements.
+    #[arg(long, default_value_t = 1)]
+    batch_size: u64,
+    /// Elements of the synthetic model, when the controller does not say.
+    #[arg(long, default_value_t = 256)]
+    model_elems: u32,
     #[command(flatten)]
     common: Common,
+}
+
+/// Where a host's relays listen.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RelayPorts {
+    /// Ports the system picks.
+    Ephemeral,
+    /// The controller's port + 5 (control) and + 4 (data), on loopback.
+    Flodl,
 }
 
 #[derive(Debug, Args)]
@@ -295,13 +323,22 @@ fn controller(a: ControllerArgs) -> i32 {
     } else {
         TrustMode::resolve(&join, a.bind.ip().is_loopback())
     };
-    let cfg = match controller_config(join, salt, trust, scale, &a.run.knobs()) {
+    let listener = match std::net::TcpListener::bind(a.bind) {
+        Ok(l) => l,
+        Err(e) => return fail(&format!("listening on {}: {e}", a.bind)),
+    };
+    let advertise = match (&a.advertise, listener.local_addr()) {
+        (Some(h), Ok(at)) => ControllerAddr { host: h.clone(), port: at.port() },
+        (None, Ok(at)) => ControllerAddr { host: at.ip().to_string(), port: at.port() },
+        (_, Err(e)) => return fail(&format!("listening on {}: {e}", a.bind)),
+    };
+    let cfg = match ControllerConfig::from_knobs(join, salt, trust, scale, advertise, &a.run.knobs()) {
         Ok(c) => c,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&e.to_string()),
     };
     let clock = Clock::start();
     let (sink, events) = mpsc::channel();
-    let node = match spawn_controller(cfg, a.bind, Config::scaled(scale), clock, sink) {
+    let node = match spawn_controller(cfg, listener, Config::scaled(scale), clock, sink) {
         Ok(n) => n,
         Err(e) => return fail(&format!("listening on {}: {e}", a.bind)),
     };
@@ -353,6 +390,12 @@ fn agent(a: AgentArgs) -> i32 {
     let mut p = HostParams::new(a.host.clone(), a.ranks, a.connect.clone(), scale);
     p.pre_shared = pre_shared;
     p.batch_ms = a.batch_ms;
+    p.relay_listen = match a.relay_ports {
+        RelayPorts::Ephemeral => RelayListen::Ephemeral,
+        RelayPorts::Flodl => RelayListen::Flodl,
+    };
+    p.workload =
+        RunKnobs { batch_size: a.batch_size, model_elems: a.model_elems, ..RunKnobs::default() }.workload();
     let host = match MioHost::spawn(p, sink) {
         Ok(h) => h,
         Err(e) => return fail(&format!("starting the agent: {e}")),
@@ -368,14 +411,18 @@ fn agent(a: AgentArgs) -> i32 {
         };
         show(&mut narrator, &s, a.common.json);
         match (&s.source, &s.event) {
-            (Source::Agent(_), ClusterEvent::Agent(ClientEvent::Admitted { ranks: r, .. })) => {
-                ranks = r.len()
-            }
-            (Source::Agent(_), ClusterEvent::Agent(ClientEvent::Failed(_))) => break 1,
-            (Source::Agent(_), ClusterEvent::Agent(ClientEvent::LinkEnded(_))) if !host.is_spawned() => {
+            (
+                Source::Host(_),
+                ClusterEvent::Host(HostEvent::Agent(ClientEvent::Admitted { ranks: r, .. })),
+            ) => ranks = r.len(),
+            (Source::Host(_), ClusterEvent::Host(HostEvent::Agent(ClientEvent::Failed(_)))) => break 1,
+            (Source::Host(_), ClusterEvent::Host(HostEvent::Agent(ClientEvent::LinkEnded(_))))
+                if !host.is_spawned() =>
+            {
                 break 1;
             }
-            (Source::Agent(_), ClusterEvent::Note(n)) if !host.is_spawned() => {
+            (Source::Host(_), ClusterEvent::Host(HostEvent::Refused(_))) => break 1,
+            (Source::Host(_), ClusterEvent::Note(n)) if n.starts_with("could not start") => {
                 tracing::error!("{n}");
                 break 1;
             }
@@ -398,15 +445,15 @@ fn agent(a: AgentArgs) -> i32 {
 
 fn status(addr: &str) -> i32 {
     match http::request(addr, "GET", "/state.json", Duration::from_secs(5)) {
-        Ok((200, body)) => {
-            match serde_json::from_str::<serde_json::Value>(&body) {
-                Ok(v) => emit(serde_json::to_string_pretty(&v).unwrap_or(body)),
-                Err(_) => emit(body),
+        Ok(a) if a.status == 200 => {
+            match serde_json::from_str::<serde_json::Value>(&a.body) {
+                Ok(v) => emit(serde_json::to_string_pretty(&v).unwrap_or(a.body)),
+                Err(_) => emit(a.body),
             }
             0
         }
-        Ok((code, body)) => {
-            eprintln!("cohort: {addr} answered {code}: {}", body.trim());
+        Ok(a) => {
+            eprintln!("cohort: {addr} answered {}: {}", a.status, a.body.trim());
             1
         }
         Err(e) => fail(&format!("GET http://{addr}/state.json: {e}")),
@@ -416,12 +463,12 @@ fn status(addr: &str) -> i32 {
 fn start(addr: &str, token: Option<&str>) -> i32 {
     let path = token.map_or_else(|| "/start".to_owned(), |t| format!("/start?token={t}"));
     match http::request(addr, "POST", &path, Duration::from_secs(5)) {
-        Ok((code, body)) => {
-            emit(body.trim());
-            if code == 200 {
+        Ok(a) => {
+            emit(a.body.trim());
+            if a.status == 200 {
                 0
             } else {
-                eprintln!("cohort: {addr} answered {code}");
+                eprintln!("cohort: {addr} answered {}", a.status);
                 1
             }
         }

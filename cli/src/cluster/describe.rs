@@ -3,8 +3,8 @@
 //! for machines.
 //!
 //! ```
-//! use cohort_driver_mio::cluster::describe::{Level, describe, json_line};
-//! use cohort_driver_mio::cluster::{ClusterEvent, Source, Stamped};
+//! use cohort::cluster::describe::{Level, describe, json_line};
+//! use cohort::cluster::{ClusterEvent, Source, Stamped};
 //! use cohort_proto::Time;
 //!
 //! let s = Stamped { at: Time::from_millis(1500), source: Source::Rank(1),
@@ -21,10 +21,11 @@ use cohort_proto::join::client::ClientEvent;
 use cohort_proto::join::window::JoinEvent;
 use cohort_proto::node::controller::{ControllerEvent, Outcome};
 use cohort_proto::node::envelope::Envelope;
+use cohort_proto::node::host::HostEvent;
 use cohort_proto::node::rank::RankEvent;
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::RelayEvent;
-use cohort_proto::status::StatusEvent;
+use cohort_proto::status::{StatusClientEvent, StatusEvent};
 
 use super::{ClusterEvent, Stamped};
 
@@ -59,29 +60,34 @@ pub fn describe(s: &Stamped) -> Line {
     use Level::{Debug, Info, Warn};
     match &s.event {
         ClusterEvent::Controller(e) => controller(e),
-        ClusterEvent::Agent(e) => match e {
-            ClientEvent::Admitted { ranks, formation_wait } => line(
-                Info,
-                "admitted",
-                format!("admitted as ranks {ranks:?}; the world forms within {formation_wait:.1?}"),
-            ),
-            ClientEvent::WorldFormed { envelope_hex, .. } => match Envelope::from_hex(envelope_hex) {
-                Ok(env) => line(
-                    Info,
-                    "world_formed",
-                    format!(
-                        "world formed: {} ranks, batch {}, model of {} elements",
-                        env.world_size, env.batch_size, env.model_elems
-                    ),
+        ClusterEvent::Host(e) => match e {
+            HostEvent::Agent(a) => agent(a),
+            HostEvent::StartRelay { relay, listen } => line(
+                Debug,
+                "start_relay",
+                format!(
+                    "starts its {:?} relay (listening on {})",
+                    relay.leg,
+                    listen.as_deref().unwrap_or("any port")
                 ),
-                Err(e) => {
-                    line(Warn, "world_formed", format!("world formed, but its envelope is unreadable: {e}"))
-                }
-            },
-            ClientEvent::Failed(f) => line(Warn, "join_failed", format!("join failed: {f}")),
-            ClientEvent::LinkEnded(e) => line(Info, "link_ended", format!("host link ended: {e}")),
-            ClientEvent::Ignored { what } => {
-                line(Debug, "ignored", format!("ignored {what} on the host link"))
+            ),
+            HostEvent::StartRank(spec) => {
+                line(Debug, "start_rank", format!("starts rank {} (local {})", spec.rank, spec.local_rank))
+            }
+            HostEvent::ExitReported { rank, code } => line(
+                Info,
+                "exit_reported",
+                format!("reported rank {rank}'s exit code {code} to the controller"),
+            ),
+            HostEvent::Refused(why) => line(Warn, "host_refused", format!("cannot take part: {why}")),
+        },
+        ClusterEvent::Operator(e) => match e {
+            StatusClientEvent::Answer(a) => {
+                line(Info, "status_answer", format!("HTTP {}: {}", a.status, a.body.trim()))
+            }
+            StatusClientEvent::Garbled(e) => line(Warn, "status_garbled", e.to_string()),
+            StatusClientEvent::Unreachable => {
+                line(Warn, "status_unreachable", "the controller is unreachable")
             }
         },
         ClusterEvent::Relay(e) => match e {
@@ -115,7 +121,11 @@ pub fn describe(s: &Stamped) -> Line {
             RelayEvent::Stopped(r) => line(Info, "relay_stopped", format!("stopped: {r}")),
         },
         ClusterEvent::Rank(e) => match e {
-            RankEvent::Connected => line(Debug, "connected", "connected to both relay legs"),
+            RankEvent::Connected => line(Debug, "connected", "connected to its relays"),
+            RankEvent::NcclReady { .. } => line(Debug, "nccl_ready", "holds the NCCL unique id"),
+            RankEvent::RendezvousFailed { reason } => {
+                line(Warn, "rendezvous_failed", format!("NCCL bootstrap failed: {reason}"))
+            }
             RankEvent::Command(m) => line(Debug, "command", format!("{m:?}")),
             RankEvent::Submitted { round, mass, values } => line(
                 Debug,
@@ -146,12 +156,39 @@ pub fn describe(s: &Stamped) -> Line {
         ClusterEvent::DialRetry { attempt, attempts, error } => line(
             Debug,
             "dial_retry",
-            format!("connect attempt {attempt}/{attempts} failed ({error:?}); retrying"),
+            format!("connect attempt {attempt}/{attempts} failed ({error}); retrying"),
         ),
         ClusterEvent::Listening { addr } => {
             line(Info, "listening", format!("listening on {addr}: curl http://{addr}/state.json"))
         }
         ClusterEvent::Note(n) => line(Info, "note", n.clone()),
+    }
+}
+
+fn agent(e: &ClientEvent) -> Line {
+    use Level::{Debug, Info, Warn};
+    match e {
+        ClientEvent::Admitted { ranks, formation_wait } => line(
+            Info,
+            "admitted",
+            format!("admitted as ranks {ranks:?}; the world forms within {formation_wait:.1?}"),
+        ),
+        ClientEvent::WorldFormed { envelope_hex, .. } => match Envelope::from_hex(envelope_hex) {
+            Ok(env) => line(
+                Info,
+                "world_formed",
+                format!(
+                    "world formed: {} ranks on {} hosts, this host's ranks {:?}",
+                    env.world_size, env.num_workers, env.worker.ranks
+                ),
+            ),
+            Err(e) => {
+                line(Warn, "world_formed", format!("world formed, but its envelope is unreadable: {e}"))
+            }
+        },
+        ClientEvent::Failed(f) => line(Warn, "join_failed", format!("join failed: {f}")),
+        ClientEvent::LinkEnded(e) => line(Info, "link_ended", format!("host link ended: {e}")),
+        ClientEvent::Ignored { what } => line(Debug, "ignored", format!("ignored {what} on the host link")),
     }
 }
 
@@ -259,7 +296,12 @@ fn controller(e: &ControllerEvent) -> Line {
 fn coord(c: &CoordEvent) -> Line {
     use Level::{Debug, Info, Warn};
     match c {
-        CoordEvent::Started => line(Info, "coord_started", "coordinator: epoch 0 goes out"),
+        CoordEvent::Started => {
+            line(Info, "coord_started", "coordinator: the relays cover the world; epoch 0 goes out")
+        }
+        CoordEvent::FormationFailed { covered, world_size, why } => {
+            line(Warn, "formation_failed", format!("coordinator: {}", why.describe(*covered, *world_size)))
+        }
         CoordEvent::RelayJoined { host, ranks, .. } => {
             line(Info, "relay_joined", format!("control plane: {host} joined with ranks {ranks:?}"))
         }
@@ -327,8 +369,8 @@ fn coord(c: &CoordEvent) -> Line {
 /// not a loss worth a warning.
 ///
 /// ```
-/// use cohort_driver_mio::cluster::describe::{Level, Narrator};
-/// use cohort_driver_mio::cluster::{ClusterEvent, Source, Stamped};
+/// use cohort::cluster::describe::{Level, Narrator};
+/// use cohort::cluster::{ClusterEvent, Source, Stamped};
 /// use cohort_proto::Time;
 ///
 /// let mut n = Narrator::default();

@@ -1,0 +1,14 @@
+//! The cohort programs' library: what `cohort` and `cohort-sim` are made of.
+//!
+//! - [`cluster`]: whole nodes on real sockets (mio), one thread per node:
+//!   the controller, worker hosts and the local demo cluster;
+//! - [`wire_tool`]: `cohort wire`, the frame inspector.
+//!
+//! The embeddable pieces live in the libraries: the protocol in
+//! `cohort-proto`, the drivers in `cohort-driver-mio` / `-smol`, the
+//! simulator in `cohort-sim`. This crate adds only what a command line
+//! needs (argument parsing, logging, progress).
+#![forbid(unsafe_code)]
+
+pub mod cluster;
+pub mod wire_tool;

@@ -1,0 +1,118 @@
+//! The vocabulary of a whole cluster: which node an event comes from
+//! ([`Source`]) and what it is ([`ClusterEvent`]), stamped with the instant
+//! ([`Stamped`]). The simulator, the `cohort` program, the drivers' tests and
+//! the checkers all speak it, so one checker reads a simulated run and a run
+//! on real sockets alike.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use cohort_proto::Time;
+//! use cohort_proto::node::cluster::{ClusterEvent, Source, Stamped};
+//! let s = Stamped { at: Time::ZERO, source: Source::Host(Arc::from("gpu-a")), event: ClusterEvent::Note("up".into()) };
+//! assert_eq!(s.source.to_string(), "gpu-a/agent");
+//! assert_eq!(Source::Rank(3).to_string(), "rank 3");
+//! ```
+
+use std::sync::Arc;
+
+use core::fmt;
+
+use super::controller::ControllerEvent;
+use super::host::HostEvent;
+use super::rank::RankEvent;
+use crate::relay::{Leg, RelayEvent};
+use crate::status::StatusClientEvent;
+use crate::time::Time;
+
+/// Which node of a cluster an event comes from.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Source {
+    /// The controller.
+    Controller,
+    /// The named worker host's agent.
+    Host(Arc<str>),
+    /// A relay of the named host.
+    Relay(Arc<str>, Leg),
+    /// A global rank.
+    Rank(u32),
+    /// An operator's status request.
+    Operator,
+    /// Whatever runs the cluster (the simulator, the demo, a test).
+    Launcher,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Controller => f.write_str("controller"),
+            Source::Host(h) => write!(f, "{h}/agent"),
+            Source::Relay(h, Leg::Control) => write!(f, "{h}/relay-control"),
+            Source::Relay(h, Leg::Data) => write!(f, "{h}/relay-data"),
+            Source::Rank(r) => write!(f, "rank {r}"),
+            Source::Operator => f.write_str("operator"),
+            Source::Launcher => f.write_str("launcher"),
+        }
+    }
+}
+
+/// An event of some node of a cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClusterEvent {
+    /// The controller's.
+    Controller(ControllerEvent),
+    /// A worker host's (its agent's).
+    Host(HostEvent),
+    /// A relay's.
+    Relay(RelayEvent),
+    /// A rank's.
+    Rank(RankEvent),
+    /// An operator's status request's.
+    Operator(StatusClientEvent),
+    /// A rank's process ended with this exit code (its host reports it).
+    RankExit {
+        /// The exit code (137: killed).
+        code: i32,
+    },
+    /// A connect attempt failed; another follows after the backoff.
+    DialRetry {
+        /// The attempt that failed (1-based).
+        attempt: u32,
+        /// Attempts in the budget.
+        attempts: u32,
+        /// Why.
+        error: String,
+    },
+    /// The node listens at this address.
+    Listening {
+        /// The address.
+        addr: String,
+    },
+    /// Something the harness did or saw (a node started, a kill, an error).
+    Note(String),
+}
+
+macro_rules! from_event {
+    ($t:ty, $v:ident) => {
+        impl From<$t> for ClusterEvent {
+            fn from(e: $t) -> Self {
+                ClusterEvent::$v(e)
+            }
+        }
+    };
+}
+from_event!(ControllerEvent, Controller);
+from_event!(HostEvent, Host);
+from_event!(RelayEvent, Relay);
+from_event!(RankEvent, Rank);
+from_event!(StatusClientEvent, Operator);
+
+/// An event, where it came from and when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stamped {
+    /// The instant.
+    pub at: Time,
+    /// The node.
+    pub source: Source,
+    /// What happened.
+    pub event: ClusterEvent,
+}

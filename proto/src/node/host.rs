@@ -1,0 +1,400 @@
+//! A worker host: its agent joins the controller; when the world forms, the
+//! host starts the relays the relay spec names and one rank per admitted
+//! rank; a rank's end goes up the host link as its exit code.
+//!
+//! [`HostNode`] is the agent (a [`JoinClient`]) plus that bookkeeping, and
+//! it decides; the harness carries out. A rank or relay is a process of its
+//! own in a real deployment, a node of its own in the simulator, so the
+//! host does not run them: it asks for them with [`HostEvent::StartRelay`]
+//! and [`HostEvent::StartRank`], and the harness answers with
+//! [`HostNode::relay_listening`] (when it chose a relay's port) and
+//! [`HostNode::rank_ended`]. The simulator, the `cohort` program and the
+//! driver tests all run this one composition.
+//!
+//! ```
+//! use cohort_proto::config::TimeoutScale;
+//! use cohort_proto::join::JoinOffer;
+//! use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RankEnd, RelayListen};
+//! use cohort_proto::{Machine, Output, Time};
+//!
+//! let offer = JoinOffer::new("gpu-a", vec![0, 1], [0; 32]);
+//! let cfg = HostConfig::new(offer, "controller:7070", None, TimeoutScale::ONE, RelayListen::Flodl);
+//! let mut host = HostNode::new(cfg, Time::ZERO);
+//! // The agent dials the controller at once.
+//! assert!(matches!(host.poll(Time::ZERO), Some(Output::Dial { .. })));
+//! assert_eq!(RankEnd::Killed.code(), 137);
+//! ```
+
+use std::collections::BTreeSet;
+
+use core::fmt;
+
+use super::envelope::{ControllerAddr, Envelope, RelaySpec, WorkloadSpec};
+use super::rank::{NcclBootstrap, RankConfig};
+use crate::config::TimeoutScale;
+use crate::join::client::{ClientEvent, ClientParams, JoinClient, NotLinked};
+use crate::join::ledger::JoinOffer;
+use crate::machine::{Input, Machine, Outbox, Output};
+use crate::relay::{Leg, RelayConfig};
+use crate::rendezvous::UID_BYTES;
+use crate::time::Time;
+use crate::wire::{DEFAULT_FRAME_CEILING, MacKey, SessionSalt};
+
+/// Where a host's relays listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayListen {
+    /// flodl 0.8's layout: loopback, at the controller's port plus 5
+    /// (control) and plus 4 (data). One host per machine.
+    Flodl,
+    /// A loopback port the harness picks and reports with
+    /// [`HostNode::relay_listening`] (several hosts on one machine).
+    Ephemeral,
+}
+
+/// A worker host's configuration.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// The join hello (host name, devices, signatures).
+    pub offer: JoinOffer,
+    /// The controller's address, as this host dials it.
+    pub controller: String,
+    /// The pre-shared session salt; `None` under open admission.
+    pub pre_shared: Option<SessionSalt>,
+    /// The network timeout scale.
+    pub timeout_scale: TimeoutScale,
+    /// Where the relays listen.
+    pub relay_listen: RelayListen,
+}
+
+impl HostConfig {
+    /// A host offering `offer` to the controller at `controller`.
+    pub fn new(
+        offer: JoinOffer,
+        controller: impl Into<String>,
+        pre_shared: Option<SessionSalt>,
+        timeout_scale: TimeoutScale,
+        relay_listen: RelayListen,
+    ) -> Self {
+        HostConfig { offer, controller: controller.into(), pre_shared, timeout_scale, relay_listen }
+    }
+}
+
+/// How a rank's process ended, as its parent (the agent) saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankEnd {
+    /// It exited with this code (0: a clean end).
+    Exited(i32),
+    /// It was killed (reported as 128 + SIGKILL).
+    Killed,
+    /// It ended without a code of its own (it panicked, or its runner
+    /// failed): a failure.
+    Vanished,
+}
+
+impl RankEnd {
+    /// The exit code the agent reports up the host link.
+    pub fn code(self) -> i32 {
+        match self {
+            RankEnd::Exited(c) => c,
+            RankEnd::Killed => 137,
+            RankEnd::Vanished => 1,
+        }
+    }
+
+    /// The end of a rank whose own exit code is `code` (`None`: it gave none).
+    pub fn from_code(code: Option<i32>) -> RankEnd {
+        code.map_or(RankEnd::Vanished, RankEnd::Exited)
+    }
+}
+
+/// One rank to start: everything its process is given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankSpec {
+    /// The host it runs on.
+    pub host: String,
+    /// Its global rank.
+    pub rank: u32,
+    /// Its index among the host's ranks.
+    pub local_rank: u32,
+    /// Ranks in the world.
+    pub world_size: u32,
+    /// The session salt.
+    pub salt: SessionSalt,
+    /// The controller's address (the NCCL bootstrap rendezvous dials it).
+    pub controller: String,
+    /// The control relay's loopback address.
+    pub control_addr: String,
+    /// The data relay's loopback address (`None`: no CPU data plane).
+    pub data_addr: Option<String>,
+    /// The frame ceiling.
+    pub ceiling: u64,
+    /// The network timeout scale.
+    pub timeout_scale: TimeoutScale,
+    /// What the controller said the synthetic workload trains (`None` from
+    /// a flodl controller: the workload's own configuration applies).
+    pub workload: Option<WorkloadSpec>,
+}
+
+impl RankSpec {
+    /// Whether the rank runs on the NCCL plane (no CPU data leg): it then
+    /// opens with the bootstrap rendezvous.
+    pub fn is_nccl(&self) -> bool {
+        self.data_addr.is_none()
+    }
+
+    /// The rank machine's configuration. `uid` is the NCCL unique id the
+    /// rank offers if the bootstrap rendezvous tells it to generate one
+    /// (draw it from the harness's randomness; unused on the CPU plane).
+    pub fn rank_config(&self, uid: [u8; UID_BYTES]) -> RankConfig {
+        let nccl = self.is_nccl().then(|| NcclBootstrap {
+            controller: self.controller.clone(),
+            host: self.host.clone(),
+            dataset_sig: [0; 32],
+            uid,
+        });
+        RankConfig {
+            rank: self.rank,
+            world_size: self.world_size,
+            key: MacKey::new(&self.salt),
+            model_sig: [0; 32],
+            control_addr: self.control_addr.clone(),
+            data_addr: self.data_addr.clone(),
+            nccl,
+            ceiling: self.ceiling,
+            timeout_scale: self.timeout_scale,
+        }
+    }
+}
+
+/// What a host reports and asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostEvent {
+    /// The agent's own event.
+    Agent(ClientEvent),
+    /// Start this relay. It listens at `listen`; `None`: at a loopback port
+    /// the harness picks and reports with [`HostNode::relay_listening`].
+    StartRelay {
+        /// The relay.
+        relay: RelayConfig,
+        /// Its loopback address.
+        listen: Option<String>,
+    },
+    /// Start this rank (after every relay it dials listens).
+    StartRank(RankSpec),
+    /// A rank's exit went up the host link.
+    ExitReported {
+        /// The rank.
+        rank: u32,
+        /// Its exit code.
+        code: i32,
+    },
+    /// The world formed but this host cannot take part (why).
+    Refused(String),
+}
+
+/// A relay's address was reported for a host that does not wait for one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotAwaited;
+
+impl fmt::Display for NotAwaited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the host is not waiting for that relay's address")
+    }
+}
+
+impl std::error::Error for NotAwaited {}
+
+#[derive(Debug)]
+struct Formed {
+    /// The ranks to start, waiting for their relays' addresses.
+    ranks: Vec<RankSpec>,
+    /// Legs whose listener address the harness still owes.
+    awaiting: BTreeSet<Leg>,
+}
+
+/// A worker host. See the [module documentation](self).
+#[derive(Debug)]
+pub struct HostNode {
+    cfg: HostConfig,
+    agent: JoinClient,
+    formed: Option<Formed>,
+    out: Outbox<HostEvent>,
+}
+
+impl HostNode {
+    /// A host whose agent dials the controller at once.
+    pub fn new(cfg: HostConfig, now: Time) -> Self {
+        let params =
+            ClientParams::new(cfg.controller.clone(), cfg.offer.clone(), cfg.pre_shared, cfg.timeout_scale);
+        let agent = JoinClient::new(params, now);
+        let mut host = HostNode { agent, cfg, formed: None, out: Outbox::default() };
+        host.pump(now);
+        host
+    }
+
+    /// The host's name.
+    pub fn name(&self) -> &str {
+        &self.cfg.offer.host
+    }
+
+    /// The agent (read-only).
+    pub fn agent(&self) -> &JoinClient {
+        &self.agent
+    }
+
+    /// The harness started a relay whose port it picked: `leg` listens at `addr`.
+    pub fn relay_listening(&mut self, now: Time, leg: Leg, addr: &str) -> Result<(), NotAwaited> {
+        let f = self.formed.as_mut().ok_or(NotAwaited)?;
+        if !f.awaiting.remove(&leg) {
+            return Err(NotAwaited);
+        }
+        for r in &mut f.ranks {
+            match leg {
+                Leg::Control => r.control_addr = addr.to_owned(),
+                Leg::Data => r.data_addr = Some(addr.to_owned()),
+            }
+        }
+        self.release_ranks();
+        self.pump(now);
+        Ok(())
+    }
+
+    /// A rank process ended: its exit code goes up the host link.
+    pub fn rank_ended(&mut self, now: Time, rank: u32, end: RankEnd) -> Result<(), NotLinked> {
+        let code = end.code();
+        self.agent.report_rank_exit(rank, code)?;
+        self.pump(now);
+        self.out.event(HostEvent::ExitReported { rank, code });
+        Ok(())
+    }
+
+    fn release_ranks(&mut self) {
+        if let Some(f) = self.formed.as_mut()
+            && f.awaiting.is_empty()
+        {
+            for r in f.ranks.drain(..) {
+                self.out.event(HostEvent::StartRank(r));
+            }
+        }
+    }
+
+    /// The world formed: what this host starts, from the envelope and the
+    /// relay spec, with the controller's address replaced by the one this
+    /// agent joined at (as flodl's agent does).
+    fn world_formed(&mut self, envelope_hex: &str, relay_spec_hex: Option<&str>) -> Result<(), String> {
+        if self.formed.is_some() {
+            return Err("the world formed twice".into());
+        }
+        let mut env = Envelope::from_hex(envelope_hex)?;
+        let joined = ControllerAddr::parse(&self.cfg.controller)
+            .ok_or_else(|| format!("controller address {:?} is not host:port", self.cfg.controller))?;
+        env.controller = joined.clone();
+        let spec_hex = relay_spec_hex
+            .ok_or("no relay spec came with the world: cohort's ranks need a relay on every host")?;
+        let mut spec = RelaySpec::from_hex(spec_hex)?;
+        spec.controller_host = joined.host.clone();
+        spec.controller_port = joined.port;
+        if spec.ranks != env.worker.ranks {
+            return Err(format!(
+                "the relay spec's ranks {:?} differ from the envelope's {:?}",
+                spec.ranks, env.worker.ranks
+            ));
+        }
+        let salt = env
+            .session_salt()
+            .or_else(|| spec.salt())
+            .or_else(|| self.agent.salt())
+            .ok_or("no session salt: neither the envelope, the relay spec nor the accept carried one")?;
+        let ceiling = match spec.frame_ceiling_bytes {
+            0 => DEFAULT_FRAME_CEILING,
+            c => c,
+        };
+        let flodl = self.cfg.relay_listen == RelayListen::Flodl;
+        let mut awaiting = BTreeSet::new();
+        let legs: &[Leg] = if spec.data_channel { &[Leg::Control, Leg::Data] } else { &[Leg::Control] };
+        for &leg in legs {
+            let mut relay = RelayConfig::new(
+                leg,
+                spec.host.clone(),
+                spec.ranks.clone(),
+                spec.world_size,
+                MacKey::new(&salt),
+                spec.upstream(),
+            );
+            relay.ceiling = ceiling;
+            relay.timeout_scale = self.cfg.timeout_scale;
+            let listen = match (flodl, leg) {
+                (true, Leg::Control) => Some(spec.control_listen()),
+                (true, Leg::Data) => spec.data_listen(),
+                (false, _) => None,
+            };
+            if listen.is_none() {
+                awaiting.insert(leg);
+            }
+            self.out.event(HostEvent::StartRelay { relay, listen });
+        }
+        let ranks = env
+            .worker
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(i, &rank)| RankSpec {
+                host: env.worker.host.clone(),
+                rank,
+                local_rank: i as u32,
+                world_size: env.world_size,
+                salt,
+                controller: joined.dial_addr(),
+                control_addr: spec.control_listen(),
+                data_addr: spec.data_listen(),
+                ceiling,
+                timeout_scale: self.cfg.timeout_scale,
+                workload: env.cohort,
+            })
+            .collect();
+        self.formed = Some(Formed { ranks, awaiting });
+        self.release_ranks();
+        Ok(())
+    }
+
+    fn pump(&mut self, now: Time) {
+        while let Some(o) = self.agent.poll(now) {
+            match o {
+                Output::Event(e) => {
+                    let formed = match &e {
+                        ClientEvent::WorldFormed { envelope_hex, relay_spec_hex } => {
+                            Some((envelope_hex.clone(), relay_spec_hex.clone()))
+                        }
+                        _ => None,
+                    };
+                    self.out.event(HostEvent::Agent(e));
+                    if let Some((env, spec)) = formed
+                        && let Err(why) = self.world_formed(&env, spec.as_deref())
+                    {
+                        self.out.event(HostEvent::Refused(why));
+                    }
+                }
+                Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
+                Output::Dial { dial, addr } => self.out.dial(dial, addr),
+                Output::Close { conn } => self.out.close(conn),
+            }
+        }
+    }
+}
+
+impl Machine for HostNode {
+    type Event = HostEvent;
+
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        self.agent.handle(now, input);
+        self.pump(now);
+    }
+
+    fn poll(&mut self, _now: Time) -> Option<Output<HostEvent>> {
+        self.out.pop()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        self.agent.poll_timeout()
+    }
+}

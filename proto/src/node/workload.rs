@@ -1,0 +1,103 @@
+//! What a rank's training loop is to the rank composition: commands and the
+//! consensus go in, [`Action`]s come out, and it names its own wake-up.
+//!
+//! [`RankNode`](super::rank::RankNode) runs any [`Workload`]: the synthetic
+//! [`Trainer`](super::trainer::Trainer) the simulator and the demo use, or a
+//! real training loop. A workload never touches a connection; everything it
+//! wants sent goes out as an action, and the rank carries it over its control
+//! and data clients.
+//!
+//! A training loop that averages its parameters every `RequestParams`:
+//!
+//! ```
+//! use cohort_proto::Time;
+//! use cohort_proto::node::workload::{Action, Workload};
+//! use cohort_proto::wire::ControlMsgWire;
+//!
+//! struct Mean { params: Vec<f32>, steps: u64, done: bool }
+//!
+//! impl Workload for Mean {
+//!     fn on_command(&mut self, _now: Time, msg: &ControlMsgWire, out: &mut Vec<Action>) {
+//!         match msg {
+//!             ControlMsgWire::RequestParams => {
+//!                 out.push(Action::Submit { mass: self.steps as f64, values: self.params.clone() })
+//!             }
+//!             ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. } => {
+//!                 self.done = true;
+//!                 out.push(Action::Exit);
+//!             }
+//!             _ => {}
+//!         }
+//!     }
+//!     fn on_consensus(&mut self, _now: Time, values: Option<&[f32]>, _out: &mut Vec<Action>) {
+//!         if let Some(v) = values {
+//!             self.params.copy_from_slice(v);
+//!         }
+//!     }
+//!     fn on_wake(&mut self, _now: Time, _out: &mut Vec<Action>) {}
+//!     fn next_wake(&self) -> Option<Time> {
+//!         None
+//!     }
+//!     fn finished(&self) -> bool {
+//!         self.done
+//!     }
+//! }
+//!
+//! let mut w = Mean { params: vec![1.0, 2.0], steps: 3, done: false };
+//! let mut out = Vec::new();
+//! w.on_command(Time::ZERO, &ControlMsgWire::RequestParams, &mut out);
+//! assert_eq!(out, [Action::Submit { mass: 3.0, values: vec![1.0, 2.0] }]);
+//! ```
+
+use crate::time::Time;
+use crate::wire::{ControlMsgWire, MetricsMsgWire, TimingMsgWire};
+
+/// What a workload asks its rank to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Report a finished batch (`Timing::Batch`).
+    Batch {
+        /// Compute time.
+        batch_ms: f64,
+        /// The step counter after it.
+        step_count: u64,
+        /// Its loss.
+        loss: f64,
+    },
+    /// Send any other timing report.
+    Report(TimingMsgWire),
+    /// Send a metrics report.
+    Metrics(MetricsMsgWire),
+    /// Submit a contribution to the data plane: `values` (one flat f32
+    /// tensor, the same length on every rank), to be scaled by `mass`.
+    Submit {
+        /// The contribution's mass.
+        mass: f64,
+        /// The values, before scaling.
+        values: Vec<f32>,
+    },
+    /// Leave: announce `Exiting`, then close.
+    Exit,
+}
+
+/// A rank's training loop, driven by its [`RankNode`](super::rank::RankNode).
+///
+/// Every method may push actions onto `out`; the rank carries them out in
+/// order, after the call returns.
+pub trait Workload {
+    /// A coordinator command (every one but the heartbeat beacon).
+    fn on_command(&mut self, now: Time, msg: &ControlMsgWire, out: &mut Vec<Action>);
+
+    /// The consensus of the last contribution arrived; `None` when its mass
+    /// was 0 and the workload keeps its own state.
+    fn on_consensus(&mut self, now: Time, values: Option<&[f32]>, out: &mut Vec<Action>);
+
+    /// The instant [`Workload::next_wake`] named has come.
+    fn on_wake(&mut self, now: Time, out: &mut Vec<Action>);
+
+    /// When the workload next needs waking, if at all.
+    fn next_wake(&self) -> Option<Time>;
+
+    /// Whether it finished cleanly: its rank then exits with code 0, else 1.
+    fn finished(&self) -> bool;
+}

@@ -1,0 +1,99 @@
+//! The join window's reference verdict: the rules of `docs/BEHAVIOUR.md`
+//! ("Join window") written out again, independently of the ledger's code,
+//! so a test can hold the join window to them at every instant.
+//!
+//! ```
+//! use cohort_proto::join::{JoinConfig, StartMode};
+//! use cohort_proto::testing::verdict::{JoinRules, RefVerdict};
+//! use core::time::Duration;
+//! let rules = JoinRules {
+//!     window: Duration::from_secs(300), cap: Duration::from_secs(600),
+//!     quorum: 2, target: None, mode: StartMode::Auto,
+//! };
+//! // Quorum at 10 s keeps the window open until 300 s.
+//! assert_eq!(rules.verdict(Duration::from_secs(10), 2, false), RefVerdict::Open);
+//! let first = rules.first_close(&[(Duration::from_secs(10), 2)], &[]);
+//! assert_eq!(first, Some((Duration::from_secs(300), RefVerdict::Formed)));
+//! ```
+
+use core::time::Duration;
+
+use crate::join::ledger::StartMode;
+
+/// What the rules say at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefVerdict {
+    /// Still open.
+    Open,
+    /// Forms now.
+    Formed,
+    /// Fails now.
+    Failed,
+}
+
+/// The knobs the verdict reads, with the window and cap already scaled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinRules {
+    /// The join window.
+    pub window: Duration,
+    /// The hard cap.
+    pub cap: Duration,
+    /// The quorum, in ranks.
+    pub quorum: u32,
+    /// The early-close target, in ranks.
+    pub target: Option<u32>,
+    /// Who closes the window.
+    pub mode: StartMode,
+}
+
+impl JoinRules {
+    /// The verdict `elapsed` after the window opened, with `joined` ranks in
+    /// and the operator start `armed` or not.
+    pub fn verdict(&self, elapsed: Duration, joined: u32, armed: bool) -> RefVerdict {
+        let quorum = joined >= self.quorum;
+        if armed && self.mode != StartMode::Auto && quorum {
+            return RefVerdict::Formed;
+        }
+        if let Some(t) = self.target
+            && self.mode != StartMode::Manual
+            && joined >= t
+        {
+            return RefVerdict::Formed;
+        }
+        if elapsed < self.window {
+            return RefVerdict::Open;
+        }
+        if self.mode != StartMode::Manual && quorum {
+            return RefVerdict::Formed;
+        }
+        if elapsed < self.cap {
+            return RefVerdict::Open;
+        }
+        RefVerdict::Failed
+    }
+
+    /// The first instant the window closes, and how, given each admission
+    /// (`(elapsed, ranks)`) and each operator start (`elapsed`): the verdict
+    /// can only change at one of those instants, at the window or at the cap.
+    pub fn first_close(
+        &self,
+        admissions: &[(Duration, u32)],
+        starts: &[Duration],
+    ) -> Option<(Duration, RefVerdict)> {
+        let mut candidates: Vec<Duration> = admissions
+            .iter()
+            .map(|a| a.0)
+            .chain(starts.iter().copied())
+            .chain([self.window, self.cap])
+            .collect();
+        candidates.sort_unstable();
+        candidates.into_iter().find_map(|c| {
+            let joined: u32 = admissions.iter().filter(|a| a.0 <= c).map(|a| a.1).sum();
+            let armed = starts.iter().any(|s| *s <= c);
+            match self.verdict(c, joined, armed) {
+                RefVerdict::Open => None,
+                v => Some((c, v)),
+            }
+        })
+    }
+}

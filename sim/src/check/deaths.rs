@@ -1,0 +1,51 @@
+//! Deaths: a rank is declared dead only after something happened to it (or
+//! its host, or the controller), never twice, and a stale rank only once its
+//! silence is strictly longer than the staleness deadline and at most one
+//! heartbeat longer.
+
+use std::collections::BTreeSet;
+
+use cohort_proto::Time;
+use cohort_proto::config::TimeoutScale;
+use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::node::controller::ControllerEvent;
+use core::time::Duration;
+
+use super::{Facts, Violations};
+
+/// The death checks.
+#[derive(Debug)]
+pub struct DeathCheck {
+    staleness: Duration,
+    dead: BTreeSet<u32>,
+}
+
+impl DeathCheck {
+    /// Checks under `scale`.
+    pub fn new(scale: TimeoutScale) -> Self {
+        DeathCheck { staleness: scale.scaled(Duration::from_secs(30)), dead: BTreeSet::new() }
+    }
+
+    /// One controller event.
+    pub fn event(&mut self, t: Time, ev: &ControllerEvent, facts: &Facts, v: &mut Violations) {
+        let ControllerEvent::Coord(CoordEvent::RankDead { rank: r, cause, .. }) = ev else { return };
+        if !self.dead.insert(*r) {
+            v.at(t, &format!("rank {r} declared dead twice"));
+        }
+        if let DeathCause::Stale { last_heard } = cause {
+            let silent = t - *last_heard;
+            if silent <= self.staleness || silent > self.staleness + Duration::from_secs(1) {
+                v.at(
+                    t,
+                    &format!(
+                        "rank {r} declared stale after {silent:?} of silence (deadline {:?}, + one heartbeat)",
+                        self.staleness
+                    ),
+                );
+            }
+        }
+        if !facts.touched(t, *r) {
+            v.at(t, &format!("rank {r} declared dead ({cause}) though nothing happened to it"));
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The join window: ranks contiguous in admission order, no admission after
+//! the window closed, the world formed with exactly the admitted ranks, and
+//! the window closing at the first instant the reference rules
+//! ([`JoinRules`]) say, the way they say.
+
+use cohort_proto::Time;
+use cohort_proto::config::TimeoutScale;
+use cohort_proto::coord::CoordEvent;
+use cohort_proto::join::ledger::StartMode;
+use cohort_proto::join::window::{JoinEvent, WindowFailure};
+use cohort_proto::machine::ConnId;
+use cohort_proto::node::controller::ControllerEvent;
+use cohort_proto::testing::verdict::{JoinRules, RefVerdict};
+use core::time::Duration;
+
+use super::{Facts, Violations};
+use crate::scenario::{Scenario, StartModeSpec};
+
+/// The join window's checks.
+#[derive(Debug)]
+pub struct JoinCheck {
+    rules: JoinRules,
+    /// (instant, connection, first rank, end rank) per admission.
+    admissions: Vec<(Time, ConnId, u32, u32)>,
+    starts: Vec<Time>,
+    closed: Option<Time>,
+    /// When the coordinator's formation failed (the hosts are then aborted).
+    formation_failed: Option<Time>,
+}
+
+impl JoinCheck {
+    /// The checks for `sc`'s knobs under `scale`, computed from the scenario
+    /// (not from the ledger).
+    pub fn new(sc: &Scenario, scale: TimeoutScale) -> Self {
+        let j = &sc.join;
+        let rules = JoinRules {
+            window: Duration::from_secs_f64(j.join_timeout_secs as f64 * scale.get()),
+            cap: Duration::from_secs_f64(j.max_join_timeout_secs as f64 * scale.get()),
+            quorum: j.min_rank_start,
+            target: j.target_ranks,
+            mode: match j.start_mode {
+                StartModeSpec::Auto => StartMode::Auto,
+                StartModeSpec::Manual => StartMode::Manual,
+                StartModeSpec::Hybrid => StartMode::Hybrid,
+            },
+        };
+        JoinCheck { rules, admissions: Vec::new(), starts: Vec::new(), closed: None, formation_failed: None }
+    }
+
+    fn joined(&self) -> u32 {
+        self.admissions.iter().map(|a| a.3 - a.2).sum()
+    }
+
+    /// One controller event.
+    pub fn event(&mut self, t: Time, ev: &ControllerEvent, facts: &Facts, v: &mut Violations) {
+        match ev {
+            ControllerEvent::Join(j) => self.join(t, j, facts, v),
+            ControllerEvent::Coord(CoordEvent::FormationFailed { .. }) => self.formation_failed = Some(t),
+            ControllerEvent::Started { world_size } if *world_size != self.joined() => {
+                v.at(t, &format!("world formed with {world_size} ranks but {} were admitted", self.joined()))
+            }
+            _ => {}
+        }
+    }
+
+    fn join(&mut self, t: Time, j: &JoinEvent, facts: &Facts, v: &mut Violations) {
+        match j {
+            JoinEvent::Admitted { conn, ranks, .. } => {
+                let next = self.admissions.last().map_or(0, |a| a.3);
+                if ranks.start != next {
+                    v.at(t, &format!("ranks not contiguous: admitted {ranks:?} after rank {next}"));
+                }
+                if self.closed.is_some() {
+                    v.at(t, "a host was admitted after the window closed");
+                }
+                self.admissions.push((t, *conn, ranks.start, ranks.end));
+            }
+            JoinEvent::Retracted { conn, ranks, .. } => match self.admissions.last() {
+                Some(a) if a.1 == *conn && a.2 == ranks.start => {
+                    self.admissions.pop();
+                }
+                _ => v.at(t, &format!("retracted {ranks:?}, which is not the latest admission")),
+            },
+            JoinEvent::StartArmed { .. } => self.starts.push(t),
+            JoinEvent::Formed { world_size, .. } => {
+                self.closed = Some(t);
+                self.verdict(t, RefVerdict::Formed, v);
+                if *world_size as u32 != self.joined() {
+                    v.at(t, &format!("formed with {world_size} ranks, {} admitted", self.joined()));
+                }
+            }
+            JoinEvent::Failed { failure, .. } => {
+                self.closed = Some(t);
+                match failure {
+                    WindowFailure::Verdict(_) => self.verdict(t, RefVerdict::Failed, v),
+                    WindowFailure::Aborted { .. }
+                        if facts.aborted != Some(t) && self.formation_failed != Some(t) =>
+                    {
+                        v.at(t, "the window failed as aborted, but neither an abort nor a failed formation came then");
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The window must close exactly at the first instant the rules say so.
+    fn verdict(&self, t: Time, observed: RefVerdict, v: &mut Violations) {
+        let since = |at: Time| at - Time::ZERO;
+        let admissions: Vec<(Duration, u32)> =
+            self.admissions.iter().map(|a| (since(a.0), a.3 - a.2)).collect();
+        let starts: Vec<Duration> = self.starts.iter().map(|s| since(*s)).collect();
+        match self.rules.first_close(&admissions, &starts) {
+            Some((c, want)) if Time::ZERO + c == t && want == observed => {}
+            Some((c, want)) => v.at(
+                t,
+                &format!(
+                    "join window ended {observed:?} at {t}; the rules say {want:?} at {}",
+                    Time::ZERO + c
+                ),
+            ),
+            None => {
+                v.at(t, &format!("join window ended {observed:?} at {t}; the rules say it is still open"))
+            }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The invariants of `docs/BEHAVIOUR.md` ("Invariants the simulator
+//! checks"), checked on the events as the run goes and on the ranks' work at
+//! its end, one concern per module:
+//!
+//! - [`join`]: contiguous ranks, the frozen world, and the window closing at
+//!   exactly the instant the reference rules give;
+//! - consensus: proto's [`ConsensusOracle`] (every consensus the exact
+//!   weighted mean of exactly the accepted contributions, every rank's copy
+//!   identical);
+//! - [`deaths`]: a death only after a fault, never twice, stale deaths within
+//!   the staleness deadline plus one heartbeat;
+//! - [`nccl`]: the bootstrap rendezvous completes with one id for every rank
+//!   unless a fault explains its failure; re-rendezvous sessions are
+//!   consistent;
+//! - [`coverage`]: every sample of every completed epoch processed, and
+//!   processed twice only within what deaths excuse.
+//!
+//! Each check is written from the rules, not from the machines' code. The
+//! first violation stops the run, named with its virtual instant.
+
+pub mod coverage;
+pub mod deaths;
+pub mod join;
+pub mod nccl;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cohort_proto::Time;
+use cohort_proto::config::TimeoutScale;
+use cohort_proto::join::client::ClientEvent;
+use cohort_proto::join::window::JoinEvent;
+use cohort_proto::node::cluster::{ClusterEvent, Source};
+use cohort_proto::node::controller::ControllerEvent;
+use cohort_proto::node::host::HostEvent;
+use cohort_proto::testing::oracle::ConsensusOracle;
+
+use crate::report::Death;
+use crate::scenario::{Fault, Scenario};
+
+/// Violations found so far; the run stops at the first.
+#[derive(Debug, Default)]
+pub struct Violations {
+    list: Vec<String>,
+}
+
+impl Violations {
+    /// Records a violation at `at`.
+    pub fn at(&mut self, at: Time, what: &str) {
+        self.list.push(format!("at {:.6}s: {what}", at.as_secs_f64()));
+    }
+
+    /// Whether any was found.
+    pub fn any(&self) -> bool {
+        !self.list.is_empty()
+    }
+}
+
+/// What happened to whom, and when: the facts the checks excuse deaths
+/// and failures by.
+#[derive(Debug, Default)]
+pub struct Facts {
+    /// Ranks faulted directly (killed, wedged), first instant.
+    pub ranks_faulted: BTreeMap<u32, Time>,
+    /// Hosts faulted (killed, partitioned, corrupted, reset), first instant.
+    pub hosts_faulted: BTreeMap<String, Time>,
+    /// When the controller was killed.
+    pub controller_lost: Option<Time>,
+    /// When the launcher aborted.
+    pub aborted: Option<Time>,
+    /// Ranks whose process died.
+    pub crashed: BTreeSet<u32>,
+    /// Hosts that were cut off.
+    pub partitioned: BTreeSet<String>,
+    /// Which host holds which rank (the controller's word).
+    pub rank_host: BTreeMap<u32, String>,
+}
+
+impl Facts {
+    /// Whether anything happened to rank `r` (or its host, or the
+    /// controller) by `t`.
+    pub fn touched(&self, t: Time, r: u32) -> bool {
+        self.ranks_faulted.get(&r).is_some_and(|at| *at <= t)
+            || self.rank_host.get(&r).and_then(|h| self.hosts_faulted.get(h)).is_some_and(|at| *at <= t)
+            || self.controller_lost.is_some_and(|at| at <= t)
+    }
+
+    /// The first fault of any kind, if any happened by `t`.
+    pub fn any_fault_by(&self, t: Time) -> bool {
+        self.ranks_faulted.values().chain(self.hosts_faulted.values()).any(|at| *at <= t)
+            || self.controller_lost.is_some_and(|at| at <= t)
+            || self.aborted.is_some_and(|at| at <= t)
+    }
+}
+
+/// Watches a run and collects violations.
+#[derive(Debug)]
+pub struct Checker {
+    v: Violations,
+    facts: Facts,
+    join: join::JoinCheck,
+    consensus: ConsensusOracle,
+    deaths: deaths::DeathCheck,
+    nccl: nccl::NcclCheck,
+    coverage: coverage::CoverageCheck,
+}
+
+impl Checker {
+    /// A checker for `sc` under `scale`.
+    pub fn new(sc: &Scenario, scale: TimeoutScale) -> Self {
+        Checker {
+            v: Violations::default(),
+            facts: Facts::default(),
+            join: join::JoinCheck::new(sc, scale),
+            consensus: ConsensusOracle::causal(),
+            deaths: deaths::DeathCheck::new(scale),
+            nccl: nccl::NcclCheck::new(sc),
+            coverage: coverage::CoverageCheck::new(sc),
+        }
+    }
+
+    /// Records a violation found outside the checks (the run hangs).
+    pub fn violation(&mut self, at: Time, what: &str) {
+        self.v.at(at, what);
+    }
+
+    /// Whether a violation stopped the run.
+    pub fn stopped(&self) -> bool {
+        self.v.any()
+    }
+
+    /// The violations so far.
+    pub fn violations(&self) -> &[String] {
+        &self.v.list
+    }
+
+    /// A fault is being injected.
+    pub fn fault(&mut self, at: Time, f: &Fault) {
+        let facts = &mut self.facts;
+        match f {
+            Fault::KillRank(r) => {
+                facts.ranks_faulted.entry(*r).or_insert(at);
+                facts.crashed.insert(*r);
+            }
+            Fault::WedgeRank(r) => {
+                facts.ranks_faulted.entry(*r).or_insert(at);
+            }
+            Fault::KillHost(h) => {
+                facts.hosts_faulted.entry(h.clone()).or_insert(at);
+                let ranks: Vec<u32> =
+                    facts.rank_host.iter().filter(|(_, x)| *x == h).map(|(r, _)| *r).collect();
+                facts.crashed.extend(ranks);
+            }
+            Fault::PartitionHost { host: h, .. } => {
+                facts.hosts_faulted.entry(h.clone()).or_insert(at);
+                facts.partitioned.insert(h.clone());
+            }
+            // A reset costs the host's links like a corruption does.
+            Fault::CorruptLink(h) | Fault::ResetHost(h) => {
+                facts.hosts_faulted.entry(h.clone()).or_insert(at);
+            }
+            // Slowness is no excuse for a death: heartbeats keep flowing.
+            Fault::SlowRank { .. } | Fault::SlowLink { .. } => {}
+            Fault::KillController => facts.controller_lost = Some(at),
+            Fault::Abort => facts.aborted = Some(at),
+            Fault::OperatorStart => {}
+        }
+    }
+
+    /// One event of a node.
+    pub fn event(&mut self, t: Time, source: &Source, e: &ClusterEvent) {
+        match (source, e) {
+            (
+                Source::Controller,
+                ClusterEvent::Controller(ControllerEvent::Join(JoinEvent::Admitted { ranks, host, .. })),
+            ) => {
+                // The controller's word on which host holds which ranks (its
+                // agent may never hear the accept, e.g. behind a partition).
+                for r in ranks.clone() {
+                    self.facts.rank_host.insert(r, host.clone());
+                }
+            }
+            (Source::Host(h), ClusterEvent::Host(HostEvent::Agent(ClientEvent::Admitted { ranks, .. }))) => {
+                for r in ranks {
+                    self.facts.rank_host.insert(*r, h.to_string());
+                }
+            }
+            _ => {}
+        }
+        if let (Source::Controller, ClusterEvent::Controller(ev)) = (source, e) {
+            self.join.event(t, ev, &self.facts, &mut self.v);
+            self.deaths.event(t, ev, &self.facts, &mut self.v);
+            self.coverage.event(ev);
+        }
+        self.nccl.event(t, source, e, &self.facts, &mut self.v);
+        let before = self.consensus.summary().violations.len();
+        if self.consensus.observe(source, e) > 0 {
+            let found: Vec<String> = self.consensus.summary().violations[before..].to_vec();
+            for what in found {
+                self.v.at(t, &what);
+            }
+        }
+    }
+
+    /// End-of-run checks: coverage and duplicates on what every rank
+    /// actually processed; the consensus rounds that never completed; a
+    /// bootstrap rendezvous that never completed.
+    pub fn finish(
+        &mut self,
+        at: Time,
+        epochs_completed: u64,
+        processed: &BTreeMap<u32, Vec<(u64, u64, u64)>>,
+        deaths: &[Death],
+    ) {
+        if self.stopped() {
+            return;
+        }
+        let before = self.consensus.summary().violations.len();
+        let summary = self.consensus.finish();
+        for what in &summary.violations[before..] {
+            self.v.at(at, what);
+        }
+        self.nccl.finish(at, &self.facts, &mut self.v);
+        if !self.stopped() {
+            self.coverage.finish(at, epochs_completed, processed, deaths, &self.facts, &mut self.v);
+        }
+    }
+}
