@@ -263,6 +263,12 @@ impl ElChe {
         &self.balancer
     }
 
+    /// The balancer, for a caller with verdict producers of its own (a
+    /// nudge or relax outside the cycle, a different window ceiling).
+    pub fn balancer_mut(&mut self) -> &mut Balancer {
+        &mut self.balancer
+    }
+
     /// The guard.
     pub fn guard(&self) -> &Guard {
         &self.guard
