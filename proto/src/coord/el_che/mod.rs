@@ -45,10 +45,10 @@ pub use config::{ElCheConfig, ElCheMode, GuardChoice, SpeedRatio};
 pub use cycle::{CycleDecision, ElChe};
 pub use growth::AnchorVerdict;
 pub use guard::{
-    DivergenceReport, Guard, LambdaEstimator, LambdaSample, MsfGuard, TrendGuard, Verdict,
-    default_trend_threshold,
+    DivergenceReport, Guard, LambdaEstimator, LambdaSample, MsfGuard, TREND_HISTORY, TREND_THRESHOLD,
+    TREND_THRESHOLD_EASGD, TrendGuard, Verdict, default_trend_threshold,
 };
-pub use meta::{LrMeta, LrMetaConfig, MetaAction};
+pub use meta::{LR_CLIFF_BASE_FACTOR, LrMeta, LrMetaConfig, MetaAction, SETTLED_EPSILON};
 pub use state::{ElCheState, Phase};
 pub use trust::TrustWindow;
 pub use window::{DivergenceSample, DivergenceSlots, WindowLedger, WindowReport};
