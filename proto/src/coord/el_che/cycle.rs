@@ -55,6 +55,13 @@ pub struct CycleDecision {
 /// the epoch's last window is staged before closing
 /// ([`ElChe::stage_callback_slack`]).
 ///
+/// The plane's own re-arm conditions (NCCL: every live rank acked the last
+/// `SyncNow`; CPU: no reduce pending) and the throttle stay with the
+/// caller. flodl's NCCL coordinator closes the window right after `SyncNow`,
+/// so its guard judges the divergence the previous reduce's acks left in the
+/// slots; feeding acks as they arrive and closing at the same point keeps
+/// that behaviour.
+///
 /// ```
 /// use cohort_proto::coord::el_che::{ElChe, ElCheConfig, ElCheMode, Verdict};
 /// let mut e = ElChe::new(&ElCheConfig::new(ElCheMode::CpuCadence, 2)).unwrap();
