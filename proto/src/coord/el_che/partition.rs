@@ -4,7 +4,8 @@
 //!
 //! These are flodl's float formulas, kept separate from cohort's integer
 //! [`crate::coord::partition_sizes`] so a coordinator can follow flodl's
-//! sizes exactly.
+//! sizes exactly. flodl's versions are crate-private, so unlike the
+//! scheduler these are checked by worked examples, not differentially.
 
 use super::balancer::Balancer;
 
