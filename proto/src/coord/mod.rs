@@ -21,6 +21,7 @@
 
 mod budget;
 mod coordinator;
+pub mod el_che;
 mod liveness;
 mod metrics;
 mod nccl;
