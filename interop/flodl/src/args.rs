@@ -43,10 +43,7 @@ pub fn parse(spec: Spec, args: &[String]) -> Result<Parsed, String> {
         if let Some(&known) = spec.values.iter().find(|v| **v == name) {
             let value = match inline {
                 Some(v) => v,
-                None => it
-                    .next()
-                    .cloned()
-                    .ok_or_else(|| format!("--{name} needs a value"))?,
+                None => it.next().cloned().ok_or_else(|| format!("--{name} needs a value"))?,
             };
             if out.values.insert(known, value).is_some() {
                 return Err(format!("--{name} given twice"));
@@ -76,12 +73,7 @@ impl Parsed {
     where
         T::Err: std::fmt::Display,
     {
-        self.str(name)
-            .map(|v| {
-                v.parse::<T>()
-                    .map_err(|e| format!("--{name} {v:?}: {e}"))
-            })
-            .transpose()
+        self.str(name).map(|v| v.parse::<T>().map_err(|e| format!("--{name} {v:?}: {e}"))).transpose()
     }
 
     pub fn get_or<T: FromStr>(&self, name: &str, default: T) -> Result<T, String>
@@ -107,11 +99,7 @@ impl Parsed {
             .map(|v| {
                 v.split(',')
                     .filter(|s| !s.trim().is_empty())
-                    .map(|s| {
-                        s.trim()
-                            .parse::<T>()
-                            .map_err(|e| format!("--{name} item {s:?}: {e}"))
-                    })
+                    .map(|s| s.trim().parse::<T>().map_err(|e| format!("--{name} item {s:?}: {e}")))
                     .collect()
             })
             .transpose()
@@ -121,16 +109,12 @@ impl Parsed {
 /// `HOST:PORT` → (host, port). The last colon splits, so a bracketed IPv6
 /// literal (`[::1]:9000`) keeps its inner colons; brackets are stripped.
 pub fn host_port(text: &str) -> Result<(String, u16), String> {
-    let (host, port) = text
-        .rsplit_once(':')
-        .ok_or_else(|| format!("{text:?} is not HOST:PORT"))?;
+    let (host, port) = text.rsplit_once(':').ok_or_else(|| format!("{text:?} is not HOST:PORT"))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() {
         return Err(format!("{text:?}: empty host"));
     }
-    let port = port
-        .parse::<u16>()
-        .map_err(|e| format!("{text:?}: port: {e}"))?;
+    let port = port.parse::<u16>().map_err(|e| format!("{text:?}: port: {e}"))?;
     Ok((host.to_string(), port))
 }
 
@@ -138,11 +122,7 @@ pub fn host_port(text: &str) -> Result<(String, u16), String> {
 mod tests {
     use super::*;
 
-    const SPEC: Spec = Spec {
-        values: &["port", "host"],
-        flags: &["open"],
-        trailing: true,
-    };
+    const SPEC: Spec = Spec { values: &["port", "host"], flags: &["open"], trailing: true };
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
@@ -150,11 +130,7 @@ mod tests {
 
     #[test]
     fn values_flags_and_trailing() {
-        let p = parse(
-            SPEC,
-            &strings(&["--port", "9", "--open", "--host=h", "--", "a", "--port"]),
-        )
-        .unwrap();
+        let p = parse(SPEC, &strings(&["--port", "9", "--open", "--host=h", "--", "a", "--port"])).unwrap();
         assert_eq!(p.require::<u16>("port").unwrap(), 9);
         assert_eq!(p.str("host"), Some("h"));
         assert!(p.flag("open"));

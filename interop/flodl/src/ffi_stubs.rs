@@ -2,14 +2,14 @@
 //! code references.
 //!
 //! The build skips flodl-sys's C++ shim (`DOCS_RS` set) and links with
-//! `--unresolved-symbols=ignore-all`. Every shim function flodl's
-//! launcher / agent / relay / coordinator paths never reach is dropped by
-//! the linker's section garbage collection; the few that survive are still
-//! bound eagerly at process start (the binary is linked with `-z now`), so
-//! an undefined survivor fails at load time ("symbol lookup error") even if
-//! it is never called. Those survivors are defined here. The set was found
-//! with `nm -u target/debug/flodl-peer | grep flodl_` (see README.md; the
-//! build script re-checks it).
+//! `--unresolved-symbols=ignore-all`. Shim references in flodl code that
+//! this binary's entry points cannot reach are dropped by the linker's
+//! section garbage collection; the few that survive (reachable code, even
+//! if it never runs) are still bound eagerly at process start (the binary
+//! is linked with `-z now`), so an undefined survivor fails at load time
+//! ("symbol lookup error") even if it is never called. Those survivors are defined here. The set was found
+//! with `nm -u target/debug/flodl-peer | grep flodl_` (see README.md;
+//! `scripts/interop-flodl` re-checks it after each build).
 //!
 //! Device *queries* get the answers a CPU-only flodl build gives: no NCCL
 //! library (the join hello then carries `nccl_version: None`), zero GPUs,
@@ -135,20 +135,12 @@ pub extern "C" fn flodl_numel(_t: *mut c_void) -> i64 {
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn flodl_to_dtype(
-    _t: *mut c_void,
-    _dtype: i32,
-    _result: *mut *mut c_void,
-) -> *mut c_char {
+pub extern "C" fn flodl_to_dtype(_t: *mut c_void, _dtype: i32, _result: *mut *mut c_void) -> *mut c_char {
     die("flodl_to_dtype")
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn flodl_copy_data(
-    _t: *mut c_void,
-    _buffer: *mut c_void,
-    _buffer_bytes: i64,
-) -> *mut c_char {
+pub extern "C" fn flodl_copy_data(_t: *mut c_void, _buffer: *mut c_void, _buffer_bytes: i64) -> *mut c_char {
     die("flodl_copy_data")
 }
 

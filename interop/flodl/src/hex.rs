@@ -13,7 +13,7 @@ pub fn encode(bytes: &[u8]) -> String {
 
 pub fn decode(text: &str) -> Result<Vec<u8>, String> {
     let text = text.trim();
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return Err(format!("odd hex length {}", text.len()));
     }
     let nibble = |c: u8| -> Result<u8, String> {
@@ -24,10 +24,7 @@ pub fn decode(text: &str) -> Result<Vec<u8>, String> {
             _ => Err(format!("not a hex digit: {:?}", c as char)),
         }
     };
-    text.as_bytes()
-        .chunks_exact(2)
-        .map(|pair| Ok((nibble(pair[0])? << 4) | nibble(pair[1])?))
-        .collect()
+    text.as_bytes().chunks_exact(2).map(|pair| Ok((nibble(pair[0])? << 4) | nibble(pair[1])?)).collect()
 }
 
 /// Hex text holding UTF-8 JSON → the JSON value.

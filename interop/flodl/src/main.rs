@@ -32,8 +32,8 @@ use flodl::distributed::cluster::{ENV_CLUSTER_JSON, ENV_LOCAL_RANK};
 use flodl::distributed::cluster_coordinator::ClusterCoordinatorConfig;
 use flodl::distributed::ddp_run::{ApplyPolicy, AverageBackend};
 use flodl::distributed::launcher::{
-    self, AgentSpec, CoordSpec, ENV_AGENT_JSON, ENV_RELAY_JSON, FullCluster, FullController,
-    JoinKnobs, RelaySpec, Role,
+    self, AgentSpec, CoordSpec, ENV_AGENT_JSON, ENV_RELAY_JSON, FullCluster, FullController, JoinKnobs,
+    RelaySpec, Role,
 };
 use flodl::distributed::{ElChe, StartMode};
 
@@ -91,30 +91,15 @@ const AGENT_SPEC: Spec = Spec {
 };
 
 const RELAY_SPEC: Spec = Spec {
-    values: &[
-        "controller",
-        "host",
-        "ranks",
-        "world-size",
-        "salt",
-        "frame-ceiling",
-        "timeout-scale",
-    ],
+    values: &["controller", "host", "ranks", "world-size", "salt", "frame-ceiling", "timeout-scale"],
     flags: &["no-data-channel"],
     trailing: false,
 };
 
-const FREE_PORT_SPEC: Spec = Spec {
-    values: &["span", "attempts"],
-    flags: &[],
-    trailing: false,
-};
+const FREE_PORT_SPEC: Spec = Spec { values: &["span", "attempts"], flags: &[], trailing: false };
 
-const TAP_SPEC: Spec = Spec {
-    values: &["listen", "to", "dump-dir", "max-conns"],
-    flags: &[],
-    trailing: false,
-};
+const TAP_SPEC: Spec =
+    Spec { values: &["listen", "to", "dump-dir", "max-conns"], flags: &[], trailing: false };
 
 const USAGE: &str = "\
 flodl-peer: run real flodl 0.8 control-plane roles (no libtorch)
@@ -200,11 +185,7 @@ fn main() -> ExitCode {
     finish(&who, role_result)
 }
 
-fn parse_then(
-    spec: Spec,
-    args: &[String],
-    run: fn(&Parsed) -> Result<(), String>,
-) -> Result<(), String> {
+fn parse_then(spec: Spec, args: &[String], run: fn(&Parsed) -> Result<(), String>) -> Result<(), String> {
     let parsed = args::parse(spec, args)?;
     run(&parsed)
 }
@@ -231,13 +212,9 @@ fn apply_timeout_scale(p: &Parsed) -> Result<(), String> {
     let Some(raw) = p.str("timeout-scale") else {
         return Ok(());
     };
-    let scale: f64 = raw
-        .parse()
-        .map_err(|e| format!("--timeout-scale {raw:?}: {e}"))?;
+    let scale: f64 = raw.parse().map_err(|e| format!("--timeout-scale {raw:?}: {e}"))?;
     if !scale.is_finite() || scale < 0.1 {
-        return Err(format!(
-            "--timeout-scale {raw}: flodl accepts a finite factor >= 0.1"
-        ));
+        return Err(format!("--timeout-scale {raw}: flodl accepts a finite factor >= 0.1"));
     }
     set_env(ENV_NET_TIMEOUT_SCALE, raw);
     Ok(())
@@ -323,15 +300,11 @@ fn controller(p: &Parsed) -> Result<(), String> {
                      (flodl's ElChe refuses fewer); formed {world_size}"
                 )));
             }
-            let mut config = ClusterCoordinatorConfig::new(
-                policy,
-                backend,
-                world_size,
-                ElChe::new(world_size, anchor),
-            )
-            .total_samples(total_samples)
-            .batch_size(batch_size)
-            .num_epochs(epochs);
+            let mut config =
+                ClusterCoordinatorConfig::new(policy, backend, world_size, ElChe::new(world_size, anchor))
+                    .total_samples(total_samples)
+                    .batch_size(batch_size)
+                    .num_epochs(epochs);
             if let Some(s) = formation_timeout {
                 config = config.formation_timeout_secs(s);
             }
@@ -396,11 +369,7 @@ fn agent(p: &Parsed) -> Result<(), String> {
         spec.controller_host,
         spec.controller_port,
         spec.local_devices.as_ref().map_or(0, Vec::len),
-        if p.trailing.is_empty() {
-            "built-in stand-in".to_string()
-        } else {
-            format!("{:?}", p.trailing)
-        },
+        if p.trailing.is_empty() { "built-in stand-in".to_string() } else { format!("{:?}", p.trailing) },
     );
     // run_agent reads its whole configuration from this env var; the
     // agent strips it from the children it spawns.
@@ -468,10 +437,7 @@ fn relay_child(argv: &[String]) -> ExitCode {
         let err = std::process::Command::new(prog).exec();
         return fail("flodl-peer relay-child", &format!("exec {prog:?}: {err}"));
     }
-    finish(
-        "flodl-peer relay-child",
-        launcher::run_relay().map_err(|e| e.to_string()),
-    )
+    finish("flodl-peer relay-child", launcher::run_relay().map_err(|e| e.to_string()))
 }
 
 fn rank_child(argv: &[String]) -> ExitCode {
@@ -500,12 +466,7 @@ fn rank_child(argv: &[String]) -> ExitCode {
             Some(r) => format!("rank-{r}.json"),
             None => format!("rank-local{local_rank}.json"),
         };
-        dump(
-            &Path::new(dir).join(name),
-            "rank",
-            argv,
-            &[("envelope", envelope.clone())],
-        );
+        dump(&Path::new(dir).join(name), "rank", argv, &[("envelope", envelope.clone())]);
     }
     if let Some((prog, args)) = opts.trailing.split_first() {
         eprintln!("flodl-peer rank: exec {:?}", opts.trailing);
@@ -538,10 +499,7 @@ fn dump(path: &PathBuf, role: &str, argv: &[String], decoded: &[(&str, serde_jso
     doc.insert("role".into(), role.into());
     doc.insert(
         "exe".into(),
-        std::env::current_exe()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default()
-            .into(),
+        std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default().into(),
     );
     doc.insert("argv".into(), argv.to_vec().into());
     doc.insert("env".into(), env.into());
@@ -573,9 +531,8 @@ fn free_port(p: &Parsed) -> Result<(), String> {
         let Some(last) = first.checked_add(span.saturating_sub(1)) else {
             continue;
         };
-        let held: Result<Vec<_>, _> = (first..=last)
-            .map(|port| std::net::TcpListener::bind(("0.0.0.0", port)))
-            .collect();
+        let held: Result<Vec<_>, _> =
+            (first..=last).map(|port| std::net::TcpListener::bind(("0.0.0.0", port))).collect();
         if held.is_ok() {
             println!("{first}");
             return Ok(());
@@ -591,9 +548,6 @@ fn decode(rest: &[String]) -> Result<(), String> {
         _ => return Err("decode takes at most one argument".into()),
     };
     let value = hex::decode_json(&text)?;
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
-    );
+    println!("{}", serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?);
     Ok(())
 }

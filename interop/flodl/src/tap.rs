@@ -23,7 +23,10 @@ pub fn run(p: &Parsed) -> Result<(), String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("--dump-dir {}: {e}", dir.display()))?;
     let listener = TcpListener::bind(&listen).map_err(|e| format!("bind {listen}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    eprintln!("flodl-peer tap: listening on {local} -> {to_host}:{to_port}, recording into {}", dir.display());
+    eprintln!(
+        "flodl-peer tap: listening on {local} -> {to_host}:{to_port}, recording into {}",
+        dir.display()
+    );
     let mut workers = Vec::new();
     for n in 0.. {
         if max_conns.is_some_and(|m| n >= m) {
