@@ -136,16 +136,19 @@ impl Watch {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
-                Ok(s) => {
-                    self.check.observe(&s.source, &s.event);
-                    if let (Source::Controller, ClusterEvent::Controller(e)) = (&s.source, &s.event) {
-                        self.ctrl.push(e.clone());
-                    }
-                    self.events.push(s);
-                }
+                Ok(s) => self.take(s),
                 Err(_) => panic!("waiting for {what}: nothing more within {PATIENCE:?}"),
             }
         }
+    }
+
+    /// Records one event (the controller's also among `ctrl`).
+    fn take(&mut self, s: Stamped) {
+        self.check.observe(&s.source, &s.event);
+        if let (Source::Controller, ClusterEvent::Controller(e)) = (&s.source, &s.event) {
+            self.ctrl.push(e.clone());
+        }
+        self.events.push(s);
     }
 }
 
@@ -280,9 +283,9 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
     stop_all(hosts);
     shutdown_all([controller]);
     drop(sink);
+    // Drops of a burst that outlasted the run arrive after `Finished`.
     while let Ok(s) = w.rx.try_recv() {
-        w.check.observe(&s.source, &s.event);
-        w.events.push(s);
+        w.take(s);
     }
     let ctrl = w.ctrl.clone();
 
@@ -297,17 +300,26 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
     assert!(summary.ok(), "{:?}", summary.violations);
     assert!(summary.rounds > 0 && summary.rounds_checked == summary.rounds, "{summary:?}");
 
-    // Each bad peer, closed with its named reason.
+    // Each bad peer the controller accepted is closed by the router with its
+    // named reason: the magic it sent, or, on a loaded machine where its
+    // bytes were not read before the peek deadline, the deadline with
+    // nothing read. Never routed, and nothing else is dropped. (A burst peer
+    // the kernel's accept queue had no room for never reaches the
+    // controller: its client sees a reset, also no reply, as asserted above.)
     let drops = route_drops(&ctrl);
-    let unknown = drops.iter().filter(|d| matches!(d, RouteDrop::UnknownMagic { .. })).count();
-    assert_eq!(unknown, BURST + 1, "router drops: {:?}", &drops[..drops.len().min(5)]);
-    assert!(drops.contains(&RouteDrop::UnknownMagic { got: junk[..4].try_into().unwrap() }));
+    let named = drops.iter().filter(|d| matches!(d, RouteDrop::UnknownMagic { .. })).count();
+    let unread = drops.iter().filter(|d| **d == RouteDrop::Deadline { have: 0 }).count();
+    assert!(named + unread <= BURST + 1 && named > 0, "router drops: {:?}", &drops[..drops.len().min(5)]);
+    assert!(
+        drops.contains(&RouteDrop::UnknownMagic { got: junk[..4].try_into().unwrap() }) || unread > 0,
+        "the 4 KiB of garbage"
+    );
     assert_eq!(
         drops.iter().filter(|d| **d == RouteDrop::Deadline { have: 3 }).count(),
         1,
         "the stalled dial"
     );
-    assert_eq!(drops.len(), BURST + 2, "nothing else was dropped by the router");
+    assert_eq!(drops.len(), named + unread + 1, "nothing else was dropped by the router");
 
     let rejects = join_rejects(&ctrl);
     assert_eq!(rejects.len(), 2, "{rejects:?}");

@@ -106,6 +106,29 @@ impl Default for TimeoutScale {
     }
 }
 
+/// Which behaviour a cluster follows where cohort departs from flodl 0.8
+/// (`docs/DIFFERENCES.md` lists every rule and why).
+///
+/// Both speak the same bytes; the choice is the controller's, so a flodl
+/// 0.8 peer can join either way. The simulator runs either, to predict a
+/// flodl cluster or a cohort one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Rules {
+    /// cohort's: a death is declared the moment a connection says so (a
+    /// relay's control or data connection ends, a live rank's `RankExit`,
+    /// a host link ends), a rank that exited cleanly holds no averaging
+    /// cycle or epoch open, and an epoch completes when every live rank
+    /// reported the whole batches it was assigned.
+    #[default]
+    Cohort,
+    /// flodl 0.8's: deaths only by heartbeat staleness, a non-zero exit the
+    /// launcher reports, or a failed consensus write; a data relay's end
+    /// (or a live rank's `RankExit` on the data channel) stops the CPU
+    /// reduce for everyone; exited ranks still hold cycles and epochs open;
+    /// an epoch completes once every rank not dead sent one report.
+    Flodl,
+}
+
 /// flodl 0.8's deadline defaults, before scaling.
 pub mod defaults {
     use core::time::Duration;
@@ -144,6 +167,9 @@ pub mod defaults {
     pub const NCCL_ANSWER: Duration = Duration::from_secs(5);
     /// A peer that accepts no bytes for this long is closed (scaled).
     pub const WRITE_STALL: Duration = Duration::from_secs(30);
+    /// A rank with a round in flight waits this long for the next consensus
+    /// byte (scaled, whole seconds).
+    pub const CONSENSUS_READ: Duration = Duration::from_secs(120);
     /// A frame that stops arriving mid-way for this long is abandoned (not scaled).
     pub const MID_FRAME_STARVATION: Duration = Duration::from_secs(60);
     /// Status request: whole request within this.

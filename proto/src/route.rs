@@ -119,7 +119,7 @@ pub struct PortRouter {
 impl PortRouter {
     /// A router with the peek deadline scaled(5 s).
     pub fn new(scale: TimeoutScale) -> Self {
-        Self::with_deadline(scale.scaled(defaults::PORT_PEEK))
+        Self::with_deadline(scale.scaled_secs(defaults::PORT_PEEK))
     }
 
     /// A router with an explicit peek deadline.

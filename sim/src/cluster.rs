@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cohort_proto::Time;
-use cohort_proto::config::TimeoutScale;
+use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::coord::{Backend, CoordConfig, CoordEvent, FailureBudget, RunEnd};
 use cohort_proto::join::client::ClientEvent;
 use cohort_proto::join::ledger::{JoinConfig, JoinOffer, StartMode, TrustMode};
@@ -30,9 +30,10 @@ use cohort_proto::wire::SessionSalt;
 use core::time::Duration;
 
 use crate::check::Checker;
+use crate::check::coverage::RankWork;
 use crate::report::{Death, Report, Timeline};
 use crate::rng::{SimRng, stream};
-use crate::scenario::{BackendSpec, Fault, MaxFailure, Scenario, StartModeSpec};
+use crate::scenario::{BackendSpec, Fault, MaxFailure, RulesSpec, Scenario, StartModeSpec};
 use crate::world::{HostId, LinkSpec, NetConfig, NodeId, Process, World};
 
 /// A rank as the simulator runs it: the rank composition over the synthetic workload.
@@ -130,6 +131,10 @@ impl Cluster {
             BackendSpec::Nccl => Backend::Nccl,
         };
         run.sync_every = Some(sc.sync_every);
+        run.rules = match sc.rules {
+            RulesSpec::Cohort => Rules::Cohort,
+            RulesSpec::Flodl => Rules::Flodl,
+        };
         run.failure_budget = sc.max_failure.map(|m| match m {
             MaxFailure::Absolute(n) => FailureBudget::Absolute(n),
             MaxFailure::Percent(p) => FailureBudget::Percent(p),
@@ -528,14 +533,17 @@ impl Cluster {
     fn finish(mut self) -> Report {
         let now = self.world.now();
         // Coverage and duplicates are checked on what every rank actually processed.
-        let mut processed = BTreeMap::new();
+        let mut work = BTreeMap::new();
         for (r, n) in &self.rank_nodes {
-            if let Some(p) = self.world.inspect_ref::<SimRank, _>(*n, |rn| rn.workload().processed().to_vec())
-            {
-                processed.insert(*r, p);
+            let w = self.world.inspect_ref::<SimRank, _>(*n, |rn| RankWork {
+                processed: rn.workload().processed().to_vec(),
+                dropped: rn.workload().dropped().to_vec(),
+            });
+            if let Some(w) = w {
+                work.insert(*r, w);
             }
         }
-        self.checker.finish(now, self.epochs_completed, &processed, &self.deaths);
+        self.checker.finish(now, self.epochs_completed, &work, &self.deaths);
         self.timeline.close(now);
         let (outcome, reason) = match &self.outcome {
             Some((Outcome::Done, _)) => ("done", None),

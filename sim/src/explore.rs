@@ -1,8 +1,11 @@
 //! VOPR-style exploration: one random scenario per seed (cluster size,
-//! arrival times, quorum knobs, fault mix), all drawn from that seed.
+//! arrival times, quorum knobs, fault mix, cohort's rules or flodl's), all
+//! drawn from that seed.
 
 use crate::rng::stream;
-use crate::scenario::{BackendSpec, Fault, FaultAt, HostSpec, MaxFailure, Scenario, StartModeSpec};
+use crate::scenario::{
+    BackendSpec, Fault, FaultAt, HostSpec, MaxFailure, RulesSpec, Scenario, StartModeSpec,
+};
 
 /// The random scenario of `seed`.
 ///
@@ -78,5 +81,7 @@ pub fn random_scenario(seed: u64) -> Scenario {
         sc.faults.push(FaultAt { at_s: at, fault });
     }
     sc.faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    // Drawn last, so every earlier draw of a seed stays what it was.
+    sc.rules = if r.chance(0.3) { RulesSpec::Flodl } else { RulesSpec::Cohort };
     sc
 }

@@ -44,6 +44,10 @@ pub struct Scenario {
     /// `"cpu"` (relay fold + controller reduce) or `"nccl"`.
     #[serde(default)]
     pub backend: BackendSpec,
+    /// `"cohort"` (deaths declared the moment a connection says so) or
+    /// `"flodl"` (flodl 0.8's rules, to predict a flodl cluster).
+    #[serde(default)]
+    pub rules: RulesSpec,
     /// The network timeout scale.
     #[serde(default = "one_f")]
     pub timeout_scale: f64,
@@ -197,6 +201,18 @@ pub enum BackendSpec {
     Cpu,
     /// NCCL (modelled: deaths trigger the re-rendezvous).
     Nccl,
+}
+
+/// Which behaviour the cluster follows where cohort and flodl 0.8 differ
+/// (`docs/DIFFERENCES.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RulesSpec {
+    /// cohort's.
+    #[default]
+    Cohort,
+    /// flodl 0.8's.
+    Flodl,
 }
 
 /// A failure budget.
@@ -453,6 +469,7 @@ impl Scenario {
             sync_every: default_sync_every(),
             run_for_s: None,
             backend: BackendSpec::Cpu,
+            rules: RulesSpec::Cohort,
             timeout_scale: 1.0,
             max_failure: None,
             speed_classes: default_speeds(),

@@ -94,9 +94,9 @@ pub fn sync_ack(rank: u32, step_count: u64) -> TimingMsgWire {
     TimingMsgWire::SyncAck {
         rank: rank.into(),
         step_count,
-        divergence: None,
-        post_norm: None,
-        pre_norm: None,
+        divergence: Some(0.0),
+        post_norm: Some(1.0),
+        pre_norm: Some(1.0),
     }
 }
 
@@ -264,15 +264,18 @@ enum ToCoord {
     Metrics(MetricsMsgWire),
 }
 
+/// A batch in progress: when it ends, its epoch, its `(first, count)` pieces.
+type InFlight = (Time, u64, Vec<(u64, u64)>);
+
 #[derive(Debug, Clone, Default)]
 struct SimRank {
     alive: bool,
     stopped: bool,
     epoch: Option<u64>,
-    segments: Vec<Segment>,
-    seg: usize,
-    pos: u64,
-    batch_end: Option<(Time, u64, u64)>,
+    /// What is left of the work, in walk order.
+    work: VecDeque<Segment>,
+    /// The batch in progress.
+    batch_end: Option<InFlight>,
     step: u64,
     since_report: u64,
     batches_since_report: u64,
@@ -283,9 +286,10 @@ struct SimRank {
 
 /// A world of simulated ranks around a [`Scheduler`], on virtual time.
 ///
-/// Ranks walk their segments in order, in batches that never straddle a
-/// segment; report each batch, and a `Metrics` whenever they run out of
-/// work; heartbeat every second; answer `RequestParams`/`SyncNow` with
+/// Ranks walk their segments in order in whole batches, as flodl's workers
+/// do (a batch may straddle segments; a tail shorter than a batch is
+/// dropped); report each batch, and a `Metrics` (batches times the batch
+/// size) whenever they run out of whole batches; heartbeat every second; answer `RequestParams`/`SyncNow` with
 /// `SyncAck`, `RequestNewNcclId` with an id, targeted checkpoints and evals
 /// with a result; pause on `Throttle` until the next other command; stop on
 /// `Shutdown`. Every message takes `latency` each way (FIFO per direction).
@@ -306,6 +310,8 @@ pub struct SimWorld {
     pub events: Vec<(Time, CoordEvent)>,
     /// Per epoch, how many times each sample was processed.
     pub processed: BTreeMap<u64, BTreeMap<u64, u32>>,
+    /// Per epoch, the samples a rank dropped as its tail shorter than a batch.
+    pub dropped: BTreeMap<u64, BTreeSet<u64>>,
 }
 
 impl SimWorld {
@@ -332,6 +338,7 @@ impl SimWorld {
             launcher: launcher.into(),
             events: Vec::new(),
             processed: BTreeMap::new(),
+            dropped: BTreeMap::new(),
         }
     }
 
@@ -369,7 +376,7 @@ impl SimWorld {
                 continue;
             }
             t.push(s.next_heartbeat);
-            t.extend(s.batch_end.map(|b| b.0));
+            t.extend(s.batch_end.as_ref().map(|b| b.0));
         }
         t.into_iter().min()
     }
@@ -436,18 +443,17 @@ impl SimWorld {
         let step = self.ranks[rank].step;
         match m {
             ControlMsgWire::StartEpoch(p) | ControlMsgWire::Update { next_plan: Some(p), .. } => {
+                self.drop_tail(r);
                 let s = &mut self.ranks[rank];
                 s.epoch = Some(p.epoch);
-                s.segments = vec![Segment::new(p.partition_offset, p.partition_size)];
-                s.seg = 0;
-                s.pos = 0;
+                s.work = VecDeque::from([Segment::new(p.partition_offset, p.partition_size)]);
                 s.since_report = 0;
                 s.batches_since_report = 0;
                 s.owes_report = true;
             }
             ControlMsgWire::ExtendPartition { partition_offset, partition_size } => {
                 let s = &mut self.ranks[rank];
-                s.segments.push(Segment::new(partition_offset, partition_size));
+                s.work.push_back(Segment::new(partition_offset, partition_size));
                 s.owes_report = true;
             }
             ControlMsgWire::RequestParams | ControlMsgWire::SyncNow => {
@@ -485,19 +491,26 @@ impl SimWorld {
         self.report_if_idle(r);
     }
 
-    fn has_work(s: &SimRank) -> bool {
-        s.segments
-            .iter()
-            .enumerate()
-            .skip(s.seg)
-            .any(|(i, seg)| if i == s.seg { seg.size > s.pos } else { seg.size > 0 })
+    fn has_batch(&self, s: &SimRank) -> bool {
+        s.work.iter().map(|seg| seg.size).sum::<u64>() >= self.batch_size
+    }
+
+    /// The work left is shorter than a batch: dropped, as flodl's worker drops it.
+    fn drop_tail(&mut self, r: u32) {
+        let s = &mut self.ranks[r as usize];
+        let epoch = s.epoch.unwrap_or(0);
+        for seg in s.work.drain(..) {
+            self.dropped.entry(epoch).or_default().extend(seg.offset..seg.end());
+        }
     }
 
     fn report_if_idle(&mut self, r: u32) {
         let s = &self.ranks[r as usize];
-        if !s.alive || s.stopped || s.batch_end.is_some() || !s.owes_report || Self::has_work(s) {
+        if !s.alive || s.stopped || s.batch_end.is_some() || !s.owes_report || self.has_batch(s) {
             return;
         }
+        self.drop_tail(r);
+        let s = &self.ranks[r as usize];
         let Some(epoch) = s.epoch else { return };
         let m = MetricsMsgWire {
             rank: r.into(),
@@ -526,19 +539,21 @@ impl SimWorld {
             let hb = TimingMsgWire::Heartbeat { rank: r.into(), step_count: self.ranks[rank].step };
             self.up(r, ToCoord::Timing(hb));
         }
-        if let Some((end, offset, n)) = self.ranks[rank].batch_end
-            && end <= now
-        {
-            let epoch = self.ranks[rank].epoch.unwrap_or(0);
+        if self.ranks[rank].batch_end.as_ref().is_some_and(|b| b.0 <= now) {
+            let Some((_, epoch, pieces)) = self.ranks[rank].batch_end.take() else { return };
             let counts = self.processed.entry(epoch).or_default();
-            for sample in offset..offset + n {
-                *counts.entry(sample).or_default() += 1;
+            for (first, n) in pieces {
+                for sample in first..first + n {
+                    *counts.entry(sample).or_default() += 1;
+                }
             }
+            let b = self.batch_size;
             let s = &mut self.ranks[rank];
-            s.batch_end = None;
             s.step += 1;
-            s.since_report += n;
-            s.batches_since_report += 1;
+            if Some(epoch) == s.epoch {
+                s.since_report += b;
+                s.batches_since_report += 1;
+            }
             let per = self.specs[rank].per_batch.as_secs_f64() * 1e3;
             let b = batch(r, self.ranks[rank].step, per);
             self.up(r, ToCoord::Timing(b));
@@ -548,18 +563,26 @@ impl SimWorld {
 
     fn start_idle_batches(&mut self) {
         for r in 0..self.ranks.len() {
-            let s = &mut self.ranks[r];
-            if !s.alive || s.stopped || s.throttled || s.batch_end.is_some() {
+            let s = &self.ranks[r];
+            if !s.alive || s.stopped || s.throttled || s.batch_end.is_some() || !self.has_batch(s) {
                 continue;
             }
-            while s.seg < s.segments.len() && s.pos >= s.segments[s.seg].size {
-                s.seg += 1;
-                s.pos = 0;
+            let s = &mut self.ranks[r];
+            let mut pieces = Vec::new();
+            let mut need = self.batch_size;
+            while need > 0 {
+                let Some(front) = s.work.front_mut() else { break };
+                let n = front.size.min(need);
+                pieces.push((front.offset, n));
+                front.offset += n;
+                front.size -= n;
+                need -= n;
+                if front.size == 0 {
+                    s.work.pop_front();
+                }
             }
-            let Some(seg) = s.segments.get(s.seg).copied() else { continue };
-            let n = self.batch_size.min(seg.size - s.pos);
-            s.batch_end = Some((self.now + self.specs[r].per_batch, seg.offset + s.pos, n));
-            s.pos += n;
+            let epoch = s.epoch.unwrap_or(0);
+            s.batch_end = Some((self.now + self.specs[r].per_batch, epoch, pieces));
         }
     }
 
@@ -574,13 +597,15 @@ impl SimWorld {
 
 /// Replays `events` and checks every epoch's assignment: the live ranks'
 /// plans tile `0..samples` in rank order; a dead rank's remainder is only
-/// samples it owned and is handed out whole (when anyone survives); a sample
-/// moves only away from a dead rank, to a live one. Returns the epochs whose
+/// samples it owned, and all its whole batches (`batch` samples each) are
+/// handed out (when anyone survives); a sample moves only away from a dead
+/// rank, to a live one. Returns the epochs whose
 /// metrics were aggregated.
 pub fn check_assignments(
     events: &[(Time, CoordEvent)],
     world: u32,
     samples: u64,
+    batch: u64,
 ) -> Result<Vec<u64>, String> {
     let mut dead: BTreeSet<u32> = BTreeSet::new();
     let mut exited: BTreeSet<u32> = BTreeSet::new();
@@ -637,7 +662,9 @@ pub fn check_assignments(
                         }
                     }
                 }
-                let n: u64 = remainder.iter().map(|s| s.size).sum();
+                // Whole batches go on; each segment's tail shorter than a
+                // batch stays with the dead rank, which would have dropped it.
+                let n: u64 = remainder.iter().map(|s| s.size / batch.max(1) * batch.max(1)).sum();
                 let survivors = world as usize - dead.len() - exited.len();
                 if survivors > 0 {
                     owed.insert(*rank, n);
@@ -677,4 +704,30 @@ pub fn check_assignments(
         }
     }
     Ok(aggregated)
+}
+
+/// Per epoch, the samples no rank was asked to process: each dead rank's
+/// remainder segment keeps back its tail shorter than a batch (the dead rank
+/// would have dropped it).
+pub fn kept_back(events: &[(Time, CoordEvent)], batch: u64) -> BTreeMap<u64, BTreeSet<u64>> {
+    let b = batch.max(1);
+    let mut out: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+    for (_, e) in events {
+        if let CoordEvent::RankDead { epoch: Some(ep), remainder, .. } = e {
+            for seg in remainder {
+                let tail = seg.size % b;
+                out.entry(*ep).or_default().extend(seg.end() - tail..seg.end());
+            }
+        }
+    }
+    out
+}
+
+impl SimWorld {
+    /// Whether `sample` of `epoch` may go unprocessed: a rank dropped it as
+    /// its tail, or a dead rank's remainder kept it back.
+    pub fn excused(&self, epoch: u64, sample: u64) -> bool {
+        self.dropped.get(&epoch).is_some_and(|d| d.contains(&sample))
+            || kept_back(&self.events, self.batch_size).get(&epoch).is_some_and(|k| k.contains(&sample))
+    }
 }

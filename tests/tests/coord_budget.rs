@@ -32,11 +32,13 @@ fn deaths_until_save(s: &mut Scheduler) -> (u32, Option<SaveReason>) {
             CoordEvent::Ended(RunEnd::Saved(reason)) => Some(reason),
             _ => None,
         });
-        // Every survivor is told, with the reason's byte.
-        let alive = s.liveness().alive();
+        // Every rank that has not exited is told, the dead ones included (a
+        // rank declared dead may still be connected), with the reason's byte.
+        let reachable = s.liveness().reachable();
         if let Some(reason) = save {
             let msg = ControlMsgWire::ShutdownWithSave { reason: reason.as_u8() };
-            assert_eq!(alive.is_empty(), !st.contains(&Step::Send { to: alive.clone(), msg }));
+            assert!(st.contains(&Step::Send { to: reachable.clone(), msg }));
+            assert_eq!(reachable, (0..world).collect::<Vec<_>>());
         }
         if save.is_some() {
             return (r + 1, save);
@@ -46,7 +48,7 @@ fn deaths_until_save(s: &mut Scheduler) -> (u32, Option<SaveReason>) {
 }
 
 /// BEHAVIOUR.md Coordinator [C26]: budget `Absolute(n)`: dead count >= n -> MaxFailureExceeded (1)
-/// BEHAVIOUR.md Coordinator [C32]: `ShutdownWithSave{reason}` sent once to the survivors; the reason is latched
+/// BEHAVIOUR.md Coordinator [C32]: `ShutdownWithSave{reason}` sent once to every rank not exited (dead ones included); the reason is latched
 #[test]
 fn failure_budget_absolute_2_on_worlds_of_4_and_5() {
     for world in [4, 5] {
@@ -86,9 +88,9 @@ fn all_ranks_lost_on_cpu_is_reason_3() {
     assert_eq!(deaths_until_save(&mut s), (3, Some(SaveReason::AllRanksLost)));
 }
 
-/// BEHAVIOUR.md Coordinator [C32]: `ShutdownWithSave{reason}` sent once to the survivors; the reason is latched
+/// BEHAVIOUR.md Coordinator [C32]: `ShutdownWithSave{reason}` sent once to every rank not exited (dead ones included); the reason is latched
 #[test]
-fn shutdown_with_save_goes_to_survivors_once_and_the_reason_is_latched() {
+fn shutdown_with_save_goes_to_every_rank_not_exited_once_and_the_reason_is_latched() {
     let mut s = started(4, Some(FailureBudget::Absolute(2)), Backend::Cpu);
     s.host_lost(Time::from_secs(1), &[0, 1]);
     let st = drain(&mut s);
@@ -98,7 +100,7 @@ fn shutdown_with_save_goes_to_survivors_once_and_the_reason_is_latched() {
         .collect();
     assert_eq!(
         saves,
-        vec![&Step::Send { to: vec![2, 3], msg: ControlMsgWire::ShutdownWithSave { reason: 1 } }]
+        vec![&Step::Send { to: vec![0, 1, 2, 3], msg: ControlMsgWire::ShutdownWithSave { reason: 1 } }]
     );
     // Later deaths, timers and messages change nothing.
     s.rank_exited(Time::from_secs(2), 2, 1);

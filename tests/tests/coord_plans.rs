@@ -209,6 +209,19 @@ fn cpu_cycle_is_request_params_then_sync_acks_then_update_and_set_global_step() 
     assert!(events(&st).contains(&CoordEvent::CycleFinished { version: 1, global_step: 4 }));
 }
 
+/// A rank whose plan is shorter than one batch has nothing to process: it
+/// never holds a cycle back, so the other rank's first step opens it.
+#[test]
+fn a_rank_with_less_than_a_batch_never_holds_the_cycle_gate_closed() {
+    // 2 ranks, 10 samples, batch 7: 5 samples each, no whole batch anywhere.
+    let mut c = CoordConfig::new(2, 1, 10, 7);
+    c.sync_every = Some(1);
+    let (mut s, _) = started(c);
+    s.on_timing(Time::from_millis(10), 0, batch(0, 1, 10.0));
+    let st = drain(&mut s);
+    assert_eq!(events(&st), vec![CoordEvent::CycleStarted { cycle: 1, last: false }]);
+}
+
 /// BEHAVIOUR.md Coordinator [C40]: `Update{version, next_plan}` may carry the next plan
 #[test]
 fn update_carries_the_next_plan_when_the_epoch_ends_during_a_cpu_cycle() {

@@ -289,7 +289,7 @@ fn a_data_record_on_the_data_channel_drops_that_host() {
     rig.send(a, &rec.to_bytes(&rig.key).unwrap());
     let ev = rig.events();
     assert_eq!(ev[0], ReduceEvent::HostFailed { conn: a, error: HostError::DataRecord { rank: 0 } });
-    assert!(ev[0].clone() != ReduceEvent::Stopped);
+    assert!(!matches!(ev[0], ReduceEvent::Stopped(_)));
     assert!(HostError::DataRecord { rank: 0 }.to_string().contains("HostFrame"));
     assert_eq!(ev[1], ReduceEvent::RankDead { rank: 0, cause: DeathCause::HostFailed });
     assert_eq!(rig.out.closed, vec![a]);
@@ -425,7 +425,7 @@ fn the_reduce_stops_when_every_rank_is_dead() {
     rig.reduce.declare_dead(rig.now, 1);
     rig.drain();
     assert!(rig.reduce.is_stopped());
-    assert_eq!(rig.events().last(), Some(&ReduceEvent::Stopped));
+    assert_eq!(rig.events().last(), Some(&ReduceEvent::Stopped(cohort_proto::reduce::ReduceStop::AllDead)));
     assert!(rig.out.closed.contains(&b));
     let late = rig.adopt(&[]);
     assert!(rig.out.closed.contains(&late), "a stopped reduce refuses new connections");

@@ -167,17 +167,19 @@ fn invalid_rank_sets_are_configuration_errors() {
     }
 }
 
+/// A relay's handshake reads are flodl's fixed 10 s (no timeout scale):
+/// the rank's hello from its accept, the controller's `HelloAck` from the
+/// dial's connect.
 #[test]
-fn handshake_deadlines_follow_the_timeout_scale() {
-    let mut cfg = RelayConfig::new(Leg::Data, "h", vec![0], 1, key(), "c");
-    cfg.timeout_scale = cohort_proto::config::TimeoutScale::new(2.5).unwrap();
+fn handshake_deadlines_are_a_fixed_ten_seconds() {
+    let cfg = RelayConfig::new(Leg::Data, "h", vec![0], 1, key(), "c");
     let mut relay = Relay::new(cfg).unwrap();
     relay.handle(Time::ZERO, Input::Accepted { conn: ConnId(1), peer: Peer::LOOPBACK });
-    assert_eq!(relay.poll_timeout(), Some(Time::from_secs(25)));
+    assert_eq!(relay.poll_timeout(), Some(Time::from_secs(10)));
     relay.handle(
         Time::ZERO,
         Input::Received { conn: ConnId(1), bytes: &DataHello { rank: 0, world_size: 1 }.encode() },
     );
     relay.handle(Time::from_secs(1), Input::Connected { dial: UPSTREAM_DIAL, conn: ConnId(2) });
-    assert_eq!(relay.poll_timeout(), Some(Time::from_secs(26)), "HelloAck deadline: 1 s + 2.5 x 10 s");
+    assert_eq!(relay.poll_timeout(), Some(Time::from_secs(11)), "HelloAck deadline: 1 s + 10 s");
 }

@@ -279,7 +279,7 @@ fn controller(e: &ControllerEvent) -> Line {
                     consensus.weight
                 ),
             ),
-            ReduceEvent::Stopped => line(Info, "reduce_stopped", "data plane: every rank is dead"),
+            ReduceEvent::Stopped(why) => line(Info, "reduce_stopped", format!("data plane stopped: {why}")),
         },
         ControllerEvent::Rendezvous(r) => line(Debug, "rendezvous", format!("{r:?}")),
         ControllerEvent::Refused { conn, channel } => {

@@ -7,8 +7,8 @@ use core::time::Duration;
 
 use super::scheduler::Scheduler;
 use super::{CoordConfig, CoordEvent, DeathCause, FormationFailure, Step};
-use crate::config::ConfigError;
 use crate::config::defaults::{COORD_FORMATION, HANDSHAKE};
+use crate::config::{ConfigError, Rules};
 use crate::machine::{Adopt, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
@@ -26,6 +26,18 @@ enum RelayState {
 struct Relay {
     dec: MuxDecoder,
     state: RelayState,
+}
+
+/// The coordinator's formation: the relays announce every rank, then the
+/// run begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Formation {
+    /// Waiting for the relays, until `deadline`.
+    Forming { deadline: Time },
+    /// Every rank announced; the run began.
+    Formed,
+    /// It did not happen; nothing more is decided.
+    Failed,
 }
 
 /// A report about ranks that arrived before the run began.
@@ -76,10 +88,12 @@ const SMALL_RECORD: usize = 256;
 /// ```
 #[derive(Debug)]
 pub struct Coordinator {
-    /// The formation deadline, until the relays have covered the world.
-    forming: Option<Time>,
+    /// Whether the relays have covered the world yet.
+    formation: Formation,
     /// Reports held until the run begins.
     reports: Vec<Report>,
+    /// The first model signature a relay announced: rank, host, signature.
+    model_ref: Option<(u32, String, [u8; 32])>,
     sched: Scheduler,
     key: MacKey,
     hello_budget: Duration,
@@ -97,13 +111,16 @@ impl Coordinator {
     /// relays' hellos have announced every rank of the world, which must
     /// happen within scaled(60 s), as flodl's coordinator requires.
     pub fn new(config: CoordConfig, key: MacKey, now: Time) -> Result<Self, ConfigError> {
-        let hello_budget = config.timeout_scale.scaled(HANDSHAKE);
-        let forming = Some(now + config.timeout_scale.scaled_secs(COORD_FORMATION));
+        // A relay's hello must arrive within flodl's 10 s read timeout (not scaled).
+        let hello_budget = HANDSHAKE;
+        let formation =
+            Formation::Forming { deadline: now + config.timeout_scale.scaled_secs(COORD_FORMATION) };
         let sched = Scheduler::new(config)?;
         let mut c = Coordinator {
             sched,
-            forming,
+            formation,
             reports: Vec::new(),
+            model_ref: None,
             key,
             hello_budget,
             relays: BTreeMap::new(),
@@ -122,15 +139,22 @@ impl Coordinator {
 
     /// Whether the relays still have to announce some rank before the run begins.
     pub fn is_forming(&self) -> bool {
-        self.forming.is_some()
+        matches!(self.formation, Formation::Forming { .. })
+    }
+
+    /// The formation failed: nothing more is decided.
+    fn give_up(&mut self, why: FormationFailure) {
+        if self.is_forming() {
+            self.formation = Formation::Failed;
+            self.reports.clear();
+            self.formation_failed(why);
+        }
     }
 
     /// Ends the run early and gracefully (see [`Scheduler::stop`]); before
     /// the run began, formation is given up.
     pub fn stop(&mut self, now: Time) {
-        if self.forming.take().is_some() {
-            self.formation_failed(FormationFailure::Stopped);
-        }
+        self.give_up(FormationFailure::Stopped);
         self.sched.stop(now);
         self.pump();
     }
@@ -161,9 +185,10 @@ impl Coordinator {
     /// scheduler once the run began; before, it waits (as flodl's reported
     /// deaths wait for its coordinator's first tick).
     fn report(&mut self, now: Time, r: Report) {
-        if self.forming.is_some() {
-            self.reports.push(r);
-            return;
+        match self.formation {
+            Formation::Forming { .. } => return self.reports.push(r),
+            Formation::Failed => return,
+            Formation::Formed => {}
         }
         match r {
             Report::Deaths(d) => self.sched.report_deaths(now, &d),
@@ -207,7 +232,10 @@ impl Coordinator {
             (RelayState::Ready { ranks }, MuxRecord::Control(RelayControlMsg::RankExit { rank }))
                 if ranks.contains(&rank) =>
             {
-                self.report(now, Report::Deaths(vec![(rank, DeathCause::RelayRankExit)]));
+                // flodl's coordinator ignores it: the rank goes stale instead.
+                if self.sched.config().rules == Rules::Cohort {
+                    self.report(now, Report::Deaths(vec![(rank, DeathCause::RelayRankExit)]));
+                }
             }
             (_, rec) => {
                 let why = format!("unexpected {} record on the control channel", rec.kind_name());
@@ -232,8 +260,6 @@ impl Coordinator {
             Some(format!("rank {r} is outside the world of {}", cfg.world_size))
         } else if let Some(r) = ranks.iter().find(|r| self.routes.contains_key(r)) {
             Some(format!("rank {r} was already announced by another relay"))
-        } else if model_sigs.len() != ranks.len() {
-            Some(format!("{} model signatures for {} ranks", model_sigs.len(), ranks.len()))
         } else if let Some(expected) = cfg.model_sig
             && let Some(i) = model_sigs.iter().position(|s| *s != expected)
         {
@@ -242,11 +268,27 @@ impl Coordinator {
             None
         };
         if let Some(reason) = refusal {
-            self.forget_hello(conn);
-            self.relays.remove(&conn);
-            self.out.close(conn);
-            self.out.event(CoordEvent::RelayRejected { conn, reason: format!("host {host:?}: {reason}") });
-            return;
+            return self.refuse(conn, format!("host {host:?}: {reason}"));
+        }
+        // flodl's formation check: the first signature announced is the
+        // reference; a rank training another model fails formation (a
+        // shorter list than the ranks leaves the rest unchecked).
+        for (&rank, sig) in ranks.iter().zip(&model_sigs) {
+            match &self.model_ref {
+                None => self.model_ref = Some((rank, host.clone(), *sig)),
+                Some((seed_rank, seed_host, seed)) if seed != sig => {
+                    let why = FormationFailure::ModelMismatch {
+                        rank,
+                        host: host.clone(),
+                        seed_rank: *seed_rank,
+                        seed_host: seed_host.clone(),
+                    };
+                    self.refuse(conn, format!("host {host:?}: rank {rank} trains a different model"));
+                    self.give_up(why);
+                    return;
+                }
+                Some(_) => {}
+            }
         }
         let mut ack = BytesMut::new();
         if encode_control(&self.key, &RelayControlMsg::HelloAck, &mut ack).is_ok() {
@@ -261,13 +303,21 @@ impl Coordinator {
             relay.dec.set_ceiling((CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64);
         }
         self.out.event(CoordEvent::RelayJoined { conn, host, ranks });
-        if self.forming.is_some() && self.routes.len() as u32 == self.sched.config().world_size {
-            self.forming = None;
+        if self.is_forming() && self.routes.len() as u32 == self.sched.config().world_size {
+            self.formation = Formation::Formed;
             self.sched.begin(now);
             for r in core::mem::take(&mut self.reports) {
                 self.report(now, r);
             }
         }
+    }
+
+    /// Refuses a relay's hello: its connection closes, no reply.
+    fn refuse(&mut self, conn: ConnId, reason: String) {
+        self.forget_hello(conn);
+        self.relays.remove(&conn);
+        self.out.close(conn);
+        self.out.event(CoordEvent::RelayRejected { conn, reason });
     }
 
     /// Drops a relay's pending hello deadline, if it has one.
@@ -290,8 +340,9 @@ impl Coordinator {
             for r in &ranks {
                 self.routes.remove(r);
             }
-            // Before the run began, the ranks are merely uncovered again.
-            if self.forming.is_none() {
+            // Before the run began, the ranks are merely uncovered again;
+            // under flodl's rules they go stale instead of dying now.
+            if self.formation == Formation::Formed && self.sched.config().rules == Rules::Cohort {
                 let deaths: Vec<(u32, DeathCause)> =
                     ranks.iter().map(|&r| (r, DeathCause::RelayLost)).collect();
                 self.sched.report_deaths(now, &deaths);
@@ -376,10 +427,9 @@ impl Machine for Coordinator {
                 self.drop_relay(now, conn, error, false);
             }
             Input::Timeout => {
-                if self.forming.is_some_and(|t| t <= now) {
-                    self.forming = None;
+                if matches!(self.formation, Formation::Forming { deadline } if deadline <= now) {
                     let timeout = self.sched.config().timeout_scale.scaled_secs(COORD_FORMATION);
-                    self.formation_failed(FormationFailure::Deadline(timeout));
+                    self.give_up(FormationFailure::Deadline(timeout));
                 }
                 let late: Vec<ConnId> =
                     self.hello_deadlines.iter().take_while(|(t, _)| *t <= now).map(|(_, c)| *c).collect();
@@ -404,6 +454,10 @@ impl Machine for Coordinator {
 
     fn poll_timeout(&self) -> Option<Time> {
         let hello = self.hello_deadlines.first().map(|(t, _)| *t);
-        hello.into_iter().chain(self.forming).chain(self.sched.next_deadline()).min()
+        let forming = match self.formation {
+            Formation::Forming { deadline } => Some(deadline),
+            _ => None,
+        };
+        hello.into_iter().chain(forming).chain(self.sched.next_deadline()).min()
     }
 }

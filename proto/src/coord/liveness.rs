@@ -46,6 +46,9 @@ pub struct Liveness {
     ranks: Vec<Life>,
     /// The ranks still alive, ascending (kept in step with `ranks`).
     alive: Vec<u32>,
+    /// The ranks that have not exited, dead ones included, ascending: who a
+    /// broadcast reaches, as flodl's coordinator broadcasts.
+    reachable: Vec<u32>,
     staleness: Duration,
     /// No alive rank goes stale before this instant (a lower bound).
     bound: Time,
@@ -58,7 +61,13 @@ impl Liveness {
     /// `world` ranks, all alive and heard at `now`.
     pub fn new(world: u32, staleness: Duration, now: Time) -> Self {
         let ranks = vec![Life::Alive { last_heard: now }; world as usize];
-        Liveness { ranks, alive: (0..world).collect(), staleness, bound: now + staleness + NS }
+        Liveness {
+            ranks,
+            alive: (0..world).collect(),
+            reachable: (0..world).collect(),
+            staleness,
+            bound: now + staleness + NS,
+        }
     }
 
     /// The staleness deadline.
@@ -108,6 +117,7 @@ impl Liveness {
             Some(l @ Life::Alive { .. }) => {
                 *l = Life::Exited;
                 self.alive.retain(|r| *r != rank);
+                self.reachable.retain(|r| *r != rank);
                 true
             }
             _ => false,
@@ -186,6 +196,18 @@ impl Liveness {
     /// The ranks alive, ascending, without copying them.
     pub fn alive_ranks(&self) -> &[u32] {
         &self.alive
+    }
+
+    /// The ranks that have not exited, dead ones included, ascending: the
+    /// recipients of a broadcast (a rank declared dead may still be
+    /// connected, and flodl's coordinator still tries it).
+    pub fn reachable(&self) -> Vec<u32> {
+        self.reachable.clone()
+    }
+
+    /// Whether `rank` latched `Exiting` (or exited with code 0).
+    pub fn is_exited(&self, rank: u32) -> bool {
+        matches!(self.get(rank), Some(Life::Exited))
     }
 
     /// How many ranks are alive.

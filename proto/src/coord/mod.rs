@@ -40,12 +40,13 @@ pub use liveness::{Life, Liveness};
 pub use metrics::{EpochReports, MAX_SCALARS};
 pub use nccl::{AskAbandoned, NCCL_ANSWER, NCCL_UID_BYTES, Rendezvous, new_sessions, pick_generator};
 pub use plan::{
-    Assignment, Segment, TRUST_WINDOW, Throughput, epoch_plans, equal_sizes, partition_sizes, split_remainder,
+    Assignment, Segment, TRUST_WINDOW, Throughput, epoch_plans, equal_sizes, partition_sizes,
+    split_remainder, split_remainder_whole,
 };
 pub use roles::{Intents, Role, RolePolicy, Roles, cadence_due, fastest, next_untried};
 pub use scheduler::{Phase, Scheduler};
 
-use crate::config::{ConfigError, TimeoutScale};
+use crate::config::{ConfigError, Rules, TimeoutScale};
 use crate::machine::ConnId;
 use crate::time::Time;
 use crate::wire::{ControlMsgWire, EpochMetricsWire, EpochPlanWire, IntentKind, TimingMsgWire, WireError};
@@ -94,6 +95,8 @@ pub struct CoordConfig {
     pub device_indices: Vec<u8>,
     /// The model signature every relay must announce for each rank, if set.
     pub model_sig: Option<[u8; 32]>,
+    /// cohort's rules or flodl 0.8's, where they differ.
+    pub rules: Rules,
 }
 
 impl CoordConfig {
@@ -116,6 +119,7 @@ impl CoordConfig {
             role_policy: RolePolicy::Fastest,
             device_indices: (0..world_size).map(|r| r as u8).collect(),
             model_sig: None,
+            rules: Rules::Cohort,
         }
     }
 
@@ -150,9 +154,9 @@ impl CoordConfig {
         Ok(())
     }
 
-    /// The staleness deadline, scaled.
+    /// The staleness deadline, scaled (whole seconds, as flodl rounds it).
     pub fn staleness(&self) -> Duration {
-        self.timeout_scale.scaled(crate::config::defaults::HEARTBEAT_STALENESS)
+        self.timeout_scale.scaled_secs(crate::config::defaults::HEARTBEAT_STALENESS)
     }
 
     /// How long an averaging cycle may stay unfinished with the cohort alive
@@ -232,18 +236,33 @@ pub enum RunEnd {
 }
 
 /// Why the coordinator never began the run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FormationFailure {
     /// The relays did not announce every rank within this.
     Deadline(Duration),
     /// The run was stopped before they did.
     Stopped,
+    /// A relay announced a rank training another model than the first one
+    /// announced.
+    ModelMismatch {
+        /// The rank.
+        rank: u32,
+        /// Its host.
+        host: String,
+        /// The rank whose signature is the reference.
+        seed_rank: u32,
+        /// Its host.
+        seed_host: String,
+    },
 }
 
 impl FormationFailure {
     /// The failure in words, for `covered` of `world_size` ranks announced.
-    pub fn describe(self, covered: u32, world_size: u32) -> String {
+    pub fn describe(&self, covered: u32, world_size: u32) -> String {
         match self {
+            FormationFailure::ModelMismatch { rank, host, seed_rank, seed_host } => format!(
+                "model mismatch at formation: rank {rank} on host {host} trains a different model than rank {seed_rank} on host {seed_host}"
+            ),
             FormationFailure::Deadline(d) => format!(
                 "relay dial-in did not cover the world within {}s ({covered}/{world_size} ranks covered)",
                 d.as_secs()

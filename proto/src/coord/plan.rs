@@ -205,6 +205,31 @@ pub fn split_remainder(seg: Segment, survivors: &[u32]) -> Vec<(u32, Segment)> {
     out
 }
 
+/// [`split_remainder`] in whole batches of `batch` samples (cohort's rule):
+/// the survivors share the remainder's `size / batch` batches as flodl's
+/// rule shares samples (ascending, `k / n` each, the first `k % n` one
+/// more); the last `size % batch` samples, which the dead rank would have
+/// dropped as its tail, go to nobody. Every slice is whole batches, so a
+/// survivor runs all of it however it arrives.
+///
+/// ```
+/// use cohort_proto::coord::{Segment, split_remainder_whole};
+/// let slices = split_remainder_whole(Segment::new(100, 11), &[0, 2], 4);
+/// assert_eq!(slices, vec![(0, Segment::new(100, 4)), (2, Segment::new(104, 4))]);
+/// ```
+pub fn split_remainder_whole(seg: Segment, survivors: &[u32], batch: u64) -> Vec<(u32, Segment)> {
+    let batch = batch.max(1);
+    let batches = Segment::new(seg.offset, seg.size / batch);
+    split_remainder(batches, survivors)
+        .into_iter()
+        .scan(seg.offset, |cursor, (r, s)| {
+            let slice = Segment::new(*cursor, s.size * batch);
+            *cursor += slice.size;
+            Some((r, slice))
+        })
+        .collect()
+}
+
 /// What one rank was given in one epoch: its plan, then every slice
 /// appended by `ExtendPartition`, in the order sent.
 ///

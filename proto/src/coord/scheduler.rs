@@ -8,11 +8,13 @@ use super::budget::{Backend, SaveReason, unrecoverable};
 use super::liveness::{Life, Liveness};
 use super::metrics::EpochReports;
 use super::nccl::{AskAbandoned, NCCL_UID_BYTES, Rendezvous, new_sessions, pick_generator};
-use super::plan::{Assignment, Segment, Throughput, epoch_plans, partition_sizes, split_remainder};
+use super::plan::{
+    Assignment, Segment, Throughput, epoch_plans, partition_sizes, split_remainder, split_remainder_whole,
+};
 use super::roles::{Intents, Role, Roles, cadence_due, next_untried};
 use super::{CoordConfig, CoordEvent, DeathCause, PlanCarrier, RoleMove, RunEnd, Step};
-use crate::config::ConfigError;
 use crate::config::defaults::COORD_HEARTBEAT;
+use crate::config::{ConfigError, Rules};
 use crate::time::Time;
 use crate::wire::{
     ControlMsgWire, EpochPlanWire, FrameType, IntentKind, Message, MetricsMsgWire, Problem, TimingMsgWire,
@@ -72,7 +74,6 @@ struct EvalJob {
     schedule_id: u64,
     epoch: u64,
     target: u32,
-    last: bool,
 }
 
 /// The schedule id of the final eval (flodl's sentinel).
@@ -318,7 +319,7 @@ impl Scheduler {
             return;
         }
         if now >= self.next_beacon {
-            let to = self.live.alive();
+            let to = self.live.reachable();
             self.send(to, ControlMsgWire::CoordHeartbeat);
             self.next_beacon = now + COORD_HEARTBEAT;
         }
@@ -382,7 +383,7 @@ impl Scheduler {
         let r = rank as usize;
         match msg {
             TimingMsgWire::Batch { batch_ms, data_ms, step_count, .. } => {
-                let before = self.gate_satisfied(rank);
+                let before = (self.gate_satisfied(rank), self.steps_since_sync(rank) > 0);
                 let book = &mut self.ranks[r];
                 book.last_step = book.last_step.max(step_count);
                 book.speed.push(batch_ms + data_ms.max(0.0));
@@ -397,14 +398,17 @@ impl Scheduler {
                 }
                 self.throttle_check(rank);
                 // Only this rank changed: the gate can only open if it just
-                // became satisfied.
-                if !before && self.gate_satisfied(rank) {
+                // became satisfied, or just became the first mover.
+                let after = (self.gate_satisfied(rank), self.steps_since_sync(rank) > 0);
+                if after.0 && (!before.0 || !before.1 && after.1) {
                     self.cycle_gate(now);
                 }
             }
-            TimingMsgWire::SyncAck { step_count, .. } => match &mut self.cycle {
+            TimingMsgWire::SyncAck { step_count, divergence, .. } => match &mut self.cycle {
+                // flodl's rule: a CPU cycle counts a rank once its SyncAck
+                // carries a divergence; an ack without one never does.
                 Cycle::CpuPending { acked, .. } => {
-                    if acked.insert(rank) {
+                    if divergence.is_some() && acked.insert(rank) {
                         self.cycle_progress(now);
                     }
                 }
@@ -426,7 +430,7 @@ impl Scheduler {
                 self.event(CoordEvent::IntentNoted { rank, kind });
             }
             TimingMsgWire::EvalResult { schedule_id, epoch, metric, error, .. } => {
-                self.eval_result(now, rank, schedule_id, epoch, metric, error)
+                self.eval_result(rank, schedule_id, epoch, metric, error)
             }
             TimingMsgWire::CheckpointResult { version, error, .. } => {
                 self.checkpoint_result(rank, version, error)
@@ -547,10 +551,17 @@ impl Scheduler {
         a.processed_floor(steps, self.cfg.batch_size).max(ep.reports.samples(r)).min(a.total())
     }
 
+    /// What `r` will process of its assignment: the whole batches of each
+    /// segment (a worker drops a segment's tail shorter than a batch).
+    fn whole_batches(&self, ep: &EpochBook, r: u32) -> u64 {
+        let b = self.cfg.batch_size.max(1);
+        ep.assigned[r as usize].segments().iter().map(|s| s.size / b * b).sum()
+    }
+
     /// Whether `r` has no work left in the epoch in progress.
     fn quiesced(&self, r: u32) -> bool {
         match &self.epoch {
-            Some(ep) if !ep.aggregated => self.processed(ep, r) >= ep.assigned[r as usize].total(),
+            Some(ep) if !ep.aggregated => self.processed(ep, r) >= self.whole_batches(ep, r),
             _ => true,
         }
     }
@@ -609,15 +620,22 @@ impl Scheduler {
         }
         // 3. Role failover (and any job in flight on the dead rank).
         self.fail_over_roles(r);
-        // 4. NCCL: tell the survivors.
-        let alive = self.live.alive();
+        // 4. NCCL: tell everyone still connected.
         if self.cfg.backend == Backend::Nccl {
-            self.send(alive.clone(), ControlMsgWire::DeclareDead { rank: r.into() });
+            let to = self.live.reachable();
+            self.send(to, ControlMsgWire::DeclareDead { rank: r.into() });
         }
-        // 5. Redistribute the remainder.
+        let alive = self.live.alive();
+        // 5. Redistribute the remainder: in samples (flodl's rule), or in
+        // whole batches (cohort's: no slice leaves a survivor a tail to drop).
         if let Some(e) = epoch {
+            let b = self.cfg.batch_size;
             for seg in remainder {
-                for (s, slice) in split_remainder(seg, &alive) {
+                let slices = match self.cfg.rules {
+                    Rules::Cohort => split_remainder_whole(seg, &alive, b),
+                    Rules::Flodl => split_remainder(seg, &alive),
+                };
+                for (s, slice) in slices {
                     if let Some(ep) = self.epoch.as_mut() {
                         ep.assigned[s as usize].push(slice);
                     }
@@ -671,7 +689,8 @@ impl Scheduler {
         for (role, from, to) in moves {
             self.event(CoordEvent::RoleMoved { role, from, to, why: RoleMove::HolderDied });
             if role == Role::EpochCallback && self.roles_announced {
-                self.send(alive.clone(), ControlMsgWire::SetEpochCallbackRole { rank: to.into() });
+                let to_all = self.live.reachable();
+                self.send(to_all, ControlMsgWire::SetEpochCallbackRole { rank: to.into() });
             }
         }
         if let Some(job) = self.checkpoint.as_mut().filter(|j| j.target == dead) {
@@ -702,8 +721,8 @@ impl Scheduler {
         if self.ended() {
             return;
         }
-        let alive = self.live.alive();
-        self.send(alive, ControlMsgWire::ShutdownWithSave { reason: reason.as_u8() });
+        let to = self.live.reachable();
+        self.send(to, ControlMsgWire::ShutdownWithSave { reason: reason.as_u8() });
         self.phase = Phase::Ended(RunEnd::Saved(reason));
         self.nccl = None;
         self.cycle = Cycle::Idle;
@@ -711,8 +730,8 @@ impl Scheduler {
     }
 
     fn shutdown(&mut self) {
-        let alive = self.live.alive();
-        self.send(alive, ControlMsgWire::Shutdown);
+        let to = self.live.reachable();
+        self.send(to, ControlMsgWire::Shutdown);
         self.phase = Phase::Ended(RunEnd::Done);
         self.event(CoordEvent::Ended(RunEnd::Done));
     }
@@ -845,9 +864,9 @@ impl Scheduler {
         }
     }
 
-    fn start_eval(&mut self, schedule_id: u64, epoch: u64, last: bool) {
+    fn start_eval(&mut self, schedule_id: u64, epoch: u64) {
         let target = self.roles.eval;
-        self.eval = Some(EvalJob { schedule_id, epoch, target, last });
+        self.eval = Some(EvalJob { schedule_id, epoch, target });
         self.send(
             vec![target],
             ControlMsgWire::ExecuteEvalCallback { schedule_id, epoch, target_rank: target.into() },
@@ -855,26 +874,15 @@ impl Scheduler {
         self.event(CoordEvent::EvalRequested { schedule_id, epoch, rank: target });
     }
 
-    fn eval_result(
-        &mut self,
-        now: Time,
-        rank: u32,
-        schedule_id: u64,
-        epoch: u64,
-        metric: f64,
-        error: Option<String>,
-    ) {
-        let Some(job) = self.eval.take_if(|j| j.target == rank && j.schedule_id == schedule_id) else {
+    fn eval_result(&mut self, rank: u32, schedule_id: u64, epoch: u64, metric: f64, error: Option<String>) {
+        if self.eval.take_if(|j| j.target == rank && j.schedule_id == schedule_id).is_none() {
             return;
-        };
+        }
         if error.is_none() {
-            let alive = self.live.alive();
-            self.send(alive, ControlMsgWire::EvalBroadcast { epoch, metric });
+            let to = self.live.reachable();
+            self.send(to, ControlMsgWire::EvalBroadcast { epoch, metric });
         }
         self.event(CoordEvent::EvalDone { epoch, rank, metric, error });
-        if job.last {
-            self.advance(now);
-        }
     }
 
     // ----------------------------------------------------------------
@@ -924,33 +932,44 @@ impl Scheduler {
         if self.cycle != Cycle::Idle {
             return;
         }
+        // The final eval, when configured, is dispatched, not awaited (as
+        // flodl's coordinator does): the run ends with it in flight.
         if self.cfg.final_eval && !self.final_eval_sent {
             self.final_eval_sent = true;
-            self.start_eval(FINAL_EVAL_ID, self.cfg.epochs, true);
-            return;
-        }
-        if self.eval.as_ref().is_some_and(|j| j.last) {
-            return;
+            self.start_eval(FINAL_EVAL_ID, self.cfg.epochs);
         }
         self.shutdown();
     }
 
+    /// cohort's rule: every live rank reported the whole batches of all it
+    /// was assigned (a worker drops the tail shorter than a batch). flodl's:
+    /// every rank not dead (an exited one included) sent a report.
+    /// An epoch nobody is alive to finish never completes.
     fn epoch_complete(&self, ep: &EpochBook) -> bool {
-        self.live
-            .alive_ranks()
-            .iter()
-            .all(|&r| ep.reports.reports(r) > 0 && ep.reports.samples(r) >= ep.assigned[r as usize].total())
+        if self.live.alive_count() == 0 {
+            return false;
+        }
+        match self.cfg.rules {
+            Rules::Cohort => self
+                .live
+                .alive_ranks()
+                .iter()
+                .all(|&r| ep.reports.reports(r) > 0 && ep.reports.samples(r) >= self.whole_batches(ep, r)),
+            Rules::Flodl => {
+                (0..self.cfg.world_size).all(|r| self.live.is_dead(r) || ep.reports.reports(r) > 0)
+            }
+        }
     }
 
     fn aggregate(&mut self) {
-        let alive = self.live.alive();
+        let to = self.live.reachable();
         let Some(ep) = self.epoch.as_mut() else { return };
         ep.aggregated = true;
         let total: u64 = ep.plan_sizes.iter().sum();
         let share: Vec<f64> =
             ep.plan_sizes.iter().map(|&s| if total > 0 { s as f64 / total as f64 } else { 0.0 }).collect();
         let metrics = ep.reports.aggregate(ep.epoch, &self.cfg.device_indices, &share);
-        self.send(alive, ControlMsgWire::EpochAggregated(Box::new(metrics.clone())));
+        self.send(to, ControlMsgWire::EpochAggregated(Box::new(metrics.clone())));
         self.event(CoordEvent::EpochAggregated { metrics: Box::new(metrics) });
     }
 
@@ -961,7 +980,8 @@ impl Scheduler {
         if !self.roles_announced {
             self.roles_announced = true;
             let rank = self.roles.epoch_callback.into();
-            self.send(alive.clone(), ControlMsgWire::SetEpochCallbackRole { rank });
+            let to = self.live.reachable();
+            self.send(to, ControlMsgWire::SetEpochCallbackRole { rank });
         }
         if epoch > 0 {
             if cadence_due(self.cfg.checkpoint_every, epoch) || self.intents.checkpoint {
@@ -970,7 +990,7 @@ impl Scheduler {
             }
             if cadence_due(self.cfg.eval_every, epoch) || self.intents.eval {
                 self.intents.eval = false;
-                self.start_eval(epoch, epoch, false);
+                self.start_eval(epoch, epoch);
             }
         }
         let speeds: Vec<Option<f64>> = alive.iter().map(|&r| self.smoothed_ms(r)).collect();
@@ -1038,16 +1058,17 @@ impl Scheduler {
         self.cycles += 1;
         self.final_cycle_started |= last;
         self.event(CoordEvent::CycleStarted { cycle: self.cycles, last });
+        let to = self.live.reachable();
         match self.cfg.backend {
             Backend::Cpu => {
-                self.send(alive, ControlMsgWire::RequestParams);
+                self.send(to, ControlMsgWire::RequestParams);
                 self.cycle = Cycle::CpuPending { since: now, acked: BTreeSet::new(), steps };
             }
             Backend::Nccl => {
-                self.send(alive.clone(), ControlMsgWire::SyncNow);
+                self.send(to.clone(), ControlMsgWire::SyncNow);
                 self.version += 1;
                 self.global_step = self.global_step.saturating_add(steps);
-                self.send(alive, ControlMsgWire::SetGlobalStep { global_step: self.global_step });
+                self.send(to, ControlMsgWire::SetGlobalStep { global_step: self.global_step });
                 self.event(CoordEvent::CycleFinished {
                     version: self.version,
                     global_step: self.global_step,
@@ -1057,14 +1078,17 @@ impl Scheduler {
         }
     }
 
-    /// Finishes a CPU cycle once every live rank acked; settles an NCCL one.
+    /// Finishes a CPU cycle once every rank it waits for acked (cohort: the
+    /// live ones; flodl: every one not dead, an exited one included);
+    /// settles an NCCL one once every live rank acknowledged.
     fn cycle_progress(&mut self, now: Time) {
         let alive = self.live.alive_ranks();
         let done = match &self.cycle {
             Cycle::Idle => false,
-            Cycle::CpuPending { acked, .. } => {
-                acked.len() >= alive.len() && alive.iter().all(|r| acked.contains(r))
-            }
+            Cycle::CpuPending { acked, .. } => match self.cfg.rules {
+                Rules::Cohort => acked.len() >= alive.len() && alive.iter().all(|r| acked.contains(r)),
+                Rules::Flodl => (0..self.cfg.world_size).all(|r| self.live.is_dead(r) || acked.contains(&r)),
+            },
             Cycle::NcclSettling { .. } => alive.iter().all(|&r| self.ranks[r as usize].acked),
         };
         if !done {
@@ -1098,7 +1122,8 @@ impl Scheduler {
             }
             None => self.send(alive.to_vec(), ControlMsgWire::Update { version, next_plan: None }),
         }
-        self.send(alive.to_vec(), ControlMsgWire::SetGlobalStep { global_step: self.global_step });
+        let to = self.live.reachable();
+        self.send(to, ControlMsgWire::SetGlobalStep { global_step: self.global_step });
         self.event(CoordEvent::CycleFinished { version, global_step: self.global_step });
     }
 

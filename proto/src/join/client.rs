@@ -73,7 +73,7 @@ impl ClientParams {
             addr: addr.into(),
             offer,
             pre_shared,
-            reply_budget: timeout_scale.scaled(JOIN_REPLY_BUDGET),
+            reply_budget: timeout_scale.scaled_secs(JOIN_REPLY_BUDGET),
             formation_margin: FORMATION_MARGIN,
         }
     }

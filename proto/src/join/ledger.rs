@@ -147,12 +147,12 @@ impl JoinConfig {
 
     /// The window length under `scale`.
     pub fn window(&self, scale: TimeoutScale) -> Duration {
-        scale.scaled(Duration::from_secs(self.join_timeout_secs))
+        scale.scaled_secs(Duration::from_secs(self.join_timeout_secs))
     }
 
     /// The hard cap under `scale`.
     pub fn cap(&self, scale: TimeoutScale) -> Duration {
-        scale.scaled(Duration::from_secs(self.max_join_timeout_secs))
+        scale.scaled_secs(Duration::from_secs(self.max_join_timeout_secs))
     }
 }
 

@@ -456,7 +456,7 @@ impl JoinWindow {
             opened: now,
             window,
             cap,
-            budget: scale.scaled(defaults::JOIN_HANDSHAKE_BUDGET),
+            budget: scale.scaled_secs(defaults::JOIN_HANDSHAKE_BUDGET),
             now,
             armed: false,
             state: WindowState::Open,

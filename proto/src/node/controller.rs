@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{ConfigError, TimeoutScale};
+use crate::config::{ConfigError, Rules, TimeoutScale};
 use crate::coord::{Backend, CoordConfig, CoordEvent, Coordinator, DeathCause, RunEnd};
 use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
 use crate::join::window::{JoinEvent, JoinWindow, WindowParams};
@@ -229,7 +229,7 @@ impl ControllerNode {
             key: MacKey::new(&cfg.salt),
             router: PortRouter::new(cfg.timeout_scale),
             window,
-            status: StatusResponder::new(StatusLimits::default()),
+            status: StatusResponder::new(StatusLimits::scaled(cfg.timeout_scale)),
             coord: None,
             reduce: None,
             rendezvous: None,
@@ -315,6 +315,7 @@ impl ControllerNode {
             let mut rc = ReduceConfig::new(world_size, self.key.clone());
             rc.ceiling = self.cfg.ceiling;
             rc.timeout_scale = self.cfg.timeout_scale;
+            rc.rules = self.cfg.run.rules;
             self.reduce = Some(Reduce::new(rc));
         }
         if self.cfg.run.backend == Backend::Nccl {
@@ -482,7 +483,9 @@ impl ControllerNode {
                     c.rank_exited(now, *rank, *code);
                 }
             }
-            JoinEvent::HostLost { ranks, .. } => {
+            // flodl's launcher takes a host link's end for nothing: its
+            // ranks go stale instead.
+            JoinEvent::HostLost { ranks, .. } if self.cfg.run.rules == Rules::Cohort => {
                 let ranks: Vec<u32> = ranks.clone().collect();
                 if let Some(c) = self.coord.as_mut() {
                     c.host_lost(now, &ranks);

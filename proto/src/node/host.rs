@@ -322,7 +322,6 @@ impl HostNode {
                 spec.upstream(),
             );
             relay.ceiling = ceiling;
-            relay.timeout_scale = self.cfg.timeout_scale;
             let listen = match (flodl, leg) {
                 (true, Leg::Control) => Some(spec.control_listen()),
                 (true, Leg::Data) => spec.data_listen(),

@@ -74,9 +74,18 @@ pub struct Trainer {
     rng: u64,
     model: Vec<f32>,
     epoch: Option<u64>,
+    /// The samples assigned and not yet taken by a batch, as `(first, count)`
+    /// segments in walk order (the plan, then any extensions).
     work: VecDeque<(u64, u64)>,
-    /// The batch in progress: (end, ms, samples, first sample).
-    batch: Option<(Time, f64, u64, u64)>,
+    /// The batch in progress: (end, ms, the epoch it belongs to).
+    batch: Option<(Time, f64, u64)>,
+    /// The samples of the batch in progress, as `(first, count)` pieces.
+    pieces: Vec<(u64, u64)>,
+    /// The plan in progress has not been reported yet.
+    plan_open: bool,
+    /// Samples dropped as a plan's tail shorter than a batch, as
+    /// `(epoch, first, count)` runs.
+    dropped: Vec<(u64, u64, u64)>,
     processed: Vec<(u64, u64, u64)>,
     samples_unreported: u64,
     batches_unreported: u64,
@@ -101,6 +110,35 @@ fn unit(state: &mut u64) -> f64 {
     (splitmix(state) >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// How far a sync moved a rank's parameters, as flodl's rank reports it in
+/// `SyncAck`: `(|pre - post| / |post|, Some(|post|), Some(|pre|))` with L2
+/// norms accumulated in f64, and a divergence of 0 when `|post|` is at most
+/// 1e-10. `pre` is what the rank contributed, `post` what it got back (its
+/// own `pre` when the round kept local state). No parameters: `(0, None, None)`.
+///
+/// ```
+/// use cohort_proto::node::trainer::divergence;
+/// let (d, post, pre) = divergence(&[3.0, 4.0], &[0.0, 5.0]);
+/// assert!((d - (10f64).sqrt() / 5.0).abs() < 1e-12);
+/// assert_eq!((post, pre), (Some(5.0), Some(5.0)));
+/// assert_eq!(divergence(&[], &[]), (0.0, None, None));
+/// ```
+pub fn divergence(pre: &[f32], post: &[f32]) -> (f64, Option<f64>, Option<f64>) {
+    if pre.is_empty() {
+        return (0.0, None, None);
+    }
+    let (mut diff, mut post_sq, mut pre_sq) = (0.0f64, 0.0f64, 0.0f64);
+    for (a, b) in pre.iter().zip(post) {
+        let (a, b) = (f64::from(*a), f64::from(*b));
+        diff += (a - b) * (a - b);
+        post_sq += b * b;
+        pre_sq += a * a;
+    }
+    let post_norm = post_sq.sqrt();
+    let d = if post_norm <= 1e-10 { 0.0 } else { diff.sqrt() / post_norm };
+    (d, Some(post_norm), Some(pre_sq.sqrt()))
+}
+
 /// The model update of `rank` at `step`, element `i`: small, deterministic,
 /// different per rank so averages are informative.
 pub fn update(rank: u32, step: u64, i: usize) -> f32 {
@@ -120,6 +158,9 @@ impl Trainer {
             epoch: None,
             work: VecDeque::new(),
             batch: None,
+            pieces: Vec::new(),
+            plan_open: false,
+            dropped: Vec::new(),
             processed: Vec::new(),
             samples_unreported: 0,
             batches_unreported: 0,
@@ -158,27 +199,50 @@ impl Trainer {
         &self.processed
     }
 
+    /// Every sample dropped so far as the tail of a plan shorter than a
+    /// batch (flodl's workers run whole batches only), as `(epoch, first,
+    /// count)` runs.
+    pub fn dropped(&self) -> &[(u64, u64, u64)] {
+        &self.dropped
+    }
+
     /// Samples still assigned in the current epoch (not counting a batch in progress).
     pub fn remaining(&self) -> u64 {
         self.work.iter().map(|(_, n)| n).sum()
     }
 
-    fn start_batch(&mut self, now: Time) {
+    /// Starts the next whole batch, if the plan holds one and nothing holds
+    /// the workload; reports the plan once no whole batch is left (the tail
+    /// shorter than a batch is dropped, as flodl's workers drop it).
+    fn start_batch(&mut self, now: Time, out: &mut Vec<Action>) {
         if self.done || self.batch.is_some() || self.hold != Hold::Free {
             return;
         }
-        let Some(front) = self.work.front_mut() else { return };
-        let n = front.1.min(self.cfg.batch_size);
-        let first = front.0;
-        front.0 += n;
-        front.1 -= n;
-        if front.1 == 0 {
-            self.work.pop_front();
+        let b = self.cfg.batch_size.max(1);
+        if self.remaining() < b {
+            self.drop_tail();
+            if core::mem::take(&mut self.plan_open) {
+                out.push(Action::Metrics(self.metrics()));
+            }
+            return;
+        }
+        self.pieces.clear();
+        let mut need = b;
+        while need > 0 {
+            let Some(front) = self.work.front_mut() else { break };
+            let n = front.1.min(need);
+            self.pieces.push((front.0, n));
+            front.0 += n;
+            front.1 -= n;
+            need -= n;
+            if front.1 == 0 {
+                self.work.pop_front();
+            }
         }
         let jitter = (unit(&mut self.rng) * 2.0 - 1.0) * self.cfg.spread;
         let ms = (self.cfg.batch_ms * (1.0 + jitter)).max(0.001);
-        let end = now + Duration::from_secs_f64(ms / 1000.0);
-        self.batch = Some((end, ms, n, first));
+        let took = Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX);
+        self.batch = Some((now.saturating_add(took), ms, self.epoch.unwrap_or(0)));
     }
 
     /// Multiplies the mean batch time by `factor` from the next batch on: a
@@ -217,7 +281,7 @@ impl Trainer {
 
     /// The batch in progress finished (at [`Workload::next_wake`]).
     fn batch_done(&mut self, now: Time, out: &mut Vec<Action>) {
-        let Some((end, ms, n, first)) = self.batch else { return };
+        let Some((end, ms, epoch)) = self.batch else { return };
         if now < end {
             return;
         }
@@ -228,35 +292,60 @@ impl Trainer {
             *v += update(self.cfg.rank, self.step_count, i);
         }
         let loss = 1.0 / (1.0 + self.step_count as f64);
-        self.samples_unreported += n;
-        self.batches_unreported += 1;
-        let epoch = self.epoch.unwrap_or(0);
-        match self.processed.last_mut() {
-            Some((e, off, len)) if *e == epoch && *off + *len == first => *len += n,
-            _ => self.processed.push((epoch, first, n)),
+        // A batch of an epoch the workload has since left counts for nothing
+        // the new plan reports.
+        if Some(epoch) == self.epoch {
+            self.samples_unreported += self.cfg.batch_size.max(1);
+            self.batches_unreported += 1;
+            self.epoch_loss += loss;
         }
-        self.epoch_loss += loss;
+        for &(first, n) in &self.pieces {
+            match self.processed.last_mut() {
+                Some((e, off, len)) if *e == epoch && *off + *len == first => *len += n,
+                _ => self.processed.push((epoch, first, n)),
+            }
+        }
         out.push(Action::Batch { batch_ms: ms, step_count: self.step_count, loss });
-        if self.work.is_empty() {
-            out.push(Action::Metrics(self.metrics()));
-        }
         if self.snapshot_pending {
             self.snapshot_pending = false;
+            if self.remaining() < self.cfg.batch_size.max(1) && core::mem::take(&mut self.plan_open) {
+                self.drop_tail();
+                out.push(Action::Metrics(self.metrics()));
+            }
             self.submit(out);
         } else {
-            self.start_batch(now);
+            self.start_batch(now, out);
         }
     }
 
-    fn start_epoch(&mut self, now: Time, plan: &EpochPlanWire, out: &mut Vec<Action>) {
-        self.epoch = Some(plan.epoch);
-        self.work.clear();
-        if plan.partition_size > 0 {
-            self.work.push_back((plan.partition_offset, plan.partition_size));
-        } else {
-            out.push(Action::Metrics(self.metrics()));
+    /// The work left is shorter than a batch: it is dropped.
+    fn drop_tail(&mut self) {
+        let epoch = self.epoch.unwrap_or(0);
+        for (first, n) in self.work.drain(..) {
+            if n > 0 {
+                self.dropped.push((epoch, first, n));
+            }
         }
-        self.start_batch(now);
+    }
+
+    /// A plan (or a slice of a dead rank's remainder) joins the work.
+    fn assign(&mut self, now: Time, offset: u64, size: u64, out: &mut Vec<Action>) {
+        if size > 0 {
+            self.work.push_back((offset, size));
+        }
+        self.plan_open = true;
+        self.start_batch(now, out);
+    }
+
+    fn start_epoch(&mut self, now: Time, plan: &EpochPlanWire, out: &mut Vec<Action>) {
+        // What the previous plan left (work that came after it reported, and
+        // its report with it) is abandoned, as flodl's worker abandons it.
+        self.drop_tail();
+        self.samples_unreported = 0;
+        self.batches_unreported = 0;
+        self.epoch_loss = 0.0;
+        self.epoch = Some(plan.epoch);
+        self.assign(now, plan.partition_offset, plan.partition_size, out);
     }
 
     fn command(&mut self, now: Time, msg: &ControlMsgWire, out: &mut Vec<Action>) {
@@ -264,10 +353,7 @@ impl Trainer {
         match msg {
             ControlMsgWire::StartEpoch(plan) => self.start_epoch(now, plan, out),
             ControlMsgWire::ExtendPartition { partition_offset, partition_size } => {
-                if *partition_size > 0 {
-                    self.work.push_back((*partition_offset, *partition_size));
-                }
-                self.start_batch(now);
+                self.assign(now, *partition_offset, *partition_size, out);
             }
             ControlMsgWire::RequestParams if self.hold != Hold::Syncing => {
                 self.hold = Hold::Free;
@@ -278,15 +364,23 @@ impl Trainer {
                 }
             }
             ControlMsgWire::SyncNow => {
-                // The NCCL all-reduce is modelled as instant and in place.
+                // The NCCL all-reduce is modelled as instant and in place:
+                // the parameters after it are the ones before. As flodl's
+                // rank does, the sync counts as a step of the acknowledgement.
                 self.steps_since_sync = 0;
+                self.step_count += 1;
+                if self.hold == Hold::Throttled {
+                    self.hold = Hold::Free;
+                }
+                let (divergence, post_norm, pre_norm) = divergence(&self.model, &self.model);
                 out.push(Action::Report(TimingMsgWire::SyncAck {
                     rank: me,
                     step_count: self.step_count,
-                    divergence: None,
-                    post_norm: None,
-                    pre_norm: None,
+                    divergence: Some(divergence),
+                    post_norm,
+                    pre_norm,
                 }));
+                self.start_batch(now, out);
             }
             ControlMsgWire::Throttle if self.hold == Hold::Free => self.hold = Hold::Throttled,
             ControlMsgWire::Update { next_plan, .. } => {
@@ -296,7 +390,7 @@ impl Trainer {
                 if let Some(plan) = next_plan {
                     self.start_epoch(now, plan, out);
                 } else {
-                    self.start_batch(now);
+                    self.start_batch(now, out);
                 }
             }
             ControlMsgWire::RequestNewNcclId => {
@@ -327,7 +421,11 @@ impl Trainer {
             }
             ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. } if !self.done => {
                 self.done = true;
-                self.batch = None;
+                // The batch in progress never completes: its samples are dropped too.
+                if let Some((_, _, epoch)) = self.batch.take() {
+                    self.dropped.extend(self.pieces.drain(..).map(|(first, n)| (epoch, first, n)));
+                }
+                self.drop_tail();
                 out.push(Action::Exit);
             }
             _ => {}
@@ -335,23 +433,26 @@ impl Trainer {
     }
 
     fn consensus(&mut self, now: Time, values: Option<&[f32]>, out: &mut Vec<Action>) {
-        if let Some(v) = values
-            && v.len() == self.model.len()
-        {
+        // The model has not moved since it was submitted (the workload holds
+        // while syncing): it is the snapshot the divergence compares with.
+        let post = values.filter(|v| v.len() == self.model.len());
+        let (div, post_norm, pre_norm) = divergence(&self.model, post.unwrap_or(&self.model));
+        if let Some(v) = post {
             self.model.copy_from_slice(v);
         }
         self.steps_since_sync = 0;
         if self.hold == Hold::Syncing {
             self.hold = Hold::Free;
         }
+        // On the CPU plane flodl's rank acknowledges with step count 0.
         out.push(Action::Report(TimingMsgWire::SyncAck {
             rank: self.cfg.rank.into(),
-            step_count: self.step_count,
-            divergence: None,
-            post_norm: None,
-            pre_norm: None,
+            step_count: 0,
+            divergence: Some(div),
+            post_norm,
+            pre_norm,
         }));
-        self.start_batch(now);
+        self.start_batch(now, out);
     }
 }
 

@@ -175,10 +175,11 @@ fn ceiling() -> u64 {
 impl ControlClient {
     /// A client for `cfg`, dialing the relay and starting the handshake at once.
     pub fn new(cfg: ControlClientConfig, now: Time) -> Self {
-        let liveness = cfg.timeout_scale.scaled(COORD_LIVENESS);
+        let liveness = cfg.timeout_scale.scaled_secs(COORD_LIVENESS);
         let kind = ControlHandshake { key: cfg.key.clone(), world_size: cfg.world_size };
         let fields = ControlHelloFields { rank: cfg.rank, model_sig: cfg.model_sig };
-        let budget = cfg.timeout_scale.scaled(HANDSHAKE);
+        // flodl's rank reads the ack under a plain 10 s timeout (not scaled).
+        let budget = HANDSHAKE;
         let dialer = Dialer::new(kind, fields, cfg.relay_addr.clone(), None, budget, now);
         let mut c = ControlClient {
             cfg,

@@ -162,6 +162,9 @@ pub enum DataClientError {
     Unsolicited,
     /// The relay closed the connection.
     Closed(CloseCause),
+    /// A round was in flight and nothing arrived for this long (flodl's
+    /// rank reads the consensus under scaled(120 s)).
+    ReadTimeout(core::time::Duration),
 }
 
 impl fmt::Display for DataClientError {
@@ -171,6 +174,9 @@ impl fmt::Display for DataClientError {
             DataClientError::Wire(e) => write!(f, "consensus: {e}"),
             DataClientError::Unsolicited => f.write_str("a consensus arrived with no round submitted"),
             DataClientError::Closed(c) => write!(f, "relay connection ended ({c})"),
+            DataClientError::ReadTimeout(d) => {
+                write!(f, "no consensus byte for {}s with a round in flight", d.as_secs())
+            }
         }
     }
 }
@@ -293,6 +299,9 @@ pub struct DataClient {
     cfg: DataClientConfig,
     state: State,
     pending: Option<Submitted>,
+    /// While a round is in flight: when its consensus must have made progress by.
+    read_deadline: Option<Time>,
+    read_timeout: core::time::Duration,
     len: LenDecoder,
     dec: RoundDecoder,
     /// Tensors of the consensus being received.
@@ -305,15 +314,19 @@ pub struct DataClient {
 impl DataClient {
     /// A client for `cfg`, dialing the relay and starting the handshake at once.
     pub fn new(cfg: DataClientConfig, now: Time) -> Self {
-        let budget = cfg.timeout_scale.scaled(defaults::HANDSHAKE);
+        // flodl's rank reads the ack under a plain 10 s timeout (not scaled).
+        let budget = defaults::HANDSHAKE;
         let kind = DataHandshake { world_size: cfg.world_size };
         let dialer = Dialer::new(kind, cfg.rank, cfg.relay.clone(), None, budget, now);
+        let read_timeout = cfg.timeout_scale.scaled_secs(defaults::CONSENSUS_READ);
         let mut c = DataClient {
             len: LenDecoder::new(cfg.ceiling),
             dec: RoundDecoder::new(cfg.ceiling),
             cfg,
             state: State::Handshaking(Box::new(dialer)),
             pending: None,
+            read_deadline: None,
+            read_timeout,
             rx: Vec::new(),
             rx_weight: 0.0,
             rx_done: false,
@@ -336,7 +349,7 @@ impl DataClient {
     /// Sends this rank's contribution for the next round: each value times
     /// `c.scale`, encoded in `c.dtype` (an elided frame when the scale is 0),
     /// length-framed, in one buffer.
-    pub fn submit_round(&mut self, _now: Time, c: &Contribution<'_>) -> Result<(), SubmitError> {
+    pub fn submit_round(&mut self, now: Time, c: &Contribution<'_>) -> Result<(), SubmitError> {
         let State::Ready { conn } = self.state else { return Err(SubmitError::NotConnected) };
         if self.pending.is_some() {
             return Err(SubmitError::InFlight);
@@ -375,6 +388,7 @@ impl DataClient {
             kind: c.kind,
             tensors: c.tensors.iter().map(|t| (c.dtype, t.shape.to_vec())).collect(),
         });
+        self.read_deadline = Some(now.saturating_add(self.read_timeout));
         Ok(())
     }
 
@@ -411,6 +425,7 @@ impl DataClient {
         }
         self.state = State::Failed;
         self.pending = None;
+        self.read_deadline = None;
         self.out.event(DataClientEvent::Failed(e));
     }
 
@@ -511,9 +526,20 @@ impl Machine for DataClient {
             State::Ready { conn } => {
                 let conn = *conn;
                 match input {
-                    Input::Received { conn: c, bytes } if c == conn => self.received(conn, bytes),
+                    Input::Received { conn: c, bytes } if c == conn => {
+                        if self.pending.is_some() {
+                            self.read_deadline = Some(now.saturating_add(self.read_timeout));
+                        }
+                        self.received(conn, bytes);
+                        if self.pending.is_none() {
+                            self.read_deadline = None;
+                        }
+                    }
                     Input::Closed { conn: c, cause, .. } if c == conn => {
                         self.fail(None, DataClientError::Closed(cause));
+                    }
+                    Input::Timeout if self.read_deadline.is_some_and(|t| t <= now) => {
+                        self.fail(Some(conn), DataClientError::ReadTimeout(self.read_timeout));
                     }
                     _ => {}
                 }
@@ -533,7 +559,8 @@ impl Machine for DataClient {
     fn poll_timeout(&self) -> Option<Time> {
         match &self.state {
             State::Handshaking(d) => d.poll_timeout(),
-            _ => None,
+            State::Ready { .. } => self.read_deadline,
+            State::Failed => None,
         }
     }
 }

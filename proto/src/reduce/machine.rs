@@ -6,7 +6,7 @@ use bytes::{Bytes, BytesMut};
 use core::fmt;
 
 use super::sum::{Consensus, RoundSum, verify_layout};
-use crate::config::{TimeoutScale, defaults};
+use crate::config::{Rules, TimeoutScale, defaults};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
@@ -24,12 +24,48 @@ pub struct ReduceConfig {
     pub ceiling: u64,
     /// Stretches the hello deadline.
     pub timeout_scale: TimeoutScale,
+    /// cohort's rules (a host's end is its ranks' death) or flodl 0.8's (it
+    /// stops the reduce for everyone).
+    pub rules: Rules,
 }
 
 impl ReduceConfig {
-    /// A configuration with flodl's defaults (1 GiB ceiling, scale 1).
+    /// A configuration with flodl's defaults (1 GiB ceiling, scale 1) and cohort's rules.
     pub fn new(world_size: u32, key: MacKey) -> Self {
-        ReduceConfig { world_size, key, ceiling: DEFAULT_FRAME_CEILING, timeout_scale: TimeoutScale::ONE }
+        ReduceConfig {
+            world_size,
+            key,
+            ceiling: DEFAULT_FRAME_CEILING,
+            timeout_scale: TimeoutScale::ONE,
+            rules: Rules::Cohort,
+        }
+    }
+}
+
+/// Why the reduce stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReduceStop {
+    /// Every rank is dead.
+    AllDead,
+    /// flodl's rules: a host's connection ended, broke protocol, or reported
+    /// a live rank's exit, and that ends the reduce for every host.
+    HostEnded {
+        /// The host's connection.
+        conn: ConnId,
+    },
+}
+
+impl fmt::Display for ReduceStop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReduceStop::AllDead => f.write_str("every rank is dead"),
+            ReduceStop::HostEnded { conn } => {
+                write!(
+                    f,
+                    "{conn} ended with live ranks, which ends the reduce for every host (flodl's rules)"
+                )
+            }
+        }
     }
 }
 
@@ -173,8 +209,8 @@ pub enum ReduceEvent {
         /// Hosts whose frames are in the sum, in arrival order.
         contributors: Vec<ConnId>,
     },
-    /// Every rank is dead; every connection was closed.
-    Stopped,
+    /// The reduce stopped; every connection was closed.
+    Stopped(ReduceStop),
 }
 
 #[derive(Debug)]
@@ -319,6 +355,9 @@ impl Reduce {
             return;
         }
         self.out.event(ReduceEvent::HostFailed { conn, error });
+        if self.ends_everything(conn) {
+            return self.stop(ReduceStop::HostEnded { conn });
+        }
         self.drop_host(conn, DeathCause::HostFailed, true);
     }
 
@@ -379,7 +418,9 @@ impl Reduce {
             }
             MuxRecord::Data { rank, .. } => self.fail_host(conn, HostError::DataRecord { rank }),
             MuxRecord::Control(RelayControlMsg::RankExit { rank }) => {
-                if ranks.contains(&rank) {
+                if ranks.contains(&rank) && self.cfg.rules == Rules::Flodl && !self.dead.contains(&rank) {
+                    self.stop(ReduceStop::HostEnded { conn });
+                } else if ranks.contains(&rank) {
                     self.mark_dead(rank, DeathCause::RankExit, false);
                 }
             }
@@ -437,7 +478,7 @@ impl Reduce {
             return;
         }
         if self.dead.len() as u64 >= u64::from(self.cfg.world_size) {
-            return self.stop();
+            return self.stop(ReduceStop::AllDead);
         }
         // Every live rank must be carried by a joined host.
         if self.owner.len() + self.dead.iter().filter(|r| !self.owner.contains_key(r)).count()
@@ -486,12 +527,20 @@ impl Reduce {
         self.round += 1;
     }
 
-    fn stop(&mut self) {
+    fn stop(&mut self, why: ReduceStop) {
         self.stopped = true;
         for conn in core::mem::take(&mut self.hosts).into_keys() {
             self.out.close(conn);
         }
-        self.out.event(ReduceEvent::Stopped);
+        self.out.event(ReduceEvent::Stopped(why));
+    }
+
+    /// Under flodl's rules, whether `conn` carries a live rank (its end then
+    /// stops the reduce for everyone).
+    fn ends_everything(&self, conn: ConnId) -> bool {
+        self.cfg.rules == Rules::Flodl
+            && matches!(self.hosts.get(&conn), Some(Host { state: HostState::Joined { ranks, .. }, .. })
+                if ranks.iter().any(|r| !self.dead.contains(r)))
     }
 
     fn timeout(&mut self, now: Time) {
@@ -524,7 +573,8 @@ impl Adopt for Reduce {
             self.out.close(conn);
             return;
         }
-        let deadline = now + self.cfg.timeout_scale.scaled(defaults::HANDSHAKE);
+        // flodl's controller reads a relay's hello under a plain 10 s timeout.
+        let deadline = now + defaults::HANDSHAKE;
         let host = Host {
             state: HostState::Hello { deadline },
             // Until its hello verifies, a relay may only send a hello's worth.
@@ -547,6 +597,10 @@ impl Machine for Reduce {
             Input::Received { conn, bytes } => self.received(now, conn, bytes),
             Input::Closed { conn, cause, .. } => {
                 match self.hosts.get(&conn).map(|h| matches!(h.state, HostState::Joined { .. })) {
+                    Some(true) if self.ends_everything(conn) => {
+                        self.hosts.remove(&conn);
+                        self.stop(ReduceStop::HostEnded { conn });
+                    }
                     Some(true) => self.drop_host(conn, DeathCause::HostLost(cause), false),
                     Some(false) => {
                         self.hosts.remove(&conn);

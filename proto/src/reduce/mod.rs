@@ -34,7 +34,7 @@ mod machine;
 mod mass;
 mod sum;
 
-pub use machine::{DeathCause, HostError, HostRefusal, Reduce, ReduceConfig, ReduceEvent};
+pub use machine::{DeathCause, HostError, HostRefusal, Reduce, ReduceConfig, ReduceEvent, ReduceStop};
 pub use mass::{gamma_mass, is_realized, mover_mass};
 pub use sum::{
     Consensus, ConsensusTensor, FrameLayout, LaidTensor, RoundSum, reduce_frames, sum_frames, verify_layout,

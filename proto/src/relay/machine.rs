@@ -8,7 +8,7 @@ use core::time::Duration;
 
 use super::Leg;
 use super::fold::{Admit, Barrier, FoldError, FrameFold, RoundFold};
-use crate::config::{ConfigError, TimeoutScale, defaults};
+use crate::config::{ConfigError, defaults};
 use crate::handshake::{Acceptor, AcceptorEvent, ControlHandshake, DataHandshake, HandshakeError};
 use crate::machine::{CloseCause, ConnId, DialId, Input, Machine, Outbox, Output};
 use crate::time::Time;
@@ -36,13 +36,12 @@ pub struct RelayConfig {
     /// The controller's address.
     pub upstream: String,
     /// The frame ceiling for length-framed blobs, mux records and round frames.
+    /// (The handshake deadlines are flodl's fixed 10 s: no timeout scale.)
     pub ceiling: u64,
-    /// Stretches the handshake deadlines.
-    pub timeout_scale: TimeoutScale,
 }
 
 impl RelayConfig {
-    /// A configuration with flodl's defaults (1 GiB ceiling, scale 1).
+    /// A configuration with flodl's defaults (1 GiB ceiling).
     pub fn new(
         leg: Leg,
         host: impl Into<String>,
@@ -59,7 +58,6 @@ impl RelayConfig {
             key,
             upstream: upstream.into(),
             ceiling: DEFAULT_FRAME_CEILING,
-            timeout_scale: TimeoutScale::ONE,
         }
     }
 }
@@ -390,7 +388,8 @@ impl Relay {
                 format!("rank {r} is outside the world of {}", cfg.world_size),
             ));
         }
-        let budget = cfg.timeout_scale.scaled(defaults::HANDSHAKE);
+        // flodl's relay reads a rank's hello under a plain 10 s timeout.
+        let budget = defaults::HANDSHAKE;
         let acceptor = match cfg.leg {
             Leg::Control => Acc::Control(Acceptor::new(
                 ControlHandshake { key: cfg.key.clone(), world_size: cfg.world_size },
@@ -735,7 +734,7 @@ impl Relay {
             return;
         }
         self.out.transmit(conn, first.freeze());
-        let deadline = now + self.cfg.timeout_scale.scaled(defaults::HANDSHAKE);
+        let deadline = now + defaults::HANDSHAKE;
         self.up = Up::Hello { conn, deadline };
     }
 

@@ -46,7 +46,7 @@ use bytes::Bytes;
 use core::fmt;
 use core::time::Duration;
 
-use crate::config::defaults;
+use crate::config::{TimeoutScale, defaults};
 use crate::join::{ClusterPhase, StartMode};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
@@ -97,8 +97,16 @@ pub struct StatusLimits {
 
 impl Default for StatusLimits {
     fn default() -> Self {
+        StatusLimits::scaled(TimeoutScale::ONE)
+    }
+}
+
+impl StatusLimits {
+    /// flodl's limits under `scale`: the request within scaled(5 s), whole
+    /// seconds, and 2048 bytes.
+    pub fn scaled(scale: TimeoutScale) -> Self {
         StatusLimits {
-            request_timeout: defaults::STATUS_REQUEST,
+            request_timeout: scale.scaled_secs(defaults::STATUS_REQUEST),
             max_request_bytes: defaults::STATUS_REQUEST_BYTES,
         }
     }

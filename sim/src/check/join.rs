@@ -34,8 +34,9 @@ impl JoinCheck {
     pub fn new(sc: &Scenario, scale: TimeoutScale) -> Self {
         let j = &sc.join;
         let rules = JoinRules {
-            window: Duration::from_secs_f64(j.join_timeout_secs as f64 * scale.get()),
-            cap: Duration::from_secs_f64(j.max_join_timeout_secs as f64 * scale.get()),
+            // flodl's scaled deadlines: whole seconds, rounded up, at least one.
+            window: Duration::from_secs((j.join_timeout_secs as f64 * scale.get()).ceil().max(1.0) as u64),
+            cap: Duration::from_secs((j.max_join_timeout_secs as f64 * scale.get()).ceil().max(1.0) as u64),
             quorum: j.min_rank_start,
             target: j.target_ranks,
             mode: match j.start_mode {

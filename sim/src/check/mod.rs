@@ -32,6 +32,7 @@ use cohort_proto::join::window::JoinEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::ControllerEvent;
 use cohort_proto::node::host::HostEvent;
+use cohort_proto::reduce::{ReduceEvent, ReduceStop};
 use cohort_proto::testing::oracle::ConsensusOracle;
 
 use crate::report::Death;
@@ -67,6 +68,9 @@ pub struct Facts {
     pub controller_lost: Option<Time>,
     /// When the launcher aborted.
     pub aborted: Option<Time>,
+    /// When the reduce stopped for everyone (flodl's rules: a data relay's
+    /// end takes every host's data plane, and so every rank, with it).
+    pub reduce_lost: Option<Time>,
     /// Ranks whose process died.
     pub crashed: BTreeSet<u32>,
     /// Hosts that were cut off.
@@ -82,6 +86,7 @@ impl Facts {
         self.ranks_faulted.get(&r).is_some_and(|at| *at <= t)
             || self.rank_host.get(&r).and_then(|h| self.hosts_faulted.get(h)).is_some_and(|at| *at <= t)
             || self.controller_lost.is_some_and(|at| at <= t)
+            || self.reduce_lost.is_some_and(|at| at <= t)
     }
 
     /// The first fault of any kind, if any happened by `t`.
@@ -184,6 +189,14 @@ impl Checker {
                     self.facts.rank_host.insert(*r, h.to_string());
                 }
             }
+            (
+                Source::Controller,
+                ClusterEvent::Controller(ControllerEvent::Reduce(ReduceEvent::Stopped(
+                    ReduceStop::HostEnded { .. },
+                ))),
+            ) => {
+                self.facts.reduce_lost.get_or_insert(t);
+            }
             _ => {}
         }
         if let (Source::Controller, ClusterEvent::Controller(ev)) = (source, e) {
@@ -208,7 +221,7 @@ impl Checker {
         &mut self,
         at: Time,
         epochs_completed: u64,
-        processed: &BTreeMap<u32, Vec<(u64, u64, u64)>>,
+        work: &BTreeMap<u32, coverage::RankWork>,
         deaths: &[Death],
     ) {
         if self.stopped() {
@@ -221,7 +234,7 @@ impl Checker {
         }
         self.nccl.finish(at, &self.facts, &mut self.v);
         if !self.stopped() {
-            self.coverage.finish(at, epochs_completed, processed, deaths, &self.facts, &mut self.v);
+            self.coverage.finish(at, epochs_completed, work, deaths, &self.facts, &mut self.v);
         }
     }
 }
