@@ -29,13 +29,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 
 use bytes::Bytes;
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 
-use crate::queue::{Flushed, OutQueue};
+use crate::queue::OutQueue;
 use crate::timers::Timers;
 use crate::{Config, NodeEvent};
 
@@ -63,6 +63,11 @@ pub enum Drained {
 ///
 /// `slot` names the engine's slot a socket lives in (stable while it lives
 /// there); a driver maps it to its readiness key (a mio token, a waker).
+/// Every call is non-blocking: "would block" is `io::ErrorKind::WouldBlock`
+/// from [`Io::read`] and [`Io::write`], after which the engine asks
+/// [`Io::read_again`] / [`Io::write_again`] whether to go on now or wait
+/// for the socket's next readiness. See the [module documentation](self)
+/// for what else a driver owes the engine.
 pub trait Io {
     /// A connected socket.
     type Stream;
@@ -70,7 +75,7 @@ pub trait Io {
     type Connecting;
 
     /// Starts attempt `attempt` (1-based) to connect to `addr` for the dial
-    /// in `slot`.
+    /// in `slot` (pick the attempt's address with [`attempt_addr`]).
     fn connect(&mut self, slot: usize, addr: &str, attempt: u32) -> Connect<Self::Connecting, Self::Stream>;
 
     /// Checks an attempt in flight (its socket reported readiness).
@@ -80,14 +85,16 @@ pub trait Io {
         attempt: Self::Connecting,
     ) -> Connect<Self::Connecting, Self::Stream>;
 
-    /// Reads what the socket has (non-blocking).
-    fn read(&mut self, stream: &mut Self::Stream, buf: &mut [u8]) -> io::Result<usize>;
+    /// Reads what the socket has into `buf`: the count (0 at the peer's
+    /// FIN), or `WouldBlock`.
+    fn read(&mut self, slot: usize, stream: &mut Self::Stream, buf: &mut [u8]) -> io::Result<usize>;
 
-    /// Writes what `out` holds until it is empty or the socket would block.
-    fn write(&mut self, stream: &mut Self::Stream, out: &mut OutQueue) -> io::Result<Flushed>;
+    /// Writes a prefix of `bufs` (one vectored write): the count, or
+    /// `WouldBlock`. The engine keeps the queue and its accounting.
+    fn write(&mut self, slot: usize, stream: &mut Self::Stream, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
 
     /// Sends FIN (shuts the write half down).
-    fn shutdown_write(&mut self, stream: &Self::Stream) -> io::Result<()>;
+    fn shutdown_write(&mut self, slot: usize, stream: &mut Self::Stream) -> io::Result<()>;
 
     /// Sets `TCP_NODELAY`.
     fn set_nodelay(&mut self, stream: &Self::Stream) -> io::Result<()>;
@@ -109,8 +116,8 @@ pub trait Io {
     /// An error closes the connection.
     fn write_again(&mut self, slot: usize, stream: &Self::Stream) -> io::Result<bool>;
 
-    /// The connection in `slot` spent its read budget with bytes left: read
-    /// it again after serving the others.
+    /// The connection in `slot` spent its read budget with bytes left: call
+    /// [`Engine::read`] on it again after serving the others.
     fn read_later(&mut self, slot: usize);
 
     /// `slot` is used for the first time (slots are reused after that).
@@ -125,6 +132,24 @@ pub trait Io {
     fn abandon(&mut self, attempt: Self::Connecting) {
         drop(attempt);
     }
+}
+
+/// The address attempt `attempt` (1-based) of a dial to `addr` tries, out
+/// of what `addr` resolved to: a dial to a name that resolves to several
+/// addresses tries them in turn across its attempts.
+///
+/// ```
+/// use cohort_driver_core::engine::attempt_addr;
+/// let all = ["127.0.0.1:1".parse().unwrap(), "127.0.0.2:1".parse().unwrap()];
+/// assert_eq!(attempt_addr("h:1", &all, 1).unwrap(), all[0]);
+/// assert_eq!(attempt_addr("h:1", &all, 4).unwrap(), all[1]);
+/// assert!(attempt_addr("h:1", &[], 1).is_err());
+/// ```
+pub fn attempt_addr(addr: &str, resolved: &[SocketAddr], attempt: u32) -> io::Result<SocketAddr> {
+    if resolved.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolved to no address")));
+    }
+    Ok(resolved[(attempt.max(1) as usize - 1) % resolved.len()])
 }
 
 /// What a slot holds.
@@ -530,7 +555,8 @@ impl<M: Machine, I: Io> Engine<M, I> {
                 }
                 return;
             }
-            let err = match self.io.write(&mut c.sock, &mut c.out) {
+            let (io, sock) = (&mut self.io, &mut c.sock);
+            let err = match c.out.write_with(|bufs| io.write(slot, sock, bufs)) {
                 Ok(f) => {
                     if f.wrote > 0 {
                         c.progress_at = now;
@@ -565,7 +591,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
         loop {
             let Some(Some(Entry::Conn(c))) = self.slots.get_mut(slot) else { return };
             let id = c.id;
-            let drained = match self.io.read(&mut c.sock, &mut self.read_buf) {
+            let drained = match self.io.read(slot, &mut c.sock, &mut self.read_buf) {
                 Ok(0) => {
                     match c.state {
                         ConnState::Open => self.fail(slot, CloseCause::Eof),
@@ -625,7 +651,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
     fn finish_close(&mut self, slot: usize, now: Time) {
         let Some(Some(Entry::Conn(c))) = self.slots.get_mut(slot) else { return };
         let peer_eof = matches!(c.state, ConnState::Closing { peer_eof: true });
-        if peer_eof || self.io.shutdown_write(&c.sock).is_err() {
+        if peer_eof || self.io.shutdown_write(slot, &mut c.sock).is_err() {
             self.remove(slot);
             return;
         }

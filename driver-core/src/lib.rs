@@ -10,11 +10,16 @@
 //! on it: each keeps only its listener and readiness plumbing.
 #![forbid(unsafe_code)]
 
+mod chan;
 pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod listener;
+pub mod node;
 pub mod queue;
+pub mod ready;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod timers;
 
 pub use clock::Clock;
