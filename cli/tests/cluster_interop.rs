@@ -1,8 +1,9 @@
-//! One cluster across both drivers over loopback: the controller on mio, one
-//! worker host (agent, two relays, two ranks) on smol and one on mio. The
-//! world forms, trains with real fold rounds, and finishes; every round's
-//! consensus is the exact weighted mean of what was folded and is identical,
-//! bit for bit, at every rank of both hosts.
+//! One cluster across the three drivers over loopback: the controller on
+//! tokio (or, in a second run, on mio), one worker host (agent, two relays,
+//! two ranks) on smol and one on mio. The world forms, trains with real
+//! fold rounds, and finishes; every round's consensus is the exact weighted
+//! mean of what was folded and is identical, bit for bit, at every rank of
+//! both hosts.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -11,12 +12,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cohort::cluster::host::{HostParams, MioHost, stop_all};
-use cohort::cluster::{ClusterEvent, Sink, Source, Stamped, shutdown_all, spawn_controller};
+use cohort::cluster::{ClusterEvent, NodeThread, Sink, Source, Stamped, shutdown_all, spawn_controller};
+use cohort_driver_core::node::block_on;
 use cohort_driver_core::os_salt;
 use cohort_driver_smol::{Clock, Config, Events, Node, NodeEvent, NodeHandle};
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::ledger::{JoinConfig, JoinOffer, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
+use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, Outcome, RunKnobs};
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
 use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RankEnd, RelayListen};
 use cohort_proto::node::rank::{RankEvent, RankNode};
@@ -180,8 +182,85 @@ fn collect_until(rx: &Receiver<Stamped>, events: &mut Vec<Stamped>, done: impl F
     }
 }
 
+/// Which driver runs the controller.
+#[derive(Debug, Clone, Copy)]
+enum ControllerOn {
+    Mio,
+    Tokio,
+}
+
+/// A running controller, on either driver.
+enum Controller {
+    Mio(NodeThread<ControllerNode>),
+    Tokio { handle: cohort_driver_tokio::NodeHandle<ControllerNode>, thread: std::thread::JoinHandle<()> },
+}
+
+impl Controller {
+    fn spawn(
+        on: ControllerOn,
+        cfg: ControllerConfig,
+        listener: std::net::TcpListener,
+        scale: TimeoutScale,
+        clock: Clock,
+        sink: Sink,
+    ) -> Controller {
+        match on {
+            ControllerOn::Mio => Controller::Mio(
+                spawn_controller(cfg, listener, cohort_driver_mio::Config::scaled(scale), clock, sink).unwrap(),
+            ),
+            ControllerOn::Tokio => Controller::on_tokio(cfg, listener, scale, clock, sink),
+        }
+    }
+
+    /// The controller as a tokio process would run it: a runtime on its
+    /// thread, the node a task on it, its events forwarded as they come.
+    fn on_tokio(
+        cfg: ControllerConfig,
+        listener: std::net::TcpListener,
+        scale: TimeoutScale,
+        clock: Clock,
+        sink: Sink,
+    ) -> Controller {
+        use cohort_driver_tokio::{Config, Node, tokio};
+        let machine = ControllerNode::new(cfg, clock.now()).unwrap();
+        let mut node = Node::with_clock(machine, Config::scaled(scale), clock);
+        node.adopt_listener(listener).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (task, handle, mut events) = node.into_task();
+        let thread = std::thread::spawn(move || {
+            runtime.block_on(async move {
+                tokio::spawn(task);
+                // Ends once the node has stopped.
+                while let Some(e) = events.recv().await {
+                    cohort::cluster::forward(&sink, clock.now(), &Source::Controller, e, ClusterEvent::Controller);
+                }
+            })
+        });
+        Controller::Tokio { handle, thread }
+    }
+
+    fn stop(self) {
+        match self {
+            Controller::Mio(node) => shutdown_all([node]),
+            Controller::Tokio { handle, thread } => {
+                block_on(handle.shutdown());
+                thread.join().unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn controller_on_tokio_hosts_on_smol_and_mio_agree_on_every_round() {
+    cluster_agrees_on_every_round(ControllerOn::Tokio);
+}
+
 #[test]
 fn controller_on_mio_hosts_on_smol_and_mio_agree_on_every_round() {
+    cluster_agrees_on_every_round(ControllerOn::Mio);
+}
+
+fn cluster_agrees_on_every_round(on: ControllerOn) {
     let scale = TimeoutScale::new(0.1).unwrap();
     let join = JoinConfig {
         min_rank_start: 4,
@@ -201,9 +280,7 @@ fn controller_on_mio_hosts_on_smol_and_mio_agree_on_every_round() {
     let mio_clock = cohort_driver_mio::Clock::start();
     let smol_clock = Clock::with_origin(mio_clock.origin());
     let (sink, rx) = mpsc::channel();
-    let controller =
-        spawn_controller(cfg, listener, cohort_driver_mio::Config::scaled(scale), mio_clock, sink.clone())
-            .unwrap();
+    let controller = Controller::spawn(on, cfg, listener, scale, smol_clock, sink.clone());
     let addr = at.to_string();
 
     let smol_host = SmolHost::spawn("smol-host", 2, addr.clone(), scale, smol_clock, sink.clone());
@@ -220,7 +297,7 @@ fn controller_on_mio_hosts_on_smol_and_mio_agree_on_every_round() {
     });
     stop_all(vec![mio_host]);
     smol_host.stop();
-    shutdown_all([controller]);
+    controller.stop();
     drop(sink);
     events.extend(rx.try_iter());
 
