@@ -206,7 +206,8 @@ impl Controller {
     ) -> Controller {
         match on {
             ControllerOn::Mio => Controller::Mio(
-                spawn_controller(cfg, listener, cohort_driver_mio::Config::scaled(scale), clock, sink).unwrap(),
+                spawn_controller(cfg, listener, cohort_driver_mio::Config::scaled(scale), clock, sink)
+                    .unwrap(),
             ),
             ControllerOn::Tokio => Controller::on_tokio(cfg, listener, scale, clock, sink),
         }
@@ -232,7 +233,13 @@ impl Controller {
                 tokio::spawn(task);
                 // Ends once the node has stopped.
                 while let Some(e) = events.recv().await {
-                    cohort::cluster::forward(&sink, clock.now(), &Source::Controller, e, ClusterEvent::Controller);
+                    cohort::cluster::forward(
+                        &sink,
+                        clock.now(),
+                        &Source::Controller,
+                        e,
+                        ClusterEvent::Controller,
+                    );
                 }
             })
         });

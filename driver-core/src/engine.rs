@@ -10,10 +10,68 @@
 //! [`Io`] trait: how a connect attempt starts and progresses, how a socket
 //! reads, writes and shuts down, and how it asks to be woken again once it
 //! would block. The driver keeps its listener and its readiness plumbing
-//! (mio tokens, async-io wakers) and calls in with a slot index when a
-//! socket is ready.
+//! (mio tokens, wakers) and calls in with a slot index when a socket is
+//! ready.
 //!
-//! Semantics (the machine convention's driver rules, plus):
+//! # One shape: readiness
+//!
+//! The engine is driven by readiness ("this socket may be read / written
+//! now"), and [`Io`] reads into the engine's one buffer and writes
+//! straight from the queue of shared `Bytes` with non-blocking calls that
+//! may say "would block". Every runtime cohort runs on offers that shape:
+//! mio's edge-triggered events, async-io's `poll_readable`/`poll_writable`,
+//! tokio's `poll_read_ready`/`try_read` and `poll_write_ready`/
+//! `try_write_vectored` (its readiness API, under `AsyncRead`/`AsyncWrite`).
+//! So there is one engine code path, and async runtimes share more than
+//! the engine: [`crate::node`] is the whole node task (per-slot wakers,
+//! listener, timer, commands, events) over a [`Runtime`](crate::node::Runtime)
+//! trait of a dozen one-line socket and timer calls, which is all the smol
+//! and tokio drivers implement. Completion-based I/O (io_uring, IOCP),
+//! where the kernel owns a buffer until the operation completes, is not
+//! served: it would need a second engine path (reads into buffers handed
+//! away and returned, writes in flight that still count as queued for the
+//! stall deadline) for no runtime cohort uses; tokio's readiness API
+//! covers tokio without it.
+//!
+//! # What a driver owes the engine
+//!
+//! - **Settle after building.** A machine is live from its constructor: it
+//!   may already hold outputs (a dial, a timer). Call [`Engine::settle`]
+//!   once before anything else, then after every command run through
+//!   [`Engine::machine_mut`]. Every other entry point settles by itself.
+//! - **Drain events.** After every call into the engine, take
+//!   [`Engine::poll_event`] until `None`: the queue is unbounded.
+//! - **Wake on time.** Arrange to call [`Engine::fire_timers`] at
+//!   [`Engine::next_deadline`] (early is harmless, late delays).
+//! - **Call in on readiness.** A ready dial: [`Engine::poll_dial`]. A
+//!   writable connection: [`Engine::flush`]. A readable one (or one whose
+//!   peer closed, or with an error): [`Engine::read`]. A connection handed
+//!   to [`Io::read_later`] (its read budget was spent): `read` it again
+//!   after serving the others.
+//! - **Bytes that were there first.** Neither [`Engine::accepted`] nor a
+//!   dial's `Connected` reads: the engine tells the machine, and a
+//!   connection's first bytes may already be waiting. The driver must learn
+//!   of them: by registering the socket so that its current readiness is
+//!   reported (mio's edge-triggered registration does), or by calling
+//!   [`Engine::read`] once after `accepted` (a read that would block
+//!   registers interest through [`Io::read_again`]; the async node does
+//!   this) and, for a dial, by watching readability once the attempt
+//!   connected, reading only after the machine heard `Connected` (that is,
+//!   on the readiness that follows, never inside [`Io::poll_connect`]).
+//! - **Stop cleanly, or crash.** [`Engine::begin_shutdown`] flushes and
+//!   closes every connection; keep calling in (readiness and timers) until
+//!   [`Engine::sockets`] is zero, at most the write-stall deadline plus the
+//!   close linger. Dropping the engine instead drops every socket unflushed:
+//!   that is a crash (a killed process), and the drivers offer it as such.
+//! - **A run that ended is not a stop.** A machine that reports the end of
+//!   its run (`ControllerEvent::Finished`, a rank's `Exited`, a relay's
+//!   `Stopped`) may still have final frames queued (the coordinator's
+//!   `Shutdown` to every rank) and peers to answer (the status endpoint).
+//!   The engine keeps running it; when to stop is the application's call,
+//!   and it stops with `begin_shutdown` as above, never by dropping.
+//!
+//! # Semantics (the machine convention's driver rules, plus)
+//!
 //! - outbound dials retry [`Config::connect_attempts`] times,
 //!   [`Config::connect_backoff`] apart, each attempt bounded by
 //!   [`Config::connect_timeout`]; then `Connected` or `DialFailed`;
@@ -25,7 +83,10 @@
 //!   `unsent` counting the queued bytes that never left;
 //! - `Output::Close` flushes, sends FIN, drains the peer until its FIN (at
 //!   most [`Config::close_linger`]), then closes; the machine hears nothing
-//!   more of that connection.
+//!   more of that connection;
+//! - connections beyond the engine's capacity ([`Engine::alloc`] says
+//!   `None`) are closed at once, unseen by the machine; dials beyond it
+//!   fail.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;

@@ -60,7 +60,10 @@ impl OutQueue {
     /// [`OutQueue::flush`] through `write`, one vectored write per call
     /// returning how many bytes of `bufs` it took (for sockets that are not
     /// [`Write`], such as tokio's `try_write_vectored`).
-    pub fn write_with(&mut self, mut write: impl FnMut(&[IoSlice<'_>]) -> io::Result<usize>) -> io::Result<Flushed> {
+    pub fn write_with(
+        &mut self,
+        mut write: impl FnMut(&[IoSlice<'_>]) -> io::Result<usize>,
+    ) -> io::Result<Flushed> {
         let mut wrote = 0;
         while !self.bufs.is_empty() {
             let n = {

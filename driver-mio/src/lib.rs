@@ -6,7 +6,7 @@
 //!   [`Remote`] to command it from other threads (one thread per node);
 //! - [`Clock`]: the real clock mapped onto proto's `Time`, shareable;
 //! - [`Config`]: dial retry budget, write-stall deadline, buffer bounds;
-//! - [`testing`] (feature `testing`): [`testing::Mio`], the driver's half of
+//! - `testing` (feature `testing`): `testing::Mio`, the driver's half of
 //!   the shared test harness in `cohort_driver_core::testing`.
 #![forbid(unsafe_code)]
 

@@ -7,7 +7,9 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cohort_driver_core::testing::{Echo, PATIENCE, Pinger, PingerEvent, Probe, ProbeEvent, TestDriver, quick};
+use cohort_driver_core::testing::{
+    Echo, PATIENCE, Pinger, PingerEvent, Probe, ProbeEvent, TestDriver, quick,
+};
 use cohort_driver_mio::testing::Mio;
 use cohort_driver_mio::{Clock, Driver, NodeEvent, TokenRange};
 use cohort_proto::{CloseCause, ConnId};

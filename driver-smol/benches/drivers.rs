@@ -28,17 +28,19 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use cohort_driver_core::Config;
-use cohort_driver_core::testing::{Echo, Pinger, PingerEvent, Probe, ProbeEvent, RoundSink, SinkEvent, TestDriver};
+use cohort_driver_core::testing::{
+    Echo, Pinger, PingerEvent, Probe, ProbeEvent, RoundSink, SinkEvent, TestDriver,
+};
 use cohort_driver_mio::testing::Mio;
 use cohort_driver_smol::testing::SmolThread;
 use cohort_driver_tokio::testing::TokioThread;
 use cohort_proto::machine::Outbox;
-use criterion::measurement::WallTime;
-use criterion::BenchmarkGroup;
 use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, Dtype, MacKey, RoundKind, RoundWriter, SessionSalt, TimingMsgWire, encode_frame,
 };
 use cohort_proto::{DialId, Input, Machine, Output, Time};
+use criterion::BenchmarkGroup;
+use criterion::measurement::WallTime;
 use criterion::{Criterion, Throughput, criterion_group};
 use sha2::{Digest, Sha256};
 
@@ -289,7 +291,8 @@ fn frame256(c: &mut Criterion) {
 fn frame256_of<D: TestDriver>(g: &mut BenchmarkGroup<'_, WallTime>, frame: &Bytes) {
     let len = frame.len() as u64;
     let mut sink = D::spawn(RoundSink::new(key(), DEFAULT_FRAME_CEILING), Config::default(), true);
-    let mut counter = D::spawn(Counter { target: len, got: 0, out: Outbox::default() }, Config::default(), true);
+    let mut counter =
+        D::spawn(Counter { target: len, got: 0, out: Outbox::default() }, Config::default(), true);
     let verify = D::NAME.to_string();
     let count = format!("{}_count", D::NAME);
     for (name, addr) in [(&verify, sink.addr()), (&count, counter.addr())] {

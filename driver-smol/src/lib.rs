@@ -12,7 +12,7 @@
 //! - [`Events`]: the node's events as a `Stream` (or [`Events::recv`]);
 //! - [`Clock`]: the real clock mapped onto proto's `Time`, shareable;
 //! - [`Config`]: dial retry budget, write-stall deadline, buffer bounds;
-//! - [`testing`] (feature `testing`): [`testing::SmolThread`], the driver's
+//! - `testing` (feature `testing`): `testing::SmolThread`, the driver's
 //!   half of the shared test harness.
 //!
 //! The semantics are the shared engine's, as in the mio and tokio

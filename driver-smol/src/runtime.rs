@@ -42,8 +42,8 @@ impl Runtime for Smol {
         }
     }
 
-    fn resolve(addr: String) -> impl Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'static {
-        async move { smol::net::resolve(addr.as_str()).await }
+    async fn resolve(addr: String) -> io::Result<Vec<SocketAddr>> {
+        smol::net::resolve(addr.as_str()).await
     }
 
     fn connect(addr: SocketAddr) -> impl Future<Output = io::Result<Async<TcpStream>>> + Send + 'static {

@@ -13,7 +13,7 @@
 //! - [`Events`]: the node's events, `events.recv().await` or as a
 //!   `futures_core::Stream`;
 //! - [`Clock`], [`Config`]: as in every cohort driver;
-//! - [`testing`] (feature `testing`): [`testing::TokioThread`], the driver's
+//! - `testing` (feature `testing`): `testing::TokioThread`, the driver's
 //!   half of the shared test harness.
 //!
 //! The runtime needs tokio's `net`, `rt` and `time` features (enabled

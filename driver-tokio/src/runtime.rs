@@ -28,12 +28,15 @@ impl Runtime for Tokio {
         TcpListener::from_std(listener)
     }
 
-    fn poll_accept(listener: &TcpListener, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, SocketAddr)>> {
+    fn poll_accept(
+        listener: &TcpListener,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(TcpStream, SocketAddr)>> {
         listener.poll_accept(cx)
     }
 
-    fn resolve(addr: String) -> impl Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'static {
-        async move { Ok(tokio::net::lookup_host(addr).await?.collect()) }
+    async fn resolve(addr: String) -> io::Result<Vec<SocketAddr>> {
+        Ok(tokio::net::lookup_host(addr).await?.collect())
     }
 
     fn connect(addr: SocketAddr) -> impl Future<Output = io::Result<TcpStream>> + Send + 'static {

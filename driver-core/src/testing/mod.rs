@@ -114,10 +114,8 @@ where
         }
         let (task, handle, events) = node.into_task();
         let addr = handle.local_addr();
-        let thread = std::thread::Builder::new()
-            .name("node".into())
-            .spawn(move || run(task))
-            .expect("a node thread");
+        let thread =
+            std::thread::Builder::new().name("node".into()).spawn(move || run(task)).expect("a node thread");
         ThreadNode::new(addr, events, Box::new(TaskControl { handle, thread: Some(thread) }))
     }
 }
@@ -170,7 +168,7 @@ impl<M: Machine> ThreadNode<M> {
     ///
     /// # Panics
     /// If none arrives within [`PATIENCE`], or the node stopped.
-    pub fn next(&mut self) -> NodeEvent<M::Event> {
+    pub fn next_event(&mut self) -> NodeEvent<M::Event> {
         match block_on_timeout(self.events.recv(), PATIENCE) {
             Some(Some(e)) => e,
             Some(None) => panic!("node stopped"),
@@ -181,10 +179,10 @@ impl<M: Machine> ThreadNode<M> {
     /// The next event of the machine itself, skipping driver notices.
     ///
     /// # Panics
-    /// As [`ThreadNode::next`].
+    /// As [`ThreadNode::next_event`].
     pub fn next_machine_event(&mut self) -> M::Event {
         loop {
-            if let NodeEvent::Machine(e) = self.next() {
+            if let NodeEvent::Machine(e) = self.next_event() {
                 return e;
             }
         }
@@ -193,7 +191,7 @@ impl<M: Machine> ThreadNode<M> {
     /// Skips events until `f` picks one out of a machine event.
     ///
     /// # Panics
-    /// As [`ThreadNode::next`].
+    /// As [`ThreadNode::next_event`].
     pub fn expect<T>(&mut self, mut f: impl FnMut(&M::Event) -> Option<T>) -> T {
         loop {
             if let Some(t) = f(&self.next_machine_event()) {

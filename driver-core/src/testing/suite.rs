@@ -44,12 +44,21 @@ pub fn control_handshake<D: TestDriver>() {
     let mut relay = D::spawn(Acceptor::new(control_kind(), Duration::from_secs(10)), quick(), true);
     let hello = ControlHelloFields { rank: 2, model_sig: [9; 32] };
     let mut rank = D::spawn(
-        Dialer::new(control_kind(), hello, relay.addr().to_string(), None, Duration::from_secs(10), Time::ZERO),
+        Dialer::new(
+            control_kind(),
+            hello,
+            relay.addr().to_string(),
+            None,
+            Duration::from_secs(10),
+            Time::ZERO,
+        ),
         quick(),
         false,
     );
     let admitted = relay.expect(|e| match e {
-        AcceptorEvent::Admitted { hello, leftover, .. } => Some((hello.rank, hello.model_sig, leftover.len())),
+        AcceptorEvent::Admitted { hello, leftover, .. } => {
+            Some((hello.rank, hello.model_sig, leftover.len()))
+        }
         AcceptorEvent::Refused { error, .. } => panic!("{}: refused: {error}", D::NAME),
     });
     assert_eq!(admitted, (2, [9; 32], 0));
@@ -97,7 +106,7 @@ pub fn dial_retries_until_a_listener_appears<D: TestDriver>() {
     let addr = free_addr();
     let mut node = D::spawn(Probe::new(), quick(), false);
     node.with(move |p, _| p.dial(DialId(7), addr.to_string()));
-    match node.next() {
+    match node.next_event() {
         NodeEvent::DialRetry { dial, attempt, attempts, error } => {
             assert_eq!((dial, attempt, attempts), (DialId(7), 1, 50));
             assert_eq!(error, ErrorKind::ConnectionRefused);
@@ -127,7 +136,7 @@ pub fn dial_fails_after_the_budget<D: TestDriver>() {
     node.with(move |p, _| p.dial(DialId(1), addr.to_string()));
     let mut retries = Vec::new();
     loop {
-        match node.next() {
+        match node.next_event() {
             NodeEvent::DialRetry { attempt, attempts, .. } => retries.push((attempt, attempts)),
             NodeEvent::Machine(ProbeEvent::DialFailed { dial }) => {
                 assert_eq!(dial, DialId(1));
@@ -144,7 +153,10 @@ pub fn unresolvable_names_spend_the_budget_too<D: TestDriver>() {
     let cfg = Config { connect_attempts: 2, connect_backoff: Duration::from_millis(1), ..quick() };
     let mut node = D::spawn(Probe::new(), cfg, false);
     node.with(|p, _| p.dial(DialId(3), "not an address"));
-    assert!(matches!(node.next(), NodeEvent::DialRetry { dial: DialId(3), attempt: 1, attempts: 2, .. }));
+    assert!(matches!(
+        node.next_event(),
+        NodeEvent::DialRetry { dial: DialId(3), attempt: 1, attempts: 2, .. }
+    ));
     assert_eq!(node.expect(|e| Some(e.clone())), ProbeEvent::DialFailed { dial: DialId(3) });
 }
 
@@ -415,8 +427,11 @@ pub mod interop {
         let mut relay = B::spawn(Acceptor::new(kind.clone(), Duration::from_secs(10)), quick(), true);
         let hello = ControlHelloFields { rank: 5, model_sig: [1; 32] };
         let addr = relay.addr().to_string();
-        let mut rank =
-            A::spawn(Dialer::new(kind, hello, addr, None, Duration::from_secs(10), Time::ZERO), quick(), false);
+        let mut rank = A::spawn(
+            Dialer::new(kind, hello, addr, None, Duration::from_secs(10), Time::ZERO),
+            quick(),
+            false,
+        );
         let est = rank.expect(|e| match e {
             DialerEvent::Established { leftover, .. } => Some(leftover.len()),
             DialerEvent::Failed(err) => panic!("{} to {}: {err}", A::NAME, B::NAME),
