@@ -128,8 +128,11 @@ struct TaskControl<M: Machine> {
 
 impl<M: Machine> TaskControl<M> {
     fn join(&mut self) {
-        if let Some(t) = self.thread.take() {
-            t.join().expect("node thread");
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+            && !std::thread::panicking()
+        {
+            panic!("the node thread panicked");
         }
     }
 }
@@ -264,6 +267,8 @@ impl<M: Machine> ThreadNode<M> {
 }
 
 impl<M: Machine> Drop for ThreadNode<M> {
+    /// Stops the node cleanly (a test that failed already does not panic
+    /// again here).
     fn drop(&mut self) {
         self.control.stop();
     }
