@@ -12,9 +12,8 @@
 //! - the [`Clock`] mapping real instants onto proto's `Time`; the driver
 //!   [`Config`] (dial budget, write stall, queue bounds); the bounded
 //!   outbound [`queue::OutQueue`]; the [`timers::Timers`] heap; the
-//!   [`listener::Listener`]'s accept retry; the per-slot wakers of
-//!   [`ready`]; what a node reports ([`NodeEvent`]) or answers once stopped
-//!   ([`Stopped`]);
+//!   [`listener::Listener`]'s accept retry; what a node reports
+//!   ([`NodeEvent`]) or answers once stopped ([`Stopped`]);
 //! - `testing` (feature `testing`): the drivers' shared test harness and
 //!   the one driver test suite every driver runs.
 //!
@@ -29,7 +28,7 @@ pub mod engine;
 pub mod listener;
 pub mod node;
 pub mod queue;
-pub mod ready;
+mod ready;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod timers;

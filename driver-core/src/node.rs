@@ -10,7 +10,7 @@
 //! node's [`Events`] (a `Stream`, or [`Events::recv`]).
 //!
 //! The task owns the [`Engine`], the listener and one timer. Each engine
-//! slot has its own waker ([`ReadySet`]); a socket that would block
+//! slot has its own waker feeding one ready list; a socket that would block
 //! registers its slot's waker with the runtime
 //! ([`Runtime::poll_read_ready`] / [`Runtime::poll_write_ready`]), so a
 //! wake serves only the sockets that became ready. The handle, the events
