@@ -35,10 +35,15 @@
 //!
 //! # What a driver owes the engine
 //!
-//! - **Settle after building.** A machine is live from its constructor: it
-//!   may already hold outputs (a dial, a timer). Call [`Engine::settle`]
-//!   once before anything else, then after every command run through
-//!   [`Engine::machine_mut`]. Every other entry point settles by itself.
+//! - **Settle.** A machine is live from its constructor: it may already
+//!   hold outputs (a dial, a timer). Call [`Engine::settle`] once before
+//!   anything else, after every command run through
+//!   [`Engine::machine_mut`], and after the readiness calls below
+//!   ([`Engine::poll_dial`], [`Engine::flush`], [`Engine::read`]): they
+//!   queue reports (`Connected`, `Closed`) that `settle` delivers, in
+//!   order, once the current drain is done. [`Engine::accepted`],
+//!   [`Engine::fire_timers`] and [`Engine::begin_shutdown`] settle by
+//!   themselves.
 //! - **Drain events.** After every call into the engine, take
 //!   [`Engine::poll_event`] until `None`: the queue is unbounded.
 //! - **Wake on time.** Arrange to call [`Engine::fire_timers`] at
@@ -527,6 +532,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
     }
 
     /// The dial in `slot` reported readiness: checks its attempt in flight.
+    /// Call [`Engine::settle`] after (a `Connected` or `DialFailed` waits there).
     pub fn poll_dial(&mut self, slot: usize, now: Time) {
         let Some(Some(Entry::Dial(d))) = self.slots.get_mut(slot) else { return };
         let Some(attempt) = d.attempt.take() else { return };
@@ -606,7 +612,8 @@ impl<M: Machine, I: Io> Engine<M, I> {
     }
 
     /// Writes what the connection in `slot` has queued; once a requested
-    /// close has nothing left to write, sends FIN.
+    /// close has nothing left to write, sends FIN. Call [`Engine::settle`]
+    /// after (a `Closed` waits there).
     pub fn flush(&mut self, slot: usize, now: Time) {
         loop {
             let Some(Some(Entry::Conn(c))) = self.slots.get_mut(slot) else { return };
@@ -646,7 +653,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
     /// Reads the connection in `slot` until it is drained (as [`Io::read_again`]
     /// decides), the read budget is spent, or the connection ends; bytes go
     /// to the machine (or are discarded once the machine closed the
-    /// connection).
+    /// connection). Call [`Engine::settle`] after (a `Closed` waits there).
     pub fn read(&mut self, slot: usize, now: Time, until_blocked: bool) {
         let mut budget = self.config.read_budget.max(1);
         loop {
