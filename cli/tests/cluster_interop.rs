@@ -1,22 +1,30 @@
-//! One cluster across both drivers over loopback: the controller on mio, one
-//! worker host (agent, two relays, two ranks) on smol and one on mio. The
-//! world forms, trains with real fold rounds, and finishes; every round's
-//! consensus is the exact weighted mean of what was folded and is identical,
-//! bit for bit, at every rank of both hosts.
+//! One cluster across the three drivers over loopback: the controller on
+//! tokio, one worker host (agent, two relays, two ranks) on smol and one on
+//! mio; then the same cluster with the controller on mio, and with the
+//! controller on smol and the async host on tokio, so that every node kind
+//! runs on every driver. The world forms, trains with real fold rounds, and
+//! finishes; every round's consensus is the exact weighted mean of what was
+//! folded and is identical, bit for bit, at every rank of both hosts.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cohort::cluster::host::{HostParams, MioHost, stop_all};
-use cohort::cluster::{ClusterEvent, Sink, Source, Stamped, shutdown_all, spawn_controller};
-use cohort_driver_core::os_salt;
-use cohort_driver_smol::{Clock, Config, Events, Node, NodeEvent, NodeHandle};
+use cohort::cluster::{
+    ClusterEvent, NodeThread, Sink, Source, Stamped, forward, shutdown_all, spawn_controller,
+};
+use cohort_driver_core::node::{Events, Node, NodeHandle, Runtime, block_on};
+use cohort_driver_core::{Clock, Config, NodeEvent, os_salt};
+use cohort_driver_smol::Smol;
+use cohort_driver_tokio::{Tokio, tokio};
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::ledger::{JoinConfig, JoinOffer, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
+use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, Outcome, RunKnobs};
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
 use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RankEnd, RelayListen};
 use cohort_proto::node::rank::{RankEvent, RankNode};
@@ -24,82 +32,100 @@ use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::{Leg, Relay, RelayEvent};
 use cohort_proto::testing::oracle::ConsensusOracle;
-use smol::stream::StreamExt;
 
 /// A safety net against a hung test, not a synchronisation device.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-fn send(sink: &Sink, clock: Clock, source: &Source, event: ClusterEvent) {
-    let _ = sink.send(Stamped { at: clock.now(), source: source.clone(), event });
+/// Where a tree of async nodes runs: `root` (which spawns the rest with
+/// [`Runtime::spawn`]) on smol's global executor, or on a current-thread
+/// tokio runtime on a thread of its own, as a tokio process would.
+trait Exec: Runtime {
+    const NAME: &'static str;
+    fn run(root: impl Future<Output = ()> + Send + 'static) -> Option<JoinHandle<()>>;
 }
 
-/// Forwards a smol node's events to the cluster's sink, tagged.
-fn forward<E: Send + 'static>(
+impl Exec for Smol {
+    const NAME: &'static str = "smol";
+    fn run(root: impl Future<Output = ()> + Send + 'static) -> Option<JoinHandle<()>> {
+        smol::spawn(root).detach();
+        None
+    }
+}
+
+impl Exec for Tokio {
+    const NAME: &'static str = "tokio";
+    fn run(root: impl Future<Output = ()> + Send + 'static) -> Option<JoinHandle<()>> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        Some(std::thread::spawn(move || runtime.block_on(root)))
+    }
+}
+
+/// Forwards an async node's events to the cluster's sink, tagged, until
+/// the node stops.
+async fn forward_all<E>(
     mut events: Events<E>,
     sink: Sink,
     clock: Clock,
     source: Source,
     wrap: fn(E) -> ClusterEvent,
-) -> smol::Task<()> {
-    smol::spawn(async move {
-        while let Some(e) = events.next().await {
-            let event = match e {
-                NodeEvent::Machine(e) => wrap(e),
-                NodeEvent::DialRetry { attempt, attempts, error, .. } => {
-                    ClusterEvent::DialRetry { attempt, attempts, error: error.to_string() }
-                }
-            };
-            send(&sink, clock, &source, event);
-        }
-    })
+) {
+    while let Some(e) = events.recv().await {
+        forward(&sink, clock.now(), &source, e, wrap);
+    }
 }
 
-/// A worker host on the smol driver: proto's `HostNode`, whose relays and
-/// ranks are smol tasks (the mio host does the same with threads).
-struct SmolHost {
+fn send(sink: &Sink, clock: Clock, source: &Source, event: ClusterEvent) {
+    let _ = sink.send(Stamped { at: clock.now(), source: source.clone(), event });
+}
+
+/// A worker host on an async driver: proto's `HostNode`, whose relays and
+/// ranks are tasks of the same runtime (the mio host does the same with
+/// threads).
+struct AsyncHost {
     agent: NodeHandle<HostNode>,
     relays: Arc<Mutex<Vec<NodeHandle<Relay>>>>,
     ranks: Arc<Mutex<Vec<NodeHandle<RankNode<Trainer>>>>>,
+    thread: Option<JoinHandle<()>>,
 }
 
-impl SmolHost {
-    fn spawn(
+impl AsyncHost {
+    fn spawn<R: Exec>(
         name: &str,
         ranks: u32,
         controller: String,
         scale: TimeoutScale,
         clock: Clock,
         sink: Sink,
-    ) -> SmolHost {
+    ) -> AsyncHost {
         let offer = JoinOffer::new(name, (0..ranks as u8).collect(), [0; 32]);
         let cfg = HostConfig::new(offer, controller, None, scale, RelayListen::Ephemeral);
-        let node = Node::with_clock(HostNode::new(cfg, clock.now()), Config::scaled(scale), clock);
-        let (handle, mut events) = node.spawn();
-        let host = SmolHost { agent: handle.clone(), relays: Arc::default(), ranks: Arc::default() };
-        let (relays, rank_nodes, name) = (host.relays.clone(), host.ranks.clone(), name.to_owned());
-        smol::spawn(async move {
+        let node = Node::<_, R>::with_clock(HostNode::new(cfg, clock.now()), Config::scaled(scale), clock);
+        let (task, handle, mut events) = node.into_task();
+        let (relays, rank_nodes) = (Arc::<Mutex<Vec<_>>>::default(), Arc::<Mutex<Vec<_>>>::default());
+        let (agent, started_relays, started_ranks, name) =
+            (handle.clone(), relays.clone(), rank_nodes.clone(), name.to_owned());
+        let root = async move {
+            R::spawn(task);
             let source = Source::Host(name.as_str().into());
-            while let Some(e) = events.next().await {
+            // Ends once the agent has stopped.
+            while let Some(e) = events.recv().await {
                 let NodeEvent::Machine(e) = e else { continue };
                 send(&sink, clock, &source, ClusterEvent::Host(e.clone()));
                 match e {
                     HostEvent::StartRelay { relay, listen: None } => {
                         let leg = relay.leg;
-                        let mut node =
-                            Node::with_clock(Relay::new(relay).unwrap(), Config::scaled(scale), clock);
+                        let mut node = Node::<_, R>::with_clock(
+                            Relay::new(relay).unwrap(),
+                            Config::scaled(scale),
+                            clock,
+                        );
                         let addr =
                             node.listen(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).unwrap().to_string();
                         let (h, ev) = node.spawn();
-                        forward(
-                            ev,
-                            sink.clone(),
-                            clock,
-                            Source::Relay(name.as_str().into(), leg),
-                            ClusterEvent::Relay,
-                        )
-                        .detach();
-                        relays.lock().unwrap().push(h);
-                        handle
+                        let source = Source::Relay(name.as_str().into(), leg);
+                        R::spawn(forward_all(ev, sink.clone(), clock, source, ClusterEvent::Relay));
+                        started_relays.lock().unwrap().push(h);
+                        agent
                             .with(move |host, now| host.relay_listening(now, leg, &addr))
                             .await
                             .unwrap()
@@ -115,20 +141,22 @@ impl SmolHost {
                             u64::from(r),
                         );
                         let rank = RankNode::new(spec.rank_config([0; 128]), Trainer::new(w), clock.now());
-                        let (h, mut ev) = Node::with_clock(rank, Config::scaled(scale), clock).spawn();
-                        rank_nodes.lock().unwrap().push(h.clone());
-                        let (agent, sink) = (handle.clone(), sink.clone());
-                        smol::spawn(async move {
-                            while let Some(e) = ev.next().await {
-                                let NodeEvent::Machine(e) = e else { continue };
+                        let (h, mut ev) =
+                            Node::<_, R>::with_clock(rank, Config::scaled(scale), clock).spawn();
+                        started_ranks.lock().unwrap().push(h.clone());
+                        let (agent, sink) = (agent.clone(), sink.clone());
+                        R::spawn(async move {
+                            while let Some(e) = ev.recv().await {
                                 let ends = matches!(
                                     e,
-                                    RankEvent::Exited
-                                        | RankEvent::CoordinatorLost { .. }
-                                        | RankEvent::DataFailed { .. }
-                                        | RankEvent::RendezvousFailed { .. }
+                                    NodeEvent::Machine(
+                                        RankEvent::Exited
+                                            | RankEvent::CoordinatorLost { .. }
+                                            | RankEvent::DataFailed { .. }
+                                            | RankEvent::RendezvousFailed { .. }
+                                    )
                                 );
-                                send(&sink, clock, &Source::Rank(r), ClusterEvent::Rank(e));
+                                forward(&sink, clock.now(), &Source::Rank(r), e, ClusterEvent::Rank);
                                 if ends {
                                     // The rank process exits; its agent reports it.
                                     let end =
@@ -146,21 +174,20 @@ impl SmolHost {
                                     break;
                                 }
                             }
-                        })
-                        .detach();
+                        });
                     }
                     _ => {}
                 }
             }
-        })
-        .detach();
-        host
+        };
+        let thread = R::run(root);
+        AsyncHost { agent: handle, relays, ranks: rank_nodes, thread }
     }
 
     fn stop(self) {
         let ranks: Vec<_> = std::mem::take(&mut *self.ranks.lock().unwrap());
         let relays: Vec<_> = std::mem::take(&mut *self.relays.lock().unwrap());
-        smol::block_on(async {
+        block_on(async {
             for h in ranks {
                 h.shutdown().await;
             }
@@ -169,6 +196,9 @@ impl SmolHost {
             }
             self.agent.shutdown().await;
         });
+        if let Some(t) = self.thread {
+            t.join().unwrap();
+        }
     }
 }
 
@@ -180,8 +210,77 @@ fn collect_until(rx: &Receiver<Stamped>, events: &mut Vec<Stamped>, done: impl F
     }
 }
 
+/// A running controller: on mio (the `cohort` program's own), or on an
+/// async driver.
+enum Controller {
+    Mio(NodeThread<ControllerNode>),
+    Async { handle: NodeHandle<ControllerNode>, thread: Option<JoinHandle<()>> },
+}
+
+impl Controller {
+    fn on_mio(
+        cfg: ControllerConfig,
+        listener: std::net::TcpListener,
+        scale: TimeoutScale,
+        clock: Clock,
+        sink: Sink,
+    ) -> Controller {
+        Controller::Mio(spawn_controller(cfg, listener, Config::scaled(scale), clock, sink).unwrap())
+    }
+
+    /// The controller as an async process would run it: the node a task,
+    /// its events forwarded as they come.
+    fn on_async<R: Exec>(
+        cfg: ControllerConfig,
+        listener: std::net::TcpListener,
+        scale: TimeoutScale,
+        clock: Clock,
+        sink: Sink,
+    ) -> Controller {
+        let machine = ControllerNode::new(cfg, clock.now()).unwrap();
+        let mut node = Node::<_, R>::with_clock(machine, Config::scaled(scale), clock);
+        node.adopt_listener(listener).unwrap();
+        let (task, handle, events) = node.into_task();
+        let thread = R::run(async move {
+            R::spawn(task);
+            forward_all(events, sink, clock, Source::Controller, ClusterEvent::Controller).await;
+        });
+        Controller::Async { handle, thread }
+    }
+
+    fn stop(self) {
+        match self {
+            Controller::Mio(node) => shutdown_all([node]),
+            Controller::Async { handle, thread } => {
+                block_on(handle.shutdown());
+                if let Some(t) = thread {
+                    t.join().unwrap();
+                }
+            }
+        }
+    }
+}
+
+type SpawnController = fn(ControllerConfig, std::net::TcpListener, TimeoutScale, Clock, Sink) -> Controller;
+
+#[test]
+fn controller_on_tokio_hosts_on_smol_and_mio_agree_on_every_round() {
+    cluster_agrees_on_every_round::<Smol>(Controller::on_async::<Tokio>);
+}
+
 #[test]
 fn controller_on_mio_hosts_on_smol_and_mio_agree_on_every_round() {
+    cluster_agrees_on_every_round::<Smol>(Controller::on_mio);
+}
+
+#[test]
+fn controller_on_smol_hosts_on_tokio_and_mio_agree_on_every_round() {
+    cluster_agrees_on_every_round::<Tokio>(Controller::on_async::<Smol>);
+}
+
+/// The cluster with its controller started by `controller`, one host on
+/// the async driver `H` and one on mio.
+fn cluster_agrees_on_every_round<H: Exec>(controller: SpawnController) {
     let scale = TimeoutScale::new(0.1).unwrap();
     let join = JoinConfig {
         min_rank_start: 4,
@@ -198,19 +297,18 @@ fn controller_on_mio_hosts_on_smol_and_mio_agree_on_every_round() {
     let advertise = ControllerAddr { host: at.ip().to_string(), port: at.port() };
     let cfg =
         ControllerConfig::from_knobs(join, os_salt().unwrap(), trust, scale, advertise, &knobs).unwrap();
-    let mio_clock = cohort_driver_mio::Clock::start();
-    let smol_clock = Clock::with_origin(mio_clock.origin());
+    // One time line for every node of every driver.
+    let clock = Clock::start();
     let (sink, rx) = mpsc::channel();
-    let controller =
-        spawn_controller(cfg, listener, cohort_driver_mio::Config::scaled(scale), mio_clock, sink.clone())
-            .unwrap();
+    let controller = controller(cfg, listener, scale, clock, sink.clone());
     let addr = at.to_string();
 
-    let smol_host = SmolHost::spawn("smol-host", 2, addr.clone(), scale, smol_clock, sink.clone());
+    let async_name = format!("{}-host", H::NAME);
+    let async_host = AsyncHost::spawn::<H>(&async_name, 2, addr.clone(), scale, clock, sink.clone());
     let mut p = HostParams::new("mio-host", 2, addr, scale);
     p.batch_ms = 5.0;
     p.workload = WorkloadSpec { model_elems: 128, ..WorkloadSpec::default() };
-    p.clock = mio_clock;
+    p.clock = clock;
     let mio_host = MioHost::spawn(p, sink.clone()).unwrap();
 
     let mut events = Vec::new();
@@ -219,8 +317,8 @@ fn controller_on_mio_hosts_on_smol_and_mio_agree_on_every_round() {
             && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count() == 4
     });
     stop_all(vec![mio_host]);
-    smol_host.stop();
-    shutdown_all([controller]);
+    async_host.stop();
+    controller.stop();
     drop(sink);
     events.extend(rx.try_iter());
 
@@ -241,8 +339,8 @@ fn controller_on_mio_hosts_on_smol_and_mio_agree_on_every_round() {
         })
         .collect();
     assert_eq!(joined.len(), 2, "{joined:?}");
-    assert!(joined.contains(&"smol-host".to_owned()) && joined.contains(&"mio-host".to_owned()));
-    for host in ["smol-host", "mio-host"] {
+    assert!(joined.contains(&async_name) && joined.contains(&"mio-host".to_owned()), "{joined:?}");
+    for host in [async_name.as_str(), "mio-host"] {
         let shipped = events
             .iter()
             .filter(|s| {

@@ -10,10 +10,73 @@
 //! [`Io`] trait: how a connect attempt starts and progresses, how a socket
 //! reads, writes and shuts down, and how it asks to be woken again once it
 //! would block. The driver keeps its listener and its readiness plumbing
-//! (mio tokens, async-io wakers) and calls in with a slot index when a
-//! socket is ready.
+//! (mio tokens, wakers) and calls in with a slot index when a socket is
+//! ready.
 //!
-//! Semantics (the machine convention's driver rules, plus):
+//! # One shape: readiness
+//!
+//! The engine is driven by readiness ("this socket may be read / written
+//! now"), and [`Io`] reads into the engine's one buffer and writes
+//! straight from the queue of shared `Bytes` with non-blocking calls that
+//! may say "would block". Every runtime cohort runs on offers that shape:
+//! mio's edge-triggered events, async-io's `poll_readable`/`poll_writable`,
+//! tokio's `poll_read_ready`/`try_read` and `poll_write_ready`/
+//! `try_write_vectored` (its readiness API, under `AsyncRead`/`AsyncWrite`).
+//! So there is one engine code path, and async runtimes share more than
+//! the engine: [`crate::node`] is the whole node task (per-slot wakers,
+//! listener, timer, commands, events) over a [`Runtime`](crate::node::Runtime)
+//! trait of a dozen one-line socket and timer calls, which is all the smol
+//! and tokio drivers implement. Completion-based I/O (io_uring, IOCP),
+//! where the kernel owns a buffer until the operation completes, is not
+//! served: it would need a second engine path (reads into buffers handed
+//! away and returned, writes in flight that still count as queued for the
+//! stall deadline) for no runtime cohort uses; tokio's readiness API
+//! covers tokio without it.
+//!
+//! # What a driver owes the engine
+//!
+//! - **Settle.** A machine is live from its constructor: it may already
+//!   hold outputs (a dial, a timer). Call [`Engine::settle`] once before
+//!   anything else, after every command run through
+//!   [`Engine::machine_mut`], and after the readiness calls below
+//!   ([`Engine::poll_dial`], [`Engine::flush`], [`Engine::read`]): they
+//!   queue reports (`Connected`, `Closed`) that `settle` delivers, in
+//!   order, once the current drain is done. [`Engine::accepted`],
+//!   [`Engine::fire_timers`] and [`Engine::begin_shutdown`] settle by
+//!   themselves.
+//! - **Drain events.** After every call into the engine, take
+//!   [`Engine::poll_event`] until `None`: the queue is unbounded.
+//! - **Wake on time.** Arrange to call [`Engine::fire_timers`] at
+//!   [`Engine::next_deadline`] (early is harmless, late delays).
+//! - **Call in on readiness.** A ready dial: [`Engine::poll_dial`]. A
+//!   writable connection: [`Engine::flush`]. A readable one (or one whose
+//!   peer closed, or with an error): [`Engine::read`]. A connection handed
+//!   to [`Io::read_later`] (its read budget was spent): `read` it again
+//!   after serving the others.
+//! - **Bytes that were there first.** Neither [`Engine::accepted`] nor a
+//!   dial's `Connected` reads: the engine tells the machine, and a
+//!   connection's first bytes may already be waiting. The driver must learn
+//!   of them: by registering the socket so that its current readiness is
+//!   reported (mio's edge-triggered registration does), or by calling
+//!   [`Engine::read`] once after `accepted` (a read that would block
+//!   registers interest through [`Io::read_again`]; the async node does
+//!   this) and, for a dial, by watching readability once the attempt
+//!   connected, reading only after the machine heard `Connected` (that is,
+//!   on the readiness that follows, never inside [`Io::poll_connect`]).
+//! - **Stop cleanly, or crash.** [`Engine::begin_shutdown`] flushes and
+//!   closes every connection; keep calling in (readiness and timers) until
+//!   [`Engine::sockets`] is zero, at most the write-stall deadline plus the
+//!   close linger. Dropping the engine instead drops every socket unflushed:
+//!   that is a crash (a killed process), and the drivers offer it as such.
+//! - **A run that ended is not a stop.** A machine that reports the end of
+//!   its run (`ControllerEvent::Finished`, a rank's `Exited`, a relay's
+//!   `Stopped`) may still have final frames queued (the coordinator's
+//!   `Shutdown` to every rank) and peers to answer (the status endpoint).
+//!   The engine keeps running it; when to stop is the application's call,
+//!   and it stops with `begin_shutdown` as above, never by dropping.
+//!
+//! # Semantics (the machine convention's driver rules, plus)
+//!
 //! - outbound dials retry [`Config::connect_attempts`] times,
 //!   [`Config::connect_backoff`] apart, each attempt bounded by
 //!   [`Config::connect_timeout`]; then `Connected` or `DialFailed`;
@@ -25,17 +88,20 @@
 //!   `unsent` counting the queued bytes that never left;
 //! - `Output::Close` flushes, sends FIN, drains the peer until its FIN (at
 //!   most [`Config::close_linger`]), then closes; the machine hears nothing
-//!   more of that connection.
+//!   more of that connection;
+//! - connections beyond the engine's capacity ([`Engine::alloc`] says
+//!   `None`) are closed at once, unseen by the machine; dials beyond it
+//!   fail.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 
 use bytes::Bytes;
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 
-use crate::queue::{Flushed, OutQueue};
+use crate::queue::OutQueue;
 use crate::timers::Timers;
 use crate::{Config, NodeEvent};
 
@@ -63,6 +129,11 @@ pub enum Drained {
 ///
 /// `slot` names the engine's slot a socket lives in (stable while it lives
 /// there); a driver maps it to its readiness key (a mio token, a waker).
+/// Every call is non-blocking: "would block" is `io::ErrorKind::WouldBlock`
+/// from [`Io::read`] and [`Io::write`], after which the engine asks
+/// [`Io::read_again`] / [`Io::write_again`] whether to go on now or wait
+/// for the socket's next readiness. See the [module documentation](self)
+/// for what else a driver owes the engine.
 pub trait Io {
     /// A connected socket.
     type Stream;
@@ -70,7 +141,7 @@ pub trait Io {
     type Connecting;
 
     /// Starts attempt `attempt` (1-based) to connect to `addr` for the dial
-    /// in `slot`.
+    /// in `slot` (pick the attempt's address with [`attempt_addr`]).
     fn connect(&mut self, slot: usize, addr: &str, attempt: u32) -> Connect<Self::Connecting, Self::Stream>;
 
     /// Checks an attempt in flight (its socket reported readiness).
@@ -80,14 +151,16 @@ pub trait Io {
         attempt: Self::Connecting,
     ) -> Connect<Self::Connecting, Self::Stream>;
 
-    /// Reads what the socket has (non-blocking).
-    fn read(&mut self, stream: &mut Self::Stream, buf: &mut [u8]) -> io::Result<usize>;
+    /// Reads what the socket has into `buf`: the count (0 at the peer's
+    /// FIN), or `WouldBlock`.
+    fn read(&mut self, slot: usize, stream: &mut Self::Stream, buf: &mut [u8]) -> io::Result<usize>;
 
-    /// Writes what `out` holds until it is empty or the socket would block.
-    fn write(&mut self, stream: &mut Self::Stream, out: &mut OutQueue) -> io::Result<Flushed>;
+    /// Writes a prefix of `bufs` (one vectored write): the count, or
+    /// `WouldBlock`. The engine keeps the queue and its accounting.
+    fn write(&mut self, slot: usize, stream: &mut Self::Stream, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
 
     /// Sends FIN (shuts the write half down).
-    fn shutdown_write(&mut self, stream: &Self::Stream) -> io::Result<()>;
+    fn shutdown_write(&mut self, slot: usize, stream: &mut Self::Stream) -> io::Result<()>;
 
     /// Sets `TCP_NODELAY`.
     fn set_nodelay(&mut self, stream: &Self::Stream) -> io::Result<()>;
@@ -109,8 +182,8 @@ pub trait Io {
     /// An error closes the connection.
     fn write_again(&mut self, slot: usize, stream: &Self::Stream) -> io::Result<bool>;
 
-    /// The connection in `slot` spent its read budget with bytes left: read
-    /// it again after serving the others.
+    /// The connection in `slot` spent its read budget with bytes left: call
+    /// [`Engine::read`] on it again after serving the others.
     fn read_later(&mut self, slot: usize);
 
     /// `slot` is used for the first time (slots are reused after that).
@@ -125,6 +198,24 @@ pub trait Io {
     fn abandon(&mut self, attempt: Self::Connecting) {
         drop(attempt);
     }
+}
+
+/// The address attempt `attempt` (1-based) of a dial to `addr` tries, out
+/// of what `addr` resolved to: a dial to a name that resolves to several
+/// addresses tries them in turn across its attempts.
+///
+/// ```
+/// use cohort_driver_core::engine::attempt_addr;
+/// let all = ["127.0.0.1:1".parse().unwrap(), "127.0.0.2:1".parse().unwrap()];
+/// assert_eq!(attempt_addr("h:1", &all, 1).unwrap(), all[0]);
+/// assert_eq!(attempt_addr("h:1", &all, 4).unwrap(), all[1]);
+/// assert!(attempt_addr("h:1", &[], 1).is_err());
+/// ```
+pub fn attempt_addr(addr: &str, resolved: &[SocketAddr], attempt: u32) -> io::Result<SocketAddr> {
+    if resolved.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolved to no address")));
+    }
+    Ok(resolved[(attempt.max(1) as usize - 1) % resolved.len()])
 }
 
 /// What a slot holds.
@@ -441,6 +532,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
     }
 
     /// The dial in `slot` reported readiness: checks its attempt in flight.
+    /// Call [`Engine::settle`] after (a `Connected` or `DialFailed` waits there).
     pub fn poll_dial(&mut self, slot: usize, now: Time) {
         let Some(Some(Entry::Dial(d))) = self.slots.get_mut(slot) else { return };
         let Some(attempt) = d.attempt.take() else { return };
@@ -520,7 +612,8 @@ impl<M: Machine, I: Io> Engine<M, I> {
     }
 
     /// Writes what the connection in `slot` has queued; once a requested
-    /// close has nothing left to write, sends FIN.
+    /// close has nothing left to write, sends FIN. Call [`Engine::settle`]
+    /// after (a `Closed` waits there).
     pub fn flush(&mut self, slot: usize, now: Time) {
         loop {
             let Some(Some(Entry::Conn(c))) = self.slots.get_mut(slot) else { return };
@@ -530,7 +623,8 @@ impl<M: Machine, I: Io> Engine<M, I> {
                 }
                 return;
             }
-            let err = match self.io.write(&mut c.sock, &mut c.out) {
+            let (io, sock) = (&mut self.io, &mut c.sock);
+            let err = match c.out.write_with(|bufs| io.write(slot, sock, bufs)) {
                 Ok(f) => {
                     if f.wrote > 0 {
                         c.progress_at = now;
@@ -559,13 +653,13 @@ impl<M: Machine, I: Io> Engine<M, I> {
     /// Reads the connection in `slot` until it is drained (as [`Io::read_again`]
     /// decides), the read budget is spent, or the connection ends; bytes go
     /// to the machine (or are discarded once the machine closed the
-    /// connection).
+    /// connection). Call [`Engine::settle`] after (a `Closed` waits there).
     pub fn read(&mut self, slot: usize, now: Time, until_blocked: bool) {
         let mut budget = self.config.read_budget.max(1);
         loop {
             let Some(Some(Entry::Conn(c))) = self.slots.get_mut(slot) else { return };
             let id = c.id;
-            let drained = match self.io.read(&mut c.sock, &mut self.read_buf) {
+            let drained = match self.io.read(slot, &mut c.sock, &mut self.read_buf) {
                 Ok(0) => {
                     match c.state {
                         ConnState::Open => self.fail(slot, CloseCause::Eof),
@@ -625,7 +719,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
     fn finish_close(&mut self, slot: usize, now: Time) {
         let Some(Some(Entry::Conn(c))) = self.slots.get_mut(slot) else { return };
         let peer_eof = matches!(c.state, ConnState::Closing { peer_eof: true });
-        if peer_eof || self.io.shutdown_write(&c.sock).is_err() {
+        if peer_eof || self.io.shutdown_write(slot, &mut c.sock).is_err() {
             self.remove(slot);
             return;
         }

@@ -1,20 +1,36 @@
 //! cohort-driver-core: what every cohort driver shares, whatever its event
-//! loop: the [`engine::Engine`] that runs one machine over a table of dials
-//! and connections (output draining, reports back to the machine, dial
-//! retries, write stalls, reads, close and linger) behind a small
-//! [`engine::Io`] trait; the [`Clock`] mapping real instants onto proto's
-//! `Time`; the driver [`Config`] (dial budget, write stall, queue bounds);
-//! the bounded outbound [`queue::OutQueue`] with its unsent-byte accounting;
-//! the [`timers::Timers`] heap; the [`listener::Listener`]'s accept retry; and what a node reports ([`NodeEvent`]) or
-//! answers once stopped ([`Stopped`]). The mio and smol drivers are built
-//! on it: each keeps only its listener and readiness plumbing.
+//! loop:
+//! - [`engine::Engine`]: one machine over a table of dials and connections
+//!   (output draining, reports back to the machine, dial retries, write
+//!   stalls, reads, close and linger) behind a small readiness-shaped
+//!   [`engine::Io`] trait; its docs say why readiness, and what a driver
+//!   owes the engine;
+//! - [`node`]: the whole async node (task, [`node::NodeHandle`] for
+//!   commands, shutdown and kill, [`node::Events`] as a `Stream`) over a
+//!   [`node::Runtime`] trait: the smol and tokio drivers are a `Runtime`
+//!   each;
+//! - the [`Clock`] mapping real instants onto proto's `Time`; the driver
+//!   [`Config`] (dial budget, write stall, queue bounds); the bounded
+//!   outbound [`queue::OutQueue`]; the [`timers::Timers`] heap; the
+//!   [`listener::Listener`]'s accept retry; what a node reports
+//!   ([`NodeEvent`]) or answers once stopped ([`Stopped`]);
+//! - `testing` (feature `testing`): the drivers' shared test harness and
+//!   the one driver test suite every driver runs.
+//!
+//! The mio driver implements [`engine::Io`] on mio tokens; the smol and
+//! tokio drivers implement [`node::Runtime`].
 #![forbid(unsafe_code)]
 
+mod chan;
 pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod listener;
+pub mod node;
 pub mod queue;
+mod ready;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod timers;
 
 pub use clock::Clock;

@@ -54,6 +54,16 @@ impl OutQueue {
     /// block. Interrupted writes are retried; any other error is returned
     /// (bytes written before it stay written and are no longer queued).
     pub fn flush(&mut self, w: &mut impl Write) -> io::Result<Flushed> {
+        self.write_with(|bufs| w.write_vectored(bufs))
+    }
+
+    /// [`OutQueue::flush`] through `write`, one vectored write per call
+    /// returning how many bytes of `bufs` it took (for sockets that are not
+    /// [`Write`], such as tokio's `try_write_vectored`).
+    pub fn write_with(
+        &mut self,
+        mut write: impl FnMut(&[IoSlice<'_>]) -> io::Result<usize>,
+    ) -> io::Result<Flushed> {
         let mut wrote = 0;
         while !self.bufs.is_empty() {
             let n = {
@@ -62,9 +72,9 @@ impl OutQueue {
                 for (slot, buf) in slices.iter_mut().zip(self.bufs.iter()) {
                     *slot = IoSlice::new(buf);
                 }
-                match w.write_vectored(&slices[..count]) {
+                match write(&slices[..count]) {
                     Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-                    Ok(n) => n,
+                    Ok(n) => n.min(self.len),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         return Ok(Flushed { wrote, blocked: true });
                     }

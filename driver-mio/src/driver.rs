@@ -49,7 +49,7 @@
 //! edge-triggered readiness and the listener.
 
 use std::collections::VecDeque;
-use std::io::{self, Read};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 
 use cohort_proto::{Machine, Time};
@@ -57,9 +57,8 @@ use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
 
-use cohort_driver_core::engine::{Connect, Drained, Engine, Io, Occupant};
+use cohort_driver_core::engine::{Connect, Drained, Engine, Io, Occupant, attempt_addr};
 use cohort_driver_core::listener::Listener;
-use cohort_driver_core::queue::{Flushed, OutQueue};
 use cohort_driver_core::{Clock, Config, NodeEvent};
 
 /// The mio tokens a driver may use: `start` for its listener, the rest for
@@ -166,15 +165,15 @@ impl Io for MioIo {
         }
     }
 
-    fn read(&mut self, stream: &mut TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    fn read(&mut self, _: usize, stream: &mut TcpStream, buf: &mut [u8]) -> io::Result<usize> {
         stream.read(buf)
     }
 
-    fn write(&mut self, stream: &mut TcpStream, out: &mut OutQueue) -> io::Result<Flushed> {
-        out.flush(stream)
+    fn write(&mut self, _: usize, stream: &mut TcpStream, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        stream.write_vectored(bufs)
     }
 
-    fn shutdown_write(&mut self, stream: &TcpStream) -> io::Result<()> {
+    fn shutdown_write(&mut self, _: usize, stream: &mut TcpStream) -> io::Result<()> {
         stream.shutdown(Shutdown::Write)
     }
 
@@ -446,8 +445,5 @@ fn resolve(addr: &str, attempt: u32) -> io::Result<SocketAddr> {
         return Ok(sa);
     }
     let all: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
-    if all.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolved to no address")));
-    }
-    Ok(all[(attempt as usize - 1) % all.len()])
+    attempt_addr(addr, &all, attempt)
 }

@@ -6,11 +6,13 @@
 //!   [`Remote`] to command it from other threads (one thread per node);
 //! - [`Clock`]: the real clock mapped onto proto's `Time`, shareable;
 //! - [`Config`]: dial retry budget, write-stall deadline, buffer bounds;
-//! - [`testing`]: small machines for driver tests and benchmarks.
+//! - `testing` (feature `testing`): `testing::Mio`, the driver's half of
+//!   the shared test harness in `cohort_driver_core::testing`.
 #![forbid(unsafe_code)]
 
 pub mod driver;
 pub mod runner;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use cohort_driver_core::NodeEvent;

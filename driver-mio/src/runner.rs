@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use cohort_driver_mio::{Config, Runner};
-//! use cohort_driver_mio::testing::Echo;
+//! use cohort_driver_core::testing::Echo;
 //! use std::ops::ControlFlow;
 //!
 //! let mut runner = Runner::new(Echo::default(), Config::default())?;

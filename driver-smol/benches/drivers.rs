@@ -1,8 +1,10 @@
-//! Both drivers against their baselines, measured in the same run.
+//! The three drivers against their baselines, measured in the same run,
+//! every node on the shared test harness (`cohort_driver_core::testing`:
+//! each node on a thread of its own, through its driver's `TestDriver`).
 //!
 //! - `rtt/*`: one control frame (a signed `TimingMsgWire::Heartbeat`)
 //!   bounced between two machines over loopback, per round trip: through
-//!   the mio driver, the smol driver, and a raw blocking std TCP ping-pong
+//!   the mio, smol and tokio drivers, and a raw blocking std TCP ping-pong
 //!   of the same bytes. The echo side runs in a child process (as a relay
 //!   is to its rank), the pinging side in the bench process; async-io's
 //!   reactor is per process, so two smol nodes in one process would share
@@ -16,29 +18,31 @@
 //!   variants count bytes without verifying (the drivers' own cost).
 //!
 //! Run: `cargo bench -p cohort-driver-smol --bench drivers`, then
-//! `scripts/bench-ratios rtt/mio rtt/raw_std rtt/smol rtt/raw_std
+//! `scripts/bench-ratios rtt/mio rtt/raw_std rtt/smol rtt/raw_std rtt/tokio rtt/raw_std
 //! frame256/mio frame256/sha256 frame256/mio frame256/raw_std_verify ...`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::ops::ControlFlow;
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use cohort_driver_mio::testing::{
-    Echo, Pinger, PingerEvent, Probe, ProbeEvent, RoundSink, SinkEvent, ThreadNode,
+use cohort_driver_core::Config;
+use cohort_driver_core::testing::{
+    Echo, Pinger, PingerEvent, Probe, ProbeEvent, RoundSink, SinkEvent, TestDriver,
 };
-use cohort_driver_smol::Node;
+use cohort_driver_mio::testing::Mio;
+use cohort_driver_smol::testing::SmolThread;
+use cohort_driver_tokio::testing::TokioThread;
 use cohort_proto::machine::Outbox;
 use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, Dtype, MacKey, RoundKind, RoundWriter, SessionSalt, TimingMsgWire, encode_frame,
 };
 use cohort_proto::{DialId, Input, Machine, Output, Time};
+use criterion::BenchmarkGroup;
+use criterion::measurement::WallTime;
 use criterion::{Criterion, Throughput, criterion_group};
 use sha2::{Digest, Sha256};
-use smol::stream::StreamExt;
 
 const FRAME_MIB: usize = 256;
 
@@ -90,99 +94,37 @@ impl Machine for Counter {
     }
 }
 
-// ---- mio nodes on threads ----
-
-fn mio_node<M>(machine: M, listen: bool) -> ThreadNode<M>
-where
-    M: Machine + Send + 'static,
-    M::Event: Send + 'static,
-{
-    ThreadNode::spawn(machine, cohort_driver_mio::Config::default(), listen)
-}
-
-// ---- smol nodes, each on its own thread ----
-
-struct SmolNode<M: Machine> {
-    handle: cohort_driver_smol::NodeHandle<M>,
-    events: cohort_driver_smol::Events<M::Event>,
-    thread: Option<JoinHandle<()>>,
-}
-
-fn smol_node<M>(machine: M, listen: bool) -> SmolNode<M>
-where
-    M: Machine + Send + 'static,
-    M::Event: Send + 'static,
-{
-    let mut node = Node::new(machine, cohort_driver_smol::Config::default());
-    if listen {
-        node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    }
-    let (task, handle, events) = node.into_task();
-    let thread = std::thread::spawn(move || smol::block_on(task));
-    SmolNode { handle, events, thread: Some(thread) }
-}
-
-impl<M: Machine> SmolNode<M> {
-    fn addr(&self) -> String {
-        self.handle.local_addr().unwrap().to_string()
-    }
-    /// Waits here without driving async-io's reactor (which the node's own
-    /// thread drives), so the bench thread adds no hop to the node's I/O.
-    fn next_machine_event(&mut self) -> M::Event {
-        smol::future::block_on(async {
-            loop {
-                if let Some(e) = self.events.next().await.expect("node running").machine() {
-                    return e;
-                }
-            }
-        })
-    }
-}
-
-impl<M: Machine> Drop for SmolNode<M> {
-    fn drop(&mut self) {
-        smol::future::block_on(self.handle.shutdown());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 // ---- round trips ----
 
 /// Environment variable that turns this bench binary into the echo side of
-/// `rtt`, in a child process: `raw`, `mio` or `smol`.
+/// `rtt`, in a child process: `raw`, or a driver's name.
 const ECHO_ROLE: &str = "COHORT_BENCH_ECHO";
 
 /// The echo side of `rtt`: prints its address, echoes until stdin closes.
 fn serve_echo(kind: &str) -> ! {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    println!("{}", listener.local_addr().unwrap());
+    fn echo_on<D: TestDriver>() {
+        let echo = D::spawn(Echo::default(), Config::default(), true);
+        println!("{}", echo.addr());
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        drop(echo);
+    }
     match kind {
         "raw" => {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            println!("{}", listener.local_addr().unwrap());
             std::thread::spawn(move || {
                 let (mut s, _) = listener.accept().unwrap();
                 s.set_nodelay(true).unwrap();
                 let mut buf = vec![0u8; heartbeat().len()];
                 while s.read_exact(&mut buf).is_ok() && s.write_all(&buf).is_ok() {}
             });
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
         }
-        "mio" => {
-            let mut runner =
-                cohort_driver_mio::Runner::new(Echo::default(), cohort_driver_mio::Config::default())
-                    .unwrap();
-            runner.driver().adopt_listener(listener).unwrap();
-            std::thread::spawn(move || runner.run(|_, _| ControlFlow::Continue(())));
-        }
-        _ => {
-            let mut node = Node::new(Echo::default(), cohort_driver_smol::Config::default());
-            node.adopt_listener(listener).unwrap();
-            let (task, handle, _events) = node.into_task();
-            std::mem::forget(handle); // keep the node running until the process exits
-            std::thread::spawn(move || smol::block_on(task));
-        }
+        n if n == Mio::NAME => echo_on::<Mio>(),
+        n if n == SmolThread::NAME => echo_on::<SmolThread>(),
+        n if n == TokioThread::NAME => echo_on::<TokioThread>(),
+        other => panic!("no echo role {other:?}"),
     }
-    let _ = std::io::stdin().read_to_end(&mut Vec::new());
     std::process::exit(0)
 }
 
@@ -234,36 +176,25 @@ fn rtt(c: &mut Criterion) {
         });
     }
 
-    // The mio driver: a Pinger node here, an Echo node in the child.
-    {
-        let echo = EchoChild::start("mio");
-        let pinger = mio_node(Pinger::new(echo.addr.clone(), frame.clone()), false);
-        assert_eq!(pinger.next_machine_event(), PingerEvent::Ready);
-        g.bench_function("mio", |b| {
-            b.iter_custom(|iters| {
-                let t = Instant::now();
-                pinger.remote.with(move |p, _| p.play(iters)).unwrap();
-                assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: iters });
-                t.elapsed()
-            })
-        });
-    }
-
-    // The smol driver, the same way.
-    {
-        let echo = EchoChild::start("smol");
-        let mut pinger = smol_node(Pinger::new(echo.addr.clone(), frame.clone()), false);
-        assert_eq!(pinger.next_machine_event(), PingerEvent::Ready);
-        g.bench_function("smol", |b| {
-            b.iter_custom(|iters| {
-                let t = Instant::now();
-                pinger.handle.send(move |p, _| p.play(iters)).unwrap();
-                assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: iters });
-                t.elapsed()
-            })
-        });
-    }
+    rtt_of::<Mio>(&mut g, &frame);
+    rtt_of::<SmolThread>(&mut g, &frame);
+    rtt_of::<TokioThread>(&mut g, &frame);
     g.finish();
+}
+
+/// `rtt/<driver>`: a Pinger node here, an Echo node of the same driver in the child.
+fn rtt_of<D: TestDriver>(g: &mut BenchmarkGroup<'_, WallTime>, frame: &Bytes) {
+    let echo = EchoChild::start(D::NAME);
+    let mut pinger = D::spawn(Pinger::new(echo.addr.clone(), frame.clone()), Config::default(), false);
+    assert_eq!(pinger.next_machine_event(), PingerEvent::Ready);
+    g.bench_function(D::NAME, |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            pinger.with(move |p, _| p.play(iters));
+            assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: iters });
+            t.elapsed()
+        })
+    });
 }
 
 // ---- a 256 MiB frame ----
@@ -349,60 +280,40 @@ fn frame256(c: &mut Criterion) {
         reader.join().unwrap();
     }
 
-    // The mio driver: a sender node and a verifying (or counting) receiver node.
-    {
-        let sink = mio_node(RoundSink::new(key(), DEFAULT_FRAME_CEILING), true);
-        let counter = mio_node(Counter { target: len, got: 0, out: Outbox::default() }, true);
-        for (name, addr) in [("mio", sink.addr()), ("mio_count", counter.addr())] {
-            let src = mio_node(Probe::new(), false);
-            src.remote.with(move |p, _| p.dial(DialId(0), addr)).unwrap();
-            let ProbeEvent::Connected { conn, .. } = src.next_machine_event() else {
-                panic!("no connection")
-            };
-            g.bench_function(name, |b| {
-                b.iter(|| {
-                    let f = frame.clone();
-                    src.remote.with(move |p, _| p.send(conn, f)).unwrap();
-                    if name == "mio" {
-                        match sink.next_machine_event() {
-                            SinkEvent::Frame { wire_len, .. } => assert_eq!(wire_len, len),
-                            SinkEvent::Bad { error, .. } => panic!("{error}"),
-                        }
-                    } else {
-                        assert_eq!(counter.next_machine_event(), len);
-                    }
-                })
-            });
-        }
-    }
-
-    // The smol driver, the same way.
-    {
-        let mut sink = smol_node(RoundSink::new(key(), DEFAULT_FRAME_CEILING), true);
-        let mut counter = smol_node(Counter { target: len, got: 0, out: Outbox::default() }, true);
-        for (name, addr) in [("smol", sink.addr()), ("smol_count", counter.addr())] {
-            let mut src = smol_node(Probe::new(), false);
-            src.handle.send(move |p, _| p.dial(DialId(0), addr)).unwrap();
-            let ProbeEvent::Connected { conn, .. } = src.next_machine_event() else {
-                panic!("no connection")
-            };
-            g.bench_function(name, |b| {
-                b.iter(|| {
-                    let f = frame.clone();
-                    src.handle.send(move |p, _| p.send(conn, f)).unwrap();
-                    if name == "smol" {
-                        match sink.next_machine_event() {
-                            SinkEvent::Frame { wire_len, .. } => assert_eq!(wire_len, len),
-                            SinkEvent::Bad { error, .. } => panic!("{error}"),
-                        }
-                    } else {
-                        assert_eq!(counter.next_machine_event(), len);
-                    }
-                })
-            });
-        }
-    }
+    frame256_of::<Mio>(&mut g, &frame);
+    frame256_of::<SmolThread>(&mut g, &frame);
+    frame256_of::<TokioThread>(&mut g, &frame);
     g.finish();
+}
+
+/// `frame256/<driver>` and `frame256/<driver>_count`: a sender node and a
+/// verifying (or counting) receiver node of the driver.
+fn frame256_of<D: TestDriver>(g: &mut BenchmarkGroup<'_, WallTime>, frame: &Bytes) {
+    let len = frame.len() as u64;
+    let mut sink = D::spawn(RoundSink::new(key(), DEFAULT_FRAME_CEILING), Config::default(), true);
+    let mut counter =
+        D::spawn(Counter { target: len, got: 0, out: Outbox::default() }, Config::default(), true);
+    let verify = D::NAME.to_string();
+    let count = format!("{}_count", D::NAME);
+    for (name, addr) in [(&verify, sink.addr()), (&count, counter.addr())] {
+        let mut src = D::spawn(Probe::new(), Config::default(), false);
+        src.with(move |p, _| p.dial(DialId(0), addr.to_string()));
+        let ProbeEvent::Connected { conn, .. } = src.next_machine_event() else { panic!("no connection") };
+        g.bench_function(name.as_str(), |b| {
+            b.iter(|| {
+                let f = frame.clone();
+                src.with(move |p, _| p.send(conn, f));
+                if *name == verify {
+                    match sink.next_machine_event() {
+                        SinkEvent::Frame { wire_len, .. } => assert_eq!(wire_len, len),
+                        SinkEvent::Bad { error, .. } => panic!("{error}"),
+                    }
+                } else {
+                    assert_eq!(counter.next_machine_event(), len);
+                }
+            })
+        });
+    }
 }
 
 criterion_group!(benches, rtt, frame256);

@@ -1,21 +1,58 @@
-//! cohort-driver-smol: runs cohort's proto machines on smol 2.x.
+//! cohort-driver-smol: runs cohort's proto machines on smol 2.x (async-io
+//! sockets and timers).
 //!
+//! The node itself is `cohort_driver_core::node`'s, shared with the tokio
+//! driver; this crate is its [`Smol`] runtime:
 //! - [`Node`]: one machine with its optional listener, started as a task
-//!   ([`Node::spawn`] on smol's executor, or [`Node::into_task`] for any
-//!   executor that drives async-io, async-std's included);
+//!   ([`Node::spawn`] on smol's global executor, or [`Node::into_task`] for
+//!   any executor that drives async-io, async-std's included);
 //! - [`NodeHandle`]: run commands on the machine inside its task
-//!   (`handle.with(|m, now| m.operator_start(now)).await`) and shut it down;
-//! - [`Events`]: the node's events as a `Stream`;
+//!   (`handle.with(|m, now| m.operator_start(now)).await`), shut it down
+//!   cleanly or kill it;
+//! - [`Events`]: the node's events as a `Stream` (or [`Events::recv`]);
 //! - [`Clock`]: the real clock mapped onto proto's `Time`, shareable;
-//! - [`Config`]: dial retry budget, write-stall deadline, buffer bounds.
+//! - [`Config`]: dial retry budget, write-stall deadline, buffer bounds;
+//! - `testing` (feature `testing`): `testing::SmolThread`, the driver's
+//!   half of the shared test harness.
 //!
-//! The semantics are those of `cohort-driver-mio`; the two interoperate
-//! byte for byte (they only carry the machines' bytes).
+//! The semantics are the shared engine's, as in the mio and tokio
+//! drivers; all three interoperate byte for byte (they only carry the
+//! machines' bytes).
+//!
+//! ```
+//! use cohort_driver_core::testing::{Probe, ProbeEvent};
+//! use cohort_driver_smol::{Config, Node, NodeEvent};
+//! use cohort_proto::DialId;
+//! use smol::stream::StreamExt;
+//!
+//! smol::block_on(async {
+//!     let mut server = Node::new(Probe::new(), Config::default());
+//!     let addr = server.listen("127.0.0.1:0".parse().unwrap())?;
+//!     let (server, mut server_events) = server.spawn();
+//!     let (client, mut client_events) = Node::new(Probe::new(), Config::default()).spawn();
+//!     client.with(move |p, _| p.dial(DialId(1), addr.to_string())).await?;
+//!     let connected = client_events.next().await;
+//!     assert!(matches!(connected, Some(NodeEvent::Machine(ProbeEvent::Connected { .. }))));
+//!     let accepted = server_events.next().await;
+//!     assert!(matches!(accepted, Some(NodeEvent::Machine(ProbeEvent::Accepted { .. }))));
+//!     client.shutdown().await;
+//!     server.shutdown().await;
+//!     Ok::<(), Box<dyn std::error::Error>>(())
+//! })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
 
-pub mod node;
-mod ready;
+mod runtime;
+#[cfg(feature = "testing")]
+pub mod testing;
 
-pub use cohort_driver_core::NodeEvent;
-pub use cohort_driver_core::{Clock, Config, clock, config};
-pub use node::{Events, Node, NodeHandle, NodeTask, Stopped};
+pub use cohort_driver_core::node::{Events, NodeHandle};
+pub use cohort_driver_core::{Clock, Config, NodeEvent, Stopped, clock, config};
+pub use runtime::Smol;
+
+/// A node on smol: see `cohort_driver_core::node::Node`.
+pub type Node<M> = cohort_driver_core::node::Node<M, Smol>;
+
+/// A running node on smol, as a future: see `cohort_driver_core::node::NodeTask`.
+pub type NodeTask<M> = cohort_driver_core::node::NodeTask<M, Smol>;

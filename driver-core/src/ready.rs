@@ -1,5 +1,5 @@
-//! Per-socket wakers feeding one ready list, so the node task serves only
-//! the sockets that became ready (not every socket on every wake).
+//! Per-socket wakers feeding one ready list, so an async node task serves
+//! only the sockets that became ready (not every socket on every wake).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

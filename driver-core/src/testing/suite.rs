@@ -1,0 +1,545 @@
+//! The one driver test suite: every driver runs it on real loopback
+//! sockets, through its [`TestDriver`] ([`driver_suite!`](crate::driver_suite));
+//! [`interop`] runs two drivers against each other
+//! ([`interop_suite!`](crate::interop_suite)).
+//!
+//! Every test asserts what the engine and the machine convention
+//! guarantee, never scheduling luck: waits are for events (bounded by
+//! [`PATIENCE`] as a safety net only), byte counts are exact, and what a
+//! peer's kernel may or may not have taken is bounded, not guessed.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use cohort_proto::handshake::{
+    Acceptor, AcceptorEvent, ControlHandshake, ControlHelloFields, DataHandshake, Dialer, DialerEvent,
+    HandshakeError,
+};
+use cohort_proto::wire::{DEFAULT_FRAME_CEILING, Dtype, MacKey, RoundKind, RoundWriter, SessionSalt};
+use cohort_proto::{CloseCause, ConnId, DialId, Time};
+
+use super::{
+    Echo, PATIENCE, Pinger, PingerEvent, Probe, ProbeEvent, RoundSink, SinkEvent, TestDriver, free_addr,
+    pattern, quick,
+};
+use crate::{Config, NodeEvent};
+
+fn control_kind() -> ControlHandshake {
+    ControlHandshake { key: MacKey::new(&SessionSalt::from_bytes([7; 16])), world_size: 4 }
+}
+
+fn key() -> MacKey {
+    MacKey::new(&SessionSalt::from_bytes([0x42; 16]))
+}
+
+fn is_close(e: &NodeEvent<ProbeEvent>) -> bool {
+    matches!(e, NodeEvent::Machine(ProbeEvent::Closed { .. }))
+}
+
+/// A control-channel handshake between two nodes of the driver; once both
+/// sides are done and stopped, their event streams end with nothing more.
+pub fn control_handshake<D: TestDriver>() {
+    let mut relay = D::spawn(Acceptor::new(control_kind(), Duration::from_secs(10)), quick(), true);
+    let hello = ControlHelloFields { rank: 2, model_sig: [9; 32] };
+    let mut rank = D::spawn(
+        Dialer::new(
+            control_kind(),
+            hello,
+            relay.addr().to_string(),
+            None,
+            Duration::from_secs(10),
+            Time::ZERO,
+        ),
+        quick(),
+        false,
+    );
+    let admitted = relay.expect(|e| match e {
+        AcceptorEvent::Admitted { hello, leftover, .. } => {
+            Some((hello.rank, hello.model_sig, leftover.len()))
+        }
+        AcceptorEvent::Refused { error, .. } => panic!("{}: refused: {error}", D::NAME),
+    });
+    assert_eq!(admitted, (2, [9; 32], 0));
+    let leftover = rank.expect(|e| match e {
+        DialerEvent::Established { leftover, .. } => Some(leftover.len()),
+        DialerEvent::Failed(err) => panic!("{}: handshake failed: {err}", D::NAME),
+    });
+    assert_eq!(leftover, 0);
+    let (rank_rest, relay_rest) = (rank.stop(), relay.stop());
+    assert!(rank_rest.is_empty() && relay_rest.is_empty(), "{rank_rest:?} {relay_rest:?}");
+}
+
+/// The data handshake refuses a dialer of another world size: the
+/// acceptor closes without a reply, the dialer sees the end of stream.
+pub fn data_handshake_refuses_a_wrong_world_size<D: TestDriver>() {
+    let mut relay =
+        D::spawn(Acceptor::new(DataHandshake { world_size: 4 }, Duration::from_secs(10)), quick(), true);
+    let mut rank = D::spawn(
+        Dialer::new(
+            DataHandshake { world_size: 5 },
+            1,
+            relay.addr().to_string(),
+            None,
+            Duration::from_secs(10),
+            Time::ZERO,
+        ),
+        quick(),
+        false,
+    );
+    let refusal = relay.expect(|e| match e {
+        AcceptorEvent::Refused { error: HandshakeError::Wire(w), .. } => Some(w.to_string()),
+        other => panic!("unexpected {other:?}"),
+    });
+    assert!(refusal.contains("world"), "{refusal}");
+    let err = rank.expect(|e| match e {
+        DialerEvent::Failed(err) => Some(err.clone()),
+        other => panic!("unexpected {other:?}"),
+    });
+    assert_eq!(err, HandshakeError::Closed(CloseCause::Eof));
+}
+
+/// A refused attempt is reported as a retry; the dial connects once a
+/// listener appears, and bytes flow.
+pub fn dial_retries_until_a_listener_appears<D: TestDriver>() {
+    let addr = free_addr();
+    let mut node = D::spawn(Probe::new(), quick(), false);
+    node.with(move |p, _| p.dial(DialId(7), addr.to_string()));
+    match node.next_event() {
+        NodeEvent::DialRetry { dial, attempt, attempts, error } => {
+            assert_eq!((dial, attempt, attempts), (DialId(7), 1, 50));
+            assert_eq!(error, ErrorKind::ConnectionRefused);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let listener = TcpListener::bind(addr).unwrap();
+    let (dial, conn) = node.expect(|e| match e {
+        ProbeEvent::Connected { dial, conn } => Some((*dial, *conn)),
+        ProbeEvent::DialFailed { .. } => panic!("gave up"),
+        _ => None,
+    });
+    assert_eq!(dial, DialId(7));
+    let (mut s, _) = listener.accept().unwrap();
+    node.with(move |p, _| p.send(conn, &b"ok"[..]));
+    let mut buf = [0u8; 2];
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ok");
+}
+
+/// A dial that never connects retries exactly its budget, then fails.
+pub fn dial_fails_after_the_budget<D: TestDriver>() {
+    let addr = free_addr();
+    let cfg = Config { connect_attempts: 3, connect_backoff: Duration::from_millis(10), ..quick() };
+    let mut node = D::spawn(Probe::new(), cfg, false);
+    node.with(move |p, _| p.dial(DialId(1), addr.to_string()));
+    let mut retries = Vec::new();
+    loop {
+        match node.next_event() {
+            NodeEvent::DialRetry { attempt, attempts, .. } => retries.push((attempt, attempts)),
+            NodeEvent::Machine(ProbeEvent::DialFailed { dial }) => {
+                assert_eq!(dial, DialId(1));
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(retries, [(1, 3), (2, 3)]);
+}
+
+/// An address that does not resolve costs attempts like a refusal.
+pub fn unresolvable_names_spend_the_budget_too<D: TestDriver>() {
+    let cfg = Config { connect_attempts: 2, connect_backoff: Duration::from_millis(1), ..quick() };
+    let mut node = D::spawn(Probe::new(), cfg, false);
+    node.with(|p, _| p.dial(DialId(3), "not an address"));
+    assert!(matches!(
+        node.next_event(),
+        NodeEvent::DialRetry { dial: DialId(3), attempt: 1, attempts: 2, .. }
+    ));
+    assert_eq!(node.expect(|e| Some(e.clone())), ProbeEvent::DialFailed { dial: DialId(3) });
+}
+
+/// The peer's FIN is reported once, with every byte before it; later
+/// transmits on the connection are dropped and nothing more is reported.
+pub fn eof_is_reported_once<D: TestDriver>() {
+    let mut node = D::spawn(Probe::new(), quick(), true);
+    let mut client = TcpStream::connect(node.addr()).unwrap();
+    client.write_all(b"hello").unwrap();
+    client.shutdown(Shutdown::Write).unwrap();
+    let conn = node.expect(|e| match e {
+        ProbeEvent::Accepted { conn, peer } => Some({
+            assert!(peer.loopback);
+            *conn
+        }),
+        _ => None,
+    });
+    let closed = node.expect(|e| match e {
+        ProbeEvent::Closed { conn: c, cause, unsent, total } => Some((*c, *cause, *unsent, *total)),
+        _ => None,
+    });
+    assert_eq!(closed, (conn, CloseCause::Eof, 0, 5));
+    node.call(move |p, _| p.send(conn, &b"late"[..]));
+    drop(client);
+    node.call(|_, _| ());
+    let closes = node.pending().iter().filter(|e| is_close(e)).count();
+    assert_eq!(closes, 0);
+}
+
+/// A peer that closes with our bytes unread resets the connection: the
+/// close is reported as a reset, nothing left unsent.
+pub fn reset_is_reported_as_reset<D: TestDriver>() {
+    let mut node = D::spawn(Probe::new(), quick(), true);
+    let client = TcpStream::connect(node.addr()).unwrap();
+    let conn = node.expect(|e| match e {
+        ProbeEvent::Accepted { conn, .. } => Some(*conn),
+        _ => None,
+    });
+    node.with(move |p, _| p.send(conn, &b"unread"[..]));
+    // Wait until the bytes sit unread in the client's buffer, then close: the kernel resets.
+    let mut peek = [0u8; 6];
+    client.set_read_timeout(Some(PATIENCE)).unwrap();
+    while client.peek(&mut peek).unwrap() < 6 {}
+    drop(client);
+    let closed = node.expect(|e| match e {
+        ProbeEvent::Closed { cause, unsent, .. } => Some((*cause, *unsent)),
+        _ => None,
+    });
+    assert_eq!(closed, (CloseCause::Reset, 0));
+}
+
+/// `Close` after many transmits, in one command: every byte arrives in
+/// order, then the end; the closing side's machine hears nothing of it.
+pub fn close_flushes_everything_queued<D: TestDriver>() {
+    const N: usize = 8 << 20;
+    let cfg = Config { read_budget: 64 * 1024, read_chunk: 16 * 1024, ..quick() };
+    let mut receiver = D::spawn(Probe::new().keeping().quiet(), cfg, true);
+    let mut sender = D::spawn(Probe::new(), quick(), false);
+    let addr = receiver.addr().to_string();
+    sender.with(move |p, _| p.dial(DialId(0), addr));
+    let conn = sender.expect(|e| match e {
+        ProbeEvent::Connected { conn, .. } => Some(*conn),
+        _ => None,
+    });
+    let data = Bytes::from(pattern(N));
+    let sent = data.clone();
+    sender.with(move |p, _| {
+        for chunk in sent.chunks(100_000) {
+            p.send(conn, sent.slice_ref(chunk));
+        }
+        p.close(conn);
+    });
+    let (rconn, cause, total) = receiver.expect(|e| match e {
+        ProbeEvent::Closed { conn, cause, total, .. } => Some((*conn, *cause, *total)),
+        _ => None,
+    });
+    assert_eq!((cause, total), (CloseCause::Eof, N as u64));
+    assert!(receiver.call(move |p, _| p.received(rconn) == &data[..]));
+    sender.call(|_, _| ());
+    assert_eq!(sender.pending().iter().filter(|e| is_close(e)).count(), 0);
+}
+
+/// A peer that never reads: the connection is closed as stalled after the
+/// write-stall deadline, and `unsent` is exact: the peer then reads
+/// exactly the bytes the kernel took, then the end.
+pub fn a_peer_that_never_reads_stalls_and_unsent_bytes_are_counted<D: TestDriver>() {
+    const N: usize = 64 << 20;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cfg = Config { write_stall: Duration::from_millis(300), ..quick() };
+    let mut node = D::spawn(Probe::new(), cfg, false);
+    node.with(move |p, _| p.dial(DialId(0), addr.to_string()));
+    let (mut peer, _) = listener.accept().unwrap();
+    let conn = node.expect(|e| match e {
+        ProbeEvent::Connected { conn, .. } => Some(*conn),
+        _ => None,
+    });
+    node.with(move |p, _| p.send(conn, vec![0x5a; N]));
+    let (cause, unsent) = node.expect(|e| match e {
+        ProbeEvent::Closed { cause, unsent, .. } => Some((*cause, *unsent)),
+        _ => None,
+    });
+    assert_eq!(cause, CloseCause::WriteStall);
+    assert!(unsent > 0 && unsent < N, "unsent {unsent}");
+    let mut got = Vec::new();
+    peer.set_read_timeout(Some(PATIENCE)).unwrap();
+    peer.read_to_end(&mut got).unwrap();
+    assert_eq!(got.len(), N - unsent);
+    assert!(got.iter().all(|b| *b == 0x5a));
+}
+
+/// A machine that queues more than the bound for one peer has outrun it:
+/// closed as stalled, every byte counted unsent.
+pub fn outgrowing_the_queue_bound_closes_as_stalled<D: TestDriver>() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cfg = Config { max_queued_bytes: 1 << 20, ..quick() };
+    let mut node = D::spawn(Probe::new(), cfg, false);
+    node.with(move |p, _| p.dial(DialId(0), addr.to_string()));
+    let _peer = listener.accept().unwrap();
+    let conn = node.expect(|e| match e {
+        ProbeEvent::Connected { conn, .. } => Some(*conn),
+        _ => None,
+    });
+    node.with(move |p, _| p.send(conn, vec![0u8; 4 << 20]));
+    let closed = node.expect(|e| match e {
+        ProbeEvent::Closed { cause, unsent, .. } => Some((*cause, *unsent)),
+        _ => None,
+    });
+    assert_eq!(closed, (CloseCause::WriteStall, 4 << 20));
+}
+
+/// A clean stop flushes what is queued and closes with a FIN; afterwards
+/// the node takes no command and its event stream has ended.
+pub fn shutdown_flushes_and_closes_every_connection<D: TestDriver>() {
+    let mut node = D::spawn(Probe::new(), quick(), true);
+    let mut client = TcpStream::connect(node.addr()).unwrap();
+    let conn = node.expect(|e| match e {
+        ProbeEvent::Accepted { conn, .. } => Some(*conn),
+        _ => None,
+    });
+    node.with(move |p, _| p.send(conn, vec![1u8; 1 << 20]));
+    let rest = node.stop();
+    assert_eq!(rest.iter().filter(|e| is_close(e)).count(), 0, "{rest:?}");
+    let mut got = Vec::new();
+    client.set_read_timeout(Some(PATIENCE)).unwrap();
+    client.read_to_end(&mut got).unwrap();
+    assert_eq!(got.len(), 1 << 20);
+    assert!(got.iter().all(|b| *b == 1));
+    assert!(node.try_with(|_, _| ()).is_err());
+}
+
+/// A kill drops every socket as it stands: of 64 MiB queued for a peer
+/// that was not reading, only what the kernel had already taken arrives
+/// (a prefix, in order), then the end. The node is gone.
+pub fn kill_drops_what_is_queued<D: TestDriver>() {
+    const N: usize = 64 << 20;
+    let mut node = D::spawn(Probe::new(), quick(), true);
+    let mut client = TcpStream::connect(node.addr()).unwrap();
+    let conn = node.expect(|e| match e {
+        ProbeEvent::Accepted { conn, .. } => Some(*conn),
+        _ => None,
+    });
+    let data = Bytes::from(pattern(N));
+    let sent = data.clone();
+    // The command ran (the queue holds what the kernel did not take) before the kill.
+    node.call(move |p, _| p.send(conn, sent));
+    node.kill();
+    let mut got = Vec::new();
+    client.set_read_timeout(Some(PATIENCE)).unwrap();
+    match client.read_to_end(&mut got) {
+        Ok(_) => {}
+        Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}"),
+    }
+    assert!(got.len() < N, "a killed node flushed its queue");
+    assert_eq!(got[..], data[..got.len()]);
+    assert!(node.try_with(|_, _| ()).is_err());
+}
+
+/// Connections beyond `max_sockets` are closed at once, unseen by the
+/// machine.
+pub fn connections_beyond_max_sockets_are_refused<D: TestDriver>() {
+    let cfg = Config { max_sockets: 2, ..quick() };
+    let mut node = D::spawn(Probe::new(), cfg, true);
+    let mut accepted = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        clients.push(TcpStream::connect(node.addr()).unwrap());
+        accepted.push(node.expect(|e| match e {
+            ProbeEvent::Accepted { conn, .. } => Some(*conn),
+            _ => None,
+        }));
+    }
+    assert_eq!(accepted, [ConnId(1), ConnId(2)]);
+    let mut third = TcpStream::connect(node.addr()).unwrap();
+    third.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut b = [0u8; 1];
+    match third.read(&mut b) {
+        Ok(n) => assert_eq!(n, 0),
+        Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}"),
+    }
+    // The two accepted connections still work.
+    for (client, conn) in clients.iter_mut().zip(accepted) {
+        node.with(move |p, _| p.send(conn, &b"k"[..]));
+        client.set_read_timeout(Some(PATIENCE)).unwrap();
+        client.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"k");
+    }
+    node.call(|_, _| ());
+    let more = node
+        .pending()
+        .into_iter()
+        .filter(|e| matches!(e, NodeEvent::Machine(ProbeEvent::Accepted { .. })))
+        .count();
+    assert_eq!(more, 0);
+}
+
+/// The machine's timer fires at its deadline, never before.
+pub fn the_machine_timer_fires_at_its_deadline_not_before<D: TestDriver>() {
+    let mut node = D::spawn(Probe::new(), quick(), false);
+    let set = node.call(|p, now| {
+        let at = now + Duration::from_millis(30);
+        p.wake_at(at);
+        at
+    });
+    let (at, now) = node.expect(|e| match e {
+        ProbeEvent::Woke { at, now } => Some((*at, *now)),
+        _ => None,
+    });
+    assert_eq!(at, set);
+    assert!(now >= at, "woken at {now:?}, before {at:?}");
+}
+
+/// A pinger (which dials from its constructor) plays exactly the rounds
+/// asked, one frame in flight, off an echo node; zero rounds end at once.
+pub fn a_pinger_plays_rounds_off_an_echo<D: TestDriver>() {
+    let echo = D::spawn(Echo::default(), quick(), true);
+    let frame = Bytes::from_static(b"0123456789abcdef0123456789abcdef");
+    let mut pinger = D::spawn(Pinger::new(echo.addr().to_string(), frame), quick(), false);
+    assert_eq!(pinger.next_machine_event(), PingerEvent::Ready);
+    pinger.with(|p, _| p.play(100));
+    assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: 100 });
+    pinger.with(|p, _| p.play(0));
+    assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: 0 });
+    pinger.with(|p, _| p.play(3));
+    assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: 3 });
+}
+
+/// 4 MiB each way between two nodes of the driver, byte for byte, then a
+/// close that the other side sees as the end, nothing unsent.
+pub fn bytes_cross_both_ways_intact<D: TestDriver>() {
+    interop::bytes_cross_both_ways_intact::<D, D>();
+}
+
+/// Two signed 4 MiB round frames from one node of the driver verify at
+/// another as they stream in.
+pub fn round_frames_verify_as_they_stream_in<D: TestDriver>() {
+    interop::round_frames_verify_as_they_stream_in::<D, D>();
+}
+
+/// Two drivers against each other: `A` dials (or sends), `B` listens.
+pub mod interop {
+    use super::*;
+
+    /// A control handshake: an `A` rank dials a `B` relay.
+    pub fn control_handshake<A: TestDriver, B: TestDriver>() {
+        let kind = ControlHandshake { key: key(), world_size: 8 };
+        let mut relay = B::spawn(Acceptor::new(kind.clone(), Duration::from_secs(10)), quick(), true);
+        let hello = ControlHelloFields { rank: 5, model_sig: [1; 32] };
+        let addr = relay.addr().to_string();
+        let mut rank = A::spawn(
+            Dialer::new(kind, hello, addr, None, Duration::from_secs(10), Time::ZERO),
+            quick(),
+            false,
+        );
+        let est = rank.expect(|e| match e {
+            DialerEvent::Established { leftover, .. } => Some(leftover.len()),
+            DialerEvent::Failed(err) => panic!("{} to {}: {err}", A::NAME, B::NAME),
+        });
+        assert_eq!(est, 0);
+        let admitted = relay.expect(|e| match e {
+            AcceptorEvent::Admitted { hello, .. } => Some((hello.rank, hello.model_sig)),
+            AcceptorEvent::Refused { error, .. } => panic!("{} to {}: {error}", A::NAME, B::NAME),
+        });
+        assert_eq!(admitted, (5, [1; 32]));
+    }
+
+    /// A data handshake: a `B` rank dials an `A` relay.
+    pub fn data_handshake<A: TestDriver, B: TestDriver>() {
+        let mut relay =
+            A::spawn(Acceptor::new(DataHandshake { world_size: 2 }, Duration::from_secs(10)), quick(), true);
+        let mut rank = B::spawn(
+            Dialer::new(
+                DataHandshake { world_size: 2 },
+                1,
+                relay.addr().to_string(),
+                None,
+                Duration::from_secs(10),
+                Time::ZERO,
+            ),
+            quick(),
+            false,
+        );
+        let admitted = relay.expect(|e| match e {
+            AcceptorEvent::Admitted { hello, .. } => Some(hello.rank),
+            AcceptorEvent::Refused { error, .. } => panic!("{} from {}: {error}", A::NAME, B::NAME),
+        });
+        assert_eq!(admitted, 1);
+        let est = rank.expect(|e| match e {
+            DialerEvent::Established { .. } => Some(true),
+            DialerEvent::Failed(err) => panic!("{} to {}: {err}", B::NAME, A::NAME),
+        });
+        assert!(est);
+    }
+
+    /// 4 MiB `B` to `A`, then 4 MiB `A` to `B` and a close: byte for byte,
+    /// the end seen as EOF with nothing unsent.
+    pub fn bytes_cross_both_ways_intact<A: TestDriver, B: TestDriver>() {
+        const N: usize = 4 << 20;
+        let mut listening = B::spawn(Probe::new().keeping().quiet(), quick(), true);
+        let addr = listening.addr().to_string();
+        let mut dialing = A::spawn(Probe::new().keeping(), quick(), false);
+        dialing.with(move |p, _| p.dial(DialId(0), addr));
+        let conn = dialing.expect(|e| match e {
+            ProbeEvent::Connected { conn, .. } => Some(*conn),
+            _ => None,
+        });
+        let lconn = listening.expect(|e| match e {
+            ProbeEvent::Accepted { conn, .. } => Some(*conn),
+            _ => None,
+        });
+        let down = Bytes::from(pattern(N));
+        let d = down.clone();
+        listening.with(move |p, _| p.send(lconn, d));
+        dialing.expect(|e| match e {
+            ProbeEvent::Received { total, .. } if *total == N as u64 => Some(()),
+            ProbeEvent::Closed { .. } => panic!("closed early"),
+            _ => None,
+        });
+        assert!(dialing.call(move |p, _| p.received(conn) == &down[..]));
+        let up = Bytes::from(pattern(N + 1).split_off(1));
+        let u = up.clone();
+        dialing.with(move |p, _| {
+            p.send(conn, u);
+            p.close(conn);
+        });
+        let closed = listening.expect(|e| match e {
+            ProbeEvent::Closed { cause, unsent, total, .. } => Some((*cause, *unsent, *total)),
+            _ => None,
+        });
+        assert_eq!(closed, (CloseCause::Eof, 0, N as u64));
+        assert!(listening.call(move |p, _| p.received(lconn) == &up[..]));
+    }
+
+    /// Two signed round frames (one 4 MiB f32 tensor each) from an `A`
+    /// node verify at a `B` [`RoundSink`] as they stream in; the sender's
+    /// clean stop does not cut them short.
+    pub fn round_frames_verify_as_they_stream_in<A: TestDriver, B: TestDriver>() {
+        let mut sink = B::spawn(RoundSink::new(key(), DEFAULT_FRAME_CEILING), quick(), true);
+        let addr = sink.addr().to_string();
+        let mut buf = BytesMut::new();
+        let values: Vec<f32> = (0..(1 << 20)).map(|i| i as f32).collect();
+        let mut w = RoundWriter::begin(&mut buf, RoundKind::Model, 3.0, 1).unwrap();
+        w.tensor_values(Dtype::F32, &[1 << 20], &values).unwrap();
+        let len = w.finish(&key()).unwrap();
+        let frame = buf.freeze();
+        let mut src = A::spawn(Probe::new(), quick(), false);
+        src.with(move |p, _| p.dial(DialId(0), addr));
+        let conn = src.expect(|e| match e {
+            ProbeEvent::Connected { conn, .. } => Some(*conn),
+            _ => None,
+        });
+        src.with(move |p, _| {
+            p.send(conn, frame.clone());
+            p.send(conn, frame);
+        });
+        src.stop();
+        for _ in 0..2 {
+            let got = sink.expect(|e| match e {
+                SinkEvent::Frame { wire_len, .. } => Some(*wire_len),
+                SinkEvent::Bad { error, .. } => panic!("{error}"),
+            });
+            assert_eq!(got, len as u64);
+        }
+    }
+}
