@@ -17,8 +17,10 @@
 //! See README.md for exactly what a rank child receives.
 
 mod args;
+mod check;
 mod ffi_stubs;
 mod hex;
+mod http;
 mod tap;
 
 use std::os::unix::process::CommandExt as _;
@@ -98,6 +100,14 @@ const RELAY_SPEC: Spec = Spec {
 
 const FREE_PORT_SPEC: Spec = Spec { values: &["span", "attempts"], flags: &[], trailing: false };
 
+const CHECK_SPEC: Spec = Spec {
+    values: &["ranks", "survivors", "epochs", "epoch-samples", "min-rounds"],
+    flags: &[],
+    trailing: true,
+};
+
+const HTTP_SPEC: Spec = Spec { values: &["addr", "request", "wait-ms"], flags: &[], trailing: false };
+
 const TAP_SPEC: Spec =
     Spec { values: &["listen", "to", "dump-dir", "max-conns"], flags: &[], trailing: false };
 
@@ -126,6 +136,12 @@ USAGE:
   flodl-peer free-port [--span N] [--attempts N]
   flodl-peer tap --listen ADDR:PORT --to HOST:PORT --dump-dir DIR [--max-conns N]
   flodl-peer decode [HEX]        (hex-encoded JSON -> pretty JSON; stdin if no arg)
+  flodl-peer http --addr HOST:PORT --request 'GET / HTTP/1.1\\r\\n\\r\\n' [--wait-ms MS]
+                                 (one raw HTTP exchange, printed verbatim)
+  flodl-peer check --ranks 0,1 [--survivors 0,1] [--epochs N] [--epoch-samples N]
+                   [--min-rounds N] -- FILE...
+                                 (checks `cohort rank --json` event lines: every
+                                  consensus, every epoch, Shutdown, exit 0)
 
 See interop/flodl/README.md for what each knob maps to in flodl.";
 
@@ -170,6 +186,8 @@ fn main() -> ExitCode {
                 "free-port" => parse_then(FREE_PORT_SPEC, rest, free_port),
                 "decode" => decode(rest),
                 "tap" => parse_then(TAP_SPEC, rest, tap::run),
+                "check" => parse_then(CHECK_SPEC, rest, check::run),
+                "http" => parse_then(HTTP_SPEC, rest, http::run),
                 "help" | "--help" | "-h" => {
                     println!("{USAGE}");
                     Ok(())
