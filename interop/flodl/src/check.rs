@@ -14,7 +14,13 @@
 //!   `0..--epochs`, then `Shutdown`, shut down cleanly and exited 0, and
 //!   received a consensus for every contribution it submitted;
 //! - **coverage** (`--epoch-samples N`): every `EpochAggregated` a rank
-//!   received sums its per-rank samples to `N`.
+//!   received sums its per-rank samples to `N`; with `--batch-size B`
+//!   instead, to what flodl's workers report for the plans the ranks were
+//!   given: each rank `floor(plan / B)` whole batches of `B` samples (the
+//!   tail that fills no batch is dropped), a plan being every
+//!   `EpochPlanWire` a rank received for that epoch (in `StartEpoch` or an
+//!   `Update`'s `next_plan`) plus the `ExtendPartition` slices it received
+//!   while in it.
 //!
 //! Prints one summary line; any violation is listed and fails the check.
 
@@ -24,11 +30,14 @@ use serde_json::Value;
 
 use crate::args::Parsed;
 
+/// A consensus as a rank received it: round, weight, keep-local, values.
+type Delivery = (u64, f64, bool, Option<Vec<f32>>);
+
 #[derive(Debug, Default)]
 struct RankLog {
     seen: bool,
     submitted: Vec<(u64, f64, Option<Vec<f32>>)>,
-    consensus: Vec<(u64, f64, bool, Option<Vec<f32>>)>,
+    consensus: Vec<Delivery>,
     commands: Vec<String>,
     exited_cleanly: bool,
     exit_code: Option<i64>,
@@ -82,7 +91,12 @@ fn read_logs(files: &[String]) -> Result<BTreeMap<u32, RankLog>, String> {
                 "exited" => log.exited_cleanly = true,
                 "rank_exit" => {
                     log.exit_code = d["code"].as_i64().or_else(|| {
-                        text.strip_prefix("process ended with exit code ")?.split(',').next()?.trim().parse().ok()
+                        text.strip_prefix("process ended with exit code ")?
+                            .split(',')
+                            .next()?
+                            .trim()
+                            .parse()
+                            .ok()
                     })
                 }
                 _ => {}
@@ -99,6 +113,39 @@ fn words(text: &str, before: &str, middle: &str) -> Option<(u64, f64)> {
     let (k, rest) = rest.split_once(middle)?;
     let x = rest.split(|c: char| c == ',' || c.is_whitespace()).next()?;
     Some((k.trim().parse().ok()?, x.parse().ok()?))
+}
+
+/// `... EpochPlanWire { epoch: E, partition_offset: O, partition_size: S } ...`
+fn plan(command: &str) -> Option<(u64, u64)> {
+    let rest = command.split("EpochPlanWire { epoch: ").nth(1)?;
+    let epoch = rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
+    let size =
+        rest.split("partition_size: ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
+    Some((epoch, size))
+}
+
+/// `ExtendPartition { partition_offset: O, partition_size: S }`
+fn extension(command: &str) -> Option<u64> {
+    let rest = command.strip_prefix("ExtendPartition {")?;
+    rest.split("partition_size: ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// Samples each (epoch, rank) was given: its plans, then the extensions
+/// it received while in that epoch.
+fn given(logs: &BTreeMap<u32, RankLog>) -> BTreeMap<u64, BTreeMap<u32, u64>> {
+    let mut out: BTreeMap<u64, BTreeMap<u32, u64>> = BTreeMap::new();
+    for (rank, l) in logs {
+        let mut current = None;
+        for c in &l.commands {
+            if let Some((e, n)) = plan(c) {
+                current = Some(e);
+                *out.entry(e).or_default().entry(*rank).or_default() += n;
+            } else if let (Some(n), Some(e)) = (extension(c), current) {
+                *out.entry(e).or_default().entry(*rank).or_default() += n;
+            }
+        }
+    }
+    out
 }
 
 /// `EpochAggregated(EpochMetricsWire { epoch: N, ... per_rank_samples: [a, b] ... })`
@@ -139,7 +186,7 @@ fn check_consensus(logs: &BTreeMap<u32, RankLog>, r: &mut Report) {
     }
     for &k in &rounds {
         r.rounds += 1;
-        let got: Vec<(u32, &(u64, f64, bool, Option<Vec<f32>>))> = logs
+        let got: Vec<(u32, &Delivery)> = logs
             .iter()
             .filter_map(|(rank, l)| l.consensus.iter().find(|c| c.0 == k).map(|c| (*rank, c)))
             .collect();
@@ -160,7 +207,9 @@ fn check_consensus(logs: &BTreeMap<u32, RankLog>, r: &mut Report) {
         let weight = first.1;
         if weight <= 0.0 {
             if !first.2 {
-                r.violations.push(format!("round {k}: weight {weight} but the ranks were not told to keep their state"));
+                r.violations.push(format!(
+                    "round {k}: weight {weight} but the ranks were not told to keep their state"
+                ));
             }
             continue;
         }
@@ -194,7 +243,10 @@ fn check_consensus(logs: &BTreeMap<u32, RankLog>, r: &mut Report) {
                 let all = (1u32 << n) - 1;
                 let mass: f64 = subs.iter().map(|s| s.1).sum();
                 let why = if (mass - weight).abs() > 1e-9 * mass.max(1.0) {
-                    format!("no set of the submitted masses {:?} sums to the weight {weight}", subs.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>())
+                    format!(
+                        "no set of the submitted masses {:?} sums to the weight {weight}",
+                        subs.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>()
+                    )
                 } else {
                     mean_error(&subs, all, mass, first.3.as_deref()).unwrap_or_default()
                 };
@@ -206,8 +258,13 @@ fn check_consensus(logs: &BTreeMap<u32, RankLog>, r: &mut Report) {
 
 /// `None` when `got` is the exact `mass`-weighted mean of the submissions
 /// in `set` (or when the values are not known: masses only).
-fn mean_error(subs: &[(u32, f64, Option<&Vec<f32>>)], set: u32, mass: f64, got: Option<&[f32]>) -> Option<String> {
-    let Some(got) = got else { return None };
+fn mean_error(
+    subs: &[(u32, f64, Option<&Vec<f32>>)],
+    set: u32,
+    mass: f64,
+    got: Option<&[f32]>,
+) -> Option<String> {
+    let got = got?;
     let mut chosen = Vec::new();
     for (i, s) in subs.iter().enumerate() {
         if set & (1 << i) != 0 {
@@ -219,7 +276,11 @@ fn mean_error(subs: &[(u32, f64, Option<&Vec<f32>>)], set: u32, mass: f64, got: 
     }
     let len = chosen[0].2.len();
     if chosen.iter().any(|s| s.2.len() != len) || got.len() != len {
-        return Some(format!("lengths differ: consensus {} values, submissions {:?}", got.len(), chosen.iter().map(|s| s.2.len()).collect::<Vec<_>>()));
+        return Some(format!(
+            "lengths differ: consensus {} values, submissions {:?}",
+            got.len(),
+            chosen.iter().map(|s| s.2.len()).collect::<Vec<_>>()
+        ));
     }
     let mut scale = 0.0f64;
     for s in &chosen {
@@ -228,12 +289,11 @@ fn mean_error(subs: &[(u32, f64, Option<&Vec<f32>>)], set: u32, mass: f64, got: 
         }
     }
     let tol = (2.0 * chosen.len() as f64 + 4.0) * 4.0 * f64::from(f32::EPSILON) * scale.max(1e-30);
-    for i in 0..len {
+    for (i, g) in got.iter().enumerate() {
         let want: f64 = chosen.iter().map(|s| s.1 * f64::from(s.2[i])).sum::<f64>() / mass;
-        if (f64::from(got[i]) - want).abs() > tol {
+        if (f64::from(*g) - want).abs() > tol {
             return Some(format!(
-                "element {i}: consensus {} != exact weighted mean {want} of ranks {:?} (tolerance {tol:e})",
-                got[i],
+                "element {i}: consensus {g} != exact weighted mean {want} of ranks {:?} (tolerance {tol:e})",
                 chosen.iter().map(|s| s.0).collect::<Vec<_>>()
             ));
         }
@@ -249,9 +309,20 @@ pub fn run(p: &Parsed) -> Result<(), String> {
     let survivors: Vec<u32> = p.list("survivors")?.unwrap_or_else(|| ranks.clone());
     let epochs: u64 = p.get_or("epochs", 0)?;
     let epoch_samples: Option<u64> = p.get("epoch-samples")?;
+    let batch_size: Option<u64> = p.get("batch-size")?;
+    if batch_size == Some(0) {
+        return Err("--batch-size must be at least 1".into());
+    }
     let min_rounds: usize = p.get_or("min-rounds", 1)?;
     let logs = read_logs(&p.trailing)?;
-    let mut r = Report { rounds: 0, rounds_with_mass: 0, rounds_valued: 0, deliveries: 0, violations: Vec::new() };
+    let whole: BTreeMap<u64, u64> = match batch_size {
+        Some(b) => {
+            given(&logs).into_iter().map(|(e, per)| (e, per.values().map(|n| n / b * b).sum())).collect()
+        }
+        None => BTreeMap::new(),
+    };
+    let mut r =
+        Report { rounds: 0, rounds_with_mass: 0, rounds_valued: 0, deliveries: 0, violations: Vec::new() };
     for rank in &ranks {
         if !logs.get(rank).is_some_and(|l| l.seen) {
             r.violations.push(format!("rank {rank} left no events"));
@@ -281,6 +352,18 @@ pub fn run(p: &Parsed) -> Result<(), String> {
                 }
             }
         }
+        if let Some(b) = batch_size {
+            for (e, s) in &agg {
+                let want = whole.get(e).copied();
+                if *s != want {
+                    r.violations.push(format!(
+                        "rank {rank}: EpochAggregated of epoch {e} sums its per-rank samples to {}, but whole batches of {b} over the plans given make {}",
+                        s.map_or("?".into(), |x| x.to_string()),
+                        want.map_or("? (no plan seen)".into(), |x| x.to_string())
+                    ));
+                }
+            }
+        }
         let shutdown = l.commands.iter().position(|c| c == "Shutdown");
         match shutdown {
             None => r.violations.push(format!(
@@ -288,10 +371,12 @@ pub fn run(p: &Parsed) -> Result<(), String> {
                 l.commands.last()
             )),
             Some(at) => {
-                if let Some(last_agg) = l.commands.iter().rposition(|c| c.starts_with("EpochAggregated(")) {
-                    if last_agg > at {
-                        r.violations.push(format!("rank {rank} received EpochAggregated after Shutdown"));
-                    }
+                if l.commands
+                    .iter()
+                    .rposition(|c| c.starts_with("EpochAggregated("))
+                    .is_some_and(|last| last > at)
+                {
+                    r.violations.push(format!("rank {rank} received EpochAggregated after Shutdown"));
                 }
             }
         }
@@ -333,6 +418,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn plans_and_extensions() {
+        assert_eq!(
+            plan("StartEpoch(EpochPlanWire { epoch: 1, partition_offset: 33, partition_size: 33 })"),
+            Some((1, 33))
+        );
+        assert_eq!(
+            plan(
+                "Update { version: 3, next_plan: Some(EpochPlanWire { epoch: 2, partition_offset: 0, partition_size: 7 }) }"
+            ),
+            Some((2, 7))
+        );
+        assert_eq!(plan("Update { version: 3, next_plan: None }"), None);
+        assert_eq!(extension("ExtendPartition { partition_offset: 36, partition_size: 88 }"), Some(88));
+    }
+
+    #[test]
     fn epoch_aggregated_text() {
         let c = "EpochAggregated(EpochMetricsWire { epoch: 3, scalars: {}, per_rank_samples: [32, 30] })";
         assert_eq!(aggregated(c), Some((3, Some(62))));
@@ -351,7 +452,10 @@ mod tests {
 
     #[test]
     fn masses_from_words() {
-        assert_eq!(words("submitted its round 3: mass 2, 256 values", "submitted its round ", ": mass "), Some((3, 2.0)));
+        assert_eq!(
+            words("submitted its round 3: mass 2, 256 values", "submitted its round ", ": mass "),
+            Some((3, 2.0))
+        );
         assert_eq!(
             words("received round 0: mass 4.5, 256 values, keep local false", "received round ", ": mass "),
             Some((0, 4.5))

@@ -72,3 +72,39 @@ pub fn run(p: &Parsed) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `flodl-peer send --addr HOST:PORT --hex BYTES [--wait-ms MS]`: writes the
+/// bytes (hex) on one connection and prints what comes back as hex, or
+/// `<no response: closed|reset|timed out>` (for crafted join frames).
+pub fn send(p: &Parsed) -> Result<(), String> {
+    let addr: String = p.require("addr")?;
+    let bytes = crate::hex::decode(&p.require::<String>("hex")?)?;
+    let wait = Duration::from_millis(p.get_or("wait-ms", 3000u64)?);
+    let mut s = TcpStream::connect(&addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    s.write_all(&bytes).map_err(|e| format!("write: {e}"))?;
+    let until = Instant::now() + wait;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let ending = loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break "timed out";
+        }
+        s.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
+        match s.read(&mut buf) {
+            Ok(0) => break "closed",
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                break "timed out";
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
+            Err(e) => return Err(format!("read: {e}")),
+        }
+    };
+    if got.is_empty() {
+        println!("<no response: {ending}>");
+    } else {
+        println!("{}", crate::hex::encode(&got));
+    }
+    Ok(())
+}

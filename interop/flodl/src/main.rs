@@ -21,6 +21,7 @@ mod check;
 mod ffi_stubs;
 mod hex;
 mod http;
+mod http_diff;
 mod tap;
 
 use std::os::unix::process::CommandExt as _;
@@ -101,12 +102,16 @@ const RELAY_SPEC: Spec = Spec {
 const FREE_PORT_SPEC: Spec = Spec { values: &["span", "attempts"], flags: &[], trailing: false };
 
 const CHECK_SPEC: Spec = Spec {
-    values: &["ranks", "survivors", "epochs", "epoch-samples", "min-rounds"],
+    values: &["ranks", "survivors", "epochs", "epoch-samples", "batch-size", "min-rounds"],
     flags: &[],
     trailing: true,
 };
 
 const HTTP_SPEC: Spec = Spec { values: &["addr", "request", "wait-ms"], flags: &[], trailing: false };
+
+const SEND_SPEC: Spec = Spec { values: &["addr", "hex", "wait-ms"], flags: &[], trailing: false };
+
+const HTTP_DIFF_SPEC: Spec = Spec { values: &[], flags: &[], trailing: true };
 
 const TAP_SPEC: Spec =
     Spec { values: &["listen", "to", "dump-dir", "max-conns"], flags: &[], trailing: false };
@@ -138,8 +143,12 @@ USAGE:
   flodl-peer decode [HEX]        (hex-encoded JSON -> pretty JSON; stdin if no arg)
   flodl-peer http --addr HOST:PORT --request 'GET / HTTP/1.1\\r\\n\\r\\n' [--wait-ms MS]
                                  (one raw HTTP exchange, printed verbatim)
-  flodl-peer check --ranks 0,1 [--survivors 0,1] [--epochs N] [--epoch-samples N]
-                   [--min-rounds N] -- FILE...
+  flodl-peer send --addr HOST:PORT --hex BYTES [--wait-ms MS]
+                                 (raw bytes out, the reply as hex)
+  flodl-peer http-diff -- FLODL_ANSWER COHORT_ANSWER
+                                 (the two answers equal as the suite needs them?)
+  flodl-peer check --ranks 0,1 [--survivors 0,1] [--epochs N]
+                   [--epoch-samples N | --batch-size B] [--min-rounds N] -- FILE...
                                  (checks `cohort rank --json` event lines: every
                                   consensus, every epoch, Shutdown, exit 0)
 
@@ -188,6 +197,8 @@ fn main() -> ExitCode {
                 "tap" => parse_then(TAP_SPEC, rest, tap::run),
                 "check" => parse_then(CHECK_SPEC, rest, check::run),
                 "http" => parse_then(HTTP_SPEC, rest, http::run),
+                "http-diff" => parse_then(HTTP_DIFF_SPEC, rest, http_diff::run),
+                "send" => parse_then(SEND_SPEC, rest, http::send),
                 "help" | "--help" | "-h" => {
                     println!("{USAGE}");
                     Ok(())
