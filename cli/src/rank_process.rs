@@ -327,7 +327,7 @@ fn flush<M: cohort_proto::Machine>(runner: &mut Runner<M>, limit: Duration) {
 
 /// The event as one JSON line: [`json_of`]'s object, plus what a checker
 /// needs that the text leaves out (a round's mass or weight and its
-/// values, a command, an exit code) under `data`.
+/// values, a command, the NCCL unique id, an exit code) under `data`.
 pub fn json_event(s: &Stamped, l: &Line) -> String {
     let data = match &s.event {
         ClusterEvent::Rank(RankEvent::Submitted { round, mass, values }) => {
@@ -337,6 +337,9 @@ pub fn json_event(s: &Stamped, l: &Line) -> String {
             serde_json::json!({ "round": round, "weight": weight, "keep_local": keep_local, "values": values })
         }
         ClusterEvent::Rank(RankEvent::Command(m)) => serde_json::json!({ "command": format!("{m:?}") }),
+        ClusterEvent::Rank(RankEvent::NcclReady { uid }) => {
+            serde_json::json!({ "uid": cohort_proto::wire::hex::encode(uid) })
+        }
         ClusterEvent::RankExit { code } => serde_json::json!({ "code": code }),
         _ => return json_of(s, l),
     };
