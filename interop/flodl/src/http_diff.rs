@@ -348,3 +348,58 @@ mod tests {
         assert_eq!(facts("the join window is not open (phase: training)"), vec!["phase training"]);
     }
 }
+
+/// `flodl-peer json-diff [--at KEY] [--ignore PATH,PATH] -- FLODL COHORT`:
+/// two JSON documents (files), optionally the value under a top-level
+/// `KEY` of each, compared field by field (order included) except the
+/// dotted `PATH`s ignored (present or not on either side). Prints `same`
+/// or the first difference.
+pub fn json_diff(p: &Parsed) -> Result<(), String> {
+    let [a, b] = p.trailing.as_slice() else {
+        return Err("give two JSON files after `--`: flodl's, then cohort's".into());
+    };
+    let ignore: Vec<String> = p.list("ignore")?.unwrap_or_default();
+    let load = |f: &str| -> Result<Json, String> {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
+        let v = parse_json(text.trim()).ok_or_else(|| format!("{f}: not JSON"))?;
+        match p.str("at") {
+            None => Ok(v),
+            Some(k) => match v {
+                Json::Obj(fields) => fields
+                    .into_iter()
+                    .find(|(n, _)| n == k)
+                    .map(|(_, v)| v)
+                    .ok_or_else(|| format!("{f}: no {k:?}")),
+                _ => Err(format!("{f}: not an object")),
+            },
+        }
+    };
+    fn strip(v: Json, path: &str, ignore: &[String]) -> Json {
+        match v {
+            Json::Obj(fields) => Json::Obj(
+                fields
+                    .into_iter()
+                    .filter_map(|(k, v)| {
+                        let here = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                        (!ignore.contains(&here)).then(|| {
+                            let v = strip(v, &here, ignore);
+                            (k, v)
+                        })
+                    })
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+    let (ja, jb) = (strip(load(a)?, "", &ignore), strip(load(b)?, "", &ignore));
+    match compare(p.str("at").unwrap_or("document"), "", &ja, &jb) {
+        Ok(()) => {
+            println!("same");
+            Ok(())
+        }
+        Err(d) => {
+            println!("{d}");
+            Err(d)
+        }
+    }
+}

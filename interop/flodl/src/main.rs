@@ -111,6 +111,8 @@ const HTTP_SPEC: Spec = Spec { values: &["addr", "request", "wait-ms"], flags: &
 
 const SEND_SPEC: Spec = Spec { values: &["addr", "hex", "wait-ms"], flags: &[], trailing: false };
 
+const JSON_DIFF_SPEC: Spec = Spec { values: &["at", "ignore"], flags: &[], trailing: true };
+
 const HTTP_DIFF_SPEC: Spec = Spec { values: &[], flags: &[], trailing: true };
 
 const TAP_SPEC: Spec =
@@ -145,6 +147,7 @@ USAGE:
                                  (one raw HTTP exchange, printed verbatim)
   flodl-peer send --addr HOST:PORT --hex BYTES [--wait-ms MS]
                                  (raw bytes out, the reply as hex)
+  flodl-peer json-diff [--at KEY] [--ignore PATH,..] -- FLODL_JSON COHORT_JSON
   flodl-peer http-diff -- FLODL_ANSWER COHORT_ANSWER
                                  (the two answers equal as the suite needs them?)
   flodl-peer check --ranks 0,1 [--survivors 0,1] [--epochs N]
@@ -199,6 +202,7 @@ fn main() -> ExitCode {
                 "http" => parse_then(HTTP_SPEC, rest, http::run),
                 "http-diff" => parse_then(HTTP_DIFF_SPEC, rest, http_diff::run),
                 "send" => parse_then(SEND_SPEC, rest, http::send),
+                "json-diff" => parse_then(JSON_DIFF_SPEC, rest, http_diff::json_diff),
                 "help" | "--help" | "-h" => {
                     println!("{USAGE}");
                     Ok(())
