@@ -11,4 +11,5 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod rank_process;
 pub mod wire_tool;

@@ -9,6 +9,7 @@ use cohort::cluster::demo::{self, DemoOptions, Kill};
 use cohort::cluster::describe::{Narrator, json_of, log_line};
 use cohort::cluster::host::{HostParams, MioHost};
 use cohort::cluster::{ClusterEvent, Source, Stamped, http, shutdown_all, spawn_controller};
+use cohort::rank_process::{self, Backend, RankOptions};
 use cohort::wire_tool::{self, WireCmd};
 use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
@@ -40,6 +41,11 @@ enum Cmd {
     /// Run a worker host: join the controller, then run the host's relays
     /// and K synthetic-workload ranks on loopback until they exit.
     Agent(AgentArgs),
+    /// Run one rank as a child of a worker agent (flodl 0.8's or any that
+    /// sets FLODL_INTERNAL_CLUSTER_JSON and FLODL_INTERNAL_LOCAL_RANK): the
+    /// synthetic workload, through the host's relay at the controller's
+    /// port + 5 (control) and + 4 (data). Exits 0 after a clean shutdown.
+    Rank(RankArgs),
     /// Print a controller's state.json.
     Status {
         /// The controller's address (host:port).
@@ -193,6 +199,34 @@ struct AgentArgs {
     common: Common,
 }
 
+#[derive(Debug, Args)]
+struct RankArgs {
+    /// The world's data plane: the CPU reduce through the host's data
+    /// relay, or NCCL (no data relay; the bootstrap rendezvous first).
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
+    /// Samples per batch (a cohort controller's envelope overrides it).
+    #[arg(long, default_value_t = 1)]
+    batch_size: u64,
+    /// Elements of the synthetic model (a cohort controller's envelope
+    /// overrides it).
+    #[arg(long, default_value_t = 256)]
+    model_elems: u32,
+    /// Mean batch time of the synthetic workload, in milliseconds.
+    #[arg(long, default_value_t = 20.0)]
+    batch_ms: f64,
+    /// Network timeout scale (default: FLODL_NET_TIMEOUT_SCALE, else 1).
+    #[arg(long)]
+    timeout_scale: Option<f64>,
+    /// Do not check this host's name (FLODL_HOST_NAME or the system's)
+    /// against the envelope's worker host.
+    #[arg(long)]
+    no_host_check: bool,
+    /// Write one JSON object per event to stdout (rounds with their values).
+    #[arg(long)]
+    json: bool,
+}
+
 /// Where a host's relays listen.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum RelayPorts {
@@ -244,6 +278,18 @@ fn main() {
     let code = match cli.cmd {
         Cmd::Controller(a) => controller(a),
         Cmd::Agent(a) => agent(a),
+        Cmd::Rank(a) => rank_process::main(
+            &RankOptions {
+                backend: a.backend,
+                batch_size: a.batch_size,
+                model_elems: a.model_elems,
+                batch_ms: a.batch_ms,
+                timeout_scale: a.timeout_scale,
+                host_check: !a.no_host_check,
+                ..RankOptions::default()
+            },
+            a.json,
+        ),
         Cmd::Status { addr } => status(&addr),
         Cmd::Start { addr, token } => start(&addr, token.as_deref()),
         Cmd::Demo(a) => run_demo(a),

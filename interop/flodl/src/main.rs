@@ -17,8 +17,11 @@
 //! See README.md for exactly what a rank child receives.
 
 mod args;
+mod check;
 mod ffi_stubs;
 mod hex;
+mod http;
+mod http_diff;
 mod tap;
 
 use std::os::unix::process::CommandExt as _;
@@ -98,6 +101,20 @@ const RELAY_SPEC: Spec = Spec {
 
 const FREE_PORT_SPEC: Spec = Spec { values: &["span", "attempts"], flags: &[], trailing: false };
 
+const CHECK_SPEC: Spec = Spec {
+    values: &["ranks", "survivors", "epochs", "epoch-samples", "batch-size", "min-rounds"],
+    flags: &[],
+    trailing: true,
+};
+
+const HTTP_SPEC: Spec = Spec { values: &["addr", "request", "wait-ms"], flags: &[], trailing: false };
+
+const SEND_SPEC: Spec = Spec { values: &["addr", "hex", "wait-ms"], flags: &[], trailing: false };
+
+const JSON_DIFF_SPEC: Spec = Spec { values: &["at", "ignore"], flags: &[], trailing: true };
+
+const HTTP_DIFF_SPEC: Spec = Spec { values: &[], flags: &[], trailing: true };
+
 const TAP_SPEC: Spec =
     Spec { values: &["listen", "to", "dump-dir", "max-conns"], flags: &[], trailing: false };
 
@@ -126,6 +143,17 @@ USAGE:
   flodl-peer free-port [--span N] [--attempts N]
   flodl-peer tap --listen ADDR:PORT --to HOST:PORT --dump-dir DIR [--max-conns N]
   flodl-peer decode [HEX]        (hex-encoded JSON -> pretty JSON; stdin if no arg)
+  flodl-peer http --addr HOST:PORT --request 'GET / HTTP/1.1\\r\\n\\r\\n' [--wait-ms MS]
+                                 (one raw HTTP exchange, printed verbatim)
+  flodl-peer send --addr HOST:PORT --hex BYTES [--wait-ms MS]
+                                 (raw bytes out, the reply as hex)
+  flodl-peer json-diff [--at KEY] [--ignore PATH,..] -- FLODL_JSON COHORT_JSON
+  flodl-peer http-diff -- FLODL_ANSWER COHORT_ANSWER
+                                 (the two answers equal as the suite needs them?)
+  flodl-peer check --ranks 0,1 [--survivors 0,1] [--epochs N]
+                   [--epoch-samples N | --batch-size B] [--min-rounds N] -- FILE...
+                                 (checks `cohort rank --json` event lines: every
+                                  consensus, every epoch, Shutdown, exit 0)
 
 See interop/flodl/README.md for what each knob maps to in flodl.";
 
@@ -170,6 +198,11 @@ fn main() -> ExitCode {
                 "free-port" => parse_then(FREE_PORT_SPEC, rest, free_port),
                 "decode" => decode(rest),
                 "tap" => parse_then(TAP_SPEC, rest, tap::run),
+                "check" => parse_then(CHECK_SPEC, rest, check::run),
+                "http" => parse_then(HTTP_SPEC, rest, http::run),
+                "http-diff" => parse_then(HTTP_DIFF_SPEC, rest, http_diff::run),
+                "send" => parse_then(SEND_SPEC, rest, http::send),
+                "json-diff" => parse_then(JSON_DIFF_SPEC, rest, http_diff::json_diff),
                 "help" | "--help" | "-h" => {
                     println!("{USAGE}");
                     Ok(())
