@@ -13,7 +13,7 @@ use cohort::rank_process::{self, Backend, RankOptions};
 use cohort::wire_tool::{self, WireCmd};
 use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
-use cohort_proto::config::TimeoutScale;
+use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::join::client::ClientEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
@@ -89,6 +89,25 @@ struct Common {
     json: bool,
 }
 
+/// Whose rules the controller follows where cohort departs from flodl 0.8
+/// (docs/DIFFERENCES.md).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RulesArg {
+    /// cohort's (faster death detection, a refused join seeds nothing, ...).
+    Cohort,
+    /// flodl 0.8's, to run beside or predict a flodl cluster exactly.
+    Flodl,
+}
+
+impl From<RulesArg> for Rules {
+    fn from(r: RulesArg) -> Rules {
+        match r {
+            RulesArg::Cohort => Rules::Cohort,
+            RulesArg::Flodl => Rules::Flodl,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Epochs to train.
@@ -106,6 +125,9 @@ struct RunArgs {
     /// Elements of the synthetic model.
     #[arg(long, default_value_t = 256)]
     model_elems: u32,
+    /// Whose rules where cohort and flodl 0.8 differ.
+    #[arg(long, value_enum, default_value_t = RulesArg::Cohort)]
+    rules: RulesArg,
 }
 
 impl RunArgs {
@@ -116,6 +138,7 @@ impl RunArgs {
             batch_size: self.batch_size,
             sync_every: self.sync_every,
             model_elems: self.model_elems,
+            rules: self.rules.into(),
         }
     }
 }
