@@ -40,7 +40,7 @@ fn make_seeds() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for cfg in [0x01u8, 0x21, 0x11, 0x41, 0x81] {
         out.push(script(&[cfg], |w| {
-            accept_with(w, false, &relay_hello("hostA", &[0, 1], cfg & 0x80 != 0));
+            accept_with(w, false, &relay_hello("hostA", &[0, 1], true));
             raw(w, 0, &mux_data(0, &heartbeat(0, 0)), 0);
             raw(w, 0, &mux_data(1, &heartbeat(1, 0)), 9);
             for step in 1..4u64 {

@@ -36,18 +36,18 @@ fn make_seeds() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for cfg in [0x00u8, 0x10, 0x02] {
         out.push(script(&[cfg], |w| {
-            connect(w, 0);
-            raw(w, 0, &mux_control(&RelayControlMsg::HelloAck), 0);
             accept(w, true);
             accept(w, true);
             let world = u32::from(cfg % 4) + 2;
-            raw(w, 1, &control_hello(0, world), 0);
-            raw(w, 2, &control_hello(1, world), 5);
-            raw(w, 1, &blob(&heartbeat(0, 1)), 0);
-            raw(w, 2, &blob(&heartbeat(1, 1)), 3);
-            raw(w, 0, &mux_data(0, &frame_of(&key(), cohort_proto::wire::ControlMsgWire::CoordHeartbeat)), 0);
-            raw(w, 0, &mux_control(&RelayControlMsg::DeclareDead { rank: 1 }), 0);
-            close(w, 1, 0);
+            raw(w, 0, &control_hello(0, world), 0);
+            raw(w, 1, &control_hello(1, world), 5);
+            connect(w, 0);
+            raw(w, 0xff, &mux_control(&RelayControlMsg::HelloAck), 0);
+            raw(w, 0, &blob(&heartbeat(0, 1)), 0);
+            raw(w, 1, &blob(&heartbeat(1, 1)), 3);
+            raw(w, 0xff, &mux_data(0, &frame_of(&key(), cohort_proto::wire::ControlMsgWire::CoordHeartbeat)), 0);
+            raw(w, 0xff, &mux_control(&RelayControlMsg::DeclareDead { rank: 1 }), 0);
+            close(w, 0, 0);
             advance(w, 2, 30);
         }));
     }

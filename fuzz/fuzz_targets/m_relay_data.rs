@@ -36,18 +36,18 @@ fn make_seeds() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for cfg in [0x00u8, 0x10, 0x02] {
         out.push(script(&[cfg], |w| {
-            connect(w, 0);
-            raw(w, 0, &mux_control(&RelayControlMsg::HelloAck), 0);
             accept(w, true);
             accept(w, true);
             let world = u32::from(cfg % 4) + 2;
-            raw(w, 1, &data_hello(0, world), 0);
-            raw(w, 2, &data_hello(1, world), 5);
-            raw(w, 1, &blob(&round(RoundKind::Model, 1.0, 4)), 0);
-            raw(w, 2, &blob(&round(RoundKind::Model, 1.0, 4)), 7);
-            raw(w, 0, &mux_record(&key(), 4, 0, &round(RoundKind::Model, 2.0, 4)), 0);
-            raw(w, 1, &blob(&round(RoundKind::Control, 1.0, 4)), 0);
-            close(w, 1, 0);
+            raw(w, 0, &data_hello(0, world), 0);
+            raw(w, 1, &data_hello(1, world), 5);
+            connect(w, 0);
+            raw(w, 0xff, &mux_control(&RelayControlMsg::HelloAck), 0);
+            raw(w, 0, &blob(&round(RoundKind::Model, 1.0, 4)), 0);
+            raw(w, 1, &blob(&round(RoundKind::Model, 1.0, 4)), 7);
+            raw(w, 0xff, &mux_record(&key(), 4, 0, &round(RoundKind::Model, 2.0, 4)), 0);
+            raw(w, 0, &blob(&round(RoundKind::Control, 1.0, 4)), 0);
+            close(w, 0, 0);
             advance(w, 2, 30);
         }));
     }

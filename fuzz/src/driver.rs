@@ -253,9 +253,13 @@ where
         c
     }
 
-    /// The open connection chosen by `sel`.
+    /// The open connection chosen by `sel` (0xff: the newest).
     pub fn pick(&self, sel: u8) -> Option<ConnId> {
-        if self.open.is_empty() { None } else { Some(self.open[usize::from(sel) % self.open.len()]) }
+        match (sel, self.open.last()) {
+            (_, None) => None,
+            (0xff, Some(c)) => Some(*c),
+            _ => Some(self.open[usize::from(sel) % self.open.len()]),
+        }
     }
 
     /// Delivers `bytes` to `conn` in chunks of `split` bytes (0: at once);
