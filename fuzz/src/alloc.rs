@@ -133,10 +133,13 @@ pub fn decoder_bound(n: usize) -> usize {
 /// script then fails on it, as it should while the bug is there.
 pub fn known_allowance() -> usize {
     static A: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *A.get_or_init(|| match std::env::var("COHORT_FUZZ_ALLOW") {
-        Ok(v) if v.split(',').any(|x| x == "bincode-prealloc") => 16 << 20,
-        _ => 0,
-    })
+    *A.get_or_init(|| if allowed("bincode-prealloc") { 16 << 20 } else { 0 })
+}
+
+/// Whether the known bug `name` is tolerated: `COHORT_FUZZ_ALLOW` is a
+/// comma-separated list (`bincode-prealloc`, `json-float`).
+pub fn allowed(name: &str) -> bool {
+    std::env::var("COHORT_FUZZ_ALLOW").is_ok_and(|v| v.split(',').any(|x| x == name))
 }
 
 /// The bound a machine's peak heap must stay under over a whole script of
