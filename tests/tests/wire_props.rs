@@ -354,8 +354,5 @@ fn envelope_floats_round_trip_exactly() {
     let env = Envelope::from_hex(&hex).expect("flodl's envelope");
     let again = Envelope::from_hex(&env.to_hex()).expect("its own output");
     assert_eq!(again, env);
-    assert_eq!(
-        again.worker.gpu_ram_share.map(f64::to_bits),
-        env.worker.gpu_ram_share.map(f64::to_bits)
-    );
+    assert_eq!(again.worker.gpu_ram_share.map(f64::to_bits), env.worker.gpu_ram_share.map(f64::to_bits));
 }
