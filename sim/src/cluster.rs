@@ -297,17 +297,19 @@ impl<W: SimWorkload> Cluster<W> {
     }
 
     /// Whether the run is over: the controller finished it and every rank
-    /// left, or a violation stopped it. Nothing moves it further then.
+    /// left, a violation stopped it, or nothing is left to happen. Nothing
+    /// moves it further then (but a fault injected by hand).
     pub fn is_over(&self) -> bool {
-        self.ended()
+        self.ended() || (self.world.next_event_time().is_none() && self.next_act >= self.acts.len())
     }
 
     /// Plays everything due at or before `until` (world events and the
     /// scenario's faults, in order), unless the run is over first; then the
-    /// clock reads `until`. Returns whether the run is over.
+    /// clock reads `until`. Returns whether the run is over
+    /// ([`Cluster::is_over`]).
     pub fn run_until(&mut self, until: Time) -> bool {
         self.advance(Some(until), &mut |_, _, _| false);
-        self.ended()
+        self.is_over()
     }
 
     /// Plays for `by` from now (see [`Cluster::run_until`]).
