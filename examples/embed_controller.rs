@@ -93,7 +93,10 @@ pub fn main() -> Result<(), Box<dyn Error>> {
         // Wake on time: sleep at most until the driver's next deadline (and
         // at most 100 ms, for our own deadline).
         let wait = driver.next_deadline().map(|t| t.saturating_since(driver.now()));
-        poll.poll(&mut events, Some(wait.map_or(Duration::from_millis(100), |w| w.min(Duration::from_millis(100)))))?;
+        poll.poll(
+            &mut events,
+            Some(wait.map_or(Duration::from_millis(100), |w| w.min(Duration::from_millis(100)))),
+        )?;
         // Call in on readiness, then fire whatever is due.
         for event in events.iter() {
             driver.handle_event(event);

@@ -197,7 +197,9 @@ impl LinReg {
 impl Workload for LinReg {
     fn on_command(&mut self, now: Time, msg: &ControlMsgWire, out: &mut Vec<Action>) {
         match msg {
-            ControlMsgWire::StartEpoch(p) => self.plan(now, p.epoch, p.partition_offset, p.partition_size, out),
+            ControlMsgWire::StartEpoch(p) => {
+                self.plan(now, p.epoch, p.partition_offset, p.partition_size, out)
+            }
             ControlMsgWire::Update { next_plan, .. } => {
                 if self.hold == Hold::Throttled {
                     self.hold = Hold::Free;
@@ -316,11 +318,15 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     })?;
     // Play to the end, keeping the cluster to look at the ranks' loops.
     while !cluster.run_for(Duration::from_secs(60)) {}
-    let losses: Vec<Vec<(u64, f64)>> =
-        (0..4).map(|r| cluster.rank(r).map(|n| n.workload().epoch_loss.clone()).unwrap_or_default()).collect();
+    let losses: Vec<Vec<(u64, f64)>> = (0..4)
+        .map(|r| cluster.rank(r).map(|n| n.workload().epoch_loss.clone()).unwrap_or_default())
+        .collect();
     let final_params = cluster.rank(0).map(|n| n.workload().params().to_vec()).unwrap_or_default();
     let report = cluster.finish();
-    println!("outcome {:?}, {} epochs, violations {:?}", report.outcome, report.epochs_completed, report.violations);
+    println!(
+        "outcome {:?}, {} epochs, violations {:?}",
+        report.outcome, report.epochs_completed, report.violations
+    );
     for (r, l) in losses.iter().enumerate() {
         println!("rank {r}: loss by epoch {l:?}");
     }

@@ -6,8 +6,8 @@
 //! function from a [`RankStart`] (what the rank's host was told to start,
 //! plus the rank's speed class and seed) to the workload.
 
-use cohort_proto::node::host::RankSpec;
 use cohort_proto::node::envelope::WorkloadSpec;
+use cohort_proto::node::host::RankSpec;
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::node::workload::Workload;
 
@@ -52,6 +52,12 @@ pub struct RankStart<'a> {
 impl RankStart<'_> {
     /// The synthetic trainer the simulator runs by default.
     pub fn trainer(&self) -> Trainer {
-        Trainer::new(WorkloadConfig::for_rank(self.spec.rank, &self.workload, self.batch_ms, self.spread, self.seed))
+        Trainer::new(WorkloadConfig::for_rank(
+            self.spec.rank,
+            &self.workload,
+            self.batch_ms,
+            self.spread,
+            self.seed,
+        ))
     }
 }

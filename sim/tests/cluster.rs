@@ -22,7 +22,7 @@ fn stepping_in_pieces_plays_the_run_of_one_go() {
         let mut c = Cluster::new(random_scenario(seed), seed).unwrap();
         let mut t = Time::ZERO;
         while !c.run_until(t) && t < Time::from_secs(4000) {
-            t = t + Duration::from_millis(737);
+            t += Duration::from_millis(737);
         }
         let pieces = c.finish();
         assert_eq!(pieces.trace_hash, whole.trace_hash, "seed {seed}");
@@ -48,7 +48,10 @@ fn a_scheduled_kill_is_never_lost_by_stepping_past_it() {
     assert_eq!(c.rank_process(1), Some(Process::Crashed));
     let death = &c.deaths()[0];
     assert_eq!(death.rank, 1);
-    assert_eq!(death.fault.as_ref().map(|f| (f.at, f.fault.clone())), Some((Time::from_secs(10), Fault::KillRank(1))));
+    assert_eq!(
+        death.fault.as_ref().map(|f| (f.at, f.fault.clone())),
+        Some((Time::from_secs(10), Fault::KillRank(1)))
+    );
     let report = c.finish();
     assert_eq!(report.outcome, Outcome::Done);
     assert_eq!(report.violations, Vec::<String>::new());
@@ -64,7 +67,10 @@ fn an_injected_wedge_is_declared_at_the_staleness_deadline_and_attributed() {
     let declared = c.run_until_event(Time::from_secs(60), |_, s, e| {
         matches!(
             (s, e),
-            (Source::Controller, ClusterEvent::Controller(ControllerEvent::Coord(CoordEvent::RankDead { rank: 2, .. })))
+            (
+                Source::Controller,
+                ClusterEvent::Controller(ControllerEvent::Coord(CoordEvent::RankDead { rank: 2, .. }))
+            )
         )
     });
     let declared = declared.expect("rank 2 declared dead");
@@ -81,7 +87,10 @@ fn an_injected_wedge_is_declared_at_the_staleness_deadline_and_attributed() {
     assert!(report.ranks[&0].samples_processed > 0);
     let json = report.to_json();
     assert_eq!(json["deaths"][0]["fault"], "WedgeRank(2)");
-    assert_eq!(json["deaths"][0]["detection_s"].as_f64(), Some((declared - Time::from_secs(10)).as_secs_f64()));
+    assert_eq!(
+        json["deaths"][0]["detection_s"].as_f64(),
+        Some((declared - Time::from_secs(10)).as_secs_f64())
+    );
 }
 
 #[test]

@@ -70,10 +70,10 @@ pub fn len_framed(bytes: &[u8]) -> Vec<u8> {
     v
 }
 
+use cohort_proto::testing::harness::outputs;
 /// Everything a machine asked for, by kind, and the drain that fills it:
 /// proto's one drain.
 pub use cohort_proto::testing::harness::{Outputs as Collected, drain_into as drain};
-use cohort_proto::testing::harness::outputs;
 
 /// Decodes every mux record in `bytes` (panics on an error or a leftover).
 pub fn mux_records(bytes: &[u8], key: &MacKey) -> Vec<MuxRecord> {
@@ -350,11 +350,15 @@ impl DataCluster {
     fn outputs(&mut self, node: Node) -> Vec<Output<ClusterEvent>> {
         let now = self.now;
         match node {
-            Node::Rank(i) => outputs(&mut self.ranks[i], now).map(|o| o.map_event(|e| ClusterEvent::Rank(i, e))).collect(),
-            Node::Relay(h) => {
-                outputs(&mut self.relays[h], now).map(|o| o.map_event(|e| ClusterEvent::Relay(h, e))).collect()
+            Node::Rank(i) => {
+                outputs(&mut self.ranks[i], now).map(|o| o.map_event(|e| ClusterEvent::Rank(i, e))).collect()
             }
-            Node::Reduce => outputs(&mut self.reduce, now).map(|o| o.map_event(ClusterEvent::Reduce)).collect(),
+            Node::Relay(h) => outputs(&mut self.relays[h], now)
+                .map(|o| o.map_event(|e| ClusterEvent::Relay(h, e)))
+                .collect(),
+            Node::Reduce => {
+                outputs(&mut self.reduce, now).map(|o| o.map_event(ClusterEvent::Reduce)).collect()
+            }
         }
     }
 

@@ -3,8 +3,8 @@
 
 use bytes::BytesMut;
 use cohort_proto::join::JoinOffer;
-use cohort_proto::wire::{Channel, JoinMsgWire, MacKey, Message, SessionSalt, encode_frame, parse_frame};
 use cohort_proto::testing::harness::outputs;
+use cohort_proto::wire::{Channel, JoinMsgWire, MacKey, Message, SessionSalt, encode_frame, parse_frame};
 use cohort_proto::{ConnId, Machine, Output, Time};
 
 /// Everything a machine produced in one drain, in order: the join, route and

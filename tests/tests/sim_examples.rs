@@ -26,7 +26,10 @@ fn every_example_scenario_plays_clean() {
     for (name, sc) in all {
         let report = Cluster::new(sc, 1).unwrap_or_else(|e| panic!("{name}: {e}")).finish();
         assert_eq!(report.violations, Vec::<String>::new(), "{name}");
-        assert!(report.outcome.is_done() || report.outcome.reason().is_some(), "{name}: an outcome must be named");
+        assert!(
+            report.outcome.is_done() || report.outcome.reason().is_some(),
+            "{name}: an outcome must be named"
+        );
         assert!(report.formed_at.is_some(), "{name} forms");
     }
 }

@@ -160,7 +160,8 @@ fn summary(sc: &Scenario, r: &Report, wall_s: f64) {
     }
     for d in &r.deaths {
         let at = d.declared_at.as_secs_f64();
-        let delay = d.detection().map_or(String::new(), |t| format!(", {:.3} s after the fault", t.as_secs_f64()));
+        let delay =
+            d.detection().map_or(String::new(), |t| format!(", {:.3} s after the fault", t.as_secs_f64()));
         let _ = writeln!(out, "death:            rank {} at {at:.3} s ({}){delay}", d.rank, d.cause);
     }
     let _ = writeln!(

@@ -342,7 +342,8 @@ impl<E> Net<E> {
         let Some(slot) = self.nodes.get_mut(id) else { return };
         slot.crashed = true;
         self.listeners.retain(|_, n| *n != id);
-        let mine: Vec<ConnId> = self.links.range((id, ConnId(0))..=(id, ConnId(u64::MAX))).map(|(k, _)| k.1).collect();
+        let mine: Vec<ConnId> =
+            self.links.range((id, ConnId(0))..=(id, ConnId(u64::MAX))).map(|(k, _)| k.1).collect();
         for conn in mine {
             if let Some((peer, pconn)) = self.links.remove(&(id, conn)) {
                 self.links.remove(&(peer, pconn));

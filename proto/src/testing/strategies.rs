@@ -41,8 +41,8 @@ pub fn start_mode() -> impl Strategy<Value = StartMode> {
 /// up to 60 s later, any start mode, an early-close target at or above the
 /// quorum (never in manual mode), open admission or not, the CPU plane.
 pub fn join_config() -> impl Strategy<Value = JoinConfig> {
-    (1..=6usize, 1..=60u64, 0..=60u64, start_mode(), proptest::option::of(0..=4usize), any::<bool>()).prop_map(
-        |(quorum, window, grace, mode, above, open)| JoinConfig {
+    (1..=6usize, 1..=60u64, 0..=60u64, start_mode(), proptest::option::of(0..=4usize), any::<bool>())
+        .prop_map(|(quorum, window, grace, mode, above, open)| JoinConfig {
             min_rank_start: quorum,
             join_timeout_secs: window,
             target_ranks: above.filter(|_| mode != StartMode::Manual).map(|a| quorum + a),
@@ -50,8 +50,7 @@ pub fn join_config() -> impl Strategy<Value = JoinConfig> {
             open_admission: open,
             start_mode: mode,
             nccl_backend: false,
-        },
-    )
+        })
 }
 
 /// Hosts arriving at a join window: `hosts` of them (host names `host-0`,
@@ -65,7 +64,10 @@ pub fn arrivals(hosts: Range<usize>, within: Duration) -> impl Strategy<Value = 
         v.into_iter()
             .enumerate()
             .map(|(i, (at, devices))| {
-                (Duration::from_nanos(at), JoinOffer::new(format!("host-{i}"), (0..devices).collect(), DATASET_SIG))
+                (
+                    Duration::from_nanos(at),
+                    JoinOffer::new(format!("host-{i}"), (0..devices).collect(), DATASET_SIG),
+                )
             })
             .collect()
     })
@@ -107,7 +109,14 @@ pub fn relay_config() -> impl Strategy<Value = RelayConfig> {
     (prop_oneof![Just(Leg::Control), Just(Leg::Data)], 1..=4u32, 0..=4u32, 0..=4u32, session_salt()).prop_map(
         |(leg, ranks, before, after, salt)| {
             let world = before + ranks + after;
-            RelayConfig::new(leg, "host-a", (before..before + ranks).collect(), world, MacKey::new(&salt), "controller:7070")
+            RelayConfig::new(
+                leg,
+                "host-a",
+                (before..before + ranks).collect(),
+                world,
+                MacKey::new(&salt),
+                "controller:7070",
+            )
         },
     )
 }
