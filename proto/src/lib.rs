@@ -16,8 +16,10 @@
 //!   [`rank`]: a rank's clients.
 //! - [`node`]: whole nodes (controller, worker host, rank) composed from those
 //!   machines, and the cluster's event vocabulary.
-//! - `testing` (feature `testing`): the consensus oracle and the join
-//!   window's reference verdict.
+//! - `testing` (feature `testing`): the machine harness (one machine, or a
+//!   few wired together, on a virtual clock), proptest strategies for the
+//!   configurations, the consensus oracle and the join window's reference
+//!   verdict.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -180,6 +180,48 @@ impl<E> Output<E> {
 /// The common outside shape of every cohort state machine.
 ///
 /// See the [module documentation](self) for the driving loop.
+///
+/// A machine that greets every connection and closes it at the first byte
+/// it receives, driven by hand (what a driver does: feed one input, drain
+/// every output, arm the timer):
+///
+/// ```
+/// use cohort_proto::{Input, Machine, Output, Peer, ConnId, Time};
+/// use cohort_proto::machine::Outbox;
+///
+/// #[derive(Default)]
+/// struct Greeter { out: Outbox<&'static str> }
+///
+/// impl Machine for Greeter {
+///     type Event = &'static str;
+///     fn handle(&mut self, _now: Time, input: Input<'_>) {
+///         match input {
+///             Input::Accepted { conn, .. } => self.out.transmit(conn, &b"hello\n"[..]),
+///             Input::Received { conn, .. } => {
+///                 self.out.close(conn);
+///                 self.out.event("said goodbye");
+///             }
+///             _ => {}
+///         }
+///     }
+///     fn poll(&mut self, _now: Time) -> Option<Output<&'static str>> {
+///         self.out.pop()
+///     }
+///     fn poll_timeout(&self) -> Option<Time> {
+///         None
+///     }
+/// }
+///
+/// let mut m = Greeter::default();
+/// let (t, conn) = (Time::ZERO, ConnId(1));
+/// m.handle(t, Input::Accepted { conn, peer: Peer::REMOTE });
+/// assert!(matches!(m.poll(t), Some(Output::Transmit { bytes, .. }) if bytes == &b"hello\n"[..]));
+/// assert!(m.poll(t).is_none());
+/// m.handle(t, Input::Received { conn, bytes: b"bye" });
+/// assert_eq!(m.poll(t), Some(Output::Close { conn }));
+/// assert_eq!(m.poll(t), Some(Output::Event("said goodbye")));
+/// assert_eq!(m.poll_timeout(), None);
+/// ```
 pub trait Machine {
     /// The machine's typed events.
     type Event;

@@ -108,6 +108,26 @@ struct Peek {
 }
 
 /// The port router machine. See the [module documentation](self).
+///
+/// Under the test harness: a connection that sends only part of a magic
+/// is dropped at the peek deadline, exactly.
+///
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use cohort_proto::config::TimeoutScale;
+/// use cohort_proto::route::{PortRouter, RouteDrop, RouteEvent};
+/// use cohort_proto::testing::harness::Harness;
+/// use cohort_proto::{Peer, Time};
+///
+/// let mut router = Harness::new(PortRouter::new(TimeoutScale::ONE));
+/// let conn = router.accept(Peer::REMOTE);
+/// router.receive(conn, &[0xC4, 0x17]);
+/// let dropped = router.advance_until(Time::from_secs(60), |e| matches!(e, RouteEvent::Dropped { .. }));
+/// assert_eq!(dropped, Some(Time::from_secs(5)));
+/// assert!(router.is_closed(conn));
+/// assert!(matches!(router.events(), [RouteEvent::Dropped { reason: RouteDrop::Deadline { have: 2 }, .. }]));
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct PortRouter {
     deadline: Duration,

@@ -60,7 +60,7 @@ fn main() {
         sc.join.join_timeout_secs = 60;
         let cluster = Cluster::new(sc, 1).expect("scenario");
         let (t, c) = (Instant::now(), cpu_s());
-        let report = cluster.run();
+        let report = cluster.finish();
         let wall = t.elapsed().as_secs_f64();
         let cpu = cpu_s() - c;
         assert!(report.violations.is_empty(), "{:?}", report.violations);
@@ -68,11 +68,11 @@ fn main() {
             "{:>6} {:>6} {:>12.0} {:>9.2} {:>14.1} {:>9.2} {:>13.1} {:>10} {:>9.0}",
             hosts * 8,
             hosts,
-            report.ended_at_s,
+            report.ended_at.as_secs_f64(),
             wall,
-            report.ended_at_s / wall,
+            report.ended_at.as_secs_f64() / wall,
             cpu,
-            report.ended_at_s / cpu.max(0.01),
+            report.ended_at.as_secs_f64() / cpu.max(0.01),
             report.steps,
             hwm_kib() as f64 / 1024.0
         );

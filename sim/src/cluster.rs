@@ -6,22 +6,50 @@
 //! The hosts are proto's own composition, so the simulator plays the wiring
 //! the `cohort` program runs: the host decides what to start and reports its
 //! ranks' exits; the cluster only carries that out on the simulated network.
+//!
+//! A cluster is interactive: [`Cluster::run_until`] plays to an instant,
+//! [`Cluster::inject`] applies any fault at the current instant, the
+//! accessors ([`Cluster::controller`], [`Cluster::ledger`],
+//! [`Cluster::rank`], [`Cluster::log`], ...) look at it between steps, and
+//! [`Cluster::finish`] plays what is left and reports. Every way of moving
+//! it forward goes through the same bookkeeping (scheduled faults, the
+//! checkers, the nodes a formed world starts), so a scheduled fault is never
+//! skipped and a violation is never missed.
+//!
+//! ```
+//! use cohort_proto::coord::DeathCause;
+//! use cohort_proto::Time;
+//! use cohort_sim::scenario::Fault;
+//! use cohort_sim::{Cluster, Outcome, Scenario};
+//! use core::time::Duration;
+//!
+//! let sc = Scenario::builder().hosts(2, 2).epochs(1).exact_links(Duration::from_millis(1)).build().unwrap();
+//! let mut cluster = Cluster::new(sc, 7).unwrap();
+//! cluster.run_until(Time::from_secs(5));
+//! assert_eq!(cluster.ledger().unwrap().joined_ranks(), 4);
+//! cluster.inject(Fault::KillRank(3)).unwrap();
+//! let report = cluster.finish();
+//! assert_eq!(report.outcome, Outcome::Done);
+//! let death = report.death(3).unwrap();
+//! assert!(matches!(death.cause, DeathCause::ProcessExited { code: 137 } | DeathCause::RelayRankExit));
+//! assert!(death.detection().unwrap() <= Duration::from_millis(2));
+//! ```
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cohort_proto::Time;
 use cohort_proto::config::{Rules, TimeoutScale};
-use cohort_proto::coord::{Backend, CoordConfig, CoordEvent, FailureBudget, RunEnd};
+use cohort_proto::coord::{Backend, CoordConfig, CoordEvent, FailureBudget, RunEnd, Scheduler};
 use cohort_proto::join::client::ClientEvent;
-use cohort_proto::join::ledger::{JoinConfig, JoinOffer, StartMode, TrustMode};
+use cohort_proto::join::ledger::{JoinConfig, JoinOffer, Ledger, StartMode, TrustMode};
 use cohort_proto::join::window::JoinEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, Outcome};
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
 use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RankEnd, RankSpec, RelayListen};
 use cohort_proto::node::rank::{RankEvent, RankNode};
-use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
+use cohort_proto::node::trainer::Trainer;
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::Relay;
 use cohort_proto::rendezvous::UID_BYTES;
@@ -30,14 +58,19 @@ use cohort_proto::wire::SessionSalt;
 use core::time::Duration;
 
 use crate::check::Checker;
-use crate::check::coverage::RankWork;
-use crate::report::{Death, Report, Timeline};
+use crate::log::EventLog;
+use crate::report::{Death, Injected, Outcome as RunOutcome, RankReport, Report, Timeline};
 use crate::rng::{SimRng, stream};
 use crate::scenario::{BackendSpec, Fault, MaxFailure, RulesSpec, Scenario, StartModeSpec};
+use crate::workload::{RankStart, SimWorkload};
 use crate::world::{HostId, LinkSpec, NetConfig, NodeId, Process, World};
 
-/// A rank as the simulator runs it: the rank composition over the synthetic workload.
-pub type SimRank = RankNode<Trainer>;
+/// A rank as the simulator runs it: the rank composition over its workload
+/// (the synthetic trainer unless the cluster was built with another).
+pub type SimRank<W = Trainer> = RankNode<W>;
+
+/// Builds the workload of each rank a cluster starts.
+type MakeWorkload<W> = Box<dyn FnMut(&RankStart<'_>) -> W>;
 
 /// The controller's address in the simulated network.
 pub const CONTROLLER_ADDR: &str = "controller:7070";
@@ -61,10 +94,10 @@ struct HostRt {
     spawned: bool,
 }
 
-/// A scenario, playing.
-#[derive(Debug)]
-pub struct Cluster {
+/// A scenario, playing. See the [module documentation](self).
+pub struct Cluster<W: SimWorkload = Trainer> {
     world: World<ClusterEvent>,
+    make_workload: MakeWorkload<W>,
     sc: Scenario,
     seed: u64,
     salt: SessionSalt,
@@ -84,19 +117,53 @@ pub struct Cluster {
     world_size: u32,
     outcome: Option<(Outcome, Time)>,
     controller_gone: bool,
+    /// The run ended because the controller was lost.
+    lost_controller: bool,
     epochs_completed: u64,
     cap: Time,
     events_seen: u64,
     events_buf: Vec<(Time, NodeId, ClusterEvent)>,
+    /// Every fault injected, in order.
+    faults: Vec<Injected>,
+    /// Which host holds which rank (the controller's word, then the agents').
+    rank_host: BTreeMap<u32, Arc<str>>,
+    recording: bool,
+    log: EventLog,
+}
+
+impl<W: SimWorkload> core::fmt::Debug for Cluster<W> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("seed", &self.seed)
+            .field("now", &self.world.now())
+            .field("world", &self.world)
+            .field("formed_at", &self.formed_at)
+            .field("outcome", &self.outcome)
+            .field("deaths", &self.deaths.len())
+            .finish()
+    }
 }
 
 fn secs(s: f64) -> Time {
     Time::from_nanos((s.max(0.0) * 1e9).round() as u64)
 }
 
-impl Cluster {
-    /// Builds the cluster of `sc` under `seed` (the scenario must validate).
-    pub fn new(sc: Scenario, seed: u64) -> Result<Cluster, String> {
+impl Cluster<Trainer> {
+    /// Builds the cluster of `sc` under `seed` (the scenario must
+    /// validate), every rank running the synthetic trainer.
+    pub fn new(sc: Scenario, seed: u64) -> Result<Self, String> {
+        Cluster::with_workload(sc, seed, |start| start.trainer())
+    }
+}
+
+impl<W: SimWorkload> Cluster<W> {
+    /// Builds the cluster of `sc` under `seed` (the scenario must
+    /// validate), every rank running the workload `make` builds for it.
+    pub fn with_workload(
+        sc: Scenario,
+        seed: u64,
+        make: impl FnMut(&RankStart<'_>) -> W + 'static,
+    ) -> Result<Self, String> {
         sc.validate()?;
         let scale = TimeoutScale::new(sc.timeout_scale).map_err(|e| e.to_string())?;
         let net = NetConfig {
@@ -174,6 +241,11 @@ impl Cluster {
             + sc.hosts.iter().map(|h| h.join_at_s).fold(0.0, f64::max);
         let cap = secs(formation + training + sc.run_for_s.unwrap_or(0.0) + 600.0 * scale.get().max(1.0));
         Ok(Cluster {
+            make_workload: Box::new(make),
+            faults: Vec::new(),
+            rank_host: BTreeMap::new(),
+            recording: false,
+            log: EventLog::default(),
             checker: Checker::new(&sc, scale),
             world,
             seed,
@@ -193,6 +265,7 @@ impl Cluster {
             world_size: 0,
             outcome: None,
             controller_gone: false,
+            lost_controller: false,
             epochs_completed: 0,
             cap,
             events_seen: 0,
@@ -201,34 +274,197 @@ impl Cluster {
         })
     }
 
+    /// Keeps every node event in [`Cluster::log`] (and the report's log)
+    /// from now on.
+    pub fn record_events(mut self) -> Self {
+        self.recording = true;
+        self
+    }
+
+    /// The virtual clock.
+    pub fn now(&self) -> Time {
+        self.world.now()
+    }
+
+    /// The root seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The scenario being played.
+    pub fn scenario(&self) -> &Scenario {
+        &self.sc
+    }
+
+    /// Whether the run is over: the controller finished it and every rank
+    /// left, a violation stopped it, or nothing is left to happen. Nothing
+    /// moves it further then (but a fault injected by hand).
+    pub fn is_over(&self) -> bool {
+        self.ended() || (self.world.next_event_time().is_none() && self.next_act >= self.acts.len())
+    }
+
+    /// Plays everything due at or before `until` (world events and the
+    /// scenario's faults, in order), unless the run is over first; then the
+    /// clock reads `until`. Returns whether the run is over
+    /// ([`Cluster::is_over`]).
+    pub fn run_until(&mut self, until: Time) -> bool {
+        self.advance(Some(until), &mut |_, _, _| false);
+        self.is_over()
+    }
+
+    /// Plays for `by` from now (see [`Cluster::run_until`]).
+    pub fn run_for(&mut self, by: Duration) -> bool {
+        self.run_until(self.world.now() + by)
+    }
+
+    /// Plays until a node event `stop` accepts happens (returns its
+    /// instant; the clock stays there), or until `until`, or the end of the
+    /// run (returns `None`).
+    pub fn run_until_event(
+        &mut self,
+        until: Time,
+        mut stop: impl FnMut(Time, &Source, &ClusterEvent) -> bool,
+    ) -> Option<Time> {
+        let mut hit = None;
+        self.advance(Some(until), &mut |t, s, e| {
+            if hit.is_none() && stop(t, s, e) {
+                hit = Some(t);
+            }
+            hit.is_some()
+        });
+        hit
+    }
+
+    /// Applies `fault` now, as a scenario's fault at this instant would be
+    /// (the checkers learn of it, the report attributes deaths to it).
+    /// A rank outside the world, or an unknown host, is refused.
+    pub fn inject(&mut self, fault: Fault) -> Result<(), String> {
+        let world = self.sc.world_size();
+        match &fault {
+            Fault::KillRank(r) | Fault::WedgeRank(r) | Fault::SlowRank { rank: r, .. } if *r >= world => {
+                return Err(format!("rank {r} is outside the world of {world}"));
+            }
+            Fault::KillHost(h)
+            | Fault::CorruptLink(h)
+            | Fault::ResetHost(h)
+            | Fault::PartitionHost { host: h, .. }
+            | Fault::SlowLink { host: h, .. }
+                if self.host_named(h).is_none() =>
+            {
+                return Err(format!("unknown host {h:?}"));
+            }
+            _ => {}
+        }
+        self.fault(fault);
+        self.absorb(&mut |_, _, _| false);
+        Ok(())
+    }
+
+    /// Plays what is left of the scenario to its end and reports.
+    pub fn finish(mut self) -> Report {
+        self.advance(None, &mut |_, _, _| false);
+        self.report()
+    }
+
+    /// Every node event so far, if the cluster records them
+    /// ([`Cluster::record_events`]).
+    pub fn log(&self) -> &EventLog {
+        &self.log
+    }
+
+    /// The violations found so far.
+    pub fn violations(&self) -> &[String] {
+        self.checker.violations()
+    }
+
+    /// The deaths declared so far.
+    pub fn deaths(&self) -> &[Death] {
+        &self.deaths
+    }
+
+    /// The faults injected so far.
+    pub fn faults(&self) -> &[Injected] {
+        &self.faults
+    }
+
+    /// When the world formed, if it did.
+    pub fn formed_at(&self) -> Option<Time> {
+        self.formed_at
+    }
+
+    /// The simulated world, read-only (its nodes, processes, hosts, clock).
+    pub fn world(&self) -> &World<ClusterEvent> {
+        &self.world
+    }
+
+    /// The controller node (whatever its process state).
+    pub fn controller(&self) -> Option<&ControllerNode> {
+        self.world.machine::<ControllerNode>(self.controller)
+    }
+
+    /// The join window's ledger.
+    pub fn ledger(&self) -> Option<&Ledger> {
+        self.controller().map(|c| c.window().ledger())
+    }
+
+    /// The coordinator's scheduler, once the world formed.
+    pub fn scheduler(&self) -> Option<&Scheduler> {
+        self.controller().and_then(|c| c.coordinator()).map(|c| c.scheduler())
+    }
+
+    /// Global rank `r`'s node, once started.
+    pub fn rank(&self, r: u32) -> Option<&SimRank<W>> {
+        self.world.machine::<SimRank<W>>(self.rank_node(r)?)
+    }
+
+    /// Host `name`'s agent, once it joined.
+    pub fn host(&self, name: &str) -> Option<&HostNode> {
+        let agent = self.hosts[self.host_named(name)?].agent?;
+        self.world.machine::<HostNode>(agent)
+    }
+
+    /// Global rank `r`'s process state, once started.
+    pub fn rank_process(&self, r: u32) -> Option<Process> {
+        self.rank_node(r).map(|n| self.world.process(n))
+    }
+
     /// Where a node's events come from.
     pub fn source(&self, n: NodeId) -> Option<&Source> {
         self.sources.get(&n)
     }
 
-    /// The node running global rank `r`, once spawned.
+    /// The world node running global rank `r`, once spawned.
     pub fn rank_node(&self, r: u32) -> Option<NodeId> {
         self.rank_nodes.get(&r).copied()
     }
 
-    /// The controller's node.
-    pub fn controller(&self) -> NodeId {
+    /// The controller's world node.
+    pub fn controller_node(&self) -> NodeId {
         self.controller
     }
 
-    /// Plays the scenario to its end and reports.
-    pub fn run(self) -> Report {
-        self.run_observed(|_, _, _| {})
-    }
-
-    /// Plays the scenario, showing every node event to `observe` as it
-    /// happens (after the checkers saw it), and reports.
-    pub fn run_observed(mut self, mut observe: impl FnMut(Time, &Source, &ClusterEvent)) -> Report {
+    /// The one loop every way of playing goes through: world events and
+    /// scheduled actions in time order, each followed by the checkers and
+    /// the reactions, until the run ends, nothing is left, the next thing
+    /// lies past `until`, or `stop` accepts an event.
+    fn advance(&mut self, until: Option<Time>, stop: &mut dyn FnMut(Time, &Source, &ClusterEvent) -> bool) {
+        if self.ended() {
+            return;
+        }
         loop {
             let next_world = self.world.next_event_time();
             let next_act = self.acts.get(self.next_act).map(|(t, _)| *t);
+            let next = match (next_world, next_act) {
+                (Some(w), Some(a)) => w.min(a),
+                (w, a) => match w.or(a) {
+                    Some(t) => t,
+                    None => return,
+                },
+            };
+            if until.is_some_and(|u| next > u) {
+                break;
+            }
             match (next_world, next_act) {
-                (None, None) => break,
                 (_, Some(a)) if next_world.is_none_or(|w| a <= w) => {
                     self.world.run_until(a);
                     let act = self.acts[self.next_act].1.clone();
@@ -239,24 +475,27 @@ impl Cluster {
                     if w > self.cap {
                         self.checker
                             .violation(self.world.now(), "the run did not end by its time cap (it hangs)");
-                        break;
+                        return;
                     }
                     self.world.step();
                 }
-                (None, Some(_)) => unreachable!("the guard above takes every pending action"),
+                (None, _) => unreachable!("the guard above takes every pending action"),
             }
-            self.absorb(&mut observe);
-            if self.ended() {
-                break;
+            let stopped = self.absorb(stop);
+            if self.ended() || stopped {
+                return;
             }
         }
-        self.finish()
+        if let Some(u) = until {
+            // Nothing is due by `until`: only the clock moves.
+            self.world.run_until(u);
+        }
     }
 
     fn ranks_left(&self) -> bool {
         self.rank_nodes.values().all(|n| {
             self.world.process(*n) != Process::Alive
-                || self.world.inspect_ref::<SimRank, _>(*n, SimRank::is_ended).unwrap_or(true)
+                || self.world.machine::<SimRank<W>>(*n).is_none_or(SimRank::is_ended)
         })
     }
 
@@ -317,14 +556,21 @@ impl Cluster {
             }
             Act::Fault(i) => {
                 let f = self.sc.faults[i].fault.clone();
-                self.timeline.instant(now, "faults", &format!("{f:?}"));
-                self.checker.fault(now, &f);
-                self.inject(f);
+                self.fault(f);
             }
         }
     }
 
-    fn inject(&mut self, f: Fault) {
+    /// A fault strikes now: recorded, told to the checkers, carried out.
+    fn fault(&mut self, f: Fault) {
+        let now = self.world.now();
+        self.timeline.instant(now, "faults", &format!("{f:?}"));
+        self.checker.fault(now, &f);
+        self.faults.push(Injected { at: now, fault: f.clone() });
+        self.carry_out(f);
+    }
+
+    fn carry_out(&mut self, f: Fault) {
         let now = self.world.now();
         match f {
             Fault::KillRank(r) => {
@@ -372,7 +618,7 @@ impl Cluster {
             }
             Fault::SlowRank { rank, factor } => {
                 if let Some(n) = self.rank_node(rank) {
-                    self.world.command::<SimRank, _>(n, |r, _| r.workload_mut().slow_down(factor));
+                    self.world.command::<SimRank<W>, _>(n, |r, _| r.workload_mut().slow_down(factor));
                 }
             }
             Fault::SlowLink { host, latency_ms } => {
@@ -398,21 +644,27 @@ impl Cluster {
     }
 
     /// Feeds the world's new events to the checkers and reacts to the ones
-    /// that start nodes.
-    fn absorb(&mut self, observe: &mut impl FnMut(Time, &Source, &ClusterEvent)) {
+    /// that start nodes; returns whether `stop` accepted one of them.
+    fn absorb(&mut self, stop: &mut dyn FnMut(Time, &Source, &ClusterEvent) -> bool) -> bool {
         let mut events = core::mem::take(&mut self.events_buf);
         self.world.swap_events(&mut events);
+        let mut stopped = false;
         for (t, n, e) in events.drain(..) {
             self.events_seen += 1;
             let Some(source) = self.sources.get(&n).cloned() else { continue };
             self.checker.event(t, &source, &e);
             self.react(t, n, &source, &e);
-            observe(t, &source, &e);
+            if self.recording {
+                self.log.push(t, &source, &e);
+            }
+            stopped |= stop(t, &source, &e);
         }
         self.events_buf = events;
         if self.controller_gone && self.outcome.is_none() && self.ranks_left() {
+            self.lost_controller = true;
             self.outcome = Some((Outcome::Failed("controller lost".into()), self.world.now()));
         }
+        stopped
     }
 
     fn react(&mut self, t: Time, n: NodeId, source: &Source, e: &ClusterEvent) {
@@ -435,7 +687,7 @@ impl Cluster {
                 // The rank's process exits with the code the rank gives; its
                 // agent, its parent, reports it.
                 if ev.ends_the_rank() {
-                    let code = self.world.inspect_ref::<SimRank, _>(n, SimRank::exit_code).flatten();
+                    let code = self.world.machine::<SimRank<W>>(n).and_then(SimRank::exit_code);
                     self.rank_ended(*r, RankEnd::from_code(code));
                 }
             }
@@ -449,6 +701,9 @@ impl Cluster {
             HostEvent::Agent(ClientEvent::Admitted { ranks, .. }) => {
                 self.timeline.instant(t, &name, &format!("admitted ranks {ranks:?}"));
                 self.hosts[i].ranks = ranks.clone();
+                for r in ranks {
+                    self.rank_host.insert(*r, name.clone());
+                }
             }
             HostEvent::StartRelay { relay, listen } => {
                 self.hosts[i].spawned = true;
@@ -475,14 +730,40 @@ impl Cluster {
         let r = spec.rank;
         let own =
             WorkloadSpec { batch_size: self.sc.batch_size, model_elems: self.sc.model_elems, gamma: 1.0 };
-        let w = spec.workload.unwrap_or(own);
-        let wcfg = WorkloadConfig::for_rank(r, &w, self.hosts[i].batch_ms, self.hosts[i].spread, self.seed);
+        let start = RankStart {
+            spec,
+            workload: spec.workload.unwrap_or(own),
+            batch_ms: self.hosts[i].batch_ms,
+            spread: self.hosts[i].spread,
+            seed: self.seed,
+        };
+        let workload = (self.make_workload)(&start);
         let mut uid = [0u8; UID_BYTES];
         uid.iter_mut().for_each(|b| *b = self.uids.u64() as u8);
-        let node = SimRank::new(spec.rank_config(uid), Trainer::new(wcfg), now);
+        let node = SimRank::new(spec.rank_config(uid), workload, now);
         let n = self.world.add_node(self.hosts[i].host, format!("rank-{r}"), Box::new(node), &[]);
         self.sources.insert(n, Source::Rank(r));
         self.rank_nodes.insert(r, n);
+    }
+
+    /// The fault a death declared at `at` answered: the latest that touched
+    /// the rank, its host or the controller.
+    fn fault_behind(&self, rank: u32, at: Time) -> Option<Injected> {
+        let host = self.rank_host.get(&rank).map(|h| &**h);
+        self.faults
+            .iter()
+            .rev()
+            .filter(|f| f.at <= at)
+            .find(|f| match &f.fault {
+                Fault::KillRank(r) | Fault::WedgeRank(r) => *r == rank,
+                Fault::KillHost(h)
+                | Fault::CorruptLink(h)
+                | Fault::ResetHost(h)
+                | Fault::PartitionHost { host: h, .. } => Some(h.as_str()) == host,
+                Fault::KillController => true,
+                _ => false,
+            })
+            .cloned()
     }
 
     fn controller_event(&mut self, t: Time, ev: &ControllerEvent) {
@@ -500,7 +781,14 @@ impl Cluster {
             }
             ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, .. }) => {
                 self.timeline.instant(t, "controller", &format!("rank {rank} declared dead: {cause}"));
-                self.deaths.push(Death { rank: *rank, declared_at: t, cause: cause.to_string() });
+                let fault = self.fault_behind(*rank, t);
+                self.deaths.push(Death { rank: *rank, declared_at: t, cause: *cause, fault });
+            }
+            ControllerEvent::Join(JoinEvent::Admitted { host, ranks, .. }) => {
+                let host: Arc<str> = Arc::from(host.as_str());
+                for r in ranks.clone() {
+                    self.rank_host.insert(r, host.clone());
+                }
             }
             ControllerEvent::Coord(CoordEvent::EpochAggregated { metrics }) => {
                 self.epochs_completed = self.epochs_completed.max(metrics.epoch + 1);
@@ -530,42 +818,65 @@ impl Cluster {
         }
     }
 
-    fn finish(mut self) -> Report {
+    fn report(mut self) -> Report {
         let now = self.world.now();
         // Coverage and duplicates are checked on what every rank actually processed.
         let mut work = BTreeMap::new();
         for (r, n) in &self.rank_nodes {
-            let w = self.world.inspect_ref::<SimRank, _>(*n, |rn| RankWork {
-                processed: rn.workload().processed().to_vec(),
-                dropped: rn.workload().dropped().to_vec(),
-            });
-            if let Some(w) = w {
-                work.insert(*r, w);
+            if let Some(rn) = self.world.machine::<SimRank<W>>(*n) {
+                work.insert(*r, rn.workload().work());
             }
         }
         self.checker.finish(now, self.epochs_completed, &work, &self.deaths);
         self.timeline.close(now);
-        let (outcome, reason) = match &self.outcome {
-            Some((Outcome::Done, _)) => ("done", None),
-            Some((Outcome::Failed(r), _)) => ("failed", Some(r.clone())),
-            None => ("failed", Some("the run did not end".to_owned())),
+        let outcome = match &self.outcome {
+            Some((Outcome::Done, _)) => RunOutcome::Done,
+            Some((Outcome::Failed(_), _)) if self.lost_controller => RunOutcome::ControllerLost,
+            Some((Outcome::Failed(r), _)) => RunOutcome::Failed(r.clone()),
+            None => RunOutcome::NotEnded,
         };
+        let count = |runs: &[(u64, u64, u64)]| runs.iter().map(|r| r.2).sum();
+        let ranks = self
+            .rank_nodes
+            .iter()
+            .map(|(r, n)| {
+                let (w, exit_code) = match self.world.machine::<SimRank<W>>(*n) {
+                    Some(rn) => (work.get(r).cloned().unwrap_or_default(), rn.exit_code()),
+                    None => Default::default(),
+                };
+                let host = self.world.host_name(self.world.node_host(*n)).to_owned();
+                let exit_code = match self.world.process(*n) {
+                    Process::Crashed => Some(137),
+                    _ => exit_code,
+                };
+                let report = RankReport {
+                    host,
+                    samples_processed: count(&w.processed),
+                    samples_dropped: count(&w.dropped),
+                    exit_code,
+                    process: self.world.process(*n),
+                };
+                (*r, report)
+            })
+            .collect();
         Report {
             seed: self.seed,
-            outcome: outcome.to_owned(),
-            reason,
-            formed_at_s: self.formed_at.map(Time::as_secs_f64),
-            ended_at_s: self.outcome.as_ref().map(|(_, t)| t.as_secs_f64()).unwrap_or(now.as_secs_f64()),
+            outcome,
+            formed_at: self.formed_at,
+            ended_at: self.outcome.as_ref().map_or(now, |(_, t)| *t),
             world_size: self.world_size,
             deaths: self.deaths.clone(),
+            faults: core::mem::take(&mut self.faults),
             epochs_completed: self.epochs_completed,
             violations: self.checker.violations().to_vec(),
             trace_hash: self.world.trace_hash(),
             events: self.events_seen,
             steps: self.world.steps(),
             hosts: self.hosts.iter().map(|h| (h.name.to_string(), h.ranks.clone())).collect(),
+            ranks,
             replay: None,
             timeline: core::mem::take(&mut self.timeline),
+            log: core::mem::take(&mut self.log),
         }
     }
 }

@@ -1,24 +1,72 @@
-//! What a run reports: the JSON summary, a readable timeline, and Chrome
-//! trace-event JSON (opens in Perfetto).
+//! What a run reports: the typed [`Report`] (outcome, deaths with the
+//! fault each answered and its detection delay, every fault injected, each
+//! rank's work), its JSON form, a readable timeline, and Chrome trace-event
+//! JSON (opens in Perfetto).
+
+use std::collections::BTreeMap;
 
 use cohort_proto::Time;
-use serde::Serialize;
+use cohort_proto::coord::DeathCause;
+use core::time::Duration;
+use serde::ser::SerializeStruct;
+use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 
+use crate::log::EventLog;
+use crate::scenario::Fault;
+use crate::world::Process;
+
+/// A fault, and the instant it was injected.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Injected {
+    /// When.
+    pub at: Time,
+    /// What.
+    pub fault: Fault,
+}
+
+impl Serialize for Injected {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("Injected", 2)?;
+        st.serialize_field("at_s", &self.at.as_secs_f64())?;
+        st.serialize_field("fault", &format!("{:?}", self.fault))?;
+        st.end()
+    }
+}
+
 /// A rank declared dead.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Death {
     /// The rank.
     pub rank: u32,
     /// When the coordinator declared it.
-    #[serde(rename = "declared_at_s", serialize_with = "as_secs")]
     pub declared_at: Time,
-    /// Why.
-    pub cause: String,
+    /// Why, as the coordinator says.
+    pub cause: DeathCause,
+    /// The fault it answered: the latest injected at or before the
+    /// declaration that touched the rank (killed or wedged it, killed,
+    /// partitioned, corrupted or reset its host, or killed the controller).
+    pub fault: Option<Injected>,
 }
 
-fn as_secs<S: serde::Serializer>(t: &Time, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(t.as_secs_f64())
+impl Death {
+    /// How long after its fault the death was declared.
+    pub fn detection(&self) -> Option<Duration> {
+        self.fault.as_ref().map(|f| self.declared_at - f.at)
+    }
+}
+
+impl Serialize for Death {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("Death", 6)?;
+        st.serialize_field("rank", &self.rank)?;
+        st.serialize_field("declared_at_s", &self.declared_at.as_secs_f64())?;
+        st.serialize_field("cause", &self.cause.to_string())?;
+        st.serialize_field("fault", &self.fault.as_ref().map(|f| format!("{:?}", f.fault)))?;
+        st.serialize_field("fault_at_s", &self.fault.as_ref().map(|f| f.at.as_secs_f64()))?;
+        st.serialize_field("detection_s", &self.detection().map(|d| d.as_secs_f64()))?;
+        st.end()
+    }
 }
 
 /// One line of the timeline.
@@ -115,23 +163,79 @@ impl Timeline {
     }
 }
 
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The controller finished the run: every epoch done, or stopped gracefully.
+    Done,
+    /// The controller finished the run as failed (the join window failed,
+    /// formation failed, or the run stopped with a save reason): its reason.
+    Failed(String),
+    /// The controller was killed and every rank left.
+    ControllerLost,
+    /// The run never ended: a violation stopped it, it outran its time
+    /// cap, or nothing was left to happen.
+    NotEnded,
+}
+
+impl Outcome {
+    /// Whether the run finished cleanly.
+    pub fn is_done(&self) -> bool {
+        *self == Outcome::Done
+    }
+
+    /// Why it did not finish cleanly, in words (`None` when it did).
+    pub fn reason(&self) -> Option<String> {
+        match self {
+            Outcome::Done => None,
+            Outcome::Failed(r) => Some(r.clone()),
+            Outcome::ControllerLost => Some("controller lost".to_owned()),
+            Outcome::NotEnded => Some("the run did not end".to_owned()),
+        }
+    }
+}
+
+/// One rank at the end of the run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankReport {
+    /// Its host.
+    pub host: String,
+    /// Samples it processed (over every epoch).
+    pub samples_processed: u64,
+    /// Samples it dropped as the tail of its work shorter than a batch.
+    pub samples_dropped: u64,
+    /// The exit code its process ended with (`None`: it did not exit).
+    pub exit_code: Option<i32>,
+    /// Its process at the end.
+    #[serde(serialize_with = "process_name")]
+    pub process: Process,
+}
+
+fn process_name<S: Serializer>(p: &Process, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match p {
+        Process::Alive => "alive",
+        Process::Wedged => "wedged",
+        Process::Crashed => "crashed",
+    })
+}
+
 /// The summary of one run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Report {
     /// The root seed.
     pub seed: u64,
-    /// `"done"` or `"failed"`.
-    pub outcome: String,
-    /// Why it failed, if it did.
-    pub reason: Option<String>,
-    /// When the world formed (virtual seconds), if it did.
-    pub formed_at_s: Option<f64>,
-    /// When the run ended.
-    pub ended_at_s: f64,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// When the world formed, if it did.
+    pub formed_at: Option<Time>,
+    /// When the run ended (the controller's verdict), or when the simulation stopped.
+    pub ended_at: Time,
     /// Ranks in the formed world (0 if it never formed).
     pub world_size: u32,
-    /// Ranks declared dead.
+    /// Ranks declared dead, in order.
     pub deaths: Vec<Death>,
+    /// Every fault injected (from the scenario or by hand), in order.
+    pub faults: Vec<Injected>,
     /// Epochs whose metrics were aggregated.
     pub epochs_completed: u64,
     /// Invariant violations (empty for a correct run).
@@ -143,17 +247,51 @@ pub struct Report {
     /// World events processed.
     pub steps: u64,
     /// Each worker host's ranks.
-    pub hosts: std::collections::BTreeMap<String, Vec<u32>>,
+    pub hosts: BTreeMap<String, Vec<u32>>,
+    /// Each rank that was started: its work and its end.
+    pub ranks: BTreeMap<u32, RankReport>,
     /// The command that replays this run (set by the caller).
     pub replay: Option<String>,
     /// The timeline (not in the JSON report; see `--trace`).
-    #[serde(skip)]
     pub timeline: Timeline,
+    /// Every node event, if the cluster recorded them (not in the JSON report).
+    pub log: EventLog,
 }
 
 impl Report {
-    /// The JSON report.
+    /// The death of `rank`, if it was declared.
+    pub fn death(&self, rank: u32) -> Option<&Death> {
+        self.deaths.iter().find(|d| d.rank == rank)
+    }
+
+    /// The JSON report: `seed`, `outcome` (`"done"` or `"failed"`),
+    /// `reason`, `formed_at_s`, `ended_at_s`, `world_size`, `deaths`,
+    /// `faults`, `epochs_completed`, `violations`, `trace_hash`, `events`,
+    /// `steps`, `hosts`, `ranks`, `replay`.
     pub fn to_json(&self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+impl Serialize for Report {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("Report", 16)?;
+        st.serialize_field("seed", &self.seed)?;
+        st.serialize_field("outcome", if self.outcome.is_done() { "done" } else { "failed" })?;
+        st.serialize_field("reason", &self.outcome.reason())?;
+        st.serialize_field("formed_at_s", &self.formed_at.map(Time::as_secs_f64))?;
+        st.serialize_field("ended_at_s", &self.ended_at.as_secs_f64())?;
+        st.serialize_field("world_size", &self.world_size)?;
+        st.serialize_field("deaths", &self.deaths)?;
+        st.serialize_field("faults", &self.faults)?;
+        st.serialize_field("epochs_completed", &self.epochs_completed)?;
+        st.serialize_field("violations", &self.violations)?;
+        st.serialize_field("trace_hash", &self.trace_hash)?;
+        st.serialize_field("events", &self.events)?;
+        st.serialize_field("steps", &self.steps)?;
+        st.serialize_field("hosts", &self.hosts)?;
+        st.serialize_field("ranks", &self.ranks)?;
+        st.serialize_field("replay", &self.replay)?;
+        st.end()
     }
 }

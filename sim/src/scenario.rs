@@ -12,9 +12,26 @@
 //! assert_eq!(s.world_size(), 4);
 //! assert!(matches!(s.faults[0].fault, Fault::KillRank(1)));
 //! ```
+//!
+//! From Rust, [`Scenario::builder`] states the same with `Duration`s:
+//!
+//! ```
+//! use cohort_sim::scenario::{Fault, Scenario};
+//! use core::time::Duration;
+//! let s = Scenario::builder()
+//!     .host("a", 2)
+//!     .host_joining("b", 2, Duration::from_secs(3))
+//!     .epochs(2)
+//!     .fault(Duration::from_secs(20), Fault::KillRank(1))
+//!     .build()
+//!     .unwrap();
+//! assert_eq!(s.world_size(), 4);
+//! assert_eq!(s.faults[0].at_s, 20.0);
+//! ```
 
 use std::collections::BTreeMap;
 
+use core::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// A whole simulated run.
@@ -449,7 +466,195 @@ impl From<FaultAt> for RawFault {
     }
 }
 
+impl FaultAt {
+    /// `fault` at `at` from the start of the run.
+    pub fn at(at: Duration, fault: Fault) -> Self {
+        FaultAt { at_s: at.as_secs_f64(), fault }
+    }
+}
+
+impl Fault {
+    /// Nothing crosses between `host` and the rest for `for_`.
+    pub fn partition(host: impl Into<String>, for_: Duration) -> Self {
+        Fault::PartitionHost { host: host.into(), for_s: for_.as_secs_f64() }
+    }
+
+    /// Every link of `host` gets `latency` of one-way delay from then on.
+    pub fn slow_link(host: impl Into<String>, latency: Duration) -> Self {
+        Fault::SlowLink { host: host.into(), latency_ms: latency.as_secs_f64() * 1e3 }
+    }
+}
+
+/// A [`Scenario`] stated from Rust, times as `Duration`s. It starts from
+/// the file format's defaults with no host; [`ScenarioBuilder::build`]
+/// validates it.
+#[derive(Debug, Clone)]
+pub struct ScenarioBuilder {
+    sc: Scenario,
+}
+
+impl ScenarioBuilder {
+    /// Adds host `name` with `ranks` ranks, joining at the start.
+    pub fn host(self, name: impl Into<String>, ranks: u32) -> Self {
+        self.host_joining(name, ranks, Duration::ZERO)
+    }
+
+    /// Adds host `name` with `ranks` ranks, its agent dialing at `at`.
+    pub fn host_joining(mut self, name: impl Into<String>, ranks: u32, at: Duration) -> Self {
+        self.sc.hosts.push(HostSpec {
+            name: name.into(),
+            ranks,
+            join_at_s: at.as_secs_f64(),
+            libtorch: None,
+            speed: None,
+        });
+        self
+    }
+
+    /// Adds a host as the file states it (speed class, libtorch label).
+    pub fn host_spec(mut self, host: HostSpec) -> Self {
+        self.sc.hosts.push(host);
+        self
+    }
+
+    /// Adds `hosts` hosts `host-0`, `host-1`, ... of `ranks` ranks each,
+    /// joining 0.5 s apart, and sets the join target to all of them (as
+    /// [`Scenario::healthy`] does).
+    pub fn hosts(mut self, hosts: u32, ranks: u32) -> Self {
+        let first = self.sc.hosts.len();
+        for i in 0..hosts {
+            let at = Duration::from_millis(500) * i;
+            self = self.host_joining(format!("host-{}", first + i as usize), ranks, at);
+        }
+        self.sc.join.target_ranks = Some(self.sc.world_size());
+        self
+    }
+
+    /// The join window's knobs.
+    pub fn join(mut self, join: JoinSpec) -> Self {
+        self.sc.join = join;
+        self
+    }
+
+    /// The quorum: ranks needed to form.
+    pub fn quorum(mut self, ranks: u32) -> Self {
+        self.sc.join.min_rank_start = ranks;
+        self
+    }
+
+    /// Close the window early once this many ranks joined.
+    pub fn target(mut self, ranks: u32) -> Self {
+        self.sc.join.target_ranks = Some(ranks);
+        self
+    }
+
+    /// Epochs to train.
+    pub fn epochs(mut self, epochs: u64) -> Self {
+        self.sc.epochs = epochs;
+        self
+    }
+
+    /// Samples in one epoch.
+    pub fn samples_per_epoch(mut self, samples: u64) -> Self {
+        self.sc.samples_per_epoch = samples;
+        self
+    }
+
+    /// Samples per batch.
+    pub fn batch_size(mut self, batch: u64) -> Self {
+        self.sc.batch_size = batch;
+        self
+    }
+
+    /// Batches between averaging rounds.
+    pub fn sync_every(mut self, batches: u64) -> Self {
+        self.sc.sync_every = batches;
+        self
+    }
+
+    /// Elements of each rank's model tensor.
+    pub fn model_elems(mut self, elems: u32) -> Self {
+        self.sc.model_elems = elems;
+        self
+    }
+
+    /// Past `at`, training stops with a graceful shutdown.
+    pub fn run_for(mut self, at: Duration) -> Self {
+        self.sc.run_for_s = Some(at.as_secs_f64());
+        self
+    }
+
+    /// The data plane.
+    pub fn backend(mut self, backend: BackendSpec) -> Self {
+        self.sc.backend = backend;
+        self
+    }
+
+    /// cohort's rules or flodl 0.8's.
+    pub fn rules(mut self, rules: RulesSpec) -> Self {
+        self.sc.rules = rules;
+        self
+    }
+
+    /// The network timeout scale.
+    pub fn timeout_scale(mut self, scale: f64) -> Self {
+        self.sc.timeout_scale = scale;
+        self
+    }
+
+    /// The failure budget.
+    pub fn max_failure(mut self, budget: MaxFailure) -> Self {
+        self.sc.max_failure = Some(budget);
+        self
+    }
+
+    /// Redefines (or adds) a speed class.
+    pub fn speed_class(mut self, name: impl Into<String>, batch: Duration, spread: f64) -> Self {
+        self.sc.speed_classes.insert(name.into(), SpeedClass { batch_ms: batch.as_secs_f64() * 1e3, spread });
+        self
+    }
+
+    /// One-way latency between hosts (to the microsecond) and its jitter.
+    pub fn links(mut self, latency: Duration, jitter: Duration) -> Self {
+        self.sc.latency_us = latency.as_micros() as u64;
+        self.sc.jitter_us = jitter.as_micros() as u64;
+        self
+    }
+
+    /// Links of exactly `latency` one way, no jitter: every instant of the
+    /// run is then an exact sum of latencies and deadlines.
+    pub fn exact_links(self, latency: Duration) -> Self {
+        self.links(latency, Duration::ZERO)
+    }
+
+    /// Bandwidth between hosts, in Gbit/s.
+    pub fn bandwidth_gbps(mut self, gbps: f64) -> Self {
+        self.sc.bandwidth_gbps = gbps;
+        self
+    }
+
+    /// `fault` at `at` from the start of the run.
+    pub fn fault(mut self, at: Duration, fault: Fault) -> Self {
+        self.sc.faults.push(FaultAt::at(at, fault));
+        self
+    }
+
+    /// The scenario, validated.
+    pub fn build(self) -> Result<Scenario, String> {
+        self.sc.validate()?;
+        Ok(self.sc)
+    }
+}
+
 impl Scenario {
+    /// A scenario stated from Rust (see [`ScenarioBuilder`]).
+    pub fn builder() -> ScenarioBuilder {
+        let mut sc = Scenario::healthy(0, 1, default_epochs());
+        sc.samples_per_epoch = default_samples();
+        sc.join = JoinSpec::default();
+        ScenarioBuilder { sc }
+    }
+
     /// The default healthy cluster: `hosts` hosts of `ranks` ranks.
     pub fn healthy(hosts: u32, ranks: u32, epochs: u64) -> Scenario {
         Scenario {

@@ -367,7 +367,12 @@ impl<E> World<E> {
 
     /// Read-only access to a node's machine, whatever its state.
     pub fn inspect_ref<M: 'static, R>(&self, n: NodeId, f: impl FnOnce(&M) -> R) -> Option<R> {
-        self.nodes[n].machine.as_any_ref().downcast_ref::<M>().map(f)
+        self.machine(n).map(f)
+    }
+
+    /// Node `n`'s machine, if it is an `M` (whatever its process state).
+    pub fn machine<M: 'static>(&self, n: NodeId) -> Option<&M> {
+        self.nodes.get(n)?.machine.as_any_ref().downcast_ref::<M>()
     }
 
     /// Takes the events emitted since the last call.

@@ -10,7 +10,7 @@ use cohort_proto::wire::{
     ControlMsgWire, DEFAULT_FRAME_CEILING, MacKey, Message, MetricsMsgWire, MuxDecoder, MuxRecord, Payload,
     RelayControlMsg, SessionSalt, TimingMsgWire, encode_frame, parse_exact_frame,
 };
-use cohort_proto::{ConnId, Machine, Output, Time};
+use cohort_proto::{ConnId, Time};
 use core::time::Duration;
 
 /// The session key every coordinator test uses.
@@ -218,30 +218,9 @@ pub enum RelayIn {
     ToRank(u32, ControlMsgWire),
 }
 
-/// Drains a machine: transmitted bytes per connection, closes, events.
-#[derive(Debug)]
-pub struct Drained<E> {
-    /// Bytes written, per connection, concatenated in order.
-    pub bytes: BTreeMap<ConnId, Vec<u8>>,
-    /// Connections closed.
-    pub closed: Vec<ConnId>,
-    /// Events.
-    pub events: Vec<E>,
-}
-
-/// Drains every output of `m` at `now`.
-pub fn drain_machine<M: Machine>(m: &mut M, now: Time) -> Drained<M::Event> {
-    let mut d = Drained { bytes: BTreeMap::new(), closed: Vec::new(), events: Vec::new() };
-    while let Some(o) = m.poll(now) {
-        match o {
-            Output::Transmit { conn, bytes } => d.bytes.entry(conn).or_default().extend_from_slice(&bytes),
-            Output::Close { conn } => d.closed.push(conn),
-            Output::Event(e) => d.events.push(e),
-            Output::Dial { .. } => {}
-        }
-    }
-    d
-}
+/// Drains a machine: proto's one drain (transmitted bytes per connection,
+/// closes, dials, events).
+pub use cohort_proto::testing::harness::{Outputs as Drained, drain as drain_machine};
 
 // ---------------------------------------------------------------------------
 // A simulated world of ranks

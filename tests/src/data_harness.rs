@@ -70,60 +70,10 @@ pub fn len_framed(bytes: &[u8]) -> Vec<u8> {
     v
 }
 
-/// Everything a machine asked for, by kind.
-#[derive(Debug)]
-pub struct Collected<E> {
-    /// Bytes transmitted, per connection, in order.
-    pub sent: BTreeMap<ConnId, Vec<u8>>,
-    /// Transmit calls per connection (to check header/payload splits).
-    pub writes: BTreeMap<ConnId, usize>,
-    /// Connections the machine closed.
-    pub closed: Vec<ConnId>,
-    /// Dials it asked for.
-    pub dials: Vec<(DialId, String)>,
-    /// Its events.
-    pub events: Vec<E>,
-}
-
-impl<E> Default for Collected<E> {
-    fn default() -> Self {
-        Collected {
-            sent: BTreeMap::new(),
-            writes: BTreeMap::new(),
-            closed: Vec::new(),
-            dials: Vec::new(),
-            events: Vec::new(),
-        }
-    }
-}
-
-impl<E> Collected<E> {
-    /// Takes the bytes sent on `conn` so far.
-    pub fn take(&mut self, conn: ConnId) -> Vec<u8> {
-        self.writes.remove(&conn);
-        self.sent.remove(&conn).unwrap_or_default()
-    }
-
-    /// Takes the events so far.
-    pub fn take_events(&mut self) -> Vec<E> {
-        core::mem::take(&mut self.events)
-    }
-}
-
-/// Drains `m`'s outputs into `c`.
-pub fn drain<M: Machine>(m: &mut M, now: Time, c: &mut Collected<M::Event>) {
-    while let Some(o) = m.poll(now) {
-        match o {
-            Output::Transmit { conn, bytes } => {
-                c.sent.entry(conn).or_default().extend_from_slice(&bytes);
-                *c.writes.entry(conn).or_default() += 1;
-            }
-            Output::Close { conn } => c.closed.push(conn),
-            Output::Dial { dial, addr } => c.dials.push((dial, addr)),
-            Output::Event(e) => c.events.push(e),
-        }
-    }
-}
+use cohort_proto::testing::harness::outputs;
+/// Everything a machine asked for, by kind, and the drain that fills it:
+/// proto's one drain.
+pub use cohort_proto::testing::harness::{Outputs as Collected, drain_into as drain};
 
 /// Decodes every mux record in `bytes` (panics on an error or a leftover).
 pub fn mux_records(bytes: &[u8], key: &MacKey) -> Vec<MuxRecord> {
@@ -399,25 +349,17 @@ impl DataCluster {
 
     fn outputs(&mut self, node: Node) -> Vec<Output<ClusterEvent>> {
         let now = self.now;
-        let mut v = Vec::new();
         match node {
             Node::Rank(i) => {
-                while let Some(o) = self.ranks[i].poll(now) {
-                    v.push(o.map_event(|e| ClusterEvent::Rank(i, e)));
-                }
+                outputs(&mut self.ranks[i], now).map(|o| o.map_event(|e| ClusterEvent::Rank(i, e))).collect()
             }
-            Node::Relay(h) => {
-                while let Some(o) = self.relays[h].poll(now) {
-                    v.push(o.map_event(|e| ClusterEvent::Relay(h, e)));
-                }
-            }
+            Node::Relay(h) => outputs(&mut self.relays[h], now)
+                .map(|o| o.map_event(|e| ClusterEvent::Relay(h, e)))
+                .collect(),
             Node::Reduce => {
-                while let Some(o) = self.reduce.poll(now) {
-                    v.push(o.map_event(ClusterEvent::Reduce));
-                }
+                outputs(&mut self.reduce, now).map(|o| o.map_event(ClusterEvent::Reduce)).collect()
             }
         }
-        v
     }
 
     fn drain_all(&mut self) {

@@ -3,10 +3,12 @@
 
 use bytes::BytesMut;
 use cohort_proto::join::JoinOffer;
+use cohort_proto::testing::harness::outputs;
 use cohort_proto::wire::{Channel, JoinMsgWire, MacKey, Message, SessionSalt, encode_frame, parse_frame};
 use cohort_proto::{ConnId, Machine, Output, Time};
 
-/// Everything a machine produced in one drain.
+/// Everything a machine produced in one drain, in order: the join, route and
+/// status tests compare whole sequences of outputs.
 #[derive(Debug)]
 pub struct Drained<E> {
     /// The outputs, in order.
@@ -54,13 +56,9 @@ impl<E: Clone> Drained<E> {
     }
 }
 
-/// Drains `m` at `now`.
+/// Drains `m` at `now`, keeping the outputs' order (proto's one drain).
 pub fn drain<M: Machine>(m: &mut M, now: Time) -> Drained<M::Event> {
-    let mut outputs = Vec::new();
-    while let Some(o) = m.poll(now) {
-        outputs.push(o);
-    }
-    Drained { outputs }
+    Drained { outputs: outputs(m, now).collect() }
 }
 
 /// A test offer: `n` devices `0..n`, dataset signature `[7; 32]`.

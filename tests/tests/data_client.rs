@@ -183,7 +183,7 @@ fn submissions_are_ping_pong() {
     rig.reply(&frame(RoundKind::Model, 1.0, Dtype::F32, &[1.0]), 64);
     let e = rig.client.submit_round(rig.now, &Contribution::model(1.0, Dtype::F32, &bad)).unwrap_err();
     assert!(matches!(e, SubmitError::Invalid(ref w) if w.field == "nbytes"), "{e:?}");
-    assert!(rig.out.sent.is_empty(), "nothing sent for a refused submission");
+    assert!(rig.out.bytes.is_empty(), "nothing sent for a refused submission");
 }
 
 #[test]

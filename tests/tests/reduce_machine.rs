@@ -247,7 +247,7 @@ fn hostile_hellos_are_refused_by_name() {
         rig.join(&[0]);
         rig.events();
         let conn = rig.adopt(&rec.to_bytes(&key).unwrap());
-        assert!(!rig.out.sent.contains_key(&conn), "no reply");
+        assert!(!rig.out.bytes.contains_key(&conn), "no reply");
         assert_eq!(rig.out.closed, vec![conn]);
         assert_eq!(rig.events(), vec![ReduceEvent::HostRefused { conn, reason: want.clone() }], "{want}");
     }

@@ -44,7 +44,7 @@ fn a_hello_keyed_with_another_salt_is_refused_without_reply() {
     let conn = ConnId(50);
     rig.handle(Input::Accepted { conn, peer: Peer::LOOPBACK });
     rig.handle(Input::Received { conn, bytes: &hello });
-    assert!(!rig.out.sent.contains_key(&conn), "no reply");
+    assert!(!rig.out.bytes.contains_key(&conn), "no reply");
     assert_eq!(rig.out.closed, vec![conn]);
     let r = refused(&rig);
     assert!(matches!(&r[..], [RankRefusal::Handshake(HandshakeError::Wire(e))] if e.is_mac()), "{r:?}");

@@ -73,7 +73,7 @@ fn the_host_frame_leaves_as_header_then_shared_payload() {
     let up = rig.up.unwrap();
     rig.deposit(c[0], &frame(M, 1.0, Dtype::F32, &[1.0; 100]));
     assert_eq!(rig.out.writes.get(&up), Some(&2), "25-byte header, then the payload");
-    let bytes = rig.out.sent[&up].clone();
+    let bytes = rig.out.bytes[&up].clone();
     assert_eq!(mux_records(&bytes, &rig.key).len(), 1);
 }
 
@@ -392,7 +392,7 @@ fn frames_before_hello_ack_ship_once_acknowledged() {
     rig.deposit(c0, &frame(M, 1.0, Dtype::F32, &[5.0]));
     let hello = rig.connect_upstream();
     assert_eq!(hello, RelayControlMsg::Hello { host: "hostA".into(), ranks: vec![0], model_sigs: vec![] });
-    assert!(rig.out.sent.get(&rig.up.unwrap()).is_none_or(|b| b.is_empty()), "held until HelloAck");
+    assert!(rig.out.bytes.get(&rig.up.unwrap()).is_none_or(|b| b.is_empty()), "held until HelloAck");
     rig.ack();
     let host = only_host_frame(&mut rig);
     assert_eq!(values(&host.tensors[0]), vec![5.0]);

@@ -24,17 +24,20 @@ fn every_example_scenario_plays_clean() {
     let all = examples();
     assert!(all.len() >= 5, "{} examples", all.len());
     for (name, sc) in all {
-        let report = Cluster::new(sc, 1).unwrap_or_else(|e| panic!("{name}: {e}")).run();
+        let report = Cluster::new(sc, 1).unwrap_or_else(|e| panic!("{name}: {e}")).finish();
         assert_eq!(report.violations, Vec::<String>::new(), "{name}");
-        assert!(report.outcome == "done" || report.reason.is_some(), "{name}: an outcome must be named");
-        assert!(report.formed_at_s.is_some(), "{name} forms");
+        assert!(
+            report.outcome.is_done() || report.outcome.reason().is_some(),
+            "{name}: an outcome must be named"
+        );
+        assert!(report.formed_at.is_some(), "{name} forms");
     }
 }
 
 #[test]
 fn the_trace_is_chrome_trace_event_json_with_a_track_per_node() {
     let (_, sc) = examples().into_iter().find(|(n, _)| n == "rank-crash.json").unwrap();
-    let report = Cluster::new(sc, 1).unwrap().run();
+    let report = Cluster::new(sc, 1).unwrap().finish();
     let trace = report.timeline.chrome_trace();
     let events = trace["traceEvents"].as_array().unwrap();
     let names: Vec<&str> =

@@ -6,6 +6,7 @@ use cohort_proto::Time;
 use cohort_proto::join::window::JoinEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::status::StatusClientEvent;
+use cohort_sim::Outcome;
 use cohort_sim::scenario::{Fault, HostSpec, Scenario, StartModeSpec};
 use cohort_tests::sim_harness::*;
 
@@ -228,15 +229,15 @@ fn every_schedule_forms_or_fails_at_the_instant_the_rules_give() {
                 let (t, reason) = run.failed_at().unwrap_or_else(|| panic!("{}: did not fail", c.name));
                 assert_eq!(t, at(s), "{}", c.name);
                 assert!(reason.contains(why), "{}: {reason}", c.name);
-                assert_eq!(run.report.outcome, "failed", "{}", c.name);
+                assert!(matches!(run.report.outcome, Outcome::Failed(_)), "{}", c.name);
             }
         }
         if matches!(c.expect, Expect::FormedAt(_) | Expect::FormedAtAdmission(_) | Expect::FormedAtStart(_)) {
-            assert_eq!(run.report.outcome, "done", "{}", c.name);
+            assert_eq!(run.report.outcome, Outcome::Done, "{}", c.name);
         }
         // Starts refused before quorum, or in Auto mode, are answered 409.
         let answers: Vec<u16> = run
-            .events
+            .all()
             .iter()
             .filter_map(|(_, r, e)| match (r, e) {
                 (Source::Operator, ClusterEvent::Operator(StatusClientEvent::Answer(a))) => Some(a.status),

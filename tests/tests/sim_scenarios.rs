@@ -89,7 +89,7 @@ fn a_wedged_rank_is_declared_dead_exactly_at_the_staleness_deadline_and_its_rela
     // than 30 s, not later than 31 s.
     assert_eq!(t, last_heard + STALENESS + Duration::from_nanos(1));
     // The relay's fold barrier was released by DeclareDead, not by a timeout.
-    let released = run.events.iter().find_map(|(at, r, e)| match (r, e) {
+    let released = run.all().iter().find_map(|(at, r, e)| match (r, e) {
         (Source::Relay(_, Leg::Data), ClusterEvent::Relay(RelayEvent::RankDead { rank: 2, cause })) => {
             Some((*at, cause.clone()))
         }
@@ -124,7 +124,7 @@ fn a_host_death_declares_all_its_ranks_and_the_reduce_keeps_going() {
 fn a_controller_death_ends_every_rank_with_coordinator_lost_within_its_deadline() {
     let run = play(with(exact(2, 2, 2), 10.0, Fault::KillController), 6);
     run.assert_clean("failed");
-    assert_eq!(run.report.reason.as_deref(), Some("controller lost"));
+    assert_eq!(run.report.outcome.reason().as_deref(), Some("controller lost"));
     for r in 0..4 {
         let lost = run.rank(r).find_map(|(t, e)| matches!(e, RankEvent::CoordinatorLost { .. }).then_some(t));
         let t = lost.unwrap_or_else(|| panic!("rank {r} never declared the coordinator lost"));
@@ -253,7 +253,7 @@ fn same_seed_same_trace_other_seed_other_trace() {
     let b = play(sc.clone(), 42);
     assert_eq!(a.report.trace_hash, b.report.trace_hash);
     assert_eq!(a.report.to_json(), b.report.to_json());
-    assert_eq!(a.events, b.events, "event for event");
+    assert_eq!(a.all(), b.all(), "event for event");
     let c = play(sc, 43);
     assert_ne!(a.report.trace_hash, c.report.trace_hash);
     a.assert_clean("done");

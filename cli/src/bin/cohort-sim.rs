@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use cohort_sim::explore::random_scenario;
-use cohort_sim::scenario::Fault;
 use cohort_sim::{Cluster, Report, Scenario};
 
 /// cohort-sim: "what happens to my cluster if ...", answered exactly,
@@ -119,7 +118,7 @@ fn run(
         Err(e) => return usage(&format!("scenario: {e}")),
     };
     let wall = Instant::now();
-    let mut report = cluster.run();
+    let mut report = cluster.finish();
     report.replay = Some(replay);
     if let Some(path) = trace {
         let text = serde_json::to_string(&report.timeline.chrome_trace()).unwrap_or_default();
@@ -140,25 +139,6 @@ fn usage(msg: &str) -> i32 {
     2
 }
 
-/// The fault that explains a rank's death, and when it struck.
-fn cause_time(sc: &Scenario, report: &Report, rank: u32, declared: f64) -> Option<f64> {
-    let host = report.hosts.iter().find(|(_, r)| r.contains(&rank)).map(|(h, _)| h.as_str());
-    sc.faults
-        .iter()
-        .rev()
-        .filter(|f| f.at_s <= declared)
-        .filter(|f| match &f.fault {
-            Fault::KillRank(r) | Fault::WedgeRank(r) => *r == rank,
-            Fault::KillHost(h) | Fault::CorruptLink(h) | Fault::PartitionHost { host: h, .. } => {
-                Some(h.as_str()) == host
-            }
-            Fault::KillController => true,
-            _ => false,
-        })
-        .map(|f| f.at_s)
-        .next()
-}
-
 fn summary(sc: &Scenario, r: &Report, wall_s: f64) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "cohort-sim: seed {}, {} hosts, {} ranks", r.seed, sc.hosts.len(), sc.world_size());
@@ -169,7 +149,7 @@ fn summary(sc: &Scenario, r: &Report, wall_s: f64) {
     let _ = writeln!(
         out,
         "\nformed at:        {}",
-        r.formed_at_s.map_or("never".into(), |t| format!("{t:.3} s"))
+        r.formed_at.map_or("never".into(), |t| format!("{:.3} s", t.as_secs_f64()))
     );
     let _ = writeln!(out, "world size:       {}", r.world_size);
     let _ = writeln!(out, "epochs completed: {} of {}", r.epochs_completed, sc.epochs);
@@ -180,22 +160,22 @@ fn summary(sc: &Scenario, r: &Report, wall_s: f64) {
     }
     for d in &r.deaths {
         let at = d.declared_at.as_secs_f64();
-        let delay = cause_time(sc, r, d.rank, at)
-            .map_or(String::new(), |t| format!(", {:.3} s after the fault", at - t));
+        let delay =
+            d.detection().map_or(String::new(), |t| format!(", {:.3} s after the fault", t.as_secs_f64()));
         let _ = writeln!(out, "death:            rank {} at {at:.3} s ({}){delay}", d.rank, d.cause);
     }
     let _ = writeln!(
         out,
         "outcome:          {}{}",
-        r.outcome,
-        r.reason.as_ref().map_or(String::new(), |x| format!(" ({x})"))
+        if r.outcome.is_done() { "done" } else { "failed" },
+        r.outcome.reason().map_or(String::new(), |x| format!(" ({x})"))
     );
-    let _ = writeln!(out, "ended at:         {:.3} s", r.ended_at_s);
+    let _ = writeln!(out, "ended at:         {:.3} s", r.ended_at.as_secs_f64());
     let _ = writeln!(
         out,
         "simulated:        {} world events in {wall_s:.3} s wall ({:.0}x real time)",
         r.steps,
-        r.ended_at_s / wall_s.max(1e-9)
+        r.ended_at.as_secs_f64() / wall_s.max(1e-9)
     );
     let _ = writeln!(out, "trace hash:       {}", r.trace_hash);
     if r.violations.is_empty() {
@@ -245,7 +225,7 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool) -> i32 {
                     }
                     let sc = random_scenario(seed);
                     let report = match Cluster::new(sc, seed) {
-                        Ok(c) => c.run(),
+                        Ok(c) => c.finish(),
                         Err(e) => {
                             let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
                             t.failures.push((seed, format!("scenario did not build: {e}")));
@@ -257,16 +237,16 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool) -> i32 {
                         println!("{}", report.to_json());
                     }
                     let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
-                    if report.outcome == "done" {
+                    if report.outcome.is_done() {
                         t.done += 1;
                     } else {
                         t.failed += 1;
-                        let reason = report.reason.clone().unwrap_or_default();
+                        let reason = report.outcome.reason().unwrap_or_default();
                         let key = reason.split([':', '(']).next().unwrap_or("").trim().to_owned();
                         *t.reasons.entry(key).or_default() += 1;
                     }
                     t.deaths += report.deaths.len() as u64;
-                    t.virtual_s += report.ended_at_s;
+                    t.virtual_s += report.ended_at.as_secs_f64();
                     t.steps += report.steps;
                     for v in &report.violations {
                         t.failures.push((seed, v.clone()));

@@ -229,6 +229,25 @@ enum State {
 }
 
 /// The agent's join machine. See the [module documentation](self).
+///
+/// Under the test harness: a controller that cannot be reached fails the
+/// join by name.
+///
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use cohort_proto::config::TimeoutScale;
+/// use cohort_proto::join::{ClientEvent, ClientFailure, ClientParams, JoinClient, JoinOffer, JOIN_DIAL};
+/// use cohort_proto::testing::harness::Harness;
+/// use cohort_proto::Time;
+///
+/// let offer = JoinOffer::new("gpu-a", vec![0, 1], [7; 32]);
+/// let params = ClientParams::new("controller:7070", offer, None, TimeoutScale::ONE);
+/// let mut agent = Harness::new(JoinClient::new(params, Time::ZERO));
+/// assert_eq!(agent.dials(), [(JOIN_DIAL, "controller:7070".to_string())]);
+/// agent.fail_dial(JOIN_DIAL);
+/// assert_eq!(agent.events(), [ClientEvent::Failed(ClientFailure::Unreachable)]);
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct JoinClient {
     params: ClientParams,

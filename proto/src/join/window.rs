@@ -402,6 +402,33 @@ struct Link {
 }
 
 /// The controller's join window. See the [module documentation](self).
+///
+/// Under the test harness: two one-device hosts meet the quorum at 10 s;
+/// with no target the window still forms only at its end, 30 s.
+///
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use cohort_proto::join::{JoinConfig, JoinEvent, JoinOffer, JoinWindow, TrustMode, WindowParams};
+/// use cohort_proto::testing::harness::Harness;
+/// use cohort_proto::wire::{Channel, MacKey, SessionSalt, encode_frame};
+/// use cohort_proto::{Peer, Time};
+///
+/// let salt = SessionSalt::from_bytes([8; 16]);
+/// let config = JoinConfig { min_rank_start: 2, join_timeout_secs: 30, ..JoinConfig::default() };
+/// let window = JoinWindow::new(WindowParams::new(config, salt, TrustMode::PreShared), Time::ZERO).unwrap();
+/// let mut w = Harness::new(window);
+/// w.advance_to(Time::from_secs(10));
+/// for host in ["a", "b"] {
+///     let mut dial = bytes::BytesMut::from(&Channel::Join.magic_bytes()[..]);
+///     encode_frame(&MacKey::new(&salt), &JoinOffer::new(host, vec![0], [7; 32]).to_hello(), &mut dial).unwrap();
+///     let conn = w.accept(Peer::REMOTE);
+///     w.receive(conn, &dial);
+/// }
+/// assert_eq!(w.machine().ledger().joined_ranks(), 2);
+/// let formed = w.advance_until(Time::from_secs(60), |e| matches!(e, JoinEvent::Formed { .. }));
+/// assert_eq!(formed, Some(Time::from_secs(30)));
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct JoinWindow {
     ledger: Ledger,

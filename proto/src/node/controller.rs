@@ -211,6 +211,39 @@ const PARTS: usize = 6;
 const ALL_PARTS: u8 = (1 << PARTS) - 1;
 
 /// The controller node.
+///
+/// A controller and one worker host wired together in memory: the host's
+/// agent joins, the world forms the instant the target is met, and the host
+/// is told to start its relays.
+///
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use cohort_proto::config::TimeoutScale;
+/// use cohort_proto::join::{JoinConfig, JoinOffer, TrustMode};
+/// use cohort_proto::node::cluster::ClusterEvent;
+/// use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, RunKnobs};
+/// use cohort_proto::node::envelope::ControllerAddr;
+/// use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RelayListen};
+/// use cohort_proto::testing::net::Net;
+/// use cohort_proto::wire::SessionSalt;
+/// use cohort_proto::Time;
+///
+/// let join = JoinConfig { min_rank_start: 2, target_ranks: Some(2), open_admission: true, ..JoinConfig::default() };
+/// let trust = TrustMode::resolve(&join, false);
+/// let at = ControllerAddr::parse("10.0.0.1:7070").unwrap();
+/// let salt = SessionSalt::from_bytes([5; 16]);
+/// let cfg = ControllerConfig::from_knobs(join, salt, trust, TimeoutScale::ONE, at, &RunKnobs::default()).unwrap();
+/// let mut net = Net::<ClusterEvent>::new();
+/// net.add("controller", ControllerNode::new(cfg, Time::ZERO).unwrap(), &["10.0.0.1:7070"]);
+/// let offer = JoinOffer::new("gpu-a", vec![0, 1], [0; 32]);
+/// let host = HostConfig::new(offer, "10.0.0.1:7070", None, TimeoutScale::ONE, RelayListen::Flodl);
+/// net.add("gpu-a", HostNode::new(host, Time::ZERO), &[]);
+/// net.run_until(Time::from_secs(1));
+/// let happened = |f: fn(&ClusterEvent) -> bool| net.events().iter().filter(|(_, _, e)| f(e)).count();
+/// assert_eq!(happened(|e| matches!(e, ClusterEvent::Controller(ControllerEvent::Started { world_size: 2 }))), 1);
+/// assert_eq!(happened(|e| matches!(e, ClusterEvent::Host(HostEvent::StartRelay { .. }))), 2);
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct ControllerNode {
     cfg: ControllerConfig,

@@ -219,6 +219,29 @@ struct Formed {
 }
 
 /// A worker host. See the [module documentation](self).
+///
+/// Under the test harness: the agent dials the controller, and opens the
+/// join channel with its magic and hello in one write.
+///
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use cohort_proto::config::TimeoutScale;
+/// use cohort_proto::join::JoinOffer;
+/// use cohort_proto::node::host::{HostConfig, HostNode, RelayListen};
+/// use cohort_proto::testing::harness::Harness;
+/// use cohort_proto::wire::Channel;
+/// use cohort_proto::Time;
+///
+/// let offer = JoinOffer::new("gpu-a", vec![0, 1], [0; 32]);
+/// let cfg = HostConfig::new(offer, "controller:7070", None, TimeoutScale::ONE, RelayListen::Flodl);
+/// let mut host = Harness::new(HostNode::new(cfg, Time::ZERO));
+/// let (dial, addr) = host.dials()[0].clone();
+/// assert_eq!(addr, "controller:7070");
+/// let conn = host.connect(dial);
+/// assert_eq!(host.sent(conn)[..4], Channel::Join.magic_bytes());
+/// assert_eq!(host.machine().name(), "gpu-a");
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct HostNode {
     cfg: HostConfig,

@@ -149,6 +149,34 @@ impl RankEvent {
 ///
 /// It dials from its construction and runs until the coordinator shuts it
 /// down or is lost.
+///
+/// Rank 1 of 2 on the CPU plane, the synthetic trainer as its workload,
+/// under the test harness: it dials both of its host relay's legs at once,
+/// and opens the control leg with its salted hello.
+///
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use cohort_proto::config::TimeoutScale;
+/// use cohort_proto::node::rank::{RankConfig, RankNode};
+/// use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
+/// use cohort_proto::testing::harness::Harness;
+/// use cohort_proto::wire::{ControlHello, DEFAULT_FRAME_CEILING, MacKey, SessionSalt};
+/// use cohort_proto::Time;
+///
+/// let cfg = RankConfig {
+///     rank: 1, world_size: 2, key: MacKey::new(&SessionSalt::from_bytes([3; 16])), model_sig: [0; 32],
+///     control_addr: "127.0.0.1:7075".into(), data_addr: Some("127.0.0.1:7074".into()), nccl: None,
+///     ceiling: DEFAULT_FRAME_CEILING, timeout_scale: TimeoutScale::ONE,
+/// };
+/// let trainer = Trainer::new(WorkloadConfig::new(1, 20.0, 7));
+/// let mut rank = Harness::new(RankNode::new(cfg, trainer, Time::ZERO));
+/// let addrs: Vec<&str> = rank.dials().iter().map(|(_, a)| a.as_str()).collect();
+/// assert_eq!(addrs, ["127.0.0.1:7075", "127.0.0.1:7074"]);
+/// let (control, _) = rank.dials()[0].clone();
+/// let conn = rank.connect(control);
+/// assert_eq!(rank.sent(conn).len(), ControlHello::LEN);
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct RankNode<W> {
     cfg: RankConfig,

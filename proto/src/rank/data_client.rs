@@ -294,6 +294,26 @@ impl RoundSink for RecvSink<'_> {
 }
 
 /// A rank's data-channel client. See the [module documentation](self).
+///
+/// Under the test harness: the data hello goes out on connect, and the
+/// relay's ack makes the client ready for rounds.
+///
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use cohort_proto::rank::data_client::{DataClient, DataClientConfig, DataClientEvent};
+/// use cohort_proto::testing::harness::Harness;
+/// use cohort_proto::wire::{DataAck, DataHello, MacKey, SessionSalt};
+/// use cohort_proto::Time;
+///
+/// let key = MacKey::new(&SessionSalt::from_bytes([4; 16]));
+/// let mut rank = Harness::new(DataClient::new(DataClientConfig::new(1, 2, key, "127.0.0.1:7074"), Time::ZERO));
+/// let (dial, _) = rank.dials()[0].clone();
+/// let conn = rank.connect(dial);
+/// assert_eq!(rank.sent(conn), DataHello { rank: 1, world_size: 2 }.encode());
+/// rank.receive(conn, &DataAck::encode());
+/// assert_eq!(rank.events(), [DataClientEvent::Connected]);
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct DataClient {
     cfg: DataClientConfig,

@@ -131,6 +131,30 @@ enum State {
 }
 
 /// The rank side of the bootstrap rendezvous. See the [module documentation](self).
+///
+/// Under the test harness: it dials the controller, opens the rendezvous
+/// channel with its magic and `Hello`, and fails by name if the controller
+/// closes before answering.
+///
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use cohort_proto::rank::rendezvous_client::{RendezvousClient, RendezvousClientConfig, RendezvousClientEvent};
+/// use cohort_proto::testing::harness::Harness;
+/// use cohort_proto::wire::{Channel, MacKey, SessionSalt};
+/// use cohort_proto::{CloseCause, Time};
+///
+/// let cfg = RendezvousClientConfig {
+///     rank: 1, host: "gpu-a".into(), dataset_sig: [0; 32], key: MacKey::new(&SessionSalt::from_bytes([1; 16])),
+///     controller: "controller:7070".into(), uid: [9; 128],
+/// };
+/// let mut rank = Harness::new(RendezvousClient::new(cfg, Time::ZERO));
+/// let (dial, _) = rank.dials()[0].clone();
+/// let conn = rank.connect(dial);
+/// assert_eq!(rank.sent(conn)[..4], Channel::Rendezvous.magic_bytes());
+/// rank.close(conn, CloseCause::Eof);
+/// assert!(matches!(rank.events(), [RendezvousClientEvent::Failed(_)]));
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct RendezvousClient {
     cfg: RendezvousClientConfig,

@@ -349,6 +349,32 @@ enum FeedError {
 }
 
 /// One relay channel for one host. See the [module documentation](super).
+///
+/// A data relay for ranks 0 and 1 under the test harness: each rank's
+/// hello is acked, and once both are in the relay dials the controller and
+/// opens the data channel with its magic and `Hello`.
+///
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use cohort_proto::relay::{Leg, Relay, RelayConfig, UPSTREAM_DIAL};
+/// use cohort_proto::testing::harness::Harness;
+/// use cohort_proto::wire::{Channel, DataAck, DataHello, MacKey, SessionSalt};
+/// use cohort_proto::Peer;
+///
+/// let key = MacKey::new(&SessionSalt::from_bytes([3; 16]));
+/// let cfg = RelayConfig::new(Leg::Data, "gpu-a", vec![0, 1], 2, key, "controller:7070");
+/// let mut relay = Harness::new(Relay::new(cfg).unwrap());
+/// for rank in [0, 1] {
+///     assert!(relay.dials().is_empty(), "upstream only once every local rank is in");
+///     let conn = relay.accept(Peer::LOOPBACK);
+///     relay.receive(conn, &DataHello { rank, world_size: 2 }.encode());
+///     assert_eq!(relay.sent(conn), DataAck::encode());
+/// }
+/// assert_eq!(relay.dials(), [(UPSTREAM_DIAL, "controller:7070".to_string())]);
+/// let up = relay.connect(UPSTREAM_DIAL);
+/// assert_eq!(relay.sent(up)[..4], Channel::Data.magic_bytes());
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct Relay {
     cfg: RelayConfig,

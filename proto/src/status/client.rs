@@ -69,6 +69,25 @@ pub enum StatusClientEvent {
 }
 
 /// Sends one request and reports the answer. See the [module documentation](self).
+///
+/// Under the test harness: the request goes out on connect, and the
+/// answer is reported once the controller closes.
+///
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use cohort_proto::status::{StatusClient, StatusClientEvent};
+/// use cohort_proto::testing::harness::Harness;
+/// use cohort_proto::{CloseCause, Time};
+///
+/// let mut op = Harness::new(StatusClient::new("controller:7070", "GET", "/state.json", Time::ZERO));
+/// let (dial, _) = op.dials()[0].clone();
+/// let conn = op.connect(dial);
+/// assert!(op.sent(conn).starts_with(b"GET /state.json HTTP/1.1\r\n"));
+/// op.receive(conn, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}");
+/// op.close(conn, CloseCause::Eof);
+/// assert!(matches!(op.events(), [StatusClientEvent::Answer(a)] if a.status == 200 && a.body == "{}"));
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct StatusClient {
     request: Bytes,

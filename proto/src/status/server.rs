@@ -463,6 +463,27 @@ pub fn request_line(buf: &[u8], full: bool) -> Option<&[u8]> {
 /// A controller whose backend is a machine of its own (the join window) keeps
 /// the two apart and calls [`StatusResponder::handle_with`] instead, then
 /// drains the backend's outputs too (arming a start can form the world).
+///
+/// A join window as the backend, under the test harness: `GET
+/// /state.json` is answered with the membership snapshot, and the
+/// connection closes after the response.
+///
+/// ```
+/// # #[cfg(feature = "testing")] {
+/// use cohort_proto::join::{JoinConfig, JoinWindow, TrustMode, WindowParams};
+/// use cohort_proto::status::{StatusResponder, StatusServer};
+/// use cohort_proto::testing::harness::Harness;
+/// use cohort_proto::wire::SessionSalt;
+/// use cohort_proto::{Peer, Time};
+///
+/// let params = WindowParams::new(JoinConfig::default(), SessionSalt::from_bytes([2; 16]), TrustMode::PreShared);
+/// let window = JoinWindow::new(params, Time::ZERO).unwrap();
+/// let mut status = Harness::new(StatusServer::new(StatusResponder::default(), window));
+/// let conn = status.adopt(Peer::REMOTE, b"GET /state.json HTTP/1.1\r\nHost: c\r\n\r\n");
+/// assert!(status.sent(conn).starts_with(b"HTTP/1.1 200 OK\r\n"));
+/// assert!(status.is_closed(conn));
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct StatusServer<B> {
     responder: StatusResponder,

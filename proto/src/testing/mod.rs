@@ -1,8 +1,25 @@
 //! What tests of a cohort cluster need, beside the machines themselves
-//! (feature `testing`): the [`oracle`] that checks every consensus against
-//! the exact weighted mean, and the join window's reference [`verdict`].
+//! (feature `testing`):
+//!
+//! - [`harness`]: one machine on a virtual clock ([`harness::Harness`]:
+//!   accept, connect, feed bytes, close, fire every timeout up to an
+//!   instant in order, read what it sent, closed and reported), and the
+//!   one drain every test uses ([`harness::drain`] into
+//!   [`harness::Outputs`]);
+//! - [`net`]: a few machines wired together in memory on one clock
+//!   ([`net::Net`], quinn-proto's test `Pair` for any number of machines);
+//! - [`strategies`]: proptest strategies for the configurations (join
+//!   windows and the hosts that arrive, runs, relays, reduces);
+//! - [`verdict`]: the join window's reference verdict, the rules written out
+//!   again independently of the ledger;
+//! - [`oracle`]: the consensus oracle, every consensus checked against the
+//!   exact weighted mean.
+//!
 //! The simulator, the `cohort` program's demo and cohort's own tests use
-//! them; so can yours.
+//! them; so can yours (docs/GUIDE.md, "Testing your cluster with cohort").
 
+pub mod harness;
+pub mod net;
 pub mod oracle;
+pub mod strategies;
 pub mod verdict;

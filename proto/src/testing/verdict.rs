@@ -18,7 +18,8 @@
 
 use core::time::Duration;
 
-use crate::join::ledger::StartMode;
+use crate::config::TimeoutScale;
+use crate::join::ledger::{JoinConfig, StartMode};
 
 /// What the rules say at one instant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +48,29 @@ pub struct JoinRules {
 }
 
 impl JoinRules {
+    /// The rules of `config` under `scale`, its window and cap scaled as
+    /// flodl 0.8 scales them: whole seconds, rounded up, at least one.
+    ///
+    /// ```
+    /// use cohort_proto::config::TimeoutScale;
+    /// use cohort_proto::join::JoinConfig;
+    /// use cohort_proto::testing::verdict::JoinRules;
+    /// use core::time::Duration;
+    /// let config = JoinConfig { join_timeout_secs: 25, max_join_timeout_secs: 50, ..JoinConfig::default() };
+    /// let rules = JoinRules::new(&config, TimeoutScale::new(0.1).unwrap());
+    /// assert_eq!((rules.window, rules.cap), (Duration::from_secs(3), Duration::from_secs(5)));
+    /// ```
+    pub fn new(config: &JoinConfig, scale: TimeoutScale) -> Self {
+        let scaled = |secs: u64| Duration::from_secs((secs as f64 * scale.get()).ceil().max(1.0) as u64);
+        JoinRules {
+            window: scaled(config.join_timeout_secs),
+            cap: scaled(config.max_join_timeout_secs),
+            quorum: config.min_rank_start as u32,
+            target: config.target_ranks.map(|t| t as u32),
+            mode: config.start_mode,
+        }
+    }
+
     /// The verdict `elapsed` after the window opened, with `joined` ranks in
     /// and the operator start `armed` or not.
     pub fn verdict(&self, elapsed: Duration, joined: u32, armed: bool) -> RefVerdict {

@@ -1,0 +1,63 @@
+//! The training loop each simulated rank runs: proto's synthetic
+//! [`Trainer`] by default, or any [`Workload`] of yours that also says what
+//! it processed (so the simulator can check every sample was covered).
+//!
+//! [`Cluster::with_workload`](crate::Cluster::with_workload) takes a
+//! function from a [`RankStart`] (what the rank's host was told to start,
+//! plus the rank's speed class and seed) to the workload.
+
+use cohort_proto::node::envelope::WorkloadSpec;
+use cohort_proto::node::host::RankSpec;
+use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
+use cohort_proto::node::workload::Workload;
+
+pub use crate::check::coverage::RankWork;
+
+/// A workload the simulator can run and check.
+pub trait SimWorkload: Workload + 'static {
+    /// What the rank processed and dropped so far, as `(epoch, first
+    /// sample, count)` runs: the coverage check reads it at the end.
+    fn work(&self) -> RankWork;
+
+    /// The rank turns straggler (the `slow_rank` fault): its batches take
+    /// `factor` times as long from now on. Ignored by default.
+    fn slow_down(&mut self, _factor: f64) {}
+}
+
+impl SimWorkload for Trainer {
+    fn work(&self) -> RankWork {
+        RankWork { processed: self.processed().to_vec(), dropped: self.dropped().to_vec() }
+    }
+
+    fn slow_down(&mut self, factor: f64) {
+        Trainer::slow_down(self, factor);
+    }
+}
+
+/// What a rank is started with, for the function that builds its workload.
+#[derive(Debug, Clone)]
+pub struct RankStart<'a> {
+    /// What its host was told to start (rank, local rank, world size, ...).
+    pub spec: &'a RankSpec,
+    /// What the controller said the workload trains (or the scenario's own).
+    pub workload: WorkloadSpec,
+    /// Mean milliseconds per batch of its host's speed class.
+    pub batch_ms: f64,
+    /// Relative spread of its batch times.
+    pub spread: f64,
+    /// The run's root seed.
+    pub seed: u64,
+}
+
+impl RankStart<'_> {
+    /// The synthetic trainer the simulator runs by default.
+    pub fn trainer(&self) -> Trainer {
+        Trainer::new(WorkloadConfig::for_rank(
+            self.spec.rank,
+            &self.workload,
+            self.batch_ms,
+            self.spread,
+            self.seed,
+        ))
+    }
+}
