@@ -115,6 +115,19 @@ impl Timeline {
     }
 }
 
+/// One averaging window as the coordinator closed it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Window {
+    /// When it closed (virtual seconds).
+    pub at_s: f64,
+    /// The version it produced.
+    pub version: u64,
+    /// Each rank's batches in it.
+    pub batches: Vec<u64>,
+    /// Each rank's idle time at its sync point, ms.
+    pub idle_ms: Vec<f64>,
+}
+
 /// The summary of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -146,6 +159,10 @@ pub struct Report {
     pub hosts: std::collections::BTreeMap<String, Vec<u32>>,
     /// The command that replays this run (set by the caller).
     pub replay: Option<String>,
+    /// Every averaging window: per-rank batches and idle time.
+    pub windows: Vec<Window>,
+    /// The ranks' idle time at sync points, summed over every window, ms.
+    pub idle_ms: f64,
     /// The timeline (not in the JSON report; see `--trace`).
     #[serde(skip)]
     pub timeline: Timeline,

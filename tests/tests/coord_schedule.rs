@@ -219,17 +219,3 @@ fn later_epochs_are_sized_over_the_live_ranks_unless_flodls_rules() {
         assert!(plans_in(&sent_to(&st, 1)).is_empty(), "nothing is sent to the dead rank");
     }
 }
-
-/// BEHAVIOUR.md Coordinator [C63]: async with whole-epoch dispatch: flodl never sends a later epoch; cohort does
-#[test]
-fn async_later_epochs_under_each_rules() {
-    for (rules, sent) in [(Rules::Cohort, true), (Rules::Flodl, false)] {
-        let mut c = CoordConfig::new(2, 2, 20, 1);
-        c.policy = ApplyPolicy::Async;
-        c.rules = rules;
-        let mut s = started(c);
-        s.on_metrics(Time::from_secs(1), 0, metrics(0, 0, 10));
-        s.on_metrics(Time::from_secs(1), 1, metrics(1, 0, 10));
-        assert_eq!(plan_sizes(&drain(&mut s), 1).is_some(), sent, "{rules:?}");
-    }
-}

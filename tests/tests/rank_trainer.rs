@@ -22,7 +22,7 @@ fn finish_batch(t: &mut Trainer, out: &mut Vec<Action>) -> usize {
     out.iter().filter(|a| matches!(a, Action::Batch { .. })).count()
 }
 
-/// BEHAVIOUR.md Rank [R7]: `Throttle` holds the rank until `SyncNow` or `Update`, not `RequestParams`
+/// BEHAVIOUR.md Rank [R16]: `Throttle` holds the rank until `SyncNow` or `Update`, not `RequestParams`
 #[test]
 fn throttle_is_released_by_update_not_by_request_params() {
     let (mut t, _) = trainer();
@@ -42,7 +42,7 @@ fn throttle_is_released_by_update_not_by_request_params() {
     assert_eq!(t.hold(), Hold::Free);
 }
 
-/// BEHAVIOUR.md Rank [R7]: `Throttle` holds the rank until `SyncNow` or `Update`, not `RequestParams`
+/// BEHAVIOUR.md Rank [R16]: `Throttle` holds the rank until `SyncNow` or `Update`, not `RequestParams`
 #[test]
 fn throttle_is_released_by_sync_now() {
     let (mut t, _) = trainer();

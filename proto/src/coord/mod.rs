@@ -514,6 +514,10 @@ pub enum CoordEvent {
         steps: Vec<u64>,
         /// Each rank's batch count for the next window.
         counts: Vec<u64>,
+        /// Each rank's idle time at the sync point: from its last batch
+        /// report in the window (or the window's start) to the trigger, ms
+        /// (0 for a rank that holds no window).
+        idle_ms: Vec<f64>,
         /// The anchor after the cycle.
         anchor: u64,
         /// The sync time the window report carried (ms).

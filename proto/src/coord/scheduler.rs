@@ -49,6 +49,9 @@ struct RankBook {
     satisfied: bool,
     /// Its divergence for the reduce in flight arrived.
     diverged: bool,
+    /// When its last batch report of the window arrived (the window's
+    /// start before one).
+    last_batch_at: Time,
 }
 
 /// Running counts over the ranks that hold windows and cycles open, so a
@@ -174,6 +177,11 @@ pub struct Scheduler {
     /// The last cycle's trigger-to-last-ack time, for the next window
     /// report (taken and reset to 0 there).
     last_sync_ms: f64,
+    /// Each rank's idle time at the armed cycle's trigger.
+    idle_ms: Vec<f64>,
+    /// Each rank's last non-zero smoothed ms per batch (cohort's sizing of
+    /// a rank whose trust window emptied).
+    last_speed: Vec<f64>,
     cycle: Cycle,
     cycles: u64,
     version: u64,
@@ -230,6 +238,8 @@ impl Scheduler {
             gates: Gates::default(),
             sync_started: None,
             last_sync_ms: 0.0,
+            idle_ms: Vec::new(),
+            last_speed: vec![0.0; world as usize],
             cycle: Cycle::Idle,
             cycles: 0,
             version: 0,
@@ -343,6 +353,7 @@ impl Scheduler {
         self.roles = Roles::elect(self.cfg.role_policy, &alive, |r| self.smoothed_ms(r));
         for b in &mut self.ranks {
             b.acked = true;
+            b.last_batch_at = now;
         }
         self.recount();
         self.tick(now);
@@ -432,6 +443,7 @@ impl Scheduler {
             TimingMsgWire::Batch { batch_ms, data_ms, step_count, sync_divergence, .. } => {
                 let book = &mut self.ranks[r];
                 book.last_step = book.last_step.max(step_count);
+                book.last_batch_at = now;
                 if let Some(e) = self.el_che.as_mut() {
                     let _ = e.on_batch(rank, batch_ms, data_ms);
                 }
@@ -964,13 +976,6 @@ impl Scheduler {
         }
         let next = self.epoch.as_ref().map_or(0, |e| e.epoch + 1);
         if next < self.cfg.epochs {
-            // flodl never dispatches a later epoch whole under async (its
-            // async streams epochs through the chunk pool): with whole-epoch
-            // dispatch the run stops after epoch 0. cohort dispatches it.
-            if self.cfg.rules == Rules::Flodl && self.cfg.policy == ApplyPolicy::Async && !self.progressive()
-            {
-                return;
-            }
             self.dispatch_epoch(next, PlanCarrier::StartEpoch);
             self.cycle_gate(now);
             return;
@@ -999,8 +1004,9 @@ impl Scheduler {
 
     /// flodl's partition sizes over `ranks`: the user's ratios (normalized
     /// over them); else equal under sync; else, once ElChe is calibrated or
-    /// hinted, in proportion to throughput (`1 / ms`, a rank without
-    /// readings counting as very fast); else equal. Returns the sizes and
+    /// hinted, in proportion to throughput (`1 / ms`; a rank without
+    /// readings counts as very fast under flodl's rules, at its last known
+    /// speed under cohort's); else equal. Returns the sizes and
     /// whether they follow throughput.
     fn partition_sizes(&self, ranks: &[u32]) -> (Vec<u64>, bool) {
         let total = self.cfg.epoch_samples;
@@ -1013,7 +1019,18 @@ impl Scheduler {
                 if e.balancer().is_calibrated() || e.balancer().has_speed_hint() =>
             {
                 let all = e.balancer().ms_per_batch();
-                let ms: Vec<f64> = ranks.iter().map(|&x| all[x as usize]).collect();
+                // flodl reads a rank without readings (0.0) as 1000 batches
+                // per ms and gives it nearly the whole epoch; cohort sizes it
+                // at its last known speed (a live rank misses readings while
+                // it waits out others' windows, and ElChe then empties its
+                // trust window).
+                let ms: Vec<f64> = ranks
+                    .iter()
+                    .map(|&x| match self.cfg.rules {
+                        Rules::Cohort if all[x as usize] <= 0.0 => self.last_speed[x as usize],
+                        _ => all[x as usize],
+                    })
+                    .collect();
                 (throughput_sizes(&ms, total), true)
             }
             _ => (equal_sizes(total, ranks.len()), false),
@@ -1277,9 +1294,16 @@ impl Scheduler {
     }
 
     fn trigger_cycle(&mut self, now: Time, last: bool) {
+        self.idle_ms = (0..self.cfg.world_size)
+            .map(|r| {
+                let at = self.ranks[r as usize].last_batch_at;
+                if self.holds(r) { now.saturating_since(at).as_secs_f64() * 1000.0 } else { 0.0 }
+            })
+            .collect();
         for b in &mut self.ranks {
             b.sync_snapshot = b.last_step;
             b.acked = false;
+            b.last_batch_at = now;
         }
         self.sync_started = Some(now);
         self.cycles += 1;
@@ -1322,12 +1346,19 @@ impl Scheduler {
         let steps = e.ledger().steps_all().to_vec();
         let Ok(d) = e.close_window(sync_ms) else { return };
         let (counts, anchor) = (e.batch_counts().to_vec(), e.anchor());
+        for (last, ms) in self.last_speed.iter_mut().zip(e.balancer().ms_per_batch()) {
+            if ms > 0.0 {
+                *last = ms;
+            }
+        }
         self.version += 1;
         self.global_step = self.global_step.saturating_add(d.k_used);
+        let idle_ms = core::mem::take(&mut self.idle_ms);
         self.event(CoordEvent::WindowClosed {
             version: self.version,
             steps,
             counts,
+            idle_ms,
             anchor,
             sync_ms,
             verdict: d.verdict,
