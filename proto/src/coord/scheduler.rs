@@ -622,6 +622,7 @@ impl Scheduler {
         }
         if self.running() {
             self.recount();
+            self.capture_sync_time(now);
             self.cycle_progress(now);
             self.advance(now);
             self.cycle_gate(now);
