@@ -159,6 +159,10 @@ pub fn spec_for(env: &Envelope, local: usize, opts: &RankOptions) -> Result<Rank
         control_addr: relay.control_listen(),
         data_addr: relay.data_listen(),
         ceiling: derive_frame_ceiling(workload.model_bytes()),
+        // The synthetic workload has no dataset or model to sign: flodl's
+        // "none configured", all zeros.
+        dataset_sig: [0; 32],
+        model_sig: [0; 32],
         timeout_scale,
         workload: Some(workload),
     })

@@ -292,8 +292,14 @@ fn cluster_agrees_on_every_round<H: Exec>(controller: SpawnController) {
     let at = listener.local_addr().unwrap();
     // A loopback bind admits openly: both agents get the salt in their accept.
     let trust = TrustMode::resolve(&join, true);
-    let knobs =
-        RunKnobs { epochs: 2, samples_per_epoch: 400, batch_size: 1, sync_every: 5, model_elems: 128 };
+    let knobs = RunKnobs {
+        epochs: 2,
+        samples_per_epoch: 400,
+        batch_size: 1,
+        sync_every: 5,
+        model_elems: 128,
+        ..RunKnobs::default()
+    };
     let advertise = ControllerAddr { host: at.ip().to_string(), port: at.port() };
     let cfg =
         ControllerConfig::from_knobs(join, os_salt().unwrap(), trust, scale, advertise, &knobs).unwrap();

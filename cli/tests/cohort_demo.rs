@@ -16,7 +16,14 @@ use cohort_proto::node::controller::{ControllerEvent, Outcome};
 /// batches (about half a second per epoch), rank 2 killed 0.25 s in.
 fn quick() -> DemoOptions {
     DemoOptions {
-        knobs: RunKnobs { epochs: 2, samples_per_epoch: 400, batch_size: 1, sync_every: 5, model_elems: 64 },
+        knobs: RunKnobs {
+            epochs: 2,
+            samples_per_epoch: 400,
+            batch_size: 1,
+            sync_every: 5,
+            model_elems: 64,
+            ..RunKnobs::default()
+        },
         batch_ms: 5.0,
         kill: Some(Kill { rank: 2, after: Duration::from_millis(250) }),
         deadline: Duration::from_secs(60),

@@ -203,7 +203,14 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
         start_mode: StartMode::Auto,
         ..JoinConfig::default()
     };
-    let knobs = RunKnobs { epochs: 3, samples_per_epoch: 400, batch_size: 1, sync_every: 5, model_elems: 64 };
+    let knobs = RunKnobs {
+        epochs: 3,
+        samples_per_epoch: 400,
+        batch_size: 1,
+        sync_every: 5,
+        model_elems: 64,
+        ..RunKnobs::default()
+    };
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let advertise = ControllerAddr { host: addr.ip().to_string(), port: addr.port() };

@@ -38,7 +38,7 @@
 //! let trust = TrustMode::resolve(&join, at.ip().is_loopback());
 //! let advertise = ControllerAddr { host: at.ip().to_string(), port: at.port() };
 //! let scale = TimeoutScale::new(0.1)?;
-//! let knobs = RunKnobs { epochs: 2, samples_per_epoch: 400, batch_size: 1, sync_every: 5, model_elems: 128 };
+//! let knobs = RunKnobs { epochs: 2, samples_per_epoch: 400, batch_size: 1, sync_every: 5, model_elems: 128, ..RunKnobs::default() };
 //! let salt = cohort_driver_core::os_salt()?;
 //! let cfg = ControllerConfig::from_knobs(join, salt, trust, scale, advertise, &knobs)?;
 //! let clock = Clock::start();

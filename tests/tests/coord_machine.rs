@@ -3,7 +3,8 @@
 //! ways, `RankExit` and connection loss as deaths, and hostile input costing
 //! only the offending connection (or message).
 
-use cohort_proto::coord::{CoordConfig, CoordEvent, Coordinator, DeathCause};
+use cohort_proto::config::Rules;
+use cohort_proto::coord::{CoordConfig, CoordEvent, Coordinator, DeathCause, FormationFailure};
 use cohort_proto::wire::{ControlMsgWire, EpochPlanWire, RelayControlMsg};
 use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::coord_harness::*;
@@ -417,4 +418,54 @@ fn an_unauthenticated_relay_claiming_more_than_a_hello_is_refused_from_its_heade
         "{:?}",
         d.events
     );
+}
+
+/// flodl's formation ends at the first relay that fails before its hello
+/// is accepted (here: a rank announced twice, then a relay silent past its
+/// hello deadline); cohort's closes only that connection and keeps forming.
+#[test]
+fn a_relay_failing_its_hello_fails_formation_only_under_flodl_rules() {
+    for rules in [Rules::Cohort, Rules::Flodl] {
+        for fault in ["duplicate", "silent"] {
+            let mut cfg = CoordConfig::new(4, 1, 40, 1);
+            cfg.model_sig = Some(SIG);
+            cfg.rules = rules;
+            let mut c = Coordinator::new(cfg, key(), Time::ZERO).unwrap();
+            let a = FakeRelay::new(ConnId(1));
+            c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
+            drain_machine(&mut c, Time::ZERO);
+            let t = match fault {
+                "duplicate" => {
+                    let b = FakeRelay::new(ConnId(2));
+                    c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[1, 2], SIG));
+                    Time::ZERO
+                }
+                _ => {
+                    c.adopt(Time::ZERO, ConnId(2), Peer::REMOTE, &[]);
+                    c.handle(Time::from_secs(10), Input::Timeout);
+                    Time::from_secs(10)
+                }
+            };
+            let d = drain_machine(&mut c, t);
+            assert_eq!(d.closed, vec![ConnId(2)], "{rules:?} {fault}");
+            let failed = d.events.iter().find_map(|e| match e {
+                CoordEvent::FormationFailed { why, covered: 2, world_size: 4 } => Some(why.clone()),
+                _ => None,
+            });
+            match rules {
+                Rules::Cohort => {
+                    assert_eq!(failed, None, "{fault}");
+                    assert!(c.is_forming());
+                }
+                Rules::Flodl => {
+                    assert!(
+                        matches!(failed, Some(FormationFailure::RelayFailed { .. })),
+                        "{fault}: {:?}",
+                        d.events
+                    );
+                    assert!(!c.is_forming());
+                }
+            }
+        }
+    }
 }

@@ -4,7 +4,7 @@
 
 use core::time::Duration;
 
-use cohort_proto::config::TimeoutScale;
+use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::join::*;
 use cohort_tests::join_harness::offer;
 
@@ -489,19 +489,23 @@ fn snapshot_serialises_to_the_state_json_shape() {
     }
 }
 
+/// flodl's countdowns: 0 at the exact instant a deadline is reached, null
+/// after it.
 #[test]
-fn countdowns_become_null_once_expired() {
+fn countdowns_read_zero_at_the_deadline_and_null_after() {
     let l = ledger(JoinConfig::default());
     let snap = |t: Duration| {
         let s = l.snapshot(ClusterPhase::Waiting, t, WINDOW, CAP, false);
         (s.window_remaining_secs, s.cap_remaining_secs)
     };
     assert_eq!(snap(WINDOW - NS), (Some(0), Some(300)));
-    assert_eq!(snap(WINDOW), (None, Some(300)), "null from the instant the window closes");
-    assert_eq!(snap(CAP - NS), (None, Some(0)));
-    assert_eq!(snap(CAP), (None, None));
+    assert_eq!(snap(WINDOW), (Some(0), Some(300)), "0 at the instant the window closes");
+    assert_eq!(snap(WINDOW + NS), (None, Some(299)), "null after");
+    assert_eq!(snap(CAP), (None, Some(0)));
+    assert_eq!(snap(CAP + NS), (None, None));
     assert_eq!(snap(Duration::from_secs(100_000)), (None, None));
-    let json = serde_json::to_string(&l.snapshot(ClusterPhase::Failed, CAP, WINDOW, CAP, false)).unwrap();
+    let json =
+        serde_json::to_string(&l.snapshot(ClusterPhase::Failed, CAP + NS, WINDOW, CAP, false)).unwrap();
     assert!(json.contains(r#""window_remaining_secs":null,"cap_remaining_secs":null"#), "{json}");
 }
 
@@ -516,4 +520,34 @@ fn trust_modes() {
     assert_eq!(TrustMode::resolve(&JoinConfig::default(), true), TrustMode::OpenLoopback);
     assert_eq!(TrustMode::resolve(&JoinConfig::default(), false), TrustMode::PreShared);
     assert_eq!(TrustMode::resolve(&open, false), TrustMode::OpenExplicit);
+}
+
+/// A hello refused by a later check: under cohort's rules it seeds nothing;
+/// under flodl 0.8's it keeps the facts its passed checks seeded (the run
+/// id of a hello refused for its model then refuses the next host).
+#[test]
+fn a_refused_hello_seeds_only_under_flodl_rules() {
+    let hello = |host: &str, run: &str, model: u8| JoinOffer {
+        run_id: Some(run.into()),
+        model_sig: Some([model; 32]),
+        ..offer(host, 1)
+    };
+    for rules in [Rules::Cohort, Rules::Flodl] {
+        let mut l = ledger(JoinConfig::default()).with_rules(rules);
+        l.admit(JoinOffer { model_sig: Some([1; 32]), ..offer("a", 1) }, Duration::ZERO).unwrap();
+        let e = l.admit(hello("b", "run-two", 2), Duration::ZERO).unwrap_err();
+        assert!(matches!(e, AdmitError::ModelMismatch { .. }), "{e}");
+        let c = l.admit(hello("c", "run-three", 1), Duration::ZERO);
+        match rules {
+            Rules::Cohort => assert_eq!(c, Ok(1..2), "b's refusal changed nothing"),
+            Rules::Flodl => assert_eq!(
+                c,
+                Err(AdmitError::RunIdMismatch {
+                    host: "c".into(),
+                    expected: "run-two".into(),
+                    offered: "run-three".into()
+                })
+            ),
+        }
+    }
 }

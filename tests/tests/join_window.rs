@@ -559,20 +559,27 @@ fn bytes_pipelined_after_the_hello_are_read_as_the_host_link() {
     assert_eq!(events[1], JoinEvent::RankExited { conn: ConnId(1), host: "a".into(), rank: 0, code: 3 });
 }
 
+/// The countdowns are those of the last change (flodl publishes its
+/// snapshot at the open, each admission, the arming, formation and failure
+/// and serves it unchanged in between); the phase is the window's now.
 #[test]
 fn the_snapshot_follows_the_window() {
     let config = JoinConfig { min_rank_start: 2, start_mode: StartMode::Hybrid, ..JoinConfig::default() };
     let mut rig = Rig::new(config, TrustMode::PreShared);
-    rig.join(at(1, 0), 1, &SALT, &offer("a", 1));
-    let s = rig.w.snapshot(at(1, 500_000_000));
-    assert_eq!(
-        (s.phase, s.joined_ranks, s.window_remaining_secs, s.cap_remaining_secs),
-        (ClusterPhase::Waiting, 1, Some(298), Some(598))
-    );
+    let counts = |w: &JoinWindow, t| {
+        let s = w.snapshot(t);
+        (s.phase, s.joined_ranks, s.window_remaining_secs, s.cap_remaining_secs)
+    };
+    assert_eq!(counts(&rig.w, at(0, 700_000_000)), (ClusterPhase::Waiting, 0, Some(300), Some(600)));
+    rig.join(at(1, 500_000_000), 1, &SALT, &offer("a", 1));
+    assert_eq!(counts(&rig.w, at(1, 500_000_000)), (ClusterPhase::Waiting, 1, Some(298), Some(598)));
+    assert_eq!(counts(&rig.w, at(250, 0)), (ClusterPhase::Waiting, 1, Some(298), Some(598)), "held");
     rig.join(at(2, 0), 2, &SALT, &offer("b", 1));
-    assert_eq!(rig.w.snapshot(at(2, 0)).phase, ClusterPhase::Staging);
+    assert_eq!(counts(&rig.w, at(9, 0)), (ClusterPhase::Staging, 2, Some(298), Some(598)));
     // Before the timer is handled, an observer already sees the closing window.
     assert_eq!(rig.w.snapshot(at(300, 0)).phase, ClusterPhase::Forming);
+    rig.w.handle(at(300, 0), Input::Timeout);
+    assert_eq!(counts(&rig.w, at(301, 0)), (ClusterPhase::Forming, 2, Some(0), Some(300)), "at formation");
 }
 
 /// Before its MAC verifies, a dial may claim no more than a hello's worth:

@@ -154,4 +154,24 @@ fn hostile_lengths_cost_only_the_bytes_sent() {
         assert!(decode_frame(&mut buf, &key).is_err());
     });
     assert!(peak <= 256, "refused header kept {peak} bytes");
+
+    // A 30-byte join frame under open admission's zero key, whose payload
+    // (WorldFormed) declares a 16,777,200-byte envelope string and carries
+    // none of it: refused without allocating the claim (found by fuzzing).
+    let frame: Vec<u8> = [
+        &0xF10D_17C4u32.to_le_bytes()[..],
+        &4u32.to_le_bytes(),
+        &[0x72, 0x53, 0x99, 0x6f, 0xf8, 0x6e, 0x65, 0x21],
+        &7u32.to_le_bytes(),
+        &6u32.to_le_bytes(),
+        &[0x03, 0xfc, 0xf0, 0xff, 0xff, 0x00],
+    ]
+    .concat();
+    let zero = MacKey::new(&SessionSalt::ZERO);
+    let peak = peak_of(|| {
+        let e = parse_frame(&frame, &zero).unwrap_err();
+        assert_eq!(e.field, "payload", "{e}");
+    });
+    println!("join frame claiming a 16 MiB string in 6 payload bytes: peak {peak}");
+    assert!(peak <= 4096, "a forged string length cost {peak} bytes");
 }

@@ -342,3 +342,17 @@ fn timeout_scale_and_frame_ceiling() {
     assert_eq!(derive_frame_ceiling(100 << 20), 200 << 20);
     assert_eq!(DEFAULT_FRAME_CEILING, 1 << 30);
 }
+
+/// An envelope's floats survive `to_hex` then `from_hex` bit for bit (found
+/// by fuzzing: serde_json's default float parser read its own output one
+/// ulp off; the workspace enables its correctly rounded parser).
+#[test]
+fn envelope_floats_round_trip_exactly() {
+    use cohort_proto::node::envelope::Envelope;
+    let json = r#"{"controller":{"host":"c","port":1},"world_size":1,"num_workers":1,"worker":{"host":"h","ranks":[0],"local_devices":[0],"nccl_socket_ifname":"","path":"","gpu_ram_share":14555555555555555555575}}"#;
+    let hex: String = json.bytes().map(|b| format!("{b:02x}")).collect();
+    let env = Envelope::from_hex(&hex).expect("flodl's envelope");
+    let again = Envelope::from_hex(&env.to_hex()).expect("its own output");
+    assert_eq!(again, env);
+    assert_eq!(again.worker.gpu_ram_share.map(f64::to_bits), env.worker.gpu_ram_share.map(f64::to_bits));
+}

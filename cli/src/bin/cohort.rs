@@ -13,7 +13,7 @@ use cohort::rank_process::{self, Backend, RankOptions};
 use cohort::wire_tool::{self, WireCmd};
 use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
-use cohort_proto::config::TimeoutScale;
+use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::join::client::ClientEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
@@ -89,6 +89,25 @@ struct Common {
     json: bool,
 }
 
+/// Whose rules the controller follows where cohort departs from flodl 0.8
+/// (docs/DIFFERENCES.md).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RulesArg {
+    /// cohort's (faster death detection, a refused join seeds nothing, ...).
+    Cohort,
+    /// flodl 0.8's, to run beside or predict a flodl cluster exactly.
+    Flodl,
+}
+
+impl From<RulesArg> for Rules {
+    fn from(r: RulesArg) -> Rules {
+        match r {
+            RulesArg::Cohort => Rules::Cohort,
+            RulesArg::Flodl => Rules::Flodl,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Epochs to train.
@@ -106,6 +125,9 @@ struct RunArgs {
     /// Elements of the synthetic model.
     #[arg(long, default_value_t = 256)]
     model_elems: u32,
+    /// Whose rules where cohort and flodl 0.8 differ.
+    #[arg(long, value_enum, default_value_t = RulesArg::Cohort)]
+    rules: RulesArg,
 }
 
 impl RunArgs {
@@ -116,6 +138,7 @@ impl RunArgs {
             batch_size: self.batch_size,
             sync_every: self.sync_every,
             model_elems: self.model_elems,
+            rules: self.rules.into(),
         }
     }
 }
@@ -195,8 +218,25 @@ struct AgentArgs {
     /// Elements of the synthetic model, when the controller does not say.
     #[arg(long, default_value_t = 256)]
     model_elems: u32,
+    /// The dataset signature (64 hex digits) the hello and the ranks carry;
+    /// all zeros, flodl's "none configured", by default.
+    #[arg(long, value_parser = sig_of)]
+    dataset_sig: Option<[u8; 32]>,
+    /// The model signature (64 hex digits) the hello and the ranks carry.
+    #[arg(long, value_parser = sig_of)]
+    model_sig: Option<[u8; 32]>,
+    /// The run id the hello carries (hosts of one run must agree on it).
+    #[arg(long)]
+    run_id: Option<String>,
     #[command(flatten)]
     common: Common,
+}
+
+/// A 32-byte signature from 64 hex digits.
+fn sig_of(s: &str) -> Result<[u8; 32], String> {
+    let bytes = cohort_proto::wire::hex::decode(s.trim()).map_err(|e| format!("not hex: {e}"))?;
+    <[u8; 32]>::try_from(bytes.as_slice())
+        .map_err(|_| format!("{} bytes, not 32 (64 hex digits)", bytes.len()))
 }
 
 #[derive(Debug, Args)]
@@ -436,6 +476,9 @@ fn agent(a: AgentArgs) -> i32 {
     let mut p = HostParams::new(a.host.clone(), a.ranks, a.connect.clone(), scale);
     p.pre_shared = pre_shared;
     p.batch_ms = a.batch_ms;
+    p.dataset_sig = a.dataset_sig.unwrap_or([0; 32]);
+    p.model_sig = a.model_sig;
+    p.run_id = a.run_id.clone();
     p.relay_listen = match a.relay_ports {
         RelayPorts::Ephemeral => RelayListen::Ephemeral,
         RelayPorts::Flodl => RelayListen::Flodl,

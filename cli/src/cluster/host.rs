@@ -41,6 +41,13 @@ pub struct HostParams {
     pub timeout_scale: TimeoutScale,
     /// Where the relays listen.
     pub relay_listen: RelayListen,
+    /// The dataset signature the hello and the ranks carry (all zeros:
+    /// none configured, flodl's convention).
+    pub dataset_sig: [u8; 32],
+    /// The model signature the hello and the ranks carry, if any.
+    pub model_sig: Option<[u8; 32]>,
+    /// The run id the hello carries, if any.
+    pub run_id: Option<String>,
     /// What the ranks train when the controller does not say (a flodl
     /// controller never does).
     pub workload: WorkloadSpec,
@@ -71,6 +78,9 @@ impl HostParams {
             pre_shared: None,
             timeout_scale,
             relay_listen: RelayListen::Ephemeral,
+            dataset_sig: [0; 32],
+            model_sig: None,
+            run_id: None,
             workload: WorkloadSpec::default(),
             batch_ms: 20.0,
             spread: 0.2,
@@ -81,7 +91,9 @@ impl HostParams {
 
     fn host_config(&self) -> HostConfig {
         let devices = (0..self.ranks.min(256)).map(|d| d as u8).collect();
-        let offer = JoinOffer::new(self.name.clone(), devices, [0; 32]);
+        let mut offer = JoinOffer::new(self.name.clone(), devices, self.dataset_sig);
+        offer.model_sig = self.model_sig;
+        offer.run_id = self.run_id.clone();
         HostConfig::new(
             offer,
             self.controller.clone(),

@@ -283,7 +283,7 @@ impl Coordinator {
                         seed_rank: *seed_rank,
                         seed_host: seed_host.clone(),
                     };
-                    self.refuse(conn, format!("host {host:?}: rank {rank} trains a different model"));
+                    self.reject(conn, format!("host {host:?}: rank {rank} trains a different model"));
                     self.give_up(why);
                     return;
                 }
@@ -312,12 +312,27 @@ impl Coordinator {
         }
     }
 
-    /// Refuses a relay's hello: its connection closes, no reply.
+    /// Refuses a relay's hello: its connection closes, no reply (and under
+    /// flodl's rules, formation fails).
     fn refuse(&mut self, conn: ConnId, reason: String) {
+        self.reject(conn, reason.clone());
+        self.relay_failed_forming(reason);
+    }
+
+    /// Closes a relay's connection before its hello was accepted.
+    fn reject(&mut self, conn: ConnId, reason: String) {
         self.forget_hello(conn);
         self.relays.remove(&conn);
         self.out.close(conn);
         self.out.event(CoordEvent::RelayRejected { conn, reason });
+    }
+
+    /// flodl's formation ends at the first relay that fails before its
+    /// hello is accepted; cohort's closes only that connection.
+    fn relay_failed_forming(&mut self, reason: String) {
+        if self.sched.config().rules == Rules::Flodl {
+            self.give_up(FormationFailure::RelayFailed { reason });
+        }
     }
 
     /// Drops a relay's pending hello deadline, if it has one.
@@ -335,7 +350,12 @@ impl Coordinator {
         if close {
             self.out.close(conn);
         }
+        let unheard = matches!(relay.state, RelayState::AwaitHello { .. })
+            .then(|| error.as_ref().map_or_else(|| "closed before its hello".to_string(), |e| e.to_string()));
         self.out.event(CoordEvent::RelayLost { conn, error });
+        if let Some(reason) = unheard {
+            self.relay_failed_forming(reason);
+        }
         if let RelayState::Ready { ranks } = relay.state {
             for r in &ranks {
                 self.routes.remove(r);
@@ -434,13 +454,7 @@ impl Machine for Coordinator {
                 let late: Vec<ConnId> =
                     self.hello_deadlines.iter().take_while(|(t, _)| *t <= now).map(|(_, c)| *c).collect();
                 for conn in late {
-                    self.forget_hello(conn);
-                    self.relays.remove(&conn);
-                    self.out.close(conn);
-                    self.out.event(CoordEvent::RelayRejected {
-                        conn,
-                        reason: "no hello before the deadline".into(),
-                    });
+                    self.refuse(conn, "no hello before the deadline".into());
                 }
             }
             Input::Connected { .. } | Input::DialFailed { .. } => {}

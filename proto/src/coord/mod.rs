@@ -319,6 +319,13 @@ pub enum FormationFailure {
         /// Its host.
         seed_host: String,
     },
+    /// Under flodl's rules, a relay failed before its hello was accepted
+    /// (refused, silent past its deadline, bad bytes, gone): flodl's
+    /// formation stops at the first such error.
+    RelayFailed {
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl FormationFailure {
@@ -332,6 +339,11 @@ impl FormationFailure {
                 "relay dial-in did not cover the world within {}s ({covered}/{world_size} ranks covered)",
                 d.as_secs()
             ),
+            FormationFailure::RelayFailed { reason } => {
+                format!(
+                    "a relay failed before its hello was accepted ({covered}/{world_size} ranks covered): {reason}"
+                )
+            }
             FormationFailure::Stopped => {
                 format!("stopped before the relays covered the world ({covered}/{world_size} ranks covered)")
             }

@@ -29,7 +29,7 @@ use core::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{ConfigError, TimeoutScale, defaults};
+use crate::config::{ConfigError, Rules, TimeoutScale, defaults};
 use crate::wire::{JoinMsgWire, SessionSalt};
 
 /// Who closes the join window once quorum is met.
@@ -602,6 +602,16 @@ impl ClusterPhase {
     }
 }
 
+/// The coherence facts one hello would set, the ledger having none yet.
+#[derive(Debug, Default)]
+struct Seeds {
+    dataset: Option<[u8; 32]>,
+    vendor: Option<(GpuVendor, String)>,
+    run_id: Option<String>,
+    nccl: Option<(u32, u32)>,
+    model: Option<[u8; 32]>,
+}
+
 /// Which coherence facts a member seeded (so retracting it unseeds them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Seeded(u8);
@@ -649,9 +659,11 @@ pub struct MembershipSnapshot {
     pub min_rank_start: usize,
     /// The early-close target.
     pub target_ranks: Option<usize>,
-    /// Whole seconds until the window closes; null once it has.
+    /// Whole seconds until the window closes (0 at the instant it does);
+    /// null after.
     pub window_remaining_secs: Option<u64>,
-    /// Whole seconds until the hard cap; null once it has passed.
+    /// Whole seconds until the hard cap (0 at the instant it is reached);
+    /// null after.
     pub cap_remaining_secs: Option<u64>,
     /// Who closes the window.
     pub start_mode: StartMode,
@@ -707,6 +719,7 @@ pub struct Ledger {
     run_id: Option<String>,
     nccl: Option<(u32, u32)>,
     model_sig: Option<[u8; 32]>,
+    rules: Rules,
     members: Vec<Member>,
     /// Host name -> member index, for the duplicate-host check.
     hosts: HostIndex,
@@ -738,10 +751,20 @@ impl Ledger {
             run_id: None,
             nccl: None,
             model_sig,
+            rules: Rules::Cohort,
             members: Vec::new(),
             hosts: HostIndex::default(),
             next_rank: 0,
         })
+    }
+
+    /// The ledger under `rules`: with [`Rules::Flodl`], a refused hello still
+    /// keeps the facts its passed checks seeded, as flodl 0.8's does (a
+    /// hello refused for its model can set the run id the next host is
+    /// judged by).
+    pub fn with_rules(mut self, rules: Rules) -> Self {
+        self.rules = rules;
+        self
     }
 
     /// The configuration.
@@ -788,64 +811,16 @@ impl Ledger {
         if self.hosts.contains_key(&host) {
             return Err(AdmitError::DuplicateHost { host });
         }
-        let mut seeded = Seeded::default();
-        match &self.dataset_sig {
-            Some(expected) if *expected != dataset_sig => {
-                return Err(AdmitError::DatasetMismatch { offered: dataset_sig, expected: *expected });
+        let mut seeds = Seeds::default();
+        if let Err(e) =
+            self.coherence(&host, &libtorch, dataset_sig, &run_id, nccl_version, &model_sig, &mut seeds)
+        {
+            // flodl 0.8 keeps each fact a check seeded, even when a later
+            // check refuses the hello; cohort's refusal changes nothing.
+            if self.rules == Rules::Flodl {
+                self.seed(seeds);
             }
-            Some(_) => {}
-            None => seeded.0 |= Seeded::DATASET,
-        }
-        let vendor = match classify_libtorch(&libtorch) {
-            LibtorchClass::Vendor(v) if self.config.nccl_backend => Some(v),
-            _ => None,
-        };
-        if let Some(v) = vendor {
-            match &self.vendor {
-                Some((cohort, cohort_label)) if *cohort != v => {
-                    return Err(AdmitError::VendorMismatch {
-                        host,
-                        cohort: *cohort,
-                        cohort_label: cohort_label.clone(),
-                        offered: v,
-                        label: libtorch,
-                    });
-                }
-                Some(_) => {}
-                None => seeded.0 |= Seeded::VENDOR,
-            }
-        }
-        if let Some(run) = &run_id {
-            match &self.run_id {
-                Some(expected) if expected != run => {
-                    return Err(AdmitError::RunIdMismatch {
-                        host,
-                        expected: expected.clone(),
-                        offered: run.clone(),
-                    });
-                }
-                Some(_) => {}
-                None => seeded.0 |= Seeded::RUN_ID,
-            }
-        }
-        let nccl = nccl_version.filter(|_| self.config.nccl_backend).map(|(major, minor, _)| (major, minor));
-        if let Some(mm) = nccl {
-            match self.nccl {
-                Some(expected) if expected != mm => {
-                    return Err(AdmitError::NcclSkew { host, expected, offered: mm });
-                }
-                Some(_) => {}
-                None => seeded.0 |= Seeded::NCCL,
-            }
-        }
-        if let Some(sig) = &model_sig {
-            match &self.model_sig {
-                Some(expected) if expected != sig => {
-                    return Err(AdmitError::ModelMismatch { offered: *sig, expected: *expected });
-                }
-                Some(_) => {}
-                None => seeded.0 |= Seeded::MODEL,
-            }
+            return Err(e);
         }
         let first = self.next_rank;
         let end = u32::try_from(count)
@@ -857,21 +832,7 @@ impl Ledger {
         let index = u32::try_from(self.members.len()).map_err(|_| AdmitError::RankSpaceExhausted)?;
 
         // Every check passed: commit.
-        if seeded.has(Seeded::DATASET) {
-            self.dataset_sig = Some(dataset_sig);
-        }
-        if let (true, Some(v)) = (seeded.has(Seeded::VENDOR), vendor) {
-            self.vendor = Some((v, libtorch.clone()));
-        }
-        if seeded.has(Seeded::RUN_ID) {
-            self.run_id = run_id;
-        }
-        if seeded.has(Seeded::NCCL) {
-            self.nccl = nccl;
-        }
-        if seeded.has(Seeded::MODEL) {
-            self.model_sig = model_sig;
-        }
+        let seeded = self.seed(seeds);
         self.next_rank = end;
         self.hosts.insert(host.clone(), index);
         self.members.push(Member {
@@ -884,6 +845,111 @@ impl Ledger {
             seeded,
         });
         Ok(first..end)
+    }
+
+    /// The coherence checks 5 to 9, in BEHAVIOUR.md's order, each recording
+    /// in `seeds` the fact it would set when the ledger has none yet.
+    #[allow(clippy::too_many_arguments)]
+    fn coherence(
+        &self,
+        host: &str,
+        libtorch: &str,
+        dataset_sig: [u8; 32],
+        run_id: &Option<String>,
+        nccl_version: Option<(u32, u32, u32)>,
+        model_sig: &Option<[u8; 32]>,
+        seeds: &mut Seeds,
+    ) -> Result<(), AdmitError> {
+        match &self.dataset_sig {
+            Some(expected) if *expected != dataset_sig => {
+                return Err(AdmitError::DatasetMismatch { offered: dataset_sig, expected: *expected });
+            }
+            Some(_) => {}
+            None => seeds.dataset = Some(dataset_sig),
+        }
+        let vendor = match classify_libtorch(libtorch) {
+            LibtorchClass::Vendor(v) if self.config.nccl_backend => Some(v),
+            _ => None,
+        };
+        if let Some(v) = vendor {
+            match &self.vendor {
+                Some((cohort, cohort_label)) if *cohort != v => {
+                    return Err(AdmitError::VendorMismatch {
+                        host: host.to_string(),
+                        cohort: *cohort,
+                        cohort_label: cohort_label.clone(),
+                        offered: v,
+                        label: libtorch.to_string(),
+                    });
+                }
+                Some(_) => {}
+                None => seeds.vendor = Some((v, libtorch.to_string())),
+            }
+        }
+        if let Some(run) = run_id {
+            match &self.run_id {
+                Some(expected) if expected != run => {
+                    return Err(AdmitError::RunIdMismatch {
+                        host: host.to_string(),
+                        expected: expected.clone(),
+                        offered: run.clone(),
+                    });
+                }
+                Some(_) => {}
+                None => seeds.run_id = Some(run.clone()),
+            }
+        }
+        let nccl = nccl_version.filter(|_| self.config.nccl_backend).map(|(major, minor, _)| (major, minor));
+        if let Some(mm) = nccl {
+            match self.nccl {
+                Some(expected) if expected != mm => {
+                    return Err(AdmitError::NcclSkew { host: host.to_string(), expected, offered: mm });
+                }
+                Some(_) => {}
+                None => seeds.nccl = Some(mm),
+            }
+        }
+        if let Some(sig) = model_sig {
+            match &self.model_sig {
+                Some(expected) if expected != sig => {
+                    return Err(AdmitError::ModelMismatch { offered: *sig, expected: *expected });
+                }
+                Some(_) => {}
+                None => seeds.model = Some(*sig),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the facts in `seeds`; returns which ones were set.
+    fn seed(&mut self, seeds: Seeds) -> Seeded {
+        let mut seeded = Seeded::default();
+        let mut set = |bit: u8, present: bool| {
+            if present {
+                seeded.0 |= bit;
+            }
+        };
+        set(Seeded::DATASET, seeds.dataset.is_some());
+        set(Seeded::VENDOR, seeds.vendor.is_some());
+        set(Seeded::RUN_ID, seeds.run_id.is_some());
+        set(Seeded::NCCL, seeds.nccl.is_some());
+        set(Seeded::MODEL, seeds.model.is_some());
+        if let Some(d) = seeds.dataset {
+            self.dataset_sig = Some(d);
+        }
+        if let Some(v) = seeds.vendor {
+            self.vendor = Some(v);
+        }
+        if let Some(r) = seeds.run_id {
+            self.run_id = Some(r);
+        }
+        if let Some(n) = seeds.nccl {
+            self.nccl = Some(n);
+        }
+        if let Some(m) = seeds.model {
+            self.model_sig = Some(m);
+        }
+        seeded
     }
 
     /// Rolls back the latest admission (its accept could not be delivered),
@@ -971,9 +1037,8 @@ impl Ledger {
         }
     }
 
-    /// The observable state at `elapsed`. A countdown is null from the
-    /// instant its deadline is reached (the instant the verdict stops
-    /// treating it as running).
+    /// The observable state at `elapsed`. A countdown reads 0 at the
+    /// instant its deadline is reached and null after (flodl's rounding).
     pub fn snapshot(
         &self,
         phase: ClusterPhase,
@@ -982,7 +1047,7 @@ impl Ledger {
         cap: Duration,
         start_armed: bool,
     ) -> MembershipSnapshot {
-        let remaining = |limit: Duration| (elapsed < limit).then(|| (limit - elapsed).as_secs());
+        let remaining = |limit: Duration| limit.checked_sub(elapsed).map(|d| d.as_secs());
         MembershipSnapshot {
             phase,
             joined_ranks: self.joined_ranks(),

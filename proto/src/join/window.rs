@@ -48,7 +48,7 @@ use super::ledger::{
     AdmitError, ClusterPhase, FailReason, FormReason, JoinConfig, JoinOffer, Ledger, Member,
     MembershipSnapshot, StartMode, TrustMode, Verdict,
 };
-use crate::config::{ConfigError, TimeoutScale, defaults};
+use crate::config::{ConfigError, Rules, TimeoutScale, defaults};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
@@ -71,6 +71,8 @@ pub struct WindowParams {
     pub dataset_sig: Option<[u8; 32]>,
     /// The controller's model signature, when it could build the model.
     pub model_sig: Option<[u8; 32]>,
+    /// Whose admission rules (see [`Ledger::with_rules`]).
+    pub rules: Rules,
 }
 
 impl WindowParams {
@@ -83,6 +85,7 @@ impl WindowParams {
             timeout_scale: TimeoutScale::ONE,
             dataset_sig: None,
             model_sig: None,
+            rules: Rules::Cohort,
         }
     }
 }
@@ -407,6 +410,10 @@ pub struct JoinWindow {
     join_key: MacKey,
     salt_key: MacKey,
     opened: Time,
+    /// The last change the snapshot's countdowns were taken at (flodl
+    /// publishes its snapshot at the window's open, each admission, the
+    /// arming, formation and failure; the countdowns hold in between).
+    published: Time,
     window: Duration,
     cap: Duration,
     budget: Duration,
@@ -443,10 +450,11 @@ fn join_msg_name(msg: &JoinMsgWire) -> &'static str {
 impl JoinWindow {
     /// Opens a window at `now`. Fails only on an invalid configuration.
     pub fn new(params: WindowParams, now: Time) -> Result<JoinWindow, ConfigError> {
-        let WindowParams { config, salt, trust, timeout_scale: scale, dataset_sig, model_sig } = params;
+        let WindowParams { config, salt, trust, timeout_scale: scale, dataset_sig, model_sig, rules } =
+            params;
         let window = config.window(scale);
         let cap = config.cap(scale);
-        let ledger = Ledger::new(config, dataset_sig, model_sig)?;
+        let ledger = Ledger::new(config, dataset_sig, model_sig)?.with_rules(rules);
         let mut w = JoinWindow {
             ledger,
             salt,
@@ -454,6 +462,7 @@ impl JoinWindow {
             join_key: MacKey::new(&trust.join_key(&salt)),
             salt_key: MacKey::new(&salt),
             opened: now,
+            published: now,
             window,
             cap,
             budget: scale.scaled_secs(defaults::JOIN_HANDSHAKE_BUDGET),
@@ -485,6 +494,7 @@ impl JoinWindow {
         }
         if !self.armed {
             self.armed = true;
+            self.published = now;
             self.out.event(JoinEvent::StartArmed { joined_ranks: self.ledger.joined_ranks() });
         }
         self.evaluate(now);
@@ -552,9 +562,12 @@ impl JoinWindow {
         }
     }
 
-    /// The observable state at `now` (what `GET /state.json` serves).
+    /// The observable state at `now` (what `GET /state.json` serves): the
+    /// phase at `now`, the countdowns as of the last change (the open, an
+    /// admission, the arming, formation or failure), as flodl's published
+    /// snapshot has them.
     pub fn snapshot(&self, now: Time) -> MembershipSnapshot {
-        let elapsed = now.saturating_since(self.opened);
+        let elapsed = self.published.saturating_since(self.opened);
         self.ledger.snapshot(self.phase(now), elapsed, self.window, self.cap, self.armed)
     }
 
@@ -639,6 +652,7 @@ impl JoinWindow {
             Verdict::Open => {}
             Verdict::Formed(reason) => {
                 self.state = WindowState::Formed(reason);
+                self.published = now;
                 self.out.event(JoinEvent::Formed {
                     reason,
                     world_size: self.ledger.joined_ranks(),
@@ -652,6 +666,7 @@ impl JoinWindow {
 
     fn fail(&mut self, now: Time, failure: WindowFailure) {
         self.state = WindowState::Failed(failure.clone());
+        self.published = now;
         let abort = frame(&self.salt_key, &JoinMsgWire::Abort { reason: failure.to_string() });
         for conn in core::mem::take(&mut self.links).into_keys() {
             if let Ok(bytes) = &abort {
@@ -784,6 +799,7 @@ impl JoinWindow {
         let leftover = dial.buf.take_all();
         self.links.insert(conn, Link { member: self.member_conns.len(), buf: leftover, after_accept: 0 });
         self.member_conns.push(conn);
+        self.published = now;
         self.out.event(JoinEvent::Admitted { conn, host, ranks, joined_ranks: self.ledger.joined_ranks() });
         self.link_bytes(conn, &[]);
     }

@@ -99,13 +99,23 @@ pub struct RunKnobs {
     pub sync_every: u64,
     /// Elements of the synthetic model tensor.
     pub model_elems: u32,
+    /// Whose rules where cohort and flodl 0.8 differ (the join window's and
+    /// the coordinator's and reduce's alike).
+    pub rules: Rules,
 }
 
 impl Default for RunKnobs {
     /// A short run: 3 epochs of 400 one-sample batches, a round every 10
-    /// batches, a 256-element model.
+    /// batches, a 256-element model, cohort's rules.
     fn default() -> Self {
-        RunKnobs { epochs: 3, samples_per_epoch: 400, batch_size: 1, sync_every: 10, model_elems: 256 }
+        RunKnobs {
+            epochs: 3,
+            samples_per_epoch: 400,
+            batch_size: 1,
+            sync_every: 10,
+            model_elems: 256,
+            rules: Rules::Cohort,
+        }
     }
 }
 
@@ -141,6 +151,7 @@ impl ControllerConfig {
         let mut run = CoordConfig::new(1, knobs.epochs, knobs.samples_per_epoch, knobs.batch_size);
         run.sync_every = Some(knobs.sync_every);
         run.timeout_scale = timeout_scale;
+        run.rules = knobs.rules;
         run.validate()?;
         Ok(ControllerConfig::new(join, salt, trust, timeout_scale, run, advertise, knobs.workload()))
     }
@@ -224,6 +235,7 @@ impl ControllerNode {
     pub fn new(cfg: ControllerConfig, now: Time) -> Result<Self, crate::config::ConfigError> {
         let mut params = WindowParams::new(cfg.join.clone(), cfg.salt, cfg.trust);
         params.timeout_scale = cfg.timeout_scale;
+        params.rules = cfg.run.rules;
         let window = JoinWindow::new(params, now)?;
         let mut node = ControllerNode {
             key: MacKey::new(&cfg.salt),

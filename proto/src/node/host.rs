@@ -128,6 +128,12 @@ pub struct RankSpec {
     pub data_addr: Option<String>,
     /// The frame ceiling.
     pub ceiling: u64,
+    /// The dataset signature the rank's NCCL bootstrap hello carries (the
+    /// host's; all zeros when none is configured, flodl's convention).
+    pub dataset_sig: [u8; 32],
+    /// The model signature of the rank's control handshake (all zeros when
+    /// none is configured).
+    pub model_sig: [u8; 32],
     /// The network timeout scale.
     pub timeout_scale: TimeoutScale,
     /// What the controller said the synthetic workload trains (`None` from
@@ -149,14 +155,14 @@ impl RankSpec {
         let nccl = self.is_nccl().then(|| NcclBootstrap {
             controller: self.controller.clone(),
             host: self.host.clone(),
-            dataset_sig: [0; 32],
+            dataset_sig: self.dataset_sig,
             uid,
         });
         RankConfig {
             rank: self.rank,
             world_size: self.world_size,
             key: MacKey::new(&self.salt),
-            model_sig: [0; 32],
+            model_sig: self.model_sig,
             control_addr: self.control_addr.clone(),
             data_addr: self.data_addr.clone(),
             nccl,
@@ -347,6 +353,8 @@ impl HostNode {
                 control_addr: spec.control_listen(),
                 data_addr: spec.data_listen(),
                 ceiling,
+                dataset_sig: self.cfg.offer.dataset_sig,
+                model_sig: self.cfg.offer.model_sig.unwrap_or([0; 32]),
                 timeout_scale: self.cfg.timeout_scale,
                 workload: env.cohort,
             })

@@ -377,18 +377,20 @@ impl Trainer {
             }
             ControlMsgWire::SyncNow => {
                 // The NCCL all-reduce is modelled as instant and in place:
-                // the parameters after it are the ones before. As flodl's
-                // rank does, the sync counts as a step of the acknowledgement.
+                // the parameters after it are the ones before, so the
+                // divergence is 0. No norms: ranks that ran no collective
+                // hold different parameters, and flodl's coordinator checks
+                // that every rank reports the same post-sync norm. As
+                // flodl's rank does, the sync counts as a step of the ack.
                 self.steps_since_sync = 0;
                 self.step_count += 1;
                 self.throttled = false;
-                let (divergence, post_norm, pre_norm) = divergence(&self.model, &self.model);
                 out.push(Action::Report(TimingMsgWire::SyncAck {
                     rank: me,
                     step_count: self.step_count,
-                    divergence: Some(divergence),
-                    post_norm,
-                    pre_norm,
+                    divergence: Some(0.0),
+                    post_norm: None,
+                    pre_norm: None,
                 }));
                 self.start_batch(now, out);
             }

@@ -1,8 +1,10 @@
 //! The status responder on the controller's single port: `GET /` and
 //! `GET /state.json` serve the membership snapshot, `POST /start` arms the
-//! operator start switch. One request per connection, parsed with httparse;
-//! the request head must arrive within 5 s and 2048 bytes, and the
-//! connection closes after the response.
+//! operator start switch. One request per connection, read as flodl 0.8
+//! reads it: only the request line counts, answered as soon as a CRLF has
+//! arrived (or 2048 bytes have), its first two words the method and target
+//! (a version and headers are neither needed nor looked at); the line must
+//! come within 5 s, and the connection closes after the response.
 //!
 //! The responder knows nothing of the join window's internals: every decision
 //! reads a [`StatusBackend`] (which [`JoinWindow`](crate::join::JoinWindow)
@@ -143,11 +145,9 @@ pub enum Reply {
     },
     /// 404: no such endpoint.
     NotFound,
-    /// 400: not an HTTP request.
+    /// 400: the request line has no method and target.
     BadRequest,
-    /// 431: the request head exceeds the byte limit.
-    TooLarge,
-    /// 408: the request head did not complete in time.
+    /// 408: the request line did not complete in time.
     TimedOut,
 }
 
@@ -161,7 +161,6 @@ impl Reply {
             Reply::NotFound => 404,
             Reply::TimedOut => 408,
             Reply::NoStartSwitch | Reply::AutoMode | Reply::NotOpen(_) | Reply::QuorumNotMet { .. } => 409,
-            Reply::TooLarge => 431,
             Reply::NoState => 503,
         }
     }
@@ -174,7 +173,6 @@ impl Reply {
             404 => "404 Not Found",
             408 => "408 Request Timeout",
             409 => "409 Conflict",
-            431 => "431 Request Header Fields Too Large",
             _ => "503 Service Unavailable",
         }
     }
@@ -196,7 +194,6 @@ impl Reply {
             ),
             Reply::NotFound => r#"{"error":"not found","endpoints":["GET /state.json","POST /start"]}"#.to_string(),
             Reply::BadRequest => r#"{"error":"malformed HTTP request"}"#.to_string(),
-            Reply::TooLarge => r#"{"error":"request head too large"}"#.to_string(),
             Reply::TimedOut => r#"{"error":"request not received in time"}"#.to_string(),
         }
     }
@@ -249,9 +246,12 @@ pub struct Request<'a> {
     pub query: Option<&'a str>,
 }
 
-/// Equality of two salts in time independent of where they differ.
-fn same_token(a: &SessionSalt, b: &SessionSalt) -> bool {
-    a.as_bytes().iter().zip(b.as_bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether `presented` is the salt's hex, exactly as flodl compares it
+/// (lowercase, nothing around it), in time independent of where it differs.
+fn same_token(presented: &str, salt: &SessionSalt) -> bool {
+    let expected = salt.to_hex();
+    presented.len() == expected.len()
+        && presented.bytes().zip(expected.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The decision for one request: the pure heart of the responder. Returns
@@ -280,11 +280,8 @@ fn start<B: StatusBackend + ?Sized>(req: Request<'_>, peer: Peer, backend: &mut 
         return Reply::AutoMode;
     }
     if !peer.loopback {
-        let presented = req
-            .query
-            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=")))
-            .and_then(|hex| SessionSalt::from_hex(hex).ok());
-        if !presented.is_some_and(|t| same_token(&t, &switch.token)) {
+        let presented = req.query.and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=")));
+        if !presented.is_some_and(|t| same_token(t, &switch.token)) {
             return Reply::Forbidden;
         }
     }
@@ -331,7 +328,7 @@ impl StatusResponder {
 
     /// Takes over an HTTP connection routed by the port router; `first` holds
     /// the bytes received so far, the 4 routing bytes included. Answers at
-    /// once when they already hold a whole request head.
+    /// once when they already hold the request line.
     pub fn adopt_with<B: StatusBackend + ?Sized>(
         &mut self,
         now: Time,
@@ -417,29 +414,48 @@ impl StatusResponder {
         p.buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
         let over = bytes.len() > room;
         let peer = p.peer;
-        let mut headers = [httparse::EMPTY_HEADER; 32];
-        let mut req = httparse::Request::new(&mut headers);
-        let parse = match req.parse(&p.buf) {
-            Ok(httparse::Status::Complete(_)) => {
-                let target = req.path.unwrap_or("");
-                let (path, query) = match target.split_once('?') {
-                    Some((path, q)) => (path, Some(q)),
-                    None => (target, None),
-                };
-                let request = Request { method: req.method.unwrap_or(""), path, query };
-                let (reply, state) = decide(request, peer, backend, now);
-                Parse::Done(reply, state)
+        let parse = match request_line(&p.buf, over || p.buf.len() >= max) {
+            None => Parse::Incomplete,
+            Some(line) => {
+                let text = String::from_utf8_lossy(line);
+                let mut words = text.split_whitespace();
+                match (words.next(), words.next()) {
+                    (Some(method), Some(target)) => {
+                        let (path, query) = match target.split_once('?') {
+                            Some((path, q)) => (path, Some(q)),
+                            None => (target, None),
+                        };
+                        let (reply, state) = decide(Request { method, path, query }, peer, backend, now);
+                        Parse::Done(reply, state)
+                    }
+                    _ => Parse::Done(Reply::BadRequest, None),
+                }
             }
-            Ok(httparse::Status::Partial) if over || p.buf.len() >= max => Parse::Done(Reply::TooLarge, None),
-            Ok(httparse::Status::Partial) => Parse::Incomplete,
-            Err(httparse::Error::TooManyHeaders) => Parse::Done(Reply::TooLarge, None),
-            Err(_) => Parse::Done(Reply::BadRequest, None),
         };
         if let Parse::Done(reply, state) = parse {
             self.forget(conn);
             self.answer(conn, reply, state);
         }
     }
+}
+
+/// The request line of `buf`, once it is there: `None` until a CRLF has
+/// arrived, unless `full` (the byte limit is reached), then the bytes up to
+/// the first line feed, without the carriage return before it (flodl 0.8's
+/// reading: it stops at the first CRLF and takes the first line).
+///
+/// ```
+/// use cohort_proto::status::request_line;
+/// assert_eq!(request_line(b"GET / HTTP/1.1\r\nHost", false), Some(&b"GET / HTTP/1.1"[..]));
+/// assert_eq!(request_line(b"GET /state.json", false), None);
+/// assert_eq!(request_line(b"GET /state.json", true), Some(&b"GET /state.json"[..]));
+/// ```
+pub fn request_line(buf: &[u8], full: bool) -> Option<&[u8]> {
+    if !full && !buf.windows(2).any(|w| w == b"\r\n") {
+        return None;
+    }
+    let line = buf.iter().position(|&b| b == b'\n').map_or(buf, |i| &buf[..i]);
+    Some(line.strip_suffix(b"\r").unwrap_or(line))
 }
 
 /// A [`StatusResponder`] that owns its backend: a complete [`Machine`].

@@ -30,10 +30,24 @@ pub(crate) fn encode_into<T: Serialize + ?Sized>(value: &T, out: &mut BytesMut) 
 
 /// Decodes exactly one `T` from all of `bytes` (trailing bytes are an error).
 ///
-/// Container lengths are bounded by the control payload limit, so a length
-/// prefix inside a payload can never demand a huge allocation.
+/// bincode allocates a string's (or byte vector's) declared length before
+/// reading it, within its limit: so the limit follows the bytes present,
+/// the first of 256 B, 4 KiB, 64 KiB, 1 MiB that holds them, else the
+/// control payload limit. A legitimate message's strings lie inside its
+/// payload, so it always fits; a forged length claims at most 16 times the
+/// payload (or its bucket's floor), never 16 MiB for a 30-byte frame.
 pub(crate) fn decode_exact<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    let config = bincode::config::standard().with_limit::<MAX_CONTROL_PAYLOAD>();
+    match bytes.len() {
+        0..=256 => decode_within::<T, 256>(bytes),
+        257..=4096 => decode_within::<T, 4096>(bytes),
+        4097..=65_536 => decode_within::<T, 65_536>(bytes),
+        65_537..=1_048_576 => decode_within::<T, 1_048_576>(bytes),
+        _ => decode_within::<T, MAX_CONTROL_PAYLOAD>(bytes),
+    }
+}
+
+fn decode_within<T: DeserializeOwned, const LIMIT: usize>(bytes: &[u8]) -> Result<T, String> {
+    let config = bincode::config::standard().with_limit::<LIMIT>();
     let (value, used) =
         bincode::serde::decode_from_slice(bytes, config).map_err(|e| format!("bincode: {e}"))?;
     if used != bytes.len() {

@@ -1,0 +1,66 @@
+//! A host's `Relay`, control leg: local ranks on loopback (handshake, then
+//! loopback-framed blobs: control frames forwarded upstream as mux Data records),
+//! the upstream leg dialed at birth (connect, fail, hello ack, mux records
+//! down), everything signed where it should be, arbitrary splits, closes
+//! and time. A bad upstream frame may end the relay (the upstream is
+//! exempt from the one-connection rule); a bad local frame may cost only
+//! that rank's connection.
+//! Config byte: ranks and world size.
+#![no_main]
+use cohort_fuzz::machines::*;
+use cohort_fuzz::{key, seeds};
+use cohort_proto::config::TimeoutScale;
+use cohort_proto::relay::{Leg, Relay, RelayConfig};
+#[allow(unused_imports)]
+use cohort_proto::wire::{RelayControlMsg, RoundKind};
+#[allow(unused_imports)]
+use cohort_fuzz::frames::mux_record;
+use libfuzzer_sys::fuzz_target;
+
+cohort_fuzz::install_counting_allocator!();
+
+const CEILING: u64 = 1 << 20;
+
+fn make(o: &mut cohort_fuzz::Ops<'_>) -> Option<Relay> {
+    let c = o.u8();
+    let world = u32::from(c % 4) + 2;
+    let ranks = if c & 0x10 != 0 { vec![1] } else { vec![0, 1] };
+    let mut cfg = RelayConfig::new(Leg::Control, "hostA", ranks, world, key(), "controller:7000");
+    cfg.ceiling = CEILING;
+    cfg.timeout_scale = TimeoutScale::ONE;
+    Relay::new(cfg).ok()
+}
+
+#[allow(unused_variables)]
+fn make_seeds() -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for cfg in [0x00u8, 0x10, 0x02] {
+        out.push(script(&[cfg], |w| {
+            accept(w, true);
+            accept(w, true);
+            let world = u32::from(cfg % 4) + 2;
+            raw(w, 0, &control_hello(0, world), 0);
+            raw(w, 1, &control_hello(1, world), 5);
+            connect(w, 0);
+            raw(w, 0xff, &mux_control(&RelayControlMsg::HelloAck), 0);
+            raw(w, 0, &blob(&heartbeat(0, 1)), 0);
+            raw(w, 1, &blob(&heartbeat(1, 1)), 3);
+            raw(w, 0xff, &mux_data(0, &frame_of(&key(), cohort_proto::wire::ControlMsgWire::CoordHeartbeat)), 0);
+            raw(w, 0xff, &mux_control(&RelayControlMsg::DeclareDead { rank: 1 }), 0);
+            close(w, 0, 0);
+            advance(w, 2, 30);
+        }));
+    }
+    out.push(script(&[0], |w| {
+        dial_failed(w, 0);
+        accept(w, false);
+    }));
+    out
+}
+
+fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
+    run(data, CEILING, make, |d| {
+        d.exempt_dialed = true;
+        d.terminal = |e| matches!(e, cohort_proto::relay::RelayEvent::Stopped(_));
+    }, |_, _| {});
+});
