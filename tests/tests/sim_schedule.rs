@@ -37,11 +37,20 @@ fn a_rank_three_times_slower_runs_a_third_of_the_batches_per_window() {
         .filter(|w| w.batches.iter().all(|&b| b > 0) && w.idle_ms.iter().all(|&i| i < 100.0))
         .collect();
     assert!(calibrated.len() >= 5, "windows: {}", r.windows.len());
+    let mut ratios = Vec::new();
     for w in &calibrated {
         let fast = w.batches[..3].iter().sum::<u64>() as f64 / 3.0;
         let ratio = w.batches[3] as f64 / fast;
         assert!((0.25..=0.42).contains(&ratio), "window {}: batches {:?}", w.version, w.batches);
+        ratios.push(ratio);
     }
+    let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+    eprintln!(
+        "slow rank's share: {} of {} windows, mean {mean:.3} of the others' batches (first {:?})",
+        calibrated.len(),
+        r.windows.len(),
+        calibrated[0].batches
+    );
     let json = r.to_json();
     assert!(json["windows"][0]["batches"].is_array() && json["idle_ms"].is_number(), "in the JSON report");
 }
@@ -51,6 +60,13 @@ fn a_rank_three_times_slower_runs_a_third_of_the_batches_per_window() {
 fn idle_time_at_sync_points_falls_against_equal_batches() {
     let cadence = run(PolicySpec::Cadence);
     let sync = run(PolicySpec::Sync);
+    eprintln!(
+        "idle at sync points: cadence {:.0} ms over {} windows, sync (equal batches) {:.0} ms over {} windows",
+        cadence.idle_ms,
+        cadence.windows.len(),
+        sync.idle_ms,
+        sync.windows.len()
+    );
     assert!(
         cadence.idle_ms * 2.0 < sync.idle_ms,
         "idle: cadence {:.0} ms over {} windows, sync {:.0} ms over {} windows",
