@@ -72,11 +72,10 @@ impl CoverageCheck {
 
     /// One controller event: plans, extensions and deaths.
     pub fn event(&mut self, ev: &ControllerEvent) {
-        match ev {
-            ControllerEvent::Coord(CoordEvent::RankDead { rank, .. } | CoordEvent::RankExited { rank }) => {
-                self.gone.insert(*rank);
-            }
-            _ => {}
+        if let ControllerEvent::Coord(CoordEvent::RankDead { rank, .. } | CoordEvent::RankExited { rank }) =
+            ev
+        {
+            self.gone.insert(*rank);
         }
         match ev {
             ControllerEvent::Coord(CoordEvent::RankDead {
