@@ -26,7 +26,9 @@ fn batch(rank: u32, step: u64) -> TimingMsgWire {
 
 fn config(world: u32) -> CoordConfig {
     let mut c = CoordConfig::new(world, 1, u64::from(world) * 1_000_000, 1);
+    // Cycles on (ElChe counts every report), windows too long to close.
     c.sync_every = Some(1_000_000);
+    c.el_che.max_anchor = Some(1_000_000);
     c.max_batch_diff = Some(1_000_000);
     c
 }

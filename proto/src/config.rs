@@ -118,14 +118,19 @@ pub enum Rules {
     /// relay's control or data connection ends, a live rank's `RankExit`,
     /// a host link ends), a rank that exited cleanly holds no averaging
     /// cycle or epoch open, and an epoch completes when every live rank
-    /// reported the whole batches it was assigned.
+    /// reported the whole batches it was assigned. Scheduling: epochs sized
+    /// over the live ranks, a dead rank's slices re-split, a rank out of
+    /// work holds no window open, the throttle waits for a rank's count and
+    /// survives deaths, the sync time is taken over the live ranks, async
+    /// dispatches every epoch (docs/DIFFERENCES.md).
     #[default]
     Cohort,
     /// flodl 0.8's: deaths only by heartbeat staleness, a non-zero exit the
     /// launcher reports, or a failed consensus write; a data relay's end
     /// (or a live rank's `RankExit` on the data channel) stops the CPU
     /// reduce for everyone; exited ranks still hold cycles and epochs open;
-    /// an epoch completes once every rank not dead sent one report.
+    /// an epoch completes once every rank not dead sent one report; and
+    /// flodl 0.8's scheduling where it differs (see [`Rules::Cohort`]).
     Flodl,
 }
 

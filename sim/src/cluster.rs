@@ -40,7 +40,7 @@ use std::sync::Arc;
 
 use cohort_proto::Time;
 use cohort_proto::config::{Rules, TimeoutScale};
-use cohort_proto::coord::{Backend, CoordConfig, CoordEvent, FailureBudget, RunEnd, Scheduler};
+use cohort_proto::coord::{ApplyPolicy, Backend, CoordConfig, CoordEvent, FailureBudget, RunEnd, Scheduler};
 use cohort_proto::join::client::ClientEvent;
 use cohort_proto::join::ledger::{JoinConfig, JoinOffer, Ledger, StartMode, TrustMode};
 use cohort_proto::join::window::JoinEvent;
@@ -59,9 +59,9 @@ use core::time::Duration;
 
 use crate::check::Checker;
 use crate::log::EventLog;
-use crate::report::{Death, Injected, Outcome as RunOutcome, RankReport, Report, Timeline};
+use crate::report::{Death, Injected, Outcome as RunOutcome, RankReport, Report, Timeline, Window};
 use crate::rng::{SimRng, stream};
-use crate::scenario::{BackendSpec, Fault, MaxFailure, RulesSpec, Scenario, StartModeSpec};
+use crate::scenario::{BackendSpec, Fault, MaxFailure, PolicySpec, RulesSpec, Scenario, StartModeSpec};
 use crate::workload::{RankStart, SimWorkload};
 use crate::world::{HostId, LinkSpec, NetConfig, NodeId, Process, World};
 
@@ -112,6 +112,7 @@ pub struct Cluster<W: SimWorkload = Trainer> {
     next_act: usize,
     checker: Checker,
     timeline: Timeline,
+    windows: Vec<Window>,
     deaths: Vec<Death>,
     formed_at: Option<Time>,
     world_size: u32,
@@ -198,6 +199,11 @@ impl<W: SimWorkload> Cluster<W> {
             BackendSpec::Nccl => Backend::Nccl,
         };
         run.sync_every = Some(sc.sync_every);
+        run.policy = match sc.policy {
+            PolicySpec::Sync => ApplyPolicy::Sync,
+            PolicySpec::Cadence => ApplyPolicy::Cadence,
+            PolicySpec::Async => ApplyPolicy::Async,
+        };
         run.rules = match sc.rules {
             RulesSpec::Cohort => Rules::Cohort,
             RulesSpec::Flodl => Rules::Flodl,
@@ -260,6 +266,7 @@ impl<W: SimWorkload> Cluster<W> {
             acts,
             next_act: 0,
             timeline: Timeline::default(),
+            windows: Vec::new(),
             deaths: Vec::new(),
             formed_at: None,
             world_size: 0,
@@ -794,6 +801,17 @@ impl<W: SimWorkload> Cluster<W> {
                 self.epochs_completed = self.epochs_completed.max(metrics.epoch + 1);
                 self.timeline.instant(t, "controller", &format!("epoch {} aggregated", metrics.epoch));
             }
+            ControllerEvent::Coord(CoordEvent::WindowClosed { version, steps, idle_ms, .. }) => {
+                let idle: f64 = idle_ms.iter().sum();
+                let msg = format!("window {version}: batches {steps:?}, idle {idle:.1} ms");
+                self.timeline.instant(t, "controller", &msg);
+                self.windows.push(Window {
+                    at_s: t.as_secs_f64(),
+                    version: *version,
+                    batches: steps.clone(),
+                    idle_ms: idle_ms.clone(),
+                });
+            }
             ControllerEvent::Coord(CoordEvent::PlanIssued { epoch, .. }) => {
                 self.timeline.begin_epoch(t, *epoch);
             }
@@ -875,6 +893,8 @@ impl<W: SimWorkload> Cluster<W> {
             hosts: self.hosts.iter().map(|h| (h.name.to_string(), h.ranks.clone())).collect(),
             ranks,
             replay: None,
+            idle_ms: self.windows.iter().flat_map(|w| &w.idle_ms).sum(),
+            windows: core::mem::take(&mut self.windows),
             timeline: core::mem::take(&mut self.timeline),
             log: core::mem::take(&mut self.log),
         }

@@ -1,10 +1,11 @@
 //! VOPR-style exploration: one random scenario per seed (cluster size,
-//! arrival times, quorum knobs, fault mix, cohort's rules or flodl's), all
-//! drawn from that seed.
+//! arrival times, quorum knobs, fault mix, cohort's rules or flodl's, the
+//! apply policy, the slow class's speed spread), all drawn from that seed.
 
 use crate::rng::stream;
 use crate::scenario::{
-    BackendSpec, Fault, FaultAt, HostSpec, MaxFailure, RulesSpec, Scenario, StartModeSpec,
+    BackendSpec, Fault, FaultAt, HostSpec, MaxFailure, PolicySpec, RulesSpec, Scenario, SpeedClass,
+    StartModeSpec,
 };
 
 /// The random scenario of `seed`.
@@ -83,5 +84,9 @@ pub fn random_scenario(seed: u64) -> Scenario {
     sc.faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
     // Drawn last, so every earlier draw of a seed stays what it was.
     sc.rules = if r.chance(0.3) { RulesSpec::Flodl } else { RulesSpec::Cohort };
+    // The apply policy and the speed spread, drawn after everything else.
+    sc.policy = [PolicySpec::Sync, PolicySpec::Cadence, PolicySpec::Async][r.range(0, 3) as usize];
+    let spread = [1.0, 2.0, 3.0, 8.0][r.range(0, 4) as usize];
+    sc.speed_classes.insert("slow".to_owned(), SpeedClass { batch_ms: 40.0 * spread, spread: 0.2 });
     sc
 }

@@ -219,6 +219,19 @@ fn process_name<S: Serializer>(p: &Process, s: S) -> Result<S::Ok, S::Error> {
     })
 }
 
+/// One averaging window as the coordinator closed it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Window {
+    /// When it closed (virtual seconds).
+    pub at_s: f64,
+    /// The version it produced.
+    pub version: u64,
+    /// Each rank's batches in it.
+    pub batches: Vec<u64>,
+    /// Each rank's idle time at its sync point, ms.
+    pub idle_ms: Vec<f64>,
+}
+
 /// The summary of one run.
 #[derive(Debug, Clone)]
 pub struct Report {
@@ -252,6 +265,10 @@ pub struct Report {
     pub ranks: BTreeMap<u32, RankReport>,
     /// The command that replays this run (set by the caller).
     pub replay: Option<String>,
+    /// Every averaging window: per-rank batches and idle time.
+    pub windows: Vec<Window>,
+    /// The ranks' idle time at sync points, summed over every window, ms.
+    pub idle_ms: f64,
     /// The timeline (not in the JSON report; see `--trace`).
     pub timeline: Timeline,
     /// Every node event, if the cluster recorded them (not in the JSON report).
@@ -267,7 +284,7 @@ impl Report {
     /// The JSON report: `seed`, `outcome` (`"done"` or `"failed"`),
     /// `reason`, `formed_at_s`, `ended_at_s`, `world_size`, `deaths`,
     /// `faults`, `epochs_completed`, `violations`, `trace_hash`, `events`,
-    /// `steps`, `hosts`, `ranks`, `replay`.
+    /// `steps`, `hosts`, `ranks`, `replay`, `windows`, `idle_ms`.
     pub fn to_json(&self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
@@ -275,7 +292,7 @@ impl Report {
 
 impl Serialize for Report {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("Report", 16)?;
+        let mut st = s.serialize_struct("Report", 18)?;
         st.serialize_field("seed", &self.seed)?;
         st.serialize_field("outcome", if self.outcome.is_done() { "done" } else { "failed" })?;
         st.serialize_field("reason", &self.outcome.reason())?;
@@ -292,6 +309,8 @@ impl Serialize for Report {
         st.serialize_field("hosts", &self.hosts)?;
         st.serialize_field("ranks", &self.ranks)?;
         st.serialize_field("replay", &self.replay)?;
+        st.serialize_field("windows", &self.windows)?;
+        st.serialize_field("idle_ms", &self.idle_ms)?;
         st.end()
     }
 }

@@ -61,6 +61,10 @@ pub struct Scenario {
     /// `"cpu"` (relay fold + controller reduce) or `"nccl"`.
     #[serde(default)]
     pub backend: BackendSpec,
+    /// The apply policy: `"sync"`, `"cadence"` (flodl's default) or
+    /// `"async"`.
+    #[serde(default)]
+    pub policy: PolicySpec,
     /// `"cohort"` (deaths declared the moment a connection says so) or
     /// `"flodl"` (flodl 0.8's rules, to predict a flodl cluster).
     #[serde(default)]
@@ -230,6 +234,19 @@ pub enum RulesSpec {
     Cohort,
     /// flodl 0.8's.
     Flodl,
+}
+
+/// The apply policy (flodl's `ApplyPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicySpec {
+    /// One batch from every rank closes a window; equal partitions.
+    Sync,
+    /// ElChe's counts close a window; throughput partitions.
+    #[default]
+    Cadence,
+    /// Cadence with the async anchor rules.
+    Async,
 }
 
 /// A failure budget.
@@ -674,6 +691,7 @@ impl Scenario {
             sync_every: default_sync_every(),
             run_for_s: None,
             backend: BackendSpec::Cpu,
+            policy: PolicySpec::Cadence,
             rules: RulesSpec::Cohort,
             timeout_scale: 1.0,
             max_failure: None,

@@ -710,3 +710,23 @@ impl SimWorld {
             || kept_back(&self.events, self.batch_size).get(&epoch).is_some_and(|k| k.contains(&sample))
     }
 }
+
+/// Runs one averaging window to its end so ElChe calibrates: every rank of
+/// the world reports its scheduled batch count (`ms[r]` each, step counts
+/// from `first_step`), then, on the CPU plane, a `SyncAck` with a
+/// divergence. Needs cycles on (`sync_every`). Returns what was sent.
+pub fn calibrate(s: &mut Scheduler, t: Time, first_step: u64, ms: &[f64]) -> Vec<Step> {
+    let counts = s.el_che().expect("cycles on").batch_counts().to_vec();
+    let nccl = s.config().backend == cohort_proto::coord::Backend::Nccl;
+    for (r, &n) in counts.iter().enumerate() {
+        for i in 0..n {
+            s.on_timing(t, r as u32, batch(r as u32, first_step + i, ms[r]));
+        }
+    }
+    if !nccl {
+        for r in 0..counts.len() as u32 {
+            s.on_timing(t, r, sync_ack(r, 0));
+        }
+    }
+    drain(s)
+}

@@ -134,27 +134,52 @@ fn remainder_counts_the_batches_the_rank_reported() {
 /// BEHAVIOUR.md Coordinator [C12]: slices: survivors ascending, `size / n` each, the first `size % n` one more
 #[test]
 fn remainder_with_batches_larger_than_one_is_the_least_the_rank_can_have_done() {
-    // flodl's rules (slices in samples). batch 4, plans of 10: [4, 4, 2]
-    // batches. An extension appended to rank 0 is walked after its plan;
-    // two batches of the extension count from the extension's start,
-    // whatever the rank's batching.
+    // cohort's rules. batch 4, plans of 10. An extension appended to rank
+    // 0 is walked after its plan; two batches of the extension count from
+    // the extension's start, whatever the rank's batching.
+    let mut s = started(CoordConfig::new(3, 1, 30, 4));
+    s.rank_exited(Time::from_secs(1), 2, 1);
+    let st = drain(&mut s);
+    // Rank 2's 10 samples in whole batches: 4 to rank 0, the other 6 to
+    // rank 1.
+    assert_eq!(extensions_in(&sent_to(&st, 0)), vec![(20, 4)]);
+    for step in 1..=3 {
+        s.on_timing(Time::from_millis(1000 + step), 0, batch(0, step, 10.0));
+    }
+    s.rank_exited(Time::from_secs(2), 0, 1);
+    let st = drain(&mut s);
+    // 3 batches walk at least the plan's 10 (the third may straddle into
+    // the extension): the least it did is 10, the extension is left whole,
+    // re-split over the survivor (cohort re-splits a dead rank's slices).
+    assert!(events(&st).iter().any(|e| matches!(
+        e,
+        CoordEvent::RankDead { rank: 0, processed: 10, remainder, .. } if remainder == &[Segment::new(20, 4)]
+    )));
+    assert_eq!(extensions_in(&sent_to(&st, 1)), vec![(20, 4)]);
+}
+
+/// BEHAVIOUR.md Coordinator [C11]: flodl's rules: the remainder is the rank's own plan past its steps' samples; the slices it was given are lost
+#[test]
+fn under_flodl_rules_a_dead_ranks_own_slices_are_lost() {
+    // batch 4, plans of 10; rank 2 dies first, its 10 samples go 5 + 5.
     let mut cfg = CoordConfig::new(3, 1, 30, 4);
     cfg.rules = cohort_proto::config::Rules::Flodl;
     let mut s = started(cfg);
     s.rank_exited(Time::from_secs(1), 2, 1);
     let st = drain(&mut s);
     assert_eq!(extensions_in(&sent_to(&st, 0)), vec![(20, 5)]);
-    for step in 1..=4 {
+    for step in 1..=2 {
         s.on_timing(Time::from_millis(1000 + step), 0, batch(0, step, 10.0));
     }
     s.rank_exited(Time::from_secs(2), 0, 1);
     let st = drain(&mut s);
-    // 3 batches finish the plan (10), the 4th covers 4 of the 5 extension samples.
+    // 2 steps are 8 samples of its plan of 10: the remainder is (8, 2);
+    // the slice (20, 5) it had itself received is not re-split.
     assert!(events(&st).iter().any(|e| matches!(
         e,
-        CoordEvent::RankDead { rank: 0, processed: 14, remainder, .. } if remainder == &[Segment::new(24, 1)]
+        CoordEvent::RankDead { rank: 0, processed: 8, remainder, .. } if remainder == &[Segment::new(8, 2)]
     )));
-    assert_eq!(extensions_in(&sent_to(&st, 1)), vec![(24, 1)]);
+    assert_eq!(extensions_in(&sent_to(&st, 1)), vec![(8, 2)]);
 }
 
 /// BEHAVIOUR.md Coordinator [C12]: slices: survivors ascending, `size / n` each, the first `size % n` one more

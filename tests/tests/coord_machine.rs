@@ -64,7 +64,6 @@ fn relay_hello_is_acknowledged_and_rank_frames_flow_both_ways() {
     let mut up = a.timing(1, &batch(1, 1, 12.0));
     up.extend(a.metrics(1, &metrics(1, 0, 10)));
     c.handle(t1, Input::Received { conn: a.conn, bytes: &up });
-    assert_eq!(c.scheduler().smoothed_ms(1), Some(12.0));
     assert_eq!(c.scheduler().liveness().get(1), Some(cohort_proto::coord::Life::Alive { last_heard: t1 }));
     // Rank 0's report arrives split in two; rank 2's through relay b.
     let m0 = a.metrics(0, &metrics(0, 0, 10));

@@ -58,12 +58,10 @@ fn nccl_generator_is_lowest_survivor_on_the_controllers_host() {
 fn nccl_generator_without_a_local_survivor_is_the_fastest_ties_to_lowest() {
     let mut cfg = nccl(4);
     cfg.local_ranks = [0].into();
+    cfg.sync_every = Some(1);
     let mut s = started(cfg);
-    // Rank 1: 30 ms, rank 2: 10 ms, rank 3: 10 ms.
-    for (r, ms) in [(1, 30.0), (2, 10.0), (3, 10.0)] {
-        s.on_timing(Time::from_millis(10), r, batch(r, 1, ms));
-    }
-    drain(&mut s);
+    // One window calibrates ElChe: rank 1 30 ms, rank 2 10 ms, rank 3 10 ms.
+    calibrate(&mut s, Time::from_millis(10), 1, &[5.0, 30.0, 10.0, 10.0]);
     s.rank_exited(Time::from_secs(1), 0, 1);
     assert_eq!(asked(&drain(&mut s)), vec![2]);
     // Uncalibrated survivors sort last: with no readings, the lowest rank.

@@ -244,10 +244,11 @@ fn final_eval_is_dispatched_to_the_eval_role_just_before_shutdown() {
 /// BEHAVIOUR.md Coordinator [C46]: epoch callback role via `SetEpochCallbackRole`
 #[test]
 fn dead_role_holders_roles_fail_over_to_the_fastest_live_rank() {
-    let (mut s, _) = started(CoordConfig::new(4, 2, 40, 1));
-    for (r, ms) in [(1, 30.0), (2, 10.0), (3, 20.0)] {
-        s.on_timing(Time::from_millis(5), r, batch(r, 1, ms));
-    }
+    let mut c = CoordConfig::new(4, 2, 40, 1);
+    c.sync_every = Some(1);
+    let (mut s, _) = started(c);
+    // One window calibrates ElChe: rank 0 40 ms, 1 30 ms, 2 10 ms, 3 20 ms.
+    calibrate(&mut s, Time::from_millis(5), 1, &[40.0, 30.0, 10.0, 20.0]);
     s.rank_exited(Time::from_millis(10), 0, 1);
     let st = drain(&mut s);
     for role in [Role::Checkpoint, Role::Eval, Role::EpochCallback] {
@@ -267,9 +268,10 @@ fn dead_role_holders_roles_fail_over_to_the_fastest_live_rank() {
 fn a_checkpoint_in_flight_on_a_dead_holder_moves_with_the_role() {
     let mut c = CoordConfig::new(3, 2, 30, 1);
     c.checkpoint_every = Some(1);
+    c.sync_every = Some(1);
     let (mut s, _) = started(c);
+    calibrate(&mut s, Time::from_millis(5), 1, &[20.0, 20.0, 5.0]);
     finish(&mut s, Time::from_millis(10), 0, 10);
-    s.on_timing(Time::from_millis(12), 2, batch(2, 1, 5.0));
     s.rank_exited(Time::from_millis(15), 0, 1);
     let st = drain(&mut s);
     assert!(sent_to(&st, 2).contains(&ControlMsgWire::Checkpoint { version: 1, target_rank: 2 }));

@@ -26,6 +26,7 @@ mod liveness;
 mod metrics;
 mod nccl;
 mod plan;
+mod policy;
 mod roles;
 mod scheduler;
 
@@ -43,6 +44,7 @@ pub use plan::{
     Assignment, Segment, TRUST_WINDOW, Throughput, epoch_plans, equal_sizes, partition_sizes,
     split_remainder, split_remainder_whole,
 };
+pub use policy::{ApplyPolicy, ElCheTuning};
 pub use roles::{Intents, Role, RolePolicy, Roles, cadence_due, fastest, next_untried};
 pub use scheduler::{Phase, Scheduler};
 
@@ -50,6 +52,7 @@ use crate::config::{ConfigError, Rules, TimeoutScale};
 use crate::machine::ConnId;
 use crate::time::Time;
 use crate::wire::{ControlMsgWire, EpochMetricsWire, EpochPlanWire, IntentKind, TimingMsgWire, WireError};
+use el_che::ElCheConfig;
 
 /// Everything the coordinator needs to know about the run.
 ///
@@ -77,11 +80,21 @@ pub struct CoordConfig {
     pub failure_budget: Option<FailureBudget>,
     /// The network timeout scale (stretches staleness and the stall ceiling).
     pub timeout_scale: TimeoutScale,
-    /// Batches per averaging cycle; `None` disables cycles (no
-    /// `RequestParams`/`SyncNow`, no `Update`, no throttling).
+    /// Averaging cycles on, from this initial ElChe anchor: the batches the
+    /// slowest rank runs per window (flodl's `anchor`; its presets use 10,
+    /// 1 for sync). `None` disables cycles (no `RequestParams`/`SyncNow`,
+    /// no `Update`, no throttling, no calibration).
     pub sync_every: Option<u64>,
-    /// Throttle a rank more than this many steps ahead of the slowest
-    /// (CPU plane with cycles only).
+    /// When windows close and how epochs are sized (flodl's default:
+    /// cadence).
+    pub policy: ApplyPolicy,
+    /// ElChe's other knobs.
+    pub el_che: ElCheTuning,
+    /// User partition ratios, one per rank (normalized): they size every
+    /// epoch whatever the policy.
+    pub partition_ratios: Option<Vec<f64>>,
+    /// Throttle a rank more than this many window steps ahead of the
+    /// slowest (CPU plane with cycles only); also ElChe's per-update clamp.
     pub max_batch_diff: Option<u64>,
     /// Checkpoint every this many epochs.
     pub checkpoint_every: Option<u64>,
@@ -112,6 +125,9 @@ impl CoordConfig {
             failure_budget: None,
             timeout_scale: TimeoutScale::ONE,
             sync_every: None,
+            policy: ApplyPolicy::default(),
+            el_che: ElCheTuning::default(),
+            partition_ratios: None,
             max_batch_diff: None,
             checkpoint_every: None,
             eval_every: None,
@@ -151,7 +167,56 @@ impl CoordConfig {
         if let Some(b) = self.failure_budget {
             b.validate()?;
         }
+        if let Some(r) = &self.partition_ratios {
+            if r.len() != self.world_size as usize {
+                return Err(ConfigError::new(
+                    "partition ratios",
+                    format!("{} entries for {} ranks", r.len(), self.world_size),
+                ));
+            }
+            if r.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
+                return Err(ConfigError::new("partition ratios", "every ratio must be finite and positive"));
+            }
+            let sum: f64 = r.iter().sum();
+            if (sum - 1.0).abs() > 0.05 {
+                return Err(ConfigError::new(
+                    "partition ratios",
+                    format!("sum to {sum}, not 1 (within 0.05)"),
+                ));
+            }
+        }
+        if let Some(c) = self.el_che_config() {
+            c.validate()?;
+        }
         Ok(())
+    }
+
+    /// ElChe's configuration for this run, when cycles are on and the world
+    /// has at least 2 ranks: the preset of the policy on the backend, the
+    /// initial anchor, the throttle lead as the per-update clamp, one
+    /// epoch's whole batches as the window ceiling (flodl's
+    /// `window_cap_batches` with one split), and the tuning knobs.
+    pub fn el_che_config(&self) -> Option<ElCheConfig> {
+        let anchor = self.sync_every?;
+        if self.world_size < 2 {
+            return None;
+        }
+        let t = &self.el_che;
+        let mut c = ElCheConfig::new(self.policy.mode(self.backend), self.world_size);
+        c.anchor = anchor;
+        c.max_batch_diff = self.max_batch_diff;
+        c.max_total_batches = el_che::partition::window_cap_batches(self.epoch_samples, 1, self.batch_size);
+        c.max_anchor = t.max_anchor;
+        c.min_anchor = t.min_anchor;
+        if t.overhead_target.is_some() {
+            c.overhead_target = t.overhead_target;
+        }
+        c.relax_up = t.relax_up;
+        if let Some(g) = &t.guard {
+            c.guard = g.clone();
+        }
+        c.meta_controller = !t.no_meta_controller;
+        Some(c)
     }
 
     /// The staleness deadline, scaled (whole seconds, as flodl rounds it).
@@ -450,6 +515,27 @@ pub enum CoordEvent {
         cycle: u64,
         /// Whether it is the final consensus cycle before shutdown.
         last: bool,
+    },
+    /// A window closed (ElChe ran its cycle, just before
+    /// [`CoordEvent::CycleFinished`]): what each rank ran, and the schedule
+    /// for the next window.
+    WindowClosed {
+        /// The version this cycle produces.
+        version: u64,
+        /// Each rank's batches in the window.
+        steps: Vec<u64>,
+        /// Each rank's batch count for the next window.
+        counts: Vec<u64>,
+        /// Each rank's idle time at the sync point: from its last batch
+        /// report in the window (or the window's start) to the trigger, ms
+        /// (0 for a rank that holds no window).
+        idle_ms: Vec<f64>,
+        /// The anchor after the cycle.
+        anchor: u64,
+        /// The sync time the window report carried (ms).
+        sync_ms: f64,
+        /// The convergence guard's verdict.
+        verdict: el_che::Verdict,
     },
     /// An averaging cycle completed: `version` is the averaged version.
     CycleFinished {

@@ -5,12 +5,13 @@ use std::collections::{BTreeSet, VecDeque};
 use core::time::Duration;
 
 use super::budget::{Backend, SaveReason, unrecoverable};
+use super::el_che::partition::{equal_sizes, ratio_sizes, throughput_sizes};
+use super::el_che::{DivergenceSample, ElChe};
 use super::liveness::{Life, Liveness};
 use super::metrics::EpochReports;
 use super::nccl::{AskAbandoned, NCCL_UID_BYTES, Rendezvous, new_sessions, pick_generator};
-use super::plan::{
-    Assignment, Segment, Throughput, epoch_plans, partition_sizes, split_remainder, split_remainder_whole,
-};
+use super::plan::{Assignment, Segment, epoch_plans, split_remainder, split_remainder_whole};
+use super::policy::ApplyPolicy;
 use super::roles::{Intents, Role, Roles, cadence_due, next_untried};
 use super::{CoordConfig, CoordEvent, DeathCause, PlanCarrier, RoleMove, RunEnd, Step};
 use crate::config::defaults::COORD_HEARTBEAT;
@@ -40,15 +41,39 @@ struct RankBook {
     sync_snapshot: u64,
     /// Throttled during the current cycle.
     throttled: bool,
-    /// NCCL: acknowledged the current cycle's `SyncNow`.
+    /// Sent a step count past `sync_snapshot` since the cycle was armed
+    /// (flodl's ack: a `Batch`, or an NCCL `SyncAck`).
     acked: bool,
-    speed: Throughput,
+    /// Its window steps reached its window target (see
+    /// `Scheduler::window_target`).
+    satisfied: bool,
+    /// Its divergence for the reduce in flight arrived.
+    diverged: bool,
+    /// When its last batch report of the window arrived (the window's
+    /// start before one).
+    last_batch_at: Time,
+}
+
+/// Running counts over the ranks that hold windows and cycles open, so a
+/// report costs O(1): the O(world) checks run only when a count reaches 0.
+#[derive(Debug, Clone, Default)]
+struct Gates {
+    /// Counted ranks whose window steps are short of their target.
+    short: u32,
+    /// Counted ranks that have not acked the armed cycle.
+    unacked: u32,
+    /// Ranks of the whole world that have acked (flodl's sync-time capture).
+    acked_raw: u32,
+    /// Counted ranks whose divergence has not arrived.
+    undiverged: u32,
+    /// The lowest window steps over the ranks the throttle compares, a
+    /// lower bound refreshed when a rank looks far ahead of it.
+    min_steps: u64,
 }
 
 #[derive(Debug, Clone)]
 struct EpochBook {
     epoch: u64,
-    plan_sizes: Vec<u64>,
     assigned: Vec<Assignment>,
     start_step: Vec<u64>,
     reports: EpochReports,
@@ -58,7 +83,7 @@ struct EpochBook {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Cycle {
     Idle,
-    CpuPending { since: Time, acked: BTreeSet<u32>, steps: u64 },
+    CpuPending { since: Time },
     NcclSettling { since: Time },
 }
 
@@ -96,21 +121,26 @@ const FINAL_EVAL_ID: u64 = u64::MAX;
 /// complete when every live rank has reported, in one or more `Metrics`,
 /// at least as many samples as it was assigned (its plan plus any
 /// `ExtendPartition` slices). Its metrics are then aggregated and
-/// broadcast, and the next epoch's plans go out (folded into the
-/// averaging `Update` when a CPU cycle is in flight). After the last epoch:
+/// broadcast, and the next epoch's plans go out (after the CPU cycle in
+/// flight, if any, has finished). After the last epoch:
 /// a final consensus cycle when ranks hold unaveraged steps, the final eval
 /// when configured, then `Shutdown`.
 ///
 /// # Averaging cycles
 ///
-/// With `sync_every = Some(w)`, a cycle starts once every live rank has taken
-/// `w` steps since the last one or has no work left in the epoch (and some
-/// rank has stepped). CPU plane: `RequestParams`, then once every live rank
-/// has sent `SyncAck`, `Update{version, next_plan}` and `SetGlobalStep`.
-/// NCCL plane: `SyncNow` and `SetGlobalStep` at once; the next cycle waits
-/// until every live rank has acknowledged (a `SyncAck`, or a `Batch` past the
-/// trigger). A cycle unfinished for longer than the stall ceiling stops the
-/// run with `ReduceStall`.
+/// With `sync_every = Some(anchor)` (and at least 2 ranks) ElChe schedules
+/// the windows: a window closes once every rank that holds windows has run
+/// its ElChe batch count (sync policy: one batch) or can step no more this
+/// epoch, and some rank has stepped (NCCL: and every such rank acked the
+/// last `SyncNow` with a step count past it). CPU plane: `RequestParams`,
+/// then (whole-epoch dispatch) `Throttle` to everyone, the barrier; once
+/// every such rank's divergence arrived, ElChe closes the window, then
+/// `Update{version}` to every rank not dead and `SetGlobalStep`. NCCL plane:
+/// `SyncNow`, ElChe closes the window at once, `SetGlobalStep`. ElChe's
+/// counts then size the next windows, its smoothed speeds the next epochs'
+/// partitions (cadence and async), its recent share `EpochAggregated`'s
+/// batch share. A cycle unfinished for longer than the stall ceiling stops
+/// the run with `ReduceStall`.
 ///
 /// ```
 /// use cohort_proto::coord::{CoordConfig, CoordEvent, Scheduler, Step};
@@ -140,11 +170,22 @@ pub struct Scheduler {
     final_eval_sent: bool,
     final_cycle_started: bool,
     nccl: Option<Rendezvous>,
+    el_che: Option<ElChe>,
+    gates: Gates,
+    /// When the armed cycle started, until every rank acked it.
+    sync_started: Option<Time>,
+    /// The last cycle's trigger-to-last-ack time, for the next window
+    /// report (taken and reset to 0 there).
+    last_sync_ms: f64,
+    /// Each rank's idle time at the armed cycle's trigger.
+    idle_ms: Vec<f64>,
+    /// Each rank's last non-zero smoothed ms per batch (cohort's sizing of
+    /// a rank whose trust window emptied).
+    last_speed: Vec<f64>,
     cycle: Cycle,
     cycles: u64,
     version: u64,
     global_step: u64,
-    advance_due: bool,
     out: VecDeque<Step>,
 }
 
@@ -178,6 +219,7 @@ impl Scheduler {
     pub fn new(cfg: CoordConfig) -> Result<Self, ConfigError> {
         cfg.validate()?;
         let world = cfg.world_size;
+        let el_che = cfg.el_che_config().map(|c| ElChe::new(&c)).transpose()?;
         Ok(Scheduler {
             live: Liveness::new(world, cfg.staleness(), Time::ZERO),
             ranks: vec![RankBook::default(); world as usize],
@@ -192,11 +234,16 @@ impl Scheduler {
             final_eval_sent: false,
             final_cycle_started: false,
             nccl: None,
+            el_che,
+            gates: Gates::default(),
+            sync_started: None,
+            last_sync_ms: 0.0,
+            idle_ms: Vec::new(),
+            last_speed: vec![0.0; world as usize],
             cycle: Cycle::Idle,
             cycles: 0,
             version: 0,
             global_step: 0,
-            advance_due: false,
             out: VecDeque::new(),
             cfg,
         })
@@ -246,9 +293,15 @@ impl Scheduler {
         self.global_step
     }
 
-    /// A rank's smoothed ms per batch.
+    /// A rank's smoothed ms per batch (ElChe's trust window), once
+    /// calibrated readings exist.
     pub fn smoothed_ms(&self, rank: u32) -> Option<f64> {
-        self.ranks.get(rank as usize)?.speed.smoothed()
+        self.el_che.as_ref()?.balancer().smoothed_ms_per_batch(rank)
+    }
+
+    /// ElChe, when cycles are on in a world of at least 2.
+    pub fn el_che(&self) -> Option<&ElChe> {
+        self.el_che.as_ref()
     }
 
     /// The rank an NCCL re-rendezvous is waiting on, if one is in flight.
@@ -298,6 +351,11 @@ impl Scheduler {
         self.event(CoordEvent::Started);
         let alive = self.live.alive();
         self.roles = Roles::elect(self.cfg.role_policy, &alive, |r| self.smoothed_ms(r));
+        for b in &mut self.ranks {
+            b.acked = true;
+            b.last_batch_at = now;
+        }
+        self.recount();
         self.tick(now);
         self.advance(now);
     }
@@ -382,45 +440,36 @@ impl Scheduler {
         }
         let r = rank as usize;
         match msg {
-            TimingMsgWire::Batch { batch_ms, data_ms, step_count, .. } => {
-                let before = (self.gate_satisfied(rank), self.steps_since_sync(rank) > 0);
+            TimingMsgWire::Batch { batch_ms, data_ms, step_count, sync_divergence, .. } => {
                 let book = &mut self.ranks[r];
                 book.last_step = book.last_step.max(step_count);
-                book.speed.push(batch_ms + data_ms.max(0.0));
-                // Only a new ack can finish the cycle (a death re-checks it
-                // itself): later batches skip the O(world) walk.
-                if matches!(self.cycle, Cycle::NcclSettling { .. })
-                    && step_count > book.sync_snapshot
-                    && !book.acked
-                {
-                    book.acked = true;
-                    self.cycle_progress(now);
+                book.last_batch_at = now;
+                if let Some(e) = self.el_che.as_mut() {
+                    let _ = e.on_batch(rank, batch_ms, data_ms);
                 }
+                if sync_divergence.is_some() {
+                    let sample =
+                        DivergenceSample { divergence: sync_divergence, ..DivergenceSample::default() };
+                    self.note_divergence(now, rank, sample);
+                }
+                // flodl's order: the ack against the armed snapshot, the
+                // throttle, then the window gate (which may arm a cycle).
+                self.note_ack(now, rank, step_count);
                 self.throttle_check(rank);
-                // Only this rank changed: the gate can only open if it just
-                // became satisfied, or just became the first mover.
-                let after = (self.gate_satisfied(rank), self.steps_since_sync(rank) > 0);
-                if after.0 && (!before.0 || !before.1 && after.1) {
-                    self.cycle_gate(now);
-                }
+                self.note_step(now, rank);
             }
-            TimingMsgWire::SyncAck { step_count, divergence, .. } => match &mut self.cycle {
-                // flodl's rule: a CPU cycle counts a rank once its SyncAck
-                // carries a divergence; an ack without one never does.
-                Cycle::CpuPending { acked, .. } => {
-                    if divergence.is_some() && acked.insert(rank) {
-                        self.cycle_progress(now);
-                    }
-                }
-                Cycle::NcclSettling { .. } => {
+            TimingMsgWire::SyncAck { step_count, divergence, post_norm, pre_norm, .. } => {
+                // flodl folds a SyncAck's step count only on NCCL (the CPU
+                // bridge's is meaningless).
+                if self.cfg.backend == Backend::Nccl {
                     let book = &mut self.ranks[r];
                     book.last_step = book.last_step.max(step_count);
-                    if !core::mem::replace(&mut book.acked, true) {
-                        self.cycle_progress(now);
-                    }
                 }
-                Cycle::Idle => {}
-            },
+                // Divergence counts in any phase: a late one pre-fills the
+                // next reduce's slot, as in flodl.
+                self.note_divergence(now, rank, DivergenceSample { divergence, pre_norm, post_norm });
+                self.note_ack(now, rank, step_count);
+            }
             TimingMsgWire::Exiting { .. } => self.exit(now, rank),
             TimingMsgWire::Intent { kind, .. } => {
                 match kind {
@@ -429,18 +478,24 @@ impl Scheduler {
                 }
                 self.event(CoordEvent::IntentNoted { rank, kind });
             }
-            TimingMsgWire::EvalResult { schedule_id, epoch, metric, error, .. } => {
+            TimingMsgWire::EvalResult { schedule_id, epoch, metric, error, elapsed_ms, .. } => {
+                self.callback_cost(rank, elapsed_ms);
                 self.eval_result(rank, schedule_id, epoch, metric, error)
             }
-            TimingMsgWire::CheckpointResult { version, error, .. } => {
+            TimingMsgWire::CheckpointResult { version, error, elapsed_ms, .. } => {
+                self.callback_cost(rank, elapsed_ms);
                 self.checkpoint_result(rank, version, error)
             }
             TimingMsgWire::NewNcclIdGenerated { uid_bytes, .. } => self.nccl_answer(rank, uid_bytes),
-            TimingMsgWire::Heartbeat { .. }
-            | TimingMsgWire::SnapshotReady { .. }
-            | TimingMsgWire::EpochFnElapsed { .. } => {}
-            m @ (TimingMsgWire::LrUpdate { .. }
-            | TimingMsgWire::DashboardRegister { .. }
+            TimingMsgWire::EpochFnElapsed { elapsed_ms, .. } => self.callback_cost(rank, elapsed_ms),
+            TimingMsgWire::Heartbeat { .. } | TimingMsgWire::SnapshotReady { .. } => {}
+            m @ TimingMsgWire::LrUpdate { lr, .. } => {
+                if let Some(e) = self.el_che.as_mut() {
+                    let _ = e.on_lr(rank, lr);
+                }
+                self.event(CoordEvent::Telemetry { rank, msg: m })
+            }
+            m @ (TimingMsgWire::DashboardRegister { .. }
             | TimingMsgWire::DashboardSetSvg { .. }
             | TimingMsgWire::DashboardSetMetadata { .. }
             | TimingMsgWire::DashboardSetHardware { .. }
@@ -463,12 +518,9 @@ impl Scheduler {
         if !self.running() || !self.live.is_alive(rank) {
             return;
         }
-        let before = self.gate_satisfied(rank);
         let Some(ep) = self.epoch.as_mut().filter(|e| e.epoch == msg.epoch && !e.aggregated) else { return };
         ep.reports.add(&msg);
-        if !before && self.gate_satisfied(rank) {
-            self.cycle_gate(now);
-        }
+        self.note_step(now, rank);
         self.advance(now);
     }
 
@@ -538,11 +590,6 @@ impl Scheduler {
         }
     }
 
-    fn steps_since_sync(&self, r: u32) -> u64 {
-        let b = &self.ranks[r as usize];
-        b.last_step.saturating_sub(b.sync_snapshot)
-    }
-
     /// The least `r` has processed of the epoch in progress.
     fn processed(&self, ep: &EpochBook, r: u32) -> u64 {
         let i = r as usize;
@@ -556,14 +603,6 @@ impl Scheduler {
     fn whole_batches(&self, ep: &EpochBook, r: u32) -> u64 {
         let b = self.cfg.batch_size.max(1);
         ep.assigned[r as usize].segments().iter().map(|s| s.size / b * b).sum()
-    }
-
-    /// Whether `r` has no work left in the epoch in progress.
-    fn quiesced(&self, r: u32) -> bool {
-        match &self.epoch {
-            Some(ep) if !ep.aggregated => self.processed(ep, r) >= self.whole_batches(ep, r),
-            _ => true,
-        }
     }
 
     // ----------------------------------------------------------------
@@ -582,6 +621,8 @@ impl Scheduler {
             self.nccl_retry(now, AskAbandoned::Died);
         }
         if self.running() {
+            self.recount();
+            self.capture_sync_time(now);
             self.cycle_progress(now);
             self.advance(now);
             self.cycle_gate(now);
@@ -604,16 +645,32 @@ impl Scheduler {
         if !self.live.is_alive(r) || self.ended() {
             return false;
         }
-        // 1. The unprocessed remainder of the epoch in progress.
+        // 1. The unprocessed remainder of the epoch in progress: cohort's,
+        // all it was assigned (plan and slices) past what it processed;
+        // flodl's, its plan past its steps' samples (the slices it was
+        // given itself are lost).
         let (epoch, processed, remainder) = match &self.epoch {
-            Some(ep) if !ep.aggregated => {
-                let done = self.processed(ep, r);
-                (Some(ep.epoch), done, ep.assigned[r as usize].remainder(done))
-            }
+            Some(ep) if !ep.aggregated => match self.cfg.rules {
+                Rules::Cohort => {
+                    let done = self.processed(ep, r);
+                    (Some(ep.epoch), done, ep.assigned[r as usize].remainder(done))
+                }
+                Rules::Flodl => {
+                    let i = r as usize;
+                    let plan = ep.assigned[i].segments()[0];
+                    let steps = self.ranks[i].last_step.saturating_sub(ep.start_step[i]);
+                    let done = steps.saturating_mul(self.cfg.batch_size).min(plan.size);
+                    let rest = Segment::new(plan.offset + done, plan.size - done);
+                    (Some(ep.epoch), done, if rest.size > 0 { vec![rest] } else { Vec::new() })
+                }
+            },
             _ => (None, 0, Vec::new()),
         };
         // 2. The ledger.
         self.live.mark_dead(r);
+        if let Some(e) = self.el_che.as_mut() {
+            let _ = e.on_dead(r);
+        }
         self.event(CoordEvent::RankDead { rank: r, cause, epoch, processed, remainder: remainder.clone() });
         if !self.running() {
             return true;
@@ -625,7 +682,11 @@ impl Scheduler {
             let to = self.live.reachable();
             self.send(to, ControlMsgWire::DeclareDead { rank: r.into() });
         }
-        let alive = self.live.alive();
+        // flodl hands slices to every rank not dead, an exited one included.
+        let alive = match self.cfg.rules {
+            Rules::Cohort => self.live.alive(),
+            Rules::Flodl => (0..self.cfg.world_size).filter(|&s| !self.live.is_dead(s)).collect(),
+        };
         // 5. Redistribute the remainder: in samples (flodl's rule), or in
         // whole batches (cohort's: no slice leaves a survivor a tail to drop).
         if let Some(e) = epoch {
@@ -676,6 +737,8 @@ impl Scheduler {
             }
         }
         if self.running() {
+            self.recount();
+            self.capture_sync_time(now);
             self.cycle_progress(now);
             self.advance(now);
             self.cycle_gate(now);
@@ -684,7 +747,7 @@ impl Scheduler {
 
     fn fail_over_roles(&mut self, dead: u32) {
         let alive = self.live.alive();
-        let speeds: Vec<Option<f64>> = self.ranks.iter().map(|b| b.speed.smoothed()).collect();
+        let speeds: Vec<Option<f64>> = (0..self.cfg.world_size).map(|r| self.smoothed_ms(r)).collect();
         let moves = self.roles.fail_over(dead, self.cfg.role_policy, &alive, |r| speeds[r as usize]);
         for (role, from, to) in moves {
             self.event(CoordEvent::RoleMoved { role, from, to, why: RoleMove::HolderDied });
@@ -908,9 +971,8 @@ impl Scheduler {
             }
             _ => {}
         }
+        // The next epoch waits for the cycle in flight (flodl's rule).
         if matches!(self.cycle, Cycle::CpuPending { .. }) {
-            // The plans ride the cycle's `Update`.
-            self.advance_due = true;
             return;
         }
         let next = self.epoch.as_ref().map_or(0, |e| e.epoch + 1);
@@ -920,9 +982,9 @@ impl Scheduler {
             return;
         }
         // The end: a final consensus cycle if ranks hold unaveraged steps.
-        if self.cfg.sync_every.is_some() && !self.final_cycle_started {
-            let alive = self.live.alive();
-            if alive.len() >= 2 && alive.iter().any(|&r| self.steps_since_sync(r) > 0) {
+        if self.el_che.is_some() && !self.final_cycle_started {
+            let moved = (0..self.cfg.world_size).any(|r| !self.live.is_dead(r) && self.window_steps(r) > 0);
+            if self.live.alive_count() >= 2 && moved {
                 if self.cycle == Cycle::Idle {
                     self.trigger_cycle(now, true);
                 }
@@ -939,6 +1001,41 @@ impl Scheduler {
             self.start_eval(FINAL_EVAL_ID, self.cfg.epochs);
         }
         self.shutdown();
+    }
+
+    /// flodl's partition sizes over `ranks`: the user's ratios (normalized
+    /// over them); else equal under sync; else, once ElChe is calibrated or
+    /// hinted, in proportion to throughput (`1 / ms`; a rank without
+    /// readings counts as very fast under flodl's rules, at its last known
+    /// speed under cohort's); else equal. Returns the sizes and
+    /// whether they follow throughput.
+    fn partition_sizes(&self, ranks: &[u32]) -> (Vec<u64>, bool) {
+        let total = self.cfg.epoch_samples;
+        if let Some(ratios) = &self.cfg.partition_ratios {
+            let r: Vec<f64> = ranks.iter().map(|&x| ratios[x as usize]).collect();
+            return (ratio_sizes(&r, total), false);
+        }
+        match (&self.el_che, self.cfg.policy) {
+            (Some(e), ApplyPolicy::Cadence | ApplyPolicy::Async)
+                if e.balancer().is_calibrated() || e.balancer().has_speed_hint() =>
+            {
+                let all = e.balancer().ms_per_batch();
+                // flodl reads a rank without readings (0.0) as 1000 batches
+                // per ms and gives it nearly the whole epoch; cohort sizes it
+                // at its last known speed (a live rank misses readings while
+                // it waits out others' windows, and ElChe then empties its
+                // trust window).
+                let ms: Vec<f64> = ranks
+                    .iter()
+                    .map(|&x| match self.cfg.rules {
+                        Rules::Cohort if all[x as usize] <= 0.0 => self.last_speed[x as usize],
+                        _ => all[x as usize],
+                    })
+                    .collect();
+                (throughput_sizes(&ms, total), true)
+            }
+            _ => (equal_sizes(total, ranks.len()), false),
+        }
     }
 
     /// cohort's rule: every live rank reported the whole batches of all it
@@ -961,16 +1058,27 @@ impl Scheduler {
         }
     }
 
+    /// flodl's batch share: ElChe's recent share of the batch counts, not
+    /// the samples each rank consumed; equal shares without ElChe or for a
+    /// degenerate vector.
+    fn batch_share(&self) -> Vec<f64> {
+        let world = self.cfg.world_size as usize;
+        let share = self.el_che.as_ref().map(|e| e.balancer().recent_batch_share()).unwrap_or_default();
+        if share.len() != world || share.iter().sum::<f64>() <= 0.0 {
+            return vec![1.0 / world as f64; world];
+        }
+        share
+    }
+
     fn aggregate(&mut self) {
         let to = self.live.reachable();
+        let share = self.batch_share();
         let Some(ep) = self.epoch.as_mut() else { return };
         ep.aggregated = true;
-        let total: u64 = ep.plan_sizes.iter().sum();
-        let share: Vec<f64> =
-            ep.plan_sizes.iter().map(|&s| if total > 0 { s as f64 / total as f64 } else { 0.0 }).collect();
         let metrics = ep.reports.aggregate(ep.epoch, &self.cfg.device_indices, &share);
         self.send(to, ControlMsgWire::EpochAggregated(Box::new(metrics.clone())));
         self.event(CoordEvent::EpochAggregated { metrics: Box::new(metrics) });
+        self.recount();
     }
 
     /// Sends the roles (first time), the due checkpoint and eval, and the
@@ -993,14 +1101,20 @@ impl Scheduler {
                 self.start_eval(epoch, epoch);
             }
         }
-        let speeds: Vec<Option<f64>> = alive.iter().map(|&r| self.smoothed_ms(r)).collect();
-        let calibrated = speeds.iter().all(Option::is_some);
-        let sizes = partition_sizes(self.cfg.epoch_samples, self.cfg.batch_size, &speeds);
-        let pairs: Vec<(u32, u64)> = alive.iter().copied().zip(sizes).collect();
+        // cohort sizes over the live ranks; flodl over the whole world, the
+        // dead ranks' shares never sent.
+        let (sized, to): (Vec<u32>, Vec<u32>) = match self.cfg.rules {
+            Rules::Cohort => (alive.clone(), alive),
+            Rules::Flodl => (
+                (0..self.cfg.world_size).collect(),
+                (0..self.cfg.world_size).filter(|&r| !self.live.is_dead(r)).collect(),
+            ),
+        };
+        let (sizes, calibrated) = self.partition_sizes(&sized);
+        let pairs: Vec<(u32, u64)> = sized.iter().copied().zip(sizes).collect();
         let plans = epoch_plans(epoch, self.cfg.world_size, &pairs);
         self.epoch = Some(EpochBook {
             epoch,
-            plan_sizes: plans.iter().map(|p| p.partition_size).collect(),
             assigned: plans
                 .iter()
                 .map(|p| Assignment::new(Segment::new(p.partition_offset, p.partition_size)))
@@ -1010,8 +1124,9 @@ impl Scheduler {
             aggregated: false,
         });
         self.event(CoordEvent::PlanIssued { epoch, plans: plans.clone(), calibrated, via });
+        self.recount();
         if via == PlanCarrier::StartEpoch {
-            for r in alive {
+            for r in to {
                 self.send(vec![r], ControlMsgWire::StartEpoch(plans[r as usize].clone()));
             }
         }
@@ -1022,137 +1137,314 @@ impl Scheduler {
     // Averaging cycles and throttling
     // ----------------------------------------------------------------
 
-    fn cycle_gate(&mut self, now: Time) {
-        if self.cfg.sync_every.is_none() || !self.running() || self.cycle != Cycle::Idle {
+    /// Whether `r` holds windows and cycles open: not dead, and (cohort's
+    /// rule) not exited. flodl counts an exited rank as a participant.
+    fn holds(&self, r: u32) -> bool {
+        !self.live.is_dead(r) && (self.cfg.rules == Rules::Flodl || !self.live.is_exited(r))
+    }
+
+    /// Whether the plan is progressive (chunk-pool dispatch). Not yet:
+    /// every policy dispatches whole epochs.
+    fn progressive(&self) -> bool {
+        false
+    }
+
+    /// Whether `r` can step no more in the epoch in progress, so it does
+    /// not hold the window open. cohort: it processed the whole batches of
+    /// all it was assigned. flodl (whole-epoch dispatch): never, so a rank
+    /// that finished its partition holds the window until the next epoch
+    /// (and a peer throttled short of the epoch's end deadlocks the run).
+    fn quiesced(&self, r: u32) -> bool {
+        match (&self.epoch, self.cfg.rules) {
+            (Some(ep), Rules::Cohort) if !ep.aggregated => self.processed(ep, r) >= self.whole_batches(ep, r),
+            _ => false,
+        }
+    }
+
+    /// Whether `r` no longer holds the window: it reached its target or
+    /// can step no more.
+    fn window_done(&self, r: u32) -> bool {
+        self.window_steps(r) >= self.window_target(r) || self.quiesced(r)
+    }
+
+    /// `r`'s batches in the window so far.
+    fn window_steps(&self, r: u32) -> u64 {
+        self.el_che.as_ref().map_or(0, |e| e.ledger().steps(r))
+    }
+
+    /// The window steps `r` must reach before the window may close: one
+    /// under sync, else its ElChe count.
+    fn window_target(&self, r: u32) -> u64 {
+        match (&self.el_che, self.cfg.policy) {
+            (None, _) => u64::MAX,
+            (Some(_), ApplyPolicy::Sync) => 1,
+            (Some(e), _) => e.batch_counts()[r as usize],
+        }
+    }
+
+    /// Rebuilds the running counts from scratch (after a window closes, a
+    /// cycle is armed, a rank dies or exits).
+    fn recount(&mut self) {
+        let mut g = Gates::default();
+        for r in 0..self.cfg.world_size {
+            let satisfied = self.window_done(r);
+            let diverged = self.el_che.as_ref().is_some_and(|e| e.divergence().reported(r));
+            let holds = self.holds(r);
+            let b = &mut self.ranks[r as usize];
+            b.satisfied = satisfied;
+            b.diverged = diverged;
+            g.short += u32::from(holds && !b.satisfied);
+            g.unacked += u32::from(holds && !b.acked);
+            g.acked_raw += u32::from(b.acked);
+            g.undiverged += u32::from(holds && !b.diverged);
+        }
+        self.gates = g;
+    }
+
+    /// `rank` ran a batch or reported: it may have reached its window
+    /// target or run out of work.
+    fn note_step(&mut self, now: Time, rank: u32) {
+        if self.el_che.is_none() {
             return;
         }
-        if self.epoch.as_ref().is_none_or(|e| e.aggregated) {
-            return;
-        }
-        let mut mover = false;
-        for &r in self.live.alive_ranks() {
-            mover |= self.steps_since_sync(r) > 0;
-            if !self.gate_satisfied(r) {
-                return;
+        let r = rank as usize;
+        if !self.ranks[r].satisfied && self.window_done(rank) {
+            self.ranks[r].satisfied = true;
+            if self.holds(rank) {
+                self.gates.short = self.gates.short.saturating_sub(1);
             }
         }
-        if mover {
+        if self.gates.short == 0 {
+            self.cycle_gate(now);
+        }
+    }
+
+    /// flodl's ack: a step count past the armed snapshot. Once every rank
+    /// has acked, the armed cycle's sync time is taken (cohort: every rank
+    /// that holds cycles; flodl: every rank of the world, so one death
+    /// leaves it at 0 for the rest of the run).
+    fn note_ack(&mut self, now: Time, rank: u32, step_count: u64) {
+        let r = rank as usize;
+        let b = &mut self.ranks[r];
+        if b.acked || step_count <= b.sync_snapshot {
+            return;
+        }
+        b.acked = true;
+        self.gates.acked_raw += 1;
+        if self.holds(rank) {
+            self.gates.unacked = self.gates.unacked.saturating_sub(1);
+        }
+        self.capture_sync_time(now);
+        if self.gates.unacked == 0 {
+            self.cycle_progress(now);
+            self.cycle_gate(now);
+        }
+    }
+
+    fn capture_sync_time(&mut self, now: Time) {
+        let all = match self.cfg.rules {
+            Rules::Cohort => self.gates.unacked == 0,
+            Rules::Flodl => self.gates.acked_raw >= self.cfg.world_size,
+        };
+        if all && let Some(t) = self.sync_started.take() {
+            self.last_sync_ms = now.saturating_since(t).as_secs_f64() * 1000.0;
+        }
+    }
+
+    /// `rank`'s divergence evidence for the reduce in flight (or, arriving
+    /// between cycles, the next one).
+    fn note_divergence(&mut self, now: Time, rank: u32, sample: DivergenceSample) {
+        let Some(e) = self.el_che.as_mut() else { return };
+        let _ = e.on_divergence(rank, sample);
+        let r = rank as usize;
+        if !self.ranks[r].diverged && e.divergence().reported(rank) {
+            self.ranks[r].diverged = true;
+            if self.holds(rank) {
+                self.gates.undiverged = self.gates.undiverged.saturating_sub(1);
+            }
+            if self.gates.undiverged == 0 {
+                self.cycle_progress(now);
+            }
+        }
+    }
+
+    /// Callback time (checkpoint, eval, epoch callback) is not compute:
+    /// taken out of `rank`'s window walls.
+    fn callback_cost(&mut self, rank: u32, elapsed_ms: f64) {
+        if let Some(e) = self.el_che.as_mut() {
+            let _ = e.on_callback_cost(rank, elapsed_ms);
+        }
+    }
+
+    /// flodl's trigger: no cycle in flight, every rank that holds windows
+    /// ran its target (NCCL: and acked the last `SyncNow`), some rank
+    /// stepped.
+    fn cycle_gate(&mut self, now: Time) {
+        if !self.running() || self.cycle != Cycle::Idle || self.epoch.is_none() {
+            return;
+        }
+        if self.gates.short > 0 || (self.cfg.backend == Backend::Nccl && self.gates.unacked > 0) {
+            return;
+        }
+        let Some(e) = &self.el_che else { return };
+        let excused: Vec<bool> =
+            (0..self.cfg.world_size).map(|r| !self.holds(r) || self.quiesced(r)).collect();
+        if e.window_due(|r| excused[r as usize]) {
             self.trigger_cycle(now, false);
         }
     }
 
-    /// Whether `r` no longer holds the cycle gate closed: it took its window
-    /// of steps, or has no work left in the epoch.
-    fn gate_satisfied(&self, r: u32) -> bool {
-        self.cfg.sync_every.is_some_and(|w| self.steps_since_sync(r) >= w) || self.quiesced(r)
-    }
-
     fn trigger_cycle(&mut self, now: Time, last: bool) {
-        let alive = self.live.alive();
-        let steps = alive.iter().fold(0u64, |a, &r| a.saturating_add(self.steps_since_sync(r)));
+        self.idle_ms = (0..self.cfg.world_size)
+            .map(|r| {
+                let at = self.ranks[r as usize].last_batch_at;
+                if self.holds(r) { now.saturating_since(at).as_secs_f64() * 1000.0 } else { 0.0 }
+            })
+            .collect();
         for b in &mut self.ranks {
             b.sync_snapshot = b.last_step;
-            b.throttled = false;
             b.acked = false;
+            b.last_batch_at = now;
         }
+        self.sync_started = Some(now);
         self.cycles += 1;
         self.final_cycle_started |= last;
         self.event(CoordEvent::CycleStarted { cycle: self.cycles, last });
         let to = self.live.reachable();
         match self.cfg.backend {
             Backend::Cpu => {
-                self.send(to, ControlMsgWire::RequestParams);
-                self.cycle = Cycle::CpuPending { since: now, acked: BTreeSet::new(), steps };
+                self.send(to.clone(), ControlMsgWire::RequestParams);
+                // Whole-epoch dispatch: the barrier holding every rank
+                // until the averaged `Update` lands.
+                if !self.progressive() {
+                    self.send(to, ControlMsgWire::Throttle);
+                    for b in &mut self.ranks {
+                        b.throttled = true;
+                    }
+                }
+                self.cycle = Cycle::CpuPending { since: now };
+                self.recount();
             }
             Backend::Nccl => {
                 self.send(to.clone(), ControlMsgWire::SyncNow);
-                self.version += 1;
-                self.global_step = self.global_step.saturating_add(steps);
-                self.send(to, ControlMsgWire::SetGlobalStep { global_step: self.global_step });
-                self.event(CoordEvent::CycleFinished {
-                    version: self.version,
-                    global_step: self.global_step,
-                });
                 self.cycle = Cycle::NcclSettling { since: now };
+                // flodl finishes an NCCL cycle inline: its guard judges the
+                // divergence the previous reduce's acks left.
+                self.close_window();
+                self.send(to, ControlMsgWire::SetGlobalStep { global_step: self.global_step });
+                self.cycle_tail();
+                self.recount();
             }
         }
     }
 
-    /// Finishes a CPU cycle once every rank it waits for acked (cohort: the
-    /// live ones; flodl: every one not dead, an exited one included);
-    /// settles an NCCL one once every live rank acknowledged.
+    /// The cycle's shared head: the window report, the guard, the
+    /// meta-controller and the verdict (ElChe), the version and the global
+    /// step (every rank's window batches).
+    fn close_window(&mut self) {
+        let sync_ms = core::mem::take(&mut self.last_sync_ms);
+        let Some(e) = self.el_che.as_mut() else { return };
+        let steps = e.ledger().steps_all().to_vec();
+        let Ok(d) = e.close_window(sync_ms) else { return };
+        let (counts, anchor) = (e.batch_counts().to_vec(), e.anchor());
+        for (last, ms) in self.last_speed.iter_mut().zip(e.balancer().ms_per_batch()) {
+            if ms > 0.0 {
+                *last = ms;
+            }
+        }
+        self.version += 1;
+        self.global_step = self.global_step.saturating_add(d.k_used);
+        let idle_ms = core::mem::take(&mut self.idle_ms);
+        self.event(CoordEvent::WindowClosed {
+            version: self.version,
+            steps,
+            counts,
+            idle_ms,
+            anchor,
+            sync_ms,
+            verdict: d.verdict,
+        });
+        self.event(CoordEvent::CycleFinished { version: self.version, global_step: self.global_step });
+    }
+
+    /// The cycle's shared tail: throttles clear.
+    fn cycle_tail(&mut self) {
+        for b in &mut self.ranks {
+            b.throttled = false;
+        }
+        self.gates.min_steps = 0;
+    }
+
+    /// Finishes a CPU cycle once every rank that holds cycles sent its
+    /// divergence; settles an NCCL one once every such rank acked.
     fn cycle_progress(&mut self, now: Time) {
-        let alive = self.live.alive_ranks();
         let done = match &self.cycle {
             Cycle::Idle => false,
-            Cycle::CpuPending { acked, .. } => match self.cfg.rules {
-                Rules::Cohort => acked.len() >= alive.len() && alive.iter().all(|r| acked.contains(r)),
-                Rules::Flodl => (0..self.cfg.world_size).all(|r| self.live.is_dead(r) || acked.contains(&r)),
-            },
-            Cycle::NcclSettling { .. } => alive.iter().all(|&r| self.ranks[r as usize].acked),
+            Cycle::CpuPending { .. } => {
+                self.gates.undiverged == 0
+                    && self.el_che.as_ref().is_some_and(|e| {
+                        let holds: Vec<bool> = (0..self.cfg.world_size).map(|r| self.holds(r)).collect();
+                        e.divergence().all_reported(|r| holds[r as usize])
+                    })
+            }
+            Cycle::NcclSettling { .. } => self.gates.unacked == 0,
         };
         if !done {
             return;
         }
-        let alive = self.live.alive();
-        if let Cycle::CpuPending { steps, .. } = core::mem::replace(&mut self.cycle, Cycle::Idle) {
-            self.finish_cpu_cycle(steps, &alive);
+        if let Cycle::CpuPending { .. } = core::mem::replace(&mut self.cycle, Cycle::Idle) {
+            self.finish_cpu_cycle();
         }
         self.advance(now);
         self.cycle_gate(now);
     }
 
-    fn finish_cpu_cycle(&mut self, steps: u64, alive: &[u32]) {
-        self.version += 1;
-        self.global_step = self.global_step.saturating_add(steps);
+    /// The CPU cycle's finish: the head, one `Update` per rank not dead,
+    /// `SetGlobalStep`, the tail.
+    fn finish_cpu_cycle(&mut self) {
+        self.close_window();
         let version = self.version;
-        let mut folded = None;
-        if core::mem::take(&mut self.advance_due) {
-            let next = self.epoch.as_ref().map_or(0, |e| e.epoch + 1);
-            if next < self.cfg.epochs {
-                folded = Some(self.dispatch_epoch(next, PlanCarrier::Update { version }));
-            }
-        }
-        match folded {
-            Some(plans) => {
-                for &r in alive {
-                    let next_plan = Some(plans[r as usize].clone());
-                    self.send(vec![r], ControlMsgWire::Update { version, next_plan });
-                }
-            }
-            None => self.send(alive.to_vec(), ControlMsgWire::Update { version, next_plan: None }),
-        }
+        let to: Vec<u32> = (0..self.cfg.world_size).filter(|&r| !self.live.is_dead(r)).collect();
+        self.send(to, ControlMsgWire::Update { version, next_plan: None });
         let to = self.live.reachable();
         self.send(to, ControlMsgWire::SetGlobalStep { global_step: self.global_step });
-        self.event(CoordEvent::CycleFinished { version, global_step: self.global_step });
+        self.cycle_tail();
+        self.recount();
     }
 
-    /// Throttles (once per cycle) `rank`, which just reported a batch, if it
-    /// finished its cycle window and is more than `max_batch_diff` steps
-    /// ahead of the slowest rank that still has work. Only the reporting
-    /// rank can newly cross the line (the others' steps did not move), so the
-    /// slowest is looked up only when this rank is a candidate. CPU plane
-    /// with cycles only: NCCL collectives pace themselves.
+    /// flodl's steps-diff throttle, for `rank`, which just reported a batch:
+    /// once per cycle, a rank whose window steps exceed the slowest rank's
+    /// by more than `max_batch_diff` gets `Throttle`. CPU plane only (NCCL
+    /// collectives pace themselves). flodl turns it off for good at the
+    /// first death or clean exit; cohort compares with the slowest rank
+    /// still holding windows, and throttles only a rank that ran its target. Only the reporting rank can newly cross the
+    /// line, and the slowest is looked up only when it looks ahead of the
+    /// last bound.
     fn throttle_check(&mut self, rank: u32) {
-        let (Some(window), Some(diff)) = (self.cfg.sync_every, self.cfg.max_batch_diff) else { return };
-        if self.cfg.backend != Backend::Cpu || !self.running() || self.cycle != Cycle::Idle {
+        let Some(diff) = self.cfg.max_batch_diff else { return };
+        if self.cfg.backend != Backend::Cpu || !self.running() || self.el_che.is_none() {
             return;
         }
-        let steps = self.steps_since_sync(rank);
-        if self.ranks[rank as usize].throttled || steps < window || steps <= diff || self.quiesced(rank) {
+        if self.cfg.rules == Rules::Flodl && self.live.alive_count() < self.cfg.world_size {
             return;
         }
-        let Some(slowest) = self
-            .live
-            .alive_ranks()
-            .iter()
-            .copied()
-            .filter(|&r| !self.quiesced(r))
-            .map(|r| self.steps_since_sync(r))
+        let steps = self.window_steps(rank);
+        if self.ranks[rank as usize].throttled || steps <= self.gates.min_steps.saturating_add(diff) {
+            return;
+        }
+        // flodl compares raw steps, so a rank throttled short of its own
+        // count waits for a reduce that needs it to reach that count: a
+        // deadlock whenever `max_batch_diff` is below a count. cohort
+        // throttles only a rank that ran its window target.
+        if self.quiesced(rank) || (self.cfg.rules == Rules::Cohort && steps < self.window_target(rank)) {
+            return;
+        }
+        let slowest = (0..self.cfg.world_size)
+            .filter(|&r| self.holds(r) && !self.quiesced(r))
+            .map(|r| self.window_steps(r))
             .min()
-        else {
-            return;
-        };
+            .unwrap_or(0);
+        self.gates.min_steps = slowest;
         if steps > slowest.saturating_add(diff) {
             self.ranks[rank as usize].throttled = true;
             self.send(vec![rank], ControlMsgWire::Throttle);

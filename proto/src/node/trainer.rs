@@ -61,7 +61,9 @@ impl WorkloadConfig {
 pub enum Hold {
     /// Free to run.
     Free,
-    /// `Throttle`d until the next `Update` or `RequestParams`.
+    /// `Throttle`d until the next `SyncNow` or `Update` (flodl's release
+    /// rule: a `RequestParams` or `StartEpoch` meanwhile is handled but
+    /// does not release it).
     Throttled,
     /// Parameters submitted; waiting for the consensus.
     Syncing,
@@ -93,6 +95,9 @@ pub struct Trainer {
     step_count: u64,
     steps_since_sync: u64,
     hold: Hold,
+    /// Held by `Throttle` (apart from `hold`: a throttled rank still
+    /// submits its parameters when asked).
+    throttled: bool,
     snapshot_pending: bool,
     nccl_session: Option<(u64, u64)>,
     done: bool,
@@ -168,6 +173,7 @@ impl Trainer {
             step_count: 0,
             steps_since_sync: 0,
             hold: Hold::Free,
+            throttled: false,
             snapshot_pending: false,
             nccl_session: None,
             done: false,
@@ -186,7 +192,10 @@ impl Trainer {
 
     /// Why it is not running (if it is not).
     pub fn hold(&self) -> Hold {
-        self.hold
+        match self.hold {
+            Hold::Free if self.throttled => Hold::Throttled,
+            h => h,
+        }
     }
 
     /// The current NCCL session `(new_rank, new_world_size)`, once one was issued.
@@ -224,6 +233,10 @@ impl Trainer {
             if core::mem::take(&mut self.plan_open) {
                 out.push(Action::Metrics(self.metrics()));
             }
+            return;
+        }
+        // A throttled rank finishes its report but starts no batch.
+        if self.throttled {
             return;
         }
         self.pieces.clear();
@@ -356,7 +369,6 @@ impl Trainer {
                 self.assign(now, *partition_offset, *partition_size, out);
             }
             ControlMsgWire::RequestParams if self.hold != Hold::Syncing => {
-                self.hold = Hold::Free;
                 if self.batch.is_some() {
                     self.snapshot_pending = true;
                 } else {
@@ -372,9 +384,7 @@ impl Trainer {
                 // flodl's rank does, the sync counts as a step of the ack.
                 self.steps_since_sync = 0;
                 self.step_count += 1;
-                if self.hold == Hold::Throttled {
-                    self.hold = Hold::Free;
-                }
+                self.throttled = false;
                 out.push(Action::Report(TimingMsgWire::SyncAck {
                     rank: me,
                     step_count: self.step_count,
@@ -384,11 +394,9 @@ impl Trainer {
                 }));
                 self.start_batch(now, out);
             }
-            ControlMsgWire::Throttle if self.hold == Hold::Free => self.hold = Hold::Throttled,
+            ControlMsgWire::Throttle => self.throttled = true,
             ControlMsgWire::Update { next_plan, .. } => {
-                if self.hold == Hold::Throttled {
-                    self.hold = Hold::Free;
-                }
+                self.throttled = false;
                 if let Some(plan) = next_plan {
                     self.start_epoch(now, plan, out);
                 } else {

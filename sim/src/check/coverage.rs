@@ -46,6 +46,11 @@ pub struct CoverageCheck {
     /// them; what was not handed out, nobody was asked to process.
     remainders: BTreeMap<u64, Vec<(u64, u64)>>,
     handed: BTreeMap<u64, Vec<(u64, u64)>>,
+    /// Ranks dead or exited so far.
+    gone: BTreeSet<u32>,
+    /// Per epoch, under flodl's rules: the partitions planned for ranks
+    /// already gone (flodl sizes over the whole world; nobody is sent them).
+    planned_for_gone: BTreeMap<u64, Vec<(u64, u64)>>,
 }
 
 impl CoverageCheck {
@@ -60,11 +65,18 @@ impl CoverageCheck {
             known_at_death: BTreeMap::new(),
             remainders: BTreeMap::new(),
             handed: BTreeMap::new(),
+            gone: BTreeSet::new(),
+            planned_for_gone: BTreeMap::new(),
         }
     }
 
     /// One controller event: plans, extensions and deaths.
     pub fn event(&mut self, ev: &ControllerEvent) {
+        if let ControllerEvent::Coord(CoordEvent::RankDead { rank, .. } | CoordEvent::RankExited { rank }) =
+            ev
+        {
+            self.gone.insert(*rank);
+        }
         match ev {
             ControllerEvent::Coord(CoordEvent::RankDead {
                 rank,
@@ -87,6 +99,10 @@ impl CoverageCheck {
             }
             ControllerEvent::Coord(CoordEvent::PlanIssued { epoch, plans, .. }) => {
                 for (r, p) in plans.iter().enumerate() {
+                    if self.flodl && p.partition_size > 0 && self.gone.contains(&(r as u32)) {
+                        let lost = (p.partition_offset, p.partition_size);
+                        self.planned_for_gone.entry(*epoch).or_default().push(lost);
+                    }
                     let seg = if p.partition_size > 0 {
                         vec![(p.partition_offset, p.partition_size)]
                     } else {
@@ -217,9 +233,12 @@ impl CoverageCheck {
             // rules an epoch with a death promises no coverage at all: its
             // coordinator completes the epoch without waiting for the
             // remainder's slices, and counts a batch of the previous epoch
-            // still running into the new one (docs/DIFFERENCES.md).
+            // still running into the new one (docs/DIFFERENCES.md). And it
+            // sizes later epochs over the whole world: what it plans for a
+            // rank already gone nobody processes.
             let strict = !(self.flodl && self.remainders.contains_key(&epoch));
-            let excused = self.unhanded(epoch);
+            let mut excused = self.unhanded(epoch);
+            excused.extend(self.planned_for_gone.get(&epoch).into_iter().flatten().copied());
             for (off, n) in excused {
                 edges.extend([(off, 1, DROPPED | UNHANDED), (off + n, -1, DROPPED | UNHANDED)]);
             }

@@ -259,6 +259,11 @@ impl DivergenceSlots {
         }
     }
 
+    /// Whether `rank` has sent its divergence.
+    pub fn reported(&self, rank: u32) -> bool {
+        self.divergence.get(rank as usize).is_some_and(Option::is_some)
+    }
+
     /// Whether every rank `live` names has sent its divergence (the CPU
     /// plane's finalize gate).
     pub fn all_reported(&self, live: impl Fn(u32) -> bool) -> bool {
