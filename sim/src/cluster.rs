@@ -204,6 +204,7 @@ impl<W: SimWorkload> Cluster<W> {
             PolicySpec::Cadence => ApplyPolicy::Cadence,
             PolicySpec::Async => ApplyPolicy::Async,
         };
+        run.progressive = sc.progressive;
         run.rules = match sc.rules {
             RulesSpec::Cohort => Rules::Cohort,
             RulesSpec::Flodl => Rules::Flodl,
@@ -812,7 +813,9 @@ impl<W: SimWorkload> Cluster<W> {
                     idle_ms: idle_ms.clone(),
                 });
             }
-            ControllerEvent::Coord(CoordEvent::PlanIssued { epoch, .. }) => {
+            ControllerEvent::Coord(
+                CoordEvent::PlanIssued { epoch, .. } | CoordEvent::ChunkIssued { epoch, .. },
+            ) => {
                 self.timeline.begin_epoch(t, *epoch);
             }
             ControllerEvent::Coord(CoordEvent::Ended(end)) => {

@@ -98,6 +98,11 @@ impl Timeline {
 
     /// An epoch's plans went out: the previous epoch's span closes.
     pub fn begin_epoch(&mut self, at: Time, epoch: u64) {
+        // Chunk-pool dispatch begins an epoch with its first chunk (a later
+        // epoch's chunks may come first under async).
+        if self.epoch_open.is_some_and(|(e, _)| e >= epoch) {
+            return;
+        }
         if let Some((e, start)) = self.epoch_open.replace((epoch, at)) {
             self.entries.push(Entry {
                 at: start,
