@@ -154,7 +154,12 @@ fn flodl_config(s: &Script) -> ClusterCoordinatorConfig {
         el = el.with_max_batch_diff(d as usize);
     }
     el = el.with_window_growth_applicable(s.policy != ApplyPolicy::Sync);
+    // The guard as flodl's orchestrator builds it: the trend guard at the
+    // EASGD threshold (0.3) on CPU async, which defaults `easgd_alpha`, else
+    // at 0.05 (the coordinator config's own default is 0.05 for every mode).
+    let threshold = if (s.backend, s.policy) == (Backend::Cpu, ApplyPolicy::Async) { 0.3 } else { 0.05 };
     let c = ClusterCoordinatorConfig::new(policy, backend, s.world(), el)
+        .with_convergence_guard(Box::new(f::ddp_run::TrendGuard::new(threshold)))
         .total_samples(s.epoch_samples as usize)
         .batch_size(s.batch_size as usize)
         .num_epochs(s.epochs as usize);
@@ -437,14 +442,15 @@ fn compare(s: &Script) -> (usize, End) {
     let mut n = 0;
     for r in 0..s.world() {
         for (i, (a, b)) in theirs[r].iter().zip(&ours[r]).enumerate() {
-            assert_eq!(
-                a,
-                b,
-                "{}: rank {r}'s command {i} differs: flodl {} / cohort {}",
-                s.name,
-                short(a),
-                short(b)
-            );
+            if a != b {
+                let before: Vec<String> = theirs[r][i.saturating_sub(6)..i].iter().map(short).collect();
+                panic!(
+                    "{}: rank {r}'s command {i} differs: flodl {} / cohort {}; before it (equal): {before:#?}",
+                    s.name,
+                    short(a),
+                    short(b)
+                );
+            }
         }
         assert_eq!(
             theirs[r].len(),
@@ -597,6 +603,7 @@ fn nccl_cadence_chunked() {
 /// Chunks forced on under sync (flodl's `progressive(true)`).
 #[test]
 fn cpu_sync_chunked() {
-    let s = Script { progressive: Some(true), ..script("cpu-sync-chunked", Backend::Cpu, ApplyPolicy::Sync, 1) };
+    let s =
+        Script { progressive: Some(true), ..script("cpu-sync-chunked", Backend::Cpu, ApplyPolicy::Sync, 1) };
     finishes(&s);
 }
