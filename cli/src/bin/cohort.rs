@@ -148,6 +148,10 @@ struct ControllerArgs {
     /// Address to listen on (its one port serves every channel and HTTP).
     #[arg(long)]
     bind: SocketAddr,
+    /// Whole-epoch plans under every policy (flodl's `progressive(false)`);
+    /// by default cadence and async dispatch chunks from a pool, as flodl's.
+    #[arg(long)]
+    whole_epochs: bool,
     /// Accept joins keyed with zeros on a non-loopback bind (anyone who can
     /// reach the port can join; a loopback bind is open regardless).
     #[arg(long, conflicts_with = "pre_shared")]
@@ -418,10 +422,13 @@ fn controller(a: ControllerArgs) -> i32 {
         (None, Ok(at)) => ControllerAddr { host: at.ip().to_string(), port: at.port() },
         (_, Err(e)) => return fail(&format!("listening on {}: {e}", a.bind)),
     };
-    let cfg = match ControllerConfig::from_knobs(join, salt, trust, scale, advertise, &a.run.knobs()) {
+    let mut cfg = match ControllerConfig::from_knobs(join, salt, trust, scale, advertise, &a.run.knobs()) {
         Ok(c) => c,
         Err(e) => return fail(&e.to_string()),
     };
+    if a.whole_epochs {
+        cfg.run.progressive = Some(false);
+    }
     let clock = Clock::start();
     let (sink, events) = mpsc::channel();
     let node = match spawn_controller(cfg, listener, Config::scaled(scale), clock, sink) {
