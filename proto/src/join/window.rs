@@ -121,6 +121,22 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
+    /// Whether the dial's frame verified under the join key before it was
+    /// refused: only such a peer holds the key (under a pre-shared salt),
+    /// so only its refusals count toward [`defaults::MAX_REJECTED_JOINS`]
+    /// under cohort's rules. A dial that ends, stalls or fails its MAC
+    /// before a hello costs its own connection alone.
+    ///
+    /// ```
+    /// use cohort_proto::join::RejectReason;
+    /// use cohort_proto::CloseCause;
+    /// assert!(!RejectReason::Closed(CloseCause::Eof).authenticated());
+    /// assert!(RejectReason::NotHello("Abort").authenticated());
+    /// ```
+    pub fn authenticated(&self) -> bool {
+        self.replied()
+    }
+
     /// Whether a `Reject{reason}` frame was sent before the close.
     pub fn replied(&self) -> bool {
         matches!(
@@ -169,7 +185,10 @@ impl fmt::Display for RejectReason {
 pub enum WindowFailure {
     /// The verdict failed it at the hard cap.
     Verdict(FailReason),
-    /// More than [`defaults::MAX_REJECTED_JOINS`] dials were rejected.
+    /// More than [`defaults::MAX_REJECTED_JOINS`] joins were refused: under
+    /// cohort's rules, hellos that verified under the join key (or whose
+    /// accept never left); under flodl's, every dial that ended without an
+    /// admission.
     TooManyRejects {
         /// Rejections counted.
         rejected: u32,
@@ -189,8 +208,9 @@ impl fmt::Display for WindowFailure {
             WindowFailure::Verdict(r) => write!(f, "{r}"),
             WindowFailure::TooManyRejects { rejected, joined_ranks } => write!(
                 f,
-                "too many rejected joins: {rejected} dials refused ({joined_ranks} ranks admitted); \
-                 something other than flodl workers is hammering the join port"
+                "too many rejected joins: {rejected} refused ({joined_ranks} ranks admitted); \
+                 peers this run cannot admit keep dialing the join port (workers whose model, \
+                 dataset, run id or libtorch differ from the controller's, or a scanner)"
             ),
             WindowFailure::Aborted { reason } => write!(f, "launcher aborted the join window: {reason}"),
         }
@@ -421,6 +441,8 @@ pub struct JoinWindow {
     armed: bool,
     state: WindowState,
     phase_after_formation: ClusterPhase,
+    /// Whose rules decide which refusals count toward the limit.
+    rules: Rules,
     rejected: u32,
     dials: BTreeMap<ConnId, Dial>,
     deadlines: BTreeSet<(Time, ConnId)>,
@@ -434,6 +456,20 @@ fn frame(key: &MacKey, msg: &JoinMsgWire) -> Result<Bytes, WireError> {
     let mut b = BytesMut::new();
     encode_frame(key, msg, &mut b)?;
     Ok(b.freeze())
+}
+
+/// Whether a refused dial counts toward [`defaults::MAX_REJECTED_JOINS`].
+/// flodl 0.8 counts every dial that ends without an admission, so any
+/// client that can open connections fails the window; cohort counts only
+/// refusals of a hello that verified under the join key: a fleet
+/// misconfigured with the right key (another model, dataset, run or
+/// libtorch) still fails the window loudly, and without the key a peer can
+/// only lose its own connections.
+fn counts_toward_limit(rules: Rules, reason: &RejectReason) -> bool {
+    match rules {
+        Rules::Flodl => true,
+        Rules::Cohort => reason.authenticated(),
+    }
 }
 
 fn join_msg_name(msg: &JoinMsgWire) -> &'static str {
@@ -470,6 +506,7 @@ impl JoinWindow {
             armed: false,
             state: WindowState::Open,
             phase_after_formation: ClusterPhase::Forming,
+            rules,
             rejected: 0,
             dials: BTreeMap::new(),
             deadlines: BTreeSet::new(),
@@ -611,7 +648,8 @@ impl JoinWindow {
         self.armed
     }
 
-    /// Rejected dials counted while the window was open.
+    /// Refusals counted toward the limit while the window was open (see
+    /// [`RejectReason::authenticated`]).
     pub fn rejected(&self) -> u32 {
         self.rejected
     }
@@ -692,8 +730,11 @@ impl JoinWindow {
     }
 
     fn rejected_dial(&mut self, now: Time, conn: ConnId, reason: RejectReason) {
+        let counts = counts_toward_limit(self.rules, &reason);
         self.out.event(JoinEvent::Rejected { conn, reason });
-        self.count_rejection(now);
+        if counts {
+            self.count_rejection(now);
+        }
     }
 
     /// Counts one failed join while the window is open; past the limit the
