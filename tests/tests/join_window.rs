@@ -5,8 +5,8 @@
 
 use bytes::BytesMut;
 
-use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::config::defaults;
+use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::join::*;
 use cohort_proto::wire::{
     CONTROL_FRAME_MAGIC, CONTROL_PROTOCOL_VERSION, Channel, ControlMsgWire, JoinMsgWire, MacKey, MsgKind,
