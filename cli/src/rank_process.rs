@@ -253,17 +253,6 @@ pub fn main(opts: &RankOptions, json: bool) -> i32 {
     }
 }
 
-/// Whether this event ends the rank (its process exits).
-fn ends(e: &RankEvent) -> bool {
-    matches!(
-        e,
-        RankEvent::Exited
-            | RankEvent::CoordinatorLost { .. }
-            | RankEvent::DataFailed { .. }
-            | RankEvent::RendezvousFailed { .. }
-    )
-}
-
 /// Runs the rank of `spec` until it ends; every event goes to `on_event`
 /// (then its exit as [`ClusterEvent::RankExit`]). Returns the exit code.
 pub fn run(spec: &RankSpec, opts: &RankOptions, mut on_event: impl FnMut(&Stamped)) -> Result<i32, String> {
@@ -298,7 +287,7 @@ pub fn run(spec: &RankSpec, opts: &RankOptions, mut on_event: impl FnMut(&Stampe
             let at = runner.driver().now();
             match e {
                 NodeEvent::Machine(e) => {
-                    ended |= ends(&e);
+                    ended |= e.ends_the_rank();
                     emit(at, ClusterEvent::Rank(e));
                 }
                 NodeEvent::DialRetry { attempt, attempts, error, .. } => {

@@ -147,15 +147,7 @@ impl AsyncHost {
                         let (agent, sink) = (agent.clone(), sink.clone());
                         R::spawn(async move {
                             while let Some(e) = ev.recv().await {
-                                let ends = matches!(
-                                    e,
-                                    NodeEvent::Machine(
-                                        RankEvent::Exited
-                                            | RankEvent::CoordinatorLost { .. }
-                                            | RankEvent::DataFailed { .. }
-                                            | RankEvent::RendezvousFailed { .. }
-                                    )
-                                );
+                                let ends = matches!(&e, NodeEvent::Machine(ev) if ev.ends_the_rank());
                                 forward(&sink, clock.now(), &Source::Rank(r), e, ClusterEvent::Rank);
                                 if ends {
                                     // The rank process exits; its agent reports it.

@@ -8,13 +8,15 @@
 //! - signed (bit 0 = 1): second byte the kind, the rest a payload the
 //!   harness frames and signs with the key, so the bincode payload decoders
 //!   are reached with fuzzer-chosen content.
+//!
 //! Every call's peak heap is checked against a bound relative to the input.
 #![no_main]
 use cohort_fuzz::alloc::{Scope, decoder_bound};
 use cohort_fuzz::frames::control_frame;
 use cohort_fuzz::{key_by, seeds};
 use cohort_proto::wire::{
-    MAX_CONTROL_PAYLOAD, MacKey, Message, RecvBuf, decode_frames, parse_exact_frame, parse_frame, parse_frame_within,
+    MAX_CONTROL_PAYLOAD, MacKey, Message, RecvBuf, decode_frames, parse_exact_frame, parse_frame,
+    parse_frame_within,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -70,7 +72,11 @@ fn raw(key: &MacKey, max: usize, split: usize, bytes: &[u8]) {
     };
     // parse_frame_within never accepts more than its bound.
     if let Ok(Some((_, used))) = parse_frame_within(bytes, key, max) {
-        assert!(used - 24 <= max.min(MAX_CONTROL_PAYLOAD), "parse_frame_within accepted {} > {max}", used - 24);
+        assert!(
+            used - 24 <= max.min(MAX_CONTROL_PAYLOAD),
+            "parse_frame_within accepted {} > {max}",
+            used - 24
+        );
     }
     // parse_exact_frame on the whole: Ok only when exactly one frame is there.
     if parse_exact_frame(bytes, key).is_ok() {

@@ -13,7 +13,9 @@ cohort_fuzz::install_counting_allocator!();
 
 fn make_seeds() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    for (sel, ch) in [(0u8, "handshake-rank"), (1, "handshake-ack"), (2, "data-handshake-rank"), (3, "data-handshake-ack")] {
+    for (sel, ch) in
+        [(0u8, "handshake-rank"), (1, "handshake-ack"), (2, "data-handshake-rank"), (3, "data-handshake-ack")]
+    {
         for b in seeds::channel(ch) {
             for extra in [0u8, 4] {
                 let mut s = vec![sel | extra, 0];

@@ -13,7 +13,9 @@ use cohort_fuzz::alloc::{Scope, decoder_bound};
 use cohort_fuzz::driver::Driver;
 use cohort_fuzz::seeds;
 use cohort_proto::join::{ClusterPhase, StartMode};
-use cohort_proto::status::{StartGate, StartSwitch, StatusBackend, StatusEvent, StatusLimits, StatusResponder, StatusServer};
+use cohort_proto::status::{
+    StartGate, StartSwitch, StatusBackend, StatusEvent, StatusLimits, StatusResponder, StatusServer,
+};
 use cohort_proto::wire::SessionSalt;
 use cohort_proto::{Adopt, Input, Peer, Time};
 use core::time::Duration;
@@ -71,7 +73,9 @@ fn make_seeds() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for (i, r) in reqs.iter().enumerate() {
         for cfg in [0xffu8, 0x15, 0x4b, 0x00] {
-            out.push([&[cfg, (i % 2) as u8, 4, if i % 3 == 0 { 0 } else { 5 }, 0][..], r.as_bytes()].concat());
+            out.push(
+                [&[cfg, (i % 2) as u8, 4, if i % 3 == 0 { 0 } else { 5 }, 0][..], r.as_bytes()].concat(),
+            );
         }
     }
     out

@@ -7,6 +7,7 @@
 //!   `RoundSpec`; others: raw);
 //! - mode 2 and 3, JSON: the rest is JSON text, encoded with
 //!   `encode_from_json`.
+//!
 //! Properties: every decoded value encodes back; decoding that encoding
 //! gives the same value; for framings without a serde payload (handshakes,
 //! round, len, opaque mux records) the encoding is exactly the bytes it came
@@ -17,8 +18,8 @@
 use cohort_fuzz::alloc::{Scope, decoder_bound};
 use cohort_fuzz::frames::{RoundSpec, control_frame, len_frame, mux_record};
 use cohort_fuzz::{Ops, key_by, seeds};
-use cohort_proto::wire::json::{Framing, decode_to_json, encode_from_json};
 use cohort_proto::wire::MacKey;
+use cohort_proto::wire::json::{Framing, decode_to_json, encode_from_json};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
@@ -99,7 +100,9 @@ fn check_bytes(framing: Framing, key: &MacKey, bytes: &[u8]) {
         } else if odd_rank || !opaque(framing, v) {
             // Serde payloads: skip past the frame by its own length field.
             at += match framing {
-                Framing::Control => 24 + u32::from_le_bytes(bytes[at + 20..at + 24].try_into().unwrap()) as usize,
+                Framing::Control => {
+                    24 + u32::from_le_bytes(bytes[at + 20..at + 24].try_into().unwrap()) as usize
+                }
                 _ => 25 + u32::from_le_bytes(bytes[at + 13..at + 17].try_into().unwrap()) as usize,
             };
         }
@@ -118,7 +121,9 @@ fn check_json(framing: Framing, key: &MacKey, text: &[u8]) {
     );
     let v2 = decoded[0].as_ref().unwrap();
     match encode_from_json(framing, key, CEILING, v2) {
-        Ok(enc2) => assert_eq!(enc2, enc, "encode(decode(encode(json))) != encode(json) for {}", framing.name()),
+        Ok(enc2) => {
+            assert_eq!(enc2, enc, "encode(decode(encode(json))) != encode(json) for {}", framing.name())
+        }
         Err(e) => assert!(has_null(v2), "a decoded value does not encode: {e}"),
     }
 }

@@ -32,7 +32,19 @@ fn make_seeds() -> Vec<Vec<u8>> {
     out.push(script(&[0], |w| {
         connect(w, 0);
         raw(w, 0, &control_ack(), 0);
-        raw(w, 0, &blob(&frame_of(&key(), ControlMsgWire::StartEpoch(EpochPlanWire { epoch: 0, partition_offset: 0, partition_size: 32 }))), 0);
+        raw(
+            w,
+            0,
+            &blob(&frame_of(
+                &key(),
+                ControlMsgWire::StartEpoch(EpochPlanWire {
+                    epoch: 0,
+                    partition_offset: 0,
+                    partition_size: 32,
+                }),
+            )),
+            0,
+        );
         w.u8(11).u8(0).u8(0);
         raw(w, 0, &blob(&frame_of(&key(), ControlMsgWire::CoordHeartbeat)), 3);
         raw(w, 0, &blob(&frame_of(&key(), ControlMsgWire::DeclareDead { rank: 1 })), 0);

@@ -7,6 +7,7 @@
 //! stop.
 //! Config byte: trust, start mode, quorum, backend.
 #![no_main]
+use cohort_fuzz::frames::mux_record;
 use cohort_fuzz::machines::*;
 use cohort_fuzz::{SALT, key, seeds, zero_key};
 use cohort_proto::config::TimeoutScale;
@@ -15,7 +16,6 @@ use cohort_proto::join::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode};
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
 use cohort_proto::wire::{Channel, RendezvousMsgWire, RoundKind, derive_frame_ceiling};
-use cohort_fuzz::frames::mux_record;
 use libfuzzer_sys::fuzz_target;
 
 cohort_fuzz::install_counting_allocator!();
@@ -75,7 +75,10 @@ fn make_seeds() -> Vec<Vec<u8>> {
             raw(w, 0xff, &magic(Channel::Data, &relay_hello("hostA", &[0], false)), 0);
             raw(w, 0xff, &mux_record(&key(), 3, 0, &round(RoundKind::Model, 1.0, 4)), 3);
             accept(w, false);
-            let hello = frame_of(&key(), RendezvousMsgWire::Hello { dataset_sig: [0; 32], global_rank: 0, host_name: "hostA".into() });
+            let hello = frame_of(
+                &key(),
+                RendezvousMsgWire::Hello { dataset_sig: [0; 32], global_rank: 0, host_name: "hostA".into() },
+            );
             raw(w, 0xff, &magic(Channel::Rendezvous, &hello), 0);
             advance(w, 2, 10);
             advance(w, 3, 10);
@@ -97,7 +100,7 @@ fn ends_a_host_or_part(e: &ControllerEvent) -> bool {
         e,
         ControllerEvent::Finished(_)
             | ControllerEvent::Join(JoinEvent::HostLost { .. } | JoinEvent::Failed { .. })
-            | ControllerEvent::Reduce(ReduceEvent::Stopped)
+            | ControllerEvent::Reduce(ReduceEvent::Stopped(_))
             | ControllerEvent::Coord(CoordEvent::Ended(_))
             | ControllerEvent::Rendezvous(RendezvousEvent::Failed(_))
     )

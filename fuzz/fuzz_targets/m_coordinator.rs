@@ -45,20 +45,32 @@ fn make_seeds() -> Vec<Vec<u8>> {
             raw(w, 0, &mux_data(1, &heartbeat(1, 0)), 9);
             for step in 1..4u64 {
                 for r in 0..2u32 {
-                    let b = frame_of(&key(), TimingMsgWire::Batch {
-                        rank: r.into(),
-                        batch_ms: 5.0,
-                        data_ms: 0.0,
-                        step_count: step,
-                        param_norm: None,
-                        batch_loss: 0.5,
-                        sync_divergence: None,
-                    });
+                    let b = frame_of(
+                        &key(),
+                        TimingMsgWire::Batch {
+                            rank: r.into(),
+                            batch_ms: 5.0,
+                            data_ms: 0.0,
+                            step_count: step,
+                            param_norm: None,
+                            batch_loss: 0.5,
+                            sync_divergence: None,
+                        },
+                    );
                     raw(w, 0, &mux_data(r, &b), 0);
                 }
                 advance(w, 1, 1);
             }
-            let m = frame_of(&key(), MetricsMsgWire { rank: 0, epoch: 0, samples_processed: 32, batches_processed: 8, ..Default::default() });
+            let m = frame_of(
+                &key(),
+                MetricsMsgWire {
+                    rank: 0,
+                    epoch: 0,
+                    samples_processed: 32,
+                    batches_processed: 8,
+                    ..Default::default()
+                },
+            );
             raw(w, 0, &mux_data(0, &m), 0);
             advance(w, 2, 30);
         }));

@@ -26,7 +26,10 @@ fn make_seeds() -> Vec<Vec<u8>> {
     let mut e = Envelope::for_worker(("controller", 7000), 2, 1, "hostA", vec![0, 1], vec![0, 1]);
     e.salt = Some(SALT.to_hex());
     let spec = RelaySpec::for_envelope(&e, true, 0);
-    let formed = frame_of(&key(), JoinMsgWire::WorldFormed { envelope_hex: e.to_hex(), relay_spec_hex: Some(spec.to_hex()) });
+    let formed = frame_of(
+        &key(),
+        JoinMsgWire::WorldFormed { envelope_hex: e.to_hex(), relay_spec_hex: Some(spec.to_hex()) },
+    );
     let mut out = Vec::new();
     for open in [true, false] {
         let formed = formed.clone();

@@ -4,13 +4,12 @@
 //! time; commands declare ranks dead.
 //! Config byte: world size.
 #![no_main]
+use cohort_fuzz::frames::mux_record;
 use cohort_fuzz::machines::*;
 use cohort_fuzz::{key, seeds};
 use cohort_proto::Adopt;
-use cohort_proto::config::TimeoutScale;
 use cohort_proto::reduce::{Reduce, ReduceConfig};
 use cohort_proto::wire::RoundKind;
-use cohort_fuzz::frames::mux_record;
 use libfuzzer_sys::fuzz_target;
 
 cohort_fuzz::install_counting_allocator!();
@@ -19,7 +18,7 @@ const CEILING: u64 = 1 << 20;
 
 fn make(o: &mut cohort_fuzz::Ops<'_>) -> Option<Reduce> {
     let world = u32::from(o.u8() % 4) + 1;
-    Some(Reduce::new(ReduceConfig { world_size: world, key: key(), ceiling: CEILING, timeout_scale: TimeoutScale::ONE }))
+    Some(Reduce::new(ReduceConfig { ceiling: CEILING, ..ReduceConfig::new(world, key()) }))
 }
 
 fn make_seeds() -> Vec<Vec<u8>> {
@@ -28,7 +27,12 @@ fn make_seeds() -> Vec<Vec<u8>> {
         out.push(script(&[world], |w| {
             accept_with(w, false, &relay_hello("hostA", &[0, 1], false));
             accept_with(w, false, &relay_hello("hostB", &[2, 3], false));
-            for (c, kind) in [(0u8, RoundKind::Model), (1, RoundKind::Model), (0, RoundKind::Control), (1, RoundKind::Control)] {
+            for (c, kind) in [
+                (0u8, RoundKind::Model),
+                (1, RoundKind::Model),
+                (0, RoundKind::Control),
+                (1, RoundKind::Control),
+            ] {
                 let f = round(kind, 2.0, 4);
                 raw(w, c, &mux_record(&key(), 3, 0, &f), if c == 0 { 0 } else { 5 });
             }
@@ -48,7 +52,7 @@ fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
         make,
         |d| {
             d.adopt = Some(|m, now, conn, peer, first| m.adopt(now, conn, peer, first));
-            d.terminal = |e| matches!(e, cohort_proto::reduce::ReduceEvent::Stopped);
+            d.terminal = |e| matches!(e, cohort_proto::reduce::ReduceEvent::Stopped(_));
         },
         |d, o| {
             let now = d.now;

@@ -7,14 +7,13 @@
 //! that rank's connection.
 //! Config byte: ranks and world size.
 #![no_main]
+#[allow(unused_imports)]
+use cohort_fuzz::frames::mux_record;
 use cohort_fuzz::machines::*;
 use cohort_fuzz::{key, seeds};
-use cohort_proto::config::TimeoutScale;
 use cohort_proto::relay::{Leg, Relay, RelayConfig};
 #[allow(unused_imports)]
 use cohort_proto::wire::{RelayControlMsg, RoundKind};
-#[allow(unused_imports)]
-use cohort_fuzz::frames::mux_record;
 use libfuzzer_sys::fuzz_target;
 
 cohort_fuzz::install_counting_allocator!();
@@ -27,7 +26,6 @@ fn make(o: &mut cohort_fuzz::Ops<'_>) -> Option<Relay> {
     let ranks = if c & 0x10 != 0 { vec![1] } else { vec![0, 1] };
     let mut cfg = RelayConfig::new(Leg::Control, "hostA", ranks, world, key(), "controller:7000");
     cfg.ceiling = CEILING;
-    cfg.timeout_scale = TimeoutScale::ONE;
     Relay::new(cfg).ok()
 }
 
@@ -45,7 +43,12 @@ fn make_seeds() -> Vec<Vec<u8>> {
             raw(w, 0xff, &mux_control(&RelayControlMsg::HelloAck), 0);
             raw(w, 0, &blob(&heartbeat(0, 1)), 0);
             raw(w, 1, &blob(&heartbeat(1, 1)), 3);
-            raw(w, 0xff, &mux_data(0, &frame_of(&key(), cohort_proto::wire::ControlMsgWire::CoordHeartbeat)), 0);
+            raw(
+                w,
+                0xff,
+                &mux_data(0, &frame_of(&key(), cohort_proto::wire::ControlMsgWire::CoordHeartbeat)),
+                0,
+            );
             raw(w, 0xff, &mux_control(&RelayControlMsg::DeclareDead { rank: 1 }), 0);
             close(w, 0, 0);
             advance(w, 2, 30);

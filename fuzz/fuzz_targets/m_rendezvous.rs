@@ -21,7 +21,14 @@ fn make(o: &mut cohort_fuzz::Ops<'_>) -> Option<RendezvousServer> {
 }
 
 fn hello(rank: u32) -> Vec<u8> {
-    frame_of(&key(), RendezvousMsgWire::Hello { dataset_sig: [0; 32], global_rank: rank, host_name: format!("host{rank}") })
+    frame_of(
+        &key(),
+        RendezvousMsgWire::Hello {
+            dataset_sig: [0; 32],
+            global_rank: rank,
+            host_name: format!("host{rank}"),
+        },
+    )
 }
 
 fn make_seeds() -> Vec<Vec<u8>> {

@@ -7,6 +7,7 @@
 //! - signed: the rest describes a frame (`RoundSpec`: kind, weight, count,
 //!   tensors with fuzzer shapes, dtypes, byte lengths, elisions) that the
 //!   harness encodes and signs, so everything past the MAC is reached.
+//!
 //! Whole and chunked decoding must agree; the sink must see a header, then
 //! each tensor's metadata and exactly its bytes as whole elements at
 //! contiguous offsets; a decoded frame re-encodes to exactly its bytes.
@@ -14,7 +15,9 @@
 use cohort_fuzz::alloc::{Scope, decoder_bound};
 use cohort_fuzz::frames::RoundSpec;
 use cohort_fuzz::{Ops, SeedWriter, key_by, seeds};
-use cohort_proto::wire::{MacKey, RoundDecoder, RoundDone, RoundFrame, RoundKind, RoundSink, TensorMeta, WireResult};
+use cohort_proto::wire::{
+    MacKey, RoundDecoder, RoundDone, RoundFrame, RoundKind, RoundSink, TensorMeta, WireResult,
+};
 use libfuzzer_sys::fuzz_target;
 
 cohort_fuzz::install_counting_allocator!();
@@ -37,8 +40,11 @@ fn make_seeds() -> Vec<Vec<u8>> {
         for dtype in [0u8, 1] {
             let mut w = SeedWriter::new();
             w.u8((6 << 4) | 1).u8(5);
-            let t: Vec<(u8, &[u32], bool, &[u8])> =
-                shapes.iter().enumerate().map(|(i, s)| (dtype, &s[..], i == 1, &[0u8, 0, 128, 63][..])).collect();
+            let t: Vec<(u8, &[u32], bool, &[u8])> = shapes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (dtype, &s[..], i == 1, &[0u8, 0, 128, 63][..]))
+                .collect();
             RoundSpec::write(&mut w, kind, 0, &t);
             out.push(w.finish());
         }
@@ -80,7 +86,11 @@ impl RoundSink for Check {
         let meta = self.metas.last().expect("data before tensor");
         assert_eq!(index as usize, self.metas.len() - 1, "data for another tensor");
         let elem = meta.dtype.size();
-        assert!(!bytes.is_empty() && bytes.len() % elem == 0, "data of {} bytes is not whole elements of {elem}", bytes.len());
+        assert!(
+            !bytes.is_empty() && bytes.len().is_multiple_of(elem),
+            "data of {} bytes is not whole elements of {elem}",
+            bytes.len()
+        );
         assert_eq!(elem_offset, self.next_offset, "element offsets are not contiguous");
         self.next_offset += (bytes.len() / elem) as u64;
         let b = self.bytes.last_mut().unwrap();
@@ -112,7 +122,11 @@ fn run(bytes: &[u8], key: &MacKey, ceiling: u64, split: usize) -> Seen {
                         Some(RoundDone { kind: _, weight, n_tensors, wire_len }) => {
                             let (_, w, n) = sink.header.expect("a frame ended without a header");
                             assert_eq!((w, n), (weight.to_bits(), n_tensors));
-                            assert_eq!(sink.metas.len() as u32, n_tensors, "frame ended with tensors missing");
+                            assert_eq!(
+                                sink.metas.len() as u32,
+                                n_tensors,
+                                "frame ended with tensors missing"
+                            );
                             for (m, b) in sink.metas.iter().zip(&sink.bytes) {
                                 assert_eq!(*b, m.nbytes, "tensor bytes short at the end of a frame");
                                 seen.tensors.push((m.shape.clone(), m.nbytes, *b));

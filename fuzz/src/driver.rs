@@ -136,7 +136,10 @@ where
             assert!(n < 1_000_000, "poll never returns None");
             match out {
                 Output::Transmit { conn, bytes } => {
-                    assert!(self.known.contains(&conn), "Transmit to {conn:?}, a connection the machine was never given");
+                    assert!(
+                        self.known.contains(&conn),
+                        "Transmit to {conn:?}, a connection the machine was never given"
+                    );
                     assert!(
                         !self.closed_by_machine.contains(&conn),
                         "Transmit of {} bytes to {conn:?} after the machine closed it",
@@ -147,7 +150,10 @@ where
                     s.extend_from_slice(&bytes[..bytes.len().min(room)]);
                 }
                 Output::Close { conn } => {
-                    assert!(self.known.contains(&conn), "Close of {conn:?}, a connection the machine was never given");
+                    assert!(
+                        self.known.contains(&conn),
+                        "Close of {conn:?}, a connection the machine was never given"
+                    );
                     assert!(
                         self.closed_by_machine.insert(conn),
                         "Close of {conn:?} twice (the machine hears nothing more after its Close)"
@@ -174,7 +180,12 @@ where
     pub fn feed(&mut self, input: Input<'_>) -> Vec<ConnId> {
         if trace() {
             match input {
-                Input::Received { conn, bytes } => eprintln!("[{:?}] Received {conn:?} {} bytes: {}", self.now, bytes.len(), crate::frames::to_hex(&bytes[..bytes.len().min(64)])),
+                Input::Received { conn, bytes } => eprintln!(
+                    "[{:?}] Received {conn:?} {} bytes: {}",
+                    self.now,
+                    bytes.len(),
+                    crate::frames::to_hex(&bytes[..bytes.len().min(64)])
+                ),
                 other => eprintln!("[{:?}] {other:?}", self.now),
             }
         }
@@ -238,7 +249,11 @@ where
         match self.adopt {
             Some(adopt) => {
                 if trace() {
-                    eprintln!("[{:?}] adopt {c:?} {peer:?} first {}", self.now, crate::frames::to_hex(&first[..first.len().min(64)]));
+                    eprintln!(
+                        "[{:?}] adopt {c:?} {peer:?} first {}",
+                        self.now,
+                        crate::frames::to_hex(&first[..first.len().min(64)])
+                    );
                 }
                 adopt(&mut self.m, self.now, c, peer, first);
                 self.drain();
@@ -388,7 +403,10 @@ where
                 if broken {
                     self.fire_due();
                     if trace() {
-                        eprintln!("corrupted frame (bit {}) to {c:?}", usize::from(corrupt - 1) % (bytes.len() * 8));
+                        eprintln!(
+                            "corrupted frame (bit {}) to {c:?}",
+                            usize::from(corrupt - 1) % (bytes.len() * 8)
+                        );
                     }
                 }
                 self.terminal_seen = false;
@@ -468,7 +486,9 @@ pub fn build(kind: u8, o: &mut Ops<'_>) -> (Vec<u8>, bool) {
                     (h.encode(&k).to_vec(), true)
                 }
                 1 => (ControlAck::encode(&k).to_vec(), true),
-                2 => (DataHello { rank: msgs::small(o), world_size: msgs::small(o) }.encode().to_vec(), false),
+                2 => {
+                    (DataHello { rank: msgs::small(o), world_size: msgs::small(o) }.encode().to_vec(), false)
+                }
                 _ => (DataAck::encode().to_vec(), false),
             }
         }

@@ -89,7 +89,13 @@ impl RoundSpec {
     pub fn read(o: &mut Ops<'_>) -> RoundSpec {
         let kind = o.u8() % 3;
         let w = o.u8();
-        let weight = if w < 0xf0 { WEIGHTS[usize::from(w % 6)] } else if w < 0xf8 { WEIGHTS[usize::from(w % 8)] } else { f64::from_bits(o.u64()) };
+        let weight = if w < 0xf0 {
+            WEIGHTS[usize::from(w % 6)]
+        } else if w < 0xf8 {
+            WEIGHTS[usize::from(w % 8)]
+        } else {
+            f64::from_bits(o.u64())
+        };
         let c = o.u8();
         let count = if c >= 0xf0 { Some(o.u32()) } else { None };
         let n = o.u8() % 5;

@@ -4,8 +4,8 @@
 use bytes::BytesMut;
 use cohort_proto::join::JoinOffer;
 use cohort_proto::wire::{
-    Channel, ControlAck, ControlHello, DataAck, DataHello, JoinMsgWire, MacKey, Message, RelayControlMsg, RoundFrame,
-    RoundKind, TensorPayload, TimingMsgWire, encode_control, encode_frame,
+    Channel, ControlAck, ControlHello, DataAck, DataHello, JoinMsgWire, MacKey, Message, RelayControlMsg,
+    RoundFrame, RoundKind, TensorPayload, TimingMsgWire, encode_control, encode_frame,
 };
 use cohort_proto::{Machine, Time};
 
@@ -86,10 +86,18 @@ pub fn round(kind: RoundKind, weight: f64, n: u32) -> Vec<u8> {
     for _ in 0..n {
         b.extend_from_slice(&1.0f32.to_le_bytes());
     }
-    RoundFrame { kind, weight, tensors: vec![TensorPayload { dtype: cohort_proto::wire::Dtype::F32, shape: vec![n], bytes: b.freeze() }] }
-        .to_bytes(&key())
-        .expect("round encodes")
-        .to_vec()
+    RoundFrame {
+        kind,
+        weight,
+        tensors: vec![TensorPayload {
+            dtype: cohort_proto::wire::Dtype::F32,
+            shape: vec![n],
+            bytes: b.freeze(),
+        }],
+    }
+    .to_bytes(&key())
+    .expect("round encodes")
+    .to_vec()
 }
 
 /// The control hello of `rank` in a world of `world`.
@@ -125,11 +133,10 @@ pub fn blob(bytes: &[u8]) -> Vec<u8> {
 /// A join accept for `ranks`, signed with the zero key (open admission) or the session key.
 pub fn join_accept(ranks: Vec<u32>, open: bool) -> Vec<u8> {
     let k = if open { zero_key() } else { key() };
-    frame_of(&k, JoinMsgWire::Accept {
-        ranks,
-        salt_hex: open.then(|| crate::SALT.to_hex()),
-        formation_wait_secs: 5,
-    })
+    frame_of(
+        &k,
+        JoinMsgWire::Accept { ranks, salt_hex: open.then(|| crate::SALT.to_hex()), formation_wait_secs: 5 },
+    )
 }
 
 /// A seed script: the configuration bytes, then the ops `f` writes.

@@ -27,7 +27,13 @@ pub fn num(o: &mut Ops<'_>) -> u64 {
 pub fn float(o: &mut Ops<'_>) -> f64 {
     const F: [f64; 8] = [0.0, 1.0, 0.5, 10.0, -1.0, f64::NAN, f64::INFINITY, 1e300];
     let b = o.u8();
-    if b < 0xf8 { F[usize::from(b % 5)] } else if b < 0xfc { F[usize::from(b % 8)] } else { f64::from_bits(o.u64()) }
+    if b < 0xf8 {
+        F[usize::from(b % 5)]
+    } else if b < 0xfc {
+        F[usize::from(b % 8)]
+    } else {
+        f64::from_bits(o.u64())
+    }
 }
 
 fn opt<T>(o: &mut Ops<'_>, f: impl FnOnce(&mut Ops<'_>) -> T) -> Option<T> {
@@ -116,10 +122,9 @@ pub fn join(o: &mut Ops<'_>) -> JoinMsgWire {
             formation_wait_secs: num(o),
         },
         2 => JoinMsgWire::Reject { reason: o.string() },
-        3 => JoinMsgWire::WorldFormed {
-            envelope_hex: envelope_hex(o),
-            relay_spec_hex: opt(o, relay_spec_hex),
-        },
+        3 => {
+            JoinMsgWire::WorldFormed { envelope_hex: envelope_hex(o), relay_spec_hex: opt(o, relay_spec_hex) }
+        }
         4 => JoinMsgWire::RankExited { rank: small(o), code: o.u8() as i8 as i32 },
         _ => JoinMsgWire::Abort { reason: o.string() },
     }
@@ -247,9 +252,9 @@ pub fn rendezvous(o: &mut Ops<'_>) -> RendezvousMsgWire {
     match o.u8() % 3 {
         0 => RendezvousMsgWire::Hello { dataset_sig: sig(o), global_rank: small(o), host_name: host(o) },
         1 => RendezvousMsgWire::Role(if o.bool() { RendezvousRole::Generate } else { RendezvousRole::Wait }),
-        _ => RendezvousMsgWire::Uid {
-            uid_bytes: if o.bool() { vec![o.u8(); 128] } else { o.lp8().to_vec() },
-        },
+        _ => {
+            RendezvousMsgWire::Uid { uid_bytes: if o.bool() { vec![o.u8(); 128] } else { o.lp8().to_vec() } }
+        }
     }
 }
 

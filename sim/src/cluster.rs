@@ -434,7 +434,7 @@ impl Cluster {
                 }
                 // The rank's process exits with the code the rank gives; its
                 // agent, its parent, reports it.
-                if reason.is_some() || matches!(ev, RankEvent::Exited) {
+                if ev.ends_the_rank() {
                     let code = self.world.inspect_ref::<SimRank, _>(n, SimRank::exit_code).flatten();
                     self.rank_ended(*r, RankEnd::from_code(code));
                 }

@@ -14,7 +14,7 @@ use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::ledger::JoinOffer;
 use cohort_proto::node::envelope::WorkloadSpec;
 use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RankEnd, RankSpec, RelayListen};
-use cohort_proto::node::rank::{RankEvent, RankNode};
+use cohort_proto::node::rank::RankNode;
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::relay::{Relay, RelayConfig, RelayEvent};
 use cohort_proto::rendezvous::UID_BYTES;
@@ -180,15 +180,7 @@ impl Starter {
         let runner = Runner::with_clock(node, p.config.clone(), p.clock).map_err(|e| e.to_string())?;
         let (agent, sink) = (self.agent.clone(), self.sink.clone());
         let node = NodeThread::spawn(format!("rank-{r}"), runner, move |d, e| {
-            let ends = matches!(
-                e,
-                NodeEvent::Machine(
-                    RankEvent::Exited
-                        | RankEvent::CoordinatorLost { .. }
-                        | RankEvent::DataFailed { .. }
-                        | RankEvent::RendezvousFailed { .. }
-                )
-            );
+            let ends = matches!(&e, NodeEvent::Machine(ev) if ev.ends_the_rank());
             forward(&sink, d.now(), &Source::Rank(r), e, ClusterEvent::Rank);
             if !ends {
                 return ControlFlow::Continue(());

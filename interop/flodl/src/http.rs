@@ -40,27 +40,7 @@ pub fn run(p: &Parsed) -> Result<(), String> {
     let addr: String = p.require("addr")?;
     let request = unescape(&p.require::<String>("request")?);
     let wait = Duration::from_millis(p.get_or("wait-ms", 3000u64)?);
-    let mut s = TcpStream::connect(&addr).map_err(|e| format!("connect {addr}: {e}"))?;
-    s.write_all(&request).map_err(|e| format!("write: {e}"))?;
-    let until = Instant::now() + wait;
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let ending = loop {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break "timed out";
-        }
-        s.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
-        match s.read(&mut buf) {
-            Ok(0) => break "closed",
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                break "timed out";
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
-            Err(e) => return Err(format!("read: {e}")),
-        }
-    };
+    let (got, ending) = exchange(&addr, &request, wait)?;
     if got.is_empty() {
         println!("<no response: {ending}>");
     } else {
@@ -80,8 +60,21 @@ pub fn send(p: &Parsed) -> Result<(), String> {
     let addr: String = p.require("addr")?;
     let bytes = crate::hex::decode(&p.require::<String>("hex")?)?;
     let wait = Duration::from_millis(p.get_or("wait-ms", 3000u64)?);
-    let mut s = TcpStream::connect(&addr).map_err(|e| format!("connect {addr}: {e}"))?;
-    s.write_all(&bytes).map_err(|e| format!("write: {e}"))?;
+    let (got, ending) = exchange(&addr, &bytes, wait)?;
+    if got.is_empty() {
+        println!("<no response: {ending}>");
+    } else {
+        println!("{}", crate::hex::encode(&got));
+    }
+    Ok(())
+}
+
+/// Writes `bytes` on one new connection to `addr` and reads until the peer
+/// closes, resets, or `wait` passes: what came back and how it ended
+/// (`closed`, `reset` or `timed out`).
+fn exchange(addr: &str, bytes: &[u8], wait: Duration) -> Result<(Vec<u8>, &'static str), String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    s.write_all(bytes).map_err(|e| format!("write: {e}"))?;
     let until = Instant::now() + wait;
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
@@ -101,10 +94,5 @@ pub fn send(p: &Parsed) -> Result<(), String> {
             Err(e) => return Err(format!("read: {e}")),
         }
     };
-    if got.is_empty() {
-        println!("<no response: {ending}>");
-    } else {
-        println!("{}", crate::hex::encode(&got));
-    }
-    Ok(())
+    Ok((got, ending))
 }

@@ -327,28 +327,6 @@ pub fn run(p: &Parsed) -> Result<(), String> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn order_and_tolerances() {
-        let a = parse_json(r#"{"phase":"waiting","window_remaining_secs":30,"members":[]}"#).unwrap();
-        let b = parse_json(r#"{"phase":"waiting","window_remaining_secs":29,"members":[]}"#).unwrap();
-        assert!(compare("body", "", &a, &b).is_ok());
-        let c = parse_json(r#"{"phase":"waiting","window_remaining_secs":27,"members":[]}"#).unwrap();
-        assert!(compare("body", "", &a, &c).is_err());
-        let d = parse_json(r#"{"window_remaining_secs":30,"phase":"waiting","members":[]}"#).unwrap();
-        assert!(compare("body", "", &a, &d).is_err());
-    }
-
-    #[test]
-    fn error_facts() {
-        assert_eq!(facts("quorum not met: 0/2 ranks joined — check"), vec!["0/2"]);
-        assert_eq!(facts("the join window is not open (phase: training)"), vec!["phase training"]);
-    }
-}
-
 /// `flodl-peer json-diff [--at KEY] [--ignore PATH,PATH] -- FLODL COHORT`:
 /// two JSON documents (files), optionally the value under a top-level
 /// `KEY` of each, compared field by field (order included) except the
@@ -401,5 +379,27 @@ pub fn json_diff(p: &Parsed) -> Result<(), String> {
             println!("{d}");
             Err(d)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_and_tolerances() {
+        let a = parse_json(r#"{"phase":"waiting","window_remaining_secs":30,"members":[]}"#).unwrap();
+        let b = parse_json(r#"{"phase":"waiting","window_remaining_secs":29,"members":[]}"#).unwrap();
+        assert!(compare("body", "", &a, &b).is_ok());
+        let c = parse_json(r#"{"phase":"waiting","window_remaining_secs":27,"members":[]}"#).unwrap();
+        assert!(compare("body", "", &a, &c).is_err());
+        let d = parse_json(r#"{"window_remaining_secs":30,"phase":"waiting","members":[]}"#).unwrap();
+        assert!(compare("body", "", &a, &d).is_err());
+    }
+
+    #[test]
+    fn error_facts() {
+        assert_eq!(facts("quorum not met: 0/2 ranks joined — check"), vec!["0/2"]);
+        assert_eq!(facts("the join window is not open (phase: training)"), vec!["phase training"]);
     }
 }

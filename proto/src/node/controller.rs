@@ -326,7 +326,6 @@ impl ControllerNode {
         if self.cfg.run.backend == Backend::Cpu {
             let mut rc = ReduceConfig::new(world_size, self.key.clone());
             rc.ceiling = self.cfg.ceiling;
-            rc.timeout_scale = self.cfg.timeout_scale;
             rc.rules = self.cfg.run.rules;
             self.reduce = Some(Reduce::new(rc));
         }

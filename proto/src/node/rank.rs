@@ -125,6 +125,26 @@ pub enum RankEvent {
     },
 }
 
+impl RankEvent {
+    /// Whether the rank has ended with this event (its process exits, with
+    /// [`RankNode::exit_code`]).
+    ///
+    /// ```
+    /// use cohort_proto::node::rank::RankEvent;
+    /// assert!(RankEvent::Exited.ends_the_rank());
+    /// assert!(!RankEvent::Connected.ends_the_rank());
+    /// ```
+    pub fn ends_the_rank(&self) -> bool {
+        matches!(
+            self,
+            RankEvent::Exited
+                | RankEvent::CoordinatorLost { .. }
+                | RankEvent::DataFailed { .. }
+                | RankEvent::RendezvousFailed { .. }
+        )
+    }
+}
+
 /// One rank as a machine: dial its legs, run the workload, report.
 ///
 /// It dials from its construction and runs until the coordinator shuts it

@@ -6,7 +6,7 @@ use bytes::{Bytes, BytesMut};
 use core::fmt;
 
 use super::sum::{Consensus, RoundSum, verify_layout};
-use crate::config::{Rules, TimeoutScale, defaults};
+use crate::config::{Rules, defaults};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
@@ -20,25 +20,18 @@ pub struct ReduceConfig {
     pub world_size: u32,
     /// The session key.
     pub key: MacKey,
-    /// Largest record / round frame accepted.
+    /// Largest record / round frame accepted. (The relay hello deadline is
+    /// flodl's fixed 10 s: no timeout scale.)
     pub ceiling: u64,
-    /// Stretches the hello deadline.
-    pub timeout_scale: TimeoutScale,
     /// cohort's rules (a host's end is its ranks' death) or flodl 0.8's (it
     /// stops the reduce for everyone).
     pub rules: Rules,
 }
 
 impl ReduceConfig {
-    /// A configuration with flodl's defaults (1 GiB ceiling, scale 1) and cohort's rules.
+    /// A configuration with flodl's defaults (1 GiB ceiling) and cohort's rules.
     pub fn new(world_size: u32, key: MacKey) -> Self {
-        ReduceConfig {
-            world_size,
-            key,
-            ceiling: DEFAULT_FRAME_CEILING,
-            timeout_scale: TimeoutScale::ONE,
-            rules: Rules::Cohort,
-        }
+        ReduceConfig { world_size, key, ceiling: DEFAULT_FRAME_CEILING, rules: Rules::Cohort }
     }
 }
 
