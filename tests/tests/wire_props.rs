@@ -356,3 +356,26 @@ fn envelope_floats_round_trip_exactly() {
     assert_eq!(again, env);
     assert_eq!(again.worker.gpu_ram_share.map(f64::to_bits), env.worker.gpu_ram_share.map(f64::to_bits));
 }
+
+/// Messages that decode to many times their encoding (a varint `u64` of one
+/// byte is eight in memory; an empty map, one byte, claims its eight-byte
+/// length) still decode, at every payload size: the decoder's claim limit
+/// follows the payload, with room for eight times it.
+#[test]
+fn dense_small_values_decode_at_every_size() {
+    use cohort_proto::wire::{ControlMsgWire, EpochMetricsWire, Message};
+    use std::collections::BTreeMap;
+    let k = key(3);
+    for n in [1usize, 2, 15, 16, 17, 200, 255, 256, 257, 4000, 4096, 4097, 60_000, 70_000, 600_000] {
+        let msg = ControlMsgWire::EpochAggregated(Box::new(EpochMetricsWire {
+            epoch: 0,
+            per_rank: vec![BTreeMap::new(); n],
+            per_rank_loss: vec![None; n / 2],
+            ..EpochMetricsWire::default()
+        }));
+        let mut b = BytesMut::new();
+        encode_frame(&k, &msg, &mut b).unwrap();
+        let got = decode_controls(&[&b], &k).unwrap_or_else(|e| panic!("{n} empty maps: {e}"));
+        assert_eq!(got, vec![Message::Control(msg)], "{n}");
+    }
+}

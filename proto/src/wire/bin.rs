@@ -4,8 +4,6 @@ use bytes::BytesMut;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::consts::MAX_CONTROL_PAYLOAD;
-
 /// Writes bincode straight into the caller's buffer (no intermediate Vec).
 struct BufWriter<'a>(&'a mut BytesMut);
 
@@ -30,19 +28,23 @@ pub(crate) fn encode_into<T: Serialize + ?Sized>(value: &T, out: &mut BytesMut) 
 
 /// Decodes exactly one `T` from all of `bytes` (trailing bytes are an error).
 ///
-/// bincode allocates a string's (or byte vector's) declared length before
-/// reading it, within its limit: so the limit follows the bytes present,
-/// the first of 256 B, 4 KiB, 64 KiB, 1 MiB that holds them, else the
-/// control payload limit. A legitimate message's strings lie inside its
-/// payload, so it always fits; a forged length claims at most 16 times the
-/// payload (or its bucket's floor), never 16 MiB for a 30-byte frame.
+/// bincode's limit counts what decoding claims in memory: each integer its
+/// in-memory width (a varint `u64` of 1 byte claims 8), each string or
+/// byte vector its declared length, allocated before it is read. So the
+/// limit follows the bytes present: the first of 256 B, 4 KiB, ..., 256 MiB
+/// that is at least 16 times them. A legitimate message (at most 8 times
+/// its encoding in memory, its strings inside it) always fits; a forged
+/// length claims at most 16 times the payload, or 256 B, never 16 MiB for
+/// a 30-byte frame.
 pub(crate) fn decode_exact<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     match bytes.len() {
-        0..=256 => decode_within::<T, 256>(bytes),
-        257..=4096 => decode_within::<T, 4096>(bytes),
-        4097..=65_536 => decode_within::<T, 65_536>(bytes),
-        65_537..=1_048_576 => decode_within::<T, 1_048_576>(bytes),
-        _ => decode_within::<T, MAX_CONTROL_PAYLOAD>(bytes),
+        0..=16 => decode_within::<T, 256>(bytes),
+        17..=256 => decode_within::<T, 4096>(bytes),
+        257..=4096 => decode_within::<T, 65_536>(bytes),
+        4097..=65_536 => decode_within::<T, 1_048_576>(bytes),
+        65_537..=1_048_576 => decode_within::<T, { 16 << 20 }>(bytes),
+        1_048_577..=4_194_304 => decode_within::<T, { 64 << 20 }>(bytes),
+        _ => decode_within::<T, { 256 << 20 }>(bytes),
     }
 }
 
