@@ -742,13 +742,17 @@ impl<M: Machine, R: Runtime> Core<M, R> {
 
     fn accept(&mut self, now: Time) {
         let Some(l) = &mut self.listener else { return };
-        l.accepting();
+        if !l.accepting(now) {
+            // Paused after a listener failure: the retry timer accepts.
+            return;
+        }
         loop {
             let Some(l) = &mut self.listener else { return };
             let mut cx = Context::from_waker(&self.listener_waker);
             match R::poll_accept(&l.sock, &mut cx) {
                 Poll::Pending => return,
                 Poll::Ready(Ok((sock, addr))) => {
+                    l.accepted();
                     let Some(slot) = self.engine.alloc() else {
                         tracing::warn!(%addr, "too many sockets: refusing connection");
                         continue;
