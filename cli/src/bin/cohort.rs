@@ -5,6 +5,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use cohort::args;
 use cohort::cluster::demo::{self, DemoOptions, Kill};
 use cohort::cluster::describe::{Narrator, json_of, log_line};
 use cohort::cluster::host::{HostParams, MioHost};
@@ -180,8 +181,8 @@ struct ControllerArgs {
     advertise: Option<String>,
     /// After the run ends, keep serving this many seconds (so agents hear
     /// the end and state.json shows it).
-    #[arg(long, default_value_t = 2.0)]
-    linger_secs: f64,
+    #[arg(long, default_value = "2", value_parser = args::seconds)]
+    linger_secs: Duration,
     #[command(flatten)]
     run: RunArgs,
     #[command(flatten)]
@@ -200,7 +201,7 @@ struct AgentArgs {
     #[arg(long, default_value_t = 1)]
     ranks: u32,
     /// Mean batch time of the synthetic workload, in milliseconds.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value = "20", value_parser = args::batch_ms)]
     batch_ms: f64,
     /// The pre-shared session salt (32 hex digits); without it the hello is
     /// keyed with zeros (open admission) and the salt comes with the accept.
@@ -253,7 +254,7 @@ struct RankArgs {
     #[arg(long, default_value_t = 256)]
     model_elems: u32,
     /// Mean batch time of the synthetic workload, in milliseconds.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value = "20", value_parser = args::batch_ms)]
     batch_ms: f64,
     /// Network timeout scale (default: FLODL_NET_TIMEOUT_SCALE, else 1).
     #[arg(long)]
@@ -285,14 +286,14 @@ struct DemoArgs {
     #[arg(long, default_value_t = 2)]
     ranks_per_host: u32,
     /// Mean batch time, in milliseconds.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value = "20", value_parser = args::batch_ms)]
     batch_ms: f64,
     /// The rank to kill.
     #[arg(long, default_value_t = 1)]
     kill_rank: u32,
     /// When to kill it: seconds after the world formed (training started).
-    #[arg(long, default_value_t = 3.0)]
-    kill_rank_at: f64,
+    #[arg(long, default_value = "3", value_parser = args::seconds)]
+    kill_rank_at: Duration,
     /// Kill nobody.
     #[arg(long)]
     no_kill: bool,
@@ -433,7 +434,7 @@ fn controller(a: ControllerArgs) -> i32 {
     if trust == TrustMode::PreShared {
         tracing::info!("session salt {} (pass it to every agent with --salt)", salt.to_hex());
     }
-    let linger = Duration::from_secs_f64(a.linger_secs.max(0.0));
+    let linger = a.linger_secs;
     let mut ended: Option<(Instant, Outcome)> = None;
     let mut narrator = Narrator::default();
     loop {
@@ -570,16 +571,12 @@ fn run_demo(a: DemoArgs) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    if !(a.kill_rank_at.is_finite() && a.kill_rank_at >= 0.0) {
-        return fail("--kill-rank-at must be a number of seconds");
-    }
     let opts = DemoOptions {
         hosts: a.hosts,
         ranks_per_host: a.ranks_per_host,
         knobs: a.run.knobs(),
         batch_ms: a.batch_ms,
-        kill: (!a.no_kill)
-            .then(|| Kill { rank: a.kill_rank, after: Duration::from_secs_f64(a.kill_rank_at) }),
+        kill: (!a.no_kill).then(|| Kill { rank: a.kill_rank, after: a.kill_rank_at }),
         scale,
         bind: a.bind,
         ..DemoOptions::default()
