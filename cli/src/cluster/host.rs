@@ -49,6 +49,9 @@ pub struct HostParams {
     pub model_sig: Option<[u8; 32]>,
     /// The run id the hello carries, if any.
     pub run_id: Option<String>,
+    /// Whether the controller binds the key to its run (`--run-bound`,
+    /// cohort only): wait for its nonce before the hello.
+    pub run_bound: bool,
     /// What the ranks train when the controller does not say (a flodl
     /// controller never does).
     pub workload: WorkloadSpec,
@@ -82,6 +85,7 @@ impl HostParams {
             dataset_sig: [0; 32],
             model_sig: None,
             run_id: None,
+            run_bound: false,
             workload: WorkloadSpec::default(),
             batch_ms: 20.0,
             spread: 0.2,
@@ -95,13 +99,15 @@ impl HostParams {
         let mut offer = JoinOffer::new(self.name.clone(), devices, self.dataset_sig);
         offer.model_sig = self.model_sig;
         offer.run_id = self.run_id.clone();
-        HostConfig::new(
+        let mut cfg = HostConfig::new(
             offer,
             self.controller.clone(),
             self.pre_shared,
             self.timeout_scale,
             self.relay_listen,
-        )
+        );
+        cfg.run_bound = self.run_bound;
+        cfg
     }
 }
 

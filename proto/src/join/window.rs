@@ -52,8 +52,8 @@ use crate::config::{ConfigError, Rules, TimeoutScale, defaults};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
-    Channel, JoinMsgWire, MacKey, Message, MsgKind, Problem, RecvBuf, SessionSalt, WireError, encode_frame,
-    parse_frame, parse_frame_within,
+    Channel, JoinMsgWire, MacKey, Message, MsgKind, Problem, RecvBuf, RunNonce, SessionSalt, WireError,
+    encode_frame, parse_frame, parse_frame_within,
 };
 
 /// Everything a window is opened with.
@@ -73,6 +73,12 @@ pub struct WindowParams {
     pub model_sig: Option<[u8; 32]>,
     /// Whose admission rules (see [`Ledger::with_rules`]).
     pub rules: Rules,
+    /// A run-bound key (cohort only; `None`, flodl's way, by default): the
+    /// nonce announced first on every join connection. The window then keys
+    /// everything with `salt.bound_to_run(nonce)`, so nothing recorded in
+    /// another run under the same pre-shared salt verifies. Needs
+    /// [`TrustMode::PreShared`].
+    pub run_nonce: Option<RunNonce>,
 }
 
 impl WindowParams {
@@ -86,6 +92,7 @@ impl WindowParams {
             dataset_sig: None,
             model_sig: None,
             rules: Rules::Cohort,
+            run_nonce: None,
         }
     }
 }
@@ -425,7 +432,11 @@ struct Link {
 #[derive(Debug)]
 pub struct JoinWindow {
     ledger: Ledger,
+    /// The run's salt (the pre-shared salt itself unless run-bound).
     salt: SessionSalt,
+    /// The operator's start token: the salt as configured.
+    token: SessionSalt,
+    run_nonce: Option<RunNonce>,
     trust: TrustMode,
     join_key: MacKey,
     salt_key: MacKey,
@@ -486,14 +497,31 @@ fn join_msg_name(msg: &JoinMsgWire) -> &'static str {
 impl JoinWindow {
     /// Opens a window at `now`. Fails only on an invalid configuration.
     pub fn new(params: WindowParams, now: Time) -> Result<JoinWindow, ConfigError> {
-        let WindowParams { config, salt, trust, timeout_scale: scale, dataset_sig, model_sig, rules } =
-            params;
+        let WindowParams {
+            config,
+            salt: token,
+            trust,
+            timeout_scale: scale,
+            dataset_sig,
+            model_sig,
+            rules,
+            run_nonce,
+        } = params;
+        if run_nonce.is_some() && trust != TrustMode::PreShared {
+            return Err(ConfigError::new(
+                "run-bound key",
+                "needs a pre-shared salt: under open admission the salt is public and binds nothing",
+            ));
+        }
+        let salt = run_nonce.map_or(token, |n| token.bound_to_run(&n));
         let window = config.window(scale);
         let cap = config.cap(scale);
         let ledger = Ledger::new(config, dataset_sig, model_sig)?.with_rules(rules);
         let mut w = JoinWindow {
             ledger,
             salt,
+            token,
+            run_nonce,
             trust,
             join_key: MacKey::new(&trust.join_key(&salt)),
             salt_key: MacKey::new(&salt),
@@ -628,7 +656,8 @@ impl JoinWindow {
         self.dials.contains_key(&conn)
     }
 
-    /// The session salt.
+    /// The run's session salt: every frame of the run is keyed with it (the
+    /// pre-shared salt bound to the run's nonce under a run-bound key).
     pub fn salt(&self) -> &SessionSalt {
         &self.salt
     }
@@ -716,6 +745,10 @@ impl JoinWindow {
     }
 
     fn begin(&mut self, now: Time, conn: ConnId, magic_pending: bool) {
+        if let Some(n) = &self.run_nonce {
+            // The hello that follows must be keyed for this run.
+            self.out.transmit(conn, Bytes::copy_from_slice(&n.encode()));
+        }
         let deadline = now + self.budget;
         if let Some(old) = self.dials.insert(conn, Dial { buf: RecvBuf::new(), deadline, magic_pending }) {
             self.deadlines.remove(&(old.deadline, conn));
@@ -975,7 +1008,7 @@ impl crate::status::StatusBackend for JoinWindow {
     }
 
     fn start_switch(&self) -> Option<crate::status::StartSwitch> {
-        Some(crate::status::StartSwitch { mode: self.start_mode(), token: self.salt })
+        Some(crate::status::StartSwitch { mode: self.start_mode(), token: self.token })
     }
 
     fn start_gate(&self, now: Time) -> Option<crate::status::StartGate> {

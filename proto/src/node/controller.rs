@@ -15,7 +15,7 @@ use crate::rendezvous::{RendezvousConfig, RendezvousEvent, RendezvousServer};
 use crate::route::{PortRouter, RouteEvent};
 use crate::status::{StatusEvent, StatusLimits, StatusResponder};
 use crate::time::{Time, earliest};
-use crate::wire::{Channel, MacKey, SessionSalt, derive_frame_ceiling};
+use crate::wire::{Channel, MacKey, RunNonce, SessionSalt, derive_frame_ceiling};
 
 use super::envelope::{ControllerAddr, Envelope, RelaySpec, WorkloadSpec};
 
@@ -40,6 +40,11 @@ pub struct ControllerConfig {
     pub workload: WorkloadSpec,
     /// The frame ceiling of the data plane (the relays get it in their spec).
     pub ceiling: u64,
+    /// A run-bound key (cohort only; `None` by default, as flodl): this
+    /// run's nonce, announced on every join connection; every frame of the
+    /// run is then keyed with the pre-shared salt bound to it, so a
+    /// recording of another run under the same salt verifies nowhere.
+    pub run_nonce: Option<RunNonce>,
 }
 
 impl ControllerConfig {
@@ -64,6 +69,7 @@ impl ControllerConfig {
             advertise,
             ceiling: derive_frame_ceiling(workload.model_bytes()),
             workload,
+            run_nonce: None,
         }
     }
 }
@@ -236,9 +242,11 @@ impl ControllerNode {
         let mut params = WindowParams::new(cfg.join.clone(), cfg.salt, cfg.trust);
         params.timeout_scale = cfg.timeout_scale;
         params.rules = cfg.run.rules;
+        params.run_nonce = cfg.run_nonce;
         let window = JoinWindow::new(params, now)?;
         let mut node = ControllerNode {
-            key: MacKey::new(&cfg.salt),
+            // The run's salt: the configured one, or it bound to the run.
+            key: MacKey::new(window.salt()),
             router: PortRouter::new(cfg.timeout_scale),
             window,
             status: StatusResponder::new(StatusLimits::scaled(cfg.timeout_scale)),
@@ -348,7 +356,7 @@ impl ControllerNode {
                     m.ranks.clone().collect(),
                     m.local_devices.clone(),
                 );
-                e.salt = Some(self.cfg.salt.to_hex());
+                e.salt = Some(self.window.salt().to_hex());
                 e.cohort = Some(self.cfg.workload);
                 let spec = RelaySpec::for_envelope(&e, cpu, self.cfg.ceiling);
                 (conn, e.to_hex(), spec.to_hex())
