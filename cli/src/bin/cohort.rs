@@ -616,7 +616,7 @@ fn run_demo(a: DemoArgs) -> i32 {
         ranks_per_host: a.ranks_per_host,
         knobs: a.run.knobs(),
         batch_ms: a.batch_ms,
-        kill: (!a.no_kill).then(|| Kill { rank: a.kill_rank, after: a.kill_rank_at }),
+        kill: (!a.no_kill).then_some(Kill { rank: a.kill_rank, after: a.kill_rank_at }),
         scale,
         bind: a.bind,
         ..DemoOptions::default()
