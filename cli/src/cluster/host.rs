@@ -151,9 +151,9 @@ impl Starter {
 
     fn relay(&self, d: &mut Driver<HostNode>, cfg: RelayConfig, listen: Option<&str>) -> Result<(), String> {
         let leg = cfg.leg;
+        let config = self.params.config.clone().for_frame_ceiling(cfg.leg_ceiling());
         let relay = Relay::new(cfg).map_err(|e| e.to_string())?;
-        let mut runner = Runner::with_clock(relay, self.params.config.clone(), self.params.clock)
-            .map_err(|e| e.to_string())?;
+        let mut runner = Runner::with_clock(relay, config, self.params.clock).map_err(|e| e.to_string())?;
         let at = match listen {
             Some(a) => a.parse().map_err(|e| format!("relay address {a:?}: {e}"))?,
             None => SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
@@ -184,7 +184,8 @@ impl Starter {
         let mut uid = [0u8; UID_BYTES];
         getrandom::fill(&mut uid).map_err(|e| format!("no OS randomness for an NCCL id: {e}"))?;
         let node = SynthRank::new(spec.rank_config(uid), workload, p.clock.now());
-        let runner = Runner::with_clock(node, p.config.clone(), p.clock).map_err(|e| e.to_string())?;
+        let config = p.config.clone().for_frame_ceiling(spec.ceiling);
+        let runner = Runner::with_clock(node, config, p.clock).map_err(|e| e.to_string())?;
         let sink = self.sink.clone();
         let mut report =
             RankReport { to: Some((self.agent.clone(), self.sink.clone())), rank: r, clock: p.clock };
