@@ -444,9 +444,10 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
 }
 
 /// [`block_on`] for at most `patience`: `None` if the future did not
-/// complete in time.
+/// complete in time. A patience past what an `Instant` holds waits without
+/// a bound.
 pub fn block_on_timeout<F: Future>(future: F, patience: Duration) -> Option<F::Output> {
-    wait(future, Some(Instant::now() + patience))
+    wait(future, Instant::now().checked_add(patience))
 }
 
 struct Unpark(std::thread::Thread);
