@@ -562,12 +562,37 @@ impl<W: SimWorkload> Cluster<W> {
     }
 
     /// A fault strikes now: recorded, told to the checkers, carried out.
+    ///
+    /// A fault on a rank that is not running (not started yet, or already
+    /// gone) has no effect: the timeline says so, and neither the checkers
+    /// nor the report's deaths take it as an excuse.
     fn fault(&mut self, f: Fault) {
         let now = self.world.now();
         self.timeline.instant(now, "faults", &format!("{f:?}"));
+        if let Some(rank) = self.idle_target(&f) {
+            self.timeline.instant(now, "faults", &format!("no effect: rank {rank} is not running"));
+            return;
+        }
         self.checker.fault(now, &f);
         self.faults.push(Injected { at: now, fault: f.clone() });
         self.carry_out(f);
+    }
+
+    /// The rank `f` names, if it names one that is not running.
+    fn idle_target(&self, f: &Fault) -> Option<u32> {
+        let (Fault::KillRank(r) | Fault::WedgeRank(r) | Fault::SlowRank { rank: r, .. }) = f else {
+            return None;
+        };
+        let Some(n) = self.rank_node(*r) else { return Some(*r) };
+        // A rank that exited is gone, whatever its node's state.
+        let exited = self.world.machine::<SimRank<W>>(n).is_some_and(SimRank::is_ended);
+        let running = match self.world.process(n) {
+            Process::Alive => !exited,
+            // A wedged process can still be killed.
+            Process::Wedged => matches!(f, Fault::KillRank(_)),
+            Process::Crashed => false,
+        };
+        (!running).then_some(*r)
     }
 
     fn carry_out(&mut self, f: Fault) {

@@ -73,8 +73,14 @@ pub struct Facts {
     pub reduce_lost: Option<Time>,
     /// Ranks whose process died.
     pub crashed: BTreeSet<u32>,
-    /// Hosts that were cut off.
-    pub partitioned: BTreeSet<String>,
+    /// Hosts whose messages could be held back without any connection
+    /// closing: partitioned, or a corrupted byte in a length the receiver
+    /// then waits to fill (until a deadline, not at once).
+    pub cut_off: BTreeSet<String>,
+    /// When a byte was first corrupted anywhere: a corrupted round frame
+    /// can hold its round back for every rank until their consensus read
+    /// deadline ends them.
+    pub corrupted: Option<Time>,
     /// Which host holds which rank (the controller's word).
     pub rank_host: BTreeMap<u32, String>,
 }
@@ -157,10 +163,15 @@ impl Checker {
             }
             Fault::PartitionHost { host: h, .. } => {
                 facts.hosts_faulted.entry(h.clone()).or_insert(at);
-                facts.partitioned.insert(h.clone());
+                facts.cut_off.insert(h.clone());
             }
-            // A reset costs the host's links like a corruption does.
-            Fault::CorruptLink(h) | Fault::ResetHost(h) => {
+            Fault::CorruptLink(h) => {
+                facts.hosts_faulted.entry(h.clone()).or_insert(at);
+                facts.cut_off.insert(h.clone());
+                facts.corrupted.get_or_insert(at);
+            }
+            // A reset costs the host's links at once.
+            Fault::ResetHost(h) => {
                 facts.hosts_faulted.entry(h.clone()).or_insert(at);
             }
             // Slowness is no excuse for a death: heartbeats keep flowing.
