@@ -120,7 +120,11 @@ pub struct Cluster<W: SimWorkload = Trainer> {
     /// The run ended because the controller was lost.
     lost_controller: bool,
     epochs_completed: u64,
-    cap: Time,
+    /// When the last fault heals (the last scheduled one, or one injected
+    /// by hand): the liveness phase starts then.
+    healed: Time,
+    /// How long after `healed` the run must have a named outcome.
+    liveness: Duration,
     events_seen: u64,
     events_buf: Vec<(Time, NodeId, ClusterEvent)>,
     /// Every fault injected, in order.
@@ -142,6 +146,36 @@ impl<W: SimWorkload> core::fmt::Debug for Cluster<W> {
             .field("deaths", &self.deaths.len())
             .finish()
     }
+}
+
+/// How long after the last fault heals a run may take to reach a named
+/// outcome: the join window's cap, the whole training at the slowest batch
+/// time (slowed by the largest `slow_rank` factor) with four one-way
+/// latencies per round (the slowest link), and 600 s (scaled, at least 1x)
+/// for every deadline that may still have to expire.
+pub fn liveness_bound(sc: &Scenario, scale: TimeoutScale) -> Duration {
+    let factor = sc
+        .faults
+        .iter()
+        .filter_map(|f| match f.fault {
+            Fault::SlowRank { factor, .. } => Some(factor),
+            _ => None,
+        })
+        .fold(1.0, f64::max);
+    let latency_s = sc
+        .faults
+        .iter()
+        .filter_map(|f| match f.fault {
+            Fault::SlowLink { latency_ms, .. } => Some(latency_ms / 1e3),
+            _ => None,
+        })
+        .fold(sc.latency_us as f64 / 1e6, f64::max);
+    let slowest = sc.speed_classes.values().map(|c| c.batch_ms * (1.0 + c.spread)).fold(1.0, f64::max);
+    let batches = sc.epochs as f64 * sc.samples_per_epoch as f64 / sc.batch_size as f64;
+    let training = batches * slowest * factor / 1e3 + batches / sc.sync_every as f64 * 4.0 * latency_s;
+    let formation = scale.get() * sc.join.max_join_timeout_secs as f64;
+    let total = formation + training + 600.0 * scale.get().max(1.0);
+    Duration::try_from_secs_f64(total).unwrap_or(Duration::MAX)
 }
 
 fn secs(s: f64) -> Time {
@@ -234,12 +268,10 @@ impl<W: SimWorkload> Cluster<W> {
             acts.push((secs(t), Act::RunFor));
         }
         acts.sort_by_key(|(t, _)| *t);
-        let slowest = sc.speed_classes.values().map(|c| c.batch_ms * (1.0 + c.spread)).fold(1.0, f64::max);
-        let training =
-            sc.epochs as f64 * sc.samples_per_epoch as f64 / sc.batch_size as f64 * slowest / 1000.0;
-        let formation = scale.get() * sc.join.max_join_timeout_secs as f64
-            + sc.hosts.iter().map(|h| h.join_at_s).fold(0.0, f64::max);
-        let cap = secs(formation + training + sc.run_for_s.unwrap_or(0.0) + 600.0 * scale.get().max(1.0));
+        let healed = sc.faults.iter().map(|f| f.at_s + f.fault.lasts_s()).fold(0.0, f64::max);
+        let healed = sc.hosts.iter().map(|h| h.join_at_s).fold(healed, f64::max);
+        let healed = secs(healed.max(sc.run_for_s.unwrap_or(0.0)));
+        let liveness = liveness_bound(&sc, scale);
         Ok(Cluster {
             make_workload: Box::new(make),
             faults: Vec::new(),
@@ -267,7 +299,8 @@ impl<W: SimWorkload> Cluster<W> {
             controller_gone: false,
             lost_controller: false,
             epochs_completed: 0,
-            cap,
+            healed,
+            liveness,
             events_seen: 0,
             events_buf: Vec::new(),
             sc,
@@ -335,7 +368,8 @@ impl<W: SimWorkload> Cluster<W> {
         hit
     }
 
-    /// Applies `fault` now, as a scenario's fault at this instant would be
+    /// Applies `fault` now (the liveness phase then starts after it heals),
+    /// as a scenario's fault at this instant would be
     /// (the checkers learn of it, the report attributes deaths to it).
     /// A rank outside the world, or an unknown host, is refused.
     pub fn inject(&mut self, fault: Fault) -> Result<(), String> {
@@ -355,15 +389,28 @@ impl<W: SimWorkload> Cluster<W> {
             }
             _ => {}
         }
+        let heals = self.world.now().saturating_add(Duration::from_secs_f64(fault.lasts_s()));
+        self.healed = self.healed.max(heals);
         self.fault(fault);
         self.absorb(&mut |_, _, _| false);
         Ok(())
     }
 
-    /// Plays what is left of the scenario to its end and reports.
+    /// Plays what is left of the scenario to its end and reports. A run
+    /// that goes quiet without a named outcome (Done, or a failure with its
+    /// reason) is a liveness violation.
     pub fn finish(mut self) -> Report {
         self.advance(None, &mut |_, _, _| false);
+        if self.outcome.is_none() && !self.checker.stopped() {
+            self.checker.violation(self.world.now(), "liveness: the run went quiet without a named outcome");
+        }
         self.report()
+    }
+
+    /// The instant by which the run must have a named outcome: the bound
+    /// after the last fault heals (see `docs/BEHAVIOUR.md`, "Liveness").
+    pub fn liveness_deadline(&self) -> Time {
+        self.healed.saturating_add(self.liveness)
     }
 
     /// Every node event so far, if the cluster records them
@@ -472,9 +519,13 @@ impl<W: SimWorkload> Cluster<W> {
                     self.apply(act);
                 }
                 (Some(w), _) => {
-                    if w > self.cap {
-                        self.checker
-                            .violation(self.world.now(), "the run did not end by its time cap (it hangs)");
+                    if w > self.liveness_deadline() {
+                        let what = format!(
+                            "liveness: no named outcome within {:.0}s of the last fault healing at {:.3}s (it hangs)",
+                            self.liveness.as_secs_f64(),
+                            self.healed.as_secs_f64()
+                        );
+                        self.checker.violation(self.world.now(), &what);
                         return;
                     }
                     self.world.step();

@@ -474,6 +474,16 @@ impl FaultAt {
 }
 
 impl Fault {
+    /// How long the fault lasts after it strikes, in seconds: a partition
+    /// for its `for_s`, everything else at once (its effects, such as a
+    /// dead rank or a slower link, stay; the fault itself is over).
+    pub fn lasts_s(&self) -> f64 {
+        match self {
+            Fault::PartitionHost { for_s, .. } => *for_s,
+            _ => 0.0,
+        }
+    }
+
     /// Nothing crosses between `host` and the rest for `for_`.
     pub fn partition(host: impl Into<String>, for_: Duration) -> Self {
         Fault::PartitionHost { host: host.into(), for_s: for_.as_secs_f64() }

@@ -1,13 +1,13 @@
 //! Deaths: a rank is declared dead only after something happened to it (or
-//! its host, or the controller, or a corrupted byte held its round back past
-//! its consensus read deadline), never twice, and a stale rank only once its
+//! its host, or the controller, or a corrupted byte anywhere held its round
+//! back until its consensus read deadline), never twice, and a stale rank only once its
 //! silence is strictly longer than the staleness deadline and at most one
 //! heartbeat longer.
 
 use std::collections::BTreeSet;
 
 use cohort_proto::Time;
-use cohort_proto::config::{TimeoutScale, defaults};
+use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::{CoordEvent, DeathCause};
 use cohort_proto::node::controller::ControllerEvent;
 use core::time::Duration;
@@ -18,18 +18,13 @@ use super::{Facts, Violations};
 #[derive(Debug)]
 pub struct DeathCheck {
     staleness: Duration,
-    consensus_read: Duration,
     dead: BTreeSet<u32>,
 }
 
 impl DeathCheck {
     /// Checks under `scale`.
     pub fn new(scale: TimeoutScale) -> Self {
-        DeathCheck {
-            staleness: scale.scaled(Duration::from_secs(30)),
-            consensus_read: scale.scaled_secs(defaults::CONSENSUS_READ),
-            dead: BTreeSet::new(),
-        }
+        DeathCheck { staleness: scale.scaled(Duration::from_secs(30)), dead: BTreeSet::new() }
     }
 
     /// One controller event.
@@ -50,10 +45,10 @@ impl DeathCheck {
                 );
             }
         }
-        // A corrupted round frame anywhere may hold the round back until
-        // every waiting rank's consensus read deadline ends its data plane.
-        let round_held = *cause == DeathCause::DataPlaneLost
-            && facts.corrupted.is_some_and(|c| t >= c.saturating_add(self.consensus_read));
+        // A corrupted round frame anywhere may hold its round back until
+        // every waiting rank's consensus read deadline ends its data plane
+        // (armed when the rank submitted, which may precede the corruption).
+        let round_held = *cause == DeathCause::DataPlaneLost && facts.corrupted.is_some_and(|c| t > c);
         if !facts.touched(t, *r) && !round_held {
             v.at(t, &format!("rank {r} declared dead ({cause}) though nothing happened to it"));
         }
