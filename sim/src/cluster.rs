@@ -42,7 +42,7 @@ use cohort_proto::Time;
 use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::coord::{Backend, CoordConfig, CoordEvent, FailureBudget, RunEnd, Scheduler};
 use cohort_proto::join::client::ClientEvent;
-use cohort_proto::join::ledger::{JoinConfig, JoinOffer, Ledger, StartMode, TrustMode};
+use cohort_proto::join::ledger::{JoinOffer, Ledger, TrustMode};
 use cohort_proto::join::window::JoinEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, Outcome};
@@ -61,7 +61,7 @@ use crate::check::Checker;
 use crate::log::EventLog;
 use crate::report::{Death, Injected, Outcome as RunOutcome, RankReport, Report, Timeline};
 use crate::rng::{SimRng, stream};
-use crate::scenario::{BackendSpec, Fault, MaxFailure, RulesSpec, Scenario, StartModeSpec};
+use crate::scenario::{BackendSpec, Fault, MaxFailure, RulesSpec, Scenario, ScenarioError};
 use crate::workload::{RankStart, SimWorkload};
 use crate::world::{HostId, LinkSpec, NetConfig, NodeId, Process, World};
 
@@ -175,7 +175,13 @@ pub fn liveness_bound(sc: &Scenario, scale: TimeoutScale) -> Duration {
     let training = batches * slowest * factor / 1e3 + batches / sc.sync_every as f64 * 4.0 * latency_s;
     let formation = scale.get() * sc.join.max_join_timeout_secs as f64;
     let total = formation + training + 600.0 * scale.get().max(1.0);
-    Duration::try_from_secs_f64(total).unwrap_or(Duration::MAX)
+    dur(total)
+}
+
+/// `s` seconds as a `Duration`, saturating (and 0 for what is not a
+/// positive number).
+fn dur(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)
 }
 
 fn secs(s: f64) -> Time {
@@ -185,7 +191,7 @@ fn secs(s: f64) -> Time {
 impl Cluster<Trainer> {
     /// Builds the cluster of `sc` under `seed` (the scenario must
     /// validate), every rank running the synthetic trainer.
-    pub fn new(sc: Scenario, seed: u64) -> Result<Self, String> {
+    pub fn new(sc: Scenario, seed: u64) -> Result<Self, ScenarioError> {
         Cluster::with_workload(sc, seed, |start| start.trainer())
     }
 }
@@ -197,9 +203,10 @@ impl<W: SimWorkload> Cluster<W> {
         sc: Scenario,
         seed: u64,
         make: impl FnMut(&RankStart<'_>) -> W + 'static,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ScenarioError> {
         sc.validate()?;
-        let scale = TimeoutScale::new(sc.timeout_scale).map_err(|e| e.to_string())?;
+        let scale = TimeoutScale::new(sc.timeout_scale)
+            .map_err(|e| ScenarioError::new("timeout_scale", e.reason))?;
         let net = NetConfig {
             link: LinkSpec {
                 latency: Duration::from_micros(sc.latency_us),
@@ -211,20 +218,7 @@ impl<W: SimWorkload> Cluster<W> {
         let mut world = World::new(seed, net);
         let salt = SessionSalt::generate(stream(seed, "salt").inner());
         let ctrl_host = world.add_host("controller");
-        let join = JoinConfig {
-            min_rank_start: sc.join.min_rank_start as usize,
-            join_timeout_secs: sc.join.join_timeout_secs,
-            target_ranks: sc.join.target_ranks.map(|t| t as usize),
-            max_join_timeout_secs: sc.join.max_join_timeout_secs,
-            open_admission: sc.join.open_admission,
-            start_mode: match sc.join.start_mode {
-                StartModeSpec::Auto => StartMode::Auto,
-                StartModeSpec::Manual => StartMode::Manual,
-                StartModeSpec::Hybrid => StartMode::Hybrid,
-            },
-            nccl_backend: sc.backend == BackendSpec::Nccl,
-        };
-        join.validate().map_err(|e| e.to_string())?;
+        let join = sc.join_config();
         let trust = if sc.join.open_admission { TrustMode::OpenExplicit } else { TrustMode::PreShared };
         let mut run = CoordConfig::new(1, sc.epochs, sc.samples_per_epoch, sc.batch_size);
         run.backend = match sc.backend {
@@ -240,10 +234,11 @@ impl<W: SimWorkload> Cluster<W> {
             MaxFailure::Absolute(n) => FailureBudget::Absolute(n),
             MaxFailure::Percent(p) => FailureBudget::Percent(p),
         });
-        let advertise = ControllerAddr::parse(CONTROLLER_ADDR).ok_or("the controller's address")?;
+        let advertise = ControllerAddr::parse(CONTROLLER_ADDR)
+            .ok_or_else(|| ScenarioError::new("controller", "the controller's address"))?;
         let workload = WorkloadSpec { batch_size: sc.batch_size, model_elems: sc.model_elems, gamma: 1.0 };
         let cfg = ControllerConfig::new(join, salt, trust, scale, run, advertise, workload);
-        let ctrl = ControllerNode::new(cfg, Time::ZERO).map_err(|e| e.to_string())?;
+        let ctrl = ControllerNode::new(cfg, Time::ZERO).map_err(|e| ScenarioError::new("controller", e.to_string()))?;
         let controller = world.add_node(ctrl_host, "controller", Box::new(ctrl), &[CONTROLLER_ADDR]);
         let mut hosts = Vec::new();
         let mut acts = Vec::new();
@@ -371,25 +366,11 @@ impl<W: SimWorkload> Cluster<W> {
     /// Applies `fault` now (the liveness phase then starts after it heals),
     /// as a scenario's fault at this instant would be
     /// (the checkers learn of it, the report attributes deaths to it).
-    /// A rank outside the world, or an unknown host, is refused.
-    pub fn inject(&mut self, fault: Fault) -> Result<(), String> {
-        let world = self.sc.world_size();
-        match &fault {
-            Fault::KillRank(r) | Fault::WedgeRank(r) | Fault::SlowRank { rank: r, .. } if *r >= world => {
-                return Err(format!("rank {r} is outside the world of {world}"));
-            }
-            Fault::KillHost(h)
-            | Fault::CorruptLink(h)
-            | Fault::ResetHost(h)
-            | Fault::PartitionHost { host: h, .. }
-            | Fault::SlowLink { host: h, .. }
-                if self.host_named(h).is_none() =>
-            {
-                return Err(format!("unknown host {h:?}"));
-            }
-            _ => {}
-        }
-        let heals = self.world.now().saturating_add(Duration::from_secs_f64(fault.lasts_s()));
+    /// A fault [`Scenario::check_fault`] refuses (a rank outside the world,
+    /// an unknown host, a number out of range) is refused.
+    pub fn inject(&mut self, fault: Fault) -> Result<(), ScenarioError> {
+        self.sc.check_fault(&fault)?;
+        let heals = self.world.now().saturating_add(dur(fault.lasts_s()));
         self.healed = self.healed.max(heals);
         self.fault(fault);
         self.absorb(&mut |_, _, _| false);
@@ -670,7 +651,7 @@ impl<W: SimWorkload> Cluster<W> {
                 if let Some(h) = self.host_named(&host).map(|i| self.hosts[i].host) {
                     let others: Vec<HostId> = (0..self.world.hosts().len()).filter(|o| *o != h).collect();
                     for o in others {
-                        self.world.partition(h, o, Duration::from_secs_f64(for_s));
+                        self.world.partition(h, o, dur(for_s));
                     }
                 }
             }
@@ -700,7 +681,7 @@ impl<W: SimWorkload> Cluster<W> {
             Fault::SlowLink { host, latency_ms } => {
                 if let Some(h) = self.host_named(&host).map(|i| self.hosts[i].host) {
                     let spec = LinkSpec {
-                        latency: Duration::from_secs_f64(latency_ms / 1000.0),
+                        latency: dur(latency_ms / 1000.0),
                         ..self.world.link(h, self.ctrl_host)
                     };
                     for o in (0..self.world.hosts().len()).filter(|o| *o != h) {
