@@ -92,6 +92,11 @@ pub struct Scenario {
     /// Faults, each at an instant.
     #[serde(default)]
     pub faults: Vec<FaultAt>,
+    /// The root seed the scenario was saved with (`cohort-sim run --save`,
+    /// `explore --save-failing`): `cohort-sim run FILE` plays it under this
+    /// seed, so the file alone replays the run and its trace hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
 }
 
 fn default_epochs() -> u64 {
@@ -727,6 +732,7 @@ impl Scenario {
             jitter_us: default_jitter(),
             bandwidth_gbps: default_gbps(),
             faults: Vec::new(),
+            seed: None,
         }
     }
 
