@@ -205,8 +205,8 @@ impl<W: SimWorkload> Cluster<W> {
         make: impl FnMut(&RankStart<'_>) -> W + 'static,
     ) -> Result<Self, ScenarioError> {
         sc.validate()?;
-        let scale = TimeoutScale::new(sc.timeout_scale)
-            .map_err(|e| ScenarioError::new("timeout_scale", e.reason))?;
+        let scale =
+            TimeoutScale::new(sc.timeout_scale).map_err(|e| ScenarioError::new("timeout_scale", e.reason))?;
         let net = NetConfig {
             link: LinkSpec {
                 latency: Duration::from_micros(sc.latency_us),
@@ -238,7 +238,8 @@ impl<W: SimWorkload> Cluster<W> {
             .ok_or_else(|| ScenarioError::new("controller", "the controller's address"))?;
         let workload = WorkloadSpec { batch_size: sc.batch_size, model_elems: sc.model_elems, gamma: 1.0 };
         let cfg = ControllerConfig::new(join, salt, trust, scale, run, advertise, workload);
-        let ctrl = ControllerNode::new(cfg, Time::ZERO).map_err(|e| ScenarioError::new("controller", e.to_string()))?;
+        let ctrl = ControllerNode::new(cfg, Time::ZERO)
+            .map_err(|e| ScenarioError::new("controller", e.to_string()))?;
         let controller = world.add_node(ctrl_host, "controller", Box::new(ctrl), &[CONTROLLER_ADDR]);
         let mut hosts = Vec::new();
         let mut acts = Vec::new();
@@ -680,10 +681,8 @@ impl<W: SimWorkload> Cluster<W> {
             }
             Fault::SlowLink { host, latency_ms } => {
                 if let Some(h) = self.host_named(&host).map(|i| self.hosts[i].host) {
-                    let spec = LinkSpec {
-                        latency: dur(latency_ms / 1000.0),
-                        ..self.world.link(h, self.ctrl_host)
-                    };
+                    let spec =
+                        LinkSpec { latency: dur(latency_ms / 1000.0), ..self.world.link(h, self.ctrl_host) };
                     for o in (0..self.world.hosts().len()).filter(|o| *o != h) {
                         self.world.set_link(h, o, spec);
                     }

@@ -750,7 +750,8 @@ impl Scenario {
     /// assert_eq!(e.field, "bandwidth_gbps");
     /// ```
     pub fn from_json(text: &str) -> Result<Scenario, ScenarioError> {
-        let sc: Scenario = serde_json::from_str(text).map_err(|e| ScenarioError::new("scenario", e.to_string()))?;
+        let sc: Scenario =
+            serde_json::from_str(text).map_err(|e| ScenarioError::new("scenario", e.to_string()))?;
         sc.validate()?;
         Ok(sc)
     }
@@ -825,14 +826,17 @@ impl Scenario {
             return err("timeout_scale", "finite, in [0.1, 1000]");
         }
         let j = &self.join;
-        for (field, secs) in
-            [("join.join_timeout_secs", j.join_timeout_secs), ("join.max_join_timeout_secs", j.max_join_timeout_secs)]
-        {
+        for (field, secs) in [
+            ("join.join_timeout_secs", j.join_timeout_secs),
+            ("join.max_join_timeout_secs", j.max_join_timeout_secs),
+        ] {
             if secs as f64 * self.timeout_scale > MAX_SECS {
-                return err(field, &format!("times timeout_scale at most {MAX_SECS} s"));
+                return err(field, &format!("times timeout_scale at most {MAX_SECS:e} s"));
             }
         }
-        self.join_config().validate().map_err(|e| ScenarioError::new(&format!("join.{}", e.field), e.reason))?;
+        self.join_config()
+            .validate()
+            .map_err(|e| ScenarioError::new(&format!("join.{}", e.field), e.reason))?;
         if let Some(MaxFailure::Percent(p)) = self.max_failure
             && !(p.is_finite() && (0.0..=1.0).contains(&p))
         {
@@ -843,7 +847,7 @@ impl Scenario {
         }
         for (field, us) in [("latency_us", self.latency_us), ("jitter_us", self.jitter_us)] {
             if us as f64 > MAX_SECS * 1e6 {
-                return err(field, &format!("at most {MAX_SECS} s"));
+                return err(field, &format!("at most {MAX_SECS:e} s"));
             }
         }
         if !(self.bandwidth_gbps.is_finite() && self.bandwidth_gbps > 0.0) {
@@ -851,7 +855,8 @@ impl Scenario {
         }
         for (i, f) in self.faults.iter().enumerate() {
             seconds(&format!("faults[{i}].at_s"), f.at_s, false)?;
-            self.check_fault(&f.fault).map_err(|e| ScenarioError::new(&format!("faults[{i}].{}", e.field), e.problem))?;
+            self.check_fault(&f.fault)
+                .map_err(|e| ScenarioError::new(&format!("faults[{i}].{}", e.field), e.problem))?;
         }
         Ok(())
     }
@@ -887,10 +892,18 @@ impl Scenario {
                 return Err(ScenarioError::new(field, format!("unknown host {h:?}")));
             }
             Fault::PartitionHost { for_s, .. } => seconds("for_s", *for_s, true)?,
-            Fault::SlowRank { factor, .. } if !(factor.is_finite() && *factor > 0.0 && *factor <= MAX_FACTOR) => {
+            Fault::SlowRank { factor, .. }
+                if !(factor.is_finite() && *factor > 0.0 && *factor <= MAX_FACTOR) =>
+            {
                 return Err(ScenarioError::new("factor", format!("in (0, {MAX_FACTOR}]")));
             }
-            Fault::SlowLink { latency_ms, .. } => seconds("latency_ms", latency_ms / 1e3, false)?,
+            Fault::SlowLink { latency_ms, .. }
+                if !(latency_ms.is_finite() && *latency_ms >= 0.0 && *latency_ms <= MAX_SECS * 1e3) =>
+            {
+                let problem =
+                    format!("milliseconds, >= 0 and at most {:e} (got {latency_ms:?})", MAX_SECS * 1e3);
+                return Err(ScenarioError::new("latency_ms", problem));
+            }
             _ => {}
         }
         Ok(())
@@ -934,7 +947,10 @@ fn seconds(field: &str, secs: f64, positive: bool) -> Result<(), ScenarioError> 
         Ok(())
     } else {
         let low = if positive { "> 0" } else { ">= 0" };
-        Err(ScenarioError::new(field, format!("a time in seconds, {low} and at most {MAX_SECS} (got {secs})")))
+        Err(ScenarioError::new(
+            field,
+            format!("a time in seconds, {low} and at most {MAX_SECS:e} (got {secs:?})"),
+        ))
     }
 }
 

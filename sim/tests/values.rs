@@ -26,8 +26,14 @@ fn field_of(text: &str) -> String {
 fn every_bad_value_is_refused_naming_its_field() {
     let cases = [
         // The issue's cases: each panicked, hung or was silently accepted.
-        (r#", "join": {"join_timeout_secs": 18446744073709551615, "max_join_timeout_secs": 18446744073709551615}"#, "join.join_timeout_secs"),
-        (r#", "join": {"join_timeout_secs": 18446744073, "max_join_timeout_secs": 18446744074}"#, "join.join_timeout_secs"),
+        (
+            r#", "join": {"join_timeout_secs": 18446744073709551615, "max_join_timeout_secs": 18446744073709551615}"#,
+            "join.join_timeout_secs",
+        ),
+        (
+            r#", "join": {"join_timeout_secs": 18446744073, "max_join_timeout_secs": 18446744074}"#,
+            "join.join_timeout_secs",
+        ),
         (r#", "faults": [{"at_s": 1, "partition_host": "b", "for_s": 1e300}]"#, "faults[0].for_s"),
         (r#", "faults": [{"at_s": 1, "slow_link": "b", "latency_ms": 1e300}]"#, "faults[0].latency_ms"),
         (r#", "faults": [{"at_s": 1, "slow_rank": 0, "factor": 1e300}]"#, "faults[0].factor"),
@@ -104,14 +110,20 @@ fn the_builder_and_injection_go_through_the_same_checks() {
     assert_eq!(e, ScenarioError::new("bandwidth_gbps", e.problem.clone()));
     let e = Scenario::builder().host("a", 1).max_failure(MaxFailure::Percent(1.5)).build().unwrap_err();
     assert_eq!(e.field, "max_failure");
-    let e = Scenario::builder().host("a", 1).fault(Duration::from_secs(1), Fault::partition("a", Duration::MAX)).build();
+    let e = Scenario::builder()
+        .host("a", 1)
+        .fault(Duration::from_secs(1), Fault::partition("a", Duration::MAX))
+        .build();
     assert_eq!(e.unwrap_err().field, "faults[0].for_s");
     let sc = Scenario::builder().host("a", 2).epochs(1).build().unwrap();
     let mut c = Cluster::new(sc, 3).unwrap();
     c.run_until(Time::from_secs(2));
     let e = c.inject(Fault::SlowRank { rank: 0, factor: f64::INFINITY }).unwrap_err();
     assert_eq!(e.field, "factor");
-    assert_eq!(c.inject(Fault::SlowLink { host: "a".into(), latency_ms: 1e300 }).unwrap_err().field, "latency_ms");
+    assert_eq!(
+        c.inject(Fault::SlowLink { host: "a".into(), latency_ms: 1e300 }).unwrap_err().field,
+        "latency_ms"
+    );
     assert_eq!(c.inject(Fault::ResetHost("zz".into())).unwrap_err().field, "reset_host");
     assert!(c.faults().is_empty());
 }
@@ -120,7 +132,9 @@ fn the_builder_and_injection_go_through_the_same_checks() {
 fn the_largest_values_accepted_still_end_in_a_named_outcome() {
     // The biggest join window: nobody arrives for quorum, the window closes
     // (virtual time is free), the run fails with a named reason.
-    let text = with(r#", "join": {"min_rank_start": 9, "join_timeout_secs": 1000000000, "max_join_timeout_secs": 1000000000}"#);
+    let text = with(
+        r#", "join": {"min_rank_start": 9, "join_timeout_secs": 1000000000, "max_join_timeout_secs": 1000000000}"#,
+    );
     let report = Cluster::new(Scenario::from_json(&text).unwrap(), 1).unwrap().finish();
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert!(matches!(report.outcome, Outcome::Failed(_)), "{:?}", report.outcome);
@@ -130,7 +144,11 @@ fn the_largest_values_accepted_still_end_in_a_named_outcome() {
                 {"at_s": 3, "slow_link": "b", "latency_ms": 1000000000000}, {"at_s": 4, "partition_host": "a", "for_s": 1000000000}]"#,
     );
     let report = Cluster::new(Scenario::from_json(&text).unwrap(), 1).unwrap().finish();
-    assert!(report.outcome.reason().is_none() || matches!(report.outcome, Outcome::Failed(_)), "{:?}", report.outcome);
+    assert!(
+        report.outcome.reason().is_none() || matches!(report.outcome, Outcome::Failed(_)),
+        "{:?}",
+        report.outcome
+    );
     assert!(report.violations.is_empty(), "{:?}", report.violations);
 }
 

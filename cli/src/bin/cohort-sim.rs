@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use cohort_sim::explore::random_scenario;
-use cohort_sim::shrink::{failure_kind, fails_as};
+use cohort_sim::shrink::{fails_as, failure_kind};
 use cohort_sim::{Cluster, Report, Scenario};
 
 /// cohort-sim: "what happens to my cluster if ...", answered exactly,
@@ -99,7 +99,9 @@ fn main() {
             let args = RunArgs { hosts, ranks: ranks_per_host, epochs, json, trace, save };
             run(file.or(scenario), seed, random, args)
         }
-        Cmd::Explore { seeds, from, jobs, json, save_failing } => explore(seeds, from, jobs, json, save_failing),
+        Cmd::Explore { seeds, from, jobs, json, save_failing } => {
+            explore(seeds, from, jobs, json, save_failing)
+        }
         Cmd::Shrink { file, seed, out } => shrink(&file, seed, out),
     };
     std::process::exit(code);
@@ -186,7 +188,10 @@ fn shrink(path: &Path, seed: Option<u64>, out: Option<PathBuf>) -> i32 {
         Err(e) => return usage(&format!("scenario: {e}")),
     };
     let Some(first) = report.violations.first() else {
-        return usage(&format!("{} holds every invariant under seed {seed}: nothing to shrink", path.display()));
+        return usage(&format!(
+            "{} holds every invariant under seed {seed}: nothing to shrink",
+            path.display()
+        ));
     };
     let kind = failure_kind(first);
     let small = cohort_sim::shrink::shrink(&sc, &|c| fails_as(c, seed, &kind));
