@@ -150,18 +150,19 @@ impl<W: SimWorkload> core::fmt::Debug for Cluster<W> {
 
 /// How long after the last fault heals a run may take to reach a named
 /// outcome: the join window's cap, the whole training at the slowest batch
-/// time (slowed by the largest `slow_rank` factor) with four one-way
+/// time (slowed by the product of the `slow_rank` factors of the most
+/// slowed rank, since they compound) with four one-way
 /// latencies per round (the slowest link), and 600 s (scaled, at least 1x)
 /// for every deadline that may still have to expire.
 pub fn liveness_bound(sc: &Scenario, scale: TimeoutScale) -> Duration {
-    let factor = sc
-        .faults
-        .iter()
-        .filter_map(|f| match f.fault {
-            Fault::SlowRank { factor, .. } => Some(factor),
-            _ => None,
-        })
-        .fold(1.0, f64::max);
+    // Slowdowns of one rank compound: the worst rank's product.
+    let mut slowed: BTreeMap<u32, f64> = BTreeMap::new();
+    for f in &sc.faults {
+        if let Fault::SlowRank { rank, factor } = f.fault {
+            *slowed.entry(rank).or_insert(1.0) *= factor;
+        }
+    }
+    let factor = slowed.values().copied().fold(1.0, f64::max);
     let latency_s = sc
         .faults
         .iter()

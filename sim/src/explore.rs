@@ -169,6 +169,9 @@ pub fn random_scenario(seed: u64) -> Scenario {
     let arrivals = sc.hosts.iter().map(|h| h.join_at_s).fold(0.0, f64::max);
     let per_rank = sc.epochs as f64 * sc.samples_per_epoch as f64 / f64::from(world) / sc.batch_size as f64;
     let busy = arrivals + per_rank * 0.1 + 5.0;
+    // Slowdowns of one rank compound; each rank's product stays within 8x,
+    // so a seed of only slow ranks still trains in a bounded virtual time.
+    let mut slowed = std::collections::BTreeMap::<u32, f64>::new();
     for _ in 0..r.range(0, swarm.max_faults + 1) {
         let Some(kind) = swarm.pick(&mut r) else { break };
         let at = r.uniform(0.5, busy);
@@ -182,7 +185,12 @@ pub fn random_scenario(seed: u64) -> Scenario {
             4 => Fault::CorruptLink(host),
             5 => Fault::KillController,
             6 => Fault::Abort,
-            7 => Fault::SlowRank { rank, factor: r.uniform(1.5, 8.0) },
+            7 => {
+                let so_far = slowed.entry(rank).or_insert(1.0);
+                let factor = r.uniform(1.5, 8.0).min(8.0 / *so_far).max(1.0);
+                *so_far *= factor;
+                Fault::SlowRank { rank, factor }
+            }
             8 => Fault::SlowLink { host, latency_ms: r.uniform(1.0, 500.0) },
             9 => Fault::ResetHost(host),
             _ => Fault::OperatorStart,
