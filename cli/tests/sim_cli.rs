@@ -49,7 +49,7 @@ fn run_a_scenario_file_with_a_readable_summary_and_a_trace() {
     assert!(out.contains("death:            rank 1"), "{out}");
     assert!(out.contains("after the fault"), "{out}");
     // The summary names the exact command that replays the run.
-    let replay = format!("replay with:      cohort-sim run --scenario {scenario} --seed ");
+    let replay = format!("replay with:      cohort-sim run {scenario}\n");
     assert!(out.contains(&replay), "{out}");
     assert!(out.contains("invariants:       all held"), "{out}");
     let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
