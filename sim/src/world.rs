@@ -887,9 +887,12 @@ impl<E> World<E> {
             c.pipes[1 - dir].dead = true;
             if c.established {
                 self.schedule(at, Ev::Fin { conn: id, dir, cause: CloseCause::Eof });
-            } else {
+            } else if dir == 0 {
                 self.forget(id);
             }
+            // An acceptor gone before the dial's SYN arrives: the SYN finds
+            // it gone and the dialer retries (forgetting the connection here
+            // lost the dial: its dialer heard nothing, ever).
         }
     }
 

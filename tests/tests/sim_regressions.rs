@@ -22,7 +22,7 @@ fn regressions() -> Vec<PathBuf> {
 #[test]
 fn every_regression_scenario_holds_every_invariant() {
     let files = regressions();
-    assert!(files.len() >= 6, "{files:?}");
+    assert!(files.len() >= 11, "{files:?}");
     for path in files {
         let sc = Scenario::from_json(&std::fs::read_to_string(&path).unwrap())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
