@@ -5,7 +5,7 @@
 //! staleness death 30 s after each rank was last heard, not an instant one.
 
 use cohort_proto::Time;
-use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::coord::DeathCause;
 use cohort_sim::scenario::{Fault, RulesSpec, Scenario};
 use cohort_tests::sim_harness::*;
 use core::time::Duration;
@@ -17,15 +17,6 @@ fn flodl(sc: Scenario) -> Scenario {
     Scenario { rules: RulesSpec::Flodl, ..sc }
 }
 
-fn deaths(run: &Run) -> Vec<(Time, u32, DeathCause)> {
-    run.coord()
-        .filter_map(|(t, e)| match e {
-            CoordEvent::RankDead { rank, cause, .. } => Some((t, *rank, *cause)),
-            _ => None,
-        })
-        .collect()
-}
-
 /// A killed rank: its agent reports exit 137 at once, 1 ms from the
 /// controller; under flodl's rules that report is the only way it dies
 /// (its relay's `RankExit` is not a death).
@@ -34,7 +25,7 @@ fn a_killed_rank_dies_by_its_launcher_exit_one_latency_later() {
     let run = play(flodl(with(exact(2, 2, 2), 10.0, Fault::KillRank(1))), 3);
     run.assert_clean("done");
     assert_eq!(run.report.epochs_completed, 2);
-    let d = deaths(&run);
+    let d = run.deaths();
     assert_eq!(d.len(), 1, "{d:?}");
     let (t, rank, cause) = d[0];
     assert_eq!((rank, cause), (1, DeathCause::ProcessExited { code: 137 }));
@@ -47,7 +38,7 @@ fn a_killed_rank_dies_by_its_launcher_exit_one_latency_later() {
 fn a_wedged_rank_is_declared_exactly_at_the_staleness_deadline() {
     let run = play(flodl(with(exact(2, 2, 2), 10.0, Fault::WedgeRank(2))), 4);
     run.assert_clean("done");
-    let d = deaths(&run);
+    let d = run.deaths();
     assert_eq!(d.len(), 1, "{d:?}");
     let (t, rank, cause) = d[0];
     assert_eq!(rank, 2);
@@ -69,7 +60,7 @@ fn a_lost_host_stops_the_reduce_for_all_and_its_own_ranks_go_stale() {
     run.assert_clean("failed");
     assert_eq!(run.report.outcome.reason().as_deref(), Some("every rank lost"));
     let lost = &run.report.hosts["host-1"];
-    let d = deaths(&run);
+    let d = run.deaths();
     assert_eq!(d.len(), 6, "{d:?}");
     let mut last = Time::ZERO;
     for (t, rank, cause) in d {
@@ -102,7 +93,7 @@ fn partitions_cost_nothing_below_the_deadline_and_a_stale_death_above_it() {
         9,
     );
     long.assert_clean("done");
-    let d = deaths(&long);
+    let d = long.deaths();
     let mut ranks: Vec<u32> = d.iter().map(|x| x.1).collect();
     ranks.sort_unstable();
     assert_eq!(ranks, long.report.hosts["host-1"]);
