@@ -2,7 +2,8 @@
 //!
 //! - [`cluster`]: whole nodes on real sockets (mio), one thread per node:
 //!   the controller, worker hosts and the local demo cluster;
-//! - [`wire_tool`]: `cohort wire`, the frame inspector.
+//! - [`wire_tool`]: `cohort wire`, the frame inspector;
+//! - [`args`]: the checked parsers of the values typed to `cohort`.
 //!
 //! The embeddable pieces live in the libraries: the protocol in
 //! `cohort-proto`, the drivers in `cohort-driver-mio` / `-smol`, the
@@ -10,6 +11,7 @@
 //! needs (argument parsing, logging, progress).
 #![forbid(unsafe_code)]
 
+pub mod args;
 pub mod cluster;
 pub mod rank_process;
 pub mod wire_tool;

@@ -264,8 +264,9 @@ pub fn run(spec: &RankSpec, opts: &RankOptions, mut on_event: impl FnMut(&Stampe
     let mut uid = [0u8; UID_BYTES];
     getrandom::fill(&mut uid).map_err(|e| format!("no OS randomness for an NCCL id: {e}"))?;
     let node = RankNode::new(spec.rank_config(uid), workload, clock.now());
-    let mut runner = Runner::with_clock(node, Config::scaled(spec.timeout_scale), clock)
-        .map_err(|e| format!("starting the rank's driver: {e}"))?;
+    let config = Config::scaled(spec.timeout_scale).for_frame_ceiling(spec.ceiling);
+    let mut runner =
+        Runner::with_clock(node, config, clock).map_err(|e| format!("starting the rank's driver: {e}"))?;
     let source = Source::Rank(r);
     let mut emit = |at, event| on_event(&Stamped { at, source: source.clone(), event });
     emit(

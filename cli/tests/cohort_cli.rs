@@ -129,3 +129,29 @@ fn status_of_nothing_fails_cleanly() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("state.json"), "{out:?}");
 }
+
+#[test]
+fn out_of_range_values_are_refused_before_anything_starts() {
+    // Each of these once panicked after the listener was up, or waited
+    // forever: now clap refuses it with the flag's name and range, exit 2.
+    let cases: &[&[&str]] = &[
+        &["controller", "--bind", "127.0.0.1:0", "--linger-secs", "inf"],
+        &["controller", "--bind", "127.0.0.1:0", "--linger-secs", "1e30"],
+        &["controller", "--bind", "127.0.0.1:0", "--linger-secs", "nan"],
+        &["demo", "--kill-rank-at", "1e30"],
+        &["demo", "--kill-rank-at", "inf"],
+        &["demo", "--batch-ms", "inf"],
+        &["demo", "--batch-ms", "0"],
+        &["agent", "--connect", "127.0.0.1:9", "--host", "a", "--batch-ms", "1e30"],
+        &["agent", "--connect", "127.0.0.1:9", "--host", "a", "--batch-ms", "nan"],
+        &["rank", "--batch-ms=-1"],
+        &["controller", "--bind", "127.0.0.1:0", "--linger-secs=-1"],
+    ];
+    for args in cases {
+        let out = run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("out of range") || err.contains("not a finite number"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

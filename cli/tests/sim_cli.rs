@@ -49,7 +49,7 @@ fn run_a_scenario_file_with_a_readable_summary_and_a_trace() {
     assert!(out.contains("death:            rank 1"), "{out}");
     assert!(out.contains("after the fault"), "{out}");
     // The summary names the exact command that replays the run.
-    let replay = format!("replay with:      cohort-sim run --scenario {scenario} --seed ");
+    let replay = format!("replay with:      cohort-sim run {scenario}\n");
     assert!(out.contains(&replay), "{out}");
     assert!(out.contains("invariants:       all held"), "{out}");
     let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
@@ -81,4 +81,65 @@ fn explore_plays_random_scenarios_and_prints_the_table() {
 fn bad_input_is_a_usage_error() {
     assert_eq!(sim(&["run", "--scenario", "/nonexistent.json"]).0, 2);
     assert!(sim(&["--help"]).1.contains("explore"));
+}
+
+/// A fresh scratch directory for one test.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("cohort-sim-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn a_saved_seed_replays_from_its_file_with_the_same_trace_hash() {
+    let dir = scratch("save");
+    let file = dir.join("seed-11.json");
+    let (code, out, err) =
+        sim(&["run", "--random", "--seed", "11", "--save", file.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let first: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(saved["seed"], 11);
+    // The file alone (its own seed) replays the run.
+    let (code, out, err) = sim(&["run", file.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let again: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(again["trace_hash"], first["trace_hash"]);
+    assert_eq!(again["seed"], 11);
+    // Another seed is another run.
+    let other: serde_json::Value =
+        serde_json::from_str(&sim(&["run", file.to_str().unwrap(), "--seed", "12", "--json"]).1).unwrap();
+    assert_ne!(other["trace_hash"], first["trace_hash"]);
+    // A file that holds every invariant has nothing to shrink.
+    let (code, _, err) = sim(&["shrink", file.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("nothing to shrink"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn explore_saves_only_failing_seeds() {
+    let dir = scratch("failing");
+    let failing = dir.join("failing");
+    let (code, out, err) =
+        sim(&["explore", "--seeds", "20", "--from", "300", "--save-failing", failing.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(std::fs::read_dir(&failing).unwrap().count(), 0);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_bad_value_is_a_usage_error_naming_its_field() {
+    let dir = scratch("values");
+    let file = dir.join("bad.json");
+    std::fs::write(&file, r#"{"hosts": [{"name": "a", "ranks": 1}], "bandwidth_gbps": 0}"#).unwrap();
+    let (code, _, err) = sim(&["run", file.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("bandwidth_gbps: finite and > 0"), "{err}");
+    let (code, _, err) = sim(&["run", "--hosts", "0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("hosts: at least one host"), "{err}");
+    let (code, _, err) = sim(&["explore", "--from", "18446744073709551615", "--seeds", "2"]);
+    assert_eq!(code, 2, "{err}");
+    std::fs::remove_dir_all(&dir).ok();
 }

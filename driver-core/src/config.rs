@@ -74,6 +74,28 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Room for two frames at `ceiling` (a machine's data-plane frame
+    /// ceiling, derived from the model) plus control traffic in one peer's
+    /// queue, if that is more than [`Config::max_queued_bytes`] allows: a
+    /// model past flodl's 1 GiB default still gets a round queued behind a
+    /// round.
+    ///
+    /// ```
+    /// use cohort_driver_core::Config;
+    /// let c = Config::default();
+    /// assert_eq!(c.clone().for_frame_ceiling(1 << 20).max_queued_bytes, c.max_queued_bytes);
+    /// assert!(c.for_frame_ceiling(3 << 30).max_queued_bytes >= 6 << 30);
+    /// ```
+    pub fn for_frame_ceiling(mut self, ceiling: u64) -> Self {
+        let room = usize::try_from(ceiling.saturating_mul(2))
+            .unwrap_or(usize::MAX)
+            .saturating_add(MAX_CONTROL_PAYLOAD);
+        self.max_queued_bytes = self.max_queued_bytes.max(room);
+        self
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config::scaled(TimeoutScale::ONE)

@@ -444,9 +444,10 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
 }
 
 /// [`block_on`] for at most `patience`: `None` if the future did not
-/// complete in time.
+/// complete in time. A patience past what an `Instant` holds waits without
+/// a bound.
 pub fn block_on_timeout<F: Future>(future: F, patience: Duration) -> Option<F::Output> {
-    wait(future, Some(Instant::now() + patience))
+    wait(future, Instant::now().checked_add(patience))
 }
 
 struct Unpark(std::thread::Thread);
@@ -742,13 +743,17 @@ impl<M: Machine, R: Runtime> Core<M, R> {
 
     fn accept(&mut self, now: Time) {
         let Some(l) = &mut self.listener else { return };
-        l.accepting();
+        if !l.accepting(now) {
+            // Paused after a listener failure: the retry timer accepts.
+            return;
+        }
         loop {
             let Some(l) = &mut self.listener else { return };
             let mut cx = Context::from_waker(&self.listener_waker);
             match R::poll_accept(&l.sock, &mut cx) {
                 Poll::Pending => return,
                 Poll::Ready(Ok((sock, addr))) => {
+                    l.accepted();
                     let Some(slot) = self.engine.alloc() else {
                         tracing::warn!(%addr, "too many sockets: refusing connection");
                         continue;

@@ -406,11 +406,15 @@ impl<M: Machine> Driver<M> {
 
     fn accept(&mut self, now: Time) {
         let Some(l) = &mut self.listener else { return };
-        l.accepting();
+        if !l.accepting(now) {
+            // Paused after a listener failure: the retry timer accepts.
+            return;
+        }
         loop {
             let Some(l) = &mut self.listener else { return };
             match l.sock.accept() {
                 Ok((mut sock, addr)) => {
+                    l.accepted();
                     let Some(slot) = self.engine.alloc() else {
                         tracing::warn!(%addr, "no free token: refusing connection");
                         continue;

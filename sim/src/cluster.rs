@@ -42,7 +42,7 @@ use cohort_proto::Time;
 use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::coord::{ApplyPolicy, Backend, CoordConfig, CoordEvent, FailureBudget, RunEnd, Scheduler};
 use cohort_proto::join::client::ClientEvent;
-use cohort_proto::join::ledger::{JoinConfig, JoinOffer, Ledger, StartMode, TrustMode};
+use cohort_proto::join::ledger::{JoinOffer, Ledger, TrustMode};
 use cohort_proto::join::window::JoinEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, Outcome};
@@ -61,7 +61,7 @@ use crate::check::Checker;
 use crate::log::EventLog;
 use crate::report::{Death, Injected, Outcome as RunOutcome, RankReport, Report, Timeline, Window};
 use crate::rng::{SimRng, stream};
-use crate::scenario::{BackendSpec, Fault, MaxFailure, PolicySpec, RulesSpec, Scenario, StartModeSpec};
+use crate::scenario::{BackendSpec, Fault, MaxFailure, PolicySpec, RulesSpec, Scenario, ScenarioError};
 use crate::workload::{RankStart, SimWorkload};
 use crate::world::{HostId, LinkSpec, NetConfig, NodeId, Process, World};
 
@@ -121,7 +121,11 @@ pub struct Cluster<W: SimWorkload = Trainer> {
     /// The run ended because the controller was lost.
     lost_controller: bool,
     epochs_completed: u64,
-    cap: Time,
+    /// When the last fault heals (the last scheduled one, or one injected
+    /// by hand): the liveness phase starts then.
+    healed: Time,
+    /// How long after `healed` the run must have a named outcome.
+    liveness: Duration,
     events_seen: u64,
     events_buf: Vec<(Time, NodeId, ClusterEvent)>,
     /// Every fault injected, in order.
@@ -145,6 +149,43 @@ impl<W: SimWorkload> core::fmt::Debug for Cluster<W> {
     }
 }
 
+/// How long after the last fault heals a run may take to reach a named
+/// outcome: the join window's cap, the whole training at the slowest batch
+/// time (slowed by the product of the `slow_rank` factors of the most
+/// slowed rank, since they compound) with four one-way
+/// latencies per round (the slowest link), and 600 s (scaled, at least 1x)
+/// for every deadline that may still have to expire.
+pub fn liveness_bound(sc: &Scenario, scale: TimeoutScale) -> Duration {
+    // Slowdowns of one rank compound: the worst rank's product.
+    let mut slowed: BTreeMap<u32, f64> = BTreeMap::new();
+    for f in &sc.faults {
+        if let Fault::SlowRank { rank, factor } = f.fault {
+            *slowed.entry(rank).or_insert(1.0) *= factor;
+        }
+    }
+    let factor = slowed.values().copied().fold(1.0, f64::max);
+    let latency_s = sc
+        .faults
+        .iter()
+        .filter_map(|f| match f.fault {
+            Fault::SlowLink { latency_ms, .. } => Some(latency_ms / 1e3),
+            _ => None,
+        })
+        .fold(sc.latency_us as f64 / 1e6, f64::max);
+    let slowest = sc.speed_classes.values().map(|c| c.batch_ms * (1.0 + c.spread)).fold(1.0, f64::max);
+    let batches = sc.epochs as f64 * sc.samples_per_epoch as f64 / sc.batch_size as f64;
+    let training = batches * slowest * factor / 1e3 + batches / sc.sync_every as f64 * 4.0 * latency_s;
+    let formation = scale.get() * sc.join.max_join_timeout_secs as f64;
+    let total = formation + training + 600.0 * scale.get().max(1.0);
+    dur(total)
+}
+
+/// `s` seconds as a `Duration`, saturating (and 0 for what is not a
+/// positive number).
+fn dur(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)
+}
+
 fn secs(s: f64) -> Time {
     Time::from_nanos((s.max(0.0) * 1e9).round() as u64)
 }
@@ -152,7 +193,7 @@ fn secs(s: f64) -> Time {
 impl Cluster<Trainer> {
     /// Builds the cluster of `sc` under `seed` (the scenario must
     /// validate), every rank running the synthetic trainer.
-    pub fn new(sc: Scenario, seed: u64) -> Result<Self, String> {
+    pub fn new(sc: Scenario, seed: u64) -> Result<Self, ScenarioError> {
         Cluster::with_workload(sc, seed, |start| start.trainer())
     }
 }
@@ -164,9 +205,10 @@ impl<W: SimWorkload> Cluster<W> {
         sc: Scenario,
         seed: u64,
         make: impl FnMut(&RankStart<'_>) -> W + 'static,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ScenarioError> {
         sc.validate()?;
-        let scale = TimeoutScale::new(sc.timeout_scale).map_err(|e| e.to_string())?;
+        let scale =
+            TimeoutScale::new(sc.timeout_scale).map_err(|e| ScenarioError::new("timeout_scale", e.reason))?;
         let net = NetConfig {
             link: LinkSpec {
                 latency: Duration::from_micros(sc.latency_us),
@@ -178,20 +220,7 @@ impl<W: SimWorkload> Cluster<W> {
         let mut world = World::new(seed, net);
         let salt = SessionSalt::generate(stream(seed, "salt").inner());
         let ctrl_host = world.add_host("controller");
-        let join = JoinConfig {
-            min_rank_start: sc.join.min_rank_start as usize,
-            join_timeout_secs: sc.join.join_timeout_secs,
-            target_ranks: sc.join.target_ranks.map(|t| t as usize),
-            max_join_timeout_secs: sc.join.max_join_timeout_secs,
-            open_admission: sc.join.open_admission,
-            start_mode: match sc.join.start_mode {
-                StartModeSpec::Auto => StartMode::Auto,
-                StartModeSpec::Manual => StartMode::Manual,
-                StartModeSpec::Hybrid => StartMode::Hybrid,
-            },
-            nccl_backend: sc.backend == BackendSpec::Nccl,
-        };
-        join.validate().map_err(|e| e.to_string())?;
+        let join = sc.join_config();
         let trust = if sc.join.open_admission { TrustMode::OpenExplicit } else { TrustMode::PreShared };
         let mut run = CoordConfig::new(1, sc.epochs, sc.samples_per_epoch, sc.batch_size);
         run.backend = match sc.backend {
@@ -213,10 +242,12 @@ impl<W: SimWorkload> Cluster<W> {
             MaxFailure::Absolute(n) => FailureBudget::Absolute(n),
             MaxFailure::Percent(p) => FailureBudget::Percent(p),
         });
-        let advertise = ControllerAddr::parse(CONTROLLER_ADDR).ok_or("the controller's address")?;
+        let advertise = ControllerAddr::parse(CONTROLLER_ADDR)
+            .ok_or_else(|| ScenarioError::new("controller", "the controller's address"))?;
         let workload = WorkloadSpec { batch_size: sc.batch_size, model_elems: sc.model_elems, gamma: 1.0 };
         let cfg = ControllerConfig::new(join, salt, trust, scale, run, advertise, workload);
-        let ctrl = ControllerNode::new(cfg, Time::ZERO).map_err(|e| e.to_string())?;
+        let ctrl = ControllerNode::new(cfg, Time::ZERO)
+            .map_err(|e| ScenarioError::new("controller", e.to_string()))?;
         let controller = world.add_node(ctrl_host, "controller", Box::new(ctrl), &[CONTROLLER_ADDR]);
         let mut hosts = Vec::new();
         let mut acts = Vec::new();
@@ -241,12 +272,10 @@ impl<W: SimWorkload> Cluster<W> {
             acts.push((secs(t), Act::RunFor));
         }
         acts.sort_by_key(|(t, _)| *t);
-        let slowest = sc.speed_classes.values().map(|c| c.batch_ms * (1.0 + c.spread)).fold(1.0, f64::max);
-        let training =
-            sc.epochs as f64 * sc.samples_per_epoch as f64 / sc.batch_size as f64 * slowest / 1000.0;
-        let formation = scale.get() * sc.join.max_join_timeout_secs as f64
-            + sc.hosts.iter().map(|h| h.join_at_s).fold(0.0, f64::max);
-        let cap = secs(formation + training + sc.run_for_s.unwrap_or(0.0) + 600.0 * scale.get().max(1.0));
+        let healed = sc.faults.iter().map(|f| f.at_s + f.fault.lasts_s()).fold(0.0, f64::max);
+        let healed = sc.hosts.iter().map(|h| h.join_at_s).fold(healed, f64::max);
+        let healed = secs(healed.max(sc.run_for_s.unwrap_or(0.0)));
+        let liveness = liveness_bound(&sc, scale);
         Ok(Cluster {
             make_workload: Box::new(make),
             faults: Vec::new(),
@@ -275,7 +304,8 @@ impl<W: SimWorkload> Cluster<W> {
             controller_gone: false,
             lost_controller: false,
             epochs_completed: 0,
-            cap,
+            healed,
+            liveness,
             events_seen: 0,
             events_buf: Vec::new(),
             sc,
@@ -343,35 +373,35 @@ impl<W: SimWorkload> Cluster<W> {
         hit
     }
 
-    /// Applies `fault` now, as a scenario's fault at this instant would be
+    /// Applies `fault` now (the liveness phase then starts after it heals),
+    /// as a scenario's fault at this instant would be
     /// (the checkers learn of it, the report attributes deaths to it).
-    /// A rank outside the world, or an unknown host, is refused.
-    pub fn inject(&mut self, fault: Fault) -> Result<(), String> {
-        let world = self.sc.world_size();
-        match &fault {
-            Fault::KillRank(r) | Fault::WedgeRank(r) | Fault::SlowRank { rank: r, .. } if *r >= world => {
-                return Err(format!("rank {r} is outside the world of {world}"));
-            }
-            Fault::KillHost(h)
-            | Fault::CorruptLink(h)
-            | Fault::ResetHost(h)
-            | Fault::PartitionHost { host: h, .. }
-            | Fault::SlowLink { host: h, .. }
-                if self.host_named(h).is_none() =>
-            {
-                return Err(format!("unknown host {h:?}"));
-            }
-            _ => {}
-        }
+    /// A fault [`Scenario::check_fault`] refuses (a rank outside the world,
+    /// an unknown host, a number out of range) is refused.
+    pub fn inject(&mut self, fault: Fault) -> Result<(), ScenarioError> {
+        self.sc.check_fault(&fault)?;
+        let heals = self.world.now().saturating_add(dur(fault.lasts_s()));
+        self.healed = self.healed.max(heals);
         self.fault(fault);
         self.absorb(&mut |_, _, _| false);
         Ok(())
     }
 
-    /// Plays what is left of the scenario to its end and reports.
+    /// Plays what is left of the scenario to its end and reports. A run
+    /// that goes quiet without a named outcome (Done, or a failure with its
+    /// reason) is a liveness violation.
     pub fn finish(mut self) -> Report {
         self.advance(None, &mut |_, _, _| false);
+        if self.outcome.is_none() && !self.checker.stopped() {
+            self.checker.violation(self.world.now(), "liveness: the run went quiet without a named outcome");
+        }
         self.report()
+    }
+
+    /// The instant by which the run must have a named outcome: the bound
+    /// after the last fault heals (see `docs/BEHAVIOUR.md`, "Liveness").
+    pub fn liveness_deadline(&self) -> Time {
+        self.healed.saturating_add(self.liveness)
     }
 
     /// Every node event so far, if the cluster records them
@@ -480,9 +510,13 @@ impl<W: SimWorkload> Cluster<W> {
                     self.apply(act);
                 }
                 (Some(w), _) => {
-                    if w > self.cap {
-                        self.checker
-                            .violation(self.world.now(), "the run did not end by its time cap (it hangs)");
+                    if w > self.liveness_deadline() {
+                        let what = format!(
+                            "liveness: no named outcome within {:.0}s of the last fault healing at {:.3}s (it hangs)",
+                            self.liveness.as_secs_f64(),
+                            self.healed.as_secs_f64()
+                        );
+                        self.checker.violation(self.world.now(), &what);
                         return;
                     }
                     self.world.step();
@@ -570,12 +604,37 @@ impl<W: SimWorkload> Cluster<W> {
     }
 
     /// A fault strikes now: recorded, told to the checkers, carried out.
+    ///
+    /// A fault on a rank that is not running (not started yet, or already
+    /// gone) has no effect: the timeline says so, and neither the checkers
+    /// nor the report's deaths take it as an excuse.
     fn fault(&mut self, f: Fault) {
         let now = self.world.now();
         self.timeline.instant(now, "faults", &format!("{f:?}"));
+        if let Some(rank) = self.idle_target(&f) {
+            self.timeline.instant(now, "faults", &format!("no effect: rank {rank} is not running"));
+            return;
+        }
         self.checker.fault(now, &f);
         self.faults.push(Injected { at: now, fault: f.clone() });
         self.carry_out(f);
+    }
+
+    /// The rank `f` names, if it names one that is not running.
+    fn idle_target(&self, f: &Fault) -> Option<u32> {
+        let (Fault::KillRank(r) | Fault::WedgeRank(r) | Fault::SlowRank { rank: r, .. }) = f else {
+            return None;
+        };
+        let Some(n) = self.rank_node(*r) else { return Some(*r) };
+        // A rank that exited is gone, whatever its node's state.
+        let exited = self.world.machine::<SimRank<W>>(n).is_some_and(SimRank::is_ended);
+        let running = match self.world.process(n) {
+            Process::Alive => !exited,
+            // A wedged process can still be killed.
+            Process::Wedged => matches!(f, Fault::KillRank(_)),
+            Process::Crashed => false,
+        };
+        (!running).then_some(*r)
     }
 
     fn carry_out(&mut self, f: Fault) {
@@ -602,7 +661,7 @@ impl<W: SimWorkload> Cluster<W> {
                 if let Some(h) = self.host_named(&host).map(|i| self.hosts[i].host) {
                     let others: Vec<HostId> = (0..self.world.hosts().len()).filter(|o| *o != h).collect();
                     for o in others {
-                        self.world.partition(h, o, Duration::from_secs_f64(for_s));
+                        self.world.partition(h, o, dur(for_s));
                     }
                 }
             }
@@ -631,10 +690,8 @@ impl<W: SimWorkload> Cluster<W> {
             }
             Fault::SlowLink { host, latency_ms } => {
                 if let Some(h) = self.host_named(&host).map(|i| self.hosts[i].host) {
-                    let spec = LinkSpec {
-                        latency: Duration::from_secs_f64(latency_ms / 1000.0),
-                        ..self.world.link(h, self.ctrl_host)
-                    };
+                    let spec =
+                        LinkSpec { latency: dur(latency_ms / 1000.0), ..self.world.link(h, self.ctrl_host) };
                     for o in (0..self.world.hosts().len()).filter(|o| *o != h) {
                         self.world.set_link(h, o, spec);
                     }

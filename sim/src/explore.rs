@@ -1,13 +1,116 @@
 //! VOPR-style exploration: one random scenario per seed (cluster size,
-//! arrival times, quorum knobs, fault mix, cohort's rules or flodl's, the
-//! apply policy, the slow class's speed spread, chunked or whole-epoch
-//! dispatch), all drawn from that seed.
+//! arrival times, quorum knobs, network conditions, fault mix, cohort's
+//! rules or flodl's, the apply policy, the slow class's speed spread,
+//! chunked or whole-epoch dispatch), all drawn from that seed.
+//!
+//! Swarm testing, as TigerBeetle's VOPR does it: each seed first draws its
+//! own [`Swarm`] (which fault kinds it uses and how often, how many faults,
+//! the network it runs on), so some seeds are all partitions, some all
+//! wedges, some fault-free on a slow network, instead of every seed sharing
+//! one mix that dilutes the rare combinations.
 
-use crate::rng::stream;
+use crate::rng::{SimRng, stream};
 use crate::scenario::{
     BackendSpec, Fault, FaultAt, HostSpec, MaxFailure, PolicySpec, RulesSpec, Scenario, SpeedClass,
     StartModeSpec,
 };
+
+/// The kinds of fault a seed can draw, in the order [`Swarm::weights`]
+/// holds them.
+pub const FAULT_KINDS: [&str; 11] = [
+    "kill_rank",
+    "wedge_rank",
+    "kill_host",
+    "partition_host",
+    "corrupt_link",
+    "kill_controller",
+    "abort",
+    "slow_rank",
+    "slow_link",
+    "reset_host",
+    "operator_start",
+];
+
+/// What one seed's scenario is drawn from: the fault mix and the network.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Swarm {
+    /// Relative weight of each of [`FAULT_KINDS`] (0: never drawn).
+    pub weights: [f64; FAULT_KINDS.len()],
+    /// At most this many faults (besides an operator's start).
+    pub max_faults: u64,
+    /// One-way latency between hosts, in microseconds.
+    pub latency_us: u64,
+    /// Its jitter, in microseconds.
+    pub jitter_us: u64,
+    /// Bandwidth between hosts, in Gbit/s.
+    pub bandwidth_gbps: f64,
+}
+
+impl Swarm {
+    /// The swarm of `seed`.
+    ///
+    /// ```
+    /// use cohort_sim::explore::Swarm;
+    /// // Some seeds draw no fault kind at all, some exactly one.
+    /// let none = (0..200).filter(|s| Swarm::of(*s).kinds().is_empty()).count();
+    /// let one = (0..200).filter(|s| Swarm::of(*s).kinds().len() == 1).count();
+    /// assert!(none > 0 && one > 0);
+    /// ```
+    pub fn of(seed: u64) -> Swarm {
+        Swarm::draw(&mut stream(seed, "swarm"))
+    }
+
+    fn draw(r: &mut SimRng) -> Swarm {
+        let mut weights = [0.0; FAULT_KINDS.len()];
+        match r.range(0, 10) {
+            // Fault-free: the healthy path under this seed's network.
+            0 => {}
+            // One kind only: all partitions, all wedges, ...
+            1 | 2 => weights[r.range(0, FAULT_KINDS.len() as u64) as usize] = 1.0,
+            // A random subset, each kind in at its own rate.
+            _ => {
+                for w in &mut weights {
+                    if r.chance(0.5) {
+                        *w = r.uniform(0.1, 1.0);
+                    }
+                }
+            }
+        }
+        // The kinds that end the run outright stay rarer within a mix.
+        let enabled = weights.iter().filter(|w| **w > 0.0).count();
+        if enabled > 1 {
+            weights[5] *= 0.2;
+            weights[6] *= 0.2;
+        }
+        let max_faults = [1, 3, 5, 10][r.range(0, 4) as usize];
+        // Latency log-uniform from 20 us to 20 ms; jitter up to the latency.
+        let latency_us = (20.0 * 1000f64.powf(r.unit())) as u64;
+        let jitter_us = if r.chance(0.3) { 0 } else { r.range(0, latency_us + 1) };
+        let bandwidth_gbps = [0.1, 1.0, 10.0, 100.0][r.range(0, 4) as usize];
+        Swarm { weights, max_faults, latency_us, jitter_us, bandwidth_gbps }
+    }
+
+    /// The names of the fault kinds this swarm draws.
+    pub fn kinds(&self) -> Vec<&'static str> {
+        FAULT_KINDS.iter().zip(self.weights).filter(|(_, w)| *w > 0.0).map(|(k, _)| *k).collect()
+    }
+
+    /// A fault kind by weight, if any is enabled.
+    fn pick(&self, r: &mut SimRng) -> Option<usize> {
+        let total: f64 = self.weights.iter().sum();
+        if total <= 0.0 {
+            return None;
+        }
+        let mut x = r.uniform(0.0, total);
+        for (i, w) in self.weights.iter().enumerate() {
+            if x < *w {
+                return Some(i);
+            }
+            x -= w;
+        }
+        self.weights.iter().rposition(|w| *w > 0.0)
+    }
+}
 
 /// The random scenario of `seed`.
 ///
@@ -15,6 +118,9 @@ use crate::scenario::{
 /// use cohort_sim::explore::random_scenario;
 /// assert_eq!(random_scenario(7), random_scenario(7));
 /// random_scenario(7).validate().unwrap();
+/// // The seed's swarm decides its fault kinds.
+/// let faults = random_scenario(7).faults.len();
+/// assert!(faults <= cohort_sim::explore::Swarm::of(7).max_faults as usize + 1);
 /// ```
 pub fn random_scenario(seed: u64) -> Scenario {
     let mut r = stream(seed, "explore");
@@ -53,8 +159,10 @@ pub fn random_scenario(seed: u64) -> Scenario {
         1 => Some(MaxFailure::Percent(r.uniform(0.2, 0.9))),
         _ => None,
     };
-    sc.jitter_us = r.range(0, 300);
-    sc.latency_us = r.range(50, 2000);
+    let swarm = Swarm::of(seed);
+    sc.latency_us = swarm.latency_us;
+    sc.jitter_us = swarm.jitter_us;
+    sc.bandwidth_gbps = swarm.bandwidth_gbps;
     if sc.join.start_mode != StartModeSpec::Auto && r.chance(0.8) {
         let at = r.uniform(0.0, sc.join.max_join_timeout_secs as f64 * sc.timeout_scale);
         sc.faults.push(FaultAt { at_s: at, fault: Fault::OperatorStart });
@@ -63,27 +171,35 @@ pub fn random_scenario(seed: u64) -> Scenario {
     let arrivals = sc.hosts.iter().map(|h| h.join_at_s).fold(0.0, f64::max);
     let per_rank = sc.epochs as f64 * sc.samples_per_epoch as f64 / f64::from(world) / sc.batch_size as f64;
     let busy = arrivals + per_rank * 0.1 + 5.0;
-    for _ in 0..r.range(0, 5) {
+    // Slowdowns of one rank compound; each rank's product stays within 8x,
+    // so a seed of only slow ranks still trains in a bounded virtual time.
+    let mut slowed = std::collections::BTreeMap::<u32, f64>::new();
+    for _ in 0..r.range(0, swarm.max_faults + 1) {
+        let Some(kind) = swarm.pick(&mut r) else { break };
         let at = r.uniform(0.5, busy);
         let rank = r.range(0, u64::from(world)) as u32;
         let host = format!("host-{}", r.range(0, u64::from(n_hosts)));
-        let fault = match r.range(0, 23) {
-            0..=5 => Fault::KillRank(rank),
-            6..=8 => Fault::WedgeRank(rank),
-            9..=10 => Fault::KillHost(host),
-            11..=14 => Fault::PartitionHost { host, for_s: r.uniform(1.0, 60.0) },
-            15..=16 => Fault::CorruptLink(host),
-            17 => Fault::KillController,
-            18 => Fault::Abort,
-            19 => Fault::SlowRank { rank, factor: r.uniform(1.5, 8.0) },
-            20 => Fault::SlowLink { host, latency_ms: r.uniform(1.0, 500.0) },
-            21 => Fault::ResetHost(host),
+        let fault = match kind {
+            0 => Fault::KillRank(rank),
+            1 => Fault::WedgeRank(rank),
+            2 => Fault::KillHost(host),
+            3 => Fault::PartitionHost { host, for_s: r.uniform(1.0, 60.0) },
+            4 => Fault::CorruptLink(host),
+            5 => Fault::KillController,
+            6 => Fault::Abort,
+            7 => {
+                let so_far = slowed.entry(rank).or_insert(1.0);
+                let factor = r.uniform(1.5, 8.0).min(8.0 / *so_far).max(1.0);
+                *so_far *= factor;
+                Fault::SlowRank { rank, factor }
+            }
+            8 => Fault::SlowLink { host, latency_ms: r.uniform(1.0, 500.0) },
+            9 => Fault::ResetHost(host),
             _ => Fault::OperatorStart,
         };
         sc.faults.push(FaultAt { at_s: at, fault });
     }
     sc.faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
-    // Drawn last, so every earlier draw of a seed stays what it was.
     sc.rules = if r.chance(0.3) { RulesSpec::Flodl } else { RulesSpec::Cohort };
     // The apply policy and the speed spread, drawn after everything else.
     sc.policy = [PolicySpec::Sync, PolicySpec::Cadence, PolicySpec::Async][r.range(0, 3) as usize];

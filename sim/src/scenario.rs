@@ -31,6 +31,7 @@
 
 use std::collections::BTreeMap;
 
+use cohort_proto::join::ledger::{JoinConfig, StartMode};
 use core::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -79,8 +80,10 @@ pub struct Scenario {
     /// Failure budget: a rank count, or a share such as `"50%"`.
     #[serde(default)]
     pub max_failure: Option<MaxFailure>,
-    /// Named speed classes: batch time distributions.
-    #[serde(default = "default_speeds")]
+    /// Named speed classes: batch time distributions. The built-in
+    /// `fast`, `medium` and `slow` are always there; a file's classes add
+    /// to them or redefine them.
+    #[serde(default = "default_speeds", deserialize_with = "with_default_speeds")]
     pub speed_classes: BTreeMap<String, SpeedClass>,
     /// Elements in each rank's synthetic model tensor.
     #[serde(default = "default_model")]
@@ -97,6 +100,11 @@ pub struct Scenario {
     /// Faults, each at an instant.
     #[serde(default)]
     pub faults: Vec<FaultAt>,
+    /// The root seed the scenario was saved with (`cohort-sim run --save`,
+    /// `explore --save-failing`): `cohort-sim run FILE` plays it under this
+    /// seed, so the file alone replays the run and its trace hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
 }
 
 fn default_epochs() -> u64 {
@@ -133,6 +141,13 @@ pub fn default_speeds() -> BTreeMap<String, SpeedClass> {
         .into_iter()
         .map(|(n, ms)| (n.to_owned(), SpeedClass { batch_ms: ms, spread: 0.2 }))
         .collect()
+}
+
+/// The built-in classes, then the file's over them.
+fn with_default_speeds<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, SpeedClass>, D::Error> {
+    let mut classes = default_speeds();
+    classes.extend(BTreeMap::<String, SpeedClass>::deserialize(d)?);
+    Ok(classes)
 }
 
 /// One worker host.
@@ -266,7 +281,7 @@ impl Serialize for MaxFailure {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
             MaxFailure::Absolute(n) => s.serialize_u32(*n),
-            MaxFailure::Percent(p) => s.serialize_str(&format!("{}%", p * 100.0)),
+            MaxFailure::Percent(p) => s.serialize_str(&format!("{}%", shift_point(&p.to_string(), 2))),
         }
     }
 }
@@ -285,11 +300,44 @@ impl<'de> Deserialize<'de> for MaxFailure {
                 let p = s.trim().strip_suffix('%').ok_or_else(|| {
                     serde::de::Error::custom(format!("max_failure {s:?}: a count or a share like \"50%\""))
                 })?;
-                let v: f64 = p.trim().parse().map_err(serde::de::Error::custom)?;
-                Ok(MaxFailure::Percent(v / 100.0))
+                let p = p.trim();
+                // Shifting the decimal point in the text keeps a written
+                // share exact: "86.9274408469204%" reads back the very f64
+                // that wrote it (dividing by 100 would not).
+                let v: f64 = if p.contains(['e', 'E']) {
+                    p.parse::<f64>().map_err(serde::de::Error::custom)? / 100.0
+                } else {
+                    shift_point(p, -2).parse().map_err(serde::de::Error::custom)?
+                };
+                Ok(MaxFailure::Percent(v))
             }
         }
     }
+}
+
+/// A plain decimal `digits` (no exponent) with its point moved `by` places
+/// right (left if negative), as text.
+fn shift_point(digits: &str, by: i32) -> String {
+    let (sign, digits) = match digits.strip_prefix('-') {
+        Some(d) => ("-", d),
+        None => ("", digits),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let all: String = [int, frac].concat();
+    let point = int.len() as i64 + i64::from(by);
+    let padded = if point < 0 {
+        format!("{}{all}", "0".repeat(point.unsigned_abs() as usize))
+    } else if point as usize > all.len() {
+        format!("{all}{}", "0".repeat(point as usize - all.len()))
+    } else {
+        all
+    };
+    let point = point.max(0) as usize;
+    let (i, f) = padded.split_at(point);
+    let i = i.trim_start_matches('0');
+    let i = if i.is_empty() { "0" } else { i };
+    let f = f.trim_end_matches('0');
+    if f.is_empty() { format!("{sign}{i}") } else { format!("{sign}{i}.{f}") }
 }
 
 /// A batch-time distribution: uniform within `batch_ms x (1 +- spread)`.
@@ -408,9 +456,6 @@ impl TryFrom<RawFault> for FaultAt {
         }
         if let Some(h) = r.partition_host {
             let for_s = r.for_s.ok_or("partition_host needs for_s")?;
-            if !(for_s.is_finite() && for_s > 0.0) {
-                return Err("for_s: a positive duration".into());
-            }
             found.push(Fault::PartitionHost { host: h, for_s });
         } else if r.for_s.is_some() {
             return Err("for_s goes with partition_host".into());
@@ -429,18 +474,12 @@ impl TryFrom<RawFault> for FaultAt {
         }
         if let Some(rank) = r.slow_rank {
             let factor = r.factor.ok_or("slow_rank needs factor")?;
-            if !(factor.is_finite() && factor > 0.0) {
-                return Err("factor: a positive number".into());
-            }
             found.push(Fault::SlowRank { rank, factor });
         } else if r.factor.is_some() {
             return Err("factor goes with slow_rank".into());
         }
         if let Some(host) = r.slow_link {
             let latency_ms = r.latency_ms.ok_or("slow_link needs latency_ms")?;
-            if !(latency_ms.is_finite() && latency_ms >= 0.0) {
-                return Err("latency_ms: a duration >= 0".into());
-            }
             found.push(Fault::SlowLink { host, latency_ms });
         } else if r.latency_ms.is_some() {
             return Err("latency_ms goes with slow_link".into());
@@ -495,6 +534,16 @@ impl FaultAt {
 }
 
 impl Fault {
+    /// How long the fault lasts after it strikes, in seconds: a partition
+    /// for its `for_s`, everything else at once (its effects, such as a
+    /// dead rank or a slower link, stay; the fault itself is over).
+    pub fn lasts_s(&self) -> f64 {
+        match self {
+            Fault::PartitionHost { for_s, .. } => *for_s,
+            _ => 0.0,
+        }
+    }
+
     /// Nothing crosses between `host` and the rest for `for_`.
     pub fn partition(host: impl Into<String>, for_: Duration) -> Self {
         Fault::PartitionHost { host: host.into(), for_s: for_.as_secs_f64() }
@@ -660,8 +709,8 @@ impl ScenarioBuilder {
         self
     }
 
-    /// The scenario, validated.
-    pub fn build(self) -> Result<Scenario, String> {
+    /// The scenario, validated ([`Scenario::validate`]).
+    pub fn build(self) -> Result<Scenario, ScenarioError> {
         self.sc.validate()?;
         Ok(self.sc)
     }
@@ -706,6 +755,7 @@ impl Scenario {
             jitter_us: default_jitter(),
             bandwidth_gbps: default_gbps(),
             faults: Vec::new(),
+            seed: None,
         }
     }
 
@@ -714,51 +764,240 @@ impl Scenario {
         self.hosts.iter().map(|h| h.ranks).sum()
     }
 
-    /// Checks the scenario is playable, naming the first problem.
-    pub fn validate(&self) -> Result<(), String> {
+    /// A scenario file's text, parsed and validated: the JSON loader.
+    ///
+    /// ```
+    /// use cohort_sim::Scenario;
+    /// let e = Scenario::from_json(r#"{"hosts": [{"name": "a", "ranks": 1}], "bandwidth_gbps": 0}"#)
+    ///     .unwrap_err();
+    /// assert_eq!(e.field, "bandwidth_gbps");
+    /// ```
+    pub fn from_json(text: &str) -> Result<Scenario, ScenarioError> {
+        let sc: Scenario =
+            serde_json::from_str(text).map_err(|e| ScenarioError::new("scenario", e.to_string()))?;
+        sc.validate()?;
+        Ok(sc)
+    }
+
+    /// The scenario as the JSON a file holds ([`Scenario::from_json`]
+    /// reads it back to the same scenario).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Checks the scenario is playable, naming the first problem and its
+    /// field. The one validation every way in goes through: the JSON loader
+    /// ([`Scenario::from_json`]), the builder, `explore`'s draws,
+    /// [`Cluster::new`](crate::Cluster::new), and each fault injected by
+    /// hand ([`Scenario::check_fault`]). Every number is bounded so the
+    /// run's time arithmetic stays far from `Time::MAX` (instants and
+    /// durations at most [`MAX_SECS`]).
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        let err = |field: &str, problem: &str| Err(ScenarioError::new(field, problem));
         if self.hosts.is_empty() {
-            return Err("hosts: at least one host".into());
+            return err("hosts", "at least one host");
         }
         let mut names = std::collections::BTreeSet::new();
         for h in &self.hosts {
+            let at = |f: &str| format!("hosts[{}].{f}", h.name);
+            if h.name.is_empty() || h.name.len() > 255 {
+                return err("hosts[].name", "1 to 255 bytes");
+            }
             if !names.insert(h.name.as_str()) {
-                return Err(format!("hosts: duplicate name {:?}", h.name));
+                return err("hosts[].name", &format!("duplicate name {:?}", h.name));
             }
             if h.ranks == 0 || h.ranks > 256 {
-                return Err(format!("hosts[{}].ranks: 1..=256", h.name));
+                return err(&at("ranks"), "1..=256");
             }
-            if !(h.join_at_s.is_finite() && h.join_at_s >= 0.0) {
-                return Err(format!("hosts[{}].join_at_s: a time >= 0", h.name));
+            seconds(&at("join_at_s"), h.join_at_s, false)?;
+            if h.libtorch.as_ref().is_some_and(|l| l.len() > 255) {
+                return err(&at("libtorch"), "at most 255 bytes");
             }
             if let Some(s) = &h.speed
                 && !self.speed_classes.contains_key(s)
             {
-                return Err(format!("hosts[{}].speed: unknown class {s:?}", h.name));
+                return err(&at("speed"), &format!("unknown class {s:?}"));
             }
         }
-        if self.samples_per_epoch == 0 || self.batch_size == 0 || self.sync_every == 0 {
-            return Err("samples_per_epoch, batch_size and sync_every must be positive".into());
+        for (name, c) in &self.speed_classes {
+            if !(c.batch_ms.is_finite() && c.batch_ms > 0.0 && c.batch_ms <= MAX_BATCH_MS) {
+                return err(&format!("speed_classes.{name}.batch_ms"), &format!("in (0, {MAX_BATCH_MS}]"));
+            }
+            if !(c.spread.is_finite() && (0.0..1.0).contains(&c.spread)) {
+                return err(&format!("speed_classes.{name}.spread"), "in [0, 1)");
+            }
         }
-        if !(self.timeout_scale.is_finite() && self.timeout_scale >= 0.1) {
-            return Err("timeout_scale: finite and >= 0.1".into());
+        if self.epochs == 0 || self.epochs > 1_000_000 {
+            return err("epochs", "1..=1000000");
         }
-        let world = self.world_size();
+        if self.samples_per_epoch == 0 || self.samples_per_epoch > 1 << 40 {
+            return err("samples_per_epoch", "1..=2^40");
+        }
+        if self.batch_size == 0 || self.batch_size > self.samples_per_epoch {
+            return err("batch_size", "1..=samples_per_epoch");
+        }
+        if self.sync_every == 0 || self.sync_every > 1 << 32 {
+            return err("sync_every", "1..=2^32 batches");
+        }
+        if self.epochs.saturating_mul(self.samples_per_epoch) > 1 << 50 {
+            return err("epochs", "epochs x samples_per_epoch at most 2^50");
+        }
+        if let Some(t) = self.run_for_s {
+            seconds("run_for_s", t, true)?;
+        }
+        if !(self.timeout_scale.is_finite() && (0.1..=1000.0).contains(&self.timeout_scale)) {
+            return err("timeout_scale", "finite, in [0.1, 1000]");
+        }
+        let j = &self.join;
+        for (field, secs) in [
+            ("join.join_timeout_secs", j.join_timeout_secs),
+            ("join.max_join_timeout_secs", j.max_join_timeout_secs),
+        ] {
+            if secs as f64 * self.timeout_scale > MAX_SECS {
+                return err(field, &format!("times timeout_scale at most {MAX_SECS:e} s"));
+            }
+        }
+        self.join_config()
+            .validate()
+            .map_err(|e| ScenarioError::new(&format!("join.{}", e.field), e.reason))?;
+        if let Some(MaxFailure::Percent(p)) = self.max_failure
+            && !(p.is_finite() && (0.0..=1.0).contains(&p))
+        {
+            return err("max_failure", &format!("a share from 0% to 100% (got {}%)", p * 100.0));
+        }
+        if self.model_elems == 0 || self.model_elems > MAX_MODEL_ELEMS {
+            return err("model_elems", &format!("1..={MAX_MODEL_ELEMS}"));
+        }
+        for (field, us) in [("latency_us", self.latency_us), ("jitter_us", self.jitter_us)] {
+            if us as f64 > MAX_SECS * 1e6 {
+                return err(field, &format!("at most {MAX_SECS:e} s"));
+            }
+        }
+        if !(self.bandwidth_gbps.is_finite() && self.bandwidth_gbps > 0.0) {
+            return err("bandwidth_gbps", "finite and > 0");
+        }
         for (i, f) in self.faults.iter().enumerate() {
-            if !(f.at_s.is_finite() && f.at_s >= 0.0) {
-                return Err(format!("faults[{i}].at_s: a time >= 0"));
-            }
-            match &f.fault {
-                Fault::KillRank(r) | Fault::WedgeRank(r) if *r >= world => {
-                    return Err(format!("faults[{i}]: rank {r} is outside the world of {world}"));
-                }
-                Fault::KillHost(h) | Fault::CorruptLink(h) | Fault::PartitionHost { host: h, .. }
-                    if !names.contains(h.as_str()) =>
-                {
-                    return Err(format!("faults[{i}]: unknown host {h:?}"));
-                }
-                _ => {}
-            }
+            seconds(&format!("faults[{i}].at_s"), f.at_s, false)?;
+            self.check_fault(&f.fault)
+                .map_err(|e| ScenarioError::new(&format!("faults[{i}].{}", e.field), e.problem))?;
         }
         Ok(())
     }
+
+    /// Checks one fault against this scenario's cluster (the rank inside the
+    /// world, the host known, every number in range): for the scenario's
+    /// own faults and for those injected by hand.
+    pub fn check_fault(&self, fault: &Fault) -> Result<(), ScenarioError> {
+        let world = self.world_size();
+        match fault {
+            Fault::KillRank(r) | Fault::WedgeRank(r) | Fault::SlowRank { rank: r, .. } if *r >= world => {
+                let field = match fault {
+                    Fault::KillRank(_) => "kill_rank",
+                    Fault::WedgeRank(_) => "wedge_rank",
+                    _ => "slow_rank",
+                };
+                return Err(ScenarioError::new(field, format!("rank {r} is outside the world of {world}")));
+            }
+            Fault::KillHost(h)
+            | Fault::CorruptLink(h)
+            | Fault::ResetHost(h)
+            | Fault::PartitionHost { host: h, .. }
+            | Fault::SlowLink { host: h, .. }
+                if !self.hosts.iter().any(|x| &x.name == h) =>
+            {
+                let field = match fault {
+                    Fault::KillHost(_) => "kill_host",
+                    Fault::CorruptLink(_) => "corrupt_link",
+                    Fault::ResetHost(_) => "reset_host",
+                    Fault::PartitionHost { .. } => "partition_host",
+                    _ => "slow_link",
+                };
+                return Err(ScenarioError::new(field, format!("unknown host {h:?}")));
+            }
+            Fault::PartitionHost { for_s, .. } => seconds("for_s", *for_s, true)?,
+            Fault::SlowRank { factor, .. }
+                if !(factor.is_finite() && *factor > 0.0 && *factor <= MAX_FACTOR) =>
+            {
+                return Err(ScenarioError::new("factor", format!("in (0, {MAX_FACTOR}]")));
+            }
+            Fault::SlowLink { latency_ms, .. }
+                if !(latency_ms.is_finite() && *latency_ms >= 0.0 && *latency_ms <= MAX_SECS * 1e3) =>
+            {
+                let problem =
+                    format!("milliseconds, >= 0 and at most {:e} (got {latency_ms:?})", MAX_SECS * 1e3);
+                return Err(ScenarioError::new("latency_ms", problem));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The join window's configuration, as proto takes it.
+    pub fn join_config(&self) -> JoinConfig {
+        JoinConfig {
+            min_rank_start: self.join.min_rank_start as usize,
+            join_timeout_secs: self.join.join_timeout_secs,
+            target_ranks: self.join.target_ranks.map(|t| t as usize),
+            max_join_timeout_secs: self.join.max_join_timeout_secs,
+            open_admission: self.join.open_admission,
+            start_mode: match self.join.start_mode {
+                StartModeSpec::Auto => StartMode::Auto,
+                StartModeSpec::Manual => StartMode::Manual,
+                StartModeSpec::Hybrid => StartMode::Hybrid,
+            },
+            nccl_backend: self.backend == BackendSpec::Nccl,
+        }
+    }
 }
+
+/// The longest instant or duration a scenario may state, in seconds (about
+/// 31 years): far enough from `Time::MAX` (584 years of nanoseconds) that
+/// sums of them never reach it.
+pub const MAX_SECS: f64 = 1e9;
+/// The largest `slow_rank` factor.
+pub const MAX_FACTOR: f64 = 1e6;
+/// The longest mean batch time of a speed class, in milliseconds.
+pub const MAX_BATCH_MS: f64 = 1e7;
+/// The largest synthetic model: 2^23 f32 (a 32 MiB round frame, under the
+/// relays' 64 MiB frame ceiling).
+pub const MAX_MODEL_ELEMS: u32 = 1 << 23;
+
+/// A value `secs` of `field` that is a time in seconds: finite, at least 0
+/// (more than 0 if `positive`), at most [`MAX_SECS`].
+fn seconds(field: &str, secs: f64, positive: bool) -> Result<(), ScenarioError> {
+    let low_ok = if positive { secs > 0.0 } else { secs >= 0.0 };
+    if secs.is_finite() && low_ok && secs <= MAX_SECS {
+        Ok(())
+    } else {
+        let low = if positive { "> 0" } else { ">= 0" };
+        Err(ScenarioError::new(
+            field,
+            format!("a time in seconds, {low} and at most {MAX_SECS:e} (got {secs:?})"),
+        ))
+    }
+}
+
+/// Why a scenario cannot be played: the field (`faults[2].for_s`,
+/// `hosts[b].speed`, ...) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScenarioError {
+    /// The field, as a path into the scenario.
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl ScenarioError {
+    /// `field` has `problem`.
+    pub fn new(field: &str, problem: impl Into<String>) -> Self {
+        ScenarioError { field: field.to_owned(), problem: problem.into() }
+    }
+}
+
+impl core::fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}: {}", self.field, self.problem)
+    }
+}
+
+impl std::error::Error for ScenarioError {}

@@ -446,6 +446,23 @@ impl<E> World<E> {
                     return;
                 }
                 c.gone[to] = true;
+                // A connection ended before its handshake did: the dialer
+                // never heard `Connected`, so its connect attempt failed
+                // (retried within the budget, as a driver does); an
+                // acceptor that was never told of it hears nothing.
+                if to == 0
+                    && let Some((dial, addr, attempt)) = self.dial_of.remove(&conn)
+                {
+                    let node = c.ends[0].node;
+                    self.maybe_forget(conn);
+                    let at = self.now + self.config.connect_backoff;
+                    self.schedule(at, Ev::Dial { node, dial, addr, attempt: attempt + 1 });
+                    return;
+                }
+                if to == 1 && !c.established {
+                    self.maybe_forget(conn);
+                    return;
+                }
                 let end = c.ends[to];
                 let unsent = c.pipes[to].pending_len;
                 c.pipes[to].pending.clear();
@@ -612,7 +629,12 @@ impl<E> World<E> {
         // SynAck is queued ahead of anything the acceptor sends back.
         c.established = true;
         let [a, b] = c.ends;
-        if self.nodes[b.node].process == Process::Crashed {
+        if c.gone[0] {
+            // Reset before it reached the acceptor (the dial was retried).
+            self.forget(conn);
+            return;
+        }
+        if self.nodes[b.node].process == Process::Crashed || c.gone[1] {
             // Refused: the dialer retries.
             let retry = self.dial_of.remove(&conn);
             self.forget(conn);
@@ -865,9 +887,12 @@ impl<E> World<E> {
             c.pipes[1 - dir].dead = true;
             if c.established {
                 self.schedule(at, Ev::Fin { conn: id, dir, cause: CloseCause::Eof });
-            } else {
+            } else if dir == 0 {
                 self.forget(id);
             }
+            // An acceptor gone before the dial's SYN arrives: the SYN finds
+            // it gone and the dialer retries (forgetting the connection here
+            // lost the dial: its dialer heard nothing, ever).
         }
     }
 

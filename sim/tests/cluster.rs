@@ -97,8 +97,8 @@ fn an_injected_wedge_is_declared_at_the_staleness_deadline_and_attributed() {
 fn injecting_outside_the_world_is_refused_and_changes_nothing() {
     let mut c = Cluster::new(exact(1, 2), 5).unwrap();
     c.run_until(Time::from_secs(2));
-    assert!(c.inject(Fault::KillRank(2)).unwrap_err().contains("outside the world"));
-    assert!(c.inject(Fault::KillHost("nowhere".into())).unwrap_err().contains("unknown host"));
+    assert!(c.inject(Fault::KillRank(2)).unwrap_err().problem.contains("outside the world"));
+    assert!(c.inject(Fault::KillHost("nowhere".into())).unwrap_err().problem.contains("unknown host"));
     assert!(c.faults().is_empty());
     let report = c.finish();
     assert!(report.deaths.is_empty());

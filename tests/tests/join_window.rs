@@ -5,8 +5,8 @@
 
 use bytes::BytesMut;
 
-use cohort_proto::config::TimeoutScale;
 use cohort_proto::config::defaults;
+use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::join::*;
 use cohort_proto::wire::{
     CONTROL_FRAME_MAGIC, CONTROL_PROTOCOL_VERSION, Channel, ControlMsgWire, JoinMsgWire, MacKey, MsgKind,
@@ -274,14 +274,101 @@ fn wrong_channel_magic_and_early_close_are_silent() {
     let d = rig.input(at(2, 0), Input::Closed { conn: ConnId(2), cause: CloseCause::Eof, unsent: 0 });
     assert_eq!(rejected(&d), vec![RejectReason::Closed(CloseCause::Eof)]);
     assert!(!d.closed(ConnId(2)), "no Close for a connection that already ended");
-    assert_eq!(rig.w.rejected(), 2);
+    assert_eq!(rig.w.rejected(), 0, "neither verified under the join key: neither counts");
+}
+
+/// The 1,025th counted refusal fails the window at once and tells every
+/// admitted worker, with the salt, before closing its link.
+fn assert_fails_at_the_1025th(rig: &mut Rig, dial: &[u8]) {
+    let d = rig.dial(at(3, 0), 5000, dial);
+    let (failure, when) = failed(&d).expect("the 1025th counted refusal fails the window");
+    assert_eq!(failure, WindowFailure::TooManyRejects { rejected: 1025, joined_ranks: 1 });
+    assert!(failure.to_string().contains("too many rejected joins"), "{failure}");
+    assert_eq!(when, at(3, 0));
+    match one_msg(&SALT, &d.sent(ConnId(1))) {
+        JoinMsgWire::Abort { reason } => assert!(reason.contains("1025"), "{reason}"),
+        other => panic!("expected Abort, got {other:?}"),
+    }
+    assert!(d.closed(ConnId(1)));
+    assert_eq!(rig.w.phase(at(3, 0)), ClusterPhase::Failed);
+    assert_eq!(rig.w.poll_timeout(), None);
+}
+
+/// A window with one honest host admitted, under `rules`.
+fn one_admitted(rules: Rules) -> Rig {
+    let mut params = WindowParams::new(JoinConfig::default(), SALT, TrustMode::PreShared);
+    params.rules = rules;
+    let mut rig = Rig::with(params);
+    let d = rig.join(at(1, 0), 1, &SALT, &offer("honest", 1));
+    assert_eq!(accept_of(&SALT, &d, 1).0, vec![0]);
+    rig
 }
 
 #[test]
-fn more_than_1024_garbage_dials_fail_the_window() {
-    let mut rig = Rig::new(JoinConfig::default(), TrustMode::PreShared);
-    let d = rig.join(at(1, 0), 1, &SALT, &offer("honest", 1));
-    assert_eq!(accept_of(&SALT, &d, 1).0, vec![0]);
+fn unauthenticated_dials_never_fail_the_window() {
+    // Without the key a peer can open connections, send the join magic, a
+    // forged frame or nothing, and close or stall: each costs only itself.
+    let mut rig = one_admitted(Rules::Cohort);
+    let mut forged = Channel::Join.magic_bytes().to_vec();
+    forged.extend_from_slice(&frame(&ZERO, &offer("intruder", 1).to_hello()));
+    let magic = Channel::Join.magic_bytes();
+    for i in 0..3000u64 {
+        let conn = ConnId(100 + i);
+        let d = match i % 4 {
+            // The join magic, then the peer closes (the campaign's attack).
+            0 => {
+                rig.dial(at(2, i), 100 + i, &magic);
+                rig.input(at(2, i), Input::Closed { conn, cause: CloseCause::Eof, unsent: 0 })
+            }
+            // A hello under the wrong key: dropped at its MAC, no reply.
+            1 => rig.dial(at(2, i), 100 + i, &forged),
+            // Another channel's magic.
+            2 => rig.dial(at(2, i), 100 + i, &Channel::Control.magic_bytes()),
+            // Garbage where the frame header goes.
+            _ => rig.dial(at(2, i), 100 + i, &[&magic[..], &[0xAB; 24]].concat()),
+        };
+        assert!(failed(&d).is_none(), "dial {i} must not fail the window");
+        assert_eq!(rejected(&d).len(), 1, "dial {i} is refused");
+    }
+    // Dials that never send a hello run out their budget, uncounted too.
+    for i in 0..1100u64 {
+        rig.dial(at(4, i), 10_000 + i, &magic);
+    }
+    let d = rig.timeout(at(15, 0));
+    assert_eq!(rejected(&d).len(), 1100);
+    assert!(failed(&d).is_none());
+    assert_eq!(rig.w.rejected(), 0);
+    assert_eq!(rig.w.state(), &WindowState::Open);
+    // A real worker still joins and the world forms at the window.
+    let d = rig.join(at(20, 0), 2, &SALT, &offer("b", 1));
+    assert_eq!(accept_of(&SALT, &d, 2).0, vec![1]);
+    let window_end = rig.w.window_end();
+    let d = rig.timeout(window_end);
+    assert_eq!(formed(&d).map(|(_, n, _)| n), Some(2));
+}
+
+#[test]
+fn more_than_1024_refused_hellos_fail_the_window() {
+    // Workers holding the key but unfit for this run (here: one host name
+    // dialing again and again) are a misconfigured fleet: it fails loudly.
+    let mut rig = one_admitted(Rules::Cohort);
+    let again = dial_bytes(&SALT, &offer("honest", 1));
+    for i in 0..1024u64 {
+        let d = rig.dial(at(2, i), 100 + i, &again);
+        assert!(reject_of(&SALT, &d, 100 + i).contains("already joined"));
+        assert!(failed(&d).is_none(), "refusal {i} must not fail the window");
+    }
+    // Unauthenticated dials in between change nothing.
+    rig.dial(at(2, 5000), 4000, &Channel::Join.magic_bytes());
+    rig.input(at(2, 5000), Input::Closed { conn: ConnId(4000), cause: CloseCause::Reset, unsent: 0 });
+    assert_eq!(rig.w.rejected(), 1024);
+    assert_eq!(rig.w.state(), &WindowState::Open);
+    assert_fails_at_the_1025th(&mut rig, &again);
+}
+
+#[test]
+fn under_flodl_rules_more_than_1024_garbage_dials_fail_the_window() {
+    let mut rig = one_admitted(Rules::Flodl);
     let mut garbage = Channel::Join.magic_bytes().to_vec();
     garbage.extend_from_slice(&[0xAB; 24]);
     for i in 0..1024u64 {
@@ -291,19 +378,7 @@ fn more_than_1024_garbage_dials_fail_the_window() {
     }
     assert_eq!(rig.w.rejected(), 1024);
     assert_eq!(rig.w.state(), &WindowState::Open);
-    let d = rig.dial(at(3, 0), 5000, &garbage);
-    let (failure, when) = failed(&d).expect("the 1025th rejected dial fails the window");
-    assert_eq!(failure, WindowFailure::TooManyRejects { rejected: 1025, joined_ranks: 1 });
-    assert!(failure.to_string().contains("too many rejected joins"), "{failure}");
-    assert_eq!(when, at(3, 0));
-    // The admitted worker is told, with the salt, and its link closed.
-    match one_msg(&SALT, &d.sent(ConnId(1))) {
-        JoinMsgWire::Abort { reason } => assert!(reason.contains("1025"), "{reason}"),
-        other => panic!("expected Abort, got {other:?}"),
-    }
-    assert!(d.closed(ConnId(1)));
-    assert_eq!(rig.w.phase(at(3, 0)), ClusterPhase::Failed);
-    assert_eq!(rig.w.poll_timeout(), None);
+    assert_fails_at_the_1025th(&mut rig, &garbage);
 }
 
 // ---- formation and failure at their instants ----

@@ -533,3 +533,56 @@ fn an_unauthenticated_relay_may_claim_only_a_hello_then_the_full_ceiling() {
     let c = rig.consensus(a).expect("consensus");
     assert_eq!(values(&c.tensors[0]), big);
 }
+
+#[test]
+fn every_host_times_out_at_its_own_instant_however_many_wait() {
+    // 300 relays waiting for their hello (adopted a millisecond apart) and
+    // 30 joined hosts starving mid-record (their last byte a millisecond
+    // apart, one of them trickling on): each is refused or dropped at
+    // exactly its deadline, and the next wake-up is always the earliest.
+    let ms = |n: u64| Time::from_nanos(n * 1_000_000);
+    let mut rig = Rig::new(1000);
+    let mut silent = Vec::new();
+    for i in 0..300 {
+        rig.now = ms(i);
+        silent.push(rig.adopt(&[]));
+    }
+    let partial = MuxRecord::HostFrame { payload: Payload::from(vec![0; 64]) }.to_bytes(&rig.key).unwrap();
+    let mut starving = Vec::new();
+    for i in 0..30u32 {
+        rig.now = ms(400 + u64::from(i));
+        let conn = rig.join(&[i]);
+        rig.send(conn, &partial[..10]);
+        starving.push(conn);
+    }
+    // The first starving host trickles on: its deadline moves with each byte.
+    rig.now = ms(5_000);
+    rig.send(starving[0], &partial[10..11]);
+    rig.events();
+    let hello = defaults::HANDSHAKE;
+    let starve = defaults::MID_FRAME_STARVATION;
+    let mut due: Vec<(Time, ConnId)> =
+        silent.iter().enumerate().map(|(i, &c)| (ms(i as u64) + hello, c)).collect();
+    due.extend(starving.iter().enumerate().skip(1).map(|(i, &c)| (ms(400 + i as u64) + starve, c)));
+    due.push((ms(5_000) + starve, starving[0]));
+    due.sort();
+    for (at, conn) in due {
+        assert_eq!(rig.reduce.poll_timeout(), Some(at), "the next wake-up is {conn}'s deadline");
+        rig.now = Time::from_nanos(at.as_nanos() - 1);
+        rig.reduce.handle(rig.now, Input::Timeout);
+        rig.drain();
+        assert!(rig.events().is_empty(), "nothing is due before {at:?}");
+        rig.now = at;
+        rig.reduce.handle(rig.now, Input::Timeout);
+        rig.drain();
+        let ev = rig.events();
+        let ended = ev.iter().find_map(|e| match e {
+            ReduceEvent::HostRefused { conn, reason: HostRefusal::Timeout } => Some(*conn),
+            ReduceEvent::HostFailed { conn, error: HostError::Starved } => Some(*conn),
+            _ => None,
+        });
+        assert_eq!(ended, Some(conn), "{ev:?}");
+        assert_eq!(rig.out.closed.last(), Some(&conn));
+    }
+    assert_eq!(rig.reduce.poll_timeout(), None);
+}

@@ -82,6 +82,24 @@ fn an_unknown_or_duplicate_rank_is_refused_by_name() {
 }
 
 #[test]
+fn an_unknown_or_duplicate_rank_is_never_acknowledged() {
+    // The ack tells a rank it is in: a refused one must not get it first,
+    // on either leg.
+    for leg in [Leg::Data, Leg::Control] {
+        let mut rig = RelayRig::new(leg, &[0, 1], 4);
+        let a = rig.accept(0);
+        assert!(!rig.out.take(a).is_empty(), "{leg:?}: the admitted rank is acknowledged");
+        let dup = rig.accept(0);
+        let unknown = rig.accept(3);
+        assert_eq!(refused(&rig), vec![RankRefusal::Duplicate { rank: 0 }, RankRefusal::Unknown { rank: 3 }]);
+        for c in [dup, unknown] {
+            assert!(rig.out.sent(c).is_empty(), "{leg:?}: refused connection {c:?} got a reply");
+            assert!(rig.out.closed.contains(&c));
+        }
+    }
+}
+
+#[test]
 fn a_remote_peer_is_refused() {
     let mut rig = RelayRig::new(Leg::Data, &[0], 1);
     rig.handle(Input::Accepted { conn: ConnId(9), peer: Peer::REMOTE });

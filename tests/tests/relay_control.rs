@@ -157,3 +157,56 @@ fn any_split_of_the_loopback_stream_forwards_the_same_records() {
         assert_eq!(r, MuxRecord::Data { rank: 0, payload: Payload::from(vec![n as u8; n]) });
     }
 }
+
+#[test]
+fn an_oversized_control_blob_costs_only_its_ranks_connection() {
+    // A rank announcing a blob over one control frame (header + 16 MiB) is
+    // closed at its length prefix; the upstream every rank shares stays
+    // open and the other rank's blobs keep flowing.
+    use cohort_proto::wire::{CONTROL_HEADER_LEN, MAX_CONTROL_PAYLOAD};
+    let (mut rig, c) = RelayRig::ready(Leg::Control, &[0, 1], 2);
+    let over = (CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD + 1) as u32;
+    rig.handle(Input::Received { conn: c[0], bytes: &over.to_le_bytes() });
+    assert!(rig.out.closed.contains(&c[0]), "the offending rank is closed");
+    assert!(!rig.out.closed.contains(&c[1]) && !rig.out.closed.contains(&rig.up.unwrap()));
+    assert!(
+        rig.out
+            .events
+            .iter()
+            .any(|e| matches!(e, RelayEvent::RankDead { rank: 0, cause: RankDeath::Stream(_) }))
+    );
+    rig.rank_send(c[1], &[0x42]);
+    assert_eq!(
+        rig.up_records(),
+        vec![
+            MuxRecord::Control(RelayControlMsg::RankExit { rank: 0 }),
+            MuxRecord::Data { rank: 1, payload: Payload::from(vec![0x42]) },
+        ]
+    );
+    assert!(!rig.relay.is_stopped());
+    // A blob of exactly one control frame's size is still forwarded.
+    let (mut rig, c) = RelayRig::ready(Leg::Control, &[0], 1);
+    rig.rank_send(c[0], &vec![7; CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD]);
+    assert!(
+        matches!(&rig.up_records()[..], [MuxRecord::Data { rank: 0, payload }] if payload.len() == CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD)
+    );
+}
+
+#[test]
+fn a_control_record_over_one_control_frame_from_upstream_is_refused_as_a_stream_error() {
+    // The relay's control leg never reads a record a coordinator could not
+    // have written.
+    use cohort_proto::wire::{CONTROL_HEADER_LEN, MAX_CONTROL_PAYLOAD};
+    let (mut rig, _c) = RelayRig::ready(Leg::Control, &[0], 1);
+    let rec = MuxRecord::Data {
+        rank: 0,
+        payload: Payload::from(vec![0; CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD + 1]),
+    };
+    rig.up_send(&rec);
+    assert!(rig.relay.is_stopped());
+    assert!(
+        rig.out.events.iter().any(|e| matches!(e, RelayEvent::Stopped(StopReason::Upstream(_)))),
+        "{:?}",
+        rig.out.events
+    );
+}

@@ -15,15 +15,6 @@ use core::time::Duration;
 
 const STALENESS: Duration = Duration::from_secs(30);
 
-fn deaths(run: &Run) -> Vec<(cohort_proto::Time, u32, DeathCause)> {
-    run.coord()
-        .filter_map(|(t, e)| match e {
-            CoordEvent::RankDead { rank, cause, .. } => Some((t, *rank, *cause)),
-            _ => None,
-        })
-        .collect()
-}
-
 fn consensus_rounds_after(run: &Run, t: cohort_proto::Time) -> usize {
     run.controller()
         .filter(|(at, e)| *at > t && matches!(e, ControllerEvent::Reduce(ReduceEvent::Consensus { .. })))
@@ -38,7 +29,7 @@ fn rank_crash_mid_epoch_is_declared_within_a_round_trip_and_its_remainder_redist
     run.assert_clean("done");
     assert_eq!(run.report.epochs_completed, 2);
     // The agent reports the exit at 10 s; one way to the controller is 1 ms.
-    let d = deaths(&run);
+    let d = run.deaths();
     assert_eq!(d.len(), 1, "{d:?}");
     let (t, rank, cause) = d[0];
     assert_eq!(rank, 1);
@@ -80,7 +71,7 @@ fn rank_crash_mid_epoch_is_declared_within_a_round_trip_and_its_remainder_redist
 fn a_wedged_rank_is_declared_dead_exactly_at_the_staleness_deadline_and_its_relay_released() {
     let run = play(with(exact(2, 2, 2), 10.0, Fault::WedgeRank(2)), 4);
     run.assert_clean("done");
-    let d = deaths(&run);
+    let d = run.deaths();
     assert_eq!(d.len(), 1, "{d:?}");
     let (t, rank, cause) = d[0];
     assert_eq!(rank, 2);
@@ -109,7 +100,7 @@ fn a_wedged_rank_is_declared_dead_exactly_at_the_staleness_deadline_and_its_rela
 fn a_host_death_declares_all_its_ranks_and_the_reduce_keeps_going() {
     let run = play(with(exact(3, 2, 2), 10.0, Fault::KillHost("host-1".into())), 5);
     run.assert_clean("done");
-    let d = deaths(&run);
+    let d = run.deaths();
     let mut ranks: Vec<u32> = d.iter().map(|x| x.1).collect();
     ranks.sort_unstable();
     assert_eq!(ranks, run.report.hosts["host-1"]);
@@ -150,7 +141,7 @@ fn a_corrupted_byte_is_never_accepted_the_connection_drops_and_the_loss_is_handl
     let (t, err) = refused.expect("the corrupted frame's connection was dropped on a wire error");
     assert!(t >= at(10.0) && t <= at(12.0), "refused at {t}: {err}");
     // Only host-1's ranks paid, like any other loss; the run finished.
-    let mut ranks: Vec<u32> = deaths(&run).iter().map(|x| x.1).collect();
+    let mut ranks: Vec<u32> = run.deaths().iter().map(|x| x.1).collect();
     ranks.sort_unstable();
     assert_eq!(ranks, run.report.hosts["host-1"]);
     assert_eq!(run.report.epochs_completed, 2);
@@ -170,7 +161,7 @@ fn a_partition_longer_than_the_deadline_is_a_death() {
     let run =
         play(with(exact(2, 2, 2), 10.0, Fault::PartitionHost { host: "host-1".into(), for_s: 45.0 }), 9);
     run.assert_clean("done");
-    let d = deaths(&run);
+    let d = run.deaths();
     let mut ranks: Vec<u32> = d.iter().map(|x| x.1).collect();
     ranks.sort_unstable();
     assert_eq!(ranks, run.report.hosts["host-1"]);
@@ -321,7 +312,7 @@ fn a_slow_link_delays_that_host_and_costs_nothing_else() {
 fn a_reset_host_loses_its_ranks_and_the_rest_finish() {
     let run = play(with(exact(3, 2, 2), 10.0, Fault::ResetHost("host-1".into())), 14);
     run.assert_clean("done");
-    let d = deaths(&run);
+    let d = run.deaths();
     let mut ranks: Vec<u32> = d.iter().map(|x| x.1).collect();
     ranks.sort_unstable();
     assert_eq!(ranks, run.report.hosts["host-1"]);

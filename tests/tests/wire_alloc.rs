@@ -174,4 +174,76 @@ fn hostile_lengths_cost_only_the_bytes_sent() {
     });
     println!("join frame claiming a 16 MiB string in 6 payload bytes: peak {peak}");
     assert!(peak <= 4096, "a forged string length cost {peak} bytes");
+
+    // Metrics: a rank's scalars are counted before they are allocated. A
+    // 16 MB frame of a million tiny scalars (the payload as bincode writes
+    // it) decoded into about 90 MB; it is refused at its count now.
+    let varint = |out: &mut Vec<u8>, v: u64| match v {
+        0..=250 => out.push(v as u8),
+        251..=65_535 => {
+            out.push(251);
+            out.extend_from_slice(&(v as u16).to_le_bytes());
+        }
+        _ => {
+            out.push(252);
+            out.extend_from_slice(&(v as u32).to_le_bytes());
+        }
+    };
+    let metrics_payload = |n: u64, key: &dyn Fn(u64) -> String| {
+        let mut p = Vec::new();
+        for field in 0..9 {
+            // rank, epoch, batches and samples are varints; the rest f64s.
+            if matches!(field, 0 | 1 | 3 | 5) { p.push(0) } else { p.extend_from_slice(&0f64.to_le_bytes()) }
+        }
+        varint(&mut p, n);
+        for i in 0..n {
+            let k = key(i);
+            varint(&mut p, k.len() as u64);
+            p.extend_from_slice(k.as_bytes());
+            p.extend_from_slice(&0f64.to_le_bytes());
+            p.push(0);
+        }
+        p.push(0); // resources: None
+        p
+    };
+    let tiny = metrics_payload(1_080_000, &|i| format!("{i:x}"));
+    let mut frame = bytes::BytesMut::new();
+    encode_raw(&key, MsgKind::Metrics, &tiny, &mut frame).unwrap();
+    let frame = frame.freeze();
+    let peak = peak_of(|| {
+        let Err(e) = parse_frame(&frame, &key) else {
+            panic!("a metrics frame of 1,080,000 scalars decoded")
+        };
+        assert_eq!(e.field, "payload", "{e}");
+        assert!(e.to_string().contains("exceed the limit of 65536"), "{e}");
+    });
+    println!("metrics frame of {} bytes, 1,080,000 scalars: refused, peak {peak}", frame.len());
+    assert!(peak <= 64 * 1024, "a metrics frame of tiny scalars cost {peak} bytes before its refusal");
+    // The encoder refuses what the decoder would.
+    let mut m: MetricsMsgWire = bin_decode_metrics(&key, &metrics_payload(3, &|i| format!("{i}")));
+    m.scalars = (0..=MAX_SCALARS as u64).map(|i| (format!("{i:x}"), (0.0, 0))).collect();
+    let e = encode_frame(&key, &m, &mut bytes::BytesMut::new()).unwrap_err();
+    assert_eq!(e.field, "scalars", "{e}");
+    // At the limit, with long names filling the payload: it round-trips,
+    // and decoding costs its names and a bounded overhead.
+    m.scalars = (0..MAX_SCALARS as u64).map(|i| (format!("{i:0>230x}"), (1.0, 1))).collect();
+    let mut frame = bytes::BytesMut::new();
+    encode_frame(&key, &m, &mut frame).unwrap();
+    let frame = frame.freeze();
+    let payload = frame.len() - CONTROL_HEADER_LEN;
+    let mut back = None;
+    let peak = peak_of(|| back = Some(parse_frame(&frame, &key).unwrap().unwrap().0));
+    assert_eq!(back, Some(Message::Metrics(m)));
+    println!("metrics frame of {} bytes, {MAX_SCALARS} scalars: decode peak {peak}", frame.len());
+    assert!(peak <= payload + (6 << 20), "a metrics frame at the limit cost {peak} bytes to decode");
+}
+
+/// A Metrics message from its bincode payload.
+fn bin_decode_metrics(key: &MacKey, payload: &[u8]) -> MetricsMsgWire {
+    let mut frame = bytes::BytesMut::new();
+    encode_raw(key, MsgKind::Metrics, payload, &mut frame).unwrap();
+    match parse_frame(&frame, key).unwrap().unwrap().0 {
+        Message::Metrics(m) => m,
+        other => panic!("{other:?}"),
+    }
 }

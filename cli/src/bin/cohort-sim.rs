@@ -1,13 +1,14 @@
 //! `cohort-sim`: play a cohort cluster on virtual time, exactly and instantly.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use cohort_sim::explore::random_scenario;
+use cohort_sim::shrink::{fails_as, failure_kind};
 use cohort_sim::{Cluster, Report, Scenario};
 
 /// cohort-sim: "what happens to my cluster if ...", answered exactly,
@@ -24,18 +25,22 @@ enum Cmd {
     /// Play one scenario (or a default healthy cluster) and summarise it.
     Run {
         /// A scenario file (JSON; see the README and examples/scenarios/).
+        /// A file saved with --save carries its seed and replays exactly.
+        #[arg(value_name = "FILE", conflicts_with = "scenario")]
+        file: Option<PathBuf>,
+        /// The scenario file, as an option.
         #[arg(long)]
         scenario: Option<PathBuf>,
-        /// The root seed.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
+        /// The root seed (default: the file's saved seed, else 1).
+        #[arg(long)]
+        seed: Option<u64>,
         /// Play the random scenario `explore` draws for --seed.
-        #[arg(long, conflicts_with = "scenario")]
+        #[arg(long, conflicts_with_all = ["scenario", "file"])]
         random: bool,
-        /// Worker hosts of the default cluster (ignored with --scenario).
+        /// Worker hosts of the default cluster (ignored with a file).
         #[arg(long, default_value_t = 2)]
         hosts: u32,
-        /// Ranks per host of the default cluster (ignored with --scenario).
+        /// Ranks per host of the default cluster (ignored with a file).
         #[arg(long, default_value_t = 2)]
         ranks_per_host: u32,
         /// Epochs (overrides the scenario's).
@@ -47,9 +52,14 @@ enum Cmd {
         /// Write the timeline as Chrome trace-event JSON (opens in Perfetto).
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// Write the exact scenario played, with its seed, as a file that
+        /// `cohort-sim run FILE` replays with the same trace hash.
+        #[arg(long, value_name = "FILE")]
+        save: Option<PathBuf>,
     },
-    /// Play a random scenario per seed (VOPR-style) on both cores; list every
-    /// failing seed with the command that replays it.
+    /// Play a random scenario per seed (VOPR-style, each seed drawing its
+    /// own fault mix and network) on both cores; list every failing seed
+    /// with the command that replays it.
     Explore {
         /// How many seeds.
         #[arg(long, default_value_t = 100)]
@@ -63,53 +73,81 @@ enum Cmd {
         /// Print each seed's JSON report (one per line) instead of the table.
         #[arg(long)]
         json: bool,
+        /// Write each failing seed's scenario to DIR/seed-N.json.
+        #[arg(long, value_name = "DIR")]
+        save_failing: Option<PathBuf>,
+    },
+    /// Reduce a failing scenario file (fewer hosts, ranks, faults, epochs,
+    /// samples) while it still fails the same way under its seed.
+    Shrink {
+        /// The failing scenario (as saved by --save or --save-failing).
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// The root seed (default: the file's saved seed, else 1).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Where to write the smaller scenario (default: FILE with
+        /// `.min.json`).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
     },
 }
 
 fn main() {
     let code = match Cli::parse().cmd {
-        Cmd::Run { scenario, seed, random, hosts, ranks_per_host, epochs, json, trace } => {
-            run(scenario, seed, random, hosts, ranks_per_host, epochs, json, trace)
+        Cmd::Run { file, scenario, seed, random, hosts, ranks_per_host, epochs, json, trace, save } => {
+            let args = RunArgs { hosts, ranks: ranks_per_host, epochs, json, trace, save };
+            run(file.or(scenario), seed, random, args)
         }
-        Cmd::Explore { seeds, from, jobs, json } => explore(seeds, from, jobs, json),
+        Cmd::Explore { seeds, from, jobs, json, save_failing } => {
+            explore(seeds, from, jobs, json, save_failing)
+        }
+        Cmd::Shrink { file, seed, out } => shrink(&file, seed, out),
     };
     std::process::exit(code);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run(
-    scenario: Option<PathBuf>,
-    seed: u64,
-    random: bool,
+/// Reads a scenario file through the one validation.
+fn load(path: &Path) -> Result<Scenario, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    Scenario::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Writes `sc` under `seed` as a file that replays the run.
+fn save(path: &Path, sc: &Scenario, seed: u64) -> Result<(), String> {
+    let sc = Scenario { seed: Some(seed), ..sc.clone() };
+    std::fs::write(path, sc.to_json() + "\n").map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+struct RunArgs {
     hosts: u32,
     ranks: u32,
     epochs: Option<u64>,
     json: bool,
     trace: Option<PathBuf>,
-) -> i32 {
-    let mut sc = match &scenario {
-        Some(path) => {
-            let text = match std::fs::read_to_string(path) {
-                Ok(t) => t,
-                Err(e) => return usage(&format!("reading {}: {e}", path.display())),
-            };
-            match serde_json::from_str::<Scenario>(&text) {
-                Ok(s) => s,
-                Err(e) => return usage(&format!("{}: {e}", path.display())),
-            }
-        }
-        None if random => random_scenario(seed),
-        None => Scenario::healthy(hosts.max(1), ranks.max(1), 3),
+    save: Option<PathBuf>,
+}
+
+fn run(file: Option<PathBuf>, seed: Option<u64>, random: bool, a: RunArgs) -> i32 {
+    let mut sc = match &file {
+        Some(path) => match load(path) {
+            Ok(s) => s,
+            Err(e) => return usage(&e),
+        },
+        None if random => random_scenario(seed.unwrap_or(1)),
+        None => Scenario::healthy(a.hosts, a.ranks, 3),
     };
-    if let Some(e) = epochs {
+    let seed = seed.or(sc.seed).unwrap_or(1);
+    if let Some(e) = a.epochs {
         sc.epochs = e;
     }
-    let replay = match &scenario {
-        Some(p) => format!("cohort-sim run --scenario {} --seed {seed}", p.display()),
+    let replay = match &file {
+        Some(p) if seed == sc.seed.unwrap_or(1) => format!("cohort-sim run {}", p.display()),
+        Some(p) => format!("cohort-sim run {} --seed {seed}", p.display()),
         None if random => format!("cohort-sim run --random --seed {seed}"),
-        None => format!("cohort-sim run --seed {seed} --hosts {hosts} --ranks-per-host {ranks}"),
+        None => format!("cohort-sim run --seed {seed} --hosts {} --ranks-per-host {}", a.hosts, a.ranks),
     };
-    let replay = match epochs {
+    let replay = match a.epochs {
         Some(e) => format!("{replay} --epochs {e}"),
         None => replay,
     };
@@ -117,21 +155,70 @@ fn run(
         Ok(c) => c,
         Err(e) => return usage(&format!("scenario: {e}")),
     };
+    if let Some(path) = &a.save
+        && let Err(e) = save(path, &sc, seed)
+    {
+        return usage(&e);
+    }
     let wall = Instant::now();
     let mut report = cluster.finish();
     report.replay = Some(replay);
-    if let Some(path) = trace {
+    if let Some(path) = a.trace {
         let text = serde_json::to_string(&report.timeline.chrome_trace()).unwrap_or_default();
         if let Err(e) = std::fs::write(&path, text) {
             return usage(&format!("writing {}: {e}", path.display()));
         }
     }
-    if json {
+    if a.json {
         println!("{}", report.to_json());
     } else {
         summary(&sc, &report, wall.elapsed().as_secs_f64());
     }
     if report.violations.is_empty() { 0 } else { 1 }
+}
+
+fn shrink(path: &Path, seed: Option<u64>, out: Option<PathBuf>) -> i32 {
+    let sc = match load(path) {
+        Ok(s) => s,
+        Err(e) => return usage(&e),
+    };
+    let seed = seed.or(sc.seed).unwrap_or(1);
+    let report = match Cluster::new(sc.clone(), seed) {
+        Ok(c) => c.finish(),
+        Err(e) => return usage(&format!("scenario: {e}")),
+    };
+    let Some(first) = report.violations.first() else {
+        return usage(&format!(
+            "{} holds every invariant under seed {seed}: nothing to shrink",
+            path.display()
+        ));
+    };
+    let kind = failure_kind(first);
+    let small = cohort_sim::shrink::shrink(&sc, &|c| fails_as(c, seed, &kind));
+    let out = out.unwrap_or_else(|| path.with_extension("min.json"));
+    if let Err(e) = save(&out, &small, seed) {
+        return usage(&e);
+    }
+    println!("cohort-sim shrink: {} under seed {seed}", path.display());
+    println!("  fails as:  {kind}");
+    println!(
+        "  from:      {} hosts, {} ranks, {} faults, {} epochs, {} samples per epoch",
+        sc.hosts.len(),
+        sc.world_size(),
+        sc.faults.len(),
+        sc.epochs,
+        sc.samples_per_epoch
+    );
+    println!(
+        "  to:        {} hosts, {} ranks, {} faults, {} epochs, {} samples per epoch",
+        small.hosts.len(),
+        small.world_size(),
+        small.faults.len(),
+        small.epochs,
+        small.samples_per_epoch
+    );
+    println!("  written:   {} (replay: cohort-sim run {})", out.display(), out.display());
+    0
 }
 
 fn usage(msg: &str) -> i32 {
@@ -201,7 +288,15 @@ struct Tally {
     reasons: std::collections::BTreeMap<String, u64>,
 }
 
-fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool) -> i32 {
+fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool, save_failing: Option<PathBuf>) -> i32 {
+    let Some(end) = from.checked_add(seeds) else {
+        return usage("--from + --seeds is past the last seed (2^64 - 1)");
+    };
+    if let Some(dir) = &save_failing
+        && let Err(e) = std::fs::create_dir_all(dir)
+    {
+        return usage(&format!("creating {}: {e}", dir.display()));
+    }
     let jobs = jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
     let next = Arc::new(AtomicU64::new(from));
     let tally = Arc::new(Mutex::new(Tally::default()));
@@ -216,15 +311,15 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool) -> i32 {
     let wall = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..jobs {
-            let (next, tally, bar) = (next.clone(), tally.clone(), bar.clone());
+            let (next, tally, bar, save_failing) = (next.clone(), tally.clone(), bar.clone(), &save_failing);
             s.spawn(move || {
                 loop {
                     let seed = next.fetch_add(1, Ordering::Relaxed);
-                    if seed >= from + seeds {
+                    if seed >= end {
                         break;
                     }
                     let sc = random_scenario(seed);
-                    let report = match Cluster::new(sc, seed) {
+                    let report = match Cluster::new(sc.clone(), seed) {
                         Ok(c) => c.finish(),
                         Err(e) => {
                             let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
@@ -251,6 +346,12 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool) -> i32 {
                     for v in &report.violations {
                         t.failures.push((seed, v.clone()));
                     }
+                    if let Some(dir) = &save_failing
+                        && !report.violations.is_empty()
+                        && let Err(e) = save(&dir.join(format!("seed-{seed}.json")), &sc, seed)
+                    {
+                        eprintln!("cohort-sim: {e}");
+                    }
                     bar.set_message(format!("{} violations", t.failures.len()));
                     bar.inc(1);
                 }
@@ -264,7 +365,7 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool) -> i32 {
         // The label column fits the longest failure reason (indented two more).
         let w = t.reasons.keys().map(|r| r.len() + 2).max().unwrap_or(0).max(28);
         let row = |label: &str, value: String| println!("  {label:<w$} {value:>8}");
-        println!("cohort-sim explore: seeds {from}..{} on {jobs} threads", from + seeds);
+        println!("cohort-sim explore: seeds {from}..{end} on {jobs} threads");
         row("runs", seeds.to_string());
         row("outcome done", t.done.to_string());
         row("outcome failed (named)", t.failed.to_string());
@@ -278,7 +379,12 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool) -> i32 {
         row("violations", t.failures.len().to_string());
     }
     for (seed, v) in &t.failures {
-        eprintln!("seed {seed}: {v}\n  replay: cohort-sim run --random --seed {seed}");
+        let file = save_failing.as_ref().map(|d| d.join(format!("seed-{seed}.json")));
+        let replay = match file {
+            Some(f) => format!("cohort-sim run {}", f.display()),
+            None => format!("cohort-sim run --random --seed {seed}"),
+        };
+        eprintln!("seed {seed}: {v}\n  replay: {replay}");
     }
     if t.failures.is_empty() { 0 } else { 1 }
 }

@@ -5,6 +5,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use cohort::args;
 use cohort::cluster::demo::{self, DemoOptions, Kill};
 use cohort::cluster::describe::{Narrator, json_of, log_line};
 use cohort::cluster::host::{HostParams, MioHost};
@@ -19,7 +20,7 @@ use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
 use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::node::host::{HostEvent, RelayListen};
-use cohort_proto::wire::SessionSalt;
+use cohort_proto::wire::{RunNonce, SessionSalt};
 
 /// cohort: the control plane of an elastic distributed-training cluster,
 /// speaking flodl 0.8's wire protocol.
@@ -175,8 +176,16 @@ struct ControllerArgs {
     #[arg(long, default_value_t = 600)]
     max_join_timeout_secs: u64,
     /// The session salt, 32 hex digits (default: fresh from the OS RNG).
+    /// A salt reused across launches lets a recording of one run replay
+    /// into the next: prefer a fresh one per launch, or --run-bound.
     #[arg(long)]
     salt: Option<String>,
+    /// Bind the key to this run (cohort agents only; flodl 0.8 peers cannot
+    /// join): a fresh nonce announced on every join connection keys the
+    /// whole run with the pre-shared salt bound to it, so nothing recorded
+    /// in another run under the same salt verifies. Needs a pre-shared salt.
+    #[arg(long)]
+    run_bound: bool,
     /// The host name every worker's envelope gives for the controller
     /// (default: the bound address; a worker's agent replaces it with the
     /// address it joined at).
@@ -184,8 +193,8 @@ struct ControllerArgs {
     advertise: Option<String>,
     /// After the run ends, keep serving this many seconds (so agents hear
     /// the end and state.json shows it).
-    #[arg(long, default_value_t = 2.0)]
-    linger_secs: f64,
+    #[arg(long, default_value = "2", value_parser = args::seconds)]
+    linger_secs: Duration,
     #[command(flatten)]
     run: RunArgs,
     #[command(flatten)]
@@ -204,7 +213,7 @@ struct AgentArgs {
     #[arg(long, default_value_t = 1)]
     ranks: u32,
     /// Mean batch time of the synthetic workload, in milliseconds.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value = "20", value_parser = args::batch_ms)]
     batch_ms: f64,
     /// The pre-shared session salt (32 hex digits); without it the hello is
     /// keyed with zeros (open admission) and the salt comes with the accept.
@@ -232,6 +241,10 @@ struct AgentArgs {
     /// The run id the hello carries (hosts of one run must agree on it).
     #[arg(long)]
     run_id: Option<String>,
+    /// The controller binds its key to the run (`cohort controller
+    /// --run-bound`): wait for its run nonce before the hello. Needs --salt.
+    #[arg(long, requires = "salt")]
+    run_bound: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -257,7 +270,7 @@ struct RankArgs {
     #[arg(long, default_value_t = 256)]
     model_elems: u32,
     /// Mean batch time of the synthetic workload, in milliseconds.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value = "20", value_parser = args::batch_ms)]
     batch_ms: f64,
     /// Network timeout scale (default: FLODL_NET_TIMEOUT_SCALE, else 1).
     #[arg(long)]
@@ -289,14 +302,14 @@ struct DemoArgs {
     #[arg(long, default_value_t = 2)]
     ranks_per_host: u32,
     /// Mean batch time, in milliseconds.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value = "20", value_parser = args::batch_ms)]
     batch_ms: f64,
     /// The rank to kill.
     #[arg(long, default_value_t = 1)]
     kill_rank: u32,
     /// When to kill it: seconds after the world formed (training started).
-    #[arg(long, default_value_t = 3.0)]
-    kill_rank_at: f64,
+    #[arg(long, default_value = "3", value_parser = args::seconds)]
+    kill_rank_at: Duration,
     /// Kill nobody.
     #[arg(long)]
     no_kill: bool,
@@ -413,6 +426,26 @@ fn controller(a: ControllerArgs) -> i32 {
     } else {
         TrustMode::resolve(&join, a.bind.ip().is_loopback())
     };
+    let run_nonce = if a.run_bound {
+        if trust != TrustMode::PreShared {
+            return fail(
+                "--run-bound needs a pre-shared salt (--pre-shared on a loopback bind; not --open-admission)",
+            );
+        }
+        match os_salt() {
+            Ok(n) => Some(RunNonce::from_bytes(*n.as_bytes())),
+            Err(e) => return fail(&format!("no OS randomness for the run nonce: {e}")),
+        }
+    } else {
+        None
+    };
+    if a.salt.is_some() && trust == TrustMode::PreShared && run_nonce.is_none() {
+        tracing::warn!(
+            "a pre-shared --salt reused across launches lets a recording of an earlier run replay into this \
+             one (its hellos, relay hellos and host frames verify): use a fresh salt per launch (omit --salt), \
+             or --run-bound with cohort agents; docs/SECURITY.md"
+        );
+    }
     let listener = match std::net::TcpListener::bind(a.bind) {
         Ok(l) => l,
         Err(e) => return fail(&format!("listening on {}: {e}", a.bind)),
@@ -426,6 +459,7 @@ fn controller(a: ControllerArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(&e.to_string()),
     };
+    cfg.run_nonce = run_nonce;
     if a.whole_epochs {
         cfg.run.progressive = Some(false);
     }
@@ -440,7 +474,7 @@ fn controller(a: ControllerArgs) -> i32 {
     if trust == TrustMode::PreShared {
         tracing::info!("session salt {} (pass it to every agent with --salt)", salt.to_hex());
     }
-    let linger = Duration::from_secs_f64(a.linger_secs.max(0.0));
+    let linger = a.linger_secs;
     let mut ended: Option<(Instant, Outcome)> = None;
     let mut narrator = Narrator::default();
     loop {
@@ -486,6 +520,13 @@ fn agent(a: AgentArgs) -> i32 {
     p.dataset_sig = a.dataset_sig.unwrap_or([0; 32]);
     p.model_sig = a.model_sig;
     p.run_id = a.run_id.clone();
+    p.run_bound = a.run_bound;
+    if p.pre_shared.is_some() && a.run_id.is_none() && !a.run_bound {
+        tracing::warn!(
+            "a pre-shared --salt without --run-id or --run-bound: a recording of this host's hello from an \
+             earlier run under the same salt can take its place; docs/SECURITY.md"
+        );
+    }
     p.relay_listen = match a.relay_ports {
         RelayPorts::Ephemeral => RelayListen::Ephemeral,
         RelayPorts::Flodl => RelayListen::Flodl,
@@ -577,16 +618,12 @@ fn run_demo(a: DemoArgs) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
-    if !(a.kill_rank_at.is_finite() && a.kill_rank_at >= 0.0) {
-        return fail("--kill-rank-at must be a number of seconds");
-    }
     let opts = DemoOptions {
         hosts: a.hosts,
         ranks_per_host: a.ranks_per_host,
         knobs: a.run.knobs(),
         batch_ms: a.batch_ms,
-        kill: (!a.no_kill)
-            .then(|| Kill { rank: a.kill_rank, after: Duration::from_secs_f64(a.kill_rank_at) }),
+        kill: (!a.no_kill).then_some(Kill { rank: a.kill_rank, after: a.kill_rank_at }),
         scale,
         bind: a.bind,
         ..DemoOptions::default()

@@ -285,6 +285,11 @@ fn controller(e: &ControllerEvent) -> Line {
         ControllerEvent::Refused { conn, channel } => {
             line(Warn, "refused", format!("refused {conn} on the {channel:?} channel: nothing serves it yet"))
         }
+        ControllerEvent::Evicted { conn, waited } => line(
+            Debug,
+            "evicted",
+            format!("closed {conn}: unauthenticated for {waited:?}, making room under the cap"),
+        ),
         ControllerEvent::Started { world_size } => {
             line(Info, "started", format!("training started: world of {world_size} ranks"))
         }

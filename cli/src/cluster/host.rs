@@ -10,6 +10,7 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cohort_driver_mio::{Clock, Config, Driver, NodeEvent, Remote, Runner};
+use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::ledger::JoinOffer;
 use cohort_proto::node::envelope::WorkloadSpec;
@@ -48,6 +49,9 @@ pub struct HostParams {
     pub model_sig: Option<[u8; 32]>,
     /// The run id the hello carries, if any.
     pub run_id: Option<String>,
+    /// Whether the controller binds the key to its run (`--run-bound`,
+    /// cohort only): wait for its nonce before the hello.
+    pub run_bound: bool,
     /// What the ranks train when the controller does not say (a flodl
     /// controller never does).
     pub workload: WorkloadSpec,
@@ -81,6 +85,7 @@ impl HostParams {
             dataset_sig: [0; 32],
             model_sig: None,
             run_id: None,
+            run_bound: false,
             workload: WorkloadSpec::default(),
             batch_ms: 20.0,
             spread: 0.2,
@@ -94,13 +99,15 @@ impl HostParams {
         let mut offer = JoinOffer::new(self.name.clone(), devices, self.dataset_sig);
         offer.model_sig = self.model_sig;
         offer.run_id = self.run_id.clone();
-        HostConfig::new(
+        let mut cfg = HostConfig::new(
             offer,
             self.controller.clone(),
             self.pre_shared,
             self.timeout_scale,
             self.relay_listen,
-        )
+        );
+        cfg.run_bound = self.run_bound;
+        cfg
     }
 }
 
@@ -144,9 +151,9 @@ impl Starter {
 
     fn relay(&self, d: &mut Driver<HostNode>, cfg: RelayConfig, listen: Option<&str>) -> Result<(), String> {
         let leg = cfg.leg;
+        let config = self.params.config.clone().for_frame_ceiling(cfg.leg_ceiling());
         let relay = Relay::new(cfg).map_err(|e| e.to_string())?;
-        let mut runner = Runner::with_clock(relay, self.params.config.clone(), self.params.clock)
-            .map_err(|e| e.to_string())?;
+        let mut runner = Runner::with_clock(relay, config, self.params.clock).map_err(|e| e.to_string())?;
         let at = match listen {
             Some(a) => a.parse().map_err(|e| format!("relay address {a:?}: {e}"))?,
             None => SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
@@ -177,8 +184,11 @@ impl Starter {
         let mut uid = [0u8; UID_BYTES];
         getrandom::fill(&mut uid).map_err(|e| format!("no OS randomness for an NCCL id: {e}"))?;
         let node = SynthRank::new(spec.rank_config(uid), workload, p.clock.now());
-        let runner = Runner::with_clock(node, p.config.clone(), p.clock).map_err(|e| e.to_string())?;
-        let (agent, sink) = (self.agent.clone(), self.sink.clone());
+        let config = p.config.clone().for_frame_ceiling(spec.ceiling);
+        let runner = Runner::with_clock(node, config, p.clock).map_err(|e| e.to_string())?;
+        let sink = self.sink.clone();
+        let mut report =
+            RankReport { to: Some((self.agent.clone(), self.sink.clone())), rank: r, clock: p.clock };
         let node = NodeThread::spawn(format!("rank-{r}"), runner, move |d, e| {
             let ends = matches!(&e, NodeEvent::Machine(ev) if ev.ends_the_rank());
             forward(&sink, d.now(), &Source::Rank(r), e, ClusterEvent::Rank);
@@ -186,15 +196,7 @@ impl Starter {
                 return ControlFlow::Continue(());
             }
             // The rank process exits; its agent (its parent) reports it.
-            let end = RankEnd::from_code(d.machine().exit_code());
-            let _ = agent.with(move |h, now| {
-                let _ = h.rank_ended(now, r, end);
-            });
-            let _ = sink.send(Stamped {
-                at: d.now(),
-                source: Source::Rank(r),
-                event: ClusterEvent::RankExit { code: end.code() },
-            });
+            report.ended(d.now(), RankEnd::from_code(d.machine().exit_code()));
             ControlFlow::Break(())
         })
         .map_err(|e| e.to_string())?;
@@ -210,6 +212,42 @@ impl Starter {
         };
         if let Err(why) = started {
             self.note(d, format!("could not start the host's relays and ranks: {why}"));
+        }
+    }
+}
+
+/// A rank thread's end, told to its agent and the sink exactly once. If the
+/// thread panics before its rank ended, it is reported as a process that
+/// panicked exits (code 101), so the agent never waits for it.
+struct RankReport {
+    to: Option<(Remote<HostNode>, Sink)>,
+    rank: u32,
+    clock: Clock,
+}
+
+/// The exit code of a Rust process that panicked.
+const PANIC_EXIT: i32 = 101;
+
+impl RankReport {
+    fn ended(&mut self, at: Time, end: RankEnd) {
+        let Some((agent, sink)) = self.to.take() else { return };
+        let r = self.rank;
+        let _ = agent.with(move |h, now| {
+            let _ = h.rank_ended(now, r, end);
+        });
+        let _ = sink.send(Stamped {
+            at,
+            source: Source::Rank(r),
+            event: ClusterEvent::RankExit { code: end.code() },
+        });
+    }
+}
+
+impl Drop for RankReport {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!(rank = self.rank, "rank thread panicked: reported as exit code {PANIC_EXIT}");
+            self.ended(self.clock.now(), RankEnd::Exited(PANIC_EXIT));
         }
     }
 }
@@ -306,5 +344,33 @@ pub fn stop_all(hosts: Vec<MioHost>) {
     }
     for r in ranks {
         let _ = r.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_thread_that_panics_is_reported_as_exit_101_once() {
+        let p = HostParams::new("h", 1, "127.0.0.1:9", TimeoutScale::ONE);
+        let host = HostNode::new(p.host_config(), p.clock.now());
+        let runner = Runner::with_clock(host, p.config.clone(), p.clock).unwrap();
+        let (sink, events) = std::sync::mpsc::channel();
+        let report = RankReport { to: Some((runner.remote(), sink)), rank: 3, clock: p.clock };
+        let died = std::thread::spawn(move || {
+            let _report = report;
+            panic!("a bug in the rank");
+        })
+        .join();
+        assert!(died.is_err());
+        let exits: Vec<_> = events.try_iter().map(|s| (s.source, s.event)).collect();
+        assert_eq!(exits, vec![(Source::Rank(3), ClusterEvent::RankExit { code: PANIC_EXIT })]);
+        // A rank that ended normally is not reported again when its thread ends.
+        let (sink, events) = std::sync::mpsc::channel();
+        let mut report = RankReport { to: Some((runner.remote(), sink)), rank: 1, clock: p.clock };
+        report.ended(p.clock.now(), RankEnd::Exited(0));
+        drop(report);
+        assert_eq!(events.try_iter().count(), 1);
     }
 }

@@ -202,6 +202,7 @@ pub fn spawn_controller(
     clock: Clock,
     sink: Sink,
 ) -> io::Result<NodeThread<ControllerNode>> {
+    let config = config.for_frame_ceiling(cfg.ceiling);
     let node = ControllerNode::new(cfg, clock.now()).map_err(|e| io::Error::other(e.to_string()))?;
     let mut runner = Runner::with_clock(node, config, clock)?;
     runner.driver().adopt_listener(listener)?;

@@ -29,8 +29,8 @@ use crate::config::TimeoutScale;
 use crate::machine::{CloseCause, ConnId, DialId, Input, Machine, Outbox, Output};
 use crate::time::Time;
 use crate::wire::{
-    Channel, JoinMsgWire, MacKey, Message, RecvBuf, SaltError, SessionSalt, WireError, encode_frame,
-    parse_frame,
+    Channel, JoinMsgWire, MacKey, Message, RecvBuf, RunNonce, SaltError, SessionSalt, WireError,
+    encode_frame, parse_frame,
 };
 
 /// The dial id a [`JoinClient`] uses.
@@ -58,6 +58,10 @@ pub struct ClientParams {
     pub reply_budget: Duration,
     /// Slack added to the announced formation wait.
     pub formation_margin: Duration,
+    /// Whether the controller runs with a run-bound key (cohort only, off
+    /// by default): wait for its run nonce before the hello, and key the
+    /// whole run with the pre-shared salt bound to it. Needs `pre_shared`.
+    pub run_bound: bool,
 }
 
 impl ClientParams {
@@ -75,6 +79,7 @@ impl ClientParams {
             pre_shared,
             reply_budget: timeout_scale.scaled_secs(JOIN_REPLY_BUDGET),
             formation_margin: FORMATION_MARGIN,
+            run_bound: false,
         }
     }
 }
@@ -119,6 +124,14 @@ pub enum ClientFailure {
     },
     /// A frame failed to verify or decode.
     Wire(WireError),
+    /// Waiting for a run-bound controller's run nonce, the connection ended
+    /// or the reply budget passed: the controller is likely not run-bound.
+    NoRunNonce,
+    /// The controller announced a run nonce, but this agent is not
+    /// run-bound (its hello, keyed with the plain salt, cannot verify).
+    RunBoundController,
+    /// A run-bound agent was given no pre-shared salt to bind.
+    RunBoundWithoutSalt,
 }
 
 impl fmt::Display for ClientFailure {
@@ -149,6 +162,14 @@ impl fmt::Display for ClientFailure {
             }
             ClientFailure::Unexpected { what, expected } => write!(f, "expected {expected}, got {what}"),
             ClientFailure::Wire(e) => write!(f, "{e}"),
+            ClientFailure::NoRunNonce => f.write_str(
+                "the controller announced no run nonce: run-bound keys need --run-bound on the controller \
+                 and on every agent",
+            ),
+            ClientFailure::RunBoundController => f.write_str(
+                "the controller is run-bound (it announced a run nonce): start the agent with --run-bound",
+            ),
+            ClientFailure::RunBoundWithoutSalt => f.write_str("a run-bound key needs the pre-shared salt"),
         }
     }
 }
@@ -222,6 +243,7 @@ impl std::error::Error for NotLinked {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Dialing,
+    AwaitNonce { deadline: Time },
     AwaitReply { deadline: Time },
     AwaitFormation { deadline: Time },
     Linked,
@@ -336,6 +358,20 @@ impl JoinClient {
         self.conn = Some(conn);
         let mut b = BytesMut::new();
         b.extend_from_slice(&Channel::Join.magic_bytes());
+        if self.params.run_bound {
+            if self.params.pre_shared.is_none() {
+                return self.fail(ClientFailure::RunBoundWithoutSalt, true);
+            }
+            // The hello waits for the run's nonce.
+            self.out.transmit(conn, b.freeze());
+            self.state = State::AwaitNonce { deadline: now + self.params.reply_budget };
+            return;
+        }
+        self.send_hello(now, conn, b);
+    }
+
+    /// Sends the hello (after whatever `b` holds) and waits for the reply.
+    fn send_hello(&mut self, now: Time, conn: ConnId, mut b: BytesMut) {
         if let Err(e) = encode_frame(&self.join_key, &self.params.offer.to_hello(), &mut b) {
             return self.fail(ClientFailure::Encode(e), true);
         }
@@ -343,11 +379,39 @@ impl JoinClient {
         self.state = State::AwaitReply { deadline: now + self.params.reply_budget };
     }
 
+    /// A run-bound controller's announcement: from here on, the run's salt
+    /// keys everything (the hello included).
+    fn run_nonce(&mut self, now: Time, conn: ConnId) {
+        if self.buf.len() < RunNonce::LEN {
+            return;
+        }
+        let mut b = [0u8; RunNonce::LEN];
+        b.copy_from_slice(&self.buf.as_slice()[..RunNonce::LEN]);
+        self.buf.consume(RunNonce::LEN);
+        let nonce = match RunNonce::decode(&b) {
+            Ok(n) => n,
+            Err(e) => return self.fail(ClientFailure::Wire(e), true),
+        };
+        let Some(pre) = self.params.pre_shared else {
+            return self.fail(ClientFailure::RunBoundWithoutSalt, true);
+        };
+        let run = pre.bound_to_run(&nonce);
+        self.params.pre_shared = Some(run);
+        self.join_key = MacKey::new(&run);
+        self.send_hello(now, conn, BytesMut::new());
+    }
+
     fn received(&mut self, now: Time, conn: ConnId, bytes: &[u8]) {
         if self.conn != Some(conn) {
             return;
         }
         self.buf.push(bytes);
+        if matches!(self.state, State::AwaitNonce { .. }) {
+            self.run_nonce(now, conn);
+        }
+        if matches!(self.state, State::AwaitReply { .. }) && self.buf.as_slice().starts_with(&RunNonce::TAG) {
+            return self.fail(ClientFailure::RunBoundController, true);
+        }
         // One frame at a time: the key changes after the accept.
         while self.conn.is_some() {
             let key = match (self.state, &self.salt) {
@@ -429,12 +493,20 @@ impl Machine for JoinClient {
                 self.fail(ClientFailure::Unreachable, false)
             }
             Input::Received { conn, bytes } => self.received(now, conn, bytes),
+            Input::Closed { conn, .. }
+                if self.conn == Some(conn) && matches!(self.state, State::AwaitNonce { .. }) =>
+            {
+                self.fail(ClientFailure::NoRunNonce, false)
+            }
             Input::Closed { conn, cause, .. } if self.conn == Some(conn) => match self.state {
                 State::AwaitReply { .. } => self.fail(ClientFailure::ClosedBeforeReply(cause), false),
                 State::AwaitFormation { .. } => self.fail(ClientFailure::ClosedBeforeFormation(cause), false),
                 _ => self.finish(ClientEvent::LinkEnded(LinkEnd::Closed(cause)), false),
             },
             Input::Timeout => match self.state {
+                State::AwaitNonce { deadline } if now >= deadline => {
+                    self.fail(ClientFailure::NoRunNonce, true)
+                }
                 State::AwaitReply { deadline } if now >= deadline => {
                     self.fail(ClientFailure::ReplyTimeout, true)
                 }
@@ -453,7 +525,9 @@ impl Machine for JoinClient {
 
     fn poll_timeout(&self) -> Option<Time> {
         match self.state {
-            State::AwaitReply { deadline } | State::AwaitFormation { deadline } => Some(deadline),
+            State::AwaitNonce { deadline }
+            | State::AwaitReply { deadline }
+            | State::AwaitFormation { deadline } => Some(deadline),
             _ => None,
         }
     }

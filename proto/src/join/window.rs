@@ -52,8 +52,8 @@ use crate::config::{ConfigError, Rules, TimeoutScale, defaults};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
-    Channel, JoinMsgWire, MacKey, Message, MsgKind, Problem, RecvBuf, SessionSalt, WireError, encode_frame,
-    parse_frame, parse_frame_within,
+    Channel, JoinMsgWire, MacKey, Message, MsgKind, Problem, RecvBuf, RunNonce, SessionSalt, WireError,
+    encode_frame, parse_frame, parse_frame_within,
 };
 
 /// Everything a window is opened with.
@@ -73,6 +73,12 @@ pub struct WindowParams {
     pub model_sig: Option<[u8; 32]>,
     /// Whose admission rules (see [`Ledger::with_rules`]).
     pub rules: Rules,
+    /// A run-bound key (cohort only; `None`, flodl's way, by default): the
+    /// nonce announced first on every join connection. The window then keys
+    /// everything with `salt.bound_to_run(nonce)`, so nothing recorded in
+    /// another run under the same pre-shared salt verifies. Needs
+    /// [`TrustMode::PreShared`].
+    pub run_nonce: Option<RunNonce>,
 }
 
 impl WindowParams {
@@ -86,6 +92,7 @@ impl WindowParams {
             dataset_sig: None,
             model_sig: None,
             rules: Rules::Cohort,
+            run_nonce: None,
         }
     }
 }
@@ -121,6 +128,22 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
+    /// Whether the dial's frame verified under the join key before it was
+    /// refused: only such a peer holds the key (under a pre-shared salt),
+    /// so only its refusals count toward [`defaults::MAX_REJECTED_JOINS`]
+    /// under cohort's rules. A dial that ends, stalls or fails its MAC
+    /// before a hello costs its own connection alone.
+    ///
+    /// ```
+    /// use cohort_proto::join::RejectReason;
+    /// use cohort_proto::CloseCause;
+    /// assert!(!RejectReason::Closed(CloseCause::Eof).authenticated());
+    /// assert!(RejectReason::NotHello("Abort").authenticated());
+    /// ```
+    pub fn authenticated(&self) -> bool {
+        self.replied()
+    }
+
     /// Whether a `Reject{reason}` frame was sent before the close.
     pub fn replied(&self) -> bool {
         matches!(
@@ -169,7 +192,10 @@ impl fmt::Display for RejectReason {
 pub enum WindowFailure {
     /// The verdict failed it at the hard cap.
     Verdict(FailReason),
-    /// More than [`defaults::MAX_REJECTED_JOINS`] dials were rejected.
+    /// More than [`defaults::MAX_REJECTED_JOINS`] joins were refused: under
+    /// cohort's rules, hellos that verified under the join key (or whose
+    /// accept never left); under flodl's, every dial that ended without an
+    /// admission.
     TooManyRejects {
         /// Rejections counted.
         rejected: u32,
@@ -189,8 +215,9 @@ impl fmt::Display for WindowFailure {
             WindowFailure::Verdict(r) => write!(f, "{r}"),
             WindowFailure::TooManyRejects { rejected, joined_ranks } => write!(
                 f,
-                "too many rejected joins: {rejected} dials refused ({joined_ranks} ranks admitted); \
-                 something other than flodl workers is hammering the join port"
+                "too many rejected joins: {rejected} refused ({joined_ranks} ranks admitted); \
+                 peers this run cannot admit keep dialing the join port (workers whose model, \
+                 dataset, run id or libtorch differ from the controller's, or a scanner)"
             ),
             WindowFailure::Aborted { reason } => write!(f, "launcher aborted the join window: {reason}"),
         }
@@ -432,7 +459,11 @@ struct Link {
 #[derive(Debug)]
 pub struct JoinWindow {
     ledger: Ledger,
+    /// The run's salt (the pre-shared salt itself unless run-bound).
     salt: SessionSalt,
+    /// The operator's start token: the salt as configured.
+    token: SessionSalt,
+    run_nonce: Option<RunNonce>,
     trust: TrustMode,
     join_key: MacKey,
     salt_key: MacKey,
@@ -448,6 +479,8 @@ pub struct JoinWindow {
     armed: bool,
     state: WindowState,
     phase_after_formation: ClusterPhase,
+    /// Whose rules decide which refusals count toward the limit.
+    rules: Rules,
     rejected: u32,
     dials: BTreeMap<ConnId, Dial>,
     deadlines: BTreeSet<(Time, ConnId)>,
@@ -461,6 +494,20 @@ fn frame(key: &MacKey, msg: &JoinMsgWire) -> Result<Bytes, WireError> {
     let mut b = BytesMut::new();
     encode_frame(key, msg, &mut b)?;
     Ok(b.freeze())
+}
+
+/// Whether a refused dial counts toward [`defaults::MAX_REJECTED_JOINS`].
+/// flodl 0.8 counts every dial that ends without an admission, so any
+/// client that can open connections fails the window; cohort counts only
+/// refusals of a hello that verified under the join key: a fleet
+/// misconfigured with the right key (another model, dataset, run or
+/// libtorch) still fails the window loudly, and without the key a peer can
+/// only lose its own connections.
+fn counts_toward_limit(rules: Rules, reason: &RejectReason) -> bool {
+    match rules {
+        Rules::Flodl => true,
+        Rules::Cohort => reason.authenticated(),
+    }
 }
 
 fn join_msg_name(msg: &JoinMsgWire) -> &'static str {
@@ -477,14 +524,31 @@ fn join_msg_name(msg: &JoinMsgWire) -> &'static str {
 impl JoinWindow {
     /// Opens a window at `now`. Fails only on an invalid configuration.
     pub fn new(params: WindowParams, now: Time) -> Result<JoinWindow, ConfigError> {
-        let WindowParams { config, salt, trust, timeout_scale: scale, dataset_sig, model_sig, rules } =
-            params;
+        let WindowParams {
+            config,
+            salt: token,
+            trust,
+            timeout_scale: scale,
+            dataset_sig,
+            model_sig,
+            rules,
+            run_nonce,
+        } = params;
+        if run_nonce.is_some() && trust != TrustMode::PreShared {
+            return Err(ConfigError::new(
+                "run-bound key",
+                "needs a pre-shared salt: under open admission the salt is public and binds nothing",
+            ));
+        }
+        let salt = run_nonce.map_or(token, |n| token.bound_to_run(&n));
         let window = config.window(scale);
         let cap = config.cap(scale);
         let ledger = Ledger::new(config, dataset_sig, model_sig)?.with_rules(rules);
         let mut w = JoinWindow {
             ledger,
             salt,
+            token,
+            run_nonce,
             trust,
             join_key: MacKey::new(&trust.join_key(&salt)),
             salt_key: MacKey::new(&salt),
@@ -497,6 +561,7 @@ impl JoinWindow {
             armed: false,
             state: WindowState::Open,
             phase_after_formation: ClusterPhase::Forming,
+            rules,
             rejected: 0,
             dials: BTreeMap::new(),
             deadlines: BTreeSet::new(),
@@ -618,7 +683,8 @@ impl JoinWindow {
         self.dials.contains_key(&conn)
     }
 
-    /// The session salt.
+    /// The run's session salt: every frame of the run is keyed with it (the
+    /// pre-shared salt bound to the run's nonce under a run-bound key).
     pub fn salt(&self) -> &SessionSalt {
         &self.salt
     }
@@ -638,7 +704,8 @@ impl JoinWindow {
         self.armed
     }
 
-    /// Rejected dials counted while the window was open.
+    /// Refusals counted toward the limit while the window was open (see
+    /// [`RejectReason::authenticated`]).
     pub fn rejected(&self) -> u32 {
         self.rejected
     }
@@ -705,6 +772,10 @@ impl JoinWindow {
     }
 
     fn begin(&mut self, now: Time, conn: ConnId, magic_pending: bool) {
+        if let Some(n) = &self.run_nonce {
+            // The hello that follows must be keyed for this run.
+            self.out.transmit(conn, Bytes::copy_from_slice(&n.encode()));
+        }
         let deadline = now + self.budget;
         if let Some(old) = self.dials.insert(conn, Dial { buf: RecvBuf::new(), deadline, magic_pending }) {
             self.deadlines.remove(&(old.deadline, conn));
@@ -719,8 +790,11 @@ impl JoinWindow {
     }
 
     fn rejected_dial(&mut self, now: Time, conn: ConnId, reason: RejectReason) {
+        let counts = counts_toward_limit(self.rules, &reason);
         self.out.event(JoinEvent::Rejected { conn, reason });
-        self.count_rejection(now);
+        if counts {
+            self.count_rejection(now);
+        }
     }
 
     /// Counts one failed join while the window is open; past the limit the
@@ -961,7 +1035,7 @@ impl crate::status::StatusBackend for JoinWindow {
     }
 
     fn start_switch(&self) -> Option<crate::status::StartSwitch> {
-        Some(crate::status::StartSwitch { mode: self.start_mode(), token: self.salt })
+        Some(crate::status::StartSwitch { mode: self.start_mode(), token: self.token })
     }
 
     fn start_gate(&self, now: Time) -> Option<crate::status::StartGate> {

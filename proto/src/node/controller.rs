@@ -3,19 +3,19 @@
 //! coordinator or the reduce, and the glue between them (formation starts
 //! the run; deaths seen by one part reach the others).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::{ConfigError, Rules, TimeoutScale};
 use crate::coord::{Backend, CoordConfig, CoordEvent, Coordinator, DeathCause, RunEnd};
 use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
 use crate::join::window::{JoinEvent, JoinWindow, WindowParams};
-use crate::machine::{Adopt, ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::reduce::{Reduce, ReduceConfig, ReduceEvent};
 use crate::rendezvous::{RendezvousConfig, RendezvousEvent, RendezvousServer};
 use crate::route::{PortRouter, RouteEvent};
 use crate::status::{StatusEvent, StatusLimits, StatusResponder};
 use crate::time::{Time, earliest};
-use crate::wire::{Channel, MacKey, SessionSalt, derive_frame_ceiling};
+use crate::wire::{Channel, MacKey, RunNonce, SessionSalt, derive_frame_ceiling};
 
 use super::envelope::{ControllerAddr, Envelope, RelaySpec, WorkloadSpec};
 
@@ -40,7 +40,35 @@ pub struct ControllerConfig {
     pub workload: WorkloadSpec,
     /// The frame ceiling of the data plane (the relays get it in their spec).
     pub ceiling: u64,
+    /// A run-bound key (cohort only; `None` by default, as flodl): this
+    /// run's nonce, announced on every join connection; every frame of the
+    /// run is then keyed with the pre-shared salt bound to it, so a
+    /// recording of another run under the same salt verifies nowhere.
+    pub run_nonce: Option<RunNonce>,
+    /// Most connections that have not authenticated (routed or not, their
+    /// hello not yet verified, or on the status endpoint) kept past
+    /// [`ControllerConfig::unauthenticated_grace`]: at the cap, a new
+    /// arrival closes the longest-waiting ones that are older than the
+    /// grace (see [`MAX_UNAUTHENTICATED`]).
+    pub max_unauthenticated: usize,
+    /// How long a new connection is safe from that eviction: a driver
+    /// accepts a burst of connections before it reads any, so a real peer's
+    /// hello may not have been read yet when the next ones arrive.
+    pub unauthenticated_grace: core::time::Duration,
 }
+
+/// The default cap on connections that have not authenticated. A real peer
+/// authenticates within a round trip of connecting (its channel magic and
+/// hello leave in one write), well inside the grace, so it is never the one
+/// closed; a client that opens connections and stays silent loses its
+/// oldest one to each new arrival instead of growing the controller's
+/// tables and descriptors with its connections. Between two evictions the
+/// table holds at most the cap and the arrivals of one grace. Keep the
+/// process's descriptor limit well above it (`ulimit -n`).
+pub const MAX_UNAUTHENTICATED: usize = 4096;
+
+/// The default [`ControllerConfig::unauthenticated_grace`].
+pub const UNAUTHENTICATED_GRACE: core::time::Duration = core::time::Duration::from_secs(1);
 
 impl ControllerConfig {
     /// A controller for `run` (its world size is filled in at formation),
@@ -64,6 +92,9 @@ impl ControllerConfig {
             advertise,
             ceiling: derive_frame_ceiling(workload.model_bytes()),
             workload,
+            run_nonce: None,
+            max_unauthenticated: MAX_UNAUTHENTICATED,
+            unauthenticated_grace: UNAUTHENTICATED_GRACE,
         }
     }
 }
@@ -195,6 +226,14 @@ pub enum ControllerEvent {
     },
     /// The run ended.
     Finished(Outcome),
+    /// A connection that had not authenticated within the grace was closed
+    /// to make room under [`ControllerConfig::max_unauthenticated`].
+    Evicted {
+        /// The connection (closed; its part was told it ended).
+        conn: ConnId,
+        /// How long it had waited.
+        waited: core::time::Duration,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,6 +294,9 @@ pub struct ControllerNode {
     reduce: Option<Reduce>,
     rendezvous: Option<RendezvousServer>,
     owners: BTreeMap<ConnId, Part>,
+    /// Connections not yet authenticated, by arrival (and when each came).
+    unauthenticated: BTreeSet<(Time, ConnId)>,
+    arrived: BTreeMap<ConnId, Time>,
     outcome: Option<Outcome>,
     /// Each part's next wake-up, refreshed only for the parts an input or
     /// command reached (a part's deadline can only move when it is called).
@@ -269,9 +311,11 @@ impl ControllerNode {
         let mut params = WindowParams::new(cfg.join.clone(), cfg.salt, cfg.trust);
         params.timeout_scale = cfg.timeout_scale;
         params.rules = cfg.run.rules;
+        params.run_nonce = cfg.run_nonce;
         let window = JoinWindow::new(params, now)?;
         let mut node = ControllerNode {
-            key: MacKey::new(&cfg.salt),
+            // The run's salt: the configured one, or it bound to the run.
+            key: MacKey::new(window.salt()),
             router: PortRouter::new(cfg.timeout_scale),
             window,
             status: StatusResponder::new(StatusLimits::scaled(cfg.timeout_scale)),
@@ -279,6 +323,8 @@ impl ControllerNode {
             reduce: None,
             rendezvous: None,
             owners: BTreeMap::new(),
+            unauthenticated: BTreeSet::new(),
+            arrived: BTreeMap::new(),
             outcome: None,
             timeouts: [None; PARTS],
             touched: ALL_PARTS,
@@ -381,7 +427,7 @@ impl ControllerNode {
                     m.ranks.clone().collect(),
                     m.local_devices.clone(),
                 );
-                e.salt = Some(self.cfg.salt.to_hex());
+                e.salt = Some(self.window.salt().to_hex());
                 e.cohort = Some(self.cfg.workload);
                 let spec = RelaySpec::for_envelope(&e, cpu, self.cfg.ceiling);
                 (conn, e.to_hex(), spec.to_hex())
@@ -428,11 +474,17 @@ impl ControllerNode {
                 None => return self.refuse(conn, channel),
             },
         };
+        if part == Part::Rendezvous {
+            // Its events do not name the connection a hello came on: exempt
+            // from the cap, bounded by its own hello deadline (NCCL only).
+            self.authenticated(conn);
+        }
         self.owners.insert(conn, part);
     }
 
     fn refuse(&mut self, conn: ConnId, channel: Channel) {
         self.owners.remove(&conn);
+        self.authenticated(conn);
         self.out.close(conn);
         self.out.event(ControllerEvent::Refused { conn, channel });
     }
@@ -444,6 +496,7 @@ impl ControllerNode {
             Output::Dial { dial, addr } => self.out.dial(dial, addr),
             Output::Close { conn } => {
                 self.owners.remove(&conn);
+                self.authenticated(conn);
                 self.out.close(conn);
             }
             Output::Event(e) => return Some(e),
@@ -494,6 +547,9 @@ impl ControllerNode {
             while let Some(o) = self.reduce.as_mut().and_then(|r| r.poll(now)) {
                 moved = true;
                 if let Some(e) = self.pass(o) {
+                    if let ReduceEvent::HostJoined { conn, .. } = &e {
+                        self.authenticated(*conn);
+                    }
                     if let ReduceEvent::RankDead { rank, .. } = &e
                         && let Some(c) = self.coord.as_mut()
                     {
@@ -518,6 +574,7 @@ impl ControllerNode {
     fn join_event(&mut self, now: Time, e: &JoinEvent) {
         self.touched |= ALL_PARTS;
         match e {
+            JoinEvent::Admitted { conn, .. } => self.authenticated(*conn),
             JoinEvent::Formed { world_size, .. } => self.formed(now, *world_size as u32),
             JoinEvent::Failed { failure, .. } if self.coord.is_none() => {
                 self.finish(Outcome::Failed(failure.to_string()));
@@ -546,6 +603,7 @@ impl ControllerNode {
 
     fn coord_event(&mut self, now: Time, e: &CoordEvent) {
         match e {
+            CoordEvent::RelayJoined { conn, .. } => self.authenticated(*conn),
             CoordEvent::RankDead { rank, .. } => {
                 if let Some(r) = self.reduce.as_mut() {
                     r.declare_dead(now, *rank);
@@ -563,6 +621,35 @@ impl ControllerNode {
             CoordEvent::Ended(RunEnd::Saved(reason)) => self.finish(Outcome::Failed(format!("{reason}"))),
             _ => {}
         }
+    }
+
+    /// `conn` authenticated (or ended): it no longer counts toward the cap.
+    fn authenticated(&mut self, conn: ConnId) {
+        if let Some(t) = self.arrived.remove(&conn) {
+            self.unauthenticated.remove(&(t, conn));
+        }
+    }
+
+    /// A connection arrived at `now`: counted until it authenticates; at
+    /// the cap, the longest-waiting unauthenticated ones older than the
+    /// grace are closed first and their parts told they ended.
+    fn arrival(&mut self, now: Time, conn: ConnId) {
+        let grace = self.cfg.unauthenticated_grace;
+        while self.unauthenticated.len() >= self.cfg.max_unauthenticated.max(1) {
+            let Some(&(at, old)) = self.unauthenticated.first() else { break };
+            if now.saturating_since(at) < grace {
+                break;
+            }
+            self.unauthenticated.pop_first();
+            self.arrived.remove(&old);
+            if let Some(part) = self.owners.remove(&old) {
+                self.part_handle(now, part, Input::Closed { conn: old, cause: CloseCause::Reset, unsent: 0 });
+            }
+            self.out.close(old);
+            self.out.event(ControllerEvent::Evicted { conn: old, waited: now.saturating_since(at) });
+        }
+        self.unauthenticated.insert((now, conn));
+        self.arrived.insert(conn, now);
     }
 
     fn touch(&mut self, part: Part) {
@@ -628,6 +715,7 @@ impl Machine for ControllerNode {
     fn handle(&mut self, now: Time, input: Input<'_>) {
         match input {
             Input::Accepted { conn, .. } => {
+                self.arrival(now, conn);
                 self.owners.insert(conn, Part::Router);
                 self.touch(Part::Router);
                 self.router.handle(now, input);
@@ -636,6 +724,7 @@ impl Machine for ControllerNode {
                 let part = self.owners.get(&conn).copied();
                 if matches!(input, Input::Closed { .. }) {
                     self.owners.remove(&conn);
+                    self.authenticated(conn);
                 }
                 if let Some(p) = part {
                     self.part_handle(now, p, input);

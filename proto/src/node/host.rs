@@ -64,6 +64,9 @@ pub struct HostConfig {
     pub timeout_scale: TimeoutScale,
     /// Where the relays listen.
     pub relay_listen: RelayListen,
+    /// Whether the controller binds its key to the run (cohort only, off by
+    /// default; see [`ClientParams::run_bound`]).
+    pub run_bound: bool,
 }
 
 impl HostConfig {
@@ -75,7 +78,14 @@ impl HostConfig {
         timeout_scale: TimeoutScale,
         relay_listen: RelayListen,
     ) -> Self {
-        HostConfig { offer, controller: controller.into(), pre_shared, timeout_scale, relay_listen }
+        HostConfig {
+            offer,
+            controller: controller.into(),
+            pre_shared,
+            timeout_scale,
+            relay_listen,
+            run_bound: false,
+        }
     }
 }
 
@@ -253,8 +263,9 @@ pub struct HostNode {
 impl HostNode {
     /// A host whose agent dials the controller at once.
     pub fn new(cfg: HostConfig, now: Time) -> Self {
-        let params =
+        let mut params =
             ClientParams::new(cfg.controller.clone(), cfg.offer.clone(), cfg.pre_shared, cfg.timeout_scale);
+        params.run_bound = cfg.run_bound;
         let agent = JoinClient::new(params, now);
         let mut host = HostNode { agent, cfg, formed: None, out: Outbox::default() };
         host.pump(now);

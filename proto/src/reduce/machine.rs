@@ -217,6 +217,18 @@ struct Host {
     state: HostState,
     dec: MuxDecoder,
     mid_since: Option<Time>,
+    /// The host's one entry in [`Reduce::deadlines`]: its hello deadline,
+    /// or the instant its unfinished record starves.
+    deadline: Option<Time>,
+}
+
+impl Host {
+    fn next_deadline(&self) -> Option<Time> {
+        match self.state {
+            HostState::Hello { deadline } => Some(deadline),
+            _ => self.mid_since.map(|t| t + defaults::MID_FRAME_STARVATION),
+        }
+    }
 }
 
 /// The controller's data-channel reduce. See the [module documentation](super).
@@ -239,6 +251,10 @@ struct Host {
 pub struct Reduce {
     cfg: ReduceConfig,
     hosts: BTreeMap<ConnId, Host>,
+    /// Every host's next deadline, earliest first: waking and timing out
+    /// never walk every host (thousands of idle or trickling connections
+    /// cost nothing between their deadlines).
+    deadlines: BTreeSet<(Time, ConnId)>,
     /// The joined host carrying each rank.
     owner: BTreeMap<u32, ConnId>,
     dead: BTreeSet<u32>,
@@ -256,6 +272,7 @@ impl Reduce {
         Reduce {
             cfg,
             hosts: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
             owner: BTreeMap::new(),
             dead: BTreeSet::new(),
             sum: RoundSum::default(),
@@ -320,10 +337,26 @@ impl Reduce {
         }
     }
 
+    /// Forgets a host and its deadline.
+    fn remove_host(&mut self, conn: ConnId) -> Option<Host> {
+        let host = self.hosts.remove(&conn)?;
+        if let Some(t) = host.deadline {
+            self.deadlines.remove(&(t, conn));
+        }
+        Some(host)
+    }
+
+    /// Re-files a host's deadline after its state or progress changed.
+    fn refresh_deadline(&mut self, conn: ConnId) {
+        if let Some(host) = self.hosts.get_mut(&conn) {
+            refile(&mut self.deadlines, conn, host);
+        }
+    }
+
     /// Drops a host: its connection (closed here unless it already ended)
     /// and its ranks (dead).
     fn drop_host(&mut self, conn: ConnId, cause: DeathCause, close: bool) {
-        let Some(host) = self.hosts.remove(&conn) else { return };
+        let Some(host) = self.remove_host(conn) else { return };
         if close {
             self.out.close(conn);
         }
@@ -337,7 +370,7 @@ impl Reduce {
     fn fail_host(&mut self, conn: ConnId, error: HostError) {
         let joined = matches!(self.hosts.get(&conn), Some(Host { state: HostState::Joined { .. }, .. }));
         if !joined {
-            if self.hosts.remove(&conn).is_some() {
+            if self.remove_host(conn).is_some() {
                 self.out.close(conn);
                 let reason = match error {
                     HostError::Wire(e) => HostRefusal::Wire(e),
@@ -355,7 +388,7 @@ impl Reduce {
     }
 
     fn refuse(&mut self, conn: ConnId, reason: HostRefusal) {
-        self.hosts.remove(&conn);
+        self.remove_host(conn);
         self.out.close(conn);
         self.out.event(ReduceEvent::HostRefused { conn, reason });
     }
@@ -380,6 +413,7 @@ impl Reduce {
         }
         if let Some(host) = self.hosts.get_mut(&conn) {
             host.mid_since = (!host.dec.is_idle()).then_some(now);
+            refile(&mut self.deadlines, conn, host);
         }
     }
 
@@ -453,6 +487,7 @@ impl Reduce {
             h.state = HostState::Joined { ranks: ranks.clone(), delivered: false };
             h.dec.set_ceiling(self.cfg.ceiling);
         }
+        self.refresh_deadline(conn);
         self.send_control(conn, &RelayControlMsg::HelloAck);
         // Ranks already dead before their relay joined: tell it now, or its
         // barrier would wait for them.
@@ -522,6 +557,7 @@ impl Reduce {
 
     fn stop(&mut self, why: ReduceStop) {
         self.stopped = true;
+        self.deadlines.clear();
         for conn in core::mem::take(&mut self.hosts).into_keys() {
             self.out.close(conn);
         }
@@ -537,18 +573,14 @@ impl Reduce {
     }
 
     fn timeout(&mut self, now: Time) {
-        let starve = defaults::MID_FRAME_STARVATION;
-        let due: Vec<(ConnId, bool)> = self
-            .hosts
-            .iter()
-            .filter_map(|(c, h)| match h.state {
-                HostState::Hello { deadline } if now >= deadline => Some((*c, true)),
-                _ if h.mid_since.is_some_and(|t| now >= t + starve) => Some((*c, false)),
-                _ => None,
-            })
-            .collect();
-        for (conn, hello) in due {
-            if hello {
+        while let Some(&(t, conn)) = self.deadlines.first() {
+            if t > now || self.stopped {
+                break;
+            }
+            self.deadlines.pop_first();
+            let Some(host) = self.hosts.get_mut(&conn) else { continue };
+            host.deadline = None;
+            if matches!(host.state, HostState::Hello { .. }) {
                 self.refuse(conn, HostRefusal::Timeout);
             } else {
                 self.fail_host(conn, HostError::Starved);
@@ -556,6 +588,21 @@ impl Reduce {
         }
         self.try_complete();
     }
+}
+
+/// Moves `host`'s entry in `deadlines` to its next deadline.
+fn refile(deadlines: &mut BTreeSet<(Time, ConnId)>, conn: ConnId, host: &mut Host) {
+    let next = host.next_deadline();
+    if next == host.deadline {
+        return;
+    }
+    if let Some(t) = host.deadline {
+        deadlines.remove(&(t, conn));
+    }
+    if let Some(t) = next {
+        deadlines.insert((t, conn));
+    }
+    host.deadline = next;
 }
 
 impl Adopt for Reduce {
@@ -573,8 +620,11 @@ impl Adopt for Reduce {
             // Until its hello verifies, a relay may only send a hello's worth.
             dec: MuxDecoder::new(defaults::MAX_HELLO_BYTES as u64),
             mid_since: None,
+            deadline: None,
         };
+        self.remove_host(conn);
         self.hosts.insert(conn, host);
+        self.refresh_deadline(conn);
         if !first.is_empty() {
             self.received(now, conn, first);
         }
@@ -591,12 +641,12 @@ impl Machine for Reduce {
             Input::Closed { conn, cause, .. } => {
                 match self.hosts.get(&conn).map(|h| matches!(h.state, HostState::Joined { .. })) {
                     Some(true) if self.ends_everything(conn) => {
-                        self.hosts.remove(&conn);
+                        self.remove_host(conn);
                         self.stop(ReduceStop::HostEnded { conn });
                     }
                     Some(true) => self.drop_host(conn, DeathCause::HostLost(cause), false),
                     Some(false) => {
-                        self.hosts.remove(&conn);
+                        self.remove_host(conn);
                         self.out.event(ReduceEvent::HostRefused { conn, reason: HostRefusal::Closed(cause) });
                     }
                     None => {}
@@ -614,12 +664,6 @@ impl Machine for Reduce {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        self.hosts
-            .values()
-            .filter_map(|h| match h.state {
-                HostState::Hello { deadline } => Some(deadline),
-                _ => h.mid_since.map(|t| t + defaults::MID_FRAME_STARVATION),
-            })
-            .min()
+        self.deadlines.first().map(|(t, _)| *t)
     }
 }

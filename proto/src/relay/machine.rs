@@ -13,8 +13,9 @@ use crate::handshake::{Acceptor, AcceptorEvent, ControlHandshake, DataHandshake,
 use crate::machine::{CloseCause, ConnId, DialId, Input, Machine, Outbox, Output};
 use crate::time::Time;
 use crate::wire::{
-    DEFAULT_FRAME_CEILING, FrameType, LenDecoder, LenStep, MacKey, MuxDecoder, MuxRecord, Payload, Problem,
-    RelayControlMsg, RoundDecoder, WireError, encode_control, len_prefix,
+    CONTROL_HEADER_LEN, DEFAULT_FRAME_CEILING, FrameType, LenDecoder, LenStep, MAX_CONTROL_PAYLOAD, MacKey,
+    MuxDecoder, MuxRecord, Payload, Problem, RelayControlMsg, RoundDecoder, WireError, encode_control,
+    len_prefix,
 };
 
 /// The dial id of the relay's upstream connection.
@@ -35,8 +36,12 @@ pub struct RelayConfig {
     pub key: MacKey,
     /// The controller's address.
     pub upstream: String,
-    /// The frame ceiling for length-framed blobs, mux records and round frames.
-    /// (The handshake deadlines are flodl's fixed 10 s: no timeout scale.)
+    /// The frame ceiling of the data leg's length-framed blobs, mux records
+    /// and round frames (the model-derived ceiling the relay spec carries).
+    /// The control leg carries control frames only, so its blobs and records
+    /// are bounded by the control frame's own limit instead
+    /// ([`RelayConfig::leg_ceiling`]). (The handshake deadlines are flodl's
+    /// fixed 10 s: no timeout scale.)
     pub ceiling: u64,
 }
 
@@ -58,6 +63,29 @@ impl RelayConfig {
             key,
             upstream: upstream.into(),
             ceiling: DEFAULT_FRAME_CEILING,
+        }
+    }
+
+    /// The largest blob this leg takes from a rank or record from upstream:
+    /// on the data leg the frame ceiling, on the control leg one control
+    /// frame (header and its 16 MiB payload), so an oversized blob costs
+    /// only its rank's connection instead of the upstream connection every
+    /// rank of the host shares.
+    ///
+    /// ```
+    /// use cohort_proto::relay::{Leg, RelayConfig};
+    /// use cohort_proto::wire::{MacKey, SessionSalt};
+    /// let key = MacKey::new(&SessionSalt::from_bytes([1; 16]));
+    /// let mut cfg = RelayConfig::new(Leg::Control, "h", vec![0], 1, key, "c:1");
+    /// cfg.ceiling = 4 << 30; // a model-derived data ceiling
+    /// assert_eq!(cfg.leg_ceiling(), 16 * 1024 * 1024 + 24);
+    /// cfg.leg = Leg::Data;
+    /// assert_eq!(cfg.leg_ceiling(), 4 << 30);
+    /// ```
+    pub fn leg_ceiling(&self) -> u64 {
+        match self.leg {
+            Leg::Control => (CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64,
+            Leg::Data => self.ceiling,
         }
     }
 }
@@ -423,6 +451,7 @@ impl Relay {
             )),
             Leg::Data => Acc::Data(Acceptor::new(DataHandshake { world_size: cfg.world_size }, budget)),
         };
+        let blob_ceiling = cfg.leg_ceiling();
         let locals = cfg
             .ranks
             .iter()
@@ -432,7 +461,7 @@ impl Relay {
                     admitted: false,
                     dead: false,
                     model_sig: [0; 32],
-                    len: LenDecoder::new(cfg.ceiling),
+                    len: LenDecoder::new(blob_ceiling),
                     mid_blob_since: None,
                     dec: RoundDecoder::new(cfg.ceiling),
                     frame: FrameFold::default(),
@@ -447,7 +476,7 @@ impl Relay {
             spare: None,
         });
         Ok(Relay {
-            up_dec: MuxDecoder::new(cfg.ceiling),
+            up_dec: MuxDecoder::new(blob_ceiling),
             acceptor,
             handshaking: BTreeSet::new(),
             locals,
@@ -495,17 +524,26 @@ impl Relay {
     }
 
     fn drain_acceptor(&mut self, now: Time) {
+        // The acceptor queues a verified hello's ack just before reporting
+        // it: the ack waits until the rank is known to be this host's and
+        // not yet connected, so a refused rank is never acknowledged.
+        let mut ack: Option<(ConnId, Bytes)> = None;
         while let Some(o) = self.acceptor.poll(now) {
             match o {
                 Output::Event(AcceptorEvent::Admitted { conn, hello: (rank, sig), leftover }) => {
                     self.handshaking.remove(&conn);
-                    self.admit(now, conn, rank, sig, &leftover);
+                    let ack = ack.take().filter(|(c, _)| *c == conn).map(|(_, b)| b);
+                    self.admit(now, conn, rank, sig, ack, &leftover);
                 }
                 Output::Event(AcceptorEvent::Refused { conn, error }) => {
                     self.handshaking.remove(&conn);
                     self.out.event(RelayEvent::RankRefused { conn, reason: RankRefusal::Handshake(error) });
                 }
-                Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
+                Output::Transmit { conn, bytes } => {
+                    if let Some((c, b)) = ack.replace((conn, bytes)) {
+                        self.out.transmit(c, b);
+                    }
+                }
                 Output::Close { conn } => self.out.close(conn),
                 Output::Dial { dial, addr } => self.out.dial(dial, addr),
             }
@@ -513,9 +551,22 @@ impl Relay {
                 return;
             }
         }
+        if let Some((c, b)) = ack {
+            self.out.transmit(c, b);
+        }
     }
 
-    fn admit(&mut self, now: Time, conn: ConnId, rank: u32, sig: [u8; 32], leftover: &[u8]) {
+    /// A rank's hello verified: admits it (sending `ack`, the handshake's
+    /// reply) unless the rank is not this host's or already connected once.
+    fn admit(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        rank: u32,
+        sig: [u8; 32],
+        ack: Option<Bytes>,
+        leftover: &[u8],
+    ) {
         let refusal = match self.locals.get_mut(&rank) {
             None => Some(RankRefusal::Unknown { rank }),
             Some(l) if l.admitted => Some(RankRefusal::Duplicate { rank }),
@@ -530,6 +581,9 @@ impl Relay {
             self.out.close(conn);
             self.out.event(RelayEvent::RankRefused { conn, reason });
             return;
+        }
+        if let Some(ack) = ack {
+            self.out.transmit(conn, ack);
         }
         self.by_conn.insert(conn, rank);
         self.out.event(RelayEvent::RankAdmitted { rank, conn });
@@ -826,7 +880,7 @@ impl Relay {
     /// Writes a blob to one rank (`Some`) or every live rank (`None`): the
     /// length prefix and the payload's shared segments, never copied.
     fn deliver(&mut self, to: Option<u32>, payload: &Payload) {
-        let prefix = match len_prefix(payload.len(), self.cfg.ceiling) {
+        let prefix = match len_prefix(payload.len(), self.cfg.leg_ceiling()) {
             Ok(p) => Bytes::copy_from_slice(&p),
             Err(_) => {
                 self.out.event(RelayEvent::RecordDropped {

@@ -28,6 +28,14 @@ pub const MUX_PROTOCOL_VERSION: u32 = 1;
 pub const SESSION_SALT_BYTES: usize = 16;
 /// Largest control-frame payload; checked before any allocation.
 pub const MAX_CONTROL_PAYLOAD: usize = 16 * 1024 * 1024;
+
+/// Most named scalars in one map of a metrics message (a rank's
+/// `MetricsMsgWire.scalars`, and each map of `EpochMetricsWire`). A scalar
+/// of a few bytes on the wire takes some 70 bytes decoded, so without a count a 16 MiB frame of tiny scalars decoded into
+/// some 8 times its size; with it, a map costs at most its key bytes plus
+/// about 4.5 MiB. The encoder refuses a message over it, so what one side
+/// writes the other reads. (flodl's users name a handful of scalars.)
+pub const MAX_SCALARS: usize = 65_536;
 /// Most tensors one round frame may carry; checked before the count is trusted.
 pub const MAX_ROUND_FRAME_TENSORS: u32 = 65_536;
 /// The frame ceiling when no model-derived one is configured.

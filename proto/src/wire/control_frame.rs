@@ -90,16 +90,33 @@ impl MsgKind {
 pub trait WireMessage: Serialize {
     /// Its frame kind.
     const KIND: MsgKind;
+
+    /// Whether a decoder takes it, beyond the payload's size (metrics
+    /// maps are counted, [`MAX_SCALARS`](super::MAX_SCALARS)).
+    fn check(&self) -> WireResult<()> {
+        Ok(())
+    }
 }
 
 impl WireMessage for ControlMsgWire {
     const KIND: MsgKind = MsgKind::Control;
+
+    fn check(&self) -> WireResult<()> {
+        match self {
+            ControlMsgWire::EpochAggregated(m) => m.check(),
+            _ => Ok(()),
+        }
+    }
 }
 impl WireMessage for TimingMsgWire {
     const KIND: MsgKind = MsgKind::Timing;
 }
 impl WireMessage for MetricsMsgWire {
     const KIND: MsgKind = MsgKind::Metrics;
+
+    fn check(&self) -> WireResult<()> {
+        MetricsMsgWire::check(self)
+    }
 }
 impl WireMessage for RendezvousMsgWire {
     const KIND: MsgKind = MsgKind::Rendezvous;
@@ -211,6 +228,7 @@ fn too_large(len: usize, limit: usize) -> WireError {
 /// assert_eq!((msg, used), (Message::Control(ControlMsgWire::SyncNow), out.len()));
 /// ```
 pub fn encode_frame<M: WireMessage>(key: &MacKey, msg: &M, out: &mut BytesMut) -> WireResult<usize> {
+    msg.check()?;
     let start = out.len();
     out.extend_from_slice(&[0u8; CONTROL_HEADER_LEN]);
     let len = bin::encode_into(msg, out);

@@ -23,6 +23,8 @@ pub enum FrameType {
     LenFrame,
     /// A round frame on the data channel.
     RoundFrame,
+    /// A run-bound controller's nonce announcement (cohort only).
+    RunNonce,
 }
 
 impl fmt::Display for FrameType {
@@ -37,6 +39,7 @@ impl fmt::Display for FrameType {
             FrameType::MuxRecord => "mux record",
             FrameType::LenFrame => "length-framed blob",
             FrameType::RoundFrame => "round frame",
+            FrameType::RunNonce => "run nonce announcement",
         })
     }
 }

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::consts::MAX_SCALARS;
+
 /// One rank's slice of an epoch: `partition_size` samples from `partition_offset`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpochPlanWire {
@@ -334,7 +336,8 @@ pub struct MetricsMsgWire {
     pub compute_only_ms: f64,
     /// Data starvation time.
     pub data_starve_ms: f64,
-    /// User scalars: name -> (sum, count).
+    /// User scalars: name -> (sum, count); at most [`MAX_SCALARS`].
+    #[serde(deserialize_with = "bounded::map")]
     pub scalars: BTreeMap<String, (f64, u64)>,
     /// Resource sample, when taken.
     #[serde(default)]
@@ -346,9 +349,11 @@ pub struct MetricsMsgWire {
 pub struct EpochMetricsWire {
     /// The epoch.
     pub epoch: u64,
-    /// Aggregated scalars.
+    /// Aggregated scalars (at most [`MAX_SCALARS`]).
+    #[serde(deserialize_with = "bounded::map")]
     pub scalars: BTreeMap<String, f64>,
-    /// Per-rank scalars.
+    /// Per-rank scalars (one map per rank, each of at most [`MAX_SCALARS`]).
+    #[serde(deserialize_with = "bounded::maps")]
     pub per_rank: Vec<BTreeMap<String, f64>>,
     /// Mean loss.
     pub avg_loss: f64,
@@ -483,4 +488,117 @@ pub enum RelayControlMsg {
         /// The rank.
         rank: u32,
     },
+}
+
+impl MetricsMsgWire {
+    /// Whether the message fits what a decoder takes: at most
+    /// [`MAX_SCALARS`] scalars.
+    pub(crate) fn check(&self) -> Result<(), super::WireError> {
+        bounded::check("scalars", self.scalars.len())
+    }
+}
+
+impl EpochMetricsWire {
+    /// Whether the message fits what a decoder takes: at most
+    /// [`MAX_SCALARS`] scalars in each map (the per-rank maps are as many
+    /// as the world's ranks, not counted).
+    pub(crate) fn check(&self) -> Result<(), super::WireError> {
+        bounded::check("scalars", self.scalars.len())?;
+        self.per_rank.iter().try_for_each(|m| bounded::check("per_rank", m.len()))
+    }
+}
+
+/// Metrics maps decoded with a count limit checked before anything is
+/// allocated (bincode announces the count first), so their decoded size
+/// follows [`MAX_SCALARS`], not the frame's 16 MiB.
+mod bounded {
+    use core::fmt;
+    use core::marker::PhantomData;
+    use std::collections::BTreeMap;
+
+    use serde::de::{Deserialize, Deserializer, Error, MapAccess, SeqAccess, Visitor};
+
+    use super::MAX_SCALARS;
+    use crate::wire::{FrameType, Problem, WireError};
+
+    /// The encoder's side of the limit.
+    pub(super) fn check(field: &'static str, len: usize) -> Result<(), WireError> {
+        if len > MAX_SCALARS {
+            return Err(WireError::new(
+                FrameType::ControlFrame,
+                field,
+                Problem::TooLarge { got: len as u64, limit: MAX_SCALARS as u64 },
+            ));
+        }
+        Ok(())
+    }
+
+    fn too_many<E: Error>(n: usize) -> E {
+        E::custom(format_args!("{n} entries exceed the limit of {MAX_SCALARS}"))
+    }
+
+    struct MapVisitor<V>(PhantomData<V>);
+
+    impl<'de, V: Deserialize<'de>> Visitor<'de> for MapVisitor<V> {
+        type Value = BTreeMap<String, V>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a map of at most {MAX_SCALARS} scalars")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+            if let Some(n) = a.size_hint().filter(|n| *n > MAX_SCALARS) {
+                return Err(too_many(n));
+            }
+            let mut m = BTreeMap::new();
+            while let Some((k, v)) = a.next_entry()? {
+                if m.len() == MAX_SCALARS {
+                    return Err(too_many(MAX_SCALARS + 1));
+                }
+                m.insert(k, v);
+            }
+            Ok(m)
+        }
+    }
+
+    /// A map of at most [`MAX_SCALARS`] entries.
+    pub(super) fn map<'de, D: Deserializer<'de>, V: Deserialize<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, V>, D::Error> {
+        d.deserialize_map(MapVisitor(PhantomData))
+    }
+
+    struct One<V>(BTreeMap<String, V>);
+
+    impl<'de, V: Deserialize<'de>> Deserialize<'de> for One<V> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            map(d).map(One)
+        }
+    }
+
+    struct MapsVisitor<V>(PhantomData<V>);
+
+    impl<'de, V: Deserialize<'de>> Visitor<'de> for MapsVisitor<V> {
+        type Value = Vec<BTreeMap<String, V>>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "maps of at most {MAX_SCALARS} scalars")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+            // Grown as maps arrive: a count the payload cannot back claims nothing.
+            let mut v = Vec::new();
+            while let Some(One(m)) = a.next_element()? {
+                v.push(m);
+            }
+            Ok(v)
+        }
+    }
+
+    /// Maps of at most [`MAX_SCALARS`] entries each.
+    pub(super) fn maps<'de, D: Deserializer<'de>, V: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Vec<BTreeMap<String, V>>, D::Error> {
+        d.deserialize_seq(MapsVisitor(PhantomData))
+    }
 }

@@ -42,4 +42,4 @@ pub use round_frame::{
     CollectSink, NullSink, ROUND_FOOTER_LEN, ROUND_HEADER_LEN, RoundDecoder, RoundDone, RoundFrame,
     RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, round_frame_len,
 };
-pub use salt::{SaltError, SessionSalt};
+pub use salt::{RunNonce, SaltError, SessionSalt};

@@ -320,10 +320,11 @@ impl CoverageCheck {
                 v.at(at, &format!("epoch {epoch}: samples {covered_to}..{samples} were never processed"));
                 return;
             }
-            // A crashed rank (not cut off first) lost only the reports in
-            // flight when it died: at most two batches' worth.
+            // A crashed rank lost only the reports in flight when it died: at
+            // most two batches' worth; unless its host was cut off, which
+            // holds its reports back until a deadline.
             for (r, n) in dup_by {
-                let cut_off = facts.rank_host.get(&r).is_some_and(|h| facts.partitioned.contains(h));
+                let cut_off = facts.rank_host.get(&r).is_some_and(|h| facts.cut_off.contains(h));
                 // flodl gives a dead rank's outstanding chunks back whole, so
                 // under its rules the part it ran is trained again.
                 let forfeited: u64 = if self.flodl && self.chunked.contains(&epoch) {

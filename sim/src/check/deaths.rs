@@ -1,5 +1,6 @@
 //! Deaths: a rank is declared dead only after something happened to it (or
-//! its host, or the controller), never twice, and a stale rank only once its
+//! its host, or the controller, or a corrupted byte anywhere held its round
+//! back until its consensus read deadline), never twice, and a stale rank only once its
 //! silence is strictly longer than the staleness deadline and at most one
 //! heartbeat longer.
 
@@ -44,7 +45,11 @@ impl DeathCheck {
                 );
             }
         }
-        if !facts.touched(t, *r) {
+        // A corrupted round frame anywhere may hold its round back until
+        // every waiting rank's consensus read deadline ends its data plane
+        // (armed when the rank submitted, which may precede the corruption).
+        let round_held = *cause == DeathCause::DataPlaneLost && facts.corrupted.is_some_and(|c| t > c);
+        if !facts.touched(t, *r) && !round_held {
             v.at(t, &format!("rank {r} declared dead ({cause}) though nothing happened to it"));
         }
     }

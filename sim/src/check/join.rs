@@ -35,8 +35,8 @@ impl JoinCheck {
         let j = &sc.join;
         let rules = JoinRules {
             // flodl's scaled deadlines: whole seconds, rounded up, at least one.
-            window: Duration::from_secs((j.join_timeout_secs as f64 * scale.get()).ceil().max(1.0) as u64),
-            cap: Duration::from_secs((j.max_join_timeout_secs as f64 * scale.get()).ceil().max(1.0) as u64),
+            window: scale.scaled_secs(Duration::from_secs(j.join_timeout_secs)),
+            cap: scale.scaled_secs(Duration::from_secs(j.max_join_timeout_secs)),
             quorum: j.min_rank_start,
             target: j.target_ranks,
             mode: match j.start_mode {

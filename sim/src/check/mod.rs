@@ -26,7 +26,8 @@ pub mod nccl;
 use std::collections::{BTreeMap, BTreeSet};
 
 use cohort_proto::Time;
-use cohort_proto::config::TimeoutScale;
+use cohort_proto::config::{TimeoutScale, defaults};
+use cohort_proto::coord::CoordEvent;
 use cohort_proto::join::client::ClientEvent;
 use cohort_proto::join::window::JoinEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
@@ -34,6 +35,7 @@ use cohort_proto::node::controller::ControllerEvent;
 use cohort_proto::node::host::HostEvent;
 use cohort_proto::reduce::{ReduceEvent, ReduceStop};
 use cohort_proto::testing::oracle::ConsensusOracle;
+use core::time::Duration;
 
 use crate::report::Death;
 use crate::scenario::{Fault, Scenario};
@@ -73,10 +75,24 @@ pub struct Facts {
     pub reduce_lost: Option<Time>,
     /// Ranks whose process died.
     pub crashed: BTreeSet<u32>,
-    /// Hosts that were cut off.
-    pub partitioned: BTreeSet<String>,
+    /// Hosts whose messages could be held back without any connection
+    /// closing: partitioned, or a corrupted byte in a length the receiver
+    /// then waits to fill (until a deadline, not at once).
+    pub cut_off: BTreeSet<String>,
+    /// When a byte was first corrupted anywhere: a corrupted round frame
+    /// can hold its round back for every rank until their consensus read
+    /// deadline ends them.
+    pub corrupted: Option<Time>,
     /// Which host holds which rank (the controller's word).
     pub rank_host: BTreeMap<u32, String>,
+    /// When the coordinator started (every relay joined): until then a
+    /// fault on any host holds every rank's first word from it back, and a
+    /// rank may give its coordinator up as silent.
+    pub coord_started: Option<Time>,
+    /// How long a rank waits on a silent coordinator (30 s scaled) plus a
+    /// heartbeat: a rank silent since before the start may still give up
+    /// that long after it.
+    pub start_grace: Duration,
 }
 
 impl Facts {
@@ -87,6 +103,11 @@ impl Facts {
             || self.rank_host.get(&r).and_then(|h| self.hosts_faulted.get(h)).is_some_and(|at| *at <= t)
             || self.controller_lost.is_some_and(|at| at <= t)
             || self.reduce_lost.is_some_and(|at| at <= t)
+            || (self.coord_started.is_none_or(|s| s + self.start_grace > t)
+                && self
+                    .hosts_faulted
+                    .values()
+                    .any(|at| self.coord_started.is_none_or(|s| *at <= s) && *at <= t))
     }
 
     /// The first fault of any kind, if any happened by `t`.
@@ -101,6 +122,10 @@ impl Facts {
 #[derive(Debug)]
 pub struct Checker {
     v: Violations,
+    /// The port router's peek deadline.
+    peek: Duration,
+    /// The links' jitter, in seconds.
+    jitter_s: f64,
     facts: Facts,
     join: join::JoinCheck,
     consensus: ConsensusOracle,
@@ -114,7 +139,12 @@ impl Checker {
     pub fn new(sc: &Scenario, scale: TimeoutScale) -> Self {
         Checker {
             v: Violations::default(),
-            facts: Facts::default(),
+            peek: scale.scaled_secs(defaults::PORT_PEEK),
+            jitter_s: sc.jitter_us as f64 / 1e6,
+            facts: Facts {
+                start_grace: scale.scaled(Duration::from_secs(30)) + Duration::from_secs(1),
+                ..Facts::default()
+            },
             join: join::JoinCheck::new(sc, scale),
             consensus: ConsensusOracle::causal(),
             deaths: deaths::DeathCheck::new(scale),
@@ -157,13 +187,25 @@ impl Checker {
             }
             Fault::PartitionHost { host: h, .. } => {
                 facts.hosts_faulted.entry(h.clone()).or_insert(at);
-                facts.partitioned.insert(h.clone());
+                facts.cut_off.insert(h.clone());
             }
-            // A reset costs the host's links like a corruption does.
-            Fault::CorruptLink(h) | Fault::ResetHost(h) => {
+            Fault::CorruptLink(h) => {
+                facts.hosts_faulted.entry(h.clone()).or_insert(at);
+                facts.cut_off.insert(h.clone());
+                facts.corrupted.get_or_insert(at);
+            }
+            // A reset costs the host's links at once.
+            Fault::ResetHost(h) => {
                 facts.hosts_faulted.entry(h.clone()).or_insert(at);
             }
-            // Slowness is no excuse for a death: heartbeats keep flowing.
+            // Slowness is no excuse for a death: heartbeats keep flowing;
+            // but a link whose round trip reaches the port router's peek
+            // deadline loses the connections dialed over it.
+            Fault::SlowLink { host, latency_ms }
+                if 2.0 * (latency_ms / 1e3 + self.jitter_s) >= self.peek.as_secs_f64() =>
+            {
+                facts.hosts_faulted.entry(host.clone()).or_insert(at);
+            }
             Fault::SlowRank { .. } | Fault::SlowLink { .. } => {}
             Fault::KillController => facts.controller_lost = Some(at),
             Fault::Abort => facts.aborted = Some(at),
@@ -188,6 +230,9 @@ impl Checker {
                 for r in ranks {
                     self.facts.rank_host.insert(*r, h.to_string());
                 }
+            }
+            (Source::Controller, ClusterEvent::Controller(ControllerEvent::Coord(CoordEvent::Started))) => {
+                self.facts.coord_started.get_or_insert(t);
             }
             (
                 Source::Controller,
