@@ -287,3 +287,64 @@ fn a_dead_ranks_chunks_go_back_to_the_pool() {
         );
     }
 }
+
+/// BEHAVIOUR.md Coordinator [C76]: Async chunks: a dead rank's chunks of an epoch the survivors streamed past are served first under cohort's rules; under flodl's they are stranded (`Scheduler::stranded`) and the epoch never aggregates
+#[test]
+fn a_dead_ranks_chunks_behind_the_streamed_epoch() {
+    for rules in [Rules::Cohort, Rules::Flodl] {
+        let mut c = chunked(ApplyPolicy::Async);
+        c.rules = rules;
+        c.epoch_samples = 20;
+        c.sync_every = Some(20);
+        c.el_che.max_anchor = Some(20);
+        c.max_overshoot = Some(50);
+        let (mut s, st) = started(c);
+        let t = Time::from_millis(50);
+        // Rank 0 runs every chunk it is given until one is of epoch 1; rank
+        // 1 sits on its first chunk of epoch 0.
+        let mut next = starts(&st, 0).last().copied();
+        let mut step = 1;
+        while let Some((0, _, n)) = next {
+            run(&mut s, t, 0, step, n);
+            step += n;
+            s.on_metrics(t, 0, metrics(0, 0, n));
+            next = starts(&drain(&mut s), 0).last().copied();
+        }
+        let (e, _, n) = next.expect("rank 0 streamed into epoch 1");
+        assert_eq!(e, 1, "{rules:?}");
+        let held = starts(&st, 1)[0];
+        assert_eq!(s.stranded(), None, "{rules:?}: rank 1 is still in epoch 0");
+        s.report_deaths(t, &[(1, DeathCause::HostLost)]);
+        drain(&mut s);
+        // Rank 1's chunk is back in epoch 0's pool; rank 0 is past it.
+        assert_eq!(s.stranded(), Some((0, held.2)), "{rules:?}");
+        run(&mut s, t, 0, step, n);
+        s.on_metrics(t, 0, metrics(0, 1, n));
+        let got = starts(&drain(&mut s), 0);
+        match rules {
+            Rules::Cohort => {
+                assert_eq!(got.first().map(|p| (p.0, p.1)), Some((0, held.1)), "back for epoch 0: {got:?}");
+                assert_eq!(s.stranded(), None);
+            }
+            Rules::Flodl => {
+                assert!(got.iter().all(|p| p.0 == 1), "flodl serves its own epoch only: {got:?}");
+                assert_eq!(s.stranded(), Some((0, held.2)));
+            }
+        }
+    }
+}
+
+/// BEHAVIOUR.md Coordinator [C77]: barrier-paced chunks: a death after the final window was pinned re-pins it over the live ranks under cohort's rules; flodl keeps the pin while the counts hold
+#[test]
+fn a_death_in_the_final_window_repins_it_under_cohorts_rules() {
+    use cohort_proto::coord::chunk_pool::refresh_final_window;
+    let counts = [4, 4, 4];
+    let before = refresh_final_window(None, 0, 9, &counts, &[true; 3], true).unwrap();
+    assert_eq!(before.alloc, vec![3, 3, 3]);
+    let after = [true, false, true];
+    // 6 batches left after the death (rank 1's 3 among them).
+    let cohort = refresh_final_window(Some(before.clone()), 0, 6, &counts, &after, true).unwrap();
+    assert_eq!(cohort.alloc, vec![3, 0, 3]);
+    let flodl = refresh_final_window(Some(before.clone()), 0, 6, &counts, &after, false).unwrap();
+    assert_eq!(flodl, before, "flodl keeps the pin: rank 1's slot stays");
+}

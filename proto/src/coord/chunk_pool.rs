@@ -324,28 +324,41 @@ pub struct FinalWindow {
     pub alloc: Vec<u64>,
     /// The batch counts it was computed from.
     pub pinned_counts: Vec<u64>,
+    /// The ranks alive when it was computed.
+    pub pinned_alive: Vec<bool>,
 }
 
 /// The final-window plan after a refresh (barrier-paced policies only):
 /// `None` outside the final window; the `current` plan kept while it is
-/// for `epoch` and its counts still hold; else a new split of the `rem`
-/// batches left.
+/// for `epoch` and its counts still hold (and, with `repin_on_death`, its
+/// live ranks: cohort's rule); else a new split of the `rem` batches left.
+///
+/// flodl keeps a plan pinned before a death, so the dead rank's slot and
+/// the chunks it forfeited are never served and the window never closes.
 pub fn refresh_final_window(
     current: Option<FinalWindow>,
     epoch: u64,
     rem: u64,
     counts: &[u64],
     alive: &[bool],
+    repin_on_death: bool,
 ) -> Option<FinalWindow> {
     let live_total: u64 =
         (0..counts.len()).filter(|&r| alive.get(r).copied().unwrap_or(false)).map(|r| counts[r]).sum();
     if !is_final_window(rem, live_total, counts.len() as u64) {
         return None;
     }
-    if let Some(p) = current.filter(|p| p.epoch == epoch && p.pinned_counts == counts) {
+    if let Some(p) = current.filter(|p| {
+        p.epoch == epoch && p.pinned_counts == counts && (!repin_on_death || p.pinned_alive == alive)
+    }) {
         return Some(p);
     }
-    Some(FinalWindow { epoch, alloc: final_window_alloc(rem, counts, alive), pinned_counts: counts.to_vec() })
+    Some(FinalWindow {
+        epoch,
+        alloc: final_window_alloc(rem, counts, alive),
+        pinned_counts: counts.to_vec(),
+        pinned_alive: alive.to_vec(),
+    })
 }
 
 /// What sizes one rank's next chunk.

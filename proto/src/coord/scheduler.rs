@@ -340,6 +340,19 @@ impl Scheduler {
         self.el_che.as_ref()?.balancer().smoothed_ms_per_batch(rank)
     }
 
+    /// Chunk-pool work no rank will be served again: the oldest pool with
+    /// samples left while every rank not dead has moved to a later epoch,
+    /// as `(epoch, samples)`. flodl serves a rank only from its own epoch
+    /// or the next, so under its rules this is a hang (the epoch never
+    /// aggregates); cohort's ranks go back for it.
+    pub fn stranded(&self) -> Option<(u64, u64)> {
+        let ch = self.chunks.as_ref()?;
+        let (&epoch, pool) = ch.pools.iter().find(|(_, p)| p.remaining() > 0)?;
+        let mut live = (0..self.cfg.world_size).filter(|&r| !self.live.is_dead(r)).peekable();
+        live.peek()?;
+        live.all(|r| ch.rank_epoch[r as usize] > epoch).then(|| (epoch, pool.remaining()))
+    }
+
     /// ElChe, when cycles are on in a world of at least 2.
     pub fn el_che(&self) -> Option<&ElChe> {
         self.el_che.as_ref()
@@ -718,7 +731,8 @@ impl Scheduler {
                 }
                 Rules::Flodl => {
                     let i = r as usize;
-                    let plan = ep.assigned[i].segments()[0];
+                    // No plan of this epoch for it: nothing to hand out.
+                    let plan = ep.assigned[i].segments().first().copied().unwrap_or(Segment::new(0, 0));
                     let steps = self.ranks[i].last_step.saturating_sub(ep.start_step[i]);
                     let done = steps.saturating_mul(self.cfg.batch_size).min(plan.size);
                     let rest = Segment::new(plan.offset + done, plan.size - done);
@@ -1848,8 +1862,20 @@ impl Scheduler {
     /// it has a chunk in flight; held at its reduce budget; from its
     /// epoch's pool while any is left; else, barrier paced, held at the
     /// active epoch's edge; else streamed into the next epoch's pool.
+    ///
+    /// Under cohort's rules a rank first goes back to the oldest pool with
+    /// work left (a dead rank's chunks forfeited behind the epoch it
+    /// streamed into); flodl serves only the rank's own epoch, so those
+    /// chunks are never trained, the epoch never aggregates and the run
+    /// hangs (docs/DIFFERENCES.md).
     fn next_chunk(&mut self, rank: u32) {
-        let Some(epoch) = self.chunks.as_ref().map(|c| c.rank_epoch[rank as usize]) else { return };
+        let Some(own) = self.chunks.as_ref().map(|c| c.rank_epoch[rank as usize]) else { return };
+        let epoch = match (self.cfg.rules, &self.chunks) {
+            (Rules::Cohort, Some(ch)) => {
+                ch.pools.iter().find(|(_, p)| p.remaining() > 0).map_or(own, |(&e, _)| e.min(own))
+            }
+            _ => own,
+        };
         self.refresh_final(epoch);
         if self.barrier_paced() && self.in_flight(rank) {
             return;
@@ -1899,11 +1925,17 @@ impl Scheduler {
         let counts = self.counts();
         let paced = self.barrier_paced();
         let b = self.cfg.batch_size;
+        let repin = self.cfg.rules == Rules::Cohort;
         let Some(ch) = self.chunks.as_mut() else { return };
         let next = match ch.pools.get(&epoch) {
-            Some(pool) if paced => {
-                refresh_final_window(ch.final_window.take(), epoch, pool.remaining() / b, &counts, &alive)
-            }
+            Some(pool) if paced => refresh_final_window(
+                ch.final_window.take(),
+                epoch,
+                pool.remaining() / b,
+                &counts,
+                &alive,
+                repin,
+            ),
             _ => None,
         };
         if next != ch.final_window {
