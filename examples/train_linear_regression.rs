@@ -313,6 +313,9 @@ pub fn main() -> Result<(), Box<dyn Error>> {
         .model_elems((DIM + 1) as u32)
         .exact_links(Duration::from_millis(1))
         .build()?;
+    // This workload takes each plan as it comes (it drops the rest of the
+    // one running), so it runs whole-epoch plans, not chunks from a pool.
+    let scenario = Scenario { progressive: Some(false), ..scenario };
     let mut cluster = Cluster::with_workload(scenario, 1, |start| {
         LinReg::new(start.spec.rank, start.workload.batch_size, Duration::from_millis(10))
     })?;

@@ -117,6 +117,8 @@ pub struct Cluster<W: SimWorkload = Trainer> {
     formed_at: Option<Time>,
     world_size: u32,
     outcome: Option<(Outcome, Time)>,
+    /// Under flodl's rules, the hang flodl 0.8 is in (instead of an outcome).
+    flodl_hang: Option<(String, Time)>,
     controller_gone: bool,
     /// The run ended because the controller was lost.
     lost_controller: bool,
@@ -233,6 +235,7 @@ impl<W: SimWorkload> Cluster<W> {
             PolicySpec::Cadence => ApplyPolicy::Cadence,
             PolicySpec::Async => ApplyPolicy::Async,
         };
+        run.progressive = sc.progressive;
         run.rules = match sc.rules {
             RulesSpec::Cohort => Rules::Cohort,
             RulesSpec::Flodl => Rules::Flodl,
@@ -300,6 +303,7 @@ impl<W: SimWorkload> Cluster<W> {
             formed_at: None,
             world_size: 0,
             outcome: None,
+            flodl_hang: None,
             controller_gone: false,
             lost_controller: false,
             epochs_completed: 0,
@@ -391,10 +395,24 @@ impl<W: SimWorkload> Cluster<W> {
     /// reason) is a liveness violation.
     pub fn finish(mut self) -> Report {
         self.advance(None, &mut |_, _, _| false);
-        if self.outcome.is_none() && !self.checker.stopped() {
-            self.checker.violation(self.world.now(), "liveness: the run went quiet without a named outcome");
+        if self.outcome.is_none() && self.flodl_hang.is_none() && !self.checker.stopped() {
+            match self.hang_as_flodl() {
+                Some(why) => self.flodl_hang = Some((why, self.world.now())),
+                None => self
+                    .checker
+                    .violation(self.world.now(), "liveness: the run went quiet without a named outcome"),
+            }
         }
         self.report()
+    }
+
+    /// Under flodl's rules, the hang flodl 0.8 would be in now, in words:
+    /// chunk-pool work no rank will be served again (a dead rank's chunks
+    /// behind the epoch the survivors streamed into).
+    fn hang_as_flodl(&self) -> Option<String> {
+        let s = self.scheduler().filter(|s| s.config().rules == Rules::Flodl)?;
+        let (epoch, samples) = s.stranded()?;
+        Some(format!("{samples} samples of epoch {epoch} are stranded in its pool, every live rank past it"))
     }
 
     /// The instant by which the run must have a named outcome: the bound
@@ -510,6 +528,10 @@ impl<W: SimWorkload> Cluster<W> {
                 }
                 (Some(w), _) => {
                     if w > self.liveness_deadline() {
+                        if let Some(why) = self.hang_as_flodl() {
+                            self.flodl_hang = Some((why, self.world.now()));
+                            return;
+                        }
                         let what = format!(
                             "liveness: no named outcome within {:.0}s of the last fault healing at {:.3}s (it hangs)",
                             self.liveness.as_secs_f64(),
@@ -869,7 +891,9 @@ impl<W: SimWorkload> Cluster<W> {
                     idle_ms: idle_ms.clone(),
                 });
             }
-            ControllerEvent::Coord(CoordEvent::PlanIssued { epoch, .. }) => {
+            ControllerEvent::Coord(
+                CoordEvent::PlanIssued { epoch, .. } | CoordEvent::ChunkIssued { epoch, .. },
+            ) => {
                 self.timeline.begin_epoch(t, *epoch);
             }
             ControllerEvent::Coord(CoordEvent::Ended(end)) => {
@@ -908,7 +932,10 @@ impl<W: SimWorkload> Cluster<W> {
             Some((Outcome::Done, _)) => RunOutcome::Done,
             Some((Outcome::Failed(_), _)) if self.lost_controller => RunOutcome::ControllerLost,
             Some((Outcome::Failed(r), _)) => RunOutcome::Failed(r.clone()),
-            None => RunOutcome::NotEnded,
+            None => match &self.flodl_hang {
+                Some((why, _)) => RunOutcome::HangsAsFlodl(why.clone()),
+                None => RunOutcome::NotEnded,
+            },
         };
         let count = |runs: &[(u64, u64, u64)]| runs.iter().map(|r| r.2).sum();
         let ranks = self

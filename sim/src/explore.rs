@@ -1,7 +1,7 @@
 //! VOPR-style exploration: one random scenario per seed (cluster size,
 //! arrival times, quorum knobs, network conditions, fault mix, cohort's
-//! rules or flodl's, the apply policy, the slow class's speed spread), all
-//! drawn from that seed.
+//! rules or flodl's, the apply policy, the slow class's speed spread,
+//! chunked or whole-epoch dispatch), all drawn from that seed.
 //!
 //! Swarm testing, as TigerBeetle's VOPR does it: each seed first draws its
 //! own [`Swarm`] (which fault kinds it uses and how often, how many faults,
@@ -205,5 +205,7 @@ pub fn random_scenario(seed: u64) -> Scenario {
     sc.policy = [PolicySpec::Sync, PolicySpec::Cadence, PolicySpec::Async][r.range(0, 3) as usize];
     let spread = [1.0, 2.0, 3.0, 8.0][r.range(0, 4) as usize];
     sc.speed_classes.insert("slow".to_owned(), SpeedClass { batch_ms: 40.0 * spread, spread: 0.2 });
+    // Chunked or whole-epoch dispatch, drawn last (flodl's default half the time).
+    sc.progressive = [None, Some(true), Some(false)][r.range(0, 3) as usize];
     sc
 }

@@ -13,8 +13,8 @@
 //! let report = Cluster::new(sc, 1).unwrap().record_events().finish();
 //! let log = &report.log;
 //! assert_eq!(log.formed_at(), report.formed_at);
-//! let plans = log.coord().filter(|(_, e)| matches!(e, CoordEvent::PlanIssued { .. })).count();
-//! assert_eq!(plans, 1);
+//! let epochs = log.coord().filter(|(_, e)| matches!(e, CoordEvent::EpochAggregated { .. })).count();
+//! assert_eq!(epochs, 1);
 //! ```
 
 use cohort_proto::Time;

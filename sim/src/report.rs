@@ -98,6 +98,11 @@ impl Timeline {
 
     /// An epoch's plans went out: the previous epoch's span closes.
     pub fn begin_epoch(&mut self, at: Time, epoch: u64) {
+        // Chunk-pool dispatch begins an epoch with its first chunk (a later
+        // epoch's chunks may come first under async).
+        if self.epoch_open.is_some_and(|(e, _)| e >= epoch) {
+            return;
+        }
         if let Some((e, start)) = self.epoch_open.replace((epoch, at)) {
             self.entries.push(Entry {
                 at: start,
@@ -176,6 +181,10 @@ pub enum Outcome {
     /// The run never ended: a violation stopped it, it outran its time
     /// cap, or nothing was left to happen.
     NotEnded,
+    /// Under flodl's rules, the run hangs where flodl 0.8 hangs (its words:
+    /// which work no rank will be served again); predicted, not a
+    /// violation (docs/DIFFERENCES.md).
+    HangsAsFlodl(String),
 }
 
 impl Outcome {
@@ -191,6 +200,7 @@ impl Outcome {
             Outcome::Failed(r) => Some(r.clone()),
             Outcome::ControllerLost => Some("controller lost".to_owned()),
             Outcome::NotEnded => Some("the run did not end".to_owned()),
+            Outcome::HangsAsFlodl(why) => Some(format!("hangs as flodl 0.8 does: {why}")),
         }
     }
 }

@@ -66,6 +66,10 @@ pub struct Scenario {
     /// `"async"`.
     #[serde(default)]
     pub policy: PolicySpec,
+    /// Chunk-pool dispatch: `true` chunks, `false` whole-epoch plans;
+    /// unset follows flodl's default (chunks under cadence and async).
+    #[serde(default)]
+    pub progressive: Option<bool>,
     /// `"cohort"` (deaths declared the moment a connection says so) or
     /// `"flodl"` (flodl 0.8's rules, to predict a flodl cluster).
     #[serde(default)]
@@ -741,6 +745,7 @@ impl Scenario {
             run_for_s: None,
             backend: BackendSpec::Cpu,
             policy: PolicySpec::Cadence,
+            progressive: None,
             rules: RulesSpec::Cohort,
             timeout_scale: 1.0,
             max_failure: None,

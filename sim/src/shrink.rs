@@ -57,10 +57,31 @@ pub fn failure_kind(violation: &str) -> String {
     out
 }
 
+/// Runs `f`, turning a panic into its violation text ("panic: ..."), so a
+/// sweep reports a panicking seed and goes on, and a shrink can reduce it.
+pub fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        let text = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-text payload".into());
+        format!("panic: {text}")
+    })
+}
+
+/// The violations of `sc` under `seed` (a panic is one); none if it does
+/// not build.
+pub fn violations(sc: &Scenario, seed: u64) -> Vec<String> {
+    match Cluster::new(sc.clone(), seed) {
+        Ok(c) => caught(|| c.finish().violations).unwrap_or_else(|p| vec![p]),
+        Err(_) => Vec::new(),
+    }
+}
+
 /// Whether `sc` under `seed` has a violation of the kind `kind`.
 pub fn fails_as(sc: &Scenario, seed: u64, kind: &str) -> bool {
-    Cluster::new(sc.clone(), seed)
-        .is_ok_and(|c| c.finish().violations.iter().any(|v| failure_kind(v) == kind))
+    violations(sc, seed).iter().any(|v| failure_kind(v) == kind)
 }
 
 /// The smallest variant of `sc` found for which `fails` still holds (`sc`

@@ -258,6 +258,7 @@ fn every_sample_is_assigned_to_a_rank_that_processes_it_whatever_dies() {
     // covers random worlds.
     let mut cfg = CoordConfig::new(4, 2, 50, 2);
     cfg.sync_every = Some(2);
+    cfg.progressive = Some(false); // whole-epoch dispatch
     let specs = vec![
         RankSpec { per_batch: ms(10), dies_at: None, launcher_reports: false },
         RankSpec { per_batch: ms(30), dies_at: Some(Time::from_millis(70)), launcher_reports: true },

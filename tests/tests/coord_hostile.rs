@@ -43,6 +43,7 @@ proptest! {
     ) {
         let mut cfg = CoordConfig::new(3, 2, 30, 4);
         cfg.sync_every = Some(2);
+        cfg.progressive = Some(false); // whole-epoch dispatch
         cfg.max_batch_diff = Some(1);
         let mut s = Scheduler::new(cfg).unwrap();
         s.begin(Time::ZERO);
@@ -108,6 +109,7 @@ proptest! {
 fn huge_step_counts_do_not_overflow_remainders_or_global_steps() {
     let mut cfg = CoordConfig::new(2, 1, 10, 7);
     cfg.sync_every = Some(1);
+    cfg.progressive = Some(false); // whole-epoch dispatch
     let mut s = Scheduler::new(cfg).unwrap();
     s.begin(Time::ZERO);
     s.on_timing(Time::from_millis(1), 0, batch(0, u64::MAX, 1.0));

@@ -81,6 +81,7 @@ fn epoch_plans_stay_equal_while_any_rank_is_uncalibrated() {
 fn epoch_plans_are_proportional_to_smoothed_ms_per_batch_once_calibrated() {
     let mut c = CoordConfig::new(3, 2, 100, 1);
     c.sync_every = Some(1);
+    c.progressive = Some(false); // whole-epoch dispatch
     let (mut s, _) = started(c);
     // One window calibrates ElChe: 10, 20 and 40 ms per batch.
     calibrate(&mut s, Time::from_millis(1), 1, &[10.0, 20.0, 40.0]);
@@ -96,6 +97,7 @@ fn epoch_plans_are_proportional_to_smoothed_ms_per_batch_once_calibrated() {
 fn epoch_plans_follow_throughput_even_below_one_batch() {
     let mut c = CoordConfig::new(3, 2, 100, 8);
     c.sync_every = Some(1);
+    c.progressive = Some(false); // whole-epoch dispatch
     let (mut s, _) = started(c);
     calibrate(&mut s, Time::from_millis(1), 1, &[1.0, 1.0, 500.0]);
     let st = finish_epoch(&mut s, Time::from_secs(2), 0, &[(0, 32), (1, 32), (2, 32)]);
@@ -109,6 +111,7 @@ fn epoch_plans_follow_throughput_even_below_one_batch() {
 fn sync_sizes_equal_and_user_ratios_win() {
     let mut c = CoordConfig::new(2, 2, 100, 1);
     c.sync_every = Some(1);
+    c.progressive = Some(false); // whole-epoch dispatch
     c.policy = cohort_proto::coord::ApplyPolicy::Sync;
     let (mut s, _) = started(c.clone());
     calibrate(&mut s, Time::from_millis(1), 1, &[10.0, 40.0]);
@@ -203,6 +206,7 @@ fn shutdown_is_sent_to_every_live_rank_after_the_last_epoch() {
 fn cpu_cycle_is_request_params_then_sync_acks_then_update_and_set_global_step() {
     let mut c = CoordConfig::new(2, 2, 20, 1);
     c.sync_every = Some(2);
+    c.progressive = Some(false); // whole-epoch dispatch
     let (mut s, _) = started(c);
     s.on_timing(Time::from_millis(10), 0, batch(0, 1, 10.0));
     s.on_timing(Time::from_millis(10), 1, batch(1, 1, 10.0));
@@ -232,6 +236,7 @@ fn a_rank_with_less_than_a_batch_never_holds_the_cycle_gate_closed() {
     // 2 ranks, 10 samples, batch 7: 5 samples each, no whole batch anywhere.
     let mut c = CoordConfig::new(2, 1, 10, 7);
     c.sync_every = Some(1);
+    c.progressive = Some(false); // whole-epoch dispatch
     let (mut s, _) = started(c);
     s.on_timing(Time::from_millis(10), 0, batch(0, 1, 10.0));
     let st = drain(&mut s);
@@ -243,6 +248,7 @@ fn a_rank_with_less_than_a_batch_never_holds_the_cycle_gate_closed() {
 fn the_next_epoch_waits_for_the_cpu_cycle_in_flight() {
     let mut c = CoordConfig::new(2, 2, 4, 1);
     c.sync_every = Some(2);
+    c.progressive = Some(false); // whole-epoch dispatch
     let (mut s, _) = started(c);
     for r in [0, 1] {
         s.on_timing(Time::from_millis(10), r, batch(r, 1, 10.0));
@@ -273,6 +279,7 @@ fn the_next_epoch_waits_for_the_cpu_cycle_in_flight() {
 fn final_consensus_cycle_runs_before_shutdown_when_steps_are_unaveraged() {
     let mut c = CoordConfig::new(2, 1, 6, 1);
     c.sync_every = Some(5);
+    c.progressive = Some(false); // whole-epoch dispatch
     let (mut s, _) = started(c);
     for r in [0, 1] {
         for step in 1..=3 {
@@ -292,6 +299,7 @@ fn final_consensus_cycle_runs_before_shutdown_when_steps_are_unaveraged() {
     // flight counts in the window that cycle closes, as in flodl.)
     let mut c = CoordConfig::new(2, 1, 6, 1);
     c.sync_every = Some(2);
+    c.progressive = Some(false); // whole-epoch dispatch
     let (mut s, _) = started(c);
     for r in [0, 1] {
         s.on_timing(Time::from_millis(10), r, batch(r, 1, 10.0));
@@ -323,6 +331,7 @@ fn nccl_cycle_is_sync_now_and_rearms_only_after_every_live_rank_acknowledged() {
     let mut c = CoordConfig::new(2, 1, 100, 1);
     c.backend = Backend::Nccl;
     c.sync_every = Some(1);
+    c.progressive = Some(false); // whole-epoch dispatch
     let (mut s, _) = started(c);
     s.on_timing(Time::from_millis(10), 0, batch(0, 1, 10.0));
     s.on_timing(Time::from_millis(10), 1, batch(1, 1, 10.0));
@@ -347,6 +356,7 @@ fn nccl_cycle_is_sync_now_and_rearms_only_after_every_live_rank_acknowledged() {
 fn throttle_a_rank_more_than_max_batch_diff_steps_ahead_of_the_slowest_once_per_cycle() {
     let mut c = CoordConfig::new(3, 1, 300, 1);
     c.sync_every = Some(4);
+    c.progressive = Some(false); // whole-epoch dispatch
     c.max_batch_diff = Some(2);
     let (mut s, _) = started(c);
     let throttled = |st: &[Step]| {
@@ -398,6 +408,7 @@ fn throttle_is_not_used_on_the_nccl_plane() {
     let mut c = CoordConfig::new(2, 1, 300, 1);
     c.backend = Backend::Nccl;
     c.sync_every = Some(2);
+    c.progressive = Some(false); // whole-epoch dispatch
     c.max_batch_diff = Some(0);
     let (mut s, _) = started(c);
     for step in 1..=5 {

@@ -82,6 +82,7 @@ fn run(c: &Case) -> Result<Seen, TestCaseError> {
     let mut cfg = CoordConfig::new(c.world, c.epochs, c.samples, c.batch);
     cfg.backend = if c.nccl { Backend::Nccl } else { Backend::Cpu };
     cfg.sync_every = c.sync_every;
+    cfg.progressive = Some(false); // whole-epoch dispatch
     cfg.max_batch_diff = c.max_batch_diff;
     cfg.local_ranks = (0..c.world).filter(|&r| c.local[r as usize]).collect();
     cfg.checkpoint_every = c.checkpoint_every;

@@ -246,6 +246,7 @@ fn final_eval_is_dispatched_to_the_eval_role_just_before_shutdown() {
 fn dead_role_holders_roles_fail_over_to_the_fastest_live_rank() {
     let mut c = CoordConfig::new(4, 2, 40, 1);
     c.sync_every = Some(1);
+    c.progressive = Some(false); // whole-epoch dispatch
     let (mut s, _) = started(c);
     // One window calibrates ElChe: rank 0 40 ms, 1 30 ms, 2 10 ms, 3 20 ms.
     calibrate(&mut s, Time::from_millis(5), 1, &[40.0, 30.0, 10.0, 20.0]);
@@ -269,6 +270,7 @@ fn a_checkpoint_in_flight_on_a_dead_holder_moves_with_the_role() {
     let mut c = CoordConfig::new(3, 2, 30, 1);
     c.checkpoint_every = Some(1);
     c.sync_every = Some(1);
+    c.progressive = Some(false); // whole-epoch dispatch
     let (mut s, _) = started(c);
     calibrate(&mut s, Time::from_millis(5), 1, &[20.0, 20.0, 5.0]);
     finish(&mut s, Time::from_millis(10), 0, 10);

@@ -21,6 +21,7 @@ fn started(cfg: CoordConfig) -> Scheduler {
 fn cycles(cfg: CoordConfig) -> CoordConfig {
     let mut c = cfg;
     c.sync_every = Some(2);
+    c.progressive = Some(false); // whole-epoch dispatch
     c
 }
 
@@ -110,6 +111,7 @@ fn the_sync_time_survives_a_death_under_cohort_rules_not_under_flodls() {
     for (rules, after_death) in [(Rules::Cohort, 50.0), (Rules::Flodl, 0.0)] {
         let mut c = CoordConfig::new(3, 1, 100_000, 1);
         c.sync_every = Some(1);
+        c.progressive = Some(false); // whole-epoch dispatch
         c.policy = ApplyPolicy::Sync;
         c.rules = rules;
         let mut s = started(c);
@@ -135,6 +137,7 @@ fn the_throttle_after_a_death_under_each_rules() {
     for (rules, want) in [(Rules::Cohort, 1), (Rules::Flodl, 0)] {
         let mut c = CoordConfig::new(3, 1, 3000, 1);
         c.sync_every = Some(2);
+        c.progressive = Some(false); // whole-epoch dispatch
         c.max_batch_diff = Some(1);
         c.rules = rules;
         let mut s = started(c);
@@ -154,6 +157,7 @@ fn flodl_throttles_short_of_the_count_cohort_does_not() {
     for (rules, want) in [(Rules::Cohort, 0), (Rules::Flodl, 1)] {
         let mut c = CoordConfig::new(2, 1, 3000, 1);
         c.sync_every = Some(10);
+        c.progressive = Some(false); // whole-epoch dispatch
         c.max_batch_diff = Some(1);
         c.rules = rules;
         let mut s = started(c);

@@ -32,3 +32,27 @@ fn every_regression_scenario_holds_every_invariant() {
         assert_ne!(report.outcome, Outcome::NotEnded, "{}", path.display());
     }
 }
+
+/// Under flodl's rules the simulator predicts flodl 0.8's hang (a dead
+/// rank's chunks stranded behind the epoch the survivors streamed into) as
+/// an outcome, and the same cluster under cohort's rules finishes.
+#[test]
+fn flodls_stranded_chunks_are_predicted_as_its_hang() {
+    use cohort_sim::scenario::RulesSpec;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scenarios/regressions/flodl-async-strands-a-dead-ranks-chunks.json"
+    );
+    let sc = Scenario::from_json(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let seed = sc.seed.unwrap();
+    let report = Cluster::new(sc.clone(), seed).unwrap().finish();
+    match &report.outcome {
+        Outcome::HangsAsFlodl(why) => assert!(why.contains("stranded"), "{why}"),
+        other => panic!("expected flodl's hang, got {other:?}"),
+    }
+    let mut cohort = sc;
+    cohort.rules = RulesSpec::Cohort;
+    let report = Cluster::new(cohort, seed).unwrap().finish();
+    assert_eq!(report.outcome, Outcome::Done);
+    assert_eq!(report.violations, Vec::<String>::new());
+}

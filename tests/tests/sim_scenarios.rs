@@ -9,7 +9,7 @@ use cohort_proto::node::rank::RankEvent;
 use cohort_proto::reduce::{HostError, ReduceEvent};
 use cohort_proto::relay::{Leg, RankDeath, RelayEvent};
 use cohort_proto::wire::ControlMsgWire;
-use cohort_sim::scenario::{BackendSpec, Fault};
+use cohort_sim::scenario::{BackendSpec, Fault, Scenario};
 use cohort_tests::sim_harness::*;
 use core::time::Duration;
 
@@ -23,7 +23,9 @@ fn consensus_rounds_after(run: &Run, t: cohort_proto::Time) -> usize {
 
 #[test]
 fn rank_crash_mid_epoch_is_declared_within_a_round_trip_and_its_remainder_redistributed() {
-    let run = play(with(exact(2, 2, 2), 10.0, Fault::KillRank(1)), 3);
+    // Whole-epoch dispatch: the remainder goes out as `ExtendPartition`.
+    let run =
+        play(with(Scenario { progressive: Some(false), ..exact(2, 2, 2) }, 10.0, Fault::KillRank(1)), 3);
     run.assert_clean("done");
     assert_eq!(run.report.epochs_completed, 2);
     // The agent reports the exit at 10 s; one way to the controller is 1 ms.
@@ -256,7 +258,9 @@ fn same_seed_same_trace_other_seed_other_trace() {
 /// calibrated plans give it a smaller share than every other rank.
 #[test]
 fn a_slow_rank_is_not_a_death_and_the_calibrated_plans_shrink_its_share() {
-    let run = play(with(exact(2, 2, 4), 2.0, Fault::SlowRank { rank: 1, factor: 4.0 }), 12);
+    // Whole-epoch dispatch: per-epoch plans sized by throughput.
+    let sc = Scenario { progressive: Some(false), ..exact(2, 2, 4) };
+    let run = play(with(sc, 2.0, Fault::SlowRank { rank: 1, factor: 4.0 }), 12);
     run.assert_clean("done");
     assert!(run.report.deaths.is_empty(), "{:?}", run.report.deaths);
     let last = run

@@ -76,3 +76,38 @@ fn idle_time_at_sync_points_falls_against_equal_batches() {
         sync.windows.len()
     );
 }
+
+/// BEHAVIOUR.md Coordinator [C75]: chunked epochs train every sample once to the end; a dead rank's chunks are trained by the survivors
+#[test]
+fn chunked_epochs_train_every_sample_once_and_survive_a_death() {
+    use cohort_proto::coord::CoordEvent;
+    use cohort_sim::scenario::Fault;
+    // Cadence's default is chunk-pool dispatch; rank 2 dies mid-epoch 1.
+    let sc = with(heterogeneous(PolicySpec::Cadence), 12.0, Fault::KillRank(2));
+    assert_eq!(sc.progressive, None, "flodl's default");
+    let run = play(sc, 5);
+    // The coverage checker: every sample of every epoch processed once (a
+    // crashed rank's reports in flight aside).
+    run.assert_clean("done");
+    let chunks: Vec<(u64, u32, bool)> = run
+        .coord()
+        .filter_map(|(_, e)| match e {
+            CoordEvent::ChunkIssued { epoch, rank, reclaimed, .. } => Some((*epoch, *rank, *reclaimed)),
+            _ => None,
+        })
+        .collect();
+    let epochs = run.report.epochs_completed;
+    assert_eq!(epochs, 3);
+    assert!(chunks.len() as u64 > 4 * epochs * 3, "many chunks per epoch: {}", chunks.len());
+    let reclaimed: Vec<_> = chunks.iter().filter(|c| c.2).collect();
+    assert!(!reclaimed.is_empty() && reclaimed.iter().all(|c| c.1 != 2), "{reclaimed:?}");
+    assert!(
+        !run.coord().any(|(_, e)| matches!(e, CoordEvent::PartitionExtended { .. })),
+        "no ExtendPartition under chunks"
+    );
+    eprintln!(
+        "chunked: {} chunks over {epochs} epochs, {} of a dead rank's handed out again",
+        chunks.len(),
+        reclaimed.len()
+    );
+}

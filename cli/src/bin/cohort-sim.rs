@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use cohort_sim::explore::random_scenario;
-use cohort_sim::shrink::{fails_as, failure_kind};
+use cohort_sim::shrink::{caught, fails_as, failure_kind};
 use cohort_sim::{Cluster, Report, Scenario};
 
 /// cohort-sim: "what happens to my cluster if ...", answered exactly,
@@ -183,17 +183,16 @@ fn shrink(path: &Path, seed: Option<u64>, out: Option<PathBuf>) -> i32 {
         Err(e) => return usage(&e),
     };
     let seed = seed.or(sc.seed).unwrap_or(1);
-    let report = match Cluster::new(sc.clone(), seed) {
-        Ok(c) => c.finish(),
-        Err(e) => return usage(&format!("scenario: {e}")),
-    };
-    let Some(first) = report.violations.first() else {
+    if let Err(e) = Cluster::new(sc.clone(), seed) {
+        return usage(&format!("scenario: {e}"));
+    }
+    let Some(first) = cohort_sim::shrink::violations(&sc, seed).into_iter().next() else {
         return usage(&format!(
             "{} holds every invariant under seed {seed}: nothing to shrink",
             path.display()
         ));
     };
-    let kind = failure_kind(first);
+    let kind = failure_kind(&first);
     let small = cohort_sim::shrink::shrink(&sc, &|c| fails_as(c, seed, &kind));
     let out = out.unwrap_or_else(|| path.with_extension("min.json"));
     if let Err(e) = save(&out, &small, seed) {
@@ -319,11 +318,20 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool, save_failing:
                         break;
                     }
                     let sc = random_scenario(seed);
-                    let report = match Cluster::new(sc.clone(), seed) {
-                        Ok(c) => c.finish(),
-                        Err(e) => {
+                    let played = match Cluster::new(sc.clone(), seed) {
+                        Ok(c) => caught(|| c.finish()),
+                        Err(e) => Err(format!("scenario did not build: {e}")),
+                    };
+                    let report = match played {
+                        Ok(r) => r,
+                        Err(what) => {
                             let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
-                            t.failures.push((seed, format!("scenario did not build: {e}")));
+                            t.failures.push((seed, what));
+                            if let Some(dir) = &save_failing
+                                && let Err(e) = save(&dir.join(format!("seed-{seed}.json")), &sc, seed)
+                            {
+                                eprintln!("cohort-sim: {e}");
+                            }
                             bar.inc(1);
                             continue;
                         }

@@ -149,6 +149,10 @@ struct ControllerArgs {
     /// Address to listen on (its one port serves every channel and HTTP).
     #[arg(long)]
     bind: SocketAddr,
+    /// Whole-epoch plans under every policy (flodl's `progressive(false)`);
+    /// by default cadence and async dispatch chunks from a pool, as flodl's.
+    #[arg(long)]
+    whole_epochs: bool,
     /// Accept joins keyed with zeros on a non-loopback bind (anyone who can
     /// reach the port can join; a loopback bind is open regardless).
     #[arg(long, conflicts_with = "pre_shared")]
@@ -456,6 +460,9 @@ fn controller(a: ControllerArgs) -> i32 {
         Err(e) => return fail(&e.to_string()),
     };
     cfg.run_nonce = run_nonce;
+    if a.whole_epochs {
+        cfg.run.progressive = Some(false);
+    }
     let clock = Clock::start();
     let (sink, events) = mpsc::channel();
     let node = match spawn_controller(cfg, listener, Config::scaled(scale), clock, sink) {

@@ -286,8 +286,12 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
         std::net::TcpListener::bind(opts.bind).map_err(|e| format!("controller on {}: {e}", opts.bind))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let advertise = ControllerAddr { host: addr.ip().to_string(), port: addr.port() };
-    let cfg = ControllerConfig::from_knobs(join, salt, trust, opts.scale, advertise, &opts.knobs)
+    let mut cfg = ControllerConfig::from_knobs(join, salt, trust, opts.scale, advertise, &opts.knobs)
         .map_err(|e| e.to_string())?;
+    // The demo shows a dead rank's remainder redistributed as
+    // `ExtendPartition` slices: whole-epoch dispatch (the cadence default is
+    // chunk-pool dispatch, where a dead rank's chunks go back to the pool).
+    cfg.run.progressive = Some(false);
     let controller = spawn_controller(cfg, listener, config.clone(), clock, sink.clone())
         .map_err(|e| format!("controller on {addr}: {e}"))?;
     let listening = ClusterEvent::Listening { addr: addr.to_string() };

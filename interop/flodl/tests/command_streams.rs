@@ -55,6 +55,9 @@ struct Script {
     batch_size: u64,
     anchor: u64,
     max_batch_diff: Option<u64>,
+    /// Chunk-pool dispatch on both sides: `None` is each side's default
+    /// (flodl's: chunks under cadence and async).
+    progressive: Option<bool>,
 }
 
 impl Script {
@@ -87,6 +90,7 @@ fn cohort_config(s: &Script) -> CoordConfig {
     c.sync_every = Some(s.anchor);
     c.el_che.max_anchor = Some(s.anchor);
     c.max_batch_diff = s.max_batch_diff;
+    c.progressive = s.progressive;
     c.rules = Rules::Flodl;
     c
 }
@@ -115,10 +119,15 @@ impl Coord for Cohort {
 
     fn deliver(&mut self, now: Time, rank: u32, up: Up) -> Vec<(u32, ControlMsgWire)> {
         match up {
-            Up::Timing(m) => self.sched.on_timing(now, rank, m),
+            // flodl's tick: the timing drained, then its gate (cohort's tick).
+            Up::Timing(m) => {
+                self.sched.on_timing(now, rank, m);
+                self.sched.tick(now);
+            }
+            // flodl takes metrics after its gate in the same tick; cohort's
+            // gate looks at them at the next input.
             Up::Metrics(m) => self.sched.on_metrics(now, rank, m),
         }
-        self.sched.tick(now);
         self.drain()
     }
 }
@@ -145,12 +154,19 @@ fn flodl_config(s: &Script) -> ClusterCoordinatorConfig {
         el = el.with_max_batch_diff(d as usize);
     }
     el = el.with_window_growth_applicable(s.policy != ApplyPolicy::Sync);
-    ClusterCoordinatorConfig::new(policy, backend, s.world(), el)
+    // The guard as flodl's orchestrator builds it: the trend guard at the
+    // EASGD threshold (0.3) on CPU async, which defaults `easgd_alpha`, else
+    // at 0.05 (the coordinator config's own default is 0.05 for every mode).
+    let threshold = if (s.backend, s.policy) == (Backend::Cpu, ApplyPolicy::Async) { 0.3 } else { 0.05 };
+    let c = ClusterCoordinatorConfig::new(policy, backend, s.world(), el)
+        .with_convergence_guard(Box::new(f::ddp_run::TrendGuard::new(threshold)))
         .total_samples(s.epoch_samples as usize)
         .batch_size(s.batch_size as usize)
-        .num_epochs(s.epochs as usize)
-        // cohort has no chunk-pool dispatch: whole-epoch plans on both sides.
-        .progressive(false)
+        .num_epochs(s.epochs as usize);
+    match s.progressive {
+        Some(on) => c.progressive(on),
+        None => c,
+    }
 }
 
 struct Flodl {
@@ -426,14 +442,15 @@ fn compare(s: &Script) -> (usize, End) {
     let mut n = 0;
     for r in 0..s.world() {
         for (i, (a, b)) in theirs[r].iter().zip(&ours[r]).enumerate() {
-            assert_eq!(
-                a,
-                b,
-                "{}: rank {r}'s command {i} differs: flodl {} / cohort {}",
-                s.name,
-                short(a),
-                short(b)
-            );
+            if a != b {
+                let before: Vec<String> = theirs[r][i.saturating_sub(6)..i].iter().map(short).collect();
+                panic!(
+                    "{}: rank {r}'s command {i} differs: flodl {} / cohort {}; before it (equal): {before:#?}",
+                    s.name,
+                    short(a),
+                    short(b)
+                );
+            }
         }
         assert_eq!(
             theirs[r].len(),
@@ -453,9 +470,10 @@ fn compare(s: &Script) -> (usize, End) {
     );
     let kinds = |k: &str| ours.iter().flatten().filter(|m| format!("{m:?}").starts_with(k)).count();
     eprintln!(
-        "command-streams {}: {n} commands equal, run {our_end:?} ({} StartEpoch, {} RequestParams, {} SyncNow, {} Update, {} Throttle, {} SetGlobalStep, {} EpochAggregated)",
+        "command-streams {}: {n} commands equal, run {our_end:?} ({} StartEpoch, {} StageAdvisory, {} RequestParams, {} SyncNow, {} Update, {} Throttle, {} SetGlobalStep, {} EpochAggregated)",
         s.name,
         kinds("StartEpoch"),
+        kinds("StageAdvisory"),
         kinds("RequestParams"),
         kinds("SyncNow"),
         kinds("Update"),
@@ -478,7 +496,15 @@ fn script(name: &'static str, backend: Backend, policy: ApplyPolicy, anchor: u64
         batch_size: 4,
         anchor,
         max_batch_diff: None,
+        // Whole-epoch plans unless a case asks for flodl's default.
+        progressive: Some(false),
     }
+}
+
+/// `script`, under flodl's default dispatch (chunks from a pool under
+/// cadence and async).
+fn chunked(name: &'static str, backend: Backend, policy: ApplyPolicy, anchor: u64) -> Script {
+    Script { progressive: None, ..script(name, backend, policy, anchor) }
 }
 
 /// `s` runs to the end under both coordinators with equal streams.
@@ -557,4 +583,27 @@ fn nccl_sync() {
 #[test]
 fn nccl_cadence() {
     finishes(&script("nccl-cadence", Backend::Nccl, ApplyPolicy::Cadence, 4));
+}
+
+#[test]
+fn cpu_cadence_chunked() {
+    finishes(&chunked("cpu-cadence-chunked", Backend::Cpu, ApplyPolicy::Cadence, 4));
+}
+
+#[test]
+fn cpu_async_chunked() {
+    finishes(&chunked("cpu-async-chunked", Backend::Cpu, ApplyPolicy::Async, 4));
+}
+
+#[test]
+fn nccl_cadence_chunked() {
+    finishes(&chunked("nccl-cadence-chunked", Backend::Nccl, ApplyPolicy::Cadence, 4));
+}
+
+/// Chunks forced on under sync (flodl's `progressive(true)`).
+#[test]
+fn cpu_sync_chunked() {
+    let s =
+        Script { progressive: Some(true), ..script("cpu-sync-chunked", Backend::Cpu, ApplyPolicy::Sync, 1) };
+    finishes(&s);
 }

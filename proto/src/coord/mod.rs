@@ -17,9 +17,11 @@
 //!
 //! Every decision is reported as a [`CoordEvent`]: a checker can rebuild
 //! each epoch's assignment exactly from [`CoordEvent::PlanIssued`],
-//! [`CoordEvent::PartitionExtended`] and [`CoordEvent::RankDead`].
+//! [`CoordEvent::PartitionExtended`], [`CoordEvent::ChunkIssued`] and
+//! [`CoordEvent::RankDead`].
 
 mod budget;
+pub mod chunk_pool;
 mod coordinator;
 pub mod el_che;
 mod liveness;
@@ -108,6 +110,15 @@ pub struct CoordConfig {
     pub device_indices: Vec<u8>,
     /// The model signature every relay must announce for each rank, if set.
     pub model_sig: Option<[u8; 32]>,
+    /// Chunk-pool (progressive) dispatch: `None` follows flodl 0.8's
+    /// default, on for Cadence and Async, off for Sync. Needs cycles on in
+    /// a world of at least 2 (ElChe's counts size the chunks); whole-epoch
+    /// plans otherwise.
+    pub progressive: Option<bool>,
+    /// Async's lookahead past a rank's count, in batches: `None` auto-tunes
+    /// it as flodl does (from 3, +1 per `Stable` verdict up to 15, back to 3
+    /// on `NudgeDown`); a value fixes it.
+    pub max_overshoot: Option<u64>,
     /// cohort's rules or flodl 0.8's, where they differ.
     pub rules: Rules,
 }
@@ -135,8 +146,16 @@ impl CoordConfig {
             role_policy: RolePolicy::Fastest,
             device_indices: (0..world_size).map(|r| r as u8).collect(),
             model_sig: None,
+            progressive: None,
+            max_overshoot: None,
             rules: Rules::Cohort,
         }
+    }
+
+    /// Whether epochs are dispatched in chunks from a pool (see
+    /// [`CoordConfig::progressive`]).
+    pub fn is_progressive(&self) -> bool {
+        self.el_che_config().is_some() && self.progressive.unwrap_or(self.policy != ApplyPolicy::Sync)
     }
 
     /// Refuses a configuration that cannot run.
@@ -428,6 +447,21 @@ pub enum CoordEvent {
         /// Whether the sizes follow measured throughput.
         calibrated: bool,
         /// How the plans were sent.
+        via: PlanCarrier,
+    },
+    /// A chunk of an epoch went to a rank (chunk-pool dispatch): by
+    /// `StartEpoch`, or folded into an `Update`. An epoch's first chunks are
+    /// also reported as its [`CoordEvent::PlanIssued`].
+    ChunkIssued {
+        /// The epoch.
+        epoch: u64,
+        /// The rank.
+        rank: u32,
+        /// The chunk.
+        segment: Segment,
+        /// Whether it (or its start) was a dead rank's forfeited work.
+        reclaimed: bool,
+        /// How it was sent.
         via: PlanCarrier,
     },
     /// A slice of a dead rank's remainder went to a survivor.

@@ -1,12 +1,16 @@
 //! The coordinator's decision core (see [`Scheduler`]).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use core::time::Duration;
 
 use super::budget::{Backend, SaveReason, unrecoverable};
+use super::chunk_pool::{
+    ChunkAsk, ChunkPool, FinalWindow, OVERSHOOT_CEILING, OVERSHOOT_INITIAL, advisory_spans, chunk_batches,
+    fronts, probe_batches, reduce_budget, refresh_final_window, span_sizes,
+};
 use super::el_che::partition::{equal_sizes, ratio_sizes, throughput_sizes};
-use super::el_che::{DivergenceSample, ElChe};
+use super::el_che::{DivergenceSample, ElChe, Verdict};
 use super::liveness::{Life, Liveness};
 use super::metrics::EpochReports;
 use super::nccl::{AskAbandoned, NCCL_UID_BYTES, Rendezvous, new_sessions, pick_generator};
@@ -101,6 +105,25 @@ struct EvalJob {
     target: u32,
 }
 
+/// Chunk-pool dispatch's books (progressive runs only).
+#[derive(Debug, Clone, Default)]
+struct Chunks {
+    /// The pools of the epochs not yet aggregated, in epoch order.
+    pools: BTreeMap<u64, ChunkPool>,
+    /// Per epoch: the chunks' metrics.
+    reports: BTreeMap<u64, EpochReports>,
+    /// Per epoch: what each rank was given, in order.
+    assigned: BTreeMap<u64, Vec<Assignment>>,
+    /// Per rank: the epoch of its last chunk.
+    rank_epoch: Vec<u64>,
+    /// The pinned final-window split, if the epoch's last window is on.
+    final_window: Option<FinalWindow>,
+    /// The last aggregated epoch.
+    last_aggregated: Option<u64>,
+    /// Per rank: its step count when its last chunk's metrics arrived.
+    steps_at_completion: Vec<u64>,
+}
+
 /// The schedule id of the final eval (flodl's sentinel).
 const FINAL_EVAL_ID: u64 = u64::MAX;
 
@@ -172,6 +195,9 @@ pub struct Scheduler {
     nccl: Option<Rendezvous>,
     el_che: Option<ElChe>,
     gates: Gates,
+    /// The gates need a recount before the window gate reads them (a pool
+    /// drained or went, the final window moved).
+    gates_dirty: bool,
     /// When the armed cycle started, until every rank acked it.
     sync_started: Option<Time>,
     /// The last cycle's trigger-to-last-ack time, for the next window
@@ -183,6 +209,13 @@ pub struct Scheduler {
     /// a rank whose trust window emptied).
     last_speed: Vec<f64>,
     cycle: Cycle,
+    /// Chunk-pool dispatch's books, when the run is progressive.
+    chunks: Option<Chunks>,
+    /// Async's lookahead past a rank's count (flodl's `max_overshoot`).
+    max_overshoot: u64,
+    /// A chunk's metrics arrived since the window gate last looked: it
+    /// looks at the next input (flodl takes metrics after its gate).
+    gate_deferred: Option<Time>,
     cycles: u64,
     version: u64,
     global_step: u64,
@@ -236,11 +269,19 @@ impl Scheduler {
             nccl: None,
             el_che,
             gates: Gates::default(),
+            gates_dirty: false,
             sync_started: None,
             last_sync_ms: 0.0,
             idle_ms: Vec::new(),
             last_speed: vec![0.0; world as usize],
             cycle: Cycle::Idle,
+            chunks: cfg.is_progressive().then(|| Chunks {
+                rank_epoch: vec![0; world as usize],
+                steps_at_completion: vec![0; world as usize],
+                ..Chunks::default()
+            }),
+            max_overshoot: cfg.max_overshoot.unwrap_or(OVERSHOOT_INITIAL),
+            gate_deferred: None,
             cycles: 0,
             version: 0,
             global_step: 0,
@@ -299,6 +340,19 @@ impl Scheduler {
         self.el_che.as_ref()?.balancer().smoothed_ms_per_batch(rank)
     }
 
+    /// Chunk-pool work no rank will be served again: the oldest pool with
+    /// samples left while every rank not dead has moved to a later epoch,
+    /// as `(epoch, samples)`. flodl serves a rank only from its own epoch
+    /// or the next, so under its rules this is a hang (the epoch never
+    /// aggregates); cohort's ranks go back for it.
+    pub fn stranded(&self) -> Option<(u64, u64)> {
+        let ch = self.chunks.as_ref()?;
+        let (&epoch, pool) = ch.pools.iter().find(|(_, p)| p.remaining() > 0)?;
+        let mut live = (0..self.cfg.world_size).filter(|&r| !self.live.is_dead(r)).peekable();
+        live.peek()?;
+        live.all(|r| ch.rank_epoch[r as usize] > epoch).then(|| (epoch, pool.remaining()))
+    }
+
     /// ElChe, when cycles are on in a world of at least 2.
     pub fn el_che(&self) -> Option<&ElChe> {
         self.el_che.as_ref()
@@ -329,6 +383,7 @@ impl Scheduler {
             self.live.deadline_bound(),
             self.nccl.as_ref().map(Rendezvous::deadline),
             self.cycle_since().map(|t| t + self.cfg.stall_ceiling() + ns),
+            self.gate_deferred,
         ]
         .into_iter()
         .flatten()
@@ -356,14 +411,14 @@ impl Scheduler {
             b.last_batch_at = now;
         }
         self.recount();
-        self.tick(now);
+        self.catch_up(now);
         self.advance(now);
     }
 
     /// Ends a running run early and gracefully: `Shutdown` to every live
     /// rank, [`RunEnd::Done`]. A no-op once the run has ended.
     pub fn stop(&mut self, now: Time) {
-        self.tick(now);
+        self.catch_up(now);
         if self.running() {
             self.nccl = None;
             self.cycle = Cycle::Idle;
@@ -373,6 +428,19 @@ impl Scheduler {
 
     /// Does whatever is due at `now` (the driver's timer). Idempotent.
     pub fn tick(&mut self, now: Time) {
+        self.catch_up(now);
+        self.deferred_gate(now);
+    }
+
+    /// The window gate a chunk's metrics left for the next input.
+    fn deferred_gate(&mut self, now: Time) {
+        if self.gate_deferred.take().is_some() {
+            self.cycle_gate(now);
+        }
+    }
+
+    /// Beacons, staleness, NCCL answer timeouts, the stall ceiling.
+    fn catch_up(&mut self, now: Time) {
         if !self.running() {
             return;
         }
@@ -413,7 +481,7 @@ impl Scheduler {
             Message::Metrics(m) => self.on_metrics(now, rank, m),
             Message::Reserved { .. } => self.tick(now),
             other => {
-                self.tick(now);
+                self.catch_up(now);
                 let kind = other.kind();
                 self.bad(
                     rank,
@@ -426,7 +494,7 @@ impl Scheduler {
     /// A timing report from `rank`. Any timing message refreshes the rank's
     /// last-heard time; messages from dead or exited ranks are ignored.
     pub fn on_timing(&mut self, now: Time, rank: u32, msg: TimingMsgWire) {
-        self.tick(now);
+        self.catch_up(now);
         if !self.accepts(rank) {
             return;
         }
@@ -501,13 +569,14 @@ impl Scheduler {
             | TimingMsgWire::DashboardSetHardware { .. }
             | TimingMsgWire::ResourceSample { .. }) => self.event(CoordEvent::Telemetry { rank, msg: m }),
         }
+        self.deferred_gate(now);
     }
 
     /// A per-epoch metrics report from `rank` (it ran out of assigned work in
     /// `msg.epoch`). Reports for any epoch but the one in progress are
     /// ignored.
     pub fn on_metrics(&mut self, now: Time, rank: u32, msg: MetricsMsgWire) {
-        self.tick(now);
+        self.catch_up(now);
         if !self.accepts(rank) {
             return;
         }
@@ -516,6 +585,10 @@ impl Scheduler {
             return;
         }
         if !self.running() || !self.live.is_alive(rank) {
+            return;
+        }
+        if self.chunks.is_some() {
+            self.chunk_metrics(now, rank, &msg);
             return;
         }
         let Some(ep) = self.epoch.as_mut().filter(|e| e.epoch == msg.epoch && !e.aggregated) else { return };
@@ -527,7 +600,7 @@ impl Scheduler {
     /// The launcher saw `rank`'s process exit with `code`: non-zero declares
     /// it dead, zero latches it as exited.
     pub fn rank_exited(&mut self, now: Time, rank: u32, code: i32) {
-        self.tick(now);
+        self.catch_up(now);
         if !self.accepts(rank) {
             return;
         }
@@ -547,7 +620,7 @@ impl Scheduler {
     /// Declares ranks dead (ranks already dead, exited or out of range are
     /// skipped), then checks the budget once.
     pub fn report_deaths(&mut self, now: Time, deaths: &[(u32, DeathCause)]) {
-        self.tick(now);
+        self.catch_up(now);
         if !self.ended() {
             self.deaths(now, deaths);
         }
@@ -650,6 +723,7 @@ impl Scheduler {
         // flodl's, its plan past its steps' samples (the slices it was
         // given itself are lost).
         let (epoch, processed, remainder) = match &self.epoch {
+            _ if self.progressive() => self.forfeit_chunks(r),
             Some(ep) if !ep.aggregated => match self.cfg.rules {
                 Rules::Cohort => {
                     let done = self.processed(ep, r);
@@ -657,7 +731,8 @@ impl Scheduler {
                 }
                 Rules::Flodl => {
                     let i = r as usize;
-                    let plan = ep.assigned[i].segments()[0];
+                    // No plan of this epoch for it: nothing to hand out.
+                    let plan = ep.assigned[i].segments().first().copied().unwrap_or(Segment::new(0, 0));
                     let steps = self.ranks[i].last_step.saturating_sub(ep.start_step[i]);
                     let done = steps.saturating_mul(self.cfg.batch_size).min(plan.size);
                     let rest = Segment::new(plan.offset + done, plan.size - done);
@@ -689,7 +764,7 @@ impl Scheduler {
         };
         // 5. Redistribute the remainder: in samples (flodl's rule), or in
         // whole batches (cohort's: no slice leaves a survivor a tail to drop).
-        if let Some(e) = epoch {
+        if let Some(e) = epoch.filter(|_| !self.progressive()) {
             let b = self.cfg.batch_size;
             for seg in remainder {
                 let slices = match self.cfg.rules {
@@ -737,6 +812,8 @@ impl Scheduler {
             }
         }
         if self.running() {
+            // Chunk-pool dispatch: the forfeited chunks go back into motion.
+            self.wake_idle();
             self.recount();
             self.capture_sync_time(now);
             self.cycle_progress(now);
@@ -958,6 +1035,10 @@ impl Scheduler {
         if !self.running() {
             return;
         }
+        if self.progressive() {
+            self.advance_chunked(now);
+            return;
+        }
         match &self.epoch {
             None if self.cfg.epochs > 0 => {
                 self.dispatch_epoch(0, PlanCarrier::StartEpoch);
@@ -981,6 +1062,12 @@ impl Scheduler {
             self.cycle_gate(now);
             return;
         }
+        self.end_sequence(now);
+    }
+
+    /// After the last epoch: a final consensus cycle, the final eval,
+    /// `Shutdown`.
+    fn end_sequence(&mut self, now: Time) {
         // The end: a final consensus cycle if ranks hold unaveraged steps.
         if self.el_che.is_some() && !self.final_cycle_started {
             let moved = (0..self.cfg.world_size).any(|r| !self.live.is_dead(r) && self.window_steps(r) > 0);
@@ -1081,10 +1168,9 @@ impl Scheduler {
         self.recount();
     }
 
-    /// Sends the roles (first time), the due checkpoint and eval, and the
-    /// plans of `epoch`; returns the plans (for folding into `Update`).
-    fn dispatch_epoch(&mut self, epoch: u64, via: PlanCarrier) -> Vec<EpochPlanWire> {
-        let alive = self.live.alive();
+    /// The roles (first time), then the checkpoint and eval due on
+    /// entering `epoch`.
+    fn epoch_callbacks(&mut self, epoch: u64) {
         if !self.roles_announced {
             self.roles_announced = true;
             let rank = self.roles.epoch_callback.into();
@@ -1101,6 +1187,13 @@ impl Scheduler {
                 self.start_eval(epoch, epoch);
             }
         }
+    }
+
+    /// Sends the roles (first time), the due checkpoint and eval, and the
+    /// plans of `epoch`; returns the plans (for folding into `Update`).
+    fn dispatch_epoch(&mut self, epoch: u64, via: PlanCarrier) -> Vec<EpochPlanWire> {
+        let alive = self.live.alive();
+        self.epoch_callbacks(epoch);
         // cohort sizes over the live ranks; flodl over the whole world, the
         // dead ranks' shares never sent.
         let (sized, to): (Vec<u32>, Vec<u32>) = match self.cfg.rules {
@@ -1143,18 +1236,32 @@ impl Scheduler {
         !self.live.is_dead(r) && (self.cfg.rules == Rules::Flodl || !self.live.is_exited(r))
     }
 
-    /// Whether the plan is progressive (chunk-pool dispatch). Not yet:
-    /// every policy dispatches whole epochs.
+    /// Whether epochs go out in chunks from a pool.
     fn progressive(&self) -> bool {
-        false
+        self.chunks.is_some()
     }
 
     /// Whether `r` can step no more in the epoch in progress, so it does
-    /// not hold the window open. cohort: it processed the whole batches of
-    /// all it was assigned. flodl (whole-epoch dispatch): never, so a rank
-    /// that finished its partition holds the window until the next epoch
-    /// (and a peer throttled short of the epoch's end deadlocks the run).
+    /// not hold the window open. Chunk-pool dispatch (flodl's rule, both
+    /// rules): no chunk in flight for it, and its epoch's pool is drained or
+    /// the pinned final window gives it nothing. Whole-epoch dispatch,
+    /// cohort: it processed the whole batches of all it was assigned;
+    /// flodl: never, so a rank that finished its partition holds the
+    /// window until the next epoch (and a peer throttled short of the
+    /// epoch's end deadlocks the run).
     fn quiesced(&self, r: u32) -> bool {
+        if let Some(ch) = &self.chunks {
+            if ch.pools.values().any(|p| p.in_flight(r) > 0) {
+                return false;
+            }
+            let e = ch.rank_epoch[r as usize];
+            let drained = ch.pools.get(&e).is_some_and(|p| p.remaining() == 0);
+            let nothing = ch
+                .final_window
+                .as_ref()
+                .is_some_and(|f| f.epoch == e && f.alloc.get(r as usize).copied().unwrap_or(0) == 0);
+            return drained || nothing;
+        }
         match (&self.epoch, self.cfg.rules) {
             (Some(ep), Rules::Cohort) if !ep.aggregated => self.processed(ep, r) >= self.whole_batches(ep, r),
             _ => false,
@@ -1185,6 +1292,7 @@ impl Scheduler {
     /// Rebuilds the running counts from scratch (after a window closes, a
     /// cycle is armed, a rank dies or exits).
     fn recount(&mut self) {
+        self.gates_dirty = false;
         let mut g = Gates::default();
         for r in 0..self.cfg.world_size {
             let satisfied = self.window_done(r);
@@ -1280,18 +1388,26 @@ impl Scheduler {
     /// ran its target (NCCL: and acked the last `SyncNow`), some rank
     /// stepped.
     fn cycle_gate(&mut self, now: Time) {
-        if !self.running() || self.cycle != Cycle::Idle || self.epoch.is_none() {
-            return;
-        }
-        if self.gates.short > 0 || (self.cfg.backend == Backend::Nccl && self.gates.unacked > 0) {
-            return;
-        }
-        let Some(e) = &self.el_che else { return };
-        let excused: Vec<bool> =
-            (0..self.cfg.world_size).map(|r| !self.holds(r) || self.quiesced(r)).collect();
-        if e.window_due(|r| excused[r as usize]) {
+        if self.gate_open() {
             self.trigger_cycle(now, false);
         }
+    }
+
+    /// Whether the window gate would arm a cycle now.
+    fn gate_open(&mut self) -> bool {
+        if !self.running() || self.cycle != Cycle::Idle || self.epoch.is_none() {
+            return false;
+        }
+        if self.gates_dirty {
+            self.recount();
+        }
+        if self.gates.short > 0 || (self.cfg.backend == Backend::Nccl && self.gates.unacked > 0) {
+            return false;
+        }
+        let Some(e) = &self.el_che else { return false };
+        let excused: Vec<bool> =
+            (0..self.cfg.world_size).map(|r| !self.holds(r) || self.quiesced(r)).collect();
+        e.window_due(|r| excused[r as usize])
     }
 
     fn trigger_cycle(&mut self, now: Time, last: bool) {
@@ -1347,6 +1463,20 @@ impl Scheduler {
         let steps = e.ledger().steps_all().to_vec();
         let Ok(d) = e.close_window(sync_ms) else { return };
         let (counts, anchor) = (e.batch_counts().to_vec(), e.anchor());
+        // Async's lookahead follows the guard's verdict (flodl's auto-tune).
+        if self.cfg.policy == ApplyPolicy::Async {
+            let (initial, ceiling) = match self.cfg.max_overshoot {
+                Some(m) => (m, m),
+                None => (OVERSHOOT_INITIAL, OVERSHOOT_CEILING),
+            };
+            let auto = self.cfg.max_overshoot.is_none();
+            match d.verdict {
+                Verdict::Stable if auto => self.max_overshoot = (self.max_overshoot + 1).min(ceiling),
+                Verdict::NudgeDown { .. } if auto => self.max_overshoot = initial,
+                _ => {}
+            }
+            self.max_overshoot = self.max_overshoot.min(ceiling);
+        }
         for (last, ms) in self.last_speed.iter_mut().zip(e.balancer().ms_per_batch()) {
             if ms > 0.0 {
                 *last = ms;
@@ -1367,12 +1497,14 @@ impl Scheduler {
         self.event(CoordEvent::CycleFinished { version: self.version, global_step: self.global_step });
     }
 
-    /// The cycle's shared tail: throttles clear.
+    /// The cycle's shared tail: throttles clear; chunk-pool dispatch wakes
+    /// the ranks without a chunk and refreshes the advisories.
     fn cycle_tail(&mut self) {
         for b in &mut self.ranks {
             b.throttled = false;
         }
         self.gates.min_steps = 0;
+        self.wake_idle();
     }
 
     /// Finishes a CPU cycle once every rank that holds cycles sent its
@@ -1395,6 +1527,12 @@ impl Scheduler {
         if let Cycle::CpuPending { .. } = core::mem::replace(&mut self.cycle, Cycle::Idle) {
             self.finish_cpu_cycle();
         }
+        // flodl's tick: the gate looks before finished epochs aggregate.
+        if self.progressive() {
+            self.cycle_gate(now);
+            self.advance(now);
+            return;
+        }
         self.advance(now);
         self.cycle_gate(now);
     }
@@ -1405,7 +1543,18 @@ impl Scheduler {
         self.close_window();
         let version = self.version;
         let to: Vec<u32> = (0..self.cfg.world_size).filter(|&r| !self.live.is_dead(r)).collect();
-        self.send(to, ControlMsgWire::Update { version, next_plan: None });
+        if self.progressive() {
+            // Cadence folds each rank's next chunk into its `Update`; all
+            // are taken before any is sent.
+            let fold = self.cfg.policy == ApplyPolicy::Cadence;
+            let plans: Vec<(u32, Option<EpochPlanWire>)> =
+                to.iter().map(|&r| (r, if fold { self.fold_chunk(r, version) } else { None })).collect();
+            for (r, next_plan) in plans {
+                self.send(vec![r], ControlMsgWire::Update { version, next_plan });
+            }
+        } else {
+            self.send(to, ControlMsgWire::Update { version, next_plan: None });
+        }
         let to = self.live.reachable();
         self.send(to, ControlMsgWire::SetGlobalStep { global_step: self.global_step });
         self.cycle_tail();
@@ -1450,5 +1599,439 @@ impl Scheduler {
             self.send(vec![rank], ControlMsgWire::Throttle);
             self.event(CoordEvent::Throttled { rank, steps, slowest });
         }
+    }
+}
+
+// --------------------------------------------------------------------
+// Chunk-pool (progressive) dispatch: the plumbing around `chunk_pool`
+// --------------------------------------------------------------------
+
+impl Scheduler {
+    /// Sync or Cadence: no step that crosses a reduce or an epoch edge is
+    /// handed out.
+    fn barrier_paced(&self) -> bool {
+        self.cfg.policy != ApplyPolicy::Async
+    }
+
+    fn counts(&self) -> Vec<u64> {
+        self.el_che.as_ref().map(|e| e.batch_counts().to_vec()).unwrap_or_default()
+    }
+
+    fn calibrated(&self) -> bool {
+        self.el_che.as_ref().is_some_and(|e| e.balancer().is_calibrated() || e.balancer().has_speed_hint())
+    }
+
+    /// A chunk's metrics: flodl's tick order. The window gate first looks
+    /// at what the previous input left (NCCL cadence takes the waiting
+    /// metrics before its reduce), then the chunk is marked complete and
+    /// the rank's next chunk goes out, then finished epochs aggregate; the
+    /// gate looks at this frame at the next input.
+    fn chunk_metrics(&mut self, now: Time, rank: u32, msg: &MetricsMsgWire) {
+        let open = self.gate_deferred.take().is_some() && self.gate_open();
+        let drain_first =
+            open && self.cfg.backend == Backend::Nccl && self.cfg.policy == ApplyPolicy::Cadence;
+        if open && !drain_first {
+            self.trigger_cycle(now, false);
+        }
+        self.take_chunk_metrics(rank, msg);
+        if drain_first && self.running() && self.cycle == Cycle::Idle {
+            self.trigger_cycle(now, false);
+        }
+        self.advance(now);
+        self.gate_deferred = Some(now);
+    }
+
+    fn take_chunk_metrics(&mut self, rank: u32, msg: &MetricsMsgWire) {
+        let world = self.cfg.world_size;
+        let last_step = self.ranks[rank as usize].last_step;
+        let Some(ch) = self.chunks.as_mut() else { return };
+        if ch.last_aggregated.is_some_and(|a| msg.epoch <= a) {
+            return;
+        }
+        if let Some(pool) = ch.pools.get_mut(&msg.epoch) {
+            pool.mark_completed(rank, msg.samples_processed);
+        }
+        ch.reports.entry(msg.epoch).or_insert_with(|| EpochReports::new(world)).add(msg);
+        ch.steps_at_completion[rank as usize] = last_step;
+        self.next_chunk(rank);
+        self.resatisfy(rank);
+    }
+
+    /// Re-reads whether `r` holds the window (its chunks and its epoch's
+    /// pool changed).
+    fn resatisfy(&mut self, r: u32) {
+        let done = self.window_done(r);
+        let holds = self.holds(r);
+        let b = &mut self.ranks[r as usize];
+        if b.satisfied != done {
+            b.satisfied = done;
+            if holds {
+                if done {
+                    self.gates.short = self.gates.short.saturating_sub(1);
+                } else {
+                    self.gates.short += 1;
+                }
+            }
+        }
+    }
+
+    /// Epoch 0's start; then finished epochs aggregate in epoch order (the
+    /// first unfinished stops the walk) and, once the cycle in flight is
+    /// done, the ranks without a chunk are dispatched or the run ends.
+    fn advance_chunked(&mut self, now: Time) {
+        if self.epoch.is_none() {
+            if self.cfg.epochs > 0 {
+                self.epoch_callbacks(0);
+                self.start_chunked_epoch(0);
+            }
+            return;
+        }
+        while let Some(ch) = self.chunks.as_mut() {
+            let Some((&e, pool)) = ch.pools.iter().next() else { break };
+            if !pool.is_done() {
+                break;
+            }
+            let Some(reports) = ch.reports.remove(&e) else { break };
+            ch.pools.remove(&e);
+            ch.last_aggregated = Some(e);
+            let next = ch.assigned.remove(&(e + 1));
+            self.gates_dirty = true;
+            let to = self.live.reachable();
+            let share = self.batch_share();
+            let metrics = reports.aggregate(e, &self.cfg.device_indices, &share);
+            self.send(to, ControlMsgWire::EpochAggregated(Box::new(metrics.clone())));
+            self.event(CoordEvent::EpochAggregated { metrics: Box::new(metrics) });
+            let world = self.cfg.world_size as usize;
+            if let Some(book) = self.epoch.as_mut() {
+                if e + 1 < self.cfg.epochs {
+                    book.epoch = e + 1;
+                    book.assigned = next.unwrap_or_else(|| vec![Assignment::default(); world]);
+                    book.start_step = self.ranks.iter().map(|b| b.last_step).collect();
+                    book.reports = EpochReports::new(self.cfg.world_size);
+                } else {
+                    book.aggregated = true;
+                }
+            }
+            // flodl dispatches epoch callbacks only through its whole-epoch
+            // path, so under chunk-pool dispatch no checkpoint or eval
+            // cadence fires past epoch 0; cohort fires them at the edge.
+            if self.cfg.rules == Rules::Cohort && e + 1 < self.cfg.epochs {
+                self.epoch_callbacks(e + 1);
+            }
+        }
+        let Some(latest) = self.chunks.as_ref().and_then(|c| c.last_aggregated) else { return };
+        if matches!(self.cycle, Cycle::CpuPending { .. }) {
+            return;
+        }
+        if latest + 1 >= self.cfg.epochs {
+            self.end_sequence(now);
+            return;
+        }
+        for r in 0..self.cfg.world_size {
+            if !self.live.is_dead(r) && !self.in_flight(r) {
+                self.next_chunk(r);
+            }
+        }
+    }
+
+    fn in_flight(&self, r: u32) -> bool {
+        self.chunks.as_ref().is_some_and(|c| c.pools.values().any(|p| p.in_flight(r) > 0))
+    }
+
+    /// The counts reservation spans follow: ElChe's (flodl: dead ranks'
+    /// stale counts included, so spans are reserved for ranks that never
+    /// take them); cohort gives dead ranks none (uncalibrated: one each to
+    /// the live).
+    fn span_counts(&self) -> (Vec<u64>, bool) {
+        let counts = self.counts();
+        let calibrated = self.calibrated();
+        match self.cfg.rules {
+            Rules::Flodl => (counts, calibrated),
+            Rules::Cohort => {
+                let live = |r: usize| !self.live.is_dead(r as u32);
+                let c = counts
+                    .iter()
+                    .enumerate()
+                    .map(|(r, &c)| {
+                        if !live(r) {
+                            0
+                        } else if calibrated {
+                            c
+                        } else {
+                            1
+                        }
+                    })
+                    .collect();
+                (c, true)
+            }
+        }
+    }
+
+    /// `epoch`'s pool: its whole batches over the reservation spans.
+    fn new_pool(&self, epoch: u64) -> ChunkPool {
+        let b = self.cfg.batch_size;
+        let _ = epoch;
+        let (counts, calibrated) = self.span_counts();
+        ChunkPool::with_spans(&span_sizes(self.cfg.epoch_samples / b, b, &counts, calibrated))
+    }
+
+    /// An epoch's start under chunk-pool dispatch: its pool, the final
+    /// window if it is one, the stage advisories, then each live rank's
+    /// first chunk (all sized before any is taken).
+    fn start_chunked_epoch(&mut self, epoch: u64) {
+        let pool = self.new_pool(epoch);
+        let world = self.cfg.world_size as usize;
+        let book = EpochBook {
+            epoch,
+            assigned: vec![Assignment::default(); world],
+            start_step: self.ranks.iter().map(|b| b.last_step).collect(),
+            reports: EpochReports::new(self.cfg.world_size),
+            aggregated: false,
+        };
+        self.epoch = Some(book);
+        if let Some(ch) = self.chunks.as_mut() {
+            ch.pools.insert(epoch, pool);
+        }
+        self.refresh_final(epoch);
+        self.advisories(epoch);
+        let sizes: Vec<u64> = (0..self.cfg.world_size).map(|r| self.chunk_size(r, epoch)).collect();
+        for (r, &n) in sizes.iter().enumerate() {
+            let r = r as u32;
+            if !self.live.is_dead(r) {
+                self.take_chunk(r, epoch, n, PlanCarrier::StartEpoch);
+            }
+        }
+        self.recount();
+    }
+
+    /// The batches of `rank`'s next chunk of `epoch`.
+    fn chunk_size(&self, rank: u32, epoch: u64) -> u64 {
+        let Some(ch) = &self.chunks else { return 0 };
+        let Some(pool) = ch.pools.get(&epoch) else { return 0 };
+        let counts = self.counts();
+        let count = counts.get(rank as usize).copied().unwrap_or(0);
+        let is_async = self.cfg.policy == ApplyPolicy::Async;
+        chunk_batches(&ChunkAsk {
+            rank,
+            remaining_batches: pool.remaining() / self.cfg.batch_size,
+            pinned: ch
+                .final_window
+                .as_ref()
+                .filter(|f| f.epoch == epoch)
+                .map(|f| f.alloc.get(rank as usize).copied().unwrap_or(0)),
+            counts: &counts,
+            barrier_paced: self.barrier_paced(),
+            calibrated: self.calibrated(),
+            probe: probe_batches(self.cfg.epoch_samples, self.cfg.world_size.into(), self.cfg.batch_size),
+            budget: reduce_budget(count, is_async, self.max_overshoot),
+            window_steps: self.window_steps(rank),
+        })
+    }
+
+    /// Takes `batches` of `epoch`'s pool for `rank` and sends them (or
+    /// returns them for an `Update`).
+    fn take_chunk(&mut self, rank: u32, epoch: u64, batches: u64, via: PlanCarrier) -> Option<EpochPlanWire> {
+        let samples = batches.saturating_mul(self.cfg.batch_size);
+        let world = self.cfg.world_size as usize;
+        let ch = self.chunks.as_mut()?;
+        let pool = ch.pools.get_mut(&epoch)?;
+        let reclaimed = pool.has_reclaimed();
+        let seg = pool.take(samples, rank)?;
+        let drained = pool.remaining() == 0;
+        ch.rank_epoch[rank as usize] = epoch;
+        match self.epoch.as_mut().filter(|b| b.epoch == epoch) {
+            Some(book) => book.assigned[rank as usize].push(seg),
+            // Streamed ahead of the epoch in progress: kept for its book.
+            None => ch.assigned.entry(epoch).or_insert_with(|| vec![Assignment::default(); world])
+                [rank as usize]
+                .push(seg),
+        }
+        self.gates_dirty |= drained;
+        self.event(CoordEvent::ChunkIssued { epoch, rank, segment: seg, reclaimed, via });
+        let plan = EpochPlanWire { epoch, partition_offset: seg.offset, partition_size: seg.size };
+        self.resatisfy(rank);
+        if via == PlanCarrier::StartEpoch {
+            self.send(vec![rank], ControlMsgWire::StartEpoch(plan));
+            return None;
+        }
+        Some(plan)
+    }
+
+    /// `rank`'s next chunk after a completion, a reduce or a death, in
+    /// flodl's order: the final window refreshed; barrier paced, held while
+    /// it has a chunk in flight; held at its reduce budget; from its
+    /// epoch's pool while any is left; else, barrier paced, held at the
+    /// active epoch's edge; else streamed into the next epoch's pool.
+    ///
+    /// Under cohort's rules a rank first goes back to the oldest pool with
+    /// work left (a dead rank's chunks forfeited behind the epoch it
+    /// streamed into); flodl serves only the rank's own epoch, so those
+    /// chunks are never trained, the epoch never aggregates and the run
+    /// hangs (docs/DIFFERENCES.md).
+    fn next_chunk(&mut self, rank: u32) {
+        let Some(own) = self.chunks.as_ref().map(|c| c.rank_epoch[rank as usize]) else { return };
+        let epoch = match (self.cfg.rules, &self.chunks) {
+            (Rules::Cohort, Some(ch)) => {
+                ch.pools.iter().find(|(_, p)| p.remaining() > 0).map_or(own, |(&e, _)| e.min(own))
+            }
+            _ => own,
+        };
+        self.refresh_final(epoch);
+        if self.barrier_paced() && self.in_flight(rank) {
+            return;
+        }
+        let count = self.counts().get(rank as usize).copied().unwrap_or(0);
+        let budget = reduce_budget(count, self.cfg.policy == ApplyPolicy::Async, self.max_overshoot);
+        if budget > 0 && self.window_steps(rank) >= budget {
+            return;
+        }
+        let Some(ch) = self.chunks.as_ref() else { return };
+        if ch.pools.get(&epoch).is_some_and(|p| p.remaining() > 0) {
+            let n = self.chunk_size(rank, epoch);
+            self.take_chunk(rank, epoch, n, PlanCarrier::StartEpoch);
+            return;
+        }
+        let first_live = ch.last_aggregated.map_or(0, |a| a + 1);
+        let next = (epoch + 1).max(first_live);
+        if next >= self.cfg.epochs || (self.barrier_paced() && epoch >= first_live) {
+            return;
+        }
+        if !ch.pools.contains_key(&next) {
+            let pool = self.new_pool(next);
+            if let Some(ch) = self.chunks.as_mut() {
+                ch.pools.insert(next, pool);
+            }
+        }
+        let n = self.chunk_size(rank, next);
+        self.take_chunk(rank, next, n, PlanCarrier::StartEpoch);
+    }
+
+    /// Cadence's chunk folded into `rank`'s post-reduce `Update`: only from
+    /// its current epoch's pool, no barrier (the reduce just opened a
+    /// window).
+    fn fold_chunk(&mut self, rank: u32, version: u64) -> Option<EpochPlanWire> {
+        let epoch = self.chunks.as_ref()?.rank_epoch[rank as usize];
+        if self.chunks.as_ref()?.pools.get(&epoch).is_none_or(|p| p.remaining() == 0) {
+            return None;
+        }
+        self.refresh_final(epoch);
+        let n = self.chunk_size(rank, epoch);
+        self.take_chunk(rank, epoch, n, PlanCarrier::Update { version })
+    }
+
+    /// The pinned final-window split of `epoch` (barrier paced only).
+    fn refresh_final(&mut self, epoch: u64) {
+        let alive: Vec<bool> = (0..self.cfg.world_size).map(|r| self.holds(r)).collect();
+        let counts = self.counts();
+        let paced = self.barrier_paced();
+        let b = self.cfg.batch_size;
+        let repin = self.cfg.rules == Rules::Cohort;
+        let Some(ch) = self.chunks.as_mut() else { return };
+        let next = match ch.pools.get(&epoch) {
+            Some(pool) if paced => refresh_final_window(
+                ch.final_window.take(),
+                epoch,
+                pool.remaining() / b,
+                &counts,
+                &alive,
+                repin,
+            ),
+            _ => None,
+        };
+        if next != ch.final_window {
+            self.gates_dirty = true;
+        }
+        ch.final_window = next;
+    }
+
+    /// One `StageAdvisory` per rank not dead: the counts, then its spans
+    /// of `epoch` and the predicted spans of the next epoch.
+    fn advisories(&mut self, epoch: u64) {
+        let counts = self.counts();
+        let b = self.cfg.batch_size;
+        let Some(ch) = &self.chunks else { return };
+        let current: Option<Vec<Segment>> =
+            ch.pools.get(&epoch).map(|p| (0..self.cfg.world_size).map(|r| p.reservation(r)).collect());
+        let predicted: Option<Vec<Segment>> = (epoch + 1 < self.cfg.epochs).then(|| {
+            let (c, calibrated) = self.span_counts();
+            fronts(&span_sizes(self.cfg.epoch_samples / b, b, &c, calibrated))
+        });
+        let wire =
+            |segs: Vec<Segment>| -> Vec<(u64, u64)> { segs.iter().map(|s| (s.offset, s.size)).collect() };
+        let mut out = Vec::new();
+        for r in 0..self.cfg.world_size {
+            if self.live.is_dead(r) {
+                continue;
+            }
+            let mut segments = Vec::new();
+            if let Some(f) = &current {
+                let spans = advisory_spans(f, &counts, b, r);
+                if !spans.is_empty() {
+                    segments.push((epoch, wire(spans)));
+                }
+            }
+            if let Some(f) = &predicted {
+                let spans = advisory_spans(f, &counts, b, r);
+                if !spans.is_empty() {
+                    segments.push((epoch + 1, wire(spans)));
+                }
+            }
+            if !segments.is_empty() {
+                out.push((r, ControlMsgWire::StageAdvisory { counts: counts.clone(), segments }));
+            }
+        }
+        for (r, m) in out {
+            self.send(vec![r], m);
+        }
+    }
+
+    /// After a reduce or a death: every rank not dead without a chunk in
+    /// flight gets its next one, then the advisories of the newest pool.
+    fn wake_idle(&mut self) {
+        if !self.progressive() || !self.running() {
+            return;
+        }
+        for r in 0..self.cfg.world_size {
+            if !self.live.is_dead(r) && !self.in_flight(r) {
+                self.next_chunk(r);
+            }
+        }
+        if let Some(&e) = self.chunks.as_ref().and_then(|c| c.pools.keys().next_back()) {
+            self.advisories(e);
+        }
+    }
+
+    /// A dead rank's chunks go back to the pools. flodl forfeits every
+    /// outstanding chunk whole; cohort first credits the batches the rank
+    /// reported since its last completed chunk (so they are not trained
+    /// twice). Returns the epoch, the samples known processed in it, and
+    /// what went back of it.
+    fn forfeit_chunks(&mut self, r: u32) -> (Option<u64>, u64, Vec<Segment>) {
+        let b = self.cfg.batch_size;
+        let rules = self.cfg.rules;
+        let last_step = self.ranks[r as usize].last_step;
+        let Some(ch) = self.chunks.as_mut() else { return (None, 0, Vec::new()) };
+        let e = ch.rank_epoch[r as usize];
+        if rules == Rules::Cohort {
+            let batches = last_step.saturating_sub(ch.steps_at_completion[r as usize]);
+            let mut left = batches.saturating_mul(b);
+            for pool in ch.pools.values_mut() {
+                let n = left.min(pool.in_flight(r));
+                pool.mark_completed(r, n);
+                left -= n;
+            }
+        }
+        let mut back = Vec::new();
+        let mut processed = 0;
+        for (&pe, pool) in ch.pools.iter_mut() {
+            let segs = pool.forfeit(r);
+            if pe == e {
+                processed = pool.completed(r);
+                back = segs;
+            }
+        }
+        self.gates_dirty = true;
+        let epoch = ch.pools.contains_key(&e).then_some(e);
+        (epoch, processed, back)
     }
 }

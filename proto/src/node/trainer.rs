@@ -85,6 +85,13 @@ pub struct Trainer {
     pieces: Vec<(u64, u64)>,
     /// The plan in progress has not been reported yet.
     plan_open: bool,
+    /// The open work is a slice that came after its plan was reported
+    /// (flodl's worker, waiting for its next plan, never runs it).
+    reopened: bool,
+    /// A plan that came while the open one still had batches to run (a
+    /// chunk dispatched ahead): started once the open one is reported, as
+    /// flodl's worker keeps one pending plan.
+    pending: Option<EpochPlanWire>,
     /// Samples dropped as a plan's tail shorter than a batch, as
     /// `(epoch, first, count)` runs.
     dropped: Vec<(u64, u64, u64)>,
@@ -175,6 +182,8 @@ impl Trainer {
             hold: Hold::Free,
             throttled: false,
             snapshot_pending: false,
+            reopened: false,
+            pending: None,
             nccl_session: None,
             done: false,
         }
@@ -232,6 +241,9 @@ impl Trainer {
             self.drop_tail();
             if core::mem::take(&mut self.plan_open) {
                 out.push(Action::Metrics(self.metrics()));
+                if let Some(plan) = self.pending.take() {
+                    self.start_epoch(now, &plan, out);
+                }
             }
             return;
         }
@@ -324,6 +336,12 @@ impl Trainer {
             if self.remaining() < self.cfg.batch_size.max(1) && core::mem::take(&mut self.plan_open) {
                 self.drop_tail();
                 out.push(Action::Metrics(self.metrics()));
+                self.submit(out);
+                // The next plan is taken up; its batches wait for the consensus.
+                if let Some(plan) = self.pending.take() {
+                    self.start_epoch(now, &plan, out);
+                }
+                return;
             }
             self.submit(out);
         } else {
@@ -351,6 +369,13 @@ impl Trainer {
     }
 
     fn start_epoch(&mut self, now: Time, plan: &EpochPlanWire, out: &mut Vec<Action>) {
+        let b = self.cfg.batch_size.max(1);
+        if self.plan_open && !self.reopened && (self.batch.is_some() || self.remaining() >= b) {
+            // The newer plan wins the one slot, as on flodl's worker.
+            self.pending = Some(plan.clone());
+            return;
+        }
+        self.reopened = false;
         // What the previous plan left (work that came after it reported, and
         // its report with it) is abandoned, as flodl's worker abandons it.
         self.drop_tail();
@@ -366,6 +391,7 @@ impl Trainer {
         match msg {
             ControlMsgWire::StartEpoch(plan) => self.start_epoch(now, plan, out),
             ControlMsgWire::ExtendPartition { partition_offset, partition_size } => {
+                self.reopened |= !self.plan_open;
                 self.assign(now, *partition_offset, *partition_size, out);
             }
             ControlMsgWire::RequestParams if self.hold != Hold::Syncing => {

@@ -51,6 +51,9 @@ pub struct CoverageCheck {
     /// Per epoch, under flodl's rules: the partitions planned for ranks
     /// already gone (flodl sizes over the whole world; nobody is sent them).
     planned_for_gone: BTreeMap<u64, Vec<(u64, u64)>>,
+    /// Epochs dispatched in chunks: their pool holds whole batches only, so
+    /// the epoch's tail shorter than a batch is nobody's.
+    chunked: BTreeSet<u64>,
 }
 
 impl CoverageCheck {
@@ -67,6 +70,7 @@ impl CoverageCheck {
             handed: BTreeMap::new(),
             gone: BTreeSet::new(),
             planned_for_gone: BTreeMap::new(),
+            chunked: BTreeSet::new(),
         }
     }
 
@@ -109,6 +113,15 @@ impl CoverageCheck {
                         vec![]
                     };
                     self.assigned.insert((*epoch, r as u32), seg);
+                }
+            }
+            // A chunk (chunk-pool dispatch); a dead rank's forfeited work
+            // handed out again counts as handed.
+            ControllerEvent::Coord(CoordEvent::ChunkIssued { epoch, rank, segment, reclaimed, .. }) => {
+                self.assigned.entry((*epoch, *rank)).or_default().push((segment.offset, segment.size));
+                self.chunked.insert(*epoch);
+                if *reclaimed {
+                    self.handed.entry(*epoch).or_default().push((segment.offset, segment.size));
                 }
             }
             ControllerEvent::Coord(CoordEvent::PartitionExtended { epoch, rank, segment, .. })
@@ -239,6 +252,10 @@ impl CoverageCheck {
             let strict = !(self.flodl && self.remainders.contains_key(&epoch));
             let mut excused = self.unhanded(epoch);
             excused.extend(self.planned_for_gone.get(&epoch).into_iter().flatten().copied());
+            if self.chunked.contains(&epoch) {
+                let whole = samples / self.batch_size.max(1) * self.batch_size.max(1);
+                excused.push((whole, samples - whole));
+            }
             for (off, n) in excused {
                 edges.extend([(off, 1, DROPPED | UNHANDED), (off + n, -1, DROPPED | UNHANDED)]);
             }
@@ -308,7 +325,14 @@ impl CoverageCheck {
             // holds its reports back until a deadline.
             for (r, n) in dup_by {
                 let cut_off = facts.rank_host.get(&r).is_some_and(|h| facts.cut_off.contains(h));
-                let bound = 2 * self.batch_size;
+                // flodl gives a dead rank's outstanding chunks back whole, so
+                // under its rules the part it ran is trained again.
+                let forfeited: u64 = if self.flodl && self.chunked.contains(&epoch) {
+                    self.remainders.get(&epoch).into_iter().flatten().map(|(_, n)| n).sum()
+                } else {
+                    0
+                };
+                let bound = (2 * self.batch_size).max(forfeited);
                 if facts.crashed.contains(&r) && !cut_off && n > bound {
                     v.at(
                         at,
