@@ -86,6 +86,12 @@ pub enum Action {
 /// order, after the call returns.
 pub trait Workload {
     /// A coordinator command (every one but the heartbeat beacon).
+    ///
+    /// Under chunk-pool dispatch (the default for cadence and async) a
+    /// `StartEpoch` can arrive while the rank is still running its current
+    /// chunk: queue it and start it when the running plan ends, as flodl's
+    /// workers and [`Trainer`](super::trainer::Trainer) do; replacing the
+    /// running plan loses its samples.
     fn on_command(&mut self, now: Time, msg: &ControlMsgWire, out: &mut Vec<Action>);
 
     /// The consensus of the last contribution arrived; `None` when its mass
