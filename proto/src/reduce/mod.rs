@@ -1,6 +1,6 @@
 //! The controller's reduce over the relays' host frames (data channel).
 //!
-//! The port router hands each data-channel connection to [`Reduce::adopt`]
+//! The port router hands each data-channel connection to [`Adopt::adopt`](crate::machine::Adopt::adopt)
 //! once its channel magic is read. The first record must be the relay's
 //! `Hello{host, ranks}` (ranks in range, each rank announced once across the
 //! world), answered with `HelloAck`. The reduce keeps the dead-rank ledger
