@@ -9,7 +9,7 @@
 use cohort_fuzz::alloc::{Scope, decoder_bound};
 use cohort_fuzz::frames::mux_record;
 use cohort_fuzz::{key_by, seeds};
-use cohort_proto::wire::{MacKey, MuxDecoder, MuxRecord};
+use cohort_proto::wire::{MacKey, MuxDecoded, MuxDecoder, MuxRecord};
 use libfuzzer_sys::fuzz_target;
 
 cohort_fuzz::install_counting_allocator!();
@@ -65,6 +65,26 @@ fn run(bytes: &[u8], key: &MacKey, ceiling: u64, split: usize) -> (Vec<(Vec<u8>,
     (out, failed)
 }
 
+/// As `run`, through `decode_skipping`: what it yields, and whether it failed.
+fn run_skipping(bytes: &[u8], key: &MacKey, ceiling: u64, split: usize) -> (Vec<MuxDecoded>, bool) {
+    let mut d = MuxDecoder::new(ceiling);
+    let mut out = Vec::new();
+    for c in bytes.chunks(split.max(1)) {
+        let mut rest = c;
+        while !rest.is_empty() {
+            match d.decode_skipping(rest, key) {
+                Ok((used, rec)) => {
+                    assert!(used > 0 || rec.is_some(), "no progress");
+                    rest = &rest[used..];
+                    out.extend(rec);
+                }
+                Err(_) => return (out, true),
+            }
+        }
+    }
+    (out, d.finish().is_err())
+}
+
 fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
     if data.len() < 2 {
         return;
@@ -110,6 +130,20 @@ fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
         if u64::try_from(a.len() - 25).unwrap() > ceiling {
             panic!("a record of {} payload bytes passed a ceiling of {ceiling}", a.len() - 25);
         }
+    }
+    // Skipping: whole and chunked agree; only an oversized Data record is
+    // skipped; up to the first skip it yields what `decode` does.
+    let (skipping, _) = run_skipping(bytes, &key, ceiling, bytes.len());
+    let (skipping_split, _) = run_skipping(bytes, &key, ceiling, usize::from(data[1]));
+    assert_eq!(skipping, skipping_split, "whole and chunked skipping disagree");
+    for d in &skipping {
+        if let MuxDecoded::Skipped { len, .. } = d {
+            assert!(*len > ceiling, "skipped a record of {len} bytes under a ceiling of {ceiling}");
+        }
+    }
+    let before_skip = skipping.iter().take_while(|d| matches!(d, MuxDecoded::Record(_))).count();
+    for (d, (_, r)) in skipping.iter().zip(&whole).take(before_skip) {
+        assert_eq!(d, &MuxDecoded::Record(r.clone()), "skipping and plain decoding disagree");
     }
     scope.check("mux decode", data.len(), decoder_bound(data.len()));
 });

@@ -469,3 +469,60 @@ fn a_relay_failing_its_hello_fails_formation_only_under_flodl_rules() {
         }
     }
 }
+
+/// One rank's oversized frame (a flodl relay forwards blobs up to its
+/// 1 GiB ceiling) costs that rank alone under cohort's rules: the record is
+/// read through in pieces (MAC-verified, never stored), the rank is
+/// declared dead, the relay and its other rank go on. flodl's rules drop
+/// the relay at the record's header, and every rank behind it goes stale.
+#[test]
+fn an_oversized_data_record_costs_only_its_rank_under_cohorts_rules() {
+    let big = vec![7u8; 17 << 20];
+    for rules in [Rules::Cohort, Rules::Flodl] {
+        let mut cfg = CoordConfig::new(3, 1, 30, 1);
+        cfg.model_sig = Some(SIG);
+        cfg.rules = rules;
+        let mut c = Coordinator::new(cfg, key(), Time::ZERO).unwrap();
+        let a = FakeRelay::new(ConnId(1));
+        let b = FakeRelay::new(ConnId(2));
+        c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
+        c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[2], SIG));
+        drain_machine(&mut c, Time::ZERO);
+        let rec = a.data(1, &big);
+        for piece in rec.chunks(64 << 10) {
+            c.handle(Time::from_secs(1), Input::Received { conn: a.conn, bytes: piece });
+        }
+        let d = drain_machine(&mut c, Time::from_secs(1));
+        let dead: Vec<(u32, DeathCause)> = d
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                CoordEvent::RankDead { rank, cause, .. } => Some((*rank, *cause)),
+                _ => None,
+            })
+            .collect();
+        match rules {
+            Rules::Cohort => {
+                assert_eq!(dead, vec![(1, DeathCause::FrameTooLarge { len: 17 << 20 })]);
+                assert!(d.closed.is_empty(), "the relay stays");
+                assert!(d.events.iter().any(
+                    |e| matches!(e, CoordEvent::BadMessage { rank: 1, error } if error.field == "payload_len")
+                ));
+                c.handle(
+                    Time::from_secs(2),
+                    Input::Received { conn: a.conn, bytes: &a.timing(0, &heartbeat(0)) },
+                );
+                assert_eq!(
+                    c.scheduler().liveness().get(0),
+                    Some(cohort_proto::coord::Life::Alive { last_heard: Time::from_secs(2) })
+                );
+            }
+            Rules::Flodl => {
+                // The relay is gone at the record's header; its ranks go stale.
+                assert_eq!(d.closed, vec![a.conn]);
+                assert!(d.events.iter().any(|e| matches!(e, CoordEvent::RelayLost { conn, error: Some(err) } if *conn == a.conn && err.field == "payload_len")));
+                assert_eq!(dead, vec![]);
+            }
+        }
+    }
+}

@@ -12,8 +12,8 @@ use crate::config::{ConfigError, Rules};
 use crate::machine::{Adopt, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
-    CONTROL_HEADER_LEN, ControlMsgWire, MAX_CONTROL_PAYLOAD, MacKey, MuxDecoder, MuxRecord, Payload,
-    RelayControlMsg, WireError, encode_control, encode_frame, parse_exact_frame,
+    CONTROL_HEADER_LEN, ControlMsgWire, MAX_CONTROL_PAYLOAD, MacKey, MuxDecoded, MuxDecoder, MuxRecord,
+    Payload, RelayControlMsg, WireError, encode_control, encode_frame, parse_exact_frame,
 };
 
 #[derive(Debug)]
@@ -74,6 +74,9 @@ const SMALL_RECORD: usize = 256;
 /// that relay's connection; a relay connection that ends declares its live
 /// ranks dead. A rank's frame that does not parse is dropped with a
 /// [`CoordEvent::BadMessage`]: the relay and the other ranks are unharmed.
+/// Under cohort's rules a ready relay's `Data` record over one control frame
+/// is read through (MAC-verified, never stored) and only its rank is
+/// declared dead ([`DeathCause::FrameTooLarge`]); flodl's drop the relay.
 ///
 /// ```
 /// use cohort_proto::coord::{CoordConfig, Coordinator};
@@ -199,13 +202,24 @@ impl Coordinator {
     }
 
     fn received(&mut self, now: Time, conn: ConnId, mut bytes: &[u8]) {
+        // cohort's rules: a ready relay's oversized `Data` record is read
+        // through and costs only its rank; flodl's drop the relay.
+        let skip = self.sched.config().rules == Rules::Cohort;
         while !bytes.is_empty() {
             let Some(relay) = self.relays.get_mut(&conn) else { return };
-            match relay.dec.decode(bytes, &self.key) {
+            // Before its hello a relay's records stay bounded at the header.
+            let decoded = if skip && matches!(relay.state, RelayState::Ready { .. }) {
+                relay.dec.decode_skipping(bytes, &self.key)
+            } else {
+                relay.dec.decode(bytes, &self.key).map(|(used, r)| (used, r.map(MuxDecoded::Record)))
+            };
+            match decoded {
                 Ok((used, rec)) => {
                     bytes = &bytes[used..];
-                    if let Some(rec) = rec {
-                        self.record(now, conn, rec);
+                    match rec {
+                        Some(MuxDecoded::Record(rec)) => self.record(now, conn, rec),
+                        Some(MuxDecoded::Skipped { rank, len }) => self.oversized(now, conn, rank, len),
+                        None => {}
                     }
                 }
                 Err(e) => {
@@ -213,6 +227,26 @@ impl Coordinator {
                     return;
                 }
             }
+        }
+    }
+
+    /// A rank's frame over one control frame, forwarded by its ready relay
+    /// (cohort's rules): that rank is dead, the relay and its other ranks go
+    /// on; a record for a rank not behind the relay drops it.
+    fn oversized(&mut self, now: Time, conn: ConnId, rank: u32, len: u64) {
+        let limit = (CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64;
+        let error = WireError::new(
+            crate::wire::FrameType::MuxRecord,
+            "payload_len",
+            crate::wire::Problem::TooLarge { got: len, limit },
+        );
+        let behind = matches!(self.relays.get(&conn), Some(Relay { state: RelayState::Ready { ranks }, .. }) if ranks.contains(&rank));
+        if behind {
+            self.out.event(CoordEvent::BadMessage { rank, error });
+            self.report(now, Report::Deaths(vec![(rank, DeathCause::FrameTooLarge { len })]));
+            self.pump();
+        } else {
+            self.drop_relay(now, conn, Some(error), true);
         }
     }
 

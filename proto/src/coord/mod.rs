@@ -272,6 +272,13 @@ pub enum DeathCause {
     RelayLost,
     /// The reduce lost it: its host's data connection ended or broke protocol.
     DataPlaneLost,
+    /// Its relay forwarded a frame of `len` bytes from it, over one control
+    /// frame (cohort's rules: the frame is skipped and only this rank pays;
+    /// flodl's coordinator drops the relay and every rank behind it).
+    FrameTooLarge {
+        /// The frame's length.
+        len: u64,
+    },
 }
 
 impl fmt::Display for DeathCause {
@@ -283,6 +290,9 @@ impl fmt::Display for DeathCause {
             DeathCause::RelayRankExit => f.write_str("relay reported the rank's connection ended"),
             DeathCause::RelayLost => f.write_str("relay connection lost"),
             DeathCause::DataPlaneLost => f.write_str("data-plane connection lost"),
+            DeathCause::FrameTooLarge { len } => {
+                write!(f, "sent a control frame of {len} bytes, over the limit")
+            }
         }
     }
 }

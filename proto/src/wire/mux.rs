@@ -159,6 +159,21 @@ fn record(kind: u8, rank: u32, payload: Payload) -> WireResult<MuxRecord> {
     })
 }
 
+/// What [`MuxDecoder::decode_skipping`] completes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MuxDecoded {
+    /// A record.
+    Record(MuxRecord),
+    /// A `Data` record over the ceiling, read through and MAC-verified but
+    /// never stored: `len` payload bytes of `rank`'s.
+    Skipped {
+        /// The rank it came from.
+        rank: u32,
+        /// Its payload length.
+        len: u64,
+    },
+}
+
 /// A record whose payload is still arriving (boxed: rare, and large).
 #[derive(Debug)]
 struct Body {
@@ -167,7 +182,10 @@ struct Body {
     len: usize,
     tag: u64,
     mac: MacState,
-    body: PayloadBuilder,
+    /// `None` while an oversized `Data` record is skipped.
+    body: Option<PayloadBuilder>,
+    /// Bytes of the payload read so far.
+    have: usize,
 }
 
 #[derive(Debug)]
@@ -226,6 +244,33 @@ impl MuxDecoder {
     /// Consumes bytes from the front of `input`, returning how many were used
     /// and the record they completed, if any. Call again with the rest.
     pub fn decode(&mut self, input: &[u8], key: &MacKey) -> WireResult<(usize, Option<MuxRecord>)> {
+        let (used, out) = self.step(input, key, false)?;
+        Ok((used, out.and_then(|d| if let MuxDecoded::Record(r) = d { Some(r) } else { None })))
+    }
+
+    /// As [`decode`](Self::decode), but a `Data` record over the ceiling is
+    /// read through (MAC-verified, never stored) and reported as
+    /// [`MuxDecoded::Skipped`] instead of failing the stream: one rank's
+    /// oversized frame then costs that rank, not the connection it shares.
+    ///
+    /// ```
+    /// use cohort_proto::wire::*;
+    /// let key = MacKey::new(&SessionSalt::from_bytes([1; 16]));
+    /// let big = MuxRecord::Data { rank: 2, payload: Payload::from(&[0u8; 64][..]) };
+    /// let small = MuxRecord::Data { rank: 3, payload: Payload::from(&b"ok"[..]) };
+    /// let mut bytes = big.to_bytes(&key).unwrap().to_vec();
+    /// bytes.extend_from_slice(&small.to_bytes(&key).unwrap());
+    /// let mut dec = MuxDecoder::new(16);
+    /// let (used, first) = dec.decode_skipping(&bytes, &key).unwrap();
+    /// assert_eq!(first, Some(MuxDecoded::Skipped { rank: 2, len: 64 }));
+    /// let (_, second) = dec.decode_skipping(&bytes[used..], &key).unwrap();
+    /// assert_eq!(second, Some(MuxDecoded::Record(small)));
+    /// ```
+    pub fn decode_skipping(&mut self, input: &[u8], key: &MacKey) -> WireResult<(usize, Option<MuxDecoded>)> {
+        self.step(input, key, true)
+    }
+
+    fn step(&mut self, input: &[u8], key: &MacKey, skip: bool) -> WireResult<(usize, Option<MuxDecoded>)> {
         const F: FrameType = FrameType::MuxRecord;
         let mut used = 0;
         if let State::Header { buf, have } = &mut self.state {
@@ -255,7 +300,8 @@ impl MuxDecoder {
                 ));
             }
             let len = u32_at(13);
-            if u64::from(len) > self.ceiling {
+            let oversized = u64::from(len) > self.ceiling;
+            if oversized && !(skip && h[8] == REC_DATA) {
                 return Err(WireError::new(
                     F,
                     "payload_len",
@@ -266,7 +312,7 @@ impl MuxDecoder {
             tag.copy_from_slice(&h[17..25]);
             let tag = u64::from_le_bytes(tag);
             let (kind, rank, len) = (h[8], u32_at(9), len as usize);
-            if input.len() - used >= len {
+            if !oversized && input.len() - used >= len {
                 // The whole payload is here: verify and copy it in one go.
                 let body = &input[used..used + len];
                 self.state = State::default();
@@ -274,31 +320,39 @@ impl MuxDecoder {
                     return Err(WireError::new(F, "tag", Problem::Mac));
                 }
                 let payload = if body.is_empty() { Payload::new() } else { Payload::from(body) };
-                return Ok((used + len, Some(record(kind, rank, payload)?)));
+                return Ok((used + len, Some(MuxDecoded::Record(record(kind, rank, payload)?))));
             }
             let mut mac = key.start();
             mac.update(&h[0..17]);
-            self.state =
-                State::Body(Box::new(Body { kind, rank, len, tag, mac, body: PayloadBuilder::default() }));
+            let body = (!oversized).then(PayloadBuilder::default);
+            self.state = State::Body(Box::new(Body { kind, rank, len, tag, mac, body, have: 0 }));
         }
         let State::Body(b) = &mut self.state else { unreachable!("header state handled above") };
         let rest = &input[used..];
-        let n = (b.len - b.body.len()).min(rest.len());
+        let n = (b.len - b.have).min(rest.len());
         b.mac.update(&rest[..n]);
-        let after = b.len - b.body.len() - n;
-        b.body.push(&rest[..n], after);
+        b.have += n;
+        if let Some(body) = b.body.as_mut() {
+            body.push(&rest[..n], b.len - b.have);
+        }
         used += n;
-        if b.body.len() < b.len {
+        if b.have < b.len {
             return Ok((used, None));
         }
         let State::Body(b) = core::mem::take(&mut self.state) else {
             unreachable!("body state checked above")
         };
-        let Body { kind, rank, tag, mac, body, .. } = *b;
+        let Body { kind, rank, len, tag, mac, body, .. } = *b;
         if mac.finish() != tag {
             return Err(WireError::new(F, "tag", Problem::Mac));
         }
-        Ok((used, Some(record(kind, rank, body.finish())?)))
+        Ok((
+            used,
+            Some(match body {
+                Some(body) => MuxDecoded::Record(record(kind, rank, body.finish())?),
+                None => MuxDecoded::Skipped { rank, len: len as u64 },
+            }),
+        ))
     }
 
     /// Decodes every record in `input`, handing each to `f`.
@@ -323,10 +377,7 @@ impl MuxDecoder {
         match &self.state {
             State::Header { have: 0, .. } => Ok(()),
             State::Header { have, .. } => Err(WireError::truncated(FrameType::MuxRecord, *have)),
-            State::Body(b) => {
-                let body = &b.body;
-                Err(WireError::truncated(FrameType::MuxRecord, MUX_HEADER_LEN + body.len()))
-            }
+            State::Body(b) => Err(WireError::truncated(FrameType::MuxRecord, MUX_HEADER_LEN + b.have)),
         }
     }
 }

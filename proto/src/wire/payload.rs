@@ -161,10 +161,6 @@ impl PayloadBuilder {
         }
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.done.len() + self.tail.len()
-    }
-
     pub(crate) fn finish(mut self) -> Payload {
         self.flush_tail();
         self.done
