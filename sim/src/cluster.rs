@@ -407,12 +407,29 @@ impl<W: SimWorkload> Cluster<W> {
     }
 
     /// Under flodl's rules, the hang flodl 0.8 would be in now, in words:
-    /// chunk-pool work no rank will be served again (a dead rank's chunks
-    /// behind the epoch the survivors streamed into).
+    /// chunk-pool work no rank will be served again
+    /// ([`Scheduler::stranded`]), or chunks the coordinator holds for a
+    /// rank that has nothing left to run since a plan of it was overwritten
+    /// in its single pending slot (flodl folds a chunk into every cadence
+    /// `Update`, whatever the rank still holds).
     fn hang_as_flodl(&self) -> Option<String> {
         let s = self.scheduler().filter(|s| s.config().rules == Rules::Flodl)?;
-        let (epoch, samples) = s.stranded()?;
-        Some(format!("{samples} samples of epoch {epoch} are stranded in its pool, every live rank past it"))
+        if let Some((epoch, samples)) = s.stranded() {
+            return Some(format!(
+                "{samples} samples of epoch {epoch} are stranded in its pool, no live rank served"
+            ));
+        }
+        for r in 0..self.world_size {
+            let Some(rank) = self.rank(r) else { continue };
+            let w = rank.workload();
+            let owed: u64 = s.outstanding(r).iter().map(|(_, seg)| seg.size).sum();
+            if owed > 0 && w.is_idle() && !w.superseded().is_empty() && s.liveness().is_alive(r) {
+                return Some(format!(
+                    "rank {r} owes {owed} samples but has nothing left to run: a plan of it was overwritten in its pending slot"
+                ));
+            }
+        }
+        None
     }
 
     /// The instant by which the run must have a named outcome: the bound

@@ -22,6 +22,19 @@ pub trait SimWorkload: Workload + 'static {
     /// The rank turns straggler (the `slow_rank` fault): its batches take
     /// `factor` times as long from now on. Ignored by default.
     fn slow_down(&mut self, _factor: f64) {}
+
+    /// Pending plans a newer plan replaced before they started, as `(epoch,
+    /// first sample, count)` (a workload with flodl's single pending slot);
+    /// none by default.
+    fn superseded(&self) -> Vec<(u64, u64, u64)> {
+        Vec::new()
+    }
+
+    /// Whether it has nothing to run (no batch, no work, no plan pending);
+    /// `false` by default.
+    fn is_idle(&self) -> bool {
+        false
+    }
 }
 
 impl SimWorkload for Trainer {
@@ -31,6 +44,14 @@ impl SimWorkload for Trainer {
 
     fn slow_down(&mut self, factor: f64) {
         Trainer::slow_down(self, factor);
+    }
+
+    fn superseded(&self) -> Vec<(u64, u64, u64)> {
+        Trainer::superseded(self).to_vec()
+    }
+
+    fn is_idle(&self) -> bool {
+        Trainer::is_idle(self)
     }
 }
 

@@ -348,3 +348,35 @@ fn a_death_in_the_final_window_repins_it_under_cohorts_rules() {
     let flodl = refresh_final_window(Some(before.clone()), 0, 6, &counts, &after, false).unwrap();
     assert_eq!(flodl, before, "flodl keeps the pin: rank 1's slot stays");
 }
+
+/// BEHAVIOUR.md Coordinator [C78]: Cadence: nothing is folded into a rank's `Update` while it holds two chunks it has not completed (one running, one pending: a third would overwrite the pending one, as flodl's worker keeps a single pending slot); flodl folds regardless
+#[test]
+fn cadence_folds_nothing_into_a_rank_holding_two_chunks() {
+    for (rules, third) in [(Rules::Cohort, false), (Rules::Flodl, true)] {
+        let mut c = chunked(ApplyPolicy::Cadence);
+        c.rules = rules;
+        let (mut s, _) = started(c);
+        let t = Time::from_millis(50);
+        // Two windows in which both ranks step their count but rank 1 never
+        // completes a chunk (a straggler running one sized before it slowed).
+        let mut folded = Vec::new();
+        for w in 0..2u64 {
+            for r in [0, 1] {
+                run(&mut s, t, r, 1 + 4 * w, 4);
+            }
+            s.on_metrics(t, 0, metrics(0, 0, 4));
+            drain(&mut s);
+            for r in [0, 1] {
+                s.on_timing(t, r, sync_ack(r, 0));
+            }
+            let st = drain(&mut s);
+            folded.push(sent_to(&st, 1).into_iter().find_map(|m| match m {
+                ControlMsgWire::Update { next_plan, .. } => Some(next_plan.is_some()),
+                _ => None,
+            }));
+        }
+        assert_eq!(folded[0], Some(true), "{rules:?}: one chunk held, the next is folded");
+        assert_eq!(folded[1], Some(third), "{rules:?}: two held");
+        assert_eq!(s.outstanding(1).len(), if third { 3 } else { 2 }, "{rules:?}");
+    }
+}

@@ -33,26 +33,31 @@ fn every_regression_scenario_holds_every_invariant() {
     }
 }
 
-/// Under flodl's rules the simulator predicts flodl 0.8's hang (a dead
-/// rank's chunks stranded behind the epoch the survivors streamed into) as
-/// an outcome, and the same cluster under cohort's rules finishes.
+/// Under flodl's rules the simulator predicts flodl 0.8's chunk-pool hangs
+/// as an outcome (a dead rank's chunks stranded behind the epoch the
+/// survivors streamed into; a final window pinned over dead ranks; a chunk
+/// overwritten in a rank's single pending slot), and the same clusters
+/// under cohort's rules finish.
 #[test]
-fn flodls_stranded_chunks_are_predicted_as_its_hang() {
+fn flodls_chunk_pool_hangs_are_predicted() {
     use cohort_sim::scenario::RulesSpec;
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/scenarios/regressions/flodl-async-strands-a-dead-ranks-chunks.json"
-    );
-    let sc = Scenario::from_json(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let seed = sc.seed.unwrap();
-    let report = Cluster::new(sc.clone(), seed).unwrap().finish();
-    match &report.outcome {
-        Outcome::HangsAsFlodl(why) => assert!(why.contains("stranded"), "{why}"),
-        other => panic!("expected flodl's hang, got {other:?}"),
+    for (file, says) in [
+        ("flodl-async-strands-a-dead-ranks-chunks.json", "stranded"),
+        ("flodl-final-window-pinned-over-the-dead.json", "stranded"),
+        ("flodl-cadence-overwrites-a-pending-chunk.json", "overwritten in its pending slot"),
+    ] {
+        let path = format!("{}/scenarios/regressions/{file}", env!("CARGO_MANIFEST_DIR"));
+        let sc = Scenario::from_json(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let seed = sc.seed.unwrap();
+        let report = Cluster::new(sc.clone(), seed).unwrap().finish();
+        match &report.outcome {
+            Outcome::HangsAsFlodl(why) => assert!(why.contains(says), "{file}: {why}"),
+            other => panic!("{file}: expected flodl's hang, got {other:?}"),
+        }
+        let mut cohort = sc;
+        cohort.rules = RulesSpec::Cohort;
+        let report = Cluster::new(cohort, seed).unwrap().finish();
+        assert_eq!(report.outcome, Outcome::Done, "{file} under cohort's rules");
+        assert_eq!(report.violations, Vec::<String>::new(), "{file}");
     }
-    let mut cohort = sc;
-    cohort.rules = RulesSpec::Cohort;
-    let report = Cluster::new(cohort, seed).unwrap().finish();
-    assert_eq!(report.outcome, Outcome::Done);
-    assert_eq!(report.violations, Vec::<String>::new());
 }

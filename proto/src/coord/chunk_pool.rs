@@ -193,6 +193,11 @@ impl ChunkPool {
         self.dispatched.get(r).map_or(0, |d| d.saturating_sub(self.completed[r]))
     }
 
+    /// How many chunks `rank` holds that it has not completed.
+    pub fn outstanding_count(&self, rank: u32) -> usize {
+        self.outstanding.get(rank as usize).map_or(0, |q| q.len())
+    }
+
     /// `rank`'s outstanding chunks, oldest first.
     pub fn outstanding(&self, rank: u32) -> Vec<Segment> {
         self.outstanding.get(rank as usize).map(|q| q.iter().copied().collect()).unwrap_or_default()

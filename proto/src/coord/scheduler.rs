@@ -340,17 +340,36 @@ impl Scheduler {
         self.el_che.as_ref()?.balancer().smoothed_ms_per_batch(rank)
     }
 
-    /// Chunk-pool work no rank will be served again: the oldest pool with
-    /// samples left while every rank not dead has moved to a later epoch,
-    /// as `(epoch, samples)`. flodl serves a rank only from its own epoch
-    /// or the next, so under its rules this is a hang (the epoch never
-    /// aggregates); cohort's ranks go back for it.
+    /// Chunk-pool work no rank will be served again, as `(epoch, samples)`:
+    /// the oldest pool with samples left while every rank not dead has
+    /// moved to a later epoch (flodl serves a rank only from its own epoch
+    /// or the next), or while the epoch's pinned final window gives every
+    /// rank not dead nothing and none has a chunk in flight (flodl keeps a
+    /// pin made before a death). Under flodl's rules either is a hang: the
+    /// epoch never aggregates. cohort's rules serve the oldest pool first
+    /// and re-pin on a death.
     pub fn stranded(&self) -> Option<(u64, u64)> {
         let ch = self.chunks.as_ref()?;
         let (&epoch, pool) = ch.pools.iter().find(|(_, p)| p.remaining() > 0)?;
-        let mut live = (0..self.cfg.world_size).filter(|&r| !self.live.is_dead(r)).peekable();
-        live.peek()?;
-        live.all(|r| ch.rank_epoch[r as usize] > epoch).then(|| (epoch, pool.remaining()))
+        let live: Vec<u32> = (0..self.cfg.world_size).filter(|&r| !self.live.is_dead(r)).collect();
+        if live.is_empty() {
+            return None;
+        }
+        let past = live.iter().all(|&r| ch.rank_epoch[r as usize] > epoch);
+        let unserved = ch.final_window.as_ref().is_some_and(|f| {
+            f.epoch == epoch
+                && live.iter().all(|&r| {
+                    f.alloc.get(r as usize).copied().unwrap_or(0) == 0
+                        && ch.pools.values().all(|p| p.in_flight(r) == 0)
+                })
+        });
+        (past || unserved).then(|| (epoch, pool.remaining()))
+    }
+
+    /// The chunks `rank` holds and has not completed, as `(epoch, chunk)`.
+    pub fn outstanding(&self, rank: u32) -> Vec<(u64, Segment)> {
+        let Some(ch) = &self.chunks else { return Vec::new() };
+        ch.pools.iter().flat_map(|(&e, p)| p.outstanding(rank).into_iter().map(move |s| (e, s))).collect()
     }
 
     /// ElChe, when cycles are on in a world of at least 2.
@@ -1909,9 +1928,22 @@ impl Scheduler {
     /// Cadence's chunk folded into `rank`'s post-reduce `Update`: only from
     /// its current epoch's pool, no barrier (the reduce just opened a
     /// window).
+    ///
+    /// A rank holds one chunk running and one plan pending (flodl's worker
+    /// has a single pending slot: a second plan overwrites the first). flodl
+    /// folds whatever the rank holds, so a rank still running a chunk sized
+    /// before it slowed down loses the plan already pending, its samples
+    /// stay in flight and the epoch never completes; under cohort's rules
+    /// nothing is folded while two chunks are outstanding (the next goes
+    /// out when one completes).
     fn fold_chunk(&mut self, rank: u32, version: u64) -> Option<EpochPlanWire> {
-        let epoch = self.chunks.as_ref()?.rank_epoch[rank as usize];
-        if self.chunks.as_ref()?.pools.get(&epoch).is_none_or(|p| p.remaining() == 0) {
+        let ch = self.chunks.as_ref()?;
+        let epoch = ch.rank_epoch[rank as usize];
+        if ch.pools.get(&epoch).is_none_or(|p| p.remaining() == 0) {
+            return None;
+        }
+        let held: usize = ch.pools.values().map(|p| p.outstanding_count(rank)).sum();
+        if self.cfg.rules == Rules::Cohort && held >= 2 {
             return None;
         }
         self.refresh_final(epoch);

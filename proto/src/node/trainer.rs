@@ -95,6 +95,9 @@ pub struct Trainer {
     /// Samples dropped as a plan's tail shorter than a batch, as
     /// `(epoch, first, count)` runs.
     dropped: Vec<(u64, u64, u64)>,
+    /// Pending plans a newer plan replaced before they started, as
+    /// `(epoch, first, count)`.
+    superseded: Vec<(u64, u64, u64)>,
     processed: Vec<(u64, u64, u64)>,
     samples_unreported: u64,
     batches_unreported: u64,
@@ -173,6 +176,7 @@ impl Trainer {
             pieces: Vec::new(),
             plan_open: false,
             dropped: Vec::new(),
+            superseded: Vec::new(),
             processed: Vec::new(),
             samples_unreported: 0,
             batches_unreported: 0,
@@ -224,9 +228,21 @@ impl Trainer {
         &self.dropped
     }
 
+    /// Pending plans a newer plan replaced before they started (the single
+    /// pending slot of flodl's worker), as `(epoch, first, count)`.
+    pub fn superseded(&self) -> &[(u64, u64, u64)] {
+        &self.superseded
+    }
+
     /// Samples still assigned in the current epoch (not counting a batch in progress).
     pub fn remaining(&self) -> u64 {
         self.work.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Nothing to run: no batch in progress, no whole batch assigned, no
+    /// plan pending.
+    pub fn is_idle(&self) -> bool {
+        self.batch.is_none() && self.remaining() < self.cfg.batch_size.max(1) && self.pending.is_none()
     }
 
     /// Starts the next whole batch, if the plan holds one and nothing holds
@@ -372,7 +388,9 @@ impl Trainer {
         let b = self.cfg.batch_size.max(1);
         if self.plan_open && !self.reopened && (self.batch.is_some() || self.remaining() >= b) {
             // The newer plan wins the one slot, as on flodl's worker.
-            self.pending = Some(plan.clone());
+            if let Some(old) = self.pending.replace(plan.clone()) {
+                self.superseded.push((old.epoch, old.partition_offset, old.partition_size));
+            }
             return;
         }
         self.reopened = false;
