@@ -142,6 +142,8 @@ fn out_of_range_values_are_refused_before_anything_starts() {
         &["demo", "--kill-rank-at", "inf"],
         &["demo", "--batch-ms", "inf"],
         &["demo", "--batch-ms", "0"],
+        &["demo", "--deadline-secs", "inf"],
+        &["demo", "--deadline-secs=-1"],
         &["agent", "--connect", "127.0.0.1:9", "--host", "a", "--batch-ms", "1e30"],
         &["agent", "--connect", "127.0.0.1:9", "--host", "a", "--batch-ms", "nan"],
         &["rank", "--batch-ms=-1"],
@@ -154,4 +156,15 @@ fn out_of_range_values_are_refused_before_anything_starts() {
         assert!(err.contains("out of range") || err.contains("not a finite number"), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn the_demo_gives_up_at_its_deadline() {
+    // Ten epochs of 1 s batches cannot end within 2 s: the demo says so by
+    // name and fails, instead of waiting out the default 120 s.
+    let out = run(&["demo", "--no-kill", "--batch-ms", "1000", "--epochs", "10", "--deadline-secs", "2"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("the run did not end within 2s"), "{text}");
+    assert!(text.contains("FAIL"), "{text}");
 }

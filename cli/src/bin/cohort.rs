@@ -320,6 +320,10 @@ struct DemoArgs {
     /// Where the controller listens (port 0: any free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     bind: SocketAddr,
+    /// Give up (verdict FAIL) if the run has not ended this many seconds
+    /// after the controller started; raise it for a large model or a long run.
+    #[arg(long, default_value = "120", value_parser = args::seconds)]
+    deadline_secs: Duration,
     /// Write one JSON object per event to stdout, then the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -626,7 +630,7 @@ fn run_demo(a: DemoArgs) -> i32 {
         kill: (!a.no_kill).then_some(Kill { rank: a.kill_rank, after: a.kill_rank_at }),
         scale,
         bind: a.bind,
-        ..DemoOptions::default()
+        deadline: a.deadline_secs,
     };
     let json = a.json;
     let mut narrator = Narrator::default();
