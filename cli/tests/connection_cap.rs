@@ -7,22 +7,22 @@
 //! cluster is served throughout. (The grace that spares a burst's young
 //! connections is tested without sockets, in controller_cap.)
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::io::{ErrorKind, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use cohort::cluster::host::{HostParams, MioHost, stop_all};
+use cohort::cluster::host::stop_all;
 use cohort::cluster::{ClusterEvent, Source, shutdown_all, spawn_controller};
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::ConnId;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::CoordEvent;
-use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::join::window::JoinEvent;
-use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
-use cohort_proto::node::envelope::ControllerAddr;
+use cohort_proto::node::controller::{ControllerEvent, Outcome, RunKnobs};
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::wire::SessionSalt;
 
@@ -58,19 +58,9 @@ fn silent_connections_past_the_cap_make_room_and_real_hosts_are_served() {
     // the real hosts' dials wait in a full accept backlog.
     let scale = TimeoutScale::new(4.0).unwrap();
     let salt = SessionSalt::from_bytes([0x6b; 16]);
-    let join = JoinConfig {
-        min_rank_start: 4,
-        target_ranks: Some(4),
-        start_mode: StartMode::Auto,
-        ..JoinConfig::default()
-    };
     let knobs =
         RunKnobs { epochs: 1, samples_per_epoch: 200, sync_every: 5, model_elems: 64, ..RunKnobs::default() };
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let advertise = ControllerAddr { host: addr.ip().to_string(), port: addr.port() };
-    let mut cfg =
-        ControllerConfig::from_knobs(join, salt, TrustMode::PreShared, scale, advertise, &knobs).unwrap();
+    let (mut cfg, listener, addr) = common::four_rank_controller(salt, scale, &knobs);
     cfg.max_unauthenticated = CAP;
     cfg.unauthenticated_grace = Duration::ZERO;
     let clock = Clock::start();
@@ -78,15 +68,7 @@ fn silent_connections_past_the_cap_make_room_and_real_hosts_are_served() {
     let controller = spawn_controller(cfg, listener, Config::scaled(scale), clock, sink.clone()).unwrap();
 
     let early = silent(addr, SILENT);
-    let hosts: Vec<MioHost> = (0..2)
-        .map(|i| {
-            let mut p = HostParams::new(format!("host-{i}"), 2, addr.to_string(), scale);
-            p.pre_shared = Some(salt);
-            p.batch_ms = 5.0;
-            p.clock = clock;
-            MioHost::spawn(p, sink.clone()).unwrap()
-        })
-        .collect();
+    let hosts = common::two_hosts(addr, salt, scale, clock, &sink);
 
     let (mut ctrl, mut exits) = (Vec::new(), 0);
     let deadline = Instant::now() + PATIENCE;

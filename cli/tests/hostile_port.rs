@@ -8,22 +8,23 @@
 //!
 //! Alone in its test binary so the process's peak RSS is this test's.
 
+mod common;
+
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use cohort::cluster::host::{HostParams, MioHost, stop_all};
+use cohort::cluster::host::stop_all;
 use cohort::cluster::{ClusterEvent, Source, Stamped, shutdown_all, spawn_controller};
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::CoordEvent;
 use cohort_proto::join::client::join_frame;
-use cohort_proto::join::ledger::{JoinConfig, JoinOffer, StartMode, TrustMode};
+use cohort_proto::join::ledger::JoinOffer;
 use cohort_proto::join::window::{JoinEvent, RejectReason};
-use cohort_proto::node::controller::{ControllerConfig, RunKnobs};
+use cohort_proto::node::controller::RunKnobs;
 use cohort_proto::node::controller::{ControllerEvent, Outcome};
-use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::reduce::{HostRefusal, ReduceEvent};
 use cohort_proto::route::{RouteDrop, RouteEvent};
 use cohort_proto::testing::oracle::ConsensusOracle;
@@ -197,12 +198,6 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
     let hwm_before = proc_status_kib("VmHWM");
     let scale = TimeoutScale::new(0.1).unwrap();
     let salt = SessionSalt::from_bytes([0x5A; 16]);
-    let join = JoinConfig {
-        min_rank_start: 4,
-        target_ranks: Some(4),
-        start_mode: StartMode::Auto,
-        ..JoinConfig::default()
-    };
     let knobs = RunKnobs {
         epochs: 3,
         samples_per_epoch: 400,
@@ -211,11 +206,7 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
         model_elems: 64,
         ..RunKnobs::default()
     };
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let advertise = ControllerAddr { host: addr.ip().to_string(), port: addr.port() };
-    let cfg =
-        ControllerConfig::from_knobs(join, salt, TrustMode::PreShared, scale, advertise, &knobs).unwrap();
+    let (cfg, listener, addr) = common::four_rank_controller(salt, scale, &knobs);
     let clock = Clock::start();
     let (sink, rx) = mpsc::channel();
     let controller = spawn_controller(cfg, listener, Config::scaled(scale), clock, sink.clone()).unwrap();
@@ -241,15 +232,7 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
     });
 
     // The real cluster forms while 2000 garbage connections arrive at once.
-    let hosts: Vec<MioHost> = (0..2)
-        .map(|i| {
-            let mut p = HostParams::new(format!("host-{i}"), 2, addr.to_string(), scale);
-            p.pre_shared = Some(salt);
-            p.batch_ms = 5.0;
-            p.clock = clock;
-            MioHost::spawn(p, sink.clone()).unwrap()
-        })
-        .collect();
+    let hosts = common::two_hosts(addr, salt, scale, clock, &sink);
     let burst = std::thread::spawn(move || {
         let peers: Vec<TcpStream> = (0..BURST).map(|i| dial(addr, &garbage(16, i as u64 + 1))).collect();
         peers.into_iter().map(closed_by_controller).filter(|replied| *replied == 0).count()

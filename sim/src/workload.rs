@@ -26,8 +26,8 @@ pub trait SimWorkload: Workload + 'static {
     /// Pending plans a newer plan replaced before they started, as `(epoch,
     /// first sample, count)` (a workload with flodl's single pending slot);
     /// none by default.
-    fn superseded(&self) -> Vec<(u64, u64, u64)> {
-        Vec::new()
+    fn superseded(&self) -> &[(u64, u64, u64)] {
+        &[]
     }
 
     /// Whether it has nothing to run (no batch, no work, no plan pending);
@@ -46,8 +46,8 @@ impl SimWorkload for Trainer {
         Trainer::slow_down(self, factor);
     }
 
-    fn superseded(&self) -> Vec<(u64, u64, u64)> {
-        Trainer::superseded(self).to_vec()
+    fn superseded(&self) -> &[(u64, u64, u64)] {
+        Trainer::superseded(self)
     }
 
     fn is_idle(&self) -> bool {

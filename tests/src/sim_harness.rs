@@ -5,7 +5,6 @@
 use core::ops::Deref;
 
 use cohort_proto::Time;
-use cohort_proto::coord::{CoordEvent, DeathCause};
 use cohort_sim::scenario::{Fault, FaultAt};
 use cohort_sim::{Cluster, EventLog, Report, Scenario};
 use core::time::Duration;
@@ -52,16 +51,6 @@ pub fn at(seconds: f64) -> Time {
 pub const MS: Duration = Duration::from_millis(1);
 
 impl Run {
-    /// Every rank the coordinator declared dead: when, which, why.
-    pub fn deaths(&self) -> Vec<(Time, u32, DeathCause)> {
-        self.coord()
-            .filter_map(|(t, e)| match e {
-                CoordEvent::RankDead { rank, cause, .. } => Some((t, *rank, *cause)),
-                _ => None,
-            })
-            .collect()
-    }
-
     /// Asserts the run held every invariant and ended as expected: `"done"`
     /// (the controller finished it cleanly) or `"failed"` (anything else).
     pub fn assert_clean(&self, outcome: &str) {

@@ -20,6 +20,17 @@ fn chunked(policy: ApplyPolicy) -> CoordConfig {
     c
 }
 
+/// One window is the whole epoch: counts 20 each, 20 samples, room to
+/// overshoot.
+fn one_window_epoch(policy: ApplyPolicy) -> CoordConfig {
+    let mut c = chunked(policy);
+    c.epoch_samples = 20;
+    c.sync_every = Some(20);
+    c.el_che.max_anchor = Some(20);
+    c.max_overshoot = Some(50);
+    c
+}
+
 fn started(cfg: CoordConfig) -> (Scheduler, Vec<Step>) {
     let mut s = Scheduler::new(cfg).unwrap();
     s.begin(Time::ZERO);
@@ -155,11 +166,7 @@ fn the_epoch_barrier_holds_cadence_and_async_streams_ahead() {
     // One window is the whole epoch (counts 20 each, 20 samples): rank 0
     // runs every chunk it is given while rank 1 sits on its first.
     for (policy, streams) in [(ApplyPolicy::Cadence, false), (ApplyPolicy::Async, true)] {
-        let mut c = chunked(policy);
-        c.epoch_samples = 20;
-        c.sync_every = Some(20);
-        c.el_che.max_anchor = Some(20);
-        c.max_overshoot = Some(50);
+        let c = one_window_epoch(policy);
         let (mut s, st) = started(c);
         let t = Time::from_millis(50);
         let mut next = starts(&st, 0).last().copied();
@@ -292,12 +299,8 @@ fn a_dead_ranks_chunks_go_back_to_the_pool() {
 #[test]
 fn a_dead_ranks_chunks_behind_the_streamed_epoch() {
     for rules in [Rules::Cohort, Rules::Flodl] {
-        let mut c = chunked(ApplyPolicy::Async);
+        let mut c = one_window_epoch(ApplyPolicy::Async);
         c.rules = rules;
-        c.epoch_samples = 20;
-        c.sync_every = Some(20);
-        c.el_che.max_anchor = Some(20);
-        c.max_overshoot = Some(50);
         let (mut s, st) = started(c);
         let t = Time::from_millis(50);
         // Rank 0 runs every chunk it is given until one is of epoch 1; rank

@@ -200,22 +200,18 @@ fn shrink(path: &Path, seed: Option<u64>, out: Option<PathBuf>) -> i32 {
     }
     println!("cohort-sim shrink: {} under seed {seed}", path.display());
     println!("  fails as:  {kind}");
-    println!(
-        "  from:      {} hosts, {} ranks, {} faults, {} epochs, {} samples per epoch",
-        sc.hosts.len(),
-        sc.world_size(),
-        sc.faults.len(),
-        sc.epochs,
-        sc.samples_per_epoch
-    );
-    println!(
-        "  to:        {} hosts, {} ranks, {} faults, {} epochs, {} samples per epoch",
-        small.hosts.len(),
-        small.world_size(),
-        small.faults.len(),
-        small.epochs,
-        small.samples_per_epoch
-    );
+    let size = |c: &Scenario| {
+        format!(
+            "{} hosts, {} ranks, {} faults, {} epochs, {} samples per epoch",
+            c.hosts.len(),
+            c.world_size(),
+            c.faults.len(),
+            c.epochs,
+            c.samples_per_epoch
+        )
+    };
+    println!("  from:      {}", size(&sc));
+    println!("  to:        {}", size(&small));
     println!("  written:   {} (replay: cohort-sim run {})", out.display(), out.display());
     0
 }

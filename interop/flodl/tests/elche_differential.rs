@@ -624,6 +624,18 @@ fn same_meta(a: Option<c::MetaAction>, b: Option<c::MetaAction>) -> bool {
     }
 }
 
+/// A cycle's guard verdict and meta action equal flodl's.
+fn same_decision(
+    i: usize,
+    d: &c::CycleDecision,
+    fv: c::Verdict,
+    fm: Option<c::MetaAction>,
+) -> Result<(), TestCaseError> {
+    prop_assert!(same_verdict(d.verdict, fv), "guard verdict at step {}: {:?} vs {:?}", i, d.verdict, fv);
+    prop_assert!(same_meta(d.meta, fm), "meta action at step {}: {:?} vs {:?}", i, d.meta, fm);
+    Ok(())
+}
+
 fn compare(i: usize, co: &c::ElChe, fl: &Flodl) -> Result<(), TestCaseError> {
     let b = co.balancer();
     let e = &fl.el;
@@ -763,14 +775,7 @@ fn run(s: &Setup, steps: &[Step]) -> Result<Coverage, TestCaseError> {
                 let k_max = w.steps.iter().copied().max().unwrap_or(0);
                 let (fv, fm) = fl.cycle(s, &flodl_report(&w), &fdiv, k_used as usize, k_max as usize);
                 let d = co.run_cycle(&w, &cdiv, k_used, k_max).expect("well-formed");
-                prop_assert!(
-                    same_verdict(d.verdict, fv),
-                    "guard verdict at step {}: {:?} vs {:?}",
-                    i,
-                    d.verdict,
-                    fv
-                );
-                prop_assert!(same_meta(d.meta, fm), "meta action at step {}: {:?} vs {:?}", i, d.meta, fm);
+                same_decision(i, &d, fv, fm)?;
                 cov.decision(&d);
             }
             Step::Batches { ranks, callback, cycle } => {
@@ -836,14 +841,7 @@ fn run(s: &Setup, steps: &[Step]) -> Result<Coverage, TestCaseError> {
                     "window size at step {}",
                     i
                 );
-                prop_assert!(
-                    same_verdict(d.verdict, fv),
-                    "guard verdict at step {}: {:?} vs {:?}",
-                    i,
-                    d.verdict,
-                    fv
-                );
-                prop_assert!(same_meta(d.meta, fm), "meta action at step {}: {:?} vs {:?}", i, d.meta, fm);
+                same_decision(i, &d, fv, fm)?;
                 cov.decision(&d);
             }
             Step::Kill(r) => {
