@@ -3,7 +3,7 @@
 //! from 64 to 1024 ranks (8 ranks per host). Peak memory is the process's
 //! high-water mark (VmHWM) after each size, so run sizes ascending.
 //!
-//! `cargo bench -p cohort-sim --bench speed [-- RANKS...]`
+//! `cargo bench -p cohort-sim --bench speed [-- [whole-epoch] [secs=N] RANKS...]`
 
 use std::time::Instant;
 
@@ -32,7 +32,15 @@ fn cpu_s() -> f64 {
 }
 
 fn main() {
-    let sizes: Vec<u32> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect::<Vec<_>>();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `whole-epoch`: whole-epoch plans instead of the default chunk-pool
+    // dispatch, whose stage advisories carry every rank's count to every
+    // rank each round (bytes that grow with the square of the world).
+    let whole_epoch = args.iter().any(|a| a == "whole-epoch");
+    // `secs=N`: simulate N seconds instead of an hour (a short run to count
+    // instructions under valgrind, which a loaded machine does not disturb).
+    let secs: f64 = args.iter().find_map(|a| a.strip_prefix("secs=")?.parse().ok()).unwrap_or(3600.0);
+    let sizes: Vec<u32> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() { vec![64, 128, 256, 512, 1024] } else { sizes };
     println!(
         "{:>6} {:>6} {:>12} {:>9} {:>14} {:>9} {:>13} {:>10} {:>9}",
@@ -46,6 +54,7 @@ fn main() {
         "events",
         "peak MiB"
     );
+    let mut hashes = Vec::new();
     for ranks in sizes {
         let hosts = (ranks / 8).max(1);
         let mut sc = Scenario::healthy(hosts, 8, 1);
@@ -56,8 +65,11 @@ fn main() {
         }
         sc.sync_every = 10;
         sc.samples_per_epoch = u64::from(hosts * 8) * 4000;
-        sc.run_for_s = Some(3600.0);
+        sc.run_for_s = Some(secs);
         sc.join.join_timeout_secs = 60;
+        if whole_epoch {
+            sc.progressive = Some(false);
+        }
         let cluster = Cluster::new(sc, 1).expect("scenario");
         let (t, c) = (Instant::now(), cpu_s());
         let report = cluster.finish();
@@ -76,5 +88,9 @@ fn main() {
             report.steps,
             hwm_kib() as f64 / 1024.0
         );
+        hashes.push((hosts * 8, report.trace_hash.clone()));
+    }
+    for (ranks, hash) in hashes {
+        println!("trace hash at {ranks:>5} ranks: {hash}");
     }
 }

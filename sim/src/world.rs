@@ -167,11 +167,16 @@ enum Ev {
     Heal { a: HostId, b: HostId },
 }
 
-/// The event queue: a heap of small `(time, insertion, slot)` keys over a
-/// slab of events, so sifting moves 24 bytes, never an event.
+/// Bits of a queue key's second word that hold the event's slab slot; the
+/// insertion number takes the 40 above them, so keys order by time, then
+/// insertion, exactly as `(time, insertion)` would.
+const SLOT_BITS: u32 = 24;
+
+/// The event queue: a heap of 16-byte `(time, insertion << 24 | slot)` keys
+/// over a slab of events, so sifting moves two words, never an event.
 #[derive(Default)]
 struct Queue {
-    heap: BinaryHeap<Reverse<(Time, u64, u32)>>,
+    heap: BinaryHeap<Reverse<(Time, u64)>>,
     slots: Vec<Option<Ev>>,
     free: Vec<u32>,
 }
@@ -188,15 +193,20 @@ impl Queue {
                 (self.slots.len() - 1) as u32
             }
         };
-        self.heap.push(Reverse((at, seq, slot)));
+        assert!(
+            slot >> SLOT_BITS == 0 && seq >> (64 - SLOT_BITS) == 0,
+            "event queue: more than 2^24 pending events or 2^40 scheduled"
+        );
+        self.heap.push(Reverse((at, seq << SLOT_BITS | u64::from(slot))));
     }
 
     fn peek(&self) -> Option<Time> {
-        self.heap.peek().map(|Reverse((t, _, _))| *t)
+        self.heap.peek().map(|Reverse((t, _))| *t)
     }
 
     fn pop(&mut self) -> Option<(Time, Ev)> {
-        let Reverse((at, _, slot)) = self.heap.pop()?;
+        let Reverse((at, key)) = self.heap.pop()?;
+        let slot = (key & ((1 << SLOT_BITS) - 1)) as u32;
         self.free.push(slot);
         self.slots[slot as usize].take().map(|ev| (at, ev))
     }

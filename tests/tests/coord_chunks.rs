@@ -383,3 +383,47 @@ fn cadence_folds_nothing_into_a_rank_holding_two_chunks() {
         assert_eq!(s.outstanding(1).len(), if third { 3 } else { 2 }, "{rules:?}");
     }
 }
+
+proptest::proptest! {
+    /// A pool conserves its samples under any takes, completions and
+    /// forfeits: what is undispatched plus what every rank holds or
+    /// completed is the total, and every sample is handed out once until
+    /// a forfeit gives it back.
+    #[test]
+    fn a_pool_conserves_its_samples(
+        sizes in proptest::collection::vec(0u64..40, 1..6),
+        ops in proptest::collection::vec((0u8..3, 0u32..7, 0u64..12), 0..60),
+    ) {
+        use cohort_proto::coord::chunk_pool::ChunkPool;
+        let mut p = ChunkPool::with_spans(&sizes);
+        let n = sizes.len() as u32;
+        let mut handed = vec![0u32; p.total() as usize];
+        for (op, rank, size) in ops {
+            match op {
+                0 => {
+                    if let Some(seg) = p.take(size, rank) {
+                        for i in seg.offset..seg.offset + seg.size {
+                            handed[i as usize] += 1;
+                        }
+                    }
+                }
+                1 => p.mark_completed(rank, size),
+                _ => {
+                    for seg in p.forfeit(rank) {
+                        for i in seg.offset..seg.offset + seg.size {
+                            handed[i as usize] -= 1;
+                        }
+                    }
+                }
+            }
+            let held: u64 = (0..n).map(|r| p.in_flight(r) + p.completed(r)).sum();
+            proptest::prop_assert_eq!(p.remaining() + held, p.total());
+            let residues: u64 = (0..n).map(|r| p.residue(r)).sum();
+            proptest::prop_assert!(residues <= p.remaining());
+            if !p.has_reclaimed() {
+                proptest::prop_assert_eq!(residues, p.remaining());
+            }
+            proptest::prop_assert!(handed.iter().all(|&h| h <= 1));
+        }
+    }
+}

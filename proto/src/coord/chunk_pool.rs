@@ -57,6 +57,9 @@ pub struct ChunkPool {
     outstanding: Vec<VecDeque<Segment>>,
     /// Ranges a dead rank gave back, served before any span.
     reclaimed: VecDeque<Segment>,
+    /// Samples not yet dispatched (spans' residues plus reclaimed ranges),
+    /// kept as they change: the scheduler asks once per rank per cycle.
+    left: u64,
 }
 
 impl ChunkPool {
@@ -78,6 +81,7 @@ impl ChunkPool {
             completed: vec![0; n],
             outstanding: vec![VecDeque::new(); n],
             reclaimed: VecDeque::new(),
+            left: at,
         }
     }
 
@@ -130,6 +134,7 @@ impl ChunkPool {
             Segment::new(self.spans[d].1, n)
         };
         self.dispatched[r] += seg.size;
+        self.left -= seg.size;
         self.outstanding[r].push_back(seg);
         Some(seg)
     }
@@ -142,14 +147,14 @@ impl ChunkPool {
         let n: u64 = back.iter().map(|s| s.size).sum();
         self.dispatched[rank as usize] = self.dispatched[rank as usize].saturating_sub(n);
         self.reclaimed.extend(back.iter().copied());
+        self.left += n;
         back
     }
 
     /// Samples not yet dispatched: every span's residue and every reclaimed
     /// range.
     pub fn remaining(&self) -> u64 {
-        let spans: u64 = (0..self.spans.len() as u32).map(|r| self.residue(r)).sum();
-        spans + self.reclaimed.iter().map(|s| s.size).sum::<u64>()
+        self.left
     }
 
     /// `rank` completed `samples` (a chunk's metrics): its oldest outstanding

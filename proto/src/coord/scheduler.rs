@@ -7,7 +7,7 @@ use core::time::Duration;
 use super::budget::{Backend, SaveReason, unrecoverable};
 use super::chunk_pool::{
     ChunkAsk, ChunkPool, FinalWindow, OVERSHOOT_CEILING, OVERSHOOT_INITIAL, advisory_spans, chunk_batches,
-    fronts, probe_batches, reduce_budget, refresh_final_window, span_sizes,
+    fronts, is_final_window, probe_batches, reduce_budget, refresh_final_window, span_sizes,
 };
 use super::el_che::partition::{equal_sizes, ratio_sizes, throughput_sizes};
 use super::el_che::{DivergenceSample, ElChe, Verdict};
@@ -1424,9 +1424,8 @@ impl Scheduler {
             return false;
         }
         let Some(e) = &self.el_che else { return false };
-        let excused: Vec<bool> =
-            (0..self.cfg.world_size).map(|r| !self.holds(r) || self.quiesced(r)).collect();
-        e.window_due(|r| excused[r as usize])
+        // Asked lazily: only of a rank short of its count.
+        e.window_due(|r| !self.holds(r) || self.quiesced(r))
     }
 
     fn trigger_cycle(&mut self, now: Time, last: bool) {
@@ -1533,10 +1532,7 @@ impl Scheduler {
             Cycle::Idle => false,
             Cycle::CpuPending { .. } => {
                 self.gates.undiverged == 0
-                    && self.el_che.as_ref().is_some_and(|e| {
-                        let holds: Vec<bool> = (0..self.cfg.world_size).map(|r| self.holds(r)).collect();
-                        e.divergence().all_reported(|r| holds[r as usize])
-                    })
+                    && self.el_che.as_ref().is_some_and(|e| e.divergence().all_reported(|r| self.holds(r)))
             }
             Cycle::NcclSettling { .. } => self.gates.unacked == 0,
         };
@@ -1633,7 +1629,12 @@ impl Scheduler {
     }
 
     fn counts(&self) -> Vec<u64> {
-        self.el_che.as_ref().map(|e| e.batch_counts().to_vec()).unwrap_or_default()
+        self.batch_counts().to_vec()
+    }
+
+    /// ElChe's batch counts, borrowed (empty without ElChe).
+    fn batch_counts(&self) -> &[u64] {
+        self.el_che.as_ref().map_or(&[], |e| e.batch_counts())
     }
 
     fn calibrated(&self) -> bool {
@@ -1827,7 +1828,7 @@ impl Scheduler {
     fn chunk_size(&self, rank: u32, epoch: u64) -> u64 {
         let Some(ch) = &self.chunks else { return 0 };
         let Some(pool) = ch.pools.get(&epoch) else { return 0 };
-        let counts = self.counts();
+        let counts = self.batch_counts();
         let count = counts.get(rank as usize).copied().unwrap_or(0);
         let is_async = self.cfg.policy == ApplyPolicy::Async;
         chunk_batches(&ChunkAsk {
@@ -1838,7 +1839,7 @@ impl Scheduler {
                 .as_ref()
                 .filter(|f| f.epoch == epoch)
                 .map(|f| f.alloc.get(rank as usize).copied().unwrap_or(0)),
-            counts: &counts,
+            counts,
             barrier_paced: self.barrier_paced(),
             calibrated: self.calibrated(),
             probe: probe_batches(self.cfg.epoch_samples, self.cfg.world_size.into(), self.cfg.batch_size),
@@ -1953,10 +1954,28 @@ impl Scheduler {
 
     /// The pinned final-window split of `epoch` (barrier paced only).
     fn refresh_final(&mut self, epoch: u64) {
-        let alive: Vec<bool> = (0..self.cfg.world_size).map(|r| self.holds(r)).collect();
-        let counts = self.counts();
         let paced = self.barrier_paced();
         let b = self.cfg.batch_size;
+        // Outside the final window there is no plan, whatever was pinned:
+        // decided without building the per-rank vectors, since this runs for
+        // every chunk handed out.
+        let rem = self.chunks.as_ref().and_then(|ch| ch.pools.get(&epoch)).map(|p| p.remaining() / b);
+        let in_final = paced
+            && rem.is_some_and(|rem| {
+                let counts = self.batch_counts();
+                let live: u64 = (0..counts.len()).filter(|&r| self.holds(r as u32)).map(|r| counts[r]).sum();
+                is_final_window(rem, live, counts.len() as u64)
+            });
+        if !in_final {
+            if let Some(ch) = self.chunks.as_mut()
+                && ch.final_window.take().is_some()
+            {
+                self.gates_dirty = true;
+            }
+            return;
+        }
+        let alive: Vec<bool> = (0..self.cfg.world_size).map(|r| self.holds(r)).collect();
+        let counts = self.counts();
         let repin = self.cfg.rules == Rules::Cohort;
         let Some(ch) = self.chunks.as_mut() else { return };
         let next = match ch.pools.get(&epoch) {
