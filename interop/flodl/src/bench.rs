@@ -217,6 +217,8 @@ struct Side {
     walls: Vec<f64>,
     cpus: Vec<f64>,
     rounds: u64,
+    /// One rank's round frame length (without its `u32` length prefix).
+    frame_len: u64,
 }
 
 fn relay_k(k: u32, o: &Opts) -> Result<(), String> {
@@ -317,6 +319,7 @@ impl Side {
             .spawn()
             .map_err(|e| format!("spawn {sub}: {e}"))?;
         let key = MacKey::new(salt);
+        let frame_len = f.blobs[0].len() as u64 - 4;
         let (done_tx, done) = mpsc::channel();
         let mut go = Vec::new();
         let mut threads = Vec::new();
@@ -340,7 +343,7 @@ impl Side {
                 }
             }));
         }
-        Ok(Side { kind, k, child, err_log, go, done, threads, walls: Vec::new(), cpus: Vec::new(), rounds: 0 })
+        Ok(Side { kind, k, child, err_log, go, done, threads, walls: Vec::new(), cpus: Vec::new(), rounds: 0, frame_len })
     }
 
     fn name(&self) -> String {
@@ -382,9 +385,9 @@ impl Side {
         Ok((wall, cpu))
     }
 
-    /// Closes the ranks, waits for the relay to report its rounds (flodl's
-    /// `[relay-fold-prof]`, cohort's `[cohort-relay]` line) and checks the
-    /// count, then ends the process (flodl's main thread stays in its
+    /// Closes the ranks, waits for the relay to report its rounds and the
+    /// rank bytes it took in (flodl's `[relay-fold-prof]`, cohort's
+    /// `[cohort-relay]` line) and checks both against the harness's, then ends the process (flodl's main thread stays in its
     /// control-leg accept: killed, by pid).
     fn finish(&mut self) -> Result<(), String> {
         self.go.clear();
@@ -418,9 +421,16 @@ impl Side {
         let _ = self.child.wait();
         let line = line.ok_or_else(|| format!("{}: no {tag} line in {}", self.name(), self.err_log.display()))?;
         println!("{} {}", self.name(), line);
-        let want = format!("rounds={} ", self.rounds);
-        if !line.contains(&want) {
-            return Err(format!("{}: the relay counted other rounds than {} ({line})", self.name(), self.rounds));
+        let bytes_in = self.rounds * u64::from(self.k) * self.frame_len;
+        let want = [
+            format!("rounds={} ", self.rounds),
+            match self.kind {
+                Kind::Flodl => format!("local={:.2}MB ", bytes_in as f64 / 1e6),
+                Kind::Cohort => format!("bytes_in={bytes_in} "),
+            },
+        ];
+        if let Some(w) = want.iter().find(|w| !line.contains(w.as_str())) {
+            return Err(format!("{}: the relay's count is not the harness's {w:?} ({line})", self.name()));
         }
         Ok(())
     }
