@@ -23,7 +23,8 @@ use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::{self, JoinHandle};
@@ -31,7 +32,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use cohort_driver_mio::{Config, NodeEvent, Runner};
-use cohort_proto::config::TimeoutScale;
+use cohort_proto::config::{Rules, TimeoutScale};
+use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
 use cohort_proto::node::envelope::RELAY_DATA_OFFSET;
 use cohort_proto::relay::{Leg, Relay, RelayConfig, RelayEvent};
 use cohort_proto::wire::{
@@ -45,6 +47,7 @@ const MIB: usize = 1 << 20;
 /// Mux record kinds (the header's byte 8).
 const KIND_CONTROL: u8 = 2;
 const KIND_HOST_FRAME: u8 = 3;
+const KIND_BROADCAST: u8 = 4;
 /// The largest record or blob the harness takes (flodl's default ceiling).
 const CEILING: u64 = 1 << 30;
 /// How long the harness waits for any one step (a connect, a round, an exit).
@@ -104,6 +107,42 @@ pub fn cohort_relay(p: &Parsed) -> Result<(), String> {
     Ok(())
 }
 
+/// `flodl-peer cohort-reduce`: cohort's controller reduce (flodl's rules:
+/// a host's end stops it) on `--listen`, taking every connection as an
+/// already-routed data channel (no channel magic: the controller's port
+/// router consumes it), until it stops.
+pub fn cohort_reduce(p: &Parsed) -> Result<(), String> {
+    let at: SocketAddr = p.require::<String>("listen")?.parse().map_err(|e| format!("--listen: {e}"))?;
+    let salt = SessionSalt::from_hex(&p.require::<String>("salt")?).map_err(|e| format!("--salt: {e}"))?;
+    let scale = TimeoutScale::new(p.get_or("timeout-scale", 1.0)?).map_err(|e| format!("--timeout-scale: {e}"))?;
+    let mut cfg = ReduceConfig::new(p.require("world-size")?, MacKey::new(&salt));
+    cfg.rules = Rules::Flodl;
+    let ceiling: u64 = p.get_or("frame-ceiling", 0)?;
+    if ceiling > 0 {
+        cfg.ceiling = ceiling;
+    }
+    let config = Config::scaled(scale).for_frame_ceiling(cfg.ceiling);
+    let mut runner = Runner::new(Reduce::new(cfg), config).map_err(|e| e.to_string())?;
+    let addr = runner.listen(at).map_err(|e| format!("listen on {at}: {e}"))?;
+    eprintln!("flodl-peer cohort-reduce: pid {} on {addr}", std::process::id());
+    let mut why = None;
+    runner
+        .run(|_, e| match e {
+            NodeEvent::Machine(ReduceEvent::Stopped(reason)) => {
+                why = Some(reason);
+                ControlFlow::Break(())
+            }
+            _ => ControlFlow::Continue(()),
+        })
+        .map_err(|e| e.to_string())?;
+    eprintln!(
+        "[cohort-reduce] rounds={} | stopped: {}",
+        runner.driver().machine().rounds(),
+        why.map_or("-".to_string(), |w| w.to_string())
+    );
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 // the harness
 // ---------------------------------------------------------------------------
@@ -111,6 +150,18 @@ pub fn cohort_relay(p: &Parsed) -> Result<(), String> {
 /// `flodl-peer bench-relay`: both relays per K, ABBA pairs, one summary line
 /// per K (`relay K=..`); an error names the first check that failed.
 pub fn relay(p: &Parsed) -> Result<(), String> {
+    run(Bench::Relay, p)
+}
+
+/// `flodl-peer bench-reduce`: flodl's controller reduce (`controller
+/// --backend none` with a stand-in agent: the ClusterController of a formed
+/// world) against cohort's (`cohort-reduce`), per K, ABBA pairs, one
+/// summary line per K (`reduce K=..`).
+pub fn reduce(p: &Parsed) -> Result<(), String> {
+    run(Bench::Reduce, p)
+}
+
+fn run(bench: Bench, p: &Parsed) -> Result<(), String> {
     let ks: Vec<u32> = p.list("ks")?.unwrap_or_else(|| vec![4, 8]);
     let opts = Opts {
         mib: p.get_or("mib", 64)?,
@@ -122,10 +173,31 @@ pub fn relay(p: &Parsed) -> Result<(), String> {
     if opts.pairs == 0 || opts.mib == 0 || opts.warmup == 0 {
         return Err("--pairs, --mib and --warmup must be at least 1".into());
     }
+    if let Some(k) = ks.iter().find(|k| !k.is_power_of_two()) {
+        return Err(format!("--ks: {k} is not a power of two (the mean is exact only then)"));
+    }
     for k in ks {
-        relay_k(k, &opts)?;
+        bench_k(bench, k, &opts)?;
     }
     Ok(())
+}
+
+/// Which server the harness drives.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Bench {
+    /// A host's data relay: K ranks below, a stub controller above.
+    Relay,
+    /// The controller's reduce: K one-rank hosts.
+    Reduce,
+}
+
+impl Bench {
+    fn name(self) -> &'static str {
+        match self {
+            Bench::Relay => "relay",
+            Bench::Reduce => "reduce",
+        }
+    }
 }
 
 struct Opts {
@@ -138,11 +210,18 @@ struct Opts {
 
 /// What every round sends and expects, built once per K.
 struct Frames {
-    /// Per rank: `u32 len | RoundFrame` (one f32 tensor, mass 1).
+    /// Per rank what it sends each round: for a relay `u32 len |
+    /// RoundFrame`, for the reduce a signed `HostFrame` record holding it
+    /// (one f32 tensor, mass 1).
     blobs: Vec<Bytes>,
+    /// One rank's round frame length.
+    frame_len: u64,
     /// The exact element-wise f32 sums, little-endian.
     sums: Bytes,
-    /// The stub's answer: a signed `Broadcast` record holding the mean.
+    /// The exact mean (sums / K), little-endian.
+    mean: Bytes,
+    /// The relay's stub controller's answer: a signed `Broadcast` record
+    /// holding the mean.
     broadcast: Bytes,
     /// That record's payload (what every rank must receive).
     consensus: Bytes,
@@ -163,20 +242,33 @@ fn round_frame(key: &MacKey, weight: f64, values: &[f32]) -> Result<BytesMut, St
     Ok(out)
 }
 
-fn frames(key: &MacKey, k: u32, mib: usize) -> Result<Frames, String> {
+fn le_bytes(values: &[f32]) -> Bytes {
+    Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+}
+
+fn frames(bench: Bench, key: &MacKey, k: u32, mib: usize) -> Result<Frames, String> {
     let n = (mib * MIB / 4) as u32;
     let mut sums = vec![0f32; n as usize];
     let mut blobs = Vec::new();
+    let mut frame_len = 0;
     for r in 0..k {
         let values: Vec<f32> = (0..n).map(|i| value(r, i)).collect();
         for (s, v) in sums.iter_mut().zip(&values) {
             *s += v;
         }
-        let frame = round_frame(key, 1.0, &values)?;
-        let mut blob = BytesMut::with_capacity(frame.len() + 4);
-        blob.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        blob.extend_from_slice(&frame);
-        blobs.push(blob.freeze());
+        let frame = round_frame(key, 1.0, &values)?.freeze();
+        frame_len = frame.len() as u64;
+        blobs.push(match bench {
+            Bench::Relay => {
+                let mut blob = BytesMut::with_capacity(frame.len() + 4);
+                blob.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+                blob.extend_from_slice(&frame);
+                blob.freeze()
+            }
+            Bench::Reduce => {
+                MuxRecord::HostFrame { payload: Payload::from(frame) }.to_bytes(key).map_err(|e| e.to_string())?
+            }
+        });
     }
     let inv = 1.0 / k as f32; // K a power of two: exact
     let mean: Vec<f32> = sums.iter().map(|s| s * inv).collect();
@@ -184,8 +276,7 @@ fn frames(key: &MacKey, k: u32, mib: usize) -> Result<Frames, String> {
     let broadcast = MuxRecord::Broadcast { payload: Payload::from(consensus.clone()) }
         .to_bytes(key)
         .map_err(|e| e.to_string())?;
-    let sums: Vec<u8> = sums.iter().flat_map(|s| s.to_le_bytes()).collect();
-    Ok(Frames { blobs, sums: Bytes::from(sums), broadcast, consensus })
+    Ok(Frames { blobs, frame_len, sums: le_bytes(&sums), mean: le_bytes(&mean), broadcast, consensus })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -203,34 +294,40 @@ impl Kind {
     }
 }
 
-/// One relay under test: its process, its stub controller, its K ranks.
+/// One server under test: its process, the harness threads around it.
 struct Side {
+    bench: Bench,
     kind: Kind,
     k: u32,
+    /// The server measured (flodl's relay or controller, cohort's relay or
+    /// reduce).
     child: Child,
+    /// flodl's stand-in agent (reduce only): a process group of its own,
+    /// with the rank children it spawned.
+    agent: Option<Child>,
     err_log: PathBuf,
-    /// To the stub, then to every rank: run one round (checked or not).
+    /// To every harness thread: run one round (checked or not).
     go: Vec<Sender<bool>>,
-    /// Each rank's "holds the broadcast" instant; any thread's failure.
+    /// Each rank's (host's) "holds the consensus" instant; any thread's
+    /// failure.
     done: Receiver<Result<Instant, String>>,
     threads: Vec<JoinHandle<()>>,
     walls: Vec<f64>,
     cpus: Vec<f64>,
     rounds: u64,
-    /// One rank's round frame length (without its `u32` length prefix).
+    /// One rank's round frame length.
     frame_len: u64,
 }
 
-fn relay_k(k: u32, o: &Opts) -> Result<(), String> {
+fn bench_k(bench: Bench, k: u32, o: &Opts) -> Result<(), String> {
     let salt = SessionSalt::from_bytes(*b"cohort-bench-15!");
     let key = MacKey::new(&salt);
-    let f = frames(&key, k, o.mib)?;
+    let f = frames(bench, &key, k, o.mib)?;
     let first = crate::free_run(6, 64, &[])?;
     let second = crate::free_run(6, 64, &[first])?;
-    let mut sides = [
-        Side::start(Kind::Flodl, k, first, &salt, &f, o)?,
-        Side::start(Kind::Cohort, k, second, &salt, &f, o)?,
-    ];
+    let flodl = Side::start(bench, Kind::Flodl, k, first, &salt, &f, o)?;
+    let mut sides = [flodl, Side::start(bench, Kind::Cohort, k, second, &salt, &f, o)?];
+    drop(f);
     let result = measure(&mut sides, o);
     let hwm: Vec<Result<u64, String>> = sides.iter().map(|s| vm_hwm(s.child.id())).collect();
     let mut ends = Vec::new();
@@ -257,7 +354,8 @@ fn relay_k(k: u32, o: &Opts) -> Result<(), String> {
         )
     };
     println!(
-        "relay K={k} x {} MiB f32: {} | {} | flodl/cohort wall {:.2}x (median of {} pairs) cpu {:.2}x | hwm {:.2} GiB / {:.2} GiB | checked: warmup {} + final 1 round(s) each",
+        "{} K={k} x {} MiB f32: {} | {} | flodl/cohort wall {:.2}x (median of {} pairs) cpu {:.2}x | hwm {:.2} GiB / {:.2} GiB | checked: warmup {} + final 1 round(s) each",
+        bench.name(),
         o.mib,
         side(fl),
         side(co),
@@ -280,7 +378,7 @@ fn measure(sides: &mut [Side; 2], o: &Opts) -> Result<(), String> {
     }
     for pair in 0..o.pairs {
         let order = if pair % 2 == 0 { [0, 1] } else { [1, 0] };
-        let mut line = format!("relay K={} pair {pair}:", sides[0].k);
+        let mut line = format!("{} K={} pair {pair}:", sides[0].bench.name(), sides[0].k);
         for i in order {
             let (wall, cpu) = sides[i].round(false)?;
             sides[i].walls.push(wall);
@@ -295,64 +393,132 @@ fn measure(sides: &mut [Side; 2], o: &Opts) -> Result<(), String> {
     Ok(())
 }
 
+/// Spawns this binary's subcommand `sub`, output to `<base>.out/.err`;
+/// `group` puts it in a process group of its own (led by it).
+fn spawn(sub: &str, args: &[String], base: &Path, group: bool) -> Result<Child, String> {
+    let out = File::create(base.with_extension("out")).map_err(|e| e.to_string())?;
+    let err = File::create(base.with_extension("err")).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(exe);
+    cmd.arg(sub).args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+    if group {
+        cmd.process_group(0);
+    }
+    cmd.spawn().map_err(|e| format!("spawn {sub}: {e}"))
+}
+
+/// Bounded poll for a line containing `needle` in a log; gives up early
+/// when `child` has exited.
+fn wait_line(log: &Path, needle: &str, limit: Duration, child: &mut Child) -> Result<String, String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.contains(needle)) {
+            return Ok(l.to_string());
+        }
+        if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
+            return Err(format!("no {needle:?} line in {}", log.display()));
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
 impl Side {
-    fn start(kind: Kind, k: u32, port: u16, salt: &SessionSalt, f: &Frames, o: &Opts) -> Result<Side, String> {
-        let stub = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).map_err(|e| format!("stub on {port}: {e}"))?;
-        let ranks: Vec<String> = (0..k).map(|r| r.to_string()).collect();
-        let sub = match kind {
-            Kind::Flodl => "relay",
-            Kind::Cohort => "cohort-relay",
-        };
-        let base = o.logs.join(format!("{}-relay-k{k}", kind.name()));
-        let err_log = base.with_extension("err");
-        let out = File::create(base.with_extension("out")).map_err(|e| e.to_string())?;
-        let err = File::create(&err_log).map_err(|e| e.to_string())?;
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let child = Command::new(exe)
-            .arg(sub)
-            .args(["--controller", &format!("127.0.0.1:{port}"), "--host", "bench"])
-            .args(["--ranks", &ranks.join(","), "--world-size", &k.to_string()])
-            .args(["--salt", &salt.to_hex(), "--timeout-scale", &o.scale.to_string()])
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("spawn {sub}: {e}"))?;
+    fn start(
+        bench: Bench,
+        kind: Kind,
+        k: u32,
+        port: u16,
+        salt: &SessionSalt,
+        f: &Frames,
+        o: &Opts,
+    ) -> Result<Side, String> {
         let key = MacKey::new(salt);
-        let frame_len = f.blobs[0].len() as u64 - 4;
         let (done_tx, done) = mpsc::channel();
         let mut go = Vec::new();
         let mut threads = Vec::new();
-        let (tx, rx) = mpsc::channel();
-        go.push(tx);
-        let (d, b, sums) = (done_tx.clone(), f.broadcast.clone(), f.sums.clone());
-        let key2 = key.clone();
-        threads.push(thread::spawn(move || {
-            if let Err(e) = stub_controller(stub, &key2, k, &sums, &b, &rx, &d) {
-                let _ = d.send(Err(format!("stub controller: {e}")));
+        let (k_s, port_s, scale) = (k.to_string(), port.to_string(), o.scale.to_string());
+        let at = format!("127.0.0.1:{port}");
+        let base = |what: &str| o.logs.join(format!("{}-{what}-k{k}", kind.name()));
+        let mut agent = None;
+        let (child, err_log) = match (bench, kind) {
+            (Bench::Relay, _) => {
+                let stub = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).map_err(|e| format!("stub on {port}: {e}"))?;
+                let ranks: Vec<String> = (0..k).map(|r| r.to_string()).collect();
+                let sub = if kind == Kind::Flodl { "relay" } else { "cohort-relay" };
+                let args = strings(&["--controller", &at, "--host", "bench", "--ranks", &ranks.join(",")]);
+                let more = strings(&["--world-size", &k_s, "--salt", &salt.to_hex(), "--timeout-scale", &scale]);
+                let child = spawn(sub, &[args, more].concat(), &base("relay"), false)?;
+                let (tx, rx) = mpsc::channel();
+                go.push(tx);
+                let (d, b, sums, key) = (done_tx.clone(), f.broadcast.clone(), f.sums.clone(), key.clone());
+                threads.push(thread::spawn(move || {
+                    if let Err(e) = stub_controller(stub, &key, k, &sums, &b, &rx, &d) {
+                        let _ = d.send(Err(format!("stub controller: {e}")));
+                    }
+                }));
+                (child, base("relay").with_extension("err"))
             }
-        }));
-        let data = SocketAddr::from((Ipv4Addr::LOCALHOST, port + RELAY_DATA_OFFSET));
+            (Bench::Reduce, Kind::Flodl) => {
+                let token = salt.to_hex();
+                let args = strings(&[
+                    "--port", &port_s, "--backend", "none", "--quorum", &k_s, "--target", &k_s,
+                    "--join-timeout", "30", "--max-join-timeout", "40", "--token", &token,
+                    "--timeout-scale", &scale,
+                ]);
+                let mut child = spawn("controller", &args, &base("controller"), false)?;
+                let err_log = base("controller").with_extension("err");
+                wait_line(&err_log, "cluster join: window open", STEP_LIMIT, &mut child)?;
+                let args = strings(&[
+                    "--controller", &at, "--host", "bench", "--devices", &k_s, "--salt", &token,
+                    "--rank-sleep-ms", "3600000", "--timeout-scale", &scale,
+                ]);
+                agent = Some(spawn("agent", &args, &base("agent"), true)?);
+                wait_line(&err_log, &format!("ClusterController up on port {port} (world_size={k})"), STEP_LIMIT, &mut child)?;
+                (child, err_log)
+            }
+            (Bench::Reduce, Kind::Cohort) => {
+                let args = strings(&["--listen", &at, "--world-size", &k_s, "--salt", &salt.to_hex(), "--timeout-scale", &scale]);
+                let child = spawn("cohort-reduce", &args, &base("reduce"), false)?;
+                (child, base("reduce").with_extension("err"))
+            }
+        };
+        let magic = kind == Kind::Flodl;
+        let addr = match bench {
+            Bench::Relay => SocketAddr::from((Ipv4Addr::LOCALHOST, port + RELAY_DATA_OFFSET)),
+            Bench::Reduce => SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        };
         for r in 0..k {
             let (tx, rx) = mpsc::channel();
             go.push(tx);
-            let (d, blob, want) = (done_tx.clone(), f.blobs[r as usize].clone(), f.consensus.clone());
+            let d = done_tx.clone();
+            let blob = f.blobs[r as usize].clone();
+            let (want, mean, key) = (f.consensus.clone(), f.mean.clone(), key.clone());
             threads.push(thread::spawn(move || {
-                if let Err(e) = rank(data, r, k, &blob, &want, &rx, &d) {
+                let ended = match bench {
+                    Bench::Relay => rank(addr, r, k, &blob, &want, &rx, &d),
+                    Bench::Reduce => host(addr, magic, r, k, &key, &blob, &mean, &rx, &d),
+                };
+                if let Err(e) = ended {
                     let _ = d.send(Err(format!("rank {r}: {e}")));
                 }
             }));
         }
-        Ok(Side { kind, k, child, err_log, go, done, threads, walls: Vec::new(), cpus: Vec::new(), rounds: 0, frame_len })
+        let frame_len = f.frame_len;
+        Ok(Side { bench, kind, k, child, agent, err_log, go, done, threads, walls: vec![], cpus: vec![], rounds: 0, frame_len })
     }
 
     fn name(&self) -> String {
-        format!("{} relay K={}", self.kind.name(), self.k)
+        format!("{} {} K={}", self.kind.name(), self.bench.name(), self.k)
     }
 
-    /// Waits for the stub's HelloAck and every rank's data ack.
+    /// Waits for every harness thread's handshake.
     fn ready(&mut self) -> Result<(), String> {
-        for _ in 0..=self.k {
+        for _ in 0..self.go.len() {
             self.next_done()?;
         }
         Ok(())
@@ -385,52 +551,49 @@ impl Side {
         Ok((wall, cpu))
     }
 
-    /// Closes the ranks, waits for the relay to report its rounds and the
-    /// rank bytes it took in (flodl's `[relay-fold-prof]`, cohort's
-    /// `[cohort-relay]` line) and checks both against the harness's, then ends the process (flodl's main thread stays in its
-    /// control-leg accept: killed, by pid).
+    /// Closes the harness's connections and ends the server. A relay reports
+    /// its rounds and the rank bytes it took in (flodl's
+    /// `[relay-fold-prof]`, cohort's `[cohort-relay]` line), cohort's reduce
+    /// its rounds (`[cohort-reduce]`): checked against the harness's count.
+    /// flodl's relay main thread stays in its control-leg accept, and its
+    /// controller waits for the agent's stand-in ranks: both are killed, by
+    /// pid (the agent by its process group, with the ranks it spawned).
     fn finish(&mut self) -> Result<(), String> {
         self.go.clear();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        let tag = match self.kind {
-            Kind::Flodl => "[relay-fold-prof]",
-            Kind::Cohort => "[cohort-relay]",
+        let tag = match (self.bench, self.kind) {
+            (Bench::Relay, Kind::Flodl) => Some("[relay-fold-prof]"),
+            (Bench::Relay, Kind::Cohort) => Some("[cohort-relay]"),
+            (Bench::Reduce, Kind::Cohort) => Some("[cohort-reduce]"),
+            (Bench::Reduce, Kind::Flodl) => None,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let line = loop {
-            let text = std::fs::read_to_string(&self.err_log).unwrap_or_default();
-            if let Some(l) = text.lines().find(|l| l.starts_with(tag)) {
-                break Some(l.to_string());
-            }
-            if Instant::now() > deadline || matches!(self.child.try_wait(), Ok(Some(_))) {
-                break None;
-            }
-            thread::sleep(Duration::from_millis(50));
-        };
-        if self.kind == Kind::Flodl {
-            let _ = self.child.kill();
-        } else {
+        let line = tag.map(|tag| wait_line(&self.err_log, tag, Duration::from_secs(30), &mut self.child));
+        if let Some(mut agent) = self.agent.take() {
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", agent.id())]).status();
+            let _ = agent.wait();
+        }
+        if self.kind == Kind::Cohort {
             let deadline = Instant::now() + Duration::from_secs(10);
             while !matches!(self.child.try_wait(), Ok(Some(_))) && Instant::now() < deadline {
                 thread::sleep(Duration::from_millis(50));
             }
-            let _ = self.child.kill();
         }
+        let _ = self.child.kill();
         let _ = self.child.wait();
-        let line = line.ok_or_else(|| format!("{}: no {tag} line in {}", self.name(), self.err_log.display()))?;
+        let Some(line) = line else { return Ok(()) };
+        let line = line.map_err(|e| format!("{}: {e}", self.name()))?;
         println!("{} {}", self.name(), line);
         let bytes_in = self.rounds * u64::from(self.k) * self.frame_len;
-        let want = [
-            format!("rounds={} ", self.rounds),
-            match self.kind {
-                Kind::Flodl => format!("local={:.2}MB ", bytes_in as f64 / 1e6),
-                Kind::Cohort => format!("bytes_in={bytes_in} "),
-            },
-        ];
+        let mut want = vec![format!("rounds={} ", self.rounds)];
+        match (self.bench, self.kind) {
+            (Bench::Relay, Kind::Flodl) => want.push(format!("local={:.2}MB ", bytes_in as f64 / 1e6)),
+            (Bench::Relay, Kind::Cohort) => want.push(format!("bytes_in={bytes_in} ")),
+            _ => {}
+        }
         if let Some(w) = want.iter().find(|w| !line.contains(w.as_str())) {
-            return Err(format!("{}: the relay's count is not the harness's {w:?} ({line})", self.name()));
+            return Err(format!("{}: the server's count is not the harness's {w:?} ({line})", self.name()));
         }
         Ok(())
     }
@@ -438,6 +601,12 @@ impl Side {
 
 impl Drop for Side {
     fn drop(&mut self) {
+        // The agent is never reaped before this (no try_wait), so its pid
+        // and process group id cannot have been reused.
+        if let Some(agent) = self.agent.as_mut() {
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", agent.id())]).status();
+            let _ = agent.wait();
+        }
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = self.child.kill();
             let _ = self.child.wait();
@@ -495,6 +664,81 @@ fn rank(
         let _ = done.send(Ok(t));
     }
     Ok(())
+}
+
+/// A one-rank host on the controller's data channel: (channel magic for
+/// flodl's port mux,) `Hello` → `HelloAck`, then per round write the host
+/// frame record and read the broadcast.
+#[allow(clippy::too_many_arguments)]
+fn host(
+    addr: SocketAddr,
+    magic: bool,
+    r: u32,
+    k: u32,
+    key: &MacKey,
+    record: &[u8],
+    mean: &[u8],
+    go: &Receiver<bool>,
+    done: &Sender<Result<Instant, String>>,
+) -> Result<(), String> {
+    let mut s = connect(addr)?;
+    let _ = s.set_nodelay(true);
+    let mut hello = Vec::new();
+    if magic {
+        hello.extend_from_slice(&Channel::Data.magic_bytes());
+    }
+    let msg = RelayControlMsg::Hello { host: format!("bench-{r}"), ranks: vec![r], model_sigs: vec![] };
+    hello.extend_from_slice(&MuxRecord::Control(msg).to_bytes(key).map_err(|e| e.to_string())?);
+    s.write_all(&hello).map_err(io("hello"))?;
+    let mut payload = Vec::new();
+    let h = read_record(&mut s, &mut payload).map_err(io("hello ack"))?;
+    match verified(key, &h, &payload)? {
+        MuxRecord::Control(RelayControlMsg::HelloAck) => {}
+        other => return Err(format!("expected HelloAck, got {}", other.kind_name())),
+    }
+    let _ = done.send(Ok(Instant::now()));
+    for check in go.iter() {
+        s.write_all(record).map_err(io("host frame"))?;
+        let h = loop {
+            let h = read_record(&mut s, &mut payload).map_err(io("broadcast"))?;
+            match h[8] {
+                KIND_BROADCAST => break h,
+                KIND_CONTROL => continue,
+                other => return Err(format!("record kind {other} where a broadcast was due")),
+            }
+        };
+        let t = Instant::now();
+        if check {
+            check_consensus(key, k, mean, &h, &payload)?;
+        }
+        let _ = done.send(Ok(t));
+    }
+    Ok(())
+}
+
+/// The broadcast verifies (mux tag, round frame) and holds the exact mean
+/// at mass K.
+fn check_consensus(key: &MacKey, k: u32, mean: &[u8], h: &[u8; MUX_HEADER_LEN], payload: &[u8]) -> Result<(), String> {
+    let MuxRecord::Broadcast { payload } = verified(key, h, payload)? else {
+        return Err("not a broadcast".into());
+    };
+    let frame = RoundFrame::decode(&payload.to_bytes(), key, CEILING).map_err(|e| e.to_string())?;
+    check_tensor(&frame, k, mean, "consensus")
+}
+
+/// One f32 tensor equal to `want` byte for byte, at mass `k`.
+fn check_tensor(frame: &RoundFrame, k: u32, want: &[u8], what: &str) -> Result<(), String> {
+    if frame.weight != f64::from(k) {
+        return Err(format!("{what} mass {}, want {k}", frame.weight));
+    }
+    match frame.tensors.as_slice() {
+        [t] if t.dtype == Dtype::F32 && t.bytes[..] == *want => Ok(()),
+        [t] if t.dtype == Dtype::F32 => {
+            let at = t.bytes.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0) / 4;
+            Err(format!("{what} differs from the exact values (first at element {at})"))
+        }
+        ts => Err(format!("{what} of {} tensor(s), want one f32", ts.len())),
+    }
 }
 
 /// Reads one mux record's header and payload (into the reused `payload`).
@@ -585,17 +829,7 @@ fn check_host_frame(key: &MacKey, k: u32, sums: &[u8], h: &[u8; MUX_HEADER_LEN],
         return Err("not a host frame".into());
     };
     let frame = RoundFrame::decode(&payload.to_bytes(), key, CEILING).map_err(|e| e.to_string())?;
-    if frame.weight != f64::from(k) {
-        return Err(format!("host frame mass {}, want {k}", frame.weight));
-    }
-    match frame.tensors.as_slice() {
-        [t] if t.dtype == Dtype::F32 && t.bytes[..] == *sums => Ok(()),
-        [t] if t.dtype == Dtype::F32 => {
-            let at = t.bytes.iter().zip(sums).position(|(a, b)| a != b).unwrap_or(0) / 4;
-            Err(format!("host frame sums differ from the exact sums (first at element {at})"))
-        }
-        ts => Err(format!("host frame of {} tensor(s), want one f32", ts.len())),
-    }
+    check_tensor(&frame, k, sums, "host frame sums")
 }
 
 /// utime + stime of a process (every thread, live or exited), in seconds.

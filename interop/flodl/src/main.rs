@@ -106,6 +106,9 @@ const COHORT_RELAY_SPEC: Spec = Spec {
     trailing: false,
 };
 
+const COHORT_REDUCE_SPEC: Spec =
+    Spec { values: &["listen", "world-size", "salt", "frame-ceiling", "timeout-scale"], flags: &[], trailing: false };
+
 const BENCH_SPEC: Spec =
     Spec { values: &["ks", "mib", "pairs", "warmup", "timeout-scale", "log-dir"], flags: &[], trailing: false };
 
@@ -157,6 +160,12 @@ USAGE:
   flodl-peer bench-relay [--ks 4,8] [--mib 64] [--pairs 7] [--warmup 1]
                    [--timeout-scale X] [--log-dir DIR]
                                  (flodl's relay against cohort's, ABBA pairs)
+  flodl-peer cohort-reduce --listen ADDR:PORT --world-size N --salt HEX32
+                   [--frame-ceiling BYTES] [--timeout-scale X]
+                                 (cohort's controller reduce, no port router)
+  flodl-peer bench-reduce [--ks 4,8] [--mib 64] [--pairs 7] [--warmup 1]
+                   [--timeout-scale X] [--log-dir DIR]
+                                 (flodl's controller reduce against cohort's)
   flodl-peer free-port [--span N] [--attempts N]
   flodl-peer tap --listen ADDR:PORT --to HOST:PORT --dump-dir DIR [--max-conns N]
   flodl-peer decode [HEX]        (hex-encoded JSON -> pretty JSON; stdin if no arg)
@@ -215,6 +224,8 @@ fn main() -> ExitCode {
                 "free-port" => parse_then(FREE_PORT_SPEC, rest, free_port),
                 "cohort-relay" => parse_then(COHORT_RELAY_SPEC, rest, bench::cohort_relay),
                 "bench-relay" => parse_then(BENCH_SPEC, rest, bench::relay),
+                "cohort-reduce" => parse_then(COHORT_REDUCE_SPEC, rest, bench::cohort_reduce),
+                "bench-reduce" => parse_then(BENCH_SPEC, rest, bench::reduce),
                 "decode" => decode(rest),
                 "tap" => parse_then(TAP_SPEC, rest, tap::run),
                 "check" => parse_then(CHECK_SPEC, rest, check::run),
