@@ -33,12 +33,12 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use cohort_driver_mio::{Config, NodeEvent, Runner};
 use cohort_proto::config::{Rules, TimeoutScale};
-use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
 use cohort_proto::node::envelope::RELAY_DATA_OFFSET;
+use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
 use cohort_proto::relay::{Leg, Relay, RelayConfig, RelayEvent};
 use cohort_proto::wire::{
-    Channel, DataAck, DataHello, Dtype, MUX_HEADER_LEN, MacKey, MuxDecoder, MuxRecord, Payload, RelayControlMsg,
-    RoundFrame, RoundKind, RoundWriter, SessionSalt,
+    Channel, DataAck, DataHello, Dtype, MUX_HEADER_LEN, MacKey, MuxDecoder, MuxRecord, Payload,
+    RelayControlMsg, RoundFrame, RoundKind, RoundWriter, SessionSalt,
 };
 
 use crate::args::{self, Parsed};
@@ -64,7 +64,8 @@ const STEP_LIMIT: Duration = Duration::from_secs(120);
 pub fn cohort_relay(p: &Parsed) -> Result<(), String> {
     let (host, port) = args::host_port(&p.require::<String>("controller")?)?;
     let salt = SessionSalt::from_hex(&p.require::<String>("salt")?).map_err(|e| format!("--salt: {e}"))?;
-    let scale = TimeoutScale::new(p.get_or("timeout-scale", 1.0)?).map_err(|e| format!("--timeout-scale: {e}"))?;
+    let scale =
+        TimeoutScale::new(p.get_or("timeout-scale", 1.0)?).map_err(|e| format!("--timeout-scale: {e}"))?;
     let ranks: Vec<u32> = p.list("ranks")?.ok_or("--ranks is required")?;
     let mut cfg = RelayConfig::new(
         Leg::Data,
@@ -84,7 +85,10 @@ pub fn cohort_relay(p: &Parsed) -> Result<(), String> {
     let data_port = port.checked_add(RELAY_DATA_OFFSET).ok_or("controller port too high")?;
     let at = SocketAddr::from((Ipv4Addr::LOCALHOST, data_port));
     let addr = runner.listen(at).map_err(|e| format!("listen on {at}: {e}"))?;
-    eprintln!("flodl-peer cohort-relay: pid {} data leg on {addr}, upstream {host}:{port}", std::process::id());
+    eprintln!(
+        "flodl-peer cohort-relay: pid {} data leg on {addr}, upstream {host}:{port}",
+        std::process::id()
+    );
     let mut why = None;
     runner
         .run(|_, e| match e {
@@ -114,7 +118,8 @@ pub fn cohort_relay(p: &Parsed) -> Result<(), String> {
 pub fn cohort_reduce(p: &Parsed) -> Result<(), String> {
     let at: SocketAddr = p.require::<String>("listen")?.parse().map_err(|e| format!("--listen: {e}"))?;
     let salt = SessionSalt::from_hex(&p.require::<String>("salt")?).map_err(|e| format!("--salt: {e}"))?;
-    let scale = TimeoutScale::new(p.get_or("timeout-scale", 1.0)?).map_err(|e| format!("--timeout-scale: {e}"))?;
+    let scale =
+        TimeoutScale::new(p.get_or("timeout-scale", 1.0)?).map_err(|e| format!("--timeout-scale: {e}"))?;
     let mut cfg = ReduceConfig::new(p.require("world-size")?, MacKey::new(&salt));
     cfg.rules = Rules::Flodl;
     let ceiling: u64 = p.get_or("frame-ceiling", 0)?;
@@ -265,9 +270,9 @@ fn frames(bench: Bench, key: &MacKey, k: u32, mib: usize) -> Result<Frames, Stri
                 blob.extend_from_slice(&frame);
                 blob.freeze()
             }
-            Bench::Reduce => {
-                MuxRecord::HostFrame { payload: Payload::from(frame) }.to_bytes(key).map_err(|e| e.to_string())?
-            }
+            Bench::Reduce => MuxRecord::HostFrame { payload: Payload::from(frame) }
+                .to_bytes(key)
+                .map_err(|e| e.to_string())?,
         });
     }
     let inv = 1.0 / k as f32; // K a power of two: exact
@@ -447,11 +452,13 @@ impl Side {
         let mut agent = None;
         let (child, err_log) = match (bench, kind) {
             (Bench::Relay, _) => {
-                let stub = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).map_err(|e| format!("stub on {port}: {e}"))?;
+                let stub = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+                    .map_err(|e| format!("stub on {port}: {e}"))?;
                 let ranks: Vec<String> = (0..k).map(|r| r.to_string()).collect();
                 let sub = if kind == Kind::Flodl { "relay" } else { "cohort-relay" };
                 let args = strings(&["--controller", &at, "--host", "bench", "--ranks", &ranks.join(",")]);
-                let more = strings(&["--world-size", &k_s, "--salt", &salt.to_hex(), "--timeout-scale", &scale]);
+                let more =
+                    strings(&["--world-size", &k_s, "--salt", &salt.to_hex(), "--timeout-scale", &scale]);
                 let child = spawn(sub, &[args, more].concat(), &base("relay"), false)?;
                 let (tx, rx) = mpsc::channel();
                 go.push(tx);
@@ -466,23 +473,60 @@ impl Side {
             (Bench::Reduce, Kind::Flodl) => {
                 let token = salt.to_hex();
                 let args = strings(&[
-                    "--port", &port_s, "--backend", "none", "--quorum", &k_s, "--target", &k_s,
-                    "--join-timeout", "30", "--max-join-timeout", "40", "--token", &token,
-                    "--timeout-scale", &scale,
+                    "--port",
+                    &port_s,
+                    "--backend",
+                    "none",
+                    "--quorum",
+                    &k_s,
+                    "--target",
+                    &k_s,
+                    "--join-timeout",
+                    "30",
+                    "--max-join-timeout",
+                    "40",
+                    "--token",
+                    &token,
+                    "--timeout-scale",
+                    &scale,
                 ]);
                 let mut child = spawn("controller", &args, &base("controller"), false)?;
                 let err_log = base("controller").with_extension("err");
                 wait_line(&err_log, "cluster join: window open", STEP_LIMIT, &mut child)?;
                 let args = strings(&[
-                    "--controller", &at, "--host", "bench", "--devices", &k_s, "--salt", &token,
-                    "--rank-sleep-ms", "3600000", "--timeout-scale", &scale,
+                    "--controller",
+                    &at,
+                    "--host",
+                    "bench",
+                    "--devices",
+                    &k_s,
+                    "--salt",
+                    &token,
+                    "--rank-sleep-ms",
+                    "3600000",
+                    "--timeout-scale",
+                    &scale,
                 ]);
                 agent = Some(spawn("agent", &args, &base("agent"), true)?);
-                wait_line(&err_log, &format!("ClusterController up on port {port} (world_size={k})"), STEP_LIMIT, &mut child)?;
+                wait_line(
+                    &err_log,
+                    &format!("ClusterController up on port {port} (world_size={k})"),
+                    STEP_LIMIT,
+                    &mut child,
+                )?;
                 (child, err_log)
             }
             (Bench::Reduce, Kind::Cohort) => {
-                let args = strings(&["--listen", &at, "--world-size", &k_s, "--salt", &salt.to_hex(), "--timeout-scale", &scale]);
+                let args = strings(&[
+                    "--listen",
+                    &at,
+                    "--world-size",
+                    &k_s,
+                    "--salt",
+                    &salt.to_hex(),
+                    "--timeout-scale",
+                    &scale,
+                ]);
                 let child = spawn("cohort-reduce", &args, &base("reduce"), false)?;
                 (child, base("reduce").with_extension("err"))
             }
@@ -509,7 +553,21 @@ impl Side {
             }));
         }
         let frame_len = f.frame_len;
-        Ok(Side { bench, kind, k, child, agent, err_log, go, done, threads, walls: vec![], cpus: vec![], rounds: 0, frame_len })
+        Ok(Side {
+            bench,
+            kind,
+            k,
+            child,
+            agent,
+            err_log,
+            go,
+            done,
+            threads,
+            walls: vec![],
+            cpus: vec![],
+            rounds: 0,
+            frame_len,
+        })
     }
 
     fn name(&self) -> String {
@@ -529,7 +587,9 @@ impl Side {
             Ok(Ok(t)) => Ok(t),
             Ok(Err(e)) => Err(format!("{}: {e}", self.name())),
             Err(RecvTimeoutError::Timeout) => Err(format!("{}: nothing for {STEP_LIMIT:?}", self.name())),
-            Err(RecvTimeoutError::Disconnected) => Err(format!("{}: every harness thread ended", self.name())),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(format!("{}: every harness thread ended", self.name()))
+            }
         }
     }
 
@@ -718,7 +778,13 @@ fn host(
 
 /// The broadcast verifies (mux tag, round frame) and holds the exact mean
 /// at mass K.
-fn check_consensus(key: &MacKey, k: u32, mean: &[u8], h: &[u8; MUX_HEADER_LEN], payload: &[u8]) -> Result<(), String> {
+fn check_consensus(
+    key: &MacKey,
+    k: u32,
+    mean: &[u8],
+    h: &[u8; MUX_HEADER_LEN],
+    payload: &[u8],
+) -> Result<(), String> {
     let MuxRecord::Broadcast { payload } = verified(key, h, payload)? else {
         return Err("not a broadcast".into());
     };
@@ -824,7 +890,13 @@ fn stub_controller(
     Ok(())
 }
 
-fn check_host_frame(key: &MacKey, k: u32, sums: &[u8], h: &[u8; MUX_HEADER_LEN], payload: &[u8]) -> Result<(), String> {
+fn check_host_frame(
+    key: &MacKey,
+    k: u32,
+    sums: &[u8],
+    h: &[u8; MUX_HEADER_LEN],
+    payload: &[u8],
+) -> Result<(), String> {
     let MuxRecord::HostFrame { payload } = verified(key, h, payload)? else {
         return Err("not a host frame".into());
     };
@@ -834,7 +906,8 @@ fn check_host_frame(key: &MacKey, k: u32, sums: &[u8], h: &[u8; MUX_HEADER_LEN],
 
 /// utime + stime of a process (every thread, live or exited), in seconds.
 fn cpu_secs(pid: u32) -> Result<f64, String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| format!("stat of {pid}: {e}"))?;
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| format!("stat of {pid}: {e}"))?;
     // Fields after the parenthesised command name: state is field 3, so
     // utime (14) and stime (15) are at 11 and 12 of the rest.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).ok_or("unparsable /proc stat")?;
@@ -851,8 +924,8 @@ fn clock_ticks() -> f64 {
 
 /// Peak resident set size (`VmHWM`) in bytes.
 fn vm_hwm(pid: u32) -> Result<u64, String> {
-    let status =
-        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| format!("status of {pid}: {e}"))?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| format!("status of {pid}: {e}"))?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))

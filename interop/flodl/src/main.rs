@@ -106,11 +106,17 @@ const COHORT_RELAY_SPEC: Spec = Spec {
     trailing: false,
 };
 
-const COHORT_REDUCE_SPEC: Spec =
-    Spec { values: &["listen", "world-size", "salt", "frame-ceiling", "timeout-scale"], flags: &[], trailing: false };
+const COHORT_REDUCE_SPEC: Spec = Spec {
+    values: &["listen", "world-size", "salt", "frame-ceiling", "timeout-scale"],
+    flags: &[],
+    trailing: false,
+};
 
-const BENCH_SPEC: Spec =
-    Spec { values: &["ks", "mib", "pairs", "warmup", "timeout-scale", "log-dir"], flags: &[], trailing: false };
+const BENCH_SPEC: Spec = Spec {
+    values: &["ks", "mib", "pairs", "warmup", "timeout-scale", "log-dir"],
+    flags: &[],
+    trailing: false,
+};
 
 const FREE_PORT_SPEC: Spec = Spec { values: &["span", "attempts"], flags: &[], trailing: false };
 
