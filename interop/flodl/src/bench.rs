@@ -1,23 +1,26 @@
-//! Throughput side by side: flodl 0.8's data relay (`flodl-peer relay`,
-//! flodl's `launcher::run_relay`) against cohort's (`flodl-peer
-//! cohort-relay`, `cohort_proto::relay::Relay` on `cohort_driver_mio`), both
-//! compiled in this binary's profile, on loopback, in one run.
+//! Throughput side by side, flodl 0.8 against cohort, both compiled in
+//! this binary's profile, on loopback, in one run:
+//! - the data relay: flodl's (`flodl-peer relay`, `launcher::run_relay`)
+//!   against cohort's (`flodl-peer cohort-relay`,
+//!   `cohort_proto::relay::Relay` on `cohort_driver_mio`);
+//! - the controller's reduce: flodl's ClusterController (the one its
+//!   launcher starts for a formed world, here `controller --backend none`
+//!   with a stand-in agent) against cohort's (`flodl-peer cohort-reduce`,
+//!   `cohort_proto::reduce::Reduce` under flodl's rules).
 //!
-//! The harness plays both ends in raw bytes (flodl's in-process types are
-//! crate-private): K rank connections on the relay's loopback data port and
-//! a stub controller on the port it dials. Each round the K ranks write one
-//! 64 MiB f32 round frame each; the relay folds them into one host frame;
-//! the stub answers one prebuilt broadcast, which the relay fans out to
-//! every rank. Rounds of the two relays alternate in ABBA pairs. The wall
-//! time of a round runs from the release of the K writers to the moment the
-//! last rank holds the whole broadcast (the harness's clock for both). The
-//! server's CPU time per round is the `/proc/PID/stat` utime+stime delta;
-//! its peak RSS is `VmHWM`. Correctness is checked on the warmup rounds and
-//! on one final round after the timed pairs (never on a timed round, so
-//! checking adds nothing to the figures): the host frame's mux tag and round
-//! frame verify, its sums equal the exact sums (dyadic values: exact in any
-//! fold order), its mass is K, and every rank got the broadcast byte for
-//! byte.
+//! The harness plays every peer in raw bytes (flodl's in-process types are
+//! crate-private): for a relay, K rank connections on its loopback data
+//! port and a stub controller on the port it dials; for a reduce, K
+//! one-rank hosts. Each round the K ranks (hosts) write one f32 round frame
+//! each and read the round's broadcast. Rounds of the two servers alternate
+//! in ABBA pairs. The wall time of a round runs from the release of the K
+//! writers to the moment the last of them holds the whole broadcast (the
+//! harness's clock for both). The server's CPU time per round is the
+//! `/proc/PID/stat` utime+stime delta; its peak RSS is `VmHWM`. Correctness
+//! is checked on the warmup rounds and on one final round after the timed
+//! pairs (never on a timed round, so checking adds nothing to the figures):
+//! frames verify, sums and means are exact (dyadic values: exact in any
+//! fold order), masses are K, every rank got the broadcast byte for byte.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
