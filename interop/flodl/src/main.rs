@@ -17,6 +17,7 @@
 //! See README.md for exactly what a rank child receives.
 
 mod args;
+mod bench;
 mod check;
 mod ffi_stubs;
 mod hex;
@@ -99,6 +100,24 @@ const RELAY_SPEC: Spec = Spec {
     trailing: false,
 };
 
+const COHORT_RELAY_SPEC: Spec = Spec {
+    values: &["controller", "host", "ranks", "world-size", "salt", "frame-ceiling", "timeout-scale"],
+    flags: &[],
+    trailing: false,
+};
+
+const COHORT_REDUCE_SPEC: Spec = Spec {
+    values: &["listen", "world-size", "salt", "frame-ceiling", "timeout-scale"],
+    flags: &[],
+    trailing: false,
+};
+
+const BENCH_SPEC: Spec = Spec {
+    values: &["ks", "mib", "pairs", "warmup", "timeout-scale", "log-dir"],
+    flags: &[],
+    trailing: false,
+};
+
 const FREE_PORT_SPEC: Spec = Spec { values: &["span", "attempts"], flags: &[], trailing: false };
 
 const CHECK_SPEC: Spec = Spec {
@@ -140,6 +159,19 @@ USAGE:
   flodl-peer relay --controller HOST:PORT --host NAME --ranks 0,1,..
                    --world-size N --salt HEX32 [--no-data-channel]
                    [--frame-ceiling BYTES] [--timeout-scale X]
+  flodl-peer cohort-relay --controller HOST:PORT --host NAME --ranks 0,1,..
+                   --world-size N --salt HEX32 [--frame-ceiling BYTES]
+                   [--timeout-scale X]
+                                 (cohort's data relay, on flodl's port layout)
+  flodl-peer bench-relay [--ks 4,8] [--mib 64] [--pairs 7] [--warmup 1]
+                   [--timeout-scale X] [--log-dir DIR]
+                                 (flodl's relay against cohort's, ABBA pairs)
+  flodl-peer cohort-reduce --listen ADDR:PORT --world-size N --salt HEX32
+                   [--frame-ceiling BYTES] [--timeout-scale X]
+                                 (cohort's controller reduce, no port router)
+  flodl-peer bench-reduce [--ks 4,8] [--mib 64] [--pairs 7] [--warmup 1]
+                   [--timeout-scale X] [--log-dir DIR]
+                                 (flodl's controller reduce against cohort's)
   flodl-peer free-port [--span N] [--attempts N]
   flodl-peer tap --listen ADDR:PORT --to HOST:PORT --dump-dir DIR [--max-conns N]
   flodl-peer decode [HEX]        (hex-encoded JSON -> pretty JSON; stdin if no arg)
@@ -196,6 +228,10 @@ fn main() -> ExitCode {
         helper => {
             let result = match helper {
                 "free-port" => parse_then(FREE_PORT_SPEC, rest, free_port),
+                "cohort-relay" => parse_then(COHORT_RELAY_SPEC, rest, bench::cohort_relay),
+                "bench-relay" => parse_then(BENCH_SPEC, rest, bench::relay),
+                "cohort-reduce" => parse_then(COHORT_REDUCE_SPEC, rest, bench::cohort_reduce),
+                "bench-reduce" => parse_then(BENCH_SPEC, rest, bench::reduce),
                 "decode" => decode(rest),
                 "tap" => parse_then(TAP_SPEC, rest, tap::run),
                 "check" => parse_then(CHECK_SPEC, rest, check::run),
@@ -554,8 +590,13 @@ fn dump(path: &PathBuf, role: &str, argv: &[String], decoded: &[(&str, serde_jso
 /// P+5, so the default span is 6. (A race with other processes remains
 /// possible between this check and the real binds.)
 fn free_port(p: &Parsed) -> Result<(), String> {
-    let span: u16 = p.get_or("span", 6)?;
-    let attempts: u32 = p.get_or("attempts", 64)?;
+    println!("{}", free_run(p.get_or("span", 6)?, p.get_or("attempts", 64)?, &[])?);
+    Ok(())
+}
+
+/// A port P such that P..P+span-1 are all bindable on 0.0.0.0 now and the
+/// run overlaps none of the runs of `span` starting at `apart`.
+fn free_run(span: u16, attempts: u32, apart: &[u16]) -> Result<u16, String> {
     for _ in 0..attempts {
         let first = std::net::TcpListener::bind("0.0.0.0:0")
             .and_then(|l| l.local_addr())
@@ -564,11 +605,13 @@ fn free_port(p: &Parsed) -> Result<(), String> {
         let Some(last) = first.checked_add(span.saturating_sub(1)) else {
             continue;
         };
+        if apart.iter().any(|&a| first <= a.saturating_add(span.saturating_sub(1)) && a <= last) {
+            continue;
+        }
         let held: Result<Vec<_>, _> =
             (first..=last).map(|port| std::net::TcpListener::bind(("0.0.0.0", port))).collect();
         if held.is_ok() {
-            println!("{first}");
-            return Ok(());
+            return Ok(first);
         }
     }
     Err(format!("no run of {span} free ports found in {attempts} attempts"))
