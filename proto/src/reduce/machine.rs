@@ -10,7 +10,8 @@ use crate::config::{Rules, defaults};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
-    DEFAULT_FRAME_CEILING, MacKey, MuxDecoder, MuxRecord, Payload, RelayControlMsg, WireError, encode_control,
+    DEFAULT_FRAME_CEILING, MUX_HEADER_LEN, MacKey, MuxDecoder, MuxRecord, Payload, RelayControlMsg, WireError,
+    encode_control, reclaim,
 };
 
 /// The reduce's configuration (plain data).
@@ -259,6 +260,9 @@ pub struct Reduce {
     owner: BTreeMap<u32, ConnId>,
     dead: BTreeSet<u32>,
     sum: RoundSum,
+    /// The last consensus record, whose buffer the next one reuses once
+    /// every other holder dropped it.
+    spare: Option<Bytes>,
     /// Hosts whose frames are in `sum`.
     contributors: Vec<ConnId>,
     round: u64,
@@ -276,6 +280,7 @@ impl Reduce {
             owner: BTreeMap::new(),
             dead: BTreeSet::new(),
             sum: RoundSum::default(),
+            spare: None,
             contributors: Vec::new(),
             round: 0,
             stopped: false,
@@ -528,18 +533,19 @@ impl Reduce {
         if recipients.is_empty() || self.sum.frames() == 0 {
             return;
         }
-        let Some(consensus) = core::mem::take(&mut self.sum).finish() else { return };
-        let frame = match consensus.to_bytes(&self.cfg.key) {
-            Ok(f) => f,
-            Err(_) => return,
+        // The record goes into the last round's buffer when the driver is
+        // done with it; divided, encoded and both MACs fed in one pass.
+        let mut buf = reclaim(self.spare.take());
+        let Some(Ok(consensus)) = core::mem::take(&mut self.sum).finish_broadcast(&self.cfg.key, &mut buf)
+        else {
+            return;
         };
-        let rec = MuxRecord::Broadcast { payload: Payload::from(frame.clone()) };
-        let Ok(header) = rec.header(&self.cfg.key) else { return };
-        let header = Bytes::copy_from_slice(&header);
+        let record = buf.freeze();
+        let frame = record.slice(MUX_HEADER_LEN..);
         for conn in &recipients {
-            self.out.transmit(*conn, header.clone());
-            self.out.transmit(*conn, frame.clone());
+            self.out.transmit(*conn, record.clone());
         }
+        self.spare = Some(record);
         for host in self.hosts.values_mut() {
             if let HostState::Joined { delivered, .. } = &mut host.state {
                 *delivered = false;

@@ -19,8 +19,8 @@ use bytes::{Bytes, BytesMut};
 
 use super::mass::is_realized;
 use crate::wire::{
-    Dtype, FrameType, MacKey, Payload, Problem, RoundDecoder, RoundFrame, RoundKind, RoundSink, RoundWriter,
-    TensorMeta, TensorPayload, WireError, WireResult, round_frame_len,
+    Dtype, FrameRecord, FrameType, MUX_HEADER_LEN, MacKey, Payload, Problem, RoundDecoder, RoundFrame,
+    RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, WireError, WireResult, round_frame_len,
 };
 use crate::wire::{add_le, extend_f32_le};
 
@@ -364,26 +364,88 @@ impl RoundSum {
     }
 
     /// Applies the reduce rule; `None` when no frame was added.
-    pub fn finish(self) -> Option<Consensus> {
+    pub fn finish(mut self) -> Option<Consensus> {
         let kind = self.kind?;
-        let weight = self.weight;
-        let divide = kind == RoundKind::Model && is_realized(weight);
+        if let Some(weight) = self.divisor() {
+            for v in self.slots.iter_mut().filter_map(|s| s.sum.as_mut()) {
+                divide(v, weight);
+            }
+        }
+        Some(self.into_consensus(kind))
+    }
+
+    /// Applies the reduce rule and appends the consensus to `out` as one
+    /// signed `Broadcast` record (its header, then the frame), in one pass:
+    /// each piece of the sum is divided, written in its wire dtype and
+    /// absorbed by both MACs (the frame's footer, the record's tag) while it
+    /// is in cache. The bytes are exactly [`Consensus::encode`]'s under
+    /// [`MuxRecord::Broadcast`](crate::wire::MuxRecord::Broadcast)'s header.
+    /// `None` when no frame was added.
+    ///
+    /// ```
+    /// use cohort_proto::reduce::RoundSum;
+    /// use cohort_proto::wire::*;
+    /// let key = MacKey::new(&SessionSalt::from_bytes([4; 16]));
+    /// let mut b = bytes::BytesMut::new();
+    /// extend_le(&mut b, &[3.0, 6.0], Dtype::F32);
+    /// let f = RoundFrame { kind: RoundKind::Model, weight: 3.0,
+    ///     tensors: vec![TensorPayload { dtype: Dtype::F32, shape: vec![2], bytes: b.freeze() }] };
+    /// let (mut one, mut two) = (RoundSum::default(), RoundSum::default());
+    /// one.add_frame(&f).unwrap();
+    /// two.add_frame(&f).unwrap();
+    /// let mut rec = bytes::BytesMut::new();
+    /// let c = one.finish_broadcast(&key, &mut rec).unwrap().unwrap();
+    /// assert_eq!(c, two.finish().unwrap());
+    /// let want = MuxRecord::Broadcast { payload: Payload::from(c.to_bytes(&key).unwrap()) };
+    /// assert_eq!(rec.freeze(), want.to_bytes(&key).unwrap());
+    /// ```
+    pub fn finish_broadcast(self, key: &MacKey, out: &mut BytesMut) -> Option<WireResult<Consensus>> {
+        let kind = self.kind?;
+        Some(self.finish_into(kind, key, out))
+    }
+
+    fn finish_into(mut self, kind: RoundKind, key: &MacKey, out: &mut BytesMut) -> WireResult<Consensus> {
+        let divisor = self.divisor();
+        let len = round_frame_len(self.slots.iter().map(|s| {
+            let nbytes = s.sum.as_ref().map_or(0, |v| (v.len() * s.dtype.size()) as u64);
+            (s.shape.as_slice(), nbytes)
+        }));
+        out.reserve(MUX_HEADER_LEN + len as usize);
+        let n = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+        let mut w = RoundWriter::begin_record(out, key, FrameRecord::Broadcast, len, kind, self.weight, n)?;
+        for s in &mut self.slots {
+            match &mut s.sum {
+                Some(v) => w.tensor_values_in_place(s.dtype, &s.shape, v, |piece| {
+                    if let Some(weight) = divisor {
+                        divide(piece, weight);
+                    }
+                })?,
+                None => w.tensor_elided(s.dtype, &s.shape)?,
+            }
+        }
+        w.finish(key)?;
+        Ok(self.into_consensus(kind))
+    }
+
+    /// The mass to divide by: the summed mass of a realized `Model` round.
+    fn divisor(&self) -> Option<f64> {
+        (self.kind == Some(RoundKind::Model) && is_realized(self.weight)).then_some(self.weight)
+    }
+
+    fn into_consensus(self, kind: RoundKind) -> Consensus {
         let tensors = self
             .slots
             .into_iter()
-            .map(|s| {
-                let values = s.sum.map(|mut v| {
-                    if divide {
-                        for x in &mut v {
-                            *x = (f64::from(*x) / weight) as f32;
-                        }
-                    }
-                    v
-                });
-                ConsensusTensor { dtype: s.dtype, shape: s.shape, values }
-            })
+            .map(|s| ConsensusTensor { dtype: s.dtype, shape: s.shape, values: s.sum })
             .collect();
-        Some(Consensus { kind, weight, tensors })
+        Consensus { kind, weight: self.weight, tensors }
+    }
+}
+
+/// The reduce rule's one division, in f64.
+fn divide(values: &mut [f32], weight: f64) {
+    for x in values {
+        *x = (f64::from(*x) / weight) as f32;
     }
 }
 
