@@ -10,8 +10,8 @@ use crate::config::{Rules, defaults};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
-    DEFAULT_FRAME_CEILING, MUX_HEADER_LEN, MacKey, MuxDecoder, MuxRecord, Payload, RelayControlMsg, WireError,
-    encode_control, reclaim,
+    DEFAULT_FRAME_CEILING, MUX_HEADER_LEN, MacKey, MuxDecoder, MuxRecord, Payload, RelayControlMsg,
+    WireError, encode_control, reclaim,
 };
 
 /// The reduce's configuration (plain data).
