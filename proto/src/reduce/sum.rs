@@ -82,24 +82,90 @@ impl RoundSink for LayoutSink {
 /// Authenticates the round frame that is exactly `payload` and lays out its
 /// tensors (one pass, nothing copied, nothing folded).
 pub fn verify_layout(payload: &Payload, key: &MacKey, ceiling: u64) -> WireResult<FrameLayout> {
-    let mut dec = RoundDecoder::new(ceiling);
-    let mut sink = LayoutSink::default();
-    let segs = payload.segments();
-    for (i, seg) in segs.iter().enumerate() {
-        let (used, done) = dec.feed(seg, key, &mut sink)?;
-        if done.is_some() {
-            let after: usize = seg.len() - used + segs[i + 1..].iter().map(Bytes::len).sum::<usize>();
-            if after != 0 {
-                return Err(WireError::new(
-                    FrameType::RoundFrame,
-                    "footer",
-                    Problem::Invalid(format!("{after} bytes follow the frame in its record")),
-                ));
-            }
-            return Ok(FrameLayout { kind: sink.kind, weight: sink.weight, tensors: sink.tensors });
+    let mut check = LayoutCheck::new(ceiling);
+    for seg in payload.segments() {
+        check.feed(seg, key);
+    }
+    check.take()
+}
+
+/// [`verify_layout`] as a record's payload arrives: fed the payload piece
+/// by piece (the mux decoder's tap), it authenticates the round frame and
+/// lays out its tensors with no pass of its own over the gathered payload.
+/// The first error is kept and reported by [`take`](Self::take).
+#[derive(Debug)]
+pub(crate) struct LayoutCheck {
+    dec: RoundDecoder,
+    sink: LayoutSink,
+    /// Payload bytes fed so far.
+    fed: u64,
+    state: CheckState,
+}
+
+#[derive(Debug)]
+enum CheckState {
+    Reading,
+    /// The frame verified; `after` bytes followed it.
+    Done {
+        after: u64,
+    },
+    Failed(WireError),
+}
+
+impl LayoutCheck {
+    /// A check refusing frames whose tensor bytes exceed `ceiling`.
+    pub(crate) fn new(ceiling: u64) -> Self {
+        LayoutCheck {
+            dec: RoundDecoder::new(ceiling),
+            sink: LayoutSink::default(),
+            fed: 0,
+            state: CheckState::Reading,
         }
     }
-    Err(WireError::truncated(FrameType::RoundFrame, payload.len()))
+
+    /// The next payload bytes.
+    pub(crate) fn feed(&mut self, mut piece: &[u8], key: &MacKey) {
+        self.fed += piece.len() as u64;
+        if let CheckState::Done { after } = &mut self.state {
+            *after += piece.len() as u64;
+        }
+        if !matches!(self.state, CheckState::Reading) {
+            return;
+        }
+        while !piece.is_empty() {
+            match self.dec.feed(piece, key, &mut self.sink) {
+                Err(e) => {
+                    self.state = CheckState::Failed(e);
+                    return;
+                }
+                Ok((used, done)) => {
+                    piece = &piece[used..];
+                    if done.is_some() {
+                        self.state = CheckState::Done { after: piece.len() as u64 };
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The verdict on the payload fed since the last call; starts over.
+    pub(crate) fn take(&mut self) -> WireResult<FrameLayout> {
+        let ceiling = self.dec.ceiling();
+        let LayoutCheck { sink, fed, state, .. } = core::mem::replace(self, LayoutCheck::new(ceiling));
+        match state {
+            CheckState::Done { after: 0 } => {
+                Ok(FrameLayout { kind: sink.kind, weight: sink.weight, tensors: sink.tensors })
+            }
+            CheckState::Done { after } => Err(WireError::new(
+                FrameType::RoundFrame,
+                "footer",
+                Problem::Invalid(format!("{after} bytes follow the frame in its record")),
+            )),
+            CheckState::Failed(e) => Err(e),
+            CheckState::Reading => Err(WireError::truncated(FrameType::RoundFrame, fed as usize)),
+        }
+    }
 }
 
 /// Hands `f` the payload bytes `[offset, offset + len)` as whole `elem`-byte
@@ -527,6 +593,32 @@ mod tests {
                     sum.add(&p, &layout).unwrap();
                 }
                 assert_eq!(sum.finish().unwrap(), want, "{dtype:?} cut {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_streamed_check_agrees_with_verify_layout_at_every_split() {
+        let k = key();
+        let good = frame(RoundKind::Model, 2.0, Dtype::Bf16, &[1.0, -2.5, 3.0]).to_bytes(&k).unwrap();
+        let mut tampered = good.to_vec();
+        tampered[good.len() - 3] ^= 1;
+        let mut bad_dtype = good.to_vec();
+        bad_dtype[17] = 7;
+        let mut long = good.to_vec();
+        long.extend_from_slice(&[0, 1, 2]);
+        let short = good.slice(..good.len() - 1).to_vec();
+        for bytes in [good.to_vec(), tampered, bad_dtype, long, short, Vec::new()] {
+            let want = verify_layout(&Payload::from(bytes.clone()), &k, 1 << 20);
+            for cut in 1..=bytes.len().max(1) {
+                let mut check = LayoutCheck::new(1 << 20);
+                for piece in bytes.chunks(cut) {
+                    check.feed(piece, &k);
+                }
+                assert_eq!(check.take(), want, "cut {cut}");
+                // A taken check starts over.
+                check.feed(&good, &k);
+                assert!(check.take().is_ok());
             }
         }
     }

@@ -220,6 +220,15 @@ fn record(kind: u8, rank: u32, payload: Payload) -> WireResult<MuxRecord> {
     })
 }
 
+/// The frame-carrying record a kind byte names, if it names one.
+fn frame_record(kind: u8) -> Option<FrameRecord> {
+    match kind {
+        REC_HOST_FRAME => Some(FrameRecord::HostFrame),
+        REC_BROADCAST => Some(FrameRecord::Broadcast),
+        _ => None,
+    }
+}
+
 /// What [`MuxDecoder::decode_skipping`] completes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MuxDecoded {
@@ -305,7 +314,22 @@ impl MuxDecoder {
     /// Consumes bytes from the front of `input`, returning how many were used
     /// and the record they completed, if any. Call again with the rest.
     pub fn decode(&mut self, input: &[u8], key: &MacKey) -> WireResult<(usize, Option<MuxRecord>)> {
-        let (used, out) = self.step(input, key, false)?;
+        self.decode_tapped(input, key, &mut |_, _| {})
+    }
+
+    /// As [`decode`](Self::decode), also handing each payload byte of a
+    /// `HostFrame` or `Broadcast` record to `tap` in the same step that
+    /// copies it and absorbs it into the record tag: a reader can check the
+    /// round frame inside (its own MAC) while the bytes are in cache, not in
+    /// a second pass over the gathered payload. The tap sees unverified
+    /// bytes; what it concludes counts only once the record is returned.
+    pub fn decode_tapped(
+        &mut self,
+        input: &[u8],
+        key: &MacKey,
+        tap: &mut dyn FnMut(FrameRecord, &[u8]),
+    ) -> WireResult<(usize, Option<MuxRecord>)> {
+        let (used, out) = self.step(input, key, false, tap)?;
         Ok((used, out.and_then(|d| if let MuxDecoded::Record(r) = d { Some(r) } else { None })))
     }
 
@@ -328,10 +352,16 @@ impl MuxDecoder {
     /// assert_eq!(second, Some(MuxDecoded::Record(small)));
     /// ```
     pub fn decode_skipping(&mut self, input: &[u8], key: &MacKey) -> WireResult<(usize, Option<MuxDecoded>)> {
-        self.step(input, key, true)
+        self.step(input, key, true, &mut |_, _| {})
     }
 
-    fn step(&mut self, input: &[u8], key: &MacKey, skip: bool) -> WireResult<(usize, Option<MuxDecoded>)> {
+    fn step(
+        &mut self,
+        input: &[u8],
+        key: &MacKey,
+        skip: bool,
+        tap: &mut dyn FnMut(FrameRecord, &[u8]),
+    ) -> WireResult<(usize, Option<MuxDecoded>)> {
         const F: FrameType = FrameType::MuxRecord;
         let mut used = 0;
         if let State::Header { buf, have } = &mut self.state {
@@ -377,6 +407,9 @@ impl MuxDecoder {
                 // The whole payload is here: verify and copy it in one go.
                 let body = &input[used..used + len];
                 self.state = State::default();
+                if let Some(rec) = frame_record(kind) {
+                    tap(rec, body);
+                }
                 if key.mac64_parts(&[&h[0..17], body]) != tag {
                     return Err(WireError::new(F, "tag", Problem::Mac));
                 }
@@ -395,6 +428,9 @@ impl MuxDecoder {
         b.have += n;
         if let Some(body) = b.body.as_mut() {
             body.push(&rest[..n], b.len - b.have);
+        }
+        if let Some(rec) = frame_record(b.kind) {
+            tap(rec, &rest[..n]);
         }
         used += n;
         if b.have < b.len {

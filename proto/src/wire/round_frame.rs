@@ -612,6 +612,11 @@ impl RoundDecoder {
         self.stage == Stage::Magic && self.have == 0
     }
 
+    /// The tensor-byte limit it was made with.
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling
+    }
+
     /// Bytes of the current, unfinished frame consumed so far.
     pub fn in_progress(&self) -> u64 {
         self.wire_len
@@ -848,5 +853,56 @@ impl RoundDecoder {
         self.carry[..rest.len()].copy_from_slice(rest);
         self.carry_len = rest.len();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{MuxRecord, Payload, SessionSalt};
+
+    #[test]
+    fn a_record_writer_matches_the_composition_and_refuses_a_wrong_length_or_key() {
+        let key = MacKey::new(&SessionSalt::from_bytes([7; 16]));
+        let values: Vec<f32> = (0..20_000).map(|i| i as f32 * 0.5).collect();
+        let frame = RoundFrame {
+            kind: RoundKind::Control,
+            weight: 3.0,
+            tensors: vec![
+                TensorPayload { dtype: Dtype::Bf16, shape: vec![4], bytes: Bytes::new() },
+                TensorPayload { dtype: Dtype::F32, shape: vec![20_000], bytes: Bytes::new() },
+            ],
+        };
+        let write = |out: &mut BytesMut, len: u64, finish_key: &MacKey| {
+            let mut w = RoundWriter::begin_record(
+                out,
+                &key,
+                FrameRecord::HostFrame,
+                len,
+                RoundKind::Control,
+                3.0,
+                2,
+            )?;
+            w.tensor_elided(Dtype::Bf16, &[4])?;
+            w.tensor_values(Dtype::F32, &[20_000], &values)?;
+            w.finish(finish_key)
+        };
+        let len = round_frame_len([(&[4u32][..], 0), (&[20_000u32][..], 80_000)]);
+        let mut out = BytesMut::from(&b"kept"[..]);
+        assert_eq!(write(&mut out, len, &key).unwrap(), MUX_HEADER_LEN + len as usize);
+        let mut plain = frame.clone();
+        let mut b = BytesMut::new();
+        crate::wire::extend_le(&mut b, &values, Dtype::F32);
+        plain.tensors[1].bytes = b.freeze();
+        let want = MuxRecord::HostFrame { payload: Payload::from(plain.to_bytes(&key).unwrap()) };
+        assert_eq!(&out[4..], &want.to_bytes(&key).unwrap()[..]);
+        for (len, finish_key, field) in [
+            (len + 1, key.clone(), "payload_len"),
+            (len, MacKey::new(&SessionSalt::from_bytes([8; 16])), "footer"),
+        ] {
+            let mut out = BytesMut::from(&b"kept"[..]);
+            assert_eq!(write(&mut out, len, &finish_key).unwrap_err().field, field);
+            assert_eq!(&out[..], b"kept", "rewound");
+        }
     }
 }
