@@ -10,6 +10,23 @@
 //!   the host frame for its round-frame footer, and the host frame again for
 //!   its mux tag (6 x 64 MiB).
 //!
+//! `reduce_round`: one controller reduce round of K = 4 hosts x 64 MiB f32
+//! host frames through the reduce machine (each record copied in from
+//! 64 KiB reads under its mux tag, the frame MAC verified, folded, the
+//! consensus divided, encoded, footer- and record-signed in one pass, one
+//! record buffer to every host), against raw SHA-256 over every byte the
+//! reduce must MAC: each input twice (record tag, frame footer) and the
+//! consensus twice (footer, record tag), 10 x 64 MiB.
+//!
+//! `reduce_complete`: the round's completion alone (a 64 MiB f32 sum of one
+//! frame, built outside the timing), the one-pass record encode into the
+//! previous round's buffer (`RoundSum::finish_broadcast`, as the machine
+//! does) against the former composition: divide (`RoundSum::finish`), encode
+//! into a fresh buffer (`Consensus::to_bytes`, its footer over the written
+//! frame), then the record tag over the frame again (`MuxRecord::header`).
+//! `host_frame_encode` is the same comparison for the relay's host frame
+//! (`RoundFold::encode_record` against `encode` then `MuxRecord::header`).
+//!
 //! `fold`: the fold alone (64 MiB of f32 bytes added into an f32
 //! accumulator, 64 KiB at a time) against `memcpy` of the same bytes, and
 //! the seed's way (a per-element `from_le_bytes` loop into a fresh
@@ -29,13 +46,15 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use cohort_proto::reduce::{Reduce, ReduceConfig, RoundSum};
+use cohort_proto::relay::fold::{FrameFold, RoundFold};
 use cohort_proto::relay::{Leg, Relay, RelayConfig, UPSTREAM_DIAL};
-use cohort_proto::wire::add_le;
 use cohort_proto::wire::{
-    DataHello, Dtype, MacKey, MuxRecord, RelayControlMsg, RoundKind, RoundWriter, SessionSalt,
+    DEFAULT_FRAME_CEILING, DataHello, Dtype, MacKey, MuxRecord, Payload, RelayControlMsg, RoundDecoder,
+    RoundFrame, RoundKind, RoundWriter, SessionSalt, add_le, reclaim,
 };
-use cohort_proto::{ConnId, Input, Machine, Output, Peer, Time};
-use criterion::{Criterion, Throughput, criterion_group};
+use cohort_proto::{Adopt, ConnId, Input, Machine, Output, Peer, Time};
+use criterion::{BatchSize, Criterion, Throughput, criterion_group};
 use sha2::{Digest, Sha256};
 
 const MIB: usize = 1 << 20;
@@ -102,6 +121,113 @@ fn relay_round(relay: &mut Relay, conns: &[ConnId], frames: &[Bytes]) -> usize {
     up
 }
 
+/// A reduce with K joined hosts of one rank each.
+fn ready_reduce(key: &MacKey) -> Reduce {
+    let mut reduce = Reduce::new(ReduceConfig::new(K as u32, key.clone()));
+    let t = Time::ZERO;
+    for h in 0..K as u32 {
+        let hello = MuxRecord::Control(RelayControlMsg::Hello {
+            host: format!("h{h}"),
+            ranks: vec![h],
+            model_sigs: vec![],
+        });
+        reduce.adopt(t, ConnId(h.into()), Peer::REMOTE, &hello.to_bytes(key).unwrap());
+    }
+    while reduce.poll(t).is_some() {}
+    reduce
+}
+
+/// The K hosts' `HostFrame` records (the rank frames, unframed).
+fn host_records(key: &MacKey, frames: &[Bytes]) -> Vec<Bytes> {
+    frames
+        .iter()
+        .map(|f| MuxRecord::HostFrame { payload: Payload::from(f.slice(4..)) }.to_bytes(key).unwrap())
+        .collect()
+}
+
+/// One reduce round: every host's record fed round-robin in 64 KiB chunks,
+/// every output drained and dropped (as a driver does once written);
+/// returns the bytes sent.
+fn reduce_round(reduce: &mut Reduce, records: &[Bytes]) -> usize {
+    let t = Time::ZERO;
+    let mut at = 0;
+    let len = records[0].len();
+    while at < len {
+        let end = (at + CHUNK).min(len);
+        for (h, r) in records.iter().enumerate() {
+            reduce.handle(t, Input::Received { conn: ConnId(h as u64), bytes: &r[at..end] });
+        }
+        at = end;
+    }
+    let mut sent = 0;
+    while let Some(o) = reduce.poll(t) {
+        if let Output::Transmit { bytes, .. } = o {
+            sent += bytes.len();
+        }
+    }
+    sent
+}
+
+/// A round's sum of one 64 MiB f32 frame, ready to complete.
+fn one_frame_sum(frame: &RoundFrame) -> RoundSum {
+    let mut sum = RoundSum::default();
+    sum.add_frame(frame).unwrap();
+    sum
+}
+
+/// The former completion: divide, encode into a fresh buffer and sign it,
+/// then sign the record over the frame again.
+fn complete_former(sum: RoundSum, key: &MacKey) -> usize {
+    let consensus = sum.finish().unwrap();
+    let frame = consensus.to_bytes(key).unwrap();
+    let header = MuxRecord::Broadcast { payload: Payload::from(frame.clone()) }.header(key).unwrap();
+    black_box((Bytes::copy_from_slice(&header), &consensus));
+    header.len() + frame.len()
+}
+
+/// The reduce's completion: one pass into the previous record's buffer.
+fn complete_one_pass(sum: RoundSum, key: &MacKey, spare: &mut Option<Bytes>) -> usize {
+    let mut buf = reclaim(spare.take());
+    let consensus = sum.finish_broadcast(key, &mut buf).unwrap().unwrap();
+    black_box(&consensus);
+    let record = buf.freeze();
+    let len = record.len();
+    *spare = Some(record);
+    len
+}
+
+/// A relay fold holding one deposit of `frame` (length-framed).
+fn one_deposit_fold(key: &MacKey, frame: &Bytes) -> RoundFold {
+    let mut fold = RoundFold::new();
+    let mut one = FrameFold::default();
+    let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
+    let (_, done) = dec.feed(&frame[4..], key, &mut fold.sink(&mut one)).unwrap();
+    fold.commit(done.unwrap().weight);
+    fold
+}
+
+/// The relay's former host-frame encode: the frame, then its record tag over it again.
+fn host_frame_former(fold: &RoundFold, key: &MacKey, spare: &mut Option<Bytes>) -> usize {
+    let mut out = reclaim(spare.take());
+    fold.encode(key, &mut out).unwrap();
+    let frame = out.freeze();
+    let header = MuxRecord::HostFrame { payload: Payload::from(frame.clone()) }.header(key).unwrap();
+    black_box(Bytes::copy_from_slice(&header));
+    let len = header.len() + frame.len();
+    *spare = Some(frame);
+    len
+}
+
+/// The relay's host-frame encode: the whole record in one pass.
+fn host_frame_one_pass(fold: &RoundFold, key: &MacKey, spare: &mut Option<Bytes>) -> usize {
+    let mut out = reclaim(spare.take());
+    fold.encode_record(key, &mut out).unwrap();
+    let record = out.freeze();
+    let len = record.len();
+    *spare = Some(record);
+    len
+}
+
 fn sha256_chunked(parts: &[&[u8]]) -> [u8; 32] {
     let mut h = Sha256::new();
     for p in parts {
@@ -139,6 +265,53 @@ fn bench_relay(c: &mut Criterion) {
             black_box(sha256_chunked(&parts))
         })
     });
+    g.finish();
+}
+
+fn bench_reduce(c: &mut Criterion) {
+    let key = key();
+    let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
+    let records = host_records(&key, &frames);
+    drop(frames);
+    let mut reduce = ready_reduce(&key);
+    let sent = reduce_round(&mut reduce, &records);
+    assert!(sent > K * FRAME && sent < K * (FRAME + 256), "one broadcast per host, got {sent} bytes");
+    let macd: Vec<&[u8]> =
+        records.iter().flat_map(|r| [&r[25..], &r[25..]]).chain([&records[0][25..]; 2]).collect();
+
+    let mut g = c.benchmark_group("reduce_round_k4_64mib");
+    g.sample_size(10).measurement_time(Duration::from_secs(20)).warm_up_time(Duration::from_secs(2));
+    g.throughput(Throughput::Bytes((K * FRAME) as u64));
+    g.bench_function("reduce_round", |b| b.iter(|| black_box(reduce_round(&mut reduce, &records))));
+    g.bench_function("sha256_all_macd", |b| b.iter(|| black_box(sha256_chunked(&macd))));
+    g.finish();
+    drop((reduce, records));
+
+    let frame = RoundFrame::decode(&rank_frame(&key, 1)[4..], &key, DEFAULT_FRAME_CEILING).unwrap();
+    let mut spare = None;
+    let mut g = c.benchmark_group("reduce_complete_64mib");
+    g.sample_size(10).measurement_time(Duration::from_secs(10)).warm_up_time(Duration::from_secs(1));
+    g.throughput(Throughput::Bytes(FRAME as u64));
+    g.bench_function("one_pass", |b| {
+        b.iter_batched(
+            || one_frame_sum(&frame),
+            |s| complete_one_pass(s, &key, &mut spare),
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("former", |b| {
+        b.iter_batched(|| one_frame_sum(&frame), |s| complete_former(s, &key), BatchSize::PerIteration)
+    });
+    g.finish();
+
+    let fold = one_deposit_fold(&key, &rank_frame(&key, 2));
+    let mut g = c.benchmark_group("host_frame_encode_64mib");
+    g.sample_size(10).measurement_time(Duration::from_secs(10)).warm_up_time(Duration::from_secs(1));
+    g.throughput(Throughput::Bytes(FRAME as u64));
+    let mut spare = None;
+    g.bench_function("one_pass", |b| b.iter(|| black_box(host_frame_one_pass(&fold, &key, &mut spare))));
+    let mut spare = None;
+    g.bench_function("former", |b| b.iter(|| black_box(host_frame_former(&fold, &key, &mut spare))));
     g.finish();
 }
 
@@ -224,6 +397,30 @@ fn paired(title: &str, pairs: usize, measured: &mut dyn FnMut(), baselines: &mut
     }
 }
 
+/// [`paired`] for routines that consume a fresh input: each run gets one
+/// from `setup`, built outside its timing.
+fn paired_setup<S>(
+    title: &str,
+    pairs: usize,
+    setup: &mut dyn FnMut() -> S,
+    measured: &mut dyn FnMut(S),
+    baseline: (&str, &mut dyn FnMut(S)),
+) {
+    let (name, base) = baseline;
+    let (mut m, mut b, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..pairs {
+        let mut input = Some(setup());
+        let tm = timed(&mut || measured(input.take().unwrap()));
+        let mut input = Some(setup());
+        let tb = timed(&mut || base(input.take().unwrap()));
+        m.push(tm);
+        b.push(tb);
+        ratios.push(tb / tm);
+    }
+    println!("paired {title}: {pairs} pairs, on-CPU medians: measured {:.2} ms", median(m) / 1e6);
+    println!("  {name}: {:.2} ms, ratio {name}/measured = {:.3}", median(b) / 1e6, median(ratios));
+}
+
 fn paired_report() {
     let key = key();
     let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
@@ -251,6 +448,55 @@ fn paired_report() {
     );
     drop((relay, frames));
 
+    let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
+    let records = host_records(&key, &frames);
+    drop(frames);
+    let mut reduce = ready_reduce(&key);
+    reduce_round(&mut reduce, &records);
+    let macd: Vec<&[u8]> =
+        records.iter().flat_map(|r| [&r[25..], &r[25..]]).chain([&records[0][25..]; 2]).collect();
+    paired(
+        "reduce round K=4 x 64 MiB f32",
+        9,
+        &mut || {
+            black_box(reduce_round(&mut reduce, &records));
+        },
+        &mut [("sha256_all_macd", &mut || {
+            black_box(sha256_chunked(&macd));
+        })],
+    );
+    drop(macd);
+    drop((reduce, records));
+
+    let frame = RoundFrame::decode(&rank_frame(&key, 1)[4..], &key, DEFAULT_FRAME_CEILING).unwrap();
+    let mut spare = None;
+    paired_setup(
+        "reduce completion 64 MiB f32 (one-pass record vs former composition)",
+        15,
+        &mut || one_frame_sum(&frame),
+        &mut |s| {
+            black_box(complete_one_pass(s, &key, &mut spare));
+        },
+        ("former", &mut |s| {
+            black_box(complete_former(s, &key));
+        }),
+    );
+    drop((frame, spare));
+
+    let fold = one_deposit_fold(&key, &rank_frame(&key, 2));
+    let (mut a, mut b) = (None, None);
+    paired(
+        "relay host frame encode 64 MiB f32 (one-pass record vs former)",
+        15,
+        &mut || {
+            black_box(host_frame_one_pass(&fold, &key, &mut a));
+        },
+        &mut [("former", &mut || {
+            black_box(host_frame_former(&fold, &key, &mut b));
+        })],
+    );
+    drop((fold, a, b));
+
     let frame = rank_frame(&key, 1);
     let data = &frame[4 + 17 + 14..4 + 17 + 14 + FRAME];
     let mut acc: Vec<f32> = vec![0.5; FRAME / 4];
@@ -273,7 +519,7 @@ fn paired_report() {
     );
 }
 
-criterion_group!(benches, bench_relay, bench_fold);
+criterion_group!(benches, bench_relay, bench_reduce, bench_fold);
 
 fn main() {
     paired_report();

@@ -120,13 +120,13 @@ fn two_hosts_average_in_one_round() {
 }
 
 #[test]
-fn the_broadcast_is_one_shared_buffer_sent_as_header_then_payload() {
+fn the_broadcast_is_one_shared_record_buffer_header_then_payload() {
     let mut rig = Rig::new(2);
     let a = rig.join(&[0]);
     let b = rig.join(&[1]);
     rig.host_frame(a, &f(&[1.0], 1.0));
     rig.host_frame(b, &f(&[3.0], 1.0));
-    assert_eq!((rig.out.writes.get(&a), rig.out.writes.get(&b)), (Some(&2), Some(&2)));
+    assert_eq!((rig.out.writes.get(&a), rig.out.writes.get(&b)), (Some(&1), Some(&1)), "one record buffer");
     let ev = rig.events();
     let Some(ReduceEvent::Consensus { frame, .. }) = ev.last() else { panic!() };
     let sent = rig.out.take(a);

@@ -68,11 +68,11 @@ fn two_ranks_fold_to_the_sum_of_tensors_and_masses() {
 }
 
 #[test]
-fn the_host_frame_leaves_as_header_then_shared_payload() {
+fn the_host_frame_leaves_as_one_record_buffer() {
     let (mut rig, c) = RelayRig::ready(Leg::Data, &[0], 1);
     let up = rig.up.unwrap();
     rig.deposit(c[0], &frame(M, 1.0, Dtype::F32, &[1.0; 100]));
-    assert_eq!(rig.out.writes.get(&up), Some(&2), "25-byte header, then the payload");
+    assert_eq!(rig.out.writes.get(&up), Some(&1), "the 25-byte header and the frame in one buffer");
     let bytes = rig.out.bytes[&up].clone();
     assert_eq!(mux_records(&bytes, &rig.key).len(), 1);
 }

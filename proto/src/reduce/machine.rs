@@ -5,12 +5,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use bytes::{Bytes, BytesMut};
 use core::fmt;
 
-use super::sum::{Consensus, RoundSum, verify_layout};
+use super::sum::{Consensus, FrameLayout, LayoutCheck, RoundSum};
 use crate::config::{Rules, defaults};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
-    DEFAULT_FRAME_CEILING, MacKey, MuxDecoder, MuxRecord, Payload, RelayControlMsg, WireError, encode_control,
+    DEFAULT_FRAME_CEILING, FrameRecord, MUX_HEADER_LEN, MacKey, MuxDecoder, MuxRecord, RelayControlMsg,
+    WireError, WireResult, encode_control, reclaim,
 };
 
 /// The reduce's configuration (plain data).
@@ -216,6 +217,9 @@ enum HostState {
 struct Host {
     state: HostState,
     dec: MuxDecoder,
+    /// The round frame inside a `HostFrame` record, verified and laid out
+    /// from the same reads that fill the record (no second pass over it).
+    check: LayoutCheck,
     mid_since: Option<Time>,
     /// The host's one entry in [`Reduce::deadlines`]: its hello deadline,
     /// or the instant its unfinished record starves.
@@ -259,6 +263,9 @@ pub struct Reduce {
     owner: BTreeMap<u32, ConnId>,
     dead: BTreeSet<u32>,
     sum: RoundSum,
+    /// The last consensus record, whose buffer the next one reuses once
+    /// every other holder dropped it.
+    spare: Option<Bytes>,
     /// Hosts whose frames are in `sum`.
     contributors: Vec<ConnId>,
     round: u64,
@@ -276,6 +283,7 @@ impl Reduce {
             owner: BTreeMap::new(),
             dead: BTreeSet::new(),
             sum: RoundSum::default(),
+            spare: None,
             contributors: Vec::new(),
             round: 0,
             stopped: false,
@@ -396,7 +404,13 @@ impl Reduce {
     fn received(&mut self, now: Time, conn: ConnId, mut bytes: &[u8]) {
         while !bytes.is_empty() && !self.stopped {
             let Some(host) = self.hosts.get_mut(&conn) else { return };
-            match host.dec.decode(bytes, &self.cfg.key) {
+            let (key, check) = (&self.cfg.key, &mut host.check);
+            let mut tap = |rec: FrameRecord, piece: &[u8]| {
+                if rec == FrameRecord::HostFrame {
+                    check.feed(piece, key);
+                }
+            };
+            match host.dec.decode_tapped(bytes, key, &mut tap) {
                 Err(e) => {
                     self.fail_host(conn, HostError::Wire(e));
                     self.try_complete();
@@ -405,7 +419,8 @@ impl Reduce {
                 Ok((used, rec)) => {
                     bytes = &bytes[used..];
                     if let Some(rec) = rec {
-                        self.record(conn, rec);
+                        let layout = host.check.take();
+                        self.record(conn, rec, layout);
                         self.try_complete();
                     }
                 }
@@ -417,7 +432,9 @@ impl Reduce {
         }
     }
 
-    fn record(&mut self, conn: ConnId, rec: MuxRecord) {
+    /// Acts on a verified record; `layout` is the check of the round frame
+    /// a `HostFrame` carries.
+    fn record(&mut self, conn: ConnId, rec: MuxRecord, layout: WireResult<FrameLayout>) {
         let Some(host) = self.hosts.get_mut(&conn) else { return };
         let HostState::Joined { ranks, delivered } = &mut host.state else {
             return self.hello(conn, rec);
@@ -431,7 +448,7 @@ impl Reduce {
                 if *delivered {
                     return self.fail_host(conn, HostError::SecondFrame);
                 }
-                match self.fold(&payload) {
+                match layout.and_then(|layout| self.sum.add(&payload, &layout)) {
                     Ok(()) => {
                         self.contributors.push(conn);
                         if let Some(Host { state: HostState::Joined { delivered, .. }, .. }) =
@@ -455,12 +472,6 @@ impl Reduce {
             // nothing to act on (as in flodl).
             MuxRecord::Control(_) | MuxRecord::Broadcast { .. } => {}
         }
-    }
-
-    /// Verifies a host frame (its mux MAC already did) and folds it.
-    fn fold(&mut self, payload: &Payload) -> Result<(), WireError> {
-        let layout = verify_layout(payload, &self.cfg.key, self.cfg.ceiling)?;
-        self.sum.add(payload, &layout)
     }
 
     fn hello(&mut self, conn: ConnId, rec: MuxRecord) {
@@ -528,18 +539,19 @@ impl Reduce {
         if recipients.is_empty() || self.sum.frames() == 0 {
             return;
         }
-        let Some(consensus) = core::mem::take(&mut self.sum).finish() else { return };
-        let frame = match consensus.to_bytes(&self.cfg.key) {
-            Ok(f) => f,
-            Err(_) => return,
+        // The record goes into the last round's buffer when the driver is
+        // done with it; divided, encoded and both MACs fed in one pass.
+        let mut buf = reclaim(self.spare.take());
+        let Some(Ok(consensus)) = core::mem::take(&mut self.sum).finish_broadcast(&self.cfg.key, &mut buf)
+        else {
+            return;
         };
-        let rec = MuxRecord::Broadcast { payload: Payload::from(frame.clone()) };
-        let Ok(header) = rec.header(&self.cfg.key) else { return };
-        let header = Bytes::copy_from_slice(&header);
+        let record = buf.freeze();
+        let frame = record.slice(MUX_HEADER_LEN..);
         for conn in &recipients {
-            self.out.transmit(*conn, header.clone());
-            self.out.transmit(*conn, frame.clone());
+            self.out.transmit(*conn, record.clone());
         }
+        self.spare = Some(record);
         for host in self.hosts.values_mut() {
             if let HostState::Joined { delivered, .. } = &mut host.state {
                 *delivered = false;
@@ -619,6 +631,7 @@ impl Adopt for Reduce {
             state: HostState::Hello { deadline },
             // Until its hello verifies, a relay may only send a hello's worth.
             dec: MuxDecoder::new(defaults::MAX_HELLO_BYTES as u64),
+            check: LayoutCheck::new(self.cfg.ceiling),
             mid_since: None,
             deadline: None,
         };

@@ -12,12 +12,14 @@
 //! A round completes when every live rank is carried by a joined host and
 //! every host with a live rank has delivered its host frame. A host frame is
 //! folded into the round's sum only after both its mux MAC and its inner
-//! round-frame MAC verify ([`verify_layout`]); a bad frame, a second frame
+//! round-frame MAC verify (both computed from the reads that fill the
+//! record, as [`verify_layout`] would); a bad frame, a second frame
 //! in one round or a per-rank `Data` record closes only that host (its ranks
 //! die). Frames from hosts whose ranks are all dead are dropped. The
-//! consensus ([`RoundSum::finish`]) is encoded once and the same shared
-//! buffer goes to every live host as one `Broadcast`; it is also handed to
-//! the embedding application ([`ReduceEvent::Consensus`]). A host whose
+//! consensus is divided, encoded and signed as one `Broadcast` record in one
+//! pass ([`RoundSum::finish_broadcast`]), into the previous round's buffer
+//! once nobody holds it, and that one shared buffer goes to every live host;
+//! it is also handed to the embedding application ([`ReduceEvent::Consensus`]). A host whose
 //! connection then fails (the driver reports `Closed`) has its ranks
 //! declared dead; the others already have the consensus.
 //!

@@ -19,8 +19,8 @@ use bytes::{Bytes, BytesMut};
 
 use super::mass::is_realized;
 use crate::wire::{
-    Dtype, FrameType, MacKey, Payload, Problem, RoundDecoder, RoundFrame, RoundKind, RoundSink, RoundWriter,
-    TensorMeta, TensorPayload, WireError, WireResult, round_frame_len,
+    Dtype, FrameRecord, FrameType, MUX_HEADER_LEN, MacKey, Payload, Problem, RoundDecoder, RoundFrame,
+    RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, WireError, WireResult, round_frame_len,
 };
 use crate::wire::{add_le, extend_f32_le};
 
@@ -82,24 +82,90 @@ impl RoundSink for LayoutSink {
 /// Authenticates the round frame that is exactly `payload` and lays out its
 /// tensors (one pass, nothing copied, nothing folded).
 pub fn verify_layout(payload: &Payload, key: &MacKey, ceiling: u64) -> WireResult<FrameLayout> {
-    let mut dec = RoundDecoder::new(ceiling);
-    let mut sink = LayoutSink::default();
-    let segs = payload.segments();
-    for (i, seg) in segs.iter().enumerate() {
-        let (used, done) = dec.feed(seg, key, &mut sink)?;
-        if done.is_some() {
-            let after: usize = seg.len() - used + segs[i + 1..].iter().map(Bytes::len).sum::<usize>();
-            if after != 0 {
-                return Err(WireError::new(
-                    FrameType::RoundFrame,
-                    "footer",
-                    Problem::Invalid(format!("{after} bytes follow the frame in its record")),
-                ));
-            }
-            return Ok(FrameLayout { kind: sink.kind, weight: sink.weight, tensors: sink.tensors });
+    let mut check = LayoutCheck::new(ceiling);
+    for seg in payload.segments() {
+        check.feed(seg, key);
+    }
+    check.take()
+}
+
+/// [`verify_layout`] as a record's payload arrives: fed the payload piece
+/// by piece (the mux decoder's tap), it authenticates the round frame and
+/// lays out its tensors with no pass of its own over the gathered payload.
+/// The first error is kept and reported by [`take`](Self::take).
+#[derive(Debug)]
+pub(crate) struct LayoutCheck {
+    dec: RoundDecoder,
+    sink: LayoutSink,
+    /// Payload bytes fed so far.
+    fed: u64,
+    state: CheckState,
+}
+
+#[derive(Debug)]
+enum CheckState {
+    Reading,
+    /// The frame verified; `after` bytes followed it.
+    Done {
+        after: u64,
+    },
+    Failed(WireError),
+}
+
+impl LayoutCheck {
+    /// A check refusing frames whose tensor bytes exceed `ceiling`.
+    pub(crate) fn new(ceiling: u64) -> Self {
+        LayoutCheck {
+            dec: RoundDecoder::new(ceiling),
+            sink: LayoutSink::default(),
+            fed: 0,
+            state: CheckState::Reading,
         }
     }
-    Err(WireError::truncated(FrameType::RoundFrame, payload.len()))
+
+    /// The next payload bytes.
+    pub(crate) fn feed(&mut self, mut piece: &[u8], key: &MacKey) {
+        self.fed += piece.len() as u64;
+        if let CheckState::Done { after } = &mut self.state {
+            *after += piece.len() as u64;
+        }
+        if !matches!(self.state, CheckState::Reading) {
+            return;
+        }
+        while !piece.is_empty() {
+            match self.dec.feed(piece, key, &mut self.sink) {
+                Err(e) => {
+                    self.state = CheckState::Failed(e);
+                    return;
+                }
+                Ok((used, done)) => {
+                    piece = &piece[used..];
+                    if done.is_some() {
+                        self.state = CheckState::Done { after: piece.len() as u64 };
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The verdict on the payload fed since the last call; starts over.
+    pub(crate) fn take(&mut self) -> WireResult<FrameLayout> {
+        let ceiling = self.dec.ceiling();
+        let LayoutCheck { sink, fed, state, .. } = core::mem::replace(self, LayoutCheck::new(ceiling));
+        match state {
+            CheckState::Done { after: 0 } => {
+                Ok(FrameLayout { kind: sink.kind, weight: sink.weight, tensors: sink.tensors })
+            }
+            CheckState::Done { after } => Err(WireError::new(
+                FrameType::RoundFrame,
+                "footer",
+                Problem::Invalid(format!("{after} bytes follow the frame in its record")),
+            )),
+            CheckState::Failed(e) => Err(e),
+            CheckState::Reading => Err(WireError::truncated(FrameType::RoundFrame, fed as usize)),
+        }
+    }
 }
 
 /// Hands `f` the payload bytes `[offset, offset + len)` as whole `elem`-byte
@@ -364,26 +430,88 @@ impl RoundSum {
     }
 
     /// Applies the reduce rule; `None` when no frame was added.
-    pub fn finish(self) -> Option<Consensus> {
+    pub fn finish(mut self) -> Option<Consensus> {
         let kind = self.kind?;
-        let weight = self.weight;
-        let divide = kind == RoundKind::Model && is_realized(weight);
+        if let Some(weight) = self.divisor() {
+            for v in self.slots.iter_mut().filter_map(|s| s.sum.as_mut()) {
+                divide(v, weight);
+            }
+        }
+        Some(self.into_consensus(kind))
+    }
+
+    /// Applies the reduce rule and appends the consensus to `out` as one
+    /// signed `Broadcast` record (its header, then the frame), in one pass:
+    /// each piece of the sum is divided, written in its wire dtype and
+    /// absorbed by both MACs (the frame's footer, the record's tag) while it
+    /// is in cache. The bytes are exactly [`Consensus::encode`]'s under
+    /// [`MuxRecord::Broadcast`](crate::wire::MuxRecord::Broadcast)'s header.
+    /// `None` when no frame was added.
+    ///
+    /// ```
+    /// use cohort_proto::reduce::RoundSum;
+    /// use cohort_proto::wire::*;
+    /// let key = MacKey::new(&SessionSalt::from_bytes([4; 16]));
+    /// let mut b = bytes::BytesMut::new();
+    /// extend_le(&mut b, &[3.0, 6.0], Dtype::F32);
+    /// let f = RoundFrame { kind: RoundKind::Model, weight: 3.0,
+    ///     tensors: vec![TensorPayload { dtype: Dtype::F32, shape: vec![2], bytes: b.freeze() }] };
+    /// let (mut one, mut two) = (RoundSum::default(), RoundSum::default());
+    /// one.add_frame(&f).unwrap();
+    /// two.add_frame(&f).unwrap();
+    /// let mut rec = bytes::BytesMut::new();
+    /// let c = one.finish_broadcast(&key, &mut rec).unwrap().unwrap();
+    /// assert_eq!(c, two.finish().unwrap());
+    /// let want = MuxRecord::Broadcast { payload: Payload::from(c.to_bytes(&key).unwrap()) };
+    /// assert_eq!(rec.freeze(), want.to_bytes(&key).unwrap());
+    /// ```
+    pub fn finish_broadcast(self, key: &MacKey, out: &mut BytesMut) -> Option<WireResult<Consensus>> {
+        let kind = self.kind?;
+        Some(self.finish_into(kind, key, out))
+    }
+
+    fn finish_into(mut self, kind: RoundKind, key: &MacKey, out: &mut BytesMut) -> WireResult<Consensus> {
+        let divisor = self.divisor();
+        let len = round_frame_len(self.slots.iter().map(|s| {
+            let nbytes = s.sum.as_ref().map_or(0, |v| (v.len() * s.dtype.size()) as u64);
+            (s.shape.as_slice(), nbytes)
+        }));
+        out.reserve(MUX_HEADER_LEN + len as usize);
+        let n = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+        let mut w = RoundWriter::begin_record(out, key, FrameRecord::Broadcast, len, kind, self.weight, n)?;
+        for s in &mut self.slots {
+            match &mut s.sum {
+                Some(v) => w.tensor_values_in_place(s.dtype, &s.shape, v, |piece| {
+                    if let Some(weight) = divisor {
+                        divide(piece, weight);
+                    }
+                })?,
+                None => w.tensor_elided(s.dtype, &s.shape)?,
+            }
+        }
+        w.finish(key)?;
+        Ok(self.into_consensus(kind))
+    }
+
+    /// The mass to divide by: the summed mass of a realized `Model` round.
+    fn divisor(&self) -> Option<f64> {
+        (self.kind == Some(RoundKind::Model) && is_realized(self.weight)).then_some(self.weight)
+    }
+
+    fn into_consensus(self, kind: RoundKind) -> Consensus {
         let tensors = self
             .slots
             .into_iter()
-            .map(|s| {
-                let values = s.sum.map(|mut v| {
-                    if divide {
-                        for x in &mut v {
-                            *x = (f64::from(*x) / weight) as f32;
-                        }
-                    }
-                    v
-                });
-                ConsensusTensor { dtype: s.dtype, shape: s.shape, values }
-            })
+            .map(|s| ConsensusTensor { dtype: s.dtype, shape: s.shape, values: s.sum })
             .collect();
-        Some(Consensus { kind, weight, tensors })
+        Consensus { kind, weight: self.weight, tensors }
+    }
+}
+
+/// The reduce rule's one division, in f64.
+fn divide(values: &mut [f32], weight: f64) {
+    for x in values {
+        *x = (f64::from(*x) / weight) as f32;
     }
 }
 
@@ -465,6 +593,32 @@ mod tests {
                     sum.add(&p, &layout).unwrap();
                 }
                 assert_eq!(sum.finish().unwrap(), want, "{dtype:?} cut {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_streamed_check_agrees_with_verify_layout_at_every_split() {
+        let k = key();
+        let good = frame(RoundKind::Model, 2.0, Dtype::Bf16, &[1.0, -2.5, 3.0]).to_bytes(&k).unwrap();
+        let mut tampered = good.to_vec();
+        tampered[good.len() - 3] ^= 1;
+        let mut bad_dtype = good.to_vec();
+        bad_dtype[17] = 7;
+        let mut long = good.to_vec();
+        long.extend_from_slice(&[0, 1, 2]);
+        let short = good.slice(..good.len() - 1).to_vec();
+        for bytes in [good.to_vec(), tampered, bad_dtype, long, short, Vec::new()] {
+            let want = verify_layout(&Payload::from(bytes.clone()), &k, 1 << 20);
+            for cut in 1..=bytes.len().max(1) {
+                let mut check = LayoutCheck::new(1 << 20);
+                for piece in bytes.chunks(cut) {
+                    check.feed(piece, &k);
+                }
+                assert_eq!(check.take(), want, "cut {cut}");
+                // A taken check starts over.
+                check.feed(&good, &k);
+                assert!(check.take().is_ok());
             }
         }
     }

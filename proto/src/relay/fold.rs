@@ -36,8 +36,8 @@ use bytes::BytesMut;
 use core::fmt;
 
 use crate::wire::{
-    Dtype, FrameType, MacKey, Problem, RoundKind, RoundSink, RoundWriter, TensorMeta, WireError, WireResult,
-    add_le, extend_f32_le, round_frame_len,
+    Dtype, FrameRecord, FrameType, MUX_HEADER_LEN, MacKey, Problem, RoundKind, RoundSink, RoundWriter,
+    TensorMeta, WireError, WireResult, add_le, extend_f32_le, round_frame_len,
 };
 
 /// Why a round could not be folded. Every variant stops the relay.
@@ -227,6 +227,26 @@ impl RoundFold {
     /// Appends the signed host frame (sums in each tensor's wire dtype,
     /// untouched tensors elided, the summed mass) to `out`.
     pub fn encode(&self, key: &MacKey, out: &mut BytesMut) -> WireResult<usize> {
+        let (kind, n) = self.schema()?;
+        out.reserve(self.encoded_len() as usize);
+        let w = RoundWriter::begin(out, kind, self.weight, n)?;
+        self.write(w, key)
+    }
+
+    /// Appends the host frame as one signed `HostFrame` record (its header,
+    /// then the frame, the bytes of [`encode`](Self::encode) under
+    /// [`MuxRecord::HostFrame`](crate::wire::MuxRecord::HostFrame)'s
+    /// header), both MACs fed as each piece is written: one pass over the sums.
+    pub fn encode_record(&self, key: &MacKey, out: &mut BytesMut) -> WireResult<usize> {
+        let (kind, n) = self.schema()?;
+        let len = self.encoded_len();
+        out.reserve(MUX_HEADER_LEN + len as usize);
+        let w = RoundWriter::begin_record(out, key, FrameRecord::HostFrame, len, kind, self.weight, n)?;
+        self.write(w, key)
+    }
+
+    /// The round's kind and tensor count, once every tensor is pinned.
+    fn schema(&self) -> WireResult<(RoundKind, u32)> {
         let (kind, n) = self.head.ok_or_else(|| {
             WireError::new(FrameType::RoundFrame, "n_tensors", Problem::Invalid("no frame was folded".into()))
         })?;
@@ -237,8 +257,10 @@ impl RoundFold {
                 Problem::Mismatch { got: self.pinned as u64, expected: n.into() },
             ));
         }
-        out.reserve(self.encoded_len() as usize);
-        let mut w = RoundWriter::begin(out, kind, self.weight, n)?;
+        Ok((kind, n))
+    }
+
+    fn write(&self, mut w: RoundWriter<'_>, key: &MacKey) -> WireResult<usize> {
         for t in &self.tensors[..self.pinned] {
             let dtype = t.dtype.unwrap_or(Dtype::F32);
             if t.sum.is_empty() {

@@ -15,7 +15,7 @@ use crate::time::Time;
 use crate::wire::{
     CONTROL_HEADER_LEN, DEFAULT_FRAME_CEILING, FrameType, LenDecoder, LenStep, MAX_CONTROL_PAYLOAD, MacKey,
     MuxDecoder, MuxRecord, Payload, Problem, RelayControlMsg, RoundDecoder, WireError, encode_control,
-    len_prefix,
+    len_prefix, reclaim,
 };
 
 /// The dial id of the relay's upstream connection.
@@ -333,6 +333,7 @@ struct DataLeg {
 /// A completed round's host frame.
 #[derive(Debug)]
 struct Shipped {
+    /// The signed `HostFrame` record (header, then the frame).
     bytes: Bytes,
     deposits: u32,
     ranks: Vec<u32>,
@@ -349,14 +350,8 @@ impl DataLeg {
         let shipped = if self.fold.deposits() == 0 {
             None
         } else {
-            let mut out = match self.spare.take().map(Bytes::try_into_mut) {
-                Some(Ok(mut reused)) => {
-                    reused.clear();
-                    reused
-                }
-                _ => BytesMut::new(),
-            };
-            self.fold.encode(key, &mut out).map_err(FoldError::Encode)?;
+            let mut out = reclaim(self.spare.take());
+            self.fold.encode_record(key, &mut out).map_err(FoldError::Encode)?;
             let bytes = out.freeze();
             self.spare = Some(bytes.clone());
             let ranks = self.barrier.depositors().collect();
@@ -716,11 +711,8 @@ impl Relay {
     fn complete_round(&mut self) -> Result<(), FoldError> {
         let Some(leg) = self.data.as_mut() else { return Ok(()) };
         let Some(shipped) = leg.try_complete(&self.cfg.key)? else { return Ok(()) };
-        let len = shipped.bytes.len();
-        let rec = MuxRecord::HostFrame { payload: Payload::from(shipped.bytes.clone()) };
-        let header = rec.header(&self.cfg.key).map_err(FoldError::Encode)?;
-        // Header, then the frame itself (shared, not copied into the record).
-        self.up_send(Bytes::copy_from_slice(&header));
+        // The whole signed record, written and signed in one pass.
+        let len = shipped.bytes.len() - crate::wire::MUX_HEADER_LEN;
         self.up_send(shipped.bytes);
         self.out.event(RelayEvent::HostFrameShipped {
             round: self.stats.rounds,

@@ -100,19 +100,7 @@ impl MuxRecord {
 
 fn header(key: &MacKey, kind: u8, rank: u32, segments: &[Bytes]) -> WireResult<[u8; MUX_HEADER_LEN]> {
     let len: usize = segments.iter().map(|s| s.len()).sum();
-    let len = u32::try_from(len).map_err(|_| {
-        WireError::new(
-            FrameType::MuxRecord,
-            "payload_len",
-            Problem::TooLarge { got: len as u64, limit: u32::MAX.into() },
-        )
-    })?;
-    let mut h = [0u8; MUX_HEADER_LEN];
-    h[0..4].copy_from_slice(&MUX_RECORD_MAGIC.to_le_bytes());
-    h[4..8].copy_from_slice(&MUX_PROTOCOL_VERSION.to_le_bytes());
-    h[8] = kind;
-    h[9..13].copy_from_slice(&rank.to_le_bytes());
-    h[13..17].copy_from_slice(&len.to_le_bytes());
+    let mut h = prefix(kind, rank, payload_len(len)?);
     let tag = match segments {
         [] => key.mac64(&h[0..17]),
         [one] => key.mac64_parts(&[&h[0..17], one]),
@@ -129,16 +117,89 @@ fn header(key: &MacKey, kind: u8, rank: u32, segments: &[Bytes]) -> WireResult<[
     Ok(h)
 }
 
+/// A payload length as the header's `u32`, or the error naming it.
+fn payload_len(len: usize) -> WireResult<u32> {
+    u32::try_from(len).map_err(|_| {
+        WireError::new(
+            FrameType::MuxRecord,
+            "payload_len",
+            Problem::TooLarge { got: len as u64, limit: u32::MAX.into() },
+        )
+    })
+}
+
+/// A header with everything but its tag: magic, version, kind, rank, length.
+fn prefix(kind: u8, rank: u32, len: u32) -> [u8; MUX_HEADER_LEN] {
+    let mut h = [0u8; MUX_HEADER_LEN];
+    h[0..4].copy_from_slice(&MUX_RECORD_MAGIC.to_le_bytes());
+    h[4..8].copy_from_slice(&MUX_PROTOCOL_VERSION.to_le_bytes());
+    h[8] = kind;
+    h[9..13].copy_from_slice(&rank.to_le_bytes());
+    h[13..17].copy_from_slice(&len.to_le_bytes());
+    h
+}
+
+/// The two records that carry a round frame as their payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameRecord {
+    /// A relay's folded frame, upstream.
+    HostFrame,
+    /// The consensus, downstream.
+    Broadcast,
+}
+
+/// Signs a record whose payload is produced piece by piece, its length known
+/// up front: each piece is absorbed as it is written (while it is still in
+/// cache), so the tag costs no second pass over the payload.
+#[derive(Debug, Clone)]
+pub(crate) struct RecordSigner {
+    head: [u8; MUX_HEADER_LEN],
+    mac: MacState,
+    len: usize,
+    absorbed: usize,
+}
+
+impl RecordSigner {
+    /// Starts the record of a `len`-byte payload.
+    pub(crate) fn new(key: &MacKey, record: FrameRecord, len: usize) -> WireResult<Self> {
+        let kind = match record {
+            FrameRecord::HostFrame => REC_HOST_FRAME,
+            FrameRecord::Broadcast => REC_BROADCAST,
+        };
+        let head = prefix(kind, 0, payload_len(len)?);
+        let mut mac = key.start();
+        mac.update(&head[0..17]);
+        Ok(RecordSigner { head, mac, len, absorbed: 0 })
+    }
+
+    /// Absorbs the next payload bytes.
+    #[inline]
+    pub(crate) fn update(&mut self, bytes: &[u8]) {
+        self.absorbed += bytes.len();
+        self.mac.update(bytes);
+    }
+
+    /// The signed header, once exactly the declared payload was absorbed.
+    pub(crate) fn finish(self) -> WireResult<[u8; MUX_HEADER_LEN]> {
+        if self.absorbed != self.len {
+            return Err(WireError::new(
+                FrameType::MuxRecord,
+                "payload_len",
+                Problem::Mismatch { got: self.absorbed as u64, expected: self.len as u64 },
+            ));
+        }
+        let mut h = self.head;
+        h[17..25].copy_from_slice(&self.mac.finish().to_le_bytes());
+        Ok(h)
+    }
+}
+
 /// Appends a signed `Control` record to `out`, encoding the message in place.
 pub fn encode_control(key: &MacKey, msg: &RelayControlMsg, out: &mut BytesMut) -> WireResult<usize> {
     let start = out.len();
     out.extend_from_slice(&[0u8; MUX_HEADER_LEN]);
     let len = bin::encode_into(msg, out);
-    let h = &mut out[start..start + MUX_HEADER_LEN];
-    h[0..4].copy_from_slice(&MUX_RECORD_MAGIC.to_le_bytes());
-    h[4..8].copy_from_slice(&MUX_PROTOCOL_VERSION.to_le_bytes());
-    h[8] = REC_CONTROL;
-    h[13..17].copy_from_slice(&(len as u32).to_le_bytes());
+    out[start..start + MUX_HEADER_LEN].copy_from_slice(&prefix(REC_CONTROL, 0, len as u32));
     let tag = key.mac64_parts(&[&out[start..start + 17], &out[start + MUX_HEADER_LEN..]]);
     out[start + 17..start + MUX_HEADER_LEN].copy_from_slice(&tag.to_le_bytes());
     Ok(MUX_HEADER_LEN + len)
@@ -157,6 +218,15 @@ fn record(kind: u8, rank: u32, payload: Payload) -> WireResult<MuxRecord> {
         REC_BROADCAST => MuxRecord::Broadcast { payload },
         other => return Err(WireError::new(F, "kind", Problem::Unknown(other.into()))),
     })
+}
+
+/// The frame-carrying record a kind byte names, if it names one.
+fn frame_record(kind: u8) -> Option<FrameRecord> {
+    match kind {
+        REC_HOST_FRAME => Some(FrameRecord::HostFrame),
+        REC_BROADCAST => Some(FrameRecord::Broadcast),
+        _ => None,
+    }
 }
 
 /// What [`MuxDecoder::decode_skipping`] completes.
@@ -244,7 +314,22 @@ impl MuxDecoder {
     /// Consumes bytes from the front of `input`, returning how many were used
     /// and the record they completed, if any. Call again with the rest.
     pub fn decode(&mut self, input: &[u8], key: &MacKey) -> WireResult<(usize, Option<MuxRecord>)> {
-        let (used, out) = self.step(input, key, false)?;
+        self.decode_tapped(input, key, &mut |_, _| {})
+    }
+
+    /// As [`decode`](Self::decode), also handing each payload byte of a
+    /// `HostFrame` or `Broadcast` record to `tap` in the same step that
+    /// copies it and absorbs it into the record tag: a reader can check the
+    /// round frame inside (its own MAC) while the bytes are in cache, not in
+    /// a second pass over the gathered payload. The tap sees unverified
+    /// bytes; what it concludes counts only once the record is returned.
+    pub fn decode_tapped(
+        &mut self,
+        input: &[u8],
+        key: &MacKey,
+        tap: &mut dyn FnMut(FrameRecord, &[u8]),
+    ) -> WireResult<(usize, Option<MuxRecord>)> {
+        let (used, out) = self.step(input, key, false, tap)?;
         Ok((used, out.and_then(|d| if let MuxDecoded::Record(r) = d { Some(r) } else { None })))
     }
 
@@ -267,10 +352,16 @@ impl MuxDecoder {
     /// assert_eq!(second, Some(MuxDecoded::Record(small)));
     /// ```
     pub fn decode_skipping(&mut self, input: &[u8], key: &MacKey) -> WireResult<(usize, Option<MuxDecoded>)> {
-        self.step(input, key, true)
+        self.step(input, key, true, &mut |_, _| {})
     }
 
-    fn step(&mut self, input: &[u8], key: &MacKey, skip: bool) -> WireResult<(usize, Option<MuxDecoded>)> {
+    fn step(
+        &mut self,
+        input: &[u8],
+        key: &MacKey,
+        skip: bool,
+        tap: &mut dyn FnMut(FrameRecord, &[u8]),
+    ) -> WireResult<(usize, Option<MuxDecoded>)> {
         const F: FrameType = FrameType::MuxRecord;
         let mut used = 0;
         if let State::Header { buf, have } = &mut self.state {
@@ -316,6 +407,9 @@ impl MuxDecoder {
                 // The whole payload is here: verify and copy it in one go.
                 let body = &input[used..used + len];
                 self.state = State::default();
+                if let Some(rec) = frame_record(kind) {
+                    tap(rec, body);
+                }
                 if key.mac64_parts(&[&h[0..17], body]) != tag {
                     return Err(WireError::new(F, "tag", Problem::Mac));
                 }
@@ -334,6 +428,9 @@ impl MuxDecoder {
         b.have += n;
         if let Some(body) = b.body.as_mut() {
             body.push(&rest[..n], b.len - b.have);
+        }
+        if let Some(rec) = frame_record(b.kind) {
+            tap(rec, &rest[..n]);
         }
         used += n;
         if b.have < b.len {

@@ -12,9 +12,10 @@
 use bytes::{Bytes, BytesMut};
 
 use super::consts::*;
-use super::dtype::{Dtype, extend_le_mapped};
+use super::dtype::{Dtype, extend_le, extend_le_mapped};
 use super::error::{FrameType, Problem, WireError, WireResult};
 use super::mac::{MacKey, MacState};
+use super::mux::{FrameRecord, MUX_HEADER_LEN, RecordSigner};
 
 /// What a round carries: model parameters (averaged) or control sums (summed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -169,8 +170,29 @@ fn check_weight(weight: f64) -> WireResult<()> {
     }
 }
 
+/// Frame bytes a record writer writes between two absorptions into its
+/// MACs: small enough to still be in cache when they are hashed.
+const ABSORB: usize = 32 * 1024;
+
+/// A record writer's MACs, fed as the frame is written.
+#[derive(Debug)]
+struct Signing {
+    key: MacKey,
+    /// The frame's own MAC (its footer).
+    frame: MacState,
+    /// The record's tag, over the same bytes and then the footer.
+    record: RecordSigner,
+    /// Frame bytes absorbed so far.
+    hashed: usize,
+}
+
 /// Writes one round frame into a caller-owned buffer, tensor by tensor, and
 /// signs it in one pass at the end. On error the buffer is left as it was.
+///
+/// [`RoundWriter::begin_record`] writes the frame as the payload of a signed
+/// `HostFrame` or `Broadcast` record instead (the 25-byte record header,
+/// then the frame): both MACs absorb each piece as it is written, so neither
+/// tag re-reads the frame from memory.
 ///
 /// ```
 /// use bytes::BytesMut;
@@ -183,18 +205,60 @@ fn check_weight(weight: f64) -> WireResult<()> {
 /// w.finish(&key).unwrap();
 /// let f = RoundFrame::decode(&out, &key, DEFAULT_FRAME_CEILING).unwrap();
 /// assert_eq!((f.weight, f.tensors.len(), f.tensors[1].bytes.len()), (2.0, 2, 0));
+///
+/// // The same frame as a Broadcast record, in one pass.
+/// let len = round_frame_len([(&[3u32][..], 12), (&[8u32][..], 0)]);
+/// let mut rec = BytesMut::new();
+/// let mut w =
+///     RoundWriter::begin_record(&mut rec, &key, FrameRecord::Broadcast, len, RoundKind::Model, 2.0, 2).unwrap();
+/// w.tensor_values(Dtype::F32, &[3], &[1.0, 2.0, 3.0]).unwrap();
+/// w.tensor_elided(Dtype::Bf16, &[8]).unwrap();
+/// w.finish(&key).unwrap();
+/// let want = MuxRecord::Broadcast { payload: Payload::from(out.freeze()) };
+/// assert_eq!(rec.freeze(), want.to_bytes(&key).unwrap());
 /// ```
 #[derive(Debug)]
 pub struct RoundWriter<'a> {
     out: &'a mut BytesMut,
+    /// Where this writer's bytes start (its record header, if any).
+    rewind: usize,
+    /// Where the frame starts.
     start: usize,
     declared: u32,
     written: u32,
+    signing: Option<Signing>,
 }
 
 impl<'a> RoundWriter<'a> {
     /// Starts a frame of `n_tensors` tensors.
     pub fn begin(out: &'a mut BytesMut, kind: RoundKind, weight: f64, n_tensors: u32) -> WireResult<Self> {
+        Self::open(out, kind, weight, n_tensors, None)
+    }
+
+    /// Starts a `record` whose payload is a frame of `frame_len` bytes (see
+    /// [`round_frame_len`]) and `n_tensors` tensors, signed with `key` as it
+    /// is written. [`finish`](Self::finish) refuses a frame of another length.
+    pub fn begin_record(
+        out: &'a mut BytesMut,
+        key: &MacKey,
+        record: FrameRecord,
+        frame_len: u64,
+        kind: RoundKind,
+        weight: f64,
+        n_tensors: u32,
+    ) -> WireResult<Self> {
+        let record = RecordSigner::new(key, record, usize::try_from(frame_len).unwrap_or(usize::MAX))?;
+        let signing = Signing { key: key.clone(), frame: key.start(), record, hashed: 0 };
+        Self::open(out, kind, weight, n_tensors, Some(signing))
+    }
+
+    fn open(
+        out: &'a mut BytesMut,
+        kind: RoundKind,
+        weight: f64,
+        n_tensors: u32,
+        signing: Option<Signing>,
+    ) -> WireResult<Self> {
         check_weight(weight)?;
         if n_tensors > MAX_ROUND_FRAME_TENSORS {
             return Err(WireError::new(
@@ -203,16 +267,33 @@ impl<'a> RoundWriter<'a> {
                 Problem::TooLarge { got: n_tensors.into(), limit: MAX_ROUND_FRAME_TENSORS.into() },
             ));
         }
+        let rewind = out.len();
+        if signing.is_some() {
+            out.extend_from_slice(&[0; MUX_HEADER_LEN]);
+        }
         let start = out.len();
         out.extend_from_slice(&ROUND_FRAME_MAGIC.to_le_bytes());
         out.extend_from_slice(&n_tensors.to_le_bytes());
         out.extend_from_slice(&[kind.tag()]);
         out.extend_from_slice(&weight.to_le_bytes());
-        Ok(RoundWriter { out, start, declared: n_tensors, written: 0 })
+        let mut w = RoundWriter { out, rewind, start, declared: n_tensors, written: 0, signing };
+        w.absorb();
+        Ok(w)
+    }
+
+    /// Feeds the bytes written since the last call to a record writer's MACs.
+    #[inline]
+    fn absorb(&mut self) {
+        if let Some(s) = &mut self.signing {
+            let new = &self.out[self.start + s.hashed..];
+            s.frame.update(new);
+            s.record.update(new);
+            s.hashed += new.len();
+        }
     }
 
     fn fail(&mut self, err: WireError) -> WireError {
-        self.out.truncate(self.start);
+        self.out.truncate(self.rewind);
         err
     }
 
@@ -236,6 +317,7 @@ impl<'a> RoundWriter<'a> {
         }
         self.out.extend_from_slice(&nbytes.to_le_bytes());
         self.written += 1;
+        self.absorb();
         Ok(())
     }
 
@@ -266,7 +348,11 @@ impl<'a> RoundWriter<'a> {
             return Err(self.fail(e));
         }
         self.header(dtype, shape, bytes.len() as u64)?;
-        self.out.extend_from_slice(bytes);
+        self.out.reserve(bytes.len());
+        for piece in bytes.chunks(ABSORB) {
+            self.out.extend_from_slice(piece);
+            self.absorb();
+        }
         Ok(())
     }
 
@@ -284,15 +370,45 @@ impl<'a> RoundWriter<'a> {
         values: &[f32],
         f: impl Fn(f32) -> f32,
     ) -> WireResult<()> {
+        self.values_header(dtype, shape, values.len())?;
+        for piece in values.chunks(ABSORB / dtype.size()) {
+            extend_le_mapped(self.out, piece, dtype, &f);
+            self.absorb();
+        }
+        Ok(())
+    }
+
+    /// [`RoundWriter::tensor_values`] over values that `prepare` may rewrite
+    /// first, a piece at a time, each piece just before it is written (the
+    /// reduce divides its sum this way): one pass over the values.
+    pub fn tensor_values_in_place(
+        &mut self,
+        dtype: Dtype,
+        shape: &[u32],
+        values: &mut [f32],
+        mut prepare: impl FnMut(&mut [f32]),
+    ) -> WireResult<()> {
+        self.values_header(dtype, shape, values.len())?;
+        for piece in values.chunks_mut(ABSORB / dtype.size()) {
+            prepare(piece);
+            extend_le(self.out, piece, dtype);
+            self.absorb();
+        }
+        Ok(())
+    }
+
+    /// Checks `n_values` against the shape, writes the tensor header and
+    /// reserves room for the data.
+    fn values_header(&mut self, dtype: Dtype, shape: &[u32], n_values: usize) -> WireResult<()> {
         let want = self.expected_nbytes(dtype, shape)?;
-        let nbytes = (values.len() * dtype.size()) as u64;
+        let nbytes = (n_values * dtype.size()) as u64;
         if nbytes != want {
             let e =
                 WireError::tensor(self.written, "nbytes", Problem::Mismatch { got: nbytes, expected: want });
             return Err(self.fail(e));
         }
         self.header(dtype, shape, nbytes)?;
-        extend_le_mapped(self.out, values, dtype, f);
+        self.out.reserve(nbytes as usize);
         Ok(())
     }
 
@@ -302,7 +418,8 @@ impl<'a> RoundWriter<'a> {
         self.header(dtype, shape, 0)
     }
 
-    /// Signs the frame, returning its total length.
+    /// Signs the frame (and a record's header), returning the bytes written.
+    /// A record writer must be finished with the key it was begun with.
     pub fn finish(mut self, key: &MacKey) -> WireResult<usize> {
         if self.written != self.declared {
             let e = WireError::new(
@@ -312,9 +429,30 @@ impl<'a> RoundWriter<'a> {
             );
             return Err(self.fail(e));
         }
-        let tag = key.mac64(&self.out[self.start..]);
-        self.out.extend_from_slice(&tag.to_le_bytes());
-        Ok(self.out.len() - self.start)
+        match self.signing.take() {
+            None => {
+                let tag = key.mac64(&self.out[self.start..]);
+                self.out.extend_from_slice(&tag.to_le_bytes());
+            }
+            Some(Signing { key: begun, frame, mut record, .. }) => {
+                if begun != *key {
+                    let e = WireError::new(
+                        FrameType::RoundFrame,
+                        "footer",
+                        Problem::Invalid("finished with another key than the record was begun with".into()),
+                    );
+                    return Err(self.fail(e));
+                }
+                let tag = frame.finish().to_le_bytes();
+                self.out.extend_from_slice(&tag);
+                record.update(&tag);
+                match record.finish() {
+                    Ok(h) => self.out[self.rewind..self.start].copy_from_slice(&h),
+                    Err(e) => return Err(self.fail(e)),
+                }
+            }
+        }
+        Ok(self.out.len() - self.rewind)
     }
 }
 
@@ -472,6 +610,11 @@ impl RoundDecoder {
     /// Whether the decoder sits between frames.
     pub fn is_idle(&self) -> bool {
         self.stage == Stage::Magic && self.have == 0
+    }
+
+    /// The tensor-byte limit it was made with.
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling
     }
 
     /// Bytes of the current, unfinished frame consumed so far.
@@ -710,5 +853,56 @@ impl RoundDecoder {
         self.carry[..rest.len()].copy_from_slice(rest);
         self.carry_len = rest.len();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{MuxRecord, Payload, SessionSalt};
+
+    #[test]
+    fn a_record_writer_matches_the_composition_and_refuses_a_wrong_length_or_key() {
+        let key = MacKey::new(&SessionSalt::from_bytes([7; 16]));
+        let values: Vec<f32> = (0..20_000).map(|i| i as f32 * 0.5).collect();
+        let frame = RoundFrame {
+            kind: RoundKind::Control,
+            weight: 3.0,
+            tensors: vec![
+                TensorPayload { dtype: Dtype::Bf16, shape: vec![4], bytes: Bytes::new() },
+                TensorPayload { dtype: Dtype::F32, shape: vec![20_000], bytes: Bytes::new() },
+            ],
+        };
+        let write = |out: &mut BytesMut, len: u64, finish_key: &MacKey| {
+            let mut w = RoundWriter::begin_record(
+                out,
+                &key,
+                FrameRecord::HostFrame,
+                len,
+                RoundKind::Control,
+                3.0,
+                2,
+            )?;
+            w.tensor_elided(Dtype::Bf16, &[4])?;
+            w.tensor_values(Dtype::F32, &[20_000], &values)?;
+            w.finish(finish_key)
+        };
+        let len = round_frame_len([(&[4u32][..], 0), (&[20_000u32][..], 80_000)]);
+        let mut out = BytesMut::from(&b"kept"[..]);
+        assert_eq!(write(&mut out, len, &key).unwrap(), MUX_HEADER_LEN + len as usize);
+        let mut plain = frame.clone();
+        let mut b = BytesMut::new();
+        crate::wire::extend_le(&mut b, &values, Dtype::F32);
+        plain.tensors[1].bytes = b.freeze();
+        let want = MuxRecord::HostFrame { payload: Payload::from(plain.to_bytes(&key).unwrap()) };
+        assert_eq!(&out[4..], &want.to_bytes(&key).unwrap()[..]);
+        for (len, finish_key, field) in [
+            (len + 1, key.clone(), "payload_len"),
+            (len, MacKey::new(&SessionSalt::from_bytes([8; 16])), "footer"),
+        ] {
+            let mut out = BytesMut::from(&b"kept"[..]);
+            assert_eq!(write(&mut out, len, &finish_key).unwrap_err().field, field);
+            assert_eq!(&out[..], b"kept", "rewound");
+        }
     }
 }
