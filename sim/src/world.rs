@@ -167,51 +167,18 @@ enum Ev {
     Heal { a: HostId, b: HostId },
 }
 
-/// Bits of a queue key that hold the event's slab slot; the insertion
-/// number takes the 40 above them and the time the 64 above those, so keys
-/// order by time, then insertion, exactly as `(time, insertion)` would.
+/// Bits of a queue key's second word that hold the event's slab slot; the
+/// insertion number takes the 40 above them, so keys order by time, then
+/// insertion, exactly as `(time, insertion)` would.
 const SLOT_BITS: u32 = 24;
 
-/// The event queue: a radix heap of 128-bit `time << 64 | insertion << 24 |
-/// slot` keys over a slab of events.
-///
-/// Simulated time only moves forward, so almost every key pushed is above
-/// the last one popped: such a key goes in the bucket of the highest bit in
-/// which it differs from that last key, and a pop empties the lowest
-/// non-empty bucket into lower ones around its minimum. Each key moves down
-/// a few times in its life, through plain vectors, instead of sifting
-/// through a heap of every pending event (the cost that grew with the world).
-/// The rare key below the last popped (a deadline already past when armed)
-/// waits in a small heap that is served first, so the order is exactly a
-/// binary heap's.
+/// The event queue: a heap of 16-byte `(time, insertion << 24 | slot)` keys
+/// over a slab of events, so sifting moves two words, never an event.
+#[derive(Default)]
 struct Queue {
-    /// The last key popped, or the minimum moved to bucket 0.
-    last: u128,
-    /// `buckets[0]` holds at most the minimum; `buckets[i]` the keys whose
-    /// highest bit differing from `last` is bit `i - 1`.
-    buckets: Vec<Vec<u128>>,
-    /// Keys below `last`.
-    early: BinaryHeap<Reverse<u128>>,
-    len: usize,
+    heap: BinaryHeap<Reverse<(Time, u64)>>,
     slots: Vec<Option<Ev>>,
     free: Vec<u32>,
-}
-
-impl Default for Queue {
-    fn default() -> Self {
-        Queue {
-            last: 0,
-            buckets: vec![Vec::new(); 129],
-            early: BinaryHeap::new(),
-            len: 0,
-            slots: Vec::new(),
-            free: Vec::new(),
-        }
-    }
-}
-
-fn bucket(key: u128, last: u128) -> usize {
-    (128 - (key ^ last).leading_zeros()) as usize
 }
 
 impl Queue {
@@ -230,67 +197,22 @@ impl Queue {
             slot >> SLOT_BITS == 0 && seq >> (64 - SLOT_BITS) == 0,
             "event queue: more than 2^24 pending events or 2^40 scheduled"
         );
-        let key = u128::from(at.as_nanos()) << 64 | u128::from(seq << SLOT_BITS | u64::from(slot));
-        self.len += 1;
-        if key < self.last {
-            self.early.push(Reverse(key));
-            return;
-        }
-        self.buckets[bucket(key, self.last)].push(key);
-        if self.buckets[0].is_empty() {
-            self.settle();
-        }
-    }
-
-    /// Brings the minimum of the radix buckets into bucket 0.
-    fn settle(&mut self) {
-        let Some(i) = self.buckets.iter().position(|b| !b.is_empty()) else { return };
-        if i == 0 {
-            return;
-        }
-        let mut keys = core::mem::take(&mut self.buckets[i]);
-        let min = keys.iter().copied().min().unwrap_or(self.last);
-        self.last = min;
-        // Every key here agrees with `min` above bit `i - 1`: all land lower.
-        for &k in &keys {
-            self.buckets[bucket(k, min)].push(k);
-        }
-        keys.clear();
-        self.buckets[i] = keys;
-    }
-
-    fn min_key(&self) -> Option<u128> {
-        let radix = self.buckets[0].first().copied();
-        match self.early.peek() {
-            Some(&Reverse(k)) => Some(radix.map_or(k, |r| r.min(k))),
-            None => radix,
-        }
+        self.heap.push(Reverse((at, seq << SLOT_BITS | u64::from(slot))));
     }
 
     fn peek(&self) -> Option<Time> {
-        self.min_key().map(|k| Time::from_nanos((k >> 64) as u64))
+        self.heap.peek().map(|Reverse((t, _))| *t)
     }
 
     fn pop(&mut self) -> Option<(Time, Ev)> {
-        let key = match self.early.peek() {
-            Some(&Reverse(k)) if self.buckets[0].first().is_none_or(|&r| k < r) => {
-                self.early.pop();
-                k
-            }
-            _ => {
-                let k = self.buckets[0].pop()?;
-                self.settle();
-                k
-            }
-        };
-        self.len -= 1;
-        let slot = (key as u64 & ((1 << SLOT_BITS) - 1)) as u32;
+        let Reverse((at, key)) = self.heap.pop()?;
+        let slot = (key & ((1 << SLOT_BITS) - 1)) as u32;
         self.free.push(slot);
-        self.slots[slot as usize].take().map(|ev| (Time::from_nanos((key >> 64) as u64), ev))
+        self.slots[slot as usize].take().map(|ev| (at, ev))
     }
 
     fn len(&self) -> usize {
-        self.len
+        self.heap.len()
     }
 }
 
@@ -1053,8 +975,8 @@ fn listener_key(host: HostId, addr: &str) -> String {
 mod tests {
     use super::*;
 
-    /// The radix queue pops in exactly a binary heap's `(time, insertion)`
-    /// order, with pops interleaved among pushes, ties at one instant, and
+    /// The queue pops in `(time, insertion)` order (its packed keys lose
+    /// nothing), with pops interleaved among pushes, ties at one instant, and
     /// keys below the last popped (a deadline already past when armed).
     #[test]
     fn the_queue_pops_in_time_then_insertion_order() {
