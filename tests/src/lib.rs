@@ -1,7 +1,8 @@
 //! Shared helpers for cohort's cross-crate tests.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod coord_harness;
+pub mod counting_alloc;
 pub mod data_harness;
 pub mod join_harness;
 pub mod sim_harness;

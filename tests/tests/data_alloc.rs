@@ -5,67 +5,17 @@
 //! likewise one buffer shared by every host.
 //!
 //! One test in this binary, so no other test's allocations are counted.
-#![allow(unsafe_code)]
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use cohort_proto::reduce::{Reduce, ReduceConfig};
 use cohort_proto::relay::Leg;
 use cohort_proto::wire::{Dtype, MuxRecord, Payload, RelayControlMsg, RoundFrame, RoundKind, TensorPayload};
 use cohort_proto::{Adopt, ConnId, Input, Machine, Output, Peer, Time};
+use cohort_tests::counting_alloc::{CountingAlloc, measure};
 use cohort_tests::data_harness::*;
 
-struct Counting;
-
-static ON: AtomicBool = AtomicBool::new(false);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-static CALLS: AtomicU64 = AtomicU64::new(0);
-
-fn count(n: usize) {
-    if ON.load(Ordering::Relaxed) {
-        BYTES.fetch_add(n as u64, Ordering::Relaxed);
-        CALLS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the
-// counters are plain atomics that never allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Counts the bytes allocated while `f` runs.
-fn measure<T>(f: impl FnOnce() -> T) -> (T, u64, u64) {
-    BYTES.store(0, Ordering::SeqCst);
-    CALLS.store(0, Ordering::SeqCst);
-    ON.store(true, Ordering::SeqCst);
-    let out = f();
-    ON.store(false, Ordering::SeqCst);
-    (out, BYTES.load(Ordering::SeqCst), CALLS.load(Ordering::SeqCst))
-}
+static A: CountingAlloc = CountingAlloc;
 
 const MIB: usize = 1 << 20;
 
@@ -93,7 +43,7 @@ fn relay_fan_out() {
 
     // Socket-sized reads in, every output drained and kept (as a driver
     // would hold them until written).
-    let (outs, bytes, calls) = measure(|| {
+    let (outs, counts) = measure(u64::MAX, || {
         let mut outs: Vec<Output<_>> = Vec::new();
         for chunk in record.chunks(64 * 1024) {
             rig.relay.handle(rig.now, Input::Received { conn: up, bytes: chunk });
@@ -103,6 +53,7 @@ fn relay_fan_out() {
         }
         outs
     });
+    let (bytes, calls) = (counts.bytes, counts.calls);
     let extra = bytes.saturating_sub(payload_len as u64);
     eprintln!(
         "relay fan-out of {payload_len} bytes to 8 ranks: {bytes} bytes allocated in {calls} calls \

@@ -8,16 +8,16 @@
 //! broadcast is checked byte for byte against the reference encoding.
 //!
 //! One test in this binary, so no other test's allocations are counted.
-#![allow(unsafe_code)]
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent, reduce_frames};
 use cohort_proto::wire::{Dtype, MuxRecord, Payload, RelayControlMsg, RoundFrame, RoundKind};
 use cohort_proto::{Adopt, ConnId, Input, Machine, Output, Peer, Time};
+use cohort_tests::counting_alloc::{CountingAlloc, measure};
 use cohort_tests::data_harness::*;
+
+#[global_allocator]
+static A: CountingAlloc = CountingAlloc;
 
 const MIB: usize = 1 << 20;
 /// Tensor bytes per host frame.
@@ -26,58 +26,6 @@ const MODEL: usize = 16 * MIB;
 const BIG: u64 = (MODEL / 2) as u64;
 const HOSTS: u32 = 4;
 const ROUNDS: u64 = 6;
-
-struct Counting;
-
-static ON: AtomicBool = AtomicBool::new(false);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-static BIG_CALLS: AtomicU64 = AtomicU64::new(0);
-
-fn count(n: usize) {
-    if ON.load(Ordering::Relaxed) {
-        BYTES.fetch_add(n as u64, Ordering::Relaxed);
-        if n as u64 >= BIG {
-            BIG_CALLS.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the
-// counters are plain atomics that never allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size());
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// The bytes and model-sized allocations made while `f` runs.
-fn measure<T>(f: impl FnOnce() -> T) -> (T, u64, u64) {
-    BYTES.store(0, Ordering::SeqCst);
-    BIG_CALLS.store(0, Ordering::SeqCst);
-    ON.store(true, Ordering::SeqCst);
-    let out = f();
-    ON.store(false, Ordering::SeqCst);
-    (out, BYTES.load(Ordering::SeqCst), BIG_CALLS.load(Ordering::SeqCst))
-}
 
 fn host_frame(h: u32) -> RoundFrame {
     let values: Vec<f32> = (0..(MODEL / 4) as u32).map(|i| ((i ^ (h * 7919)) % 1000) as f32 * 0.25).collect();
@@ -134,7 +82,8 @@ fn steady_state_reduce_allocates_at_most_one_model_sized_buffer_per_round() {
     let received: u64 = records.iter().map(|r| r.len() as u64).sum();
     let mut worst = 0;
     for r in 0..ROUNDS {
-        let ((sent, frame), bytes, big) = measure(|| round(&mut reduce, &records));
+        let ((sent, frame), counts) = measure(BIG, || round(&mut reduce, &records));
+        let (bytes, big) = (counts.bytes, counts.big);
         assert_eq!(reduce.rounds(), r + 1);
         assert_eq!(sent, vec![want_record.len(); HOSTS as usize], "round {r}: one broadcast record per host");
         assert_eq!(frame.as_deref(), Some(&want[..]), "round {r}: the consensus frame, byte for byte");

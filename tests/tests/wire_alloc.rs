@@ -2,53 +2,11 @@
 //! length makes a decoder allocate no more than the bytes actually fed plus
 //! one bounded chunk. (One test function: the counters are process-wide.)
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
 use cohort_proto::wire::*;
-
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(n: usize) {
-    let now = LIVE.fetch_add(n, Relaxed) + n;
-    PEAK.fetch_max(now, Relaxed);
-}
-
-// SAFETY: every method forwards to the system allocator unchanged and only
-// updates counters; layouts and pointers pass through untouched.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        grew(l.size());
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Relaxed);
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        if new >= l.size() {
-            grew(new - l.size());
-        } else {
-            LIVE.fetch_sub(l.size() - new, Relaxed);
-        }
-        unsafe { System.realloc(p, l, new) }
-    }
-}
+use cohort_tests::counting_alloc::{CountingAlloc, peak_of};
 
 #[global_allocator]
-static A: Counting = Counting;
-
-/// Peak bytes allocated by `f` above what was live when it started.
-fn peak_of(f: impl FnOnce()) -> usize {
-    let base = LIVE.load(Relaxed);
-    PEAK.store(base, Relaxed);
-    f();
-    PEAK.load(Relaxed) - base
-}
+static A: CountingAlloc = CountingAlloc;
 
 const FED: usize = 3 << 20; // bytes of hostile body actually sent
 const PIECE: usize = 1500; // one network packet at a time
