@@ -174,6 +174,67 @@ impl MacState {
     }
 }
 
+/// One independent piece of MAC work: absorb `bytes` into `state`.
+///
+/// A machine gathers the jobs it has (different connections' frames, a
+/// record's two tags over the same bytes) and hands them to its
+/// [`MacRunner`] in one batch.
+#[derive(Debug)]
+pub struct MacJob<'a> {
+    /// The MAC the bytes go into.
+    pub state: &'a mut MacState,
+    /// The bytes, in order after everything the state absorbed so far.
+    pub bytes: &'a [u8],
+}
+
+impl MacJob<'_> {
+    /// Does the work on this thread.
+    #[inline]
+    pub fn run(&mut self) {
+        self.state.update(self.bytes);
+    }
+}
+
+/// Where a machine's MAC work runs: on the caller's thread ([`Inline`], the
+/// default and the simulator's), or spread over cores by a driver's pool.
+///
+/// Jobs are independent and each one's result is the same wherever it ran,
+/// so a machine's outputs never depend on its runner: `proto` stays free of
+/// threads and the simulator stays deterministic, while a driver gets every
+/// core's SHA-256.
+///
+/// ```
+/// use cohort_proto::wire::{Inline, MacJob, MacKey, MacRunner, SessionSalt};
+/// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
+/// let (mut a, mut b) = (key.start(), key.start());
+/// Inline.run(&mut [MacJob { state: &mut a, bytes: b"abc" }, MacJob { state: &mut b, bytes: b"xy" }]);
+/// assert_eq!((a.finish(), b.finish()), (key.mac64(b"abc"), key.mac64(b"xy")));
+/// ```
+pub trait MacRunner: Send + Sync + core::fmt::Debug {
+    /// Runs every job, returning once all are done.
+    fn run(&self, jobs: &mut [MacJob<'_>]);
+
+    /// Bytes of MAC input a machine gathers per job before it hands a batch
+    /// over: 0 (the default, [`Inline`]) hashes bytes as they come, with no
+    /// gathering copy; a pool asks for jobs big enough that handing them to
+    /// another thread costs little beside hashing them.
+    fn batch(&self) -> usize {
+        0
+    }
+}
+
+/// The runner that does every job on the caller's thread, in order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inline;
+
+impl MacRunner for Inline {
+    fn run(&self, jobs: &mut [MacJob<'_>]) {
+        for job in jobs {
+            job.run();
+        }
+    }
+}
+
 fn keyed(key: &[u8]) -> HmacSha256 {
     // HMAC accepts keys of any length; a 16-byte salt cannot fail.
     match HmacSha256::new_from_slice(key) {

@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use super::bin;
 use super::consts::*;
 use super::error::{FrameType, Problem, WireError, WireResult};
-use super::mac::{MacKey, MacState};
+use super::mac::{MacJob, MacKey, MacState};
 use super::messages::RelayControlMsg;
 use super::payload::{Payload, PayloadBuilder};
 
@@ -175,8 +175,13 @@ impl RecordSigner {
     /// Absorbs the next payload bytes.
     #[inline]
     pub(crate) fn update(&mut self, bytes: &[u8]) {
+        self.job(bytes).run();
+    }
+
+    /// The absorption of the next payload bytes, as a job to run (counted now).
+    pub(crate) fn job<'a>(&'a mut self, bytes: &'a [u8]) -> MacJob<'a> {
         self.absorbed += bytes.len();
-        self.mac.update(bytes);
+        MacJob { state: &mut self.mac, bytes }
     }
 
     /// The signed header, once exactly the declared payload was absorbed.
