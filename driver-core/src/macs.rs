@@ -22,7 +22,7 @@ use cohort_proto::wire::{MacJob, MacRunner};
 /// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
 /// let data = vec![7u8; 1 << 20];
 /// let mut states = [key.start(), key.start(), key.start()];
-/// let mut jobs: Vec<MacJob> = states.iter_mut().map(|state| MacJob { state, bytes: &data }).collect();
+/// let mut jobs: Vec<MacJob> = states.iter_mut().map(|state| MacJob::new(state, &data)).collect();
 /// pool.run(&mut jobs);
 /// drop(jobs);
 /// let want = key.mac64(&data);
@@ -101,12 +101,12 @@ impl MacPool {
 /// job first onto the lightest group.
 fn deal<'j, 'a>(jobs: &'j mut [MacJob<'a>], width: usize) -> Vec<Vec<&'j mut MacJob<'a>>> {
     let mut order: Vec<&'j mut MacJob<'a>> = jobs.iter_mut().collect();
-    order.sort_by_key(|j| core::cmp::Reverse(j.bytes.len()));
+    order.sort_by_key(|j| core::cmp::Reverse(j.len()));
     let n = width.min(order.len());
     let mut groups: Vec<(usize, Vec<&'j mut MacJob<'a>>)> = (0..n).map(|_| (0, Vec::new())).collect();
     for job in order {
         let lightest = groups.iter_mut().min_by_key(|(load, _)| *load).expect("n >= 1");
-        lightest.0 += job.bytes.len();
+        lightest.0 += job.len();
         lightest.1.push(job);
     }
     groups.into_iter().map(|(_, g)| g).collect()
@@ -124,9 +124,9 @@ mod tests {
         let lens = [90, 10, 50, 50, 40, 60];
         let mut states: Vec<_> = lens.iter().map(|_| key.start()).collect();
         let mut jobs: Vec<MacJob> =
-            states.iter_mut().zip(lens).map(|(state, n)| MacJob { state, bytes: &data[..n] }).collect();
+            states.iter_mut().zip(lens).map(|(state, n)| MacJob::new(state, &data[..n])).collect();
         let groups = deal(&mut jobs, 2);
-        let loads: Vec<usize> = groups.iter().map(|g| g.iter().map(|j| j.bytes.len()).sum()).collect();
+        let loads: Vec<usize> = groups.iter().map(|g| g.iter().map(|j| j.len()).sum()).collect();
         assert_eq!(loads, [150, 150]);
         assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), lens.len());
     }
@@ -139,7 +139,7 @@ mod tests {
         let cuts = [0usize, 1, 63, 64, 65, 4096, 100_001, 300_000];
         let mut states: Vec<_> = cuts.iter().map(|_| key.start()).collect();
         let mut jobs: Vec<MacJob> =
-            states.iter_mut().zip(cuts).map(|(state, n)| MacJob { state, bytes: &data[..n] }).collect();
+            states.iter_mut().zip(cuts).map(|(state, n)| MacJob::new(state, &data[..n])).collect();
         pool.run(&mut jobs);
         drop(jobs);
         for (s, n) in states.into_iter().zip(cuts) {

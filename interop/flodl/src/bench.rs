@@ -135,7 +135,12 @@ pub fn cohort_reduce(p: &Parsed) -> Result<(), String> {
         cfg.ceiling = ceiling;
     }
     let config = Config::scaled(scale).for_frame_ceiling(cfg.ceiling);
-    let mut runner = Runner::new(Reduce::new(cfg), config).map_err(|e| e.to_string())?;
+    let mut reduce = Reduce::new(cfg);
+    // The reduce's MAC work on every core, as the cohort controller runs it.
+    if let Some(pool) = MacPool::per_core() {
+        reduce.run_macs_on(pool);
+    }
+    let mut runner = Runner::new(reduce, config).map_err(|e| e.to_string())?;
     let addr = runner.listen(at).map_err(|e| format!("listen on {at}: {e}"))?;
     eprintln!("flodl-peer cohort-reduce: pid {} on {addr}", std::process::id());
     let mut why = None;

@@ -13,7 +13,7 @@ use crate::wire::{MacJob, MacRunner};
 /// use cohort_proto::wire::{MacJob, MacKey, MacRunner, SessionSalt};
 /// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
 /// let (mut a, mut b) = (key.start(), key.start());
-/// Batched { batch: 64 }.run(&mut [MacJob { state: &mut a, bytes: b"ab" }, MacJob { state: &mut b, bytes: b"c" }]);
+/// Batched { batch: 64 }.run(&mut [MacJob::new(&mut a, b"ab"), MacJob::new(&mut b, b"c")]);
 /// assert_eq!((a.finish(), b.finish()), (key.mac64(b"ab"), key.mac64(b"c")));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,6 +8,7 @@
 //! [`mac64`] keys per call through the `hmac` crate, as flodl does; it is the
 //! reference the prepared path is tested against.
 
+use bytes::Bytes;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use sha2::block_api::compress256;
@@ -174,24 +175,70 @@ impl MacState {
     }
 }
 
-/// One independent piece of MAC work: absorb `bytes` into `state`.
+/// One independent piece of MAC work: absorb some bytes into a MAC state.
 ///
 /// A machine gathers the jobs it has (different connections' frames, a
 /// record's two tags over the same bytes) and hands them to its
 /// [`MacRunner`] in one batch.
 #[derive(Debug)]
 pub struct MacJob<'a> {
-    /// The MAC the bytes go into.
-    pub state: &'a mut MacState,
-    /// The bytes, in order after everything the state absorbed so far.
-    pub bytes: &'a [u8],
+    state: &'a mut MacState,
+    input: Absorb<'a>,
 }
 
-impl MacJob<'_> {
+/// What a job absorbs.
+#[derive(Debug, Clone, Copy)]
+enum Absorb<'a> {
+    Slice(&'a [u8]),
+    /// The first `len` bytes of a run of shared segments.
+    Segments {
+        segments: &'a [Bytes],
+        len: usize,
+    },
+}
+
+impl<'a> MacJob<'a> {
+    /// `state` absorbs `bytes`, in order after everything it absorbed so far.
+    pub fn new(state: &'a mut MacState, bytes: &'a [u8]) -> Self {
+        MacJob { state, input: Absorb::Slice(bytes) }
+    }
+
+    /// `state` absorbs the first `len` bytes of `segments` (a payload held
+    /// as shared buffers, hashed where it lies).
+    pub fn segments(state: &'a mut MacState, segments: &'a [Bytes], len: usize) -> Self {
+        MacJob { state, input: Absorb::Segments { segments, len } }
+    }
+
+    /// Bytes it absorbs.
+    pub fn len(&self) -> usize {
+        match self.input {
+            Absorb::Slice(b) => b.len(),
+            Absorb::Segments { segments, len } => len.min(segments.iter().map(Bytes::len).sum()),
+        }
+    }
+
+    /// Whether it absorbs nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Does the work on this thread.
     #[inline]
     pub fn run(&mut self) {
-        self.state.update(self.bytes);
+        match self.input {
+            Absorb::Slice(b) => self.state.update(b),
+            Absorb::Segments { segments, len } => {
+                let mut left = len;
+                for seg in segments {
+                    let n = seg.len().min(left);
+                    self.state.update(&seg[..n]);
+                    left -= n;
+                    if left == 0 {
+                        break;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -207,7 +254,7 @@ impl MacJob<'_> {
 /// use cohort_proto::wire::{Inline, MacJob, MacKey, MacRunner, SessionSalt};
 /// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
 /// let (mut a, mut b) = (key.start(), key.start());
-/// Inline.run(&mut [MacJob { state: &mut a, bytes: b"abc" }, MacJob { state: &mut b, bytes: b"xy" }]);
+/// Inline.run(&mut [MacJob::new(&mut a, b"abc"), MacJob::new(&mut b, b"xy")]);
 /// assert_eq!((a.finish(), b.finish()), (key.mac64(b"abc"), key.mac64(b"xy")));
 /// ```
 pub trait MacRunner: Send + Sync + core::fmt::Debug {

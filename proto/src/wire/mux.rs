@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use super::bin;
 use super::consts::*;
 use super::error::{FrameType, Problem, WireError, WireResult};
-use super::mac::{MacJob, MacKey, MacState};
+use super::mac::{Inline, MacJob, MacKey, MacRunner, MacState};
 use super::messages::RelayControlMsg;
 use super::payload::{Payload, PayloadBuilder};
 
@@ -181,7 +181,7 @@ impl RecordSigner {
     /// The absorption of the next payload bytes, as a job to run (counted now).
     pub(crate) fn job<'a>(&'a mut self, bytes: &'a [u8]) -> MacJob<'a> {
         self.absorbed += bytes.len();
-        MacJob { state: &mut self.mac, bytes }
+        MacJob::new(&mut self.mac, bytes)
     }
 
     /// The signed header, once exactly the declared payload was absorbed.
@@ -234,6 +234,77 @@ fn frame_record(kind: u8) -> Option<FrameRecord> {
     }
 }
 
+/// What [`MuxDecoder::decode_holding`] completes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Holding {
+    /// A record, verified.
+    Record(MuxRecord),
+    /// A `HostFrame` or `Broadcast` record read whole, its MACs not yet run.
+    Frame(HeldFrame),
+}
+
+/// A frame-carrying record whose payload is held as shared segments and
+/// whose tag (and the round frame's own footer) are still to be checked,
+/// both at once on a [`MacRunner`]: the reduce's way of putting two cores on
+/// one host frame. Nothing in it is authenticated until
+/// [`verify`](Self::verify) returns the record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldFrame {
+    record: FrameRecord,
+    head: [u8; 17],
+    tag: u64,
+    payload: Payload,
+}
+
+impl HeldFrame {
+    /// Which record it is.
+    pub fn record(&self) -> FrameRecord {
+        self.record
+    }
+
+    /// The payload, unauthenticated.
+    pub fn payload(&self) -> &Payload {
+        &self.payload
+    }
+
+    /// Checks the record's tag and, given `frame_len`, the footer of the
+    /// round frame that fills the payload's first `frame_len` bytes, in one
+    /// batch on `macs`. The record once its tag holds, with whether the
+    /// footer did (`None`: not asked, or no room for a footer).
+    pub fn verify(
+        self,
+        key: &MacKey,
+        macs: &dyn MacRunner,
+        frame_len: Option<usize>,
+    ) -> WireResult<(MuxRecord, Option<bool>)> {
+        let segs = self.payload.segments();
+        let len = self.payload.len();
+        let mut tag = key.start();
+        tag.update(&self.head);
+        let inner = frame_len.filter(|n| (8..=len).contains(n));
+        let mut frame = key.start();
+        match inner {
+            Some(n) => macs
+                .run(&mut [MacJob::segments(&mut tag, segs, len), MacJob::segments(&mut frame, segs, n - 8)]),
+            None => macs.run(&mut [MacJob::segments(&mut tag, segs, len)]),
+        }
+        if tag.finish() != self.tag {
+            return Err(WireError::new(FrameType::MuxRecord, "tag", Problem::Mac));
+        }
+        let footer = inner.map(|n| {
+            let mut want = [0u8; 8];
+            self.payload.copy_range(n - 8, &mut want);
+            frame.finish() == u64::from_le_bytes(want)
+        });
+        let payload = self.payload;
+        let rec = match self.record {
+            FrameRecord::HostFrame => MuxRecord::HostFrame { payload },
+            FrameRecord::Broadcast => MuxRecord::Broadcast { payload },
+        };
+        Ok((rec, footer))
+    }
+}
+
 /// What [`MuxDecoder::decode_skipping`] completes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MuxDecoded {
@@ -257,10 +328,21 @@ struct Body {
     len: usize,
     tag: u64,
     mac: MacState,
+    /// A frame-carrying record held for its MACs to be run later
+    /// ([`MuxDecoder::decode_holding`]): `mac` is not fed.
+    held: Option<[u8; 17]>,
     /// `None` while an oversized `Data` record is skipped.
     body: Option<PayloadBuilder>,
     /// Bytes of the payload read so far.
     have: usize,
+}
+
+/// What one step of the decoder completed.
+#[derive(Debug)]
+enum Step {
+    Record(MuxRecord),
+    Skipped { rank: u32, len: u64 },
+    Held(HeldFrame),
 }
 
 #[derive(Debug)]
@@ -334,8 +416,45 @@ impl MuxDecoder {
         key: &MacKey,
         tap: &mut dyn FnMut(FrameRecord, &[u8]),
     ) -> WireResult<(usize, Option<MuxRecord>)> {
-        let (used, out) = self.step(input, key, false, tap)?;
-        Ok((used, out.and_then(|d| if let MuxDecoded::Record(r) = d { Some(r) } else { None })))
+        let (used, out) = self.step(input, key, false, false, tap)?;
+        let rec = match out {
+            Some(Step::Record(r)) => Some(r),
+            // Begun under `decode_holding`: its MACs, here and now.
+            Some(Step::Held(h)) => Some(h.verify(key, &Inline, None)?.0),
+            Some(Step::Skipped { .. }) | None => None,
+        };
+        Ok((used, rec))
+    }
+
+    /// As [`decode_tapped`](Self::decode_tapped), but a `HostFrame` or
+    /// `Broadcast` record is copied in without being hashed and completes as
+    /// a [`HeldFrame`], whose MACs its reader runs where the payload lies,
+    /// side by side on its [`MacRunner`]. Other records are verified as
+    /// they stream, as by [`decode`](Self::decode).
+    ///
+    /// ```
+    /// use cohort_proto::wire::*;
+    /// let key = MacKey::new(&SessionSalt::from_bytes([1; 16]));
+    /// let rec = MuxRecord::Broadcast { payload: Payload::from(&b"not a frame"[..]) };
+    /// let bytes = rec.to_bytes(&key).unwrap();
+    /// let mut dec = MuxDecoder::new(DEFAULT_FRAME_CEILING);
+    /// let (_, got) = dec.decode_holding(&bytes, &key, &mut |_, _| {}).unwrap();
+    /// let Some(Holding::Frame(held)) = got else { panic!() };
+    /// assert_eq!(held.verify(&key, &Inline, None).unwrap(), (rec, None));
+    /// ```
+    pub fn decode_holding(
+        &mut self,
+        input: &[u8],
+        key: &MacKey,
+        tap: &mut dyn FnMut(FrameRecord, &[u8]),
+    ) -> WireResult<(usize, Option<Holding>)> {
+        let (used, out) = self.step(input, key, false, true, tap)?;
+        let out = match out {
+            Some(Step::Record(r)) => Some(Holding::Record(r)),
+            Some(Step::Held(h)) => Some(Holding::Frame(h)),
+            Some(Step::Skipped { .. }) | None => None,
+        };
+        Ok((used, out))
     }
 
     /// As [`decode`](Self::decode), but a `Data` record over the ceiling is
@@ -357,7 +476,14 @@ impl MuxDecoder {
     /// assert_eq!(second, Some(MuxDecoded::Record(small)));
     /// ```
     pub fn decode_skipping(&mut self, input: &[u8], key: &MacKey) -> WireResult<(usize, Option<MuxDecoded>)> {
-        self.step(input, key, true, &mut |_, _| {})
+        let (used, out) = self.step(input, key, true, false, &mut |_, _| {})?;
+        let out = match out {
+            Some(Step::Record(r)) => Some(MuxDecoded::Record(r)),
+            Some(Step::Skipped { rank, len }) => Some(MuxDecoded::Skipped { rank, len }),
+            Some(Step::Held(h)) => Some(MuxDecoded::Record(h.verify(key, &Inline, None)?.0)),
+            None => None,
+        };
+        Ok((used, out))
     }
 
     fn step(
@@ -365,8 +491,9 @@ impl MuxDecoder {
         input: &[u8],
         key: &MacKey,
         skip: bool,
+        hold: bool,
         tap: &mut dyn FnMut(FrameRecord, &[u8]),
-    ) -> WireResult<(usize, Option<MuxDecoded>)> {
+    ) -> WireResult<(usize, Option<Step>)> {
         const F: FrameType = FrameType::MuxRecord;
         let mut used = 0;
         if let State::Header { buf, have } = &mut self.state {
@@ -408,6 +535,9 @@ impl MuxDecoder {
             tag.copy_from_slice(&h[17..25]);
             let tag = u64::from_le_bytes(tag);
             let (kind, rank, len) = (h[8], u32_at(9), len as usize);
+            let mut head = [0u8; 17];
+            head.copy_from_slice(&h[0..17]);
+            let held = (hold && frame_record(kind).is_some()).then_some(head);
             if !oversized && input.len() - used >= len {
                 // The whole payload is here: verify and copy it in one go.
                 let body = &input[used..used + len];
@@ -415,21 +545,26 @@ impl MuxDecoder {
                 if let Some(rec) = frame_record(kind) {
                     tap(rec, body);
                 }
+                let payload = if body.is_empty() { Payload::new() } else { Payload::from(body) };
+                if let (Some(head), Some(record)) = (held, frame_record(kind)) {
+                    return Ok((used + len, Some(Step::Held(HeldFrame { record, head, tag, payload }))));
+                }
                 if key.mac64_parts(&[&h[0..17], body]) != tag {
                     return Err(WireError::new(F, "tag", Problem::Mac));
                 }
-                let payload = if body.is_empty() { Payload::new() } else { Payload::from(body) };
-                return Ok((used + len, Some(MuxDecoded::Record(record(kind, rank, payload)?))));
+                return Ok((used + len, Some(Step::Record(record(kind, rank, payload)?))));
             }
             let mut mac = key.start();
             mac.update(&h[0..17]);
             let body = (!oversized).then(PayloadBuilder::default);
-            self.state = State::Body(Box::new(Body { kind, rank, len, tag, mac, body, have: 0 }));
+            self.state = State::Body(Box::new(Body { kind, rank, len, tag, mac, held, body, have: 0 }));
         }
         let State::Body(b) = &mut self.state else { unreachable!("header state handled above") };
         let rest = &input[used..];
         let n = (b.len - b.have).min(rest.len());
-        b.mac.update(&rest[..n]);
+        if b.held.is_none() {
+            b.mac.update(&rest[..n]);
+        }
         b.have += n;
         if let Some(body) = b.body.as_mut() {
             body.push(&rest[..n], b.len - b.have);
@@ -444,15 +579,19 @@ impl MuxDecoder {
         let State::Body(b) = core::mem::take(&mut self.state) else {
             unreachable!("body state checked above")
         };
-        let Body { kind, rank, len, tag, mac, body, .. } = *b;
+        let Body { kind, rank, len, tag, mac, held, body, .. } = *b;
+        if let (Some(head), Some(record)) = (held, frame_record(kind)) {
+            let payload = body.map_or_else(Payload::new, PayloadBuilder::finish);
+            return Ok((used, Some(Step::Held(HeldFrame { record, head, tag, payload }))));
+        }
         if mac.finish() != tag {
             return Err(WireError::new(F, "tag", Problem::Mac));
         }
         Ok((
             used,
             Some(match body {
-                Some(body) => MuxDecoded::Record(record(kind, rank, body.finish())?),
-                None => MuxDecoded::Skipped { rank, len: len as u64 },
+                Some(body) => Step::Record(record(kind, rank, body.finish())?),
+                None => Step::Skipped { rank, len: len as u64 },
             }),
         ))
     }

@@ -79,6 +79,27 @@ impl Payload {
         v
     }
 
+    /// Copies `out.len()` bytes from `offset` into `out` (across segments);
+    /// bytes past the end are left as they were.
+    pub fn copy_range(&self, offset: usize, out: &mut [u8]) {
+        let mut at = 0;
+        let mut done = 0;
+        for seg in self.segments() {
+            let (s0, s1) = (at, at + seg.len());
+            at = s1;
+            let want = offset + done;
+            if done == out.len() {
+                break;
+            }
+            if s1 <= want {
+                continue;
+            }
+            let n = (s1 - want).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&seg[want - s0..want - s0 + n]);
+            done += n;
+        }
+    }
+
     /// Appends a shared segment (no copy).
     pub fn push(&mut self, seg: Bytes) {
         if seg.is_empty() {

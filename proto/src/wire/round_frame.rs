@@ -309,7 +309,7 @@ impl<'a> RoundWriter<'a> {
             if new.is_empty() || (!all && new.len() < s.piece) {
                 return;
             }
-            s.macs.run(&mut [MacJob { state: &mut s.frame, bytes: new }, s.record.job(new)]);
+            s.macs.run(&mut [MacJob::new(&mut s.frame, new), s.record.job(new)]);
             s.hashed += new.len();
         }
     }
@@ -600,6 +600,8 @@ pub struct RoundDecoder {
     staged: Vec<u8>,
     /// How much may be gathered; 0: absorbed as it arrives.
     stage_cap: usize,
+    /// The footer is the caller's to check ([`RoundDecoder::unkeyed`]).
+    unkeyed: bool,
     wire_len: u64,
     n_tensors: u32,
     kind: RoundKind,
@@ -627,6 +629,7 @@ impl RoundDecoder {
             mac: None,
             staged: Vec::new(),
             stage_cap: 0,
+            unkeyed: false,
             wire_len: 0,
             n_tensors: 0,
             kind: RoundKind::Model,
@@ -678,19 +681,30 @@ impl RoundDecoder {
         RoundDecoder { stage_cap: cap, ..RoundDecoder::new(ceiling) }
     }
 
+    /// A decoder that checks everything but the footer's MAC, which its
+    /// caller computes over the frame's bytes where they lie (the reduce
+    /// hashes a held record's frame and tag side by side on its runner). A
+    /// frame it reports done is laid out, not authenticated.
+    pub fn unkeyed(ceiling: u64) -> Self {
+        RoundDecoder { unkeyed: true, ..RoundDecoder::new(ceiling) }
+    }
+
     /// Hashes every decoder's gathered MAC input in one batch on `macs`.
     pub fn run_staged<'a>(decoders: impl IntoIterator<Item = &'a mut RoundDecoder>, macs: &dyn MacRunner) {
         let mut ready: Vec<&mut RoundDecoder> =
             decoders.into_iter().filter(|d| !d.staged.is_empty() && d.mac.is_some()).collect();
-        let mut jobs: Vec<MacJob<'_>> = ready
-            .iter_mut()
-            .filter_map(|d| Some(MacJob { state: d.mac.as_mut()?, bytes: &d.staged }))
-            .collect();
+        let mut jobs: Vec<MacJob<'_>> =
+            ready.iter_mut().filter_map(|d| Some(MacJob::new(d.mac.as_mut()?, &d.staged))).collect();
         macs.run(&mut jobs);
         drop(jobs);
         for d in ready {
             d.staged.clear();
         }
+    }
+
+    /// Whether the footer's MAC is left to the caller.
+    pub fn is_unkeyed(&self) -> bool {
+        self.unkeyed
     }
 
     /// The most MAC input it gathers before a batch (0: none).
@@ -735,7 +749,7 @@ impl RoundDecoder {
     fn reset(&mut self) {
         let shape = core::mem::take(&mut self.shape);
         let staged = core::mem::take(&mut self.staged);
-        *self = RoundDecoder::staging(self.ceiling, self.stage_cap);
+        *self = RoundDecoder { unkeyed: self.unkeyed, ..RoundDecoder::staging(self.ceiling, self.stage_cap) };
         self.shape = shape;
         self.shape.clear();
         self.staged = staged;
@@ -776,7 +790,7 @@ impl RoundDecoder {
         while used < input.len() || (self.stage == Stage::Data && self.remaining == 0) {
             match self.stage {
                 Stage::Magic => {
-                    if self.mac.is_none() {
+                    if self.mac.is_none() && !self.unkeyed {
                         self.mac = Some(key.start());
                     }
                     let Some(b) = self.gather(input, &mut used, 4) else { break };
@@ -872,7 +886,7 @@ impl RoundDecoder {
                     }
                     let Some(b) = self.gather_footer(input, &mut used) else { break };
                     let computed = self.mac.take().map(MacState::finish);
-                    if computed != Some(u64::from_le_bytes(b)) {
+                    if !self.unkeyed && computed != Some(u64::from_le_bytes(b)) {
                         return Err(WireError::new(F, "footer", Problem::Mac));
                     }
                     let done = RoundDone {
