@@ -120,7 +120,7 @@ mod tests {
     #[test]
     fn dealing_balances_bytes_and_keeps_every_job_once() {
         let key = MacKey::new(&SessionSalt::from_bytes([1; 16]));
-        let data = vec![0u8; 100];
+        let data = [0u8; 100];
         let lens = [90, 10, 50, 50, 40, 60];
         let mut states: Vec<_> = lens.iter().map(|_| key.start()).collect();
         let mut jobs: Vec<MacJob> =
