@@ -213,7 +213,7 @@ fn reduce_play(
     }
     drain(&mut reduce, now, &mut out);
     for (i, conn) in conns.iter().enumerate() {
-        let values: Vec<f32> = (0..3000).map(|v| (v as f32 + i as f32) * 0.5).collect();
+        let values: Vec<f32> = (0..N).map(|v| (v as f32 + i as f32) * 0.5).collect();
         let mut bytes =
             frame(RoundKind::Model, 1.0 + i as f64, Dtype::F32, &values).to_bytes(&key).unwrap().to_vec();
         if i == 1 {
@@ -236,18 +236,22 @@ fn reduce_play(
     out
 }
 
+/// Elements per host frame: 160 KB, three payload segments, so a held
+/// record is hashed a batch at a time as it arrives.
+const N: usize = 40_000;
+
 #[test]
 fn a_held_host_frame_meets_the_streaming_verdict_at_every_flipped_byte() {
-    let frame_len = 17 + 14 + 12_000 + 8;
-    let mut flips: Vec<Flip> = (0..64).map(Flip::Record).collect();
+    let frame_len = 17 + 14 + 4 * N + 8;
+    let mut flips: Vec<Flip> = (0..48).step_by(3).map(Flip::Record).collect();
     flips.extend([25 + frame_len / 2, 25 + frame_len - 1].map(Flip::Record));
     flips.extend(
         [0, 13, 17, 20, 30, 31, frame_len / 2, frame_len - 9, frame_len - 8, frame_len - 1].map(Flip::Frame),
     );
-    let held_on = || -> Option<Arc<dyn MacRunner>> { Some(Arc::new(Batched { batch: 1 << 20 })) };
     let mut verdicts = std::collections::BTreeSet::new();
-    for trail in [0, 5] {
-        for cut in [1 << 20, 4096, 777] {
+    for (trail, cut, batch) in [(0, 1 << 20, 1 << 20), (5, 4096, 1), (0, 777, 70_000), (5, 70_001, 1)] {
+        let held_on = || -> Option<Arc<dyn MacRunner>> { Some(Arc::new(Batched { batch })) };
+        {
             let clean = reduce_play(None, trail, cut, None);
             assert_eq!(format!("{:?}", reduce_play(None, trail, cut, held_on())), format!("{clean:?}"));
             for flip in &flips {
@@ -256,7 +260,7 @@ fn a_held_host_frame_meets_the_streaming_verdict_at_every_flipped_byte() {
                 assert_eq!(
                     format!("{:?}", held.events),
                     format!("{:?}", inline.events),
-                    "{flip:?}, trail {trail}, cut {cut}"
+                    "{flip:?}, trail {trail}, cut {cut}, batch {batch}"
                 );
                 assert_eq!(held.bytes, inline.bytes, "{flip:?}");
                 let events = format!("{:?}", inline.events);

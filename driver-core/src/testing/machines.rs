@@ -397,7 +397,7 @@ impl RecordSink {
         let mut bad = None;
         let mut tap = |_, piece: &[u8]| {
             let mut piece = piece;
-            while !piece.is_empty() && bad.is_none() {
+            while !piece.is_empty() && bad.is_none() && len.is_none() {
                 match frame.feed(piece, key, &mut NullSink) {
                     Ok((used, done)) => {
                         piece = &piece[used..];
@@ -408,8 +408,10 @@ impl RecordSink {
                     Err(e) => bad = Some(e.to_string()),
                 }
             }
+            // What the frame's MAC covers so far: all but its footer once done.
+            len.map_or(frame.mac_input_len(), |l| l - 8)
         };
-        let (used, got) = mux.decode_holding(bytes, key, &mut tap).map_err(|e| e.to_string())?;
+        let (used, got) = mux.decode_holding(bytes, key, &*self.macs, &mut tap).map_err(|e| e.to_string())?;
         if let Some(e) = bad {
             return Err(e);
         }
@@ -417,7 +419,7 @@ impl RecordSink {
             Some(Holding::Frame(held)) => {
                 let wire_len = len.take().ok_or("the record ended before its frame")?;
                 let n = usize::try_from(wire_len).ok();
-                match held.verify(key, &*self.macs, n).map_err(|e| e.to_string())? {
+                match held.verify(&*self.macs, n).map_err(|e| e.to_string())? {
                     (_, Some(true)) => self.out.event(SinkEvent::Frame { conn, wire_len }),
                     _ => return Err("the frame's footer does not verify".into()),
                 }

@@ -420,26 +420,29 @@ impl Reduce {
     fn received(&mut self, now: Time, conn: ConnId, mut bytes: &[u8]) {
         while !bytes.is_empty() && !self.stopped {
             let Some(host) = self.hosts.get_mut(&conn) else { return };
-            let (key, check) = (&self.cfg.key, &mut host.check);
+            let (key, check, macs) = (&self.cfg.key, &mut host.check, &*self.macs);
             let mut tap = |rec: FrameRecord, piece: &[u8]| {
                 if rec == FrameRecord::HostFrame {
                     check.feed(piece, key);
                 }
+                check.mac_input_len()
             };
             let step = match host.held {
-                false => {
-                    host.dec.decode_tapped(bytes, key, &mut tap).map(|(u, r)| (u, r.map(Holding::Record)))
-                }
-                true => host.dec.decode_holding(bytes, key, &mut tap),
+                false => host
+                    .dec
+                    .decode_tapped(bytes, key, &mut |rec, piece| _ = tap(rec, piece))
+                    .map(|(u, r)| (u, r.map(Holding::Record))),
+                // Its tag and its frame's footer hashed side by side, a batch
+                // at a time as the record arrives.
+                true => host.dec.decode_holding(bytes, key, macs, &mut tap),
             };
             let step = step.and_then(|(used, got)| {
                 let got = match got {
                     None => None,
                     Some(Holding::Record(rec)) => Some((rec, host.check.take())),
-                    // Its tag and its frame's footer, side by side.
                     Some(Holding::Frame(held)) => {
                         let frame_len = host.check.frame_len();
-                        let (rec, footer) = held.verify(key, &*self.macs, frame_len)?;
+                        let (rec, footer) = held.verify(&*self.macs, frame_len)?;
                         Some((rec, host.check.take_with_footer(footer)))
                     }
                 };

@@ -131,6 +131,16 @@ impl LayoutCheck {
         LayoutCheck { dec, sink: LayoutSink::default(), fed: 0, state: CheckState::Reading }
     }
 
+    /// Payload bytes the frame's MAC covers, read so far: all but the
+    /// footer once the frame is done; nothing more after an error.
+    pub(crate) fn mac_input_len(&self) -> u64 {
+        match self.state {
+            CheckState::Reading => self.dec.mac_input_len(),
+            CheckState::Done { after } => (self.fed - after).saturating_sub(8),
+            CheckState::Failed(_) => 0,
+        }
+    }
+
     /// The frame's length once it was read to its footer.
     pub(crate) fn frame_len(&self) -> Option<usize> {
         match self.state {

@@ -190,10 +190,11 @@ pub struct MacJob<'a> {
 #[derive(Debug, Clone, Copy)]
 enum Absorb<'a> {
     Slice(&'a [u8]),
-    /// The first `len` bytes of a run of shared segments.
+    /// Bytes `from..to` of a run of shared segments.
     Segments {
         segments: &'a [Bytes],
-        len: usize,
+        from: usize,
+        to: usize,
     },
 }
 
@@ -203,17 +204,18 @@ impl<'a> MacJob<'a> {
         MacJob { state, input: Absorb::Slice(bytes) }
     }
 
-    /// `state` absorbs the first `len` bytes of `segments` (a payload held
-    /// as shared buffers, hashed where it lies).
-    pub fn segments(state: &'a mut MacState, segments: &'a [Bytes], len: usize) -> Self {
-        MacJob { state, input: Absorb::Segments { segments, len } }
+    /// `state` absorbs bytes `from..to` of `segments` taken end to end (a
+    /// payload held as shared buffers, hashed where it lies); a range past
+    /// their end stops at it.
+    pub fn segments(state: &'a mut MacState, segments: &'a [Bytes], from: usize, to: usize) -> Self {
+        MacJob { state, input: Absorb::Segments { segments, from, to: to.max(from) } }
     }
 
-    /// Bytes it absorbs.
+    /// Bytes it absorbs (at most).
     pub fn len(&self) -> usize {
         match self.input {
             Absorb::Slice(b) => b.len(),
-            Absorb::Segments { segments, len } => len.min(segments.iter().map(Bytes::len).sum()),
+            Absorb::Segments { from, to, .. } => to - from,
         }
     }
 
@@ -227,15 +229,18 @@ impl<'a> MacJob<'a> {
     pub fn run(&mut self) {
         match self.input {
             Absorb::Slice(b) => self.state.update(b),
-            Absorb::Segments { segments, len } => {
-                let mut left = len;
+            Absorb::Segments { segments, from, to } => {
+                let mut at = 0;
                 for seg in segments {
-                    let n = seg.len().min(left);
-                    self.state.update(&seg[..n]);
-                    left -= n;
-                    if left == 0 {
+                    let (s0, s1) = (at, at + seg.len());
+                    at = s1;
+                    if s1 <= from {
+                        continue;
+                    }
+                    if s0 >= to {
                         break;
                     }
+                    self.state.update(&seg[from.max(s0) - s0..to.min(s1) - s0]);
                 }
             }
         }

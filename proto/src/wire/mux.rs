@@ -248,12 +248,22 @@ pub enum Holding {
 /// both at once on a [`MacRunner`]: the reduce's way of putting two cores on
 /// one host frame. Nothing in it is authenticated until
 /// [`verify`](Self::verify) returns the record.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct HeldFrame {
     record: FrameRecord,
-    head: [u8; 17],
     tag: u64,
     payload: Payload,
+    /// The tag's MAC, fed the header and the payload's first `held.tagged` bytes.
+    mac: MacState,
+    held: Held,
+}
+
+impl PartialEq for HeldFrame {
+    /// The same record: kind, tag, header and payload.
+    fn eq(&self, other: &Self) -> bool {
+        (self.record, self.tag, self.held.head) == (other.record, other.tag, other.held.head)
+            && self.payload == other.payload
+    }
 }
 
 impl HeldFrame {
@@ -273,31 +283,30 @@ impl HeldFrame {
     /// footer did (`None`: not asked, or no room for a footer).
     pub fn verify(
         self,
-        key: &MacKey,
         macs: &dyn MacRunner,
         frame_len: Option<usize>,
     ) -> WireResult<(MuxRecord, Option<bool>)> {
-        let segs = self.payload.segments();
-        let len = self.payload.len();
-        let mut tag = key.start();
-        tag.update(&self.head);
-        let inner = frame_len.filter(|n| (8..=len).contains(n));
-        let mut frame = key.start();
+        let HeldFrame { record, tag: want_tag, payload, mut mac, held } = self;
+        let Held { tagged, mut frame, framed, .. } = held;
+        let segs = payload.segments();
+        let len = payload.len();
+        let inner = frame_len.filter(|n| (8..=len).contains(n) && n - 8 >= framed);
         match inner {
-            Some(n) => macs
-                .run(&mut [MacJob::segments(&mut tag, segs, len), MacJob::segments(&mut frame, segs, n - 8)]),
-            None => macs.run(&mut [MacJob::segments(&mut tag, segs, len)]),
+            Some(n) => macs.run(&mut [
+                MacJob::segments(&mut mac, segs, tagged, len),
+                MacJob::segments(&mut frame, segs, framed, n - 8),
+            ]),
+            None => macs.run(&mut [MacJob::segments(&mut mac, segs, tagged, len)]),
         }
-        if tag.finish() != self.tag {
+        if mac.finish() != want_tag {
             return Err(WireError::new(FrameType::MuxRecord, "tag", Problem::Mac));
         }
         let footer = inner.map(|n| {
             let mut want = [0u8; 8];
-            self.payload.copy_range(n - 8, &mut want);
+            payload.copy_range(n - 8, &mut want);
             frame.finish() == u64::from_le_bytes(want)
         });
-        let payload = self.payload;
-        let rec = match self.record {
+        let rec = match record {
             FrameRecord::HostFrame => MuxRecord::HostFrame { payload },
             FrameRecord::Broadcast => MuxRecord::Broadcast { payload },
         };
@@ -328,13 +337,45 @@ struct Body {
     len: usize,
     tag: u64,
     mac: MacState,
-    /// A frame-carrying record held for its MACs to be run later
-    /// ([`MuxDecoder::decode_holding`]): `mac` is not fed.
-    held: Option<[u8; 17]>,
+    /// A frame-carrying record held for its MACs to run where its payload
+    /// lies ([`MuxDecoder::decode_holding`]): `mac` is fed from there.
+    held: Option<Held>,
     /// `None` while an oversized `Data` record is skipped.
     body: Option<PayloadBuilder>,
     /// Bytes of the payload read so far.
     have: usize,
+}
+
+/// A held record's two MACs and how far each has hashed its payload.
+#[derive(Debug, Clone)]
+struct Held {
+    head: [u8; 17],
+    /// Payload bytes the tag has absorbed.
+    tagged: usize,
+    /// The inner round frame's MAC, and the payload bytes it has absorbed.
+    frame: MacState,
+    framed: usize,
+}
+
+impl Held {
+    /// Once a batch of the payload is frozen beyond what the MACs absorbed,
+    /// hashes it: the tag up to the frozen end, the frame's MAC up to
+    /// `framed` (what it covers so far), side by side on `macs`.
+    fn absorb(&mut self, tag: &mut MacState, frozen: &Payload, framed: u64, macs: &dyn MacRunner) {
+        let end = frozen.len();
+        let batch = macs.batch();
+        if batch == 0 || end - self.tagged < batch {
+            return;
+        }
+        let frame_to = usize::try_from(framed).unwrap_or(usize::MAX).min(end).max(self.framed);
+        let segs = frozen.segments();
+        macs.run(&mut [
+            MacJob::segments(tag, segs, self.tagged, end),
+            MacJob::segments(&mut self.frame, segs, self.framed, frame_to),
+        ]);
+        self.tagged = end;
+        self.framed = frame_to;
+    }
 }
 
 /// What one step of the decoder completed.
@@ -416,21 +457,25 @@ impl MuxDecoder {
         key: &MacKey,
         tap: &mut dyn FnMut(FrameRecord, &[u8]),
     ) -> WireResult<(usize, Option<MuxRecord>)> {
-        let (used, out) = self.step(input, key, false, false, tap)?;
+        let (used, out) = self.step(input, key, false, None, tap)?;
         let rec = match out {
             Some(Step::Record(r)) => Some(r),
             // Begun under `decode_holding`: its MACs, here and now.
-            Some(Step::Held(h)) => Some(h.verify(key, &Inline, None)?.0),
+            Some(Step::Held(h)) => Some(h.verify(&Inline, None)?.0),
             Some(Step::Skipped { .. }) | None => None,
         };
         Ok((used, rec))
     }
 
     /// As [`decode_tapped`](Self::decode_tapped), but a `HostFrame` or
-    /// `Broadcast` record is copied in without being hashed and completes as
-    /// a [`HeldFrame`], whose MACs its reader runs where the payload lies,
-    /// side by side on its [`MacRunner`]. Other records are verified as
-    /// they stream, as by [`decode`](Self::decode).
+    /// `Broadcast` record's two MACs (its tag, its round frame's footer) are
+    /// run side by side on `macs` over the copied payload, a batch at a time
+    /// as it arrives, and the record completes as a [`HeldFrame`] whose
+    /// [`verify`](HeldFrame::verify) hashes the rest and checks both. The tap
+    /// returns how many payload bytes the frame's MAC covers so far
+    /// ([`RoundDecoder::mac_input_len`](crate::wire::RoundDecoder::mac_input_len)
+    /// of the decoder it feeds). Other records are verified as they stream,
+    /// as by [`decode`](Self::decode).
     ///
     /// ```
     /// use cohort_proto::wire::*;
@@ -438,17 +483,18 @@ impl MuxDecoder {
     /// let rec = MuxRecord::Broadcast { payload: Payload::from(&b"not a frame"[..]) };
     /// let bytes = rec.to_bytes(&key).unwrap();
     /// let mut dec = MuxDecoder::new(DEFAULT_FRAME_CEILING);
-    /// let (_, got) = dec.decode_holding(&bytes, &key, &mut |_, _| {}).unwrap();
+    /// let (_, got) = dec.decode_holding(&bytes, &key, &Inline, &mut |_, _| 0).unwrap();
     /// let Some(Holding::Frame(held)) = got else { panic!() };
-    /// assert_eq!(held.verify(&key, &Inline, None).unwrap(), (rec, None));
+    /// assert_eq!(held.verify(&Inline, None).unwrap(), (rec, None));
     /// ```
     pub fn decode_holding(
         &mut self,
         input: &[u8],
         key: &MacKey,
-        tap: &mut dyn FnMut(FrameRecord, &[u8]),
+        macs: &dyn MacRunner,
+        tap: &mut dyn FnMut(FrameRecord, &[u8]) -> u64,
     ) -> WireResult<(usize, Option<Holding>)> {
-        let (used, out) = self.step(input, key, false, true, tap)?;
+        let (used, out) = self.step(input, key, false, Some((macs, tap)), &mut |_, _| {})?;
         let out = match out {
             Some(Step::Record(r)) => Some(Holding::Record(r)),
             Some(Step::Held(h)) => Some(Holding::Frame(h)),
@@ -476,11 +522,11 @@ impl MuxDecoder {
     /// assert_eq!(second, Some(MuxDecoded::Record(small)));
     /// ```
     pub fn decode_skipping(&mut self, input: &[u8], key: &MacKey) -> WireResult<(usize, Option<MuxDecoded>)> {
-        let (used, out) = self.step(input, key, true, false, &mut |_, _| {})?;
+        let (used, out) = self.step(input, key, true, None, &mut |_, _| {})?;
         let out = match out {
             Some(Step::Record(r)) => Some(MuxDecoded::Record(r)),
             Some(Step::Skipped { rank, len }) => Some(MuxDecoded::Skipped { rank, len }),
-            Some(Step::Held(h)) => Some(MuxDecoded::Record(h.verify(key, &Inline, None)?.0)),
+            Some(Step::Held(h)) => Some(MuxDecoded::Record(h.verify(&Inline, None)?.0)),
             None => None,
         };
         Ok((used, out))
@@ -491,7 +537,7 @@ impl MuxDecoder {
         input: &[u8],
         key: &MacKey,
         skip: bool,
-        hold: bool,
+        mut hold: Option<(&dyn MacRunner, &mut dyn FnMut(FrameRecord, &[u8]) -> u64)>,
         tap: &mut dyn FnMut(FrameRecord, &[u8]),
     ) -> WireResult<(usize, Option<Step>)> {
         const F: FrameType = FrameType::MuxRecord;
@@ -537,25 +583,34 @@ impl MuxDecoder {
             let (kind, rank, len) = (h[8], u32_at(9), len as usize);
             let mut head = [0u8; 17];
             head.copy_from_slice(&h[0..17]);
-            let held = (hold && frame_record(kind).is_some()).then_some(head);
+            let mut mac = key.start();
+            mac.update(&head);
+            let held = (hold.is_some() && frame_record(kind).is_some()).then(|| Held {
+                head,
+                tagged: 0,
+                frame: key.start(),
+                framed: 0,
+            });
             if !oversized && input.len() - used >= len {
                 // The whole payload is here: verify and copy it in one go.
                 let body = &input[used..used + len];
                 self.state = State::default();
                 if let Some(rec) = frame_record(kind) {
-                    tap(rec, body);
+                    match &mut hold {
+                        Some((_, tap)) => _ = tap(rec, body),
+                        None => tap(rec, body),
+                    }
                 }
                 let payload = if body.is_empty() { Payload::new() } else { Payload::from(body) };
-                if let (Some(head), Some(record)) = (held, frame_record(kind)) {
-                    return Ok((used + len, Some(Step::Held(HeldFrame { record, head, tag, payload }))));
+                if let (Some(held), Some(record)) = (held, frame_record(kind)) {
+                    return Ok((used + len, Some(Step::Held(HeldFrame { record, tag, payload, mac, held }))));
                 }
-                if key.mac64_parts(&[&h[0..17], body]) != tag {
+                mac.update(body);
+                if mac.finish() != tag {
                     return Err(WireError::new(F, "tag", Problem::Mac));
                 }
                 return Ok((used + len, Some(Step::Record(record(kind, rank, payload)?))));
             }
-            let mut mac = key.start();
-            mac.update(&h[0..17]);
             let body = (!oversized).then(PayloadBuilder::default);
             self.state = State::Body(Box::new(Body { kind, rank, len, tag, mac, held, body, have: 0 }));
         }
@@ -570,7 +625,14 @@ impl MuxDecoder {
             body.push(&rest[..n], b.len - b.have);
         }
         if let Some(rec) = frame_record(b.kind) {
-            tap(rec, &rest[..n]);
+            match (&mut hold, &mut b.held, &b.body) {
+                (Some((macs, tap)), Some(held), Some(body)) => {
+                    let framed = tap(rec, &rest[..n]);
+                    held.absorb(&mut b.mac, body.frozen(), framed, *macs);
+                }
+                (Some((_, tap)), ..) => _ = tap(rec, &rest[..n]),
+                (None, ..) => tap(rec, &rest[..n]),
+            }
         }
         used += n;
         if b.have < b.len {
@@ -580,9 +642,9 @@ impl MuxDecoder {
             unreachable!("body state checked above")
         };
         let Body { kind, rank, len, tag, mac, held, body, .. } = *b;
-        if let (Some(head), Some(record)) = (held, frame_record(kind)) {
+        if let (Some(held), Some(record)) = (held, frame_record(kind)) {
             let payload = body.map_or_else(Payload::new, PayloadBuilder::finish);
-            return Ok((used, Some(Step::Held(HeldFrame { record, head, tag, payload }))));
+            return Ok((used, Some(Step::Held(HeldFrame { record, tag, payload, mac, held }))));
         }
         if mac.finish() != tag {
             return Err(WireError::new(F, "tag", Problem::Mac));

@@ -203,6 +203,11 @@ impl PayloadBuilder {
         }
     }
 
+    /// The segments already full (shared, no longer written).
+    pub(crate) fn frozen(&self) -> &Payload {
+        &self.done
+    }
+
     fn flush_tail(&mut self) {
         if !self.tail.is_empty() {
             self.done.push(core::mem::take(&mut self.tail).freeze());

@@ -399,7 +399,7 @@ impl<'a> RoundWriter<'a> {
         f: impl Fn(f32) -> f32,
     ) -> WireResult<()> {
         self.values_header(dtype, shape, values.len())?;
-        let piece = self.piece_bytes() / dtype.size();
+        let piece = (self.piece_bytes() / dtype.size()).max(1);
         for piece in values.chunks(piece) {
             extend_le_mapped(self.out, piece, dtype, &f);
             self.absorb(false);
@@ -418,7 +418,7 @@ impl<'a> RoundWriter<'a> {
         mut prepare: impl FnMut(&mut [f32]),
     ) -> WireResult<()> {
         self.values_header(dtype, shape, values.len())?;
-        let piece = self.piece_bytes() / dtype.size();
+        let piece = (self.piece_bytes() / dtype.size()).max(1);
         for piece in values.chunks_mut(piece) {
             prepare(piece);
             extend_le(self.out, piece, dtype);
@@ -602,6 +602,8 @@ pub struct RoundDecoder {
     stage_cap: usize,
     /// The footer is the caller's to check ([`RoundDecoder::unkeyed`]).
     unkeyed: bool,
+    /// MAC input of the current frame so far.
+    macd: u64,
     wire_len: u64,
     n_tensors: u32,
     kind: RoundKind,
@@ -630,6 +632,7 @@ impl RoundDecoder {
             staged: Vec::new(),
             stage_cap: 0,
             unkeyed: false,
+            macd: 0,
             wire_len: 0,
             n_tensors: 0,
             kind: RoundKind::Model,
@@ -702,6 +705,13 @@ impl RoundDecoder {
         }
     }
 
+    /// Bytes of the current frame its MAC covers, read so far (everything
+    /// but the footer): how far a caller hashing an unkeyed frame where it
+    /// lies may go.
+    pub fn mac_input_len(&self) -> u64 {
+        self.macd
+    }
+
     /// Whether the footer's MAC is left to the caller.
     pub fn is_unkeyed(&self) -> bool {
         self.unkeyed
@@ -715,6 +725,7 @@ impl RoundDecoder {
     /// Feeds MAC input: gathered for a batch when staging, else hashed now.
     #[inline]
     fn mac_input(&mut self, bytes: &[u8]) {
+        self.macd += bytes.len() as u64;
         if self.stage_cap > 0 {
             self.staged.extend_from_slice(bytes);
         } else if let Some(m) = &mut self.mac {
