@@ -239,8 +239,8 @@ fn frame_record(kind: u8) -> Option<FrameRecord> {
 pub enum Holding {
     /// A record, verified.
     Record(MuxRecord),
-    /// A `HostFrame` or `Broadcast` record read whole, its MACs not yet run.
-    Frame(HeldFrame),
+    /// A `HostFrame` or `Broadcast` record read whole, its MACs not all run.
+    Frame(Box<HeldFrame>),
 }
 
 /// A frame-carrying record whose payload is held as shared segments and
@@ -378,12 +378,15 @@ impl Held {
     }
 }
 
+/// A held record's runner, and the tap that says how far its frame's MAC may hash.
+type HoldTap<'t> = (&'t dyn MacRunner, &'t mut dyn FnMut(FrameRecord, &[u8]) -> u64);
+
 /// What one step of the decoder completed.
 #[derive(Debug)]
 enum Step {
     Record(MuxRecord),
     Skipped { rank: u32, len: u64 },
-    Held(HeldFrame),
+    Held(Box<HeldFrame>),
 }
 
 #[derive(Debug)]
@@ -537,7 +540,7 @@ impl MuxDecoder {
         input: &[u8],
         key: &MacKey,
         skip: bool,
-        mut hold: Option<(&dyn MacRunner, &mut dyn FnMut(FrameRecord, &[u8]) -> u64)>,
+        mut hold: Option<HoldTap<'_>>,
         tap: &mut dyn FnMut(FrameRecord, &[u8]),
     ) -> WireResult<(usize, Option<Step>)> {
         const F: FrameType = FrameType::MuxRecord;
@@ -603,7 +606,10 @@ impl MuxDecoder {
                 }
                 let payload = if body.is_empty() { Payload::new() } else { Payload::from(body) };
                 if let (Some(held), Some(record)) = (held, frame_record(kind)) {
-                    return Ok((used + len, Some(Step::Held(HeldFrame { record, tag, payload, mac, held }))));
+                    return Ok((
+                        used + len,
+                        Some(Step::Held(Box::new(HeldFrame { record, tag, payload, mac, held }))),
+                    ));
                 }
                 mac.update(body);
                 if mac.finish() != tag {
@@ -644,7 +650,7 @@ impl MuxDecoder {
         let Body { kind, rank, len, tag, mac, held, body, .. } = *b;
         if let (Some(held), Some(record)) = (held, frame_record(kind)) {
             let payload = body.map_or_else(Payload::new, PayloadBuilder::finish);
-            return Ok((used, Some(Step::Held(HeldFrame { record, tag, payload, mac, held }))));
+            return Ok((used, Some(Step::Held(Box::new(HeldFrame { record, tag, payload, mac, held })))));
         }
         if mac.finish() != tag {
             return Err(WireError::new(F, "tag", Problem::Mac));
