@@ -81,6 +81,17 @@ impl Payload {
 
     /// Copies `out.len()` bytes from `offset` into `out` (across segments);
     /// bytes past the end are left as they were.
+    ///
+    /// ```
+    /// use cohort_proto::wire::Payload;
+    /// let mut p = Payload::from(&b"abc"[..]);
+    /// p.push(bytes::Bytes::from_static(b"defg"));
+    /// let mut out = [b'.'; 4];
+    /// p.copy_range(1, &mut out);
+    /// assert_eq!(&out, b"bcde");
+    /// p.copy_range(5, &mut out);
+    /// assert_eq!(&out, b"fgde");
+    /// ```
     pub fn copy_range(&self, offset: usize, out: &mut [u8]) {
         let mut at = 0;
         let mut done = 0;
