@@ -145,9 +145,10 @@ fn relay_round_out(relay: &mut Relay, conns: &[ConnId], frames: &[Bytes]) -> Vec
     up
 }
 
-/// A reduce with K joined hosts of one rank each.
-fn ready_reduce(key: &MacKey) -> Reduce {
+/// A reduce with K joined hosts of one rank each, its MAC work on `macs`.
+fn ready_reduce(key: &MacKey, macs: Arc<dyn MacRunner>) -> Reduce {
     let mut reduce = Reduce::new(ReduceConfig::new(K as u32, key.clone()));
+    reduce.run_macs_on(macs);
     let t = Time::ZERO;
     for h in 0..K as u32 {
         let hello = MuxRecord::Control(RelayControlMsg::Hello {
@@ -303,7 +304,7 @@ fn bench_reduce(c: &mut Criterion) {
     let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
     let records = host_records(&key, &frames);
     drop(frames);
-    let mut reduce = ready_reduce(&key);
+    let mut reduce = ready_reduce(&key, Arc::new(Inline));
     let sent = reduce_round(&mut reduce, &records);
     assert!(sent > K * FRAME && sent < K * (FRAME + 256), "one broadcast per host, got {sent} bytes");
     let macd: Vec<&[u8]> =
@@ -576,7 +577,7 @@ fn paired_report() {
     let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
     let records = host_records(&key, &frames);
     drop(frames);
-    let mut reduce = ready_reduce(&key);
+    let mut reduce = ready_reduce(&key, Arc::new(Inline));
     reduce_round(&mut reduce, &records);
     let macd: Vec<&[u8]> =
         records.iter().flat_map(|r| [&r[25..], &r[25..]]).chain([&records[0][25..]; 2]).collect();
@@ -590,6 +591,25 @@ fn paired_report() {
             black_box(sha256_chunked(&macd));
         })],
     );
+    let mut spread = ready_reduce(&key, MacPool::per_core().expect("the MAC pool's threads"));
+    reduce_round(&mut spread, &records);
+    paired_by(
+        (walled, "wall"),
+        &format!("reduce round K=4 x 64 MiB f32, MAC work on a pool of width {width}"),
+        9,
+        &mut || {
+            black_box(reduce_round(&mut spread, &records));
+        },
+        &mut [
+            ("inline (one core)", &mut || {
+                black_box(reduce_round(&mut reduce, &records));
+            }),
+            ("sha256_all_macd", &mut || {
+                black_box(sha256_chunked(&macd));
+            }),
+        ],
+    );
+    drop(spread);
     drop(macd);
     drop((reduce, records));
 
