@@ -330,7 +330,8 @@ mod tests {
             .into_iter()
             .map(|r| Bytes::copy_from_slice(&data[r]))
             .collect();
-        for (from, to) in [(0, 0), (0, 1000), (0, 1), (1, 64), (63, 66), (65, 599), (599, 1000), (700, 5000)] {
+        for (from, to) in [(0, 0), (0, 1000), (0, 1), (1, 64), (63, 66), (65, 599), (599, 1000), (700, 5000)]
+        {
             let mut st = key.start();
             let mut job = MacJob::segments(&mut st, &segs, from, to);
             job.run();
