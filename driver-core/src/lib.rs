@@ -9,6 +9,8 @@
 //!   commands, shutdown and kill, [`node::Events`] as a `Stream`) over a
 //!   [`node::Runtime`] trait: the smol and tokio drivers are a `Runtime`
 //!   each;
+//! - [`MacPool`]: the MAC runner that spreads a relay's and a reduce's
+//!   MAC work over every core;
 //! - the [`Clock`] mapping real instants onto proto's `Time`; the driver
 //!   [`Config`] (dial budget, write stall, queue bounds); the bounded
 //!   outbound [`queue::OutQueue`]; the [`timers::Timers`] heap; the
@@ -26,6 +28,7 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod listener;
+pub mod macs;
 pub mod node;
 pub mod queue;
 mod ready;
@@ -35,6 +38,7 @@ pub mod timers;
 
 pub use clock::Clock;
 pub use config::Config;
+pub use macs::MacPool;
 
 use cohort_proto::DialId;
 use cohort_proto::wire::SessionSalt;

@@ -16,6 +16,11 @@
 //!   `raw_std_verify` is raw std sockets with the drivers' receiver work
 //!   (verify as you read): what a driver can at best reach. The `*_count`
 //!   variants count bytes without verifying (the drivers' own cost).
+//!   `<driver>_record_pool` and `<driver>_record_inline`: the same frame as
+//!   a `HostFrame` record, whose receiver checks two MACs (its tag, the
+//!   frame's footer) the reduce's way ([`RecordSink`]) on a `MacPool` of
+//!   every core, or inline: MAC'd bytes per second over one core's SHA-256
+//!   is twice the ratio `sha256 / <driver>_record_pool`.
 //!
 //! Run: `cargo bench -p cohort-driver-smol --bench drivers`, then
 //! `scripts/bench-ratios rtt/mio rtt/raw_std rtt/smol rtt/raw_std rtt/tokio rtt/raw_std
@@ -23,20 +28,21 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use cohort_driver_core::Config;
 use cohort_driver_core::testing::{
-    Echo, Pinger, PingerEvent, Probe, ProbeEvent, RoundSink, SinkEvent, TestDriver,
+    Echo, Pinger, PingerEvent, Probe, ProbeEvent, RecordSink, RoundSink, SinkEvent, TestDriver,
 };
+use cohort_driver_core::{Config, MacPool};
 use cohort_driver_mio::testing::Mio;
 use cohort_driver_smol::testing::SmolThread;
 use cohort_driver_tokio::testing::TokioThread;
 use cohort_proto::machine::Outbox;
 use cohort_proto::wire::{
-    DEFAULT_FRAME_CEILING, Dtype, MacKey, RoundKind, RoundWriter, SessionSalt, TimingMsgWire, encode_frame,
+    DEFAULT_FRAME_CEILING, Dtype, Inline, MacKey, MacRunner, MuxRecord, Payload, RoundKind, RoundWriter,
+    SessionSalt, TimingMsgWire, encode_frame,
 };
 use cohort_proto::{DialId, Input, Machine, Output, Time};
 use criterion::BenchmarkGroup;
@@ -283,7 +289,35 @@ fn frame256(c: &mut Criterion) {
     frame256_of::<Mio>(&mut g, &frame);
     frame256_of::<SmolThread>(&mut g, &frame);
     frame256_of::<TokioThread>(&mut g, &frame);
+    let record = MuxRecord::HostFrame { payload: Payload::from(frame.clone()) }.to_bytes(&key()).unwrap();
+    drop(frame);
+    record256_of::<Mio>(&mut g, &record, len);
+    record256_of::<SmolThread>(&mut g, &record, len);
+    record256_of::<TokioThread>(&mut g, &record, len);
     g.finish();
+}
+
+/// `frame256/<driver>_record_pool` and `_record_inline`: a sender node and a
+/// [`RecordSink`] receiver node of the driver, its MACs on a pool or inline.
+fn record256_of<D: TestDriver>(g: &mut BenchmarkGroup<'_, WallTime>, record: &Bytes, frame_len: u64) {
+    let pool: Arc<dyn MacRunner> = MacPool::per_core().expect("the MAC pool's threads");
+    for (name, macs) in [("record_pool", pool), ("record_inline", Arc::new(Inline) as Arc<dyn MacRunner>)] {
+        let mut sink = D::spawn(RecordSink::new(key(), DEFAULT_FRAME_CEILING, macs), Config::default(), true);
+        let addr = sink.addr();
+        let mut src = D::spawn(Probe::new(), Config::default(), false);
+        src.with(move |p, _| p.dial(DialId(0), addr.to_string()));
+        let ProbeEvent::Connected { conn, .. } = src.next_machine_event() else { panic!("no connection") };
+        g.bench_function(format!("{}_{name}", D::NAME), |b| {
+            b.iter(|| {
+                let r = record.clone();
+                src.with(move |p, _| p.send(conn, r));
+                match sink.next_machine_event() {
+                    SinkEvent::Frame { wire_len, .. } => assert_eq!(wire_len, frame_len),
+                    SinkEvent::Bad { error, .. } => panic!("{error}"),
+                }
+            })
+        });
+    }
 }
 
 /// `frame256/<driver>` and `frame256/<driver>_count`: a sender node and a

@@ -2,14 +2,15 @@
 //!
 //! First byte: bit 0 the mode, bits 1..3 the key, bits 4..6 the ceiling.
 //! - raw: the rest is a stream (second byte: split); whole and chunked
-//!   decoding must agree, records re-encode to their bytes;
+//!   decoding must agree, records re-encode to their bytes, and decoding
+//!   that holds frame records for batched MACs meets the same verdicts;
 //! - signed: second byte the kind, then a u32 rank, then a payload the
 //!   harness signs (so `RelayControlMsg` bincode is reached).
 #![no_main]
 use cohort_fuzz::alloc::{Scope, decoder_bound};
 use cohort_fuzz::frames::mux_record;
 use cohort_fuzz::{key_by, seeds};
-use cohort_proto::wire::{MacKey, MuxDecoded, MuxDecoder, MuxRecord};
+use cohort_proto::wire::{Holding, MacJob, MacKey, MacRunner, MuxDecoded, MuxDecoder, MuxRecord};
 use libfuzzer_sys::fuzz_target;
 
 cohort_fuzz::install_counting_allocator!();
@@ -85,6 +86,59 @@ fn run_skipping(bytes: &[u8], key: &MacKey, ceiling: u64, split: usize) -> (Vec<
     (out, d.finish().is_err())
 }
 
+/// A runner that asks for `batch`-byte jobs and runs them inline, last
+/// first: a held record is then hashed in pieces as it arrives.
+#[derive(Debug)]
+struct Pieces(usize);
+
+impl MacRunner for Pieces {
+    fn run(&self, jobs: &mut [MacJob<'_>]) {
+        jobs.iter_mut().rev().for_each(MacJob::run);
+    }
+    fn batch(&self) -> usize {
+        self.0
+    }
+}
+
+/// As `run`, through `decode_holding` (a held record's tag checked by
+/// `HeldFrame::verify`): the records, and whether it failed.
+fn run_holding(
+    bytes: &[u8],
+    key: &MacKey,
+    ceiling: u64,
+    split: usize,
+    batch: usize,
+) -> (Vec<MuxRecord>, bool) {
+    let mut d = MuxDecoder::new(ceiling);
+    let macs = Pieces(batch);
+    let mut out = Vec::new();
+    let mut seen = 0u64;
+    for c in bytes.chunks(split.max(1)) {
+        let mut rest = c;
+        while !rest.is_empty() {
+            let mut tap = |_, piece: &[u8]| {
+                seen += piece.len() as u64;
+                seen / 2
+            };
+            match d.decode_holding(rest, key, &macs, &mut tap) {
+                Ok((used, got)) => {
+                    rest = &rest[used..];
+                    match got {
+                        Some(Holding::Record(r)) => out.push(r),
+                        Some(Holding::Frame(h)) => match h.verify(&macs, None) {
+                            Ok((r, _)) => out.push(r),
+                            Err(_) => return (out, true),
+                        },
+                        None => {}
+                    }
+                }
+                Err(_) => return (out, true),
+            }
+        }
+    }
+    (out, d.finish().is_err())
+}
+
 fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
     if data.len() < 2 {
         return;
@@ -131,6 +185,12 @@ fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
             panic!("a record of {} payload bytes passed a ceiling of {ceiling}", a.len() - 25);
         }
     }
+    // Holding: the same records and verdict, however a held record's MACs
+    // were batched.
+    let batch = 1 + usize::from(data[1]) * 97;
+    let (held, held_failed) = run_holding(bytes, &key, ceiling, usize::from(data[1]), batch);
+    assert_eq!(held_failed, whole_failed, "holding and plain decoding disagree on failure");
+    assert!(held.iter().eq(whole.iter().map(|(_, r)| r)), "holding and plain decoding disagree");
     // Skipping: whole and chunked agree; only an oversized Data record is
     // skipped; up to the first skip it yields what `decode` does.
     let (skipping, _) = run_skipping(bytes, &key, ceiling, bytes.len());

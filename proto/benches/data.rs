@@ -41,17 +41,25 @@
 //!   this thread (`/proc/thread-self/schedstat`), and the median of the
 //!   per-pair ratios is printed. On a shared, loaded machine this is the
 //!   robust figure: load that comes and goes hits both sides of a pair.
+//!   Work spread over the MAC pool's threads is timed on the wall clock
+//!   instead, which a busy other core slows. A filter argument
+//!   (`cargo bench -p cohort-proto --bench data -- pool`) runs only the
+//!   paired sections whose title holds it.
 
 use std::hint::black_box;
+use std::sync::Arc;
 use std::time::Duration;
+#[allow(clippy::disallowed_types)]
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
+use cohort_driver_core::MacPool;
 use cohort_proto::reduce::{Reduce, ReduceConfig, RoundSum};
 use cohort_proto::relay::fold::{FrameFold, RoundFold};
 use cohort_proto::relay::{Leg, Relay, RelayConfig, UPSTREAM_DIAL};
 use cohort_proto::wire::{
-    DEFAULT_FRAME_CEILING, DataHello, Dtype, MacKey, MuxRecord, Payload, RelayControlMsg, RoundDecoder,
-    RoundFrame, RoundKind, RoundWriter, SessionSalt, add_le, reclaim,
+    DEFAULT_FRAME_CEILING, DataHello, Dtype, Inline, MacJob, MacKey, MacRunner, MacState, MuxRecord, Payload,
+    RelayControlMsg, RoundDecoder, RoundFrame, RoundKind, RoundWriter, SessionSalt, add_le, reclaim,
 };
 use cohort_proto::{Adopt, ConnId, Input, Machine, Output, Peer, Time};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group};
@@ -68,9 +76,18 @@ fn key() -> MacKey {
 
 /// A length-framed round frame of one f32 tensor of `FRAME` bytes.
 fn rank_frame(key: &MacKey, seed: u32) -> Bytes {
-    let n = FRAME / 4;
+    rank_frame_of(key, seed, FRAME)
+}
+
+/// A length-framed 256 MiB round frame.
+fn big_rank_frame(key: &MacKey) -> Bytes {
+    rank_frame_of(key, 3, 4 * FRAME)
+}
+
+fn rank_frame_of(key: &MacKey, seed: u32, bytes: usize) -> Bytes {
+    let n = bytes / 4;
     let values: Vec<f32> = (0..n as u32).map(|i| ((i ^ seed) % 1000) as f32 * 0.001 - 0.5).collect();
-    let mut out = BytesMut::with_capacity(FRAME + 64);
+    let mut out = BytesMut::with_capacity(bytes + 64);
     out.extend_from_slice(&[0; 4]);
     let mut w = RoundWriter::begin(&mut out, RoundKind::Model, 1.0, 1).unwrap();
     w.tensor_values(Dtype::F32, &[n as u32], &values).unwrap();
@@ -80,10 +97,12 @@ fn rank_frame(key: &MacKey, seed: u32) -> Bytes {
     out.freeze()
 }
 
-/// A data relay for ranks 0..K with every rank in and the upstream acknowledged.
-fn ready_relay(key: &MacKey) -> (Relay, Vec<ConnId>) {
+/// A data relay for ranks 0..K with every rank in and the upstream
+/// acknowledged, its MAC work on `macs`.
+fn ready_relay(key: &MacKey, macs: Arc<dyn MacRunner>) -> (Relay, Vec<ConnId>) {
     let cfg = RelayConfig::new(Leg::Data, "bench", (0..K as u32).collect(), K as u32, key.clone(), "c");
     let mut relay = Relay::new(cfg).unwrap();
+    relay.run_macs_on(macs);
     let t = Time::ZERO;
     let conns: Vec<ConnId> = (0..K as u64).map(ConnId).collect();
     for (r, c) in conns.iter().enumerate() {
@@ -102,6 +121,11 @@ fn ready_relay(key: &MacKey) -> (Relay, Vec<ConnId>) {
 /// One round: every frame fed round-robin in 64 KiB chunks; returns the
 /// bytes sent upstream (the host frame record).
 fn relay_round(relay: &mut Relay, conns: &[ConnId], frames: &[Bytes]) -> usize {
+    relay_round_out(relay, conns, frames).iter().map(Bytes::len).sum()
+}
+
+/// [`relay_round`], returning what it sent upstream.
+fn relay_round_out(relay: &mut Relay, conns: &[ConnId], frames: &[Bytes]) -> Vec<Bytes> {
     let t = Time::ZERO;
     let mut at = 0;
     let len = frames[0].len();
@@ -112,18 +136,19 @@ fn relay_round(relay: &mut Relay, conns: &[ConnId], frames: &[Bytes]) -> usize {
         }
         at = end;
     }
-    let mut up = 0;
+    let mut up = Vec::new();
     while let Some(o) = relay.poll(t) {
         if let Output::Transmit { bytes, .. } = o {
-            up += bytes.len();
+            up.push(bytes);
         }
     }
     up
 }
 
-/// A reduce with K joined hosts of one rank each.
-fn ready_reduce(key: &MacKey) -> Reduce {
+/// A reduce with K joined hosts of one rank each, its MAC work on `macs`.
+fn ready_reduce(key: &MacKey, macs: Arc<dyn MacRunner>) -> Reduce {
     let mut reduce = Reduce::new(ReduceConfig::new(K as u32, key.clone()));
+    reduce.run_macs_on(macs);
     let t = Time::ZERO;
     for h in 0..K as u32 {
         let hello = MuxRecord::Control(RelayControlMsg::Hello {
@@ -218,10 +243,16 @@ fn host_frame_former(fold: &RoundFold, key: &MacKey, spare: &mut Option<Bytes>) 
     len
 }
 
-/// The relay's host-frame encode: the whole record in one pass.
-fn host_frame_one_pass(fold: &RoundFold, key: &MacKey, spare: &mut Option<Bytes>) -> usize {
+/// The relay's host-frame encode: the whole record in one pass, its two
+/// MACs on `macs`.
+fn host_frame_one_pass(
+    fold: &RoundFold,
+    key: &MacKey,
+    macs: &dyn MacRunner,
+    spare: &mut Option<Bytes>,
+) -> usize {
     let mut out = reclaim(spare.take());
-    fold.encode_record(key, &mut out).unwrap();
+    fold.encode_record(key, macs, &mut out).unwrap();
     let record = out.freeze();
     let len = record.len();
     *spare = Some(record);
@@ -238,10 +269,21 @@ fn sha256_chunked(parts: &[&[u8]]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// Every part hashed as its own MAC job on `macs`, all at once: the most
+/// SHA-256 the runner's cores give (the bound for MAC work spread over them).
+fn sha256_on(macs: &dyn MacRunner, parts: &[&[u8]]) -> u64 {
+    let key = key();
+    let mut states: Vec<_> = parts.iter().map(|_| key.start()).collect();
+    let mut jobs: Vec<MacJob> = states.iter_mut().zip(parts).map(|(s, p)| MacJob::new(s, p)).collect();
+    macs.run(&mut jobs);
+    drop(jobs);
+    states.into_iter().map(MacState::finish).fold(0, |a, t| a ^ t)
+}
+
 fn bench_relay(c: &mut Criterion) {
     let key = key();
     let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
-    let (mut relay, conns) = ready_relay(&key);
+    let (mut relay, conns) = ready_relay(&key, Arc::new(Inline));
     // Warm the accumulator and check the round ships one host frame.
     let up = relay_round(&mut relay, &conns, &frames);
     assert!(up > FRAME && up < FRAME + 256, "one host frame upstream, got {up} bytes");
@@ -273,7 +315,7 @@ fn bench_reduce(c: &mut Criterion) {
     let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
     let records = host_records(&key, &frames);
     drop(frames);
-    let mut reduce = ready_reduce(&key);
+    let mut reduce = ready_reduce(&key, Arc::new(Inline));
     let sent = reduce_round(&mut reduce, &records);
     assert!(sent > K * FRAME && sent < K * (FRAME + 256), "one broadcast per host, got {sent} bytes");
     let macd: Vec<&[u8]> =
@@ -309,7 +351,9 @@ fn bench_reduce(c: &mut Criterion) {
     g.sample_size(10).measurement_time(Duration::from_secs(10)).warm_up_time(Duration::from_secs(1));
     g.throughput(Throughput::Bytes(FRAME as u64));
     let mut spare = None;
-    g.bench_function("one_pass", |b| b.iter(|| black_box(host_frame_one_pass(&fold, &key, &mut spare))));
+    g.bench_function("one_pass", |b| {
+        b.iter(|| black_box(host_frame_one_pass(&fold, &key, &Inline, &mut spare)))
+    });
     let mut spare = None;
     g.bench_function("former", |b| b.iter(|| black_box(host_frame_former(&fold, &key, &mut spare))));
     g.finish();
@@ -367,6 +411,16 @@ fn timed(f: &mut dyn FnMut()) -> f64 {
     (cpu_ns() - t0) as f64
 }
 
+/// Wall-clock nanoseconds: for work spread over several threads, whose
+/// CPU time this thread's clock does not see. (A bench harness reads the
+/// clock; the library it measures never does.)
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+fn walled(f: &mut dyn FnMut()) -> f64 {
+    let t0 = Instant::now();
+    f();
+    t0.elapsed().as_nanos() as f64
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -375,19 +429,43 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Runs `measured` and each baseline back to back `pairs` times; prints the
 /// median on-CPU time of each and the median per-pair ratio baseline/measured.
 fn paired(title: &str, pairs: usize, measured: &mut dyn FnMut(), baselines: &mut [(&str, &mut dyn FnMut())]) {
+    paired_by((timed, "on-CPU"), title, pairs, measured, baselines)
+}
+
+/// Whether the paired section `title` is wanted: every section, or those
+/// whose title holds the bench's filter argument (`-- relay`, say).
+fn wanted(title: &str) -> bool {
+    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    filter.is_empty() || filter.iter().any(|f| title.contains(f.as_str()))
+}
+
+/// A way of timing a routine, and its name in the report.
+type Clock = (fn(&mut dyn FnMut()) -> f64, &'static str);
+
+/// [`paired`] timed by `clock` (named for the report).
+fn paired_by(
+    (clock, clock_name): Clock,
+    title: &str,
+    pairs: usize,
+    measured: &mut dyn FnMut(),
+    baselines: &mut [(&str, &mut dyn FnMut())],
+) {
+    if !wanted(title) {
+        return;
+    }
     let mut m = Vec::new();
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); baselines.len()];
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); baselines.len()];
     for _ in 0..pairs {
-        let tm = timed(measured);
+        let tm = clock(measured);
         m.push(tm);
         for (i, (_, b)) in baselines.iter_mut().enumerate() {
-            let tb = timed(*b);
+            let tb = clock(*b);
             times[i].push(tb);
             ratios[i].push(tb / tm);
         }
     }
-    println!("paired {title}: {pairs} pairs, on-CPU medians: measured {:.2} ms", median(m) / 1e6);
+    println!("paired {title}: {pairs} pairs, {clock_name} medians: measured {:.2} ms", median(m) / 1e6);
     for (i, (name, _)) in baselines.iter().enumerate() {
         println!(
             "  {name}: {:.2} ms, ratio {name}/measured = {:.3}",
@@ -406,6 +484,9 @@ fn paired_setup<S>(
     measured: &mut dyn FnMut(S),
     baseline: (&str, &mut dyn FnMut(S)),
 ) {
+    if !wanted(title) {
+        return;
+    }
     let (name, base) = baseline;
     let (mut m, mut b, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..pairs {
@@ -424,7 +505,7 @@ fn paired_setup<S>(
 fn paired_report() {
     let key = key();
     let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
-    let (mut relay, conns) = ready_relay(&key);
+    let (mut relay, conns) = ready_relay(&key, Arc::new(Inline));
     relay_round(&mut relay, &conns, &frames);
     let host = vec![0x33u8; frames[0].len() - 4];
     let inputs: Vec<&[u8]> = frames.iter().map(|f| &f[4..]).collect();
@@ -446,12 +527,74 @@ fn paired_report() {
             }),
         ],
     );
-    drop((relay, frames));
+
+    // The same round with the MAC work on every core, against the one-core
+    // path in the same run (wall clock: the pool's threads do part of it).
+    let pool = MacPool::per_core().expect("the MAC pool's threads");
+    let width = pool.width();
+    let (mut spread, spread_conns) = ready_relay(&key, pool.clone());
+    let want = relay_round_out(&mut relay, &conns, &frames);
+    assert_eq!(
+        relay_round_out(&mut spread, &spread_conns, &frames),
+        want,
+        "the same host frame on every runner"
+    );
+    paired_by(
+        (walled, "wall"),
+        &format!("relay round K=4 x 64 MiB f32, MAC work on a pool of width {width}"),
+        9,
+        &mut || {
+            black_box(relay_round(&mut spread, &spread_conns, &frames));
+        },
+        &mut [
+            ("inline (one core)", &mut || {
+                black_box(relay_round(&mut relay, &conns, &frames));
+            }),
+            ("sha256_all_macd", &mut || {
+                black_box(sha256_chunked(&all));
+            }),
+            ("sha256_all_macd_on_the_pool", &mut || {
+                black_box(sha256_on(&*pool, &all));
+            }),
+        ],
+    );
+    drop((relay, spread, frames));
+
+    // The relay's host frame, its two MACs on two cores: MAC'd bytes per
+    // second against one core's SHA-256 over the frame.
+    let big = one_deposit_fold(&key, &big_rank_frame(&key));
+    let big_len = big.encoded_len() as usize;
+    let plain = vec![0x33u8; big_len];
+    let (mut a, mut b) = (None, None);
+    let macd = 2.0;
+    paired_by(
+        (walled, "wall"),
+        &format!(
+            "relay host frame encode 256 MiB f32, two MACs on a pool of width {width} (MAC'd bytes = {macd} x frame)"
+        ),
+        7,
+        &mut || {
+            black_box(host_frame_one_pass(&big, &key, &*pool, &mut a));
+        },
+        &mut [
+            ("inline (one core)", &mut || {
+                black_box(host_frame_one_pass(&big, &key, &Inline, &mut b));
+            }),
+            ("sha256 over the frame once", &mut || {
+                black_box(sha256_chunked(&[&plain]));
+            }),
+            ("sha256 over the frame twice at once, on the pool", &mut || {
+                black_box(sha256_on(&*pool, &[&plain, &plain]));
+            }),
+        ],
+    );
+    println!("  (MAC'd bytes per second / one core's SHA-256 = {macd} x the sha256 ratio above)");
+    drop((big, plain, a, b));
 
     let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
     let records = host_records(&key, &frames);
     drop(frames);
-    let mut reduce = ready_reduce(&key);
+    let mut reduce = ready_reduce(&key, Arc::new(Inline));
     reduce_round(&mut reduce, &records);
     let macd: Vec<&[u8]> =
         records.iter().flat_map(|r| [&r[25..], &r[25..]]).chain([&records[0][25..]; 2]).collect();
@@ -465,6 +608,28 @@ fn paired_report() {
             black_box(sha256_chunked(&macd));
         })],
     );
+    let mut spread = ready_reduce(&key, MacPool::per_core().expect("the MAC pool's threads"));
+    reduce_round(&mut spread, &records);
+    paired_by(
+        (walled, "wall"),
+        &format!("reduce round K=4 x 64 MiB f32, MAC work on a pool of width {width}"),
+        9,
+        &mut || {
+            black_box(reduce_round(&mut spread, &records));
+        },
+        &mut [
+            ("inline (one core)", &mut || {
+                black_box(reduce_round(&mut reduce, &records));
+            }),
+            ("sha256_all_macd", &mut || {
+                black_box(sha256_chunked(&macd));
+            }),
+            ("sha256_all_macd_on_the_pool", &mut || {
+                black_box(sha256_on(&*pool, &macd));
+            }),
+        ],
+    );
+    drop(spread);
     drop(macd);
     drop((reduce, records));
 
@@ -489,7 +654,7 @@ fn paired_report() {
         "relay host frame encode 64 MiB f32 (one-pass record vs former)",
         15,
         &mut || {
-            black_box(host_frame_one_pass(&fold, &key, &mut a));
+            black_box(host_frame_one_pass(&fold, &key, &Inline, &mut a));
         },
         &mut [("former", &mut || {
             black_box(host_frame_former(&fold, &key, &mut b));

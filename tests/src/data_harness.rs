@@ -3,14 +3,15 @@
 //! controller reduce) wired together through their bytes.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use cohort_proto::rank::data_client::{DataClient, DataClientConfig, DataClientEvent};
 use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
 use cohort_proto::relay::{Leg, Relay, RelayConfig, RelayEvent, UPSTREAM_DIAL};
 use cohort_proto::wire::{
-    Channel, ControlHello, DataHello, Dtype, LenDecoder, MacKey, MuxDecoder, MuxRecord, RelayControlMsg,
-    RoundFrame, RoundKind, SessionSalt, TensorPayload, bf16_to_f32, extend_le,
+    Channel, ControlHello, DataHello, Dtype, Inline, LenDecoder, MacKey, MacRunner, MuxDecoder, MuxRecord,
+    RelayControlMsg, RoundFrame, RoundKind, SessionSalt, TensorPayload, bf16_to_f32, extend_le,
 };
 use cohort_proto::{Adopt, CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 
@@ -294,6 +295,11 @@ impl DataCluster {
     /// A world whose ranks are grouped into `hosts` (each a list of global
     /// ranks; together exactly `0..world`). Runs every handshake.
     pub fn new(hosts: &[Vec<u32>], chunk: usize, seed: u64) -> Self {
+        Self::with_macs(hosts, chunk, seed, Arc::new(Inline))
+    }
+
+    /// [`DataCluster::new`] with the relays' and the reduce's MAC work on `macs`.
+    pub fn with_macs(hosts: &[Vec<u32>], chunk: usize, seed: u64, macs: Arc<dyn MacRunner>) -> Self {
         let world: u32 = hosts.iter().map(|h| h.len() as u32).sum();
         let mut host_of = vec![0usize; world as usize];
         for (h, ranks) in hosts.iter().enumerate() {
@@ -315,13 +321,17 @@ impl DataCluster {
             .map(|(h, rs)| {
                 let cfg =
                     RelayConfig::new(Leg::Data, format!("host{h}"), rs.clone(), world, key(), "controller");
-                Relay::new(cfg).expect("valid relay config")
+                let mut relay = Relay::new(cfg).expect("valid relay config");
+                relay.run_macs_on(macs.clone());
+                relay
             })
             .collect();
+        let mut reduce = Reduce::new(ReduceConfig::new(world, key()));
+        reduce.run_macs_on(macs);
         let mut c = DataCluster {
             ranks,
             relays,
-            reduce: Reduce::new(ReduceConfig::new(world, key())),
+            reduce,
             events: Vec::new(),
             now: Time::ZERO,
             links: BTreeMap::new(),

@@ -203,7 +203,11 @@ pub fn spawn_controller(
     sink: Sink,
 ) -> io::Result<NodeThread<ControllerNode>> {
     let config = config.for_frame_ceiling(cfg.ceiling);
-    let node = ControllerNode::new(cfg, clock.now()).map_err(|e| io::Error::other(e.to_string()))?;
+    let mut node = ControllerNode::new(cfg, clock.now()).map_err(|e| io::Error::other(e.to_string()))?;
+    // The reduce's MAC work on every core (inline if the threads cannot be made).
+    if let Some(pool) = cohort_driver_core::MacPool::per_core() {
+        node.run_macs_on(pool);
+    }
     let mut runner = Runner::with_clock(node, config, clock)?;
     runner.driver().adopt_listener(listener)?;
     NodeThread::spawn("controller", runner, move |d, e| {

@@ -6,13 +6,17 @@
 //!   everything that happens to it;
 //! - [`Pinger`]: dials, then plays ping-pong with one frame;
 //! - [`Echo`]: accepts and echoes every byte back;
-//! - [`RoundSink`]: accepts and verifies round frames as they stream in.
+//! - [`RoundSink`]: accepts and verifies round frames as they stream in;
+//! - [`RecordSink`]: accepts `HostFrame` records and verifies both their
+//!   MACs (the record's tag, the frame's footer) the reduce's way, on any
+//!   [`MacRunner`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use cohort_proto::machine::Outbox;
-use cohort_proto::wire::{MacKey, NullSink, RoundDecoder};
+use cohort_proto::wire::{Holding, MacKey, MacRunner, MuxDecoder, NullSink, RoundDecoder};
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 
 /// What a [`Probe`] saw.
@@ -352,6 +356,105 @@ impl Machine for RoundSink {
             }
             Input::Closed { conn, .. } => {
                 self.decoders.remove(&conn);
+            }
+            _ => {}
+        }
+    }
+
+    fn poll(&mut self, _now: Time) -> Option<Output<SinkEvent>> {
+        self.out.pop()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        None
+    }
+}
+
+/// Accepts connections carrying `HostFrame` records and verifies each the
+/// way the reduce does on its runner: the record is copied in as it streams
+/// (its frame laid out by an unkeyed [`RoundDecoder`]), then its tag and its
+/// frame's footer are hashed side by side ([`HeldFrame::verify`]
+/// (cohort_proto::wire::HeldFrame::verify)). Reports what a [`RoundSink`]
+/// does, `wire_len` being the frame's.
+#[derive(Debug)]
+pub struct RecordSink {
+    key: MacKey,
+    ceiling: u64,
+    macs: Arc<dyn MacRunner>,
+    conns: BTreeMap<ConnId, (MuxDecoder, RoundDecoder, Option<u64>)>,
+    out: Outbox<SinkEvent>,
+}
+
+impl RecordSink {
+    /// A sink verifying with `key` on `macs`, refusing records above `ceiling` bytes.
+    pub fn new(key: MacKey, ceiling: u64, macs: Arc<dyn MacRunner>) -> Self {
+        RecordSink { key, ceiling, macs, conns: BTreeMap::new(), out: Outbox::default() }
+    }
+
+    fn step(&mut self, conn: ConnId, bytes: &[u8]) -> Result<usize, String> {
+        let Some((mux, frame, len)) = self.conns.get_mut(&conn) else { return Ok(bytes.len()) };
+        let key = &self.key;
+        let mut bad = None;
+        let mut tap = |_, piece: &[u8]| {
+            let mut piece = piece;
+            while !piece.is_empty() && bad.is_none() && len.is_none() {
+                match frame.feed(piece, key, &mut NullSink) {
+                    Ok((used, done)) => {
+                        piece = &piece[used..];
+                        if let Some(d) = done {
+                            *len = Some(d.wire_len);
+                        }
+                    }
+                    Err(e) => bad = Some(e.to_string()),
+                }
+            }
+            // What the frame's MAC covers so far: all but its footer once done.
+            len.map_or(frame.mac_input_len(), |l| l - 8)
+        };
+        let (used, got) = mux.decode_holding(bytes, key, &*self.macs, &mut tap).map_err(|e| e.to_string())?;
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        match got {
+            Some(Holding::Frame(held)) => {
+                let wire_len = len.take().ok_or("the record ended before its frame")?;
+                let n = usize::try_from(wire_len).ok();
+                match held.verify(&*self.macs, n).map_err(|e| e.to_string())? {
+                    (_, Some(true)) => self.out.event(SinkEvent::Frame { conn, wire_len }),
+                    _ => return Err("the frame's footer does not verify".into()),
+                }
+            }
+            Some(Holding::Record(_)) => return Err("not a host frame".into()),
+            None => {}
+        }
+        Ok(used)
+    }
+}
+
+impl Machine for RecordSink {
+    type Event = SinkEvent;
+
+    fn handle(&mut self, _now: Time, input: Input<'_>) {
+        match input {
+            Input::Accepted { conn, .. } => {
+                let decoders = (MuxDecoder::new(self.ceiling), RoundDecoder::unkeyed(self.ceiling), None);
+                self.conns.insert(conn, decoders);
+            }
+            Input::Received { conn, mut bytes } => {
+                while !bytes.is_empty() {
+                    match self.step(conn, bytes) {
+                        Ok(used) => bytes = &bytes[used..],
+                        Err(error) => {
+                            self.conns.remove(&conn);
+                            self.out.close(conn);
+                            self.out.event(SinkEvent::Bad { conn, error });
+                            return;
+                        }
+                    }
+                }
+            }
+            Input::Closed { conn, .. } => {
+                self.conns.remove(&conn);
             }
             _ => {}
         }

@@ -5,14 +5,14 @@
 //! [`driver_suite!`](crate::driver_suite) and
 //! [`interop_suite!`](crate::interop_suite)).
 //!
-//! - [`machines`]: [`Probe`], [`Pinger`], [`Echo`], [`RoundSink`];
+//! - [`machines`]: [`Probe`], [`Pinger`], [`Echo`], [`RoundSink`], [`RecordSink`];
 //! - [`quick`] (a config with short dial and close deadlines),
 //!   [`free_addr`], [`pattern`], [`PATIENCE`].
 
 pub mod machines;
 pub mod suite;
 
-pub use machines::{Echo, Pinger, PingerEvent, Probe, ProbeEvent, RoundSink, SinkEvent};
+pub use machines::{Echo, Pinger, PingerEvent, Probe, ProbeEvent, RecordSink, RoundSink, SinkEvent};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -337,7 +337,8 @@ macro_rules! driver_suite {
             the_machine_timer_fires_at_its_deadline_not_before,
             a_pinger_plays_rounds_off_an_echo,
             bytes_cross_both_ways_intact,
-            round_frames_verify_as_they_stream_in
+            round_frames_verify_as_they_stream_in,
+            host_frame_records_verify_on_the_mac_pool
         );
     };
     (@each $driver:ty; $($name:ident),* $(,)?) => {

@@ -17,12 +17,14 @@ use cohort_proto::handshake::{
     Acceptor, AcceptorEvent, ControlHandshake, ControlHelloFields, DataHandshake, Dialer, DialerEvent,
     HandshakeError,
 };
-use cohort_proto::wire::{DEFAULT_FRAME_CEILING, Dtype, MacKey, RoundKind, RoundWriter, SessionSalt};
+use cohort_proto::wire::{
+    DEFAULT_FRAME_CEILING, Dtype, MacKey, MuxRecord, Payload, RoundKind, RoundWriter, SessionSalt,
+};
 use cohort_proto::{CloseCause, ConnId, DialId, Time};
 
 use super::{
-    Echo, PATIENCE, Pinger, PingerEvent, Probe, ProbeEvent, RoundSink, SinkEvent, TestDriver, free_addr,
-    pattern, quick,
+    Echo, PATIENCE, Pinger, PingerEvent, Probe, ProbeEvent, RecordSink, RoundSink, SinkEvent, TestDriver,
+    free_addr, pattern, quick,
 };
 use crate::{Config, NodeEvent};
 
@@ -415,6 +417,51 @@ pub fn bytes_cross_both_ways_intact<D: TestDriver>() {
 /// another as they stream in.
 pub fn round_frames_verify_as_they_stream_in<D: TestDriver>() {
     interop::round_frames_verify_as_they_stream_in::<D, D>();
+}
+
+/// Two 4 MiB `HostFrame` records from one node of the driver verify at a
+/// [`RecordSink`] on a [`MacPool`](crate::MacPool) (tag and footer side by
+/// side); a third, whose tag holds but whose frame's footer does not, is
+/// refused.
+pub fn host_frame_records_verify_on_the_mac_pool<D: TestDriver>() {
+    let pool = std::sync::Arc::new(crate::MacPool::new(2).expect("the pool's threads"));
+    let mut sink = D::spawn(RecordSink::new(key(), DEFAULT_FRAME_CEILING, pool), quick(), true);
+    let addr = sink.addr().to_string();
+    let values: Vec<f32> = (0..(1 << 20)).map(|i| i as f32).collect();
+    let mut frame = BytesMut::new();
+    let mut w = RoundWriter::begin(&mut frame, RoundKind::Model, 3.0, 1).unwrap();
+    w.tensor_values(Dtype::F32, &[1 << 20], &values).unwrap();
+    let len = w.finish(&key()).unwrap();
+    let record =
+        |frame: Bytes| MuxRecord::HostFrame { payload: Payload::from(frame) }.to_bytes(&key()).unwrap();
+    let good = record(frame.clone().freeze());
+    let mut bad = frame;
+    bad[100] ^= 1;
+    let bad = record(bad.freeze());
+    let mut src = D::spawn(Probe::new(), quick(), false);
+    src.with(move |p, _| p.dial(DialId(0), addr));
+    let conn = src.expect(|e| match e {
+        ProbeEvent::Connected { conn, .. } => Some(*conn),
+        _ => None,
+    });
+    src.with(move |p, _| {
+        p.send(conn, good.clone());
+        p.send(conn, good);
+        p.send(conn, bad);
+    });
+    for _ in 0..2 {
+        let got = sink.expect(|e| match e {
+            SinkEvent::Frame { wire_len, .. } => Some(*wire_len),
+            SinkEvent::Bad { error, .. } => panic!("{error}"),
+        });
+        assert_eq!(got, len as u64);
+    }
+    let refused = sink.expect(|e| match e {
+        SinkEvent::Bad { error, .. } => Some(error.clone()),
+        SinkEvent::Frame { .. } => panic!("a frame with a bad footer verified"),
+    });
+    assert!(refused.contains("footer"), "{refused}");
+    src.stop();
 }
 
 /// Two drivers against each other: `A` dials (or sends), `B` listens.

@@ -34,6 +34,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use cohort_driver_core::MacPool;
 use cohort_driver_mio::{Config, NodeEvent, Runner};
 use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::node::envelope::RELAY_DATA_OFFSET;
@@ -83,7 +84,11 @@ pub fn cohort_relay(p: &Parsed) -> Result<(), String> {
         cfg.ceiling = ceiling;
     }
     let config = Config::scaled(scale).for_frame_ceiling(cfg.leg_ceiling());
-    let relay = Relay::new(cfg).map_err(|e| e.to_string())?;
+    let mut relay = Relay::new(cfg).map_err(|e| e.to_string())?;
+    // The relay's MAC work on every core (inline if the threads cannot be made).
+    if let Some(pool) = MacPool::per_core() {
+        relay.run_macs_on(pool);
+    }
     let mut runner = Runner::new(relay, config).map_err(|e| e.to_string())?;
     let data_port = port.checked_add(RELAY_DATA_OFFSET).ok_or("controller port too high")?;
     let at = SocketAddr::from((Ipv4Addr::LOCALHOST, data_port));
@@ -130,7 +135,12 @@ pub fn cohort_reduce(p: &Parsed) -> Result<(), String> {
         cfg.ceiling = ceiling;
     }
     let config = Config::scaled(scale).for_frame_ceiling(cfg.ceiling);
-    let mut runner = Runner::new(Reduce::new(cfg), config).map_err(|e| e.to_string())?;
+    let mut reduce = Reduce::new(cfg);
+    // The reduce's MAC work on every core, as the cohort controller runs it.
+    if let Some(pool) = MacPool::per_core() {
+        reduce.run_macs_on(pool);
+    }
+    let mut runner = Runner::new(reduce, config).map_err(|e| e.to_string())?;
     let addr = runner.listen(at).map_err(|e| format!("listen on {at}: {e}"))?;
     eprintln!("flodl-peer cohort-reduce: pid {} on {addr}", std::process::id());
     let mut why = None;

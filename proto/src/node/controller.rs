@@ -4,6 +4,7 @@
 //! the run; deaths seen by one part reach the others).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::config::{ConfigError, Rules, TimeoutScale};
 use crate::coord::{Backend, CoordConfig, CoordEvent, Coordinator, DeathCause, RunEnd};
@@ -15,7 +16,7 @@ use crate::rendezvous::{RendezvousConfig, RendezvousEvent, RendezvousServer};
 use crate::route::{PortRouter, RouteEvent};
 use crate::status::{StatusEvent, StatusLimits, StatusResponder};
 use crate::time::{Time, earliest};
-use crate::wire::{Channel, MacKey, RunNonce, SessionSalt, derive_frame_ceiling};
+use crate::wire::{Channel, Inline, MacKey, MacRunner, RunNonce, SessionSalt, derive_frame_ceiling};
 
 use super::envelope::{ControllerAddr, Envelope, RelaySpec, WorkloadSpec};
 
@@ -303,9 +304,17 @@ pub struct ControllerNode {
     timeouts: [Option<Time>; PARTS],
     touched: u8,
     out: Outbox<ControllerEvent>,
+    /// Where the reduce's MAC work runs ([`ControllerNode::run_macs_on`]).
+    macs: Arc<dyn MacRunner>,
 }
 
 impl ControllerNode {
+    /// Runs the reduce's MAC work on `macs` (a driver's pool) instead of
+    /// inline; call before the world forms.
+    pub fn run_macs_on(&mut self, macs: Arc<dyn MacRunner>) {
+        self.macs = macs;
+    }
+
     /// A controller whose join window opens at `now`.
     pub fn new(cfg: ControllerConfig, now: Time) -> Result<Self, crate::config::ConfigError> {
         let mut params = WindowParams::new(cfg.join.clone(), cfg.salt, cfg.trust);
@@ -329,6 +338,7 @@ impl ControllerNode {
             timeouts: [None; PARTS],
             touched: ALL_PARTS,
             out: Outbox::default(),
+            macs: Arc::new(Inline),
             cfg,
         };
         node.refresh_timeouts();
@@ -406,7 +416,9 @@ impl ControllerNode {
             let mut rc = ReduceConfig::new(world_size, self.key.clone());
             rc.ceiling = self.cfg.ceiling;
             rc.rules = self.cfg.run.rules;
-            self.reduce = Some(Reduce::new(rc));
+            let mut reduce = Reduce::new(rc);
+            reduce.run_macs_on(self.macs.clone());
+            self.reduce = Some(reduce);
         }
         if self.cfg.run.backend == Backend::Nccl {
             let cfg = RendezvousConfig { world_size, local_ranks: Default::default(), dataset_sig: None };

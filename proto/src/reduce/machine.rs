@@ -1,6 +1,7 @@
 //! The reduce machine. See the [module documentation](super).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use core::fmt;
@@ -10,8 +11,8 @@ use crate::config::{Rules, defaults};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
-    DEFAULT_FRAME_CEILING, FrameRecord, MUX_HEADER_LEN, MacKey, MuxDecoder, MuxRecord, RelayControlMsg,
-    WireError, WireResult, encode_control, reclaim,
+    DEFAULT_FRAME_CEILING, FrameRecord, Holding, Inline, MUX_HEADER_LEN, MacKey, MacRunner, MuxDecoder,
+    MuxRecord, RelayControlMsg, WireError, WireResult, encode_control, reclaim,
 };
 
 /// The reduce's configuration (plain data).
@@ -217,9 +218,11 @@ enum HostState {
 struct Host {
     state: HostState,
     dec: MuxDecoder,
-    /// The round frame inside a `HostFrame` record, verified and laid out
-    /// from the same reads that fill the record (no second pass over it).
+    /// The round frame inside a `HostFrame` record, laid out (and, hashing
+    /// inline, verified) from the same reads that fill the record.
     check: LayoutCheck,
+    /// Whether its host frames are held for their MACs to run side by side.
+    held: bool,
     mid_since: Option<Time>,
     /// The host's one entry in [`Reduce::deadlines`]: its hello deadline,
     /// or the instant its unfinished record starves.
@@ -271,12 +274,15 @@ pub struct Reduce {
     round: u64,
     stopped: bool,
     out: Outbox<ReduceEvent>,
+    /// Where the MAC work runs ([`Reduce::run_macs_on`]).
+    macs: Arc<dyn MacRunner>,
 }
 
 impl Reduce {
     /// A reduce for a world of `cfg.world_size` ranks.
     pub fn new(cfg: ReduceConfig) -> Self {
         Reduce {
+            macs: Arc::new(Inline),
             cfg,
             hosts: BTreeMap::new(),
             deadlines: BTreeSet::new(),
@@ -289,6 +295,16 @@ impl Reduce {
             stopped: false,
             out: Outbox::default(),
         }
+    }
+
+    /// Runs the reduce's MAC work on `macs` from now on, instead of inline.
+    /// On a pool, a host frame's record tag and its round frame's footer
+    /// are hashed side by side once the record is in (where its copy lies,
+    /// not as it streams), and the consensus record's two MACs likewise;
+    /// the reduce's outputs are the same on every runner. Takes effect for
+    /// hosts that join from now on.
+    pub fn run_macs_on(&mut self, macs: Arc<dyn MacRunner>) {
+        self.macs = macs;
     }
 
     /// Declares `rank` dead (idempotent; the coordinator or launcher saw it die).
@@ -404,22 +420,43 @@ impl Reduce {
     fn received(&mut self, now: Time, conn: ConnId, mut bytes: &[u8]) {
         while !bytes.is_empty() && !self.stopped {
             let Some(host) = self.hosts.get_mut(&conn) else { return };
-            let (key, check) = (&self.cfg.key, &mut host.check);
+            let (key, check, macs) = (&self.cfg.key, &mut host.check, &*self.macs);
             let mut tap = |rec: FrameRecord, piece: &[u8]| {
                 if rec == FrameRecord::HostFrame {
                     check.feed(piece, key);
                 }
+                check.mac_input_len()
             };
-            match host.dec.decode_tapped(bytes, key, &mut tap) {
+            let step = match host.held {
+                false => host
+                    .dec
+                    .decode_tapped(bytes, key, &mut |rec, piece| _ = tap(rec, piece))
+                    .map(|(u, r)| (u, r.map(Holding::Record))),
+                // Its tag and its frame's footer hashed side by side, a batch
+                // at a time as the record arrives.
+                true => host.dec.decode_holding(bytes, key, macs, &mut tap),
+            };
+            let step = step.and_then(|(used, got)| {
+                let got = match got {
+                    None => None,
+                    Some(Holding::Record(rec)) => Some((rec, host.check.take())),
+                    Some(Holding::Frame(held)) => {
+                        let frame_len = host.check.frame_len();
+                        let (rec, footer) = held.verify(&*self.macs, frame_len)?;
+                        Some((rec, host.check.take_with_footer(footer)))
+                    }
+                };
+                Ok((used, got))
+            });
+            match step {
                 Err(e) => {
                     self.fail_host(conn, HostError::Wire(e));
                     self.try_complete();
                     return;
                 }
-                Ok((used, rec)) => {
+                Ok((used, got)) => {
                     bytes = &bytes[used..];
-                    if let Some(rec) = rec {
-                        let layout = host.check.take();
+                    if let Some((rec, layout)) = got {
                         self.record(conn, rec, layout);
                         self.try_complete();
                     }
@@ -542,8 +579,8 @@ impl Reduce {
         // The record goes into the last round's buffer when the driver is
         // done with it; divided, encoded and both MACs fed in one pass.
         let mut buf = reclaim(self.spare.take());
-        let Some(Ok(consensus)) = core::mem::take(&mut self.sum).finish_broadcast(&self.cfg.key, &mut buf)
-        else {
+        let sum = core::mem::take(&mut self.sum);
+        let Some(Ok(consensus)) = sum.finish_broadcast_on(&*self.macs, &self.cfg.key, &mut buf) else {
             return;
         };
         let record = buf.freeze();
@@ -627,11 +664,18 @@ impl Adopt for Reduce {
         }
         // flodl's controller reads a relay's hello under a plain 10 s timeout.
         let deadline = now + defaults::HANDSHAKE;
+        // Inline, a frame is hashed as it streams in, in cache; on a pool,
+        // once it is in, on two cores.
+        let held = self.macs.batch() > 0;
         let host = Host {
             state: HostState::Hello { deadline },
             // Until its hello verifies, a relay may only send a hello's worth.
             dec: MuxDecoder::new(defaults::MAX_HELLO_BYTES as u64),
-            check: LayoutCheck::new(self.cfg.ceiling),
+            check: match held {
+                true => LayoutCheck::unkeyed(self.cfg.ceiling),
+                false => LayoutCheck::new(self.cfg.ceiling),
+            },
+            held,
             mid_since: None,
             deadline: None,
         };

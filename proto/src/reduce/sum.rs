@@ -19,8 +19,9 @@ use bytes::{Bytes, BytesMut};
 
 use super::mass::is_realized;
 use crate::wire::{
-    Dtype, FrameRecord, FrameType, MUX_HEADER_LEN, MacKey, Payload, Problem, RoundDecoder, RoundFrame,
-    RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, WireError, WireResult, round_frame_len,
+    Dtype, FrameRecord, FrameType, Inline, MUX_HEADER_LEN, MacKey, MacRunner, Payload, Problem, RoundDecoder,
+    RoundFrame, RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, WireError, WireResult,
+    round_frame_len,
 };
 use crate::wire::{add_le, extend_f32_le};
 
@@ -115,12 +116,49 @@ enum CheckState {
 impl LayoutCheck {
     /// A check refusing frames whose tensor bytes exceed `ceiling`.
     pub(crate) fn new(ceiling: u64) -> Self {
-        LayoutCheck {
-            dec: RoundDecoder::new(ceiling),
-            sink: LayoutSink::default(),
-            fed: 0,
-            state: CheckState::Reading,
+        Self::with(RoundDecoder::new(ceiling))
+    }
+
+    /// A check that lays the frame out but leaves its footer's MAC to the
+    /// caller ([`HeldFrame::verify`](crate::wire::HeldFrame::verify), side
+    /// by side with the record's tag), whose verdict
+    /// [`take_with_footer`](Self::take_with_footer) takes.
+    pub(crate) fn unkeyed(ceiling: u64) -> Self {
+        Self::with(RoundDecoder::unkeyed(ceiling))
+    }
+
+    fn with(dec: RoundDecoder) -> Self {
+        LayoutCheck { dec, sink: LayoutSink::default(), fed: 0, state: CheckState::Reading }
+    }
+
+    /// Payload bytes the frame's MAC covers, read so far: all but the
+    /// footer once the frame is done; nothing more after an error.
+    pub(crate) fn mac_input_len(&self) -> u64 {
+        match self.state {
+            CheckState::Reading => self.dec.mac_input_len(),
+            CheckState::Done { after } => (self.fed - after).saturating_sub(8),
+            CheckState::Failed(_) => 0,
         }
+    }
+
+    /// The frame's length once it was read to its footer.
+    pub(crate) fn frame_len(&self) -> Option<usize> {
+        match self.state {
+            CheckState::Done { after } => usize::try_from(self.fed - after).ok(),
+            _ => None,
+        }
+    }
+
+    /// [`take`](Self::take) for an unkeyed check, given whether the footer
+    /// verified: a bad footer is reported where the streaming check reports
+    /// it, after the layout's own errors and before bytes that follow.
+    pub(crate) fn take_with_footer(&mut self, footer: Option<bool>) -> WireResult<FrameLayout> {
+        let bad_footer = matches!(self.state, CheckState::Done { .. }) && footer != Some(true);
+        let verdict = self.take();
+        if bad_footer {
+            return Err(WireError::new(FrameType::RoundFrame, "footer", Problem::Mac));
+        }
+        verdict
     }
 
     /// The next payload bytes.
@@ -151,8 +189,11 @@ impl LayoutCheck {
 
     /// The verdict on the payload fed since the last call; starts over.
     pub(crate) fn take(&mut self) -> WireResult<FrameLayout> {
-        let ceiling = self.dec.ceiling();
-        let LayoutCheck { sink, fed, state, .. } = core::mem::replace(self, LayoutCheck::new(ceiling));
+        let fresh = match self.dec.is_unkeyed() {
+            true => LayoutCheck::unkeyed(self.dec.ceiling()),
+            false => LayoutCheck::new(self.dec.ceiling()),
+        };
+        let LayoutCheck { sink, fed, state, .. } = core::mem::replace(self, fresh);
         match state {
             CheckState::Done { after: 0 } => {
                 Ok(FrameLayout { kind: sink.kind, weight: sink.weight, tensors: sink.tensors })
@@ -466,11 +507,28 @@ impl RoundSum {
     /// assert_eq!(rec.freeze(), want.to_bytes(&key).unwrap());
     /// ```
     pub fn finish_broadcast(self, key: &MacKey, out: &mut BytesMut) -> Option<WireResult<Consensus>> {
-        let kind = self.kind?;
-        Some(self.finish_into(kind, key, out))
+        self.finish_broadcast_on(&Inline, key, out)
     }
 
-    fn finish_into(mut self, kind: RoundKind, key: &MacKey, out: &mut BytesMut) -> WireResult<Consensus> {
+    /// [`finish_broadcast`](Self::finish_broadcast) with the record's two
+    /// MACs run on `macs` (side by side, on a pool).
+    pub fn finish_broadcast_on(
+        self,
+        macs: &dyn MacRunner,
+        key: &MacKey,
+        out: &mut BytesMut,
+    ) -> Option<WireResult<Consensus>> {
+        let kind = self.kind?;
+        Some(self.finish_into(kind, key, macs, out))
+    }
+
+    fn finish_into(
+        mut self,
+        kind: RoundKind,
+        key: &MacKey,
+        macs: &dyn MacRunner,
+        out: &mut BytesMut,
+    ) -> WireResult<Consensus> {
         let divisor = self.divisor();
         let len = round_frame_len(self.slots.iter().map(|s| {
             let nbytes = s.sum.as_ref().map_or(0, |v| (v.len() * s.dtype.size()) as u64);
@@ -478,7 +536,8 @@ impl RoundSum {
         }));
         out.reserve(MUX_HEADER_LEN + len as usize);
         let n = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-        let mut w = RoundWriter::begin_record(out, key, FrameRecord::Broadcast, len, kind, self.weight, n)?;
+        let mut w =
+            RoundWriter::begin_record_on(macs, out, key, FrameRecord::Broadcast, len, kind, self.weight, n)?;
         for s in &mut self.slots {
             match &mut s.sum {
                 Some(v) => w.tensor_values_in_place(s.dtype, &s.shape, v, |piece| {

@@ -36,8 +36,8 @@ use bytes::BytesMut;
 use core::fmt;
 
 use crate::wire::{
-    Dtype, FrameRecord, FrameType, MUX_HEADER_LEN, MacKey, Problem, RoundKind, RoundSink, RoundWriter,
-    TensorMeta, WireError, WireResult, add_le, extend_f32_le, round_frame_len,
+    Dtype, FrameRecord, FrameType, MUX_HEADER_LEN, MacKey, MacRunner, Problem, RoundKind, RoundSink,
+    RoundWriter, TensorMeta, WireError, WireResult, add_le, extend_f32_le, round_frame_len,
 };
 
 /// Why a round could not be folded. Every variant stops the relay.
@@ -236,12 +236,14 @@ impl RoundFold {
     /// Appends the host frame as one signed `HostFrame` record (its header,
     /// then the frame, the bytes of [`encode`](Self::encode) under
     /// [`MuxRecord::HostFrame`](crate::wire::MuxRecord::HostFrame)'s
-    /// header), both MACs fed as each piece is written: one pass over the sums.
-    pub fn encode_record(&self, key: &MacKey, out: &mut BytesMut) -> WireResult<usize> {
+    /// header), both MACs fed as each piece is written (on `macs`, so on two
+    /// cores when it is wider than one): one pass over the sums.
+    pub fn encode_record(&self, key: &MacKey, macs: &dyn MacRunner, out: &mut BytesMut) -> WireResult<usize> {
         let (kind, n) = self.schema()?;
         let len = self.encoded_len();
         out.reserve(MUX_HEADER_LEN + len as usize);
-        let w = RoundWriter::begin_record(out, key, FrameRecord::HostFrame, len, kind, self.weight, n)?;
+        let w =
+            RoundWriter::begin_record_on(macs, out, key, FrameRecord::HostFrame, len, kind, self.weight, n)?;
         self.write(w, key)
     }
 

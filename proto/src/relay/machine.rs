@@ -1,6 +1,7 @@
 //! The relay machine (both legs). See the [module documentation](super).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use core::fmt;
@@ -13,9 +14,9 @@ use crate::handshake::{Acceptor, AcceptorEvent, ControlHandshake, DataHandshake,
 use crate::machine::{CloseCause, ConnId, DialId, Input, Machine, Outbox, Output};
 use crate::time::Time;
 use crate::wire::{
-    CONTROL_HEADER_LEN, DEFAULT_FRAME_CEILING, FrameType, LenDecoder, LenStep, MAX_CONTROL_PAYLOAD, MacKey,
-    MuxDecoder, MuxRecord, Payload, Problem, RelayControlMsg, RoundDecoder, WireError, encode_control,
-    len_prefix, reclaim,
+    CONTROL_HEADER_LEN, DEFAULT_FRAME_CEILING, FrameType, Inline, LenDecoder, LenStep, MAX_CONTROL_PAYLOAD,
+    MacKey, MacRunner, MuxDecoder, MuxRecord, Payload, Problem, RelayControlMsg, RoundDecoder, WireError,
+    encode_control, len_prefix, reclaim,
 };
 
 /// The dial id of the relay's upstream connection.
@@ -343,7 +344,7 @@ struct Shipped {
 impl DataLeg {
     /// Ships the round if it is complete: the signed host frame, or nothing
     /// when nobody deposited.
-    fn try_complete(&mut self, key: &MacKey) -> Result<Option<Shipped>, FoldError> {
+    fn try_complete(&mut self, key: &MacKey, macs: &dyn MacRunner) -> Result<Option<Shipped>, FoldError> {
         if !self.barrier.complete() {
             return Ok(None);
         }
@@ -351,7 +352,7 @@ impl DataLeg {
             None
         } else {
             let mut out = reclaim(self.spare.take());
-            self.fold.encode_record(key, &mut out).map_err(FoldError::Encode)?;
+            self.fold.encode_record(key, macs, &mut out).map_err(FoldError::Encode)?;
             let bytes = out.freeze();
             self.spare = Some(bytes.clone());
             let ranks = self.barrier.depositors().collect();
@@ -415,6 +416,8 @@ pub struct Relay {
     stats: RelayStats,
     stopped: bool,
     out: Outbox<RelayEvent>,
+    /// Where the MAC work runs ([`Relay::run_macs_on`]).
+    macs: Arc<dyn MacRunner>,
 }
 
 fn starvation() -> Duration {
@@ -484,8 +487,29 @@ impl Relay {
             stats: RelayStats::default(),
             stopped: false,
             out: Outbox::default(),
+            macs: Arc::new(Inline),
             cfg,
         })
+    }
+
+    /// Runs the relay's MAC work (verifying its ranks' frames, signing the
+    /// host frame) on `macs` from now on, instead of inline. A pool hashes
+    /// several ranks' frames, and the host frame's two tags, at once; the
+    /// relay's outputs are the same on every runner. Takes effect from each
+    /// rank's next frame.
+    pub fn run_macs_on(&mut self, macs: Arc<dyn MacRunner>) {
+        self.macs = macs;
+    }
+
+    /// How much MAC input a rank's decoder gathers for a batch: the
+    /// runner's batch size (nothing inline, where it would only add a copy).
+    fn stage_cap(&self) -> usize {
+        self.macs.batch()
+    }
+
+    /// Hashes every rank's gathered MAC input in one batch.
+    fn run_staged(&mut self) {
+        RoundDecoder::run_staged(self.locals.values_mut().map(|l| &mut l.dec), &*self.macs);
     }
 
     /// The channel served.
@@ -655,6 +679,7 @@ impl Relay {
 
     fn data_bytes(&mut self, rank: u32, bytes: &[u8]) -> Result<(), FeedError> {
         let key = self.cfg.key.clone();
+        let cap = self.stage_cap();
         let mut used = 0;
         loop {
             let (Some(local), Some(leg)) = (self.locals.get_mut(&rank), self.data.as_mut()) else {
@@ -670,25 +695,40 @@ impl Relay {
                         Admit::Drop => Mode::Skip,
                     };
                     local.frame = FrameFold::default();
+                    if local.dec.stage_cap() != cap {
+                        local.dec = RoundDecoder::staging(self.cfg.ceiling, cap);
+                    }
                 }
-                Some(LenStep::Body(b)) => match local.mode {
-                    Mode::Fold => {
+                Some(LenStep::Body(mut b)) => match local.mode {
+                    Mode::Fold => loop {
+                        let (Some(local), Some(leg)) = (self.locals.get_mut(&rank), self.data.as_mut())
+                        else {
+                            return Ok(());
+                        };
                         let mut sink = leg.fold.sink(&mut local.frame);
                         let (u, done) = local.dec.feed(b, &key, &mut sink).map_err(frame_err)?;
                         self.stats.bytes_in += u as u64;
                         if local.frame.touched {
                             leg.barrier.touched(rank);
                         }
+                        b = &b[u..];
                         if let Some(done) = done {
-                            if u != b.len() {
-                                return Err(frame_err(trailing(b.len() - u)));
+                            if !b.is_empty() {
+                                return Err(frame_err(trailing(b.len())));
                             }
                             leg.fold.commit(done.weight);
                             leg.barrier.deposited(rank);
                             local.mode = Mode::Done;
                             self.complete_round().map_err(FeedError::Fold)?;
+                            break;
                         }
-                    }
+                        if b.is_empty() {
+                            break;
+                        }
+                        // The rank's gathered MAC input is full: hash every
+                        // rank's at once, then go on with the rest.
+                        self.run_staged();
+                    },
                     Mode::Done => return Err(frame_err(trailing(b.len()))),
                     Mode::Skip | Mode::Idle => {}
                 },
@@ -710,7 +750,7 @@ impl Relay {
     /// Ships the round if it is complete (data leg).
     fn complete_round(&mut self) -> Result<(), FoldError> {
         let Some(leg) = self.data.as_mut() else { return Ok(()) };
-        let Some(shipped) = leg.try_complete(&self.cfg.key)? else { return Ok(()) };
+        let Some(shipped) = leg.try_complete(&self.cfg.key, &*self.macs)? else { return Ok(()) };
         // The whole signed record, written and signed in one pass.
         let len = shipped.bytes.len() - crate::wire::MUX_HEADER_LEN;
         self.up_send(shipped.bytes);
@@ -727,6 +767,7 @@ impl Relay {
 
     /// Marks `rank` dead (`lost`: its connection is gone or abandoned).
     fn rank_dead(&mut self, rank: u32, cause: RankDeath, lost: bool) {
+        let cap = self.stage_cap();
         let Some(local) = self.locals.get_mut(&rank) else { return };
         if lost && let Some(conn) = local.conn.take() {
             self.by_conn.remove(&conn);
@@ -743,7 +784,7 @@ impl Relay {
                 // Its frame had not reached the sum: drop the rest of it, and
                 // forget any schema it pinned if no frame made it in.
                 local.mode = Mode::Skip;
-                local.dec = RoundDecoder::new(self.cfg.ceiling);
+                local.dec = RoundDecoder::staging(self.cfg.ceiling, cap);
                 if leg.fold.deposits() == 0 && !leg.barrier.any_streaming() {
                     leg.fold.reset();
                 }

@@ -6,6 +6,8 @@
 //!   instant in order, read what it sent, closed and reported), and the
 //!   one drain every test uses ([`harness::drain`] into
 //!   [`harness::Outputs`]);
+//! - [`macs`]: [`macs::Batched`], a one-thread MAC runner that makes a
+//!   machine batch its MAC work as it does on a driver's pool;
 //! - [`net`]: a few machines wired together in memory on one clock
 //!   ([`net::Net`], quinn-proto's test `Pair` for any number of machines);
 //! - [`strategies`]: proptest strategies for the configurations (join
@@ -19,6 +21,7 @@
 //! them; so can yours (docs/GUIDE.md, "Testing your cluster with cohort").
 
 pub mod harness;
+pub mod macs;
 pub mod net;
 pub mod oracle;
 pub mod strategies;

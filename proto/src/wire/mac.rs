@@ -8,6 +8,7 @@
 //! [`mac64`] keys per call through the `hmac` crate, as flodl does; it is the
 //! reference the prepared path is tested against.
 
+use bytes::Bytes;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use sha2::block_api::compress256;
@@ -174,6 +175,118 @@ impl MacState {
     }
 }
 
+/// One independent piece of MAC work: absorb some bytes into a MAC state.
+///
+/// A machine gathers the jobs it has (different connections' frames, a
+/// record's two tags over the same bytes) and hands them to its
+/// [`MacRunner`] in one batch.
+#[derive(Debug)]
+pub struct MacJob<'a> {
+    state: &'a mut MacState,
+    input: Absorb<'a>,
+}
+
+/// What a job absorbs.
+#[derive(Debug, Clone, Copy)]
+enum Absorb<'a> {
+    Slice(&'a [u8]),
+    /// Bytes `from..to` of a run of shared segments.
+    Segments {
+        segments: &'a [Bytes],
+        from: usize,
+        to: usize,
+    },
+}
+
+impl<'a> MacJob<'a> {
+    /// `state` absorbs `bytes`, in order after everything it absorbed so far.
+    pub fn new(state: &'a mut MacState, bytes: &'a [u8]) -> Self {
+        MacJob { state, input: Absorb::Slice(bytes) }
+    }
+
+    /// `state` absorbs bytes `from..to` of `segments` taken end to end (a
+    /// payload held as shared buffers, hashed where it lies); a range past
+    /// their end stops at it.
+    pub fn segments(state: &'a mut MacState, segments: &'a [Bytes], from: usize, to: usize) -> Self {
+        MacJob { state, input: Absorb::Segments { segments, from, to: to.max(from) } }
+    }
+
+    /// Bytes it absorbs (at most).
+    pub fn len(&self) -> usize {
+        match self.input {
+            Absorb::Slice(b) => b.len(),
+            Absorb::Segments { from, to, .. } => to - from,
+        }
+    }
+
+    /// Whether it absorbs nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Does the work on this thread.
+    #[inline]
+    pub fn run(&mut self) {
+        match self.input {
+            Absorb::Slice(b) => self.state.update(b),
+            Absorb::Segments { segments, from, to } => {
+                let mut at = 0;
+                for seg in segments {
+                    let (s0, s1) = (at, at + seg.len());
+                    at = s1;
+                    if s1 <= from {
+                        continue;
+                    }
+                    if s0 >= to {
+                        break;
+                    }
+                    self.state.update(&seg[from.max(s0) - s0..to.min(s1) - s0]);
+                }
+            }
+        }
+    }
+}
+
+/// Where a machine's MAC work runs: on the caller's thread ([`Inline`], the
+/// default and the simulator's), or spread over cores by a driver's pool.
+///
+/// Jobs are independent and each one's result is the same wherever it ran,
+/// so a machine's outputs never depend on its runner: `proto` stays free of
+/// threads and the simulator stays deterministic, while a driver gets every
+/// core's SHA-256.
+///
+/// ```
+/// use cohort_proto::wire::{Inline, MacJob, MacKey, MacRunner, SessionSalt};
+/// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
+/// let (mut a, mut b) = (key.start(), key.start());
+/// Inline.run(&mut [MacJob::new(&mut a, b"abc"), MacJob::new(&mut b, b"xy")]);
+/// assert_eq!((a.finish(), b.finish()), (key.mac64(b"abc"), key.mac64(b"xy")));
+/// ```
+pub trait MacRunner: Send + Sync + core::fmt::Debug {
+    /// Runs every job, returning once all are done.
+    fn run(&self, jobs: &mut [MacJob<'_>]);
+
+    /// Bytes of MAC input a machine gathers per job before it hands a batch
+    /// over: 0 (the default, [`Inline`]) hashes bytes as they come, with no
+    /// gathering copy; a pool asks for jobs big enough that handing them to
+    /// another thread costs little beside hashing them.
+    fn batch(&self) -> usize {
+        0
+    }
+}
+
+/// The runner that does every job on the caller's thread, in order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inline;
+
+impl MacRunner for Inline {
+    fn run(&self, jobs: &mut [MacJob<'_>]) {
+        for job in jobs {
+            job.run();
+        }
+    }
+}
+
 fn keyed(key: &[u8]) -> HmacSha256 {
     // HMAC accepts keys of any length; a 16-byte salt cannot fail.
     match HmacSha256::new_from_slice(key) {
@@ -208,6 +321,23 @@ pub fn hmac_sha256(salt: &SessionSalt, bytes: &[u8]) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_over_a_range_of_segments_absorbs_exactly_that_range() {
+        let key = MacKey::new(&SessionSalt::from_bytes([9; 16]));
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 13 + 1) as u8).collect();
+        let segs: Vec<Bytes> = [0..1, 1..64, 64..65, 65..600, 600..1000]
+            .into_iter()
+            .map(|r| Bytes::copy_from_slice(&data[r]))
+            .collect();
+        for (from, to) in [(0, 0), (0, 1000), (0, 1), (1, 64), (63, 66), (65, 599), (599, 1000), (700, 5000)]
+        {
+            let mut st = key.start();
+            let mut job = MacJob::segments(&mut st, &segs, from, to);
+            job.run();
+            assert_eq!(st.finish(), key.mac64(&data[from.min(1000)..to.min(1000)]), "{from}..{to}");
+        }
+    }
 
     #[test]
     fn prepared_key_matches_the_hmac_crate_at_every_length_and_split() {

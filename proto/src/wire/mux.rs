@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use super::bin;
 use super::consts::*;
 use super::error::{FrameType, Problem, WireError, WireResult};
-use super::mac::{MacKey, MacState};
+use super::mac::{Inline, MacJob, MacKey, MacRunner, MacState};
 use super::messages::RelayControlMsg;
 use super::payload::{Payload, PayloadBuilder};
 
@@ -175,8 +175,13 @@ impl RecordSigner {
     /// Absorbs the next payload bytes.
     #[inline]
     pub(crate) fn update(&mut self, bytes: &[u8]) {
+        self.job(bytes).run();
+    }
+
+    /// The absorption of the next payload bytes, as a job to run (counted now).
+    pub(crate) fn job<'a>(&'a mut self, bytes: &'a [u8]) -> MacJob<'a> {
         self.absorbed += bytes.len();
-        self.mac.update(bytes);
+        MacJob::new(&mut self.mac, bytes)
     }
 
     /// The signed header, once exactly the declared payload was absorbed.
@@ -229,6 +234,86 @@ fn frame_record(kind: u8) -> Option<FrameRecord> {
     }
 }
 
+/// What [`MuxDecoder::decode_holding`] completes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Holding {
+    /// A record, verified.
+    Record(MuxRecord),
+    /// A `HostFrame` or `Broadcast` record read whole, its MACs not all run.
+    Frame(Box<HeldFrame>),
+}
+
+/// A frame-carrying record whose payload is held as shared segments and
+/// whose tag (and the round frame's own footer) are still to be checked,
+/// both at once on a [`MacRunner`]: the reduce's way of putting two cores on
+/// one host frame. Nothing in it is authenticated until
+/// [`verify`](Self::verify) returns the record.
+#[derive(Debug, Clone)]
+pub struct HeldFrame {
+    record: FrameRecord,
+    tag: u64,
+    payload: Payload,
+    /// The tag's MAC, fed the header and the payload's first `held.tagged` bytes.
+    mac: MacState,
+    held: Held,
+}
+
+impl PartialEq for HeldFrame {
+    /// The same record: kind, tag, header and payload.
+    fn eq(&self, other: &Self) -> bool {
+        (self.record, self.tag, self.held.head) == (other.record, other.tag, other.held.head)
+            && self.payload == other.payload
+    }
+}
+
+impl HeldFrame {
+    /// Which record it is.
+    pub fn record(&self) -> FrameRecord {
+        self.record
+    }
+
+    /// The payload, unauthenticated.
+    pub fn payload(&self) -> &Payload {
+        &self.payload
+    }
+
+    /// Checks the record's tag and, given `frame_len`, the footer of the
+    /// round frame that fills the payload's first `frame_len` bytes, in one
+    /// batch on `macs`. The record once its tag holds, with whether the
+    /// footer did (`None`: not asked, or no room for a footer).
+    pub fn verify(
+        self,
+        macs: &dyn MacRunner,
+        frame_len: Option<usize>,
+    ) -> WireResult<(MuxRecord, Option<bool>)> {
+        let HeldFrame { record, tag: want_tag, payload, mut mac, held } = self;
+        let Held { tagged, mut frame, framed, .. } = held;
+        let segs = payload.segments();
+        let len = payload.len();
+        let inner = frame_len.filter(|n| (8..=len).contains(n) && n - 8 >= framed);
+        match inner {
+            Some(n) => macs.run(&mut [
+                MacJob::segments(&mut mac, segs, tagged, len),
+                MacJob::segments(&mut frame, segs, framed, n - 8),
+            ]),
+            None => macs.run(&mut [MacJob::segments(&mut mac, segs, tagged, len)]),
+        }
+        if mac.finish() != want_tag {
+            return Err(WireError::new(FrameType::MuxRecord, "tag", Problem::Mac));
+        }
+        let footer = inner.map(|n| {
+            let mut want = [0u8; 8];
+            payload.copy_range(n - 8, &mut want);
+            frame.finish() == u64::from_le_bytes(want)
+        });
+        let rec = match record {
+            FrameRecord::HostFrame => MuxRecord::HostFrame { payload },
+            FrameRecord::Broadcast => MuxRecord::Broadcast { payload },
+        };
+        Ok((rec, footer))
+    }
+}
+
 /// What [`MuxDecoder::decode_skipping`] completes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MuxDecoded {
@@ -252,10 +337,56 @@ struct Body {
     len: usize,
     tag: u64,
     mac: MacState,
+    /// A frame-carrying record held for its MACs to run where its payload
+    /// lies ([`MuxDecoder::decode_holding`]): `mac` is fed from there.
+    held: Option<Held>,
     /// `None` while an oversized `Data` record is skipped.
     body: Option<PayloadBuilder>,
     /// Bytes of the payload read so far.
     have: usize,
+}
+
+/// A held record's two MACs and how far each has hashed its payload.
+#[derive(Debug, Clone)]
+struct Held {
+    head: [u8; 17],
+    /// Payload bytes the tag has absorbed.
+    tagged: usize,
+    /// The inner round frame's MAC, and the payload bytes it has absorbed.
+    frame: MacState,
+    framed: usize,
+}
+
+impl Held {
+    /// Once a batch of the payload is frozen beyond what the MACs absorbed,
+    /// hashes it: the tag up to the frozen end, the frame's MAC up to
+    /// `framed` (what it covers so far), side by side on `macs`.
+    fn absorb(&mut self, tag: &mut MacState, frozen: &Payload, framed: u64, macs: &dyn MacRunner) {
+        let end = frozen.len();
+        let batch = macs.batch();
+        if batch == 0 || end - self.tagged < batch {
+            return;
+        }
+        let frame_to = usize::try_from(framed).unwrap_or(usize::MAX).min(end).max(self.framed);
+        let segs = frozen.segments();
+        macs.run(&mut [
+            MacJob::segments(tag, segs, self.tagged, end),
+            MacJob::segments(&mut self.frame, segs, self.framed, frame_to),
+        ]);
+        self.tagged = end;
+        self.framed = frame_to;
+    }
+}
+
+/// A held record's runner, and the tap that says how far its frame's MAC may hash.
+type HoldTap<'t> = (&'t dyn MacRunner, &'t mut dyn FnMut(FrameRecord, &[u8]) -> u64);
+
+/// What one step of the decoder completed.
+#[derive(Debug)]
+enum Step {
+    Record(MuxRecord),
+    Skipped { rank: u32, len: u64 },
+    Held(Box<HeldFrame>),
 }
 
 #[derive(Debug)]
@@ -329,8 +460,50 @@ impl MuxDecoder {
         key: &MacKey,
         tap: &mut dyn FnMut(FrameRecord, &[u8]),
     ) -> WireResult<(usize, Option<MuxRecord>)> {
-        let (used, out) = self.step(input, key, false, tap)?;
-        Ok((used, out.and_then(|d| if let MuxDecoded::Record(r) = d { Some(r) } else { None })))
+        let (used, out) = self.step(input, key, false, None, tap)?;
+        let rec = match out {
+            Some(Step::Record(r)) => Some(r),
+            // Begun under `decode_holding`: its MACs, here and now.
+            Some(Step::Held(h)) => Some(h.verify(&Inline, None)?.0),
+            Some(Step::Skipped { .. }) | None => None,
+        };
+        Ok((used, rec))
+    }
+
+    /// As [`decode_tapped`](Self::decode_tapped), but a `HostFrame` or
+    /// `Broadcast` record's two MACs (its tag, its round frame's footer) are
+    /// run side by side on `macs` over the copied payload, a batch at a time
+    /// as it arrives, and the record completes as a [`HeldFrame`] whose
+    /// [`verify`](HeldFrame::verify) hashes the rest and checks both. The tap
+    /// returns how many payload bytes the frame's MAC covers so far
+    /// ([`RoundDecoder::mac_input_len`](crate::wire::RoundDecoder::mac_input_len)
+    /// of the decoder it feeds). Other records are verified as they stream,
+    /// as by [`decode`](Self::decode).
+    ///
+    /// ```
+    /// use cohort_proto::wire::*;
+    /// let key = MacKey::new(&SessionSalt::from_bytes([1; 16]));
+    /// let rec = MuxRecord::Broadcast { payload: Payload::from(&b"not a frame"[..]) };
+    /// let bytes = rec.to_bytes(&key).unwrap();
+    /// let mut dec = MuxDecoder::new(DEFAULT_FRAME_CEILING);
+    /// let (_, got) = dec.decode_holding(&bytes, &key, &Inline, &mut |_, _| 0).unwrap();
+    /// let Some(Holding::Frame(held)) = got else { panic!() };
+    /// assert_eq!(held.verify(&Inline, None).unwrap(), (rec, None));
+    /// ```
+    pub fn decode_holding(
+        &mut self,
+        input: &[u8],
+        key: &MacKey,
+        macs: &dyn MacRunner,
+        tap: &mut dyn FnMut(FrameRecord, &[u8]) -> u64,
+    ) -> WireResult<(usize, Option<Holding>)> {
+        let (used, out) = self.step(input, key, false, Some((macs, tap)), &mut |_, _| {})?;
+        let out = match out {
+            Some(Step::Record(r)) => Some(Holding::Record(r)),
+            Some(Step::Held(h)) => Some(Holding::Frame(h)),
+            Some(Step::Skipped { .. }) | None => None,
+        };
+        Ok((used, out))
     }
 
     /// As [`decode`](Self::decode), but a `Data` record over the ceiling is
@@ -352,7 +525,14 @@ impl MuxDecoder {
     /// assert_eq!(second, Some(MuxDecoded::Record(small)));
     /// ```
     pub fn decode_skipping(&mut self, input: &[u8], key: &MacKey) -> WireResult<(usize, Option<MuxDecoded>)> {
-        self.step(input, key, true, &mut |_, _| {})
+        let (used, out) = self.step(input, key, true, None, &mut |_, _| {})?;
+        let out = match out {
+            Some(Step::Record(r)) => Some(MuxDecoded::Record(r)),
+            Some(Step::Skipped { rank, len }) => Some(MuxDecoded::Skipped { rank, len }),
+            Some(Step::Held(h)) => Some(MuxDecoded::Record(h.verify(&Inline, None)?.0)),
+            None => None,
+        };
+        Ok((used, out))
     }
 
     fn step(
@@ -360,8 +540,9 @@ impl MuxDecoder {
         input: &[u8],
         key: &MacKey,
         skip: bool,
+        mut hold: Option<HoldTap<'_>>,
         tap: &mut dyn FnMut(FrameRecord, &[u8]),
-    ) -> WireResult<(usize, Option<MuxDecoded>)> {
+    ) -> WireResult<(usize, Option<Step>)> {
         const F: FrameType = FrameType::MuxRecord;
         let mut used = 0;
         if let State::Header { buf, have } = &mut self.state {
@@ -403,34 +584,61 @@ impl MuxDecoder {
             tag.copy_from_slice(&h[17..25]);
             let tag = u64::from_le_bytes(tag);
             let (kind, rank, len) = (h[8], u32_at(9), len as usize);
+            let mut head = [0u8; 17];
+            head.copy_from_slice(&h[0..17]);
+            let mut mac = key.start();
+            mac.update(&head);
+            let held = (hold.is_some() && frame_record(kind).is_some()).then(|| Held {
+                head,
+                tagged: 0,
+                frame: key.start(),
+                framed: 0,
+            });
             if !oversized && input.len() - used >= len {
                 // The whole payload is here: verify and copy it in one go.
                 let body = &input[used..used + len];
                 self.state = State::default();
                 if let Some(rec) = frame_record(kind) {
-                    tap(rec, body);
-                }
-                if key.mac64_parts(&[&h[0..17], body]) != tag {
-                    return Err(WireError::new(F, "tag", Problem::Mac));
+                    match &mut hold {
+                        Some((_, tap)) => _ = tap(rec, body),
+                        None => tap(rec, body),
+                    }
                 }
                 let payload = if body.is_empty() { Payload::new() } else { Payload::from(body) };
-                return Ok((used + len, Some(MuxDecoded::Record(record(kind, rank, payload)?))));
+                if let (Some(held), Some(record)) = (held, frame_record(kind)) {
+                    return Ok((
+                        used + len,
+                        Some(Step::Held(Box::new(HeldFrame { record, tag, payload, mac, held }))),
+                    ));
+                }
+                mac.update(body);
+                if mac.finish() != tag {
+                    return Err(WireError::new(F, "tag", Problem::Mac));
+                }
+                return Ok((used + len, Some(Step::Record(record(kind, rank, payload)?))));
             }
-            let mut mac = key.start();
-            mac.update(&h[0..17]);
             let body = (!oversized).then(PayloadBuilder::default);
-            self.state = State::Body(Box::new(Body { kind, rank, len, tag, mac, body, have: 0 }));
+            self.state = State::Body(Box::new(Body { kind, rank, len, tag, mac, held, body, have: 0 }));
         }
         let State::Body(b) = &mut self.state else { unreachable!("header state handled above") };
         let rest = &input[used..];
         let n = (b.len - b.have).min(rest.len());
-        b.mac.update(&rest[..n]);
+        if b.held.is_none() {
+            b.mac.update(&rest[..n]);
+        }
         b.have += n;
         if let Some(body) = b.body.as_mut() {
             body.push(&rest[..n], b.len - b.have);
         }
         if let Some(rec) = frame_record(b.kind) {
-            tap(rec, &rest[..n]);
+            match (&mut hold, &mut b.held, &b.body) {
+                (Some((macs, tap)), Some(held), Some(body)) => {
+                    let framed = tap(rec, &rest[..n]);
+                    held.absorb(&mut b.mac, body.frozen(), framed, *macs);
+                }
+                (Some((_, tap)), ..) => _ = tap(rec, &rest[..n]),
+                (None, ..) => tap(rec, &rest[..n]),
+            }
         }
         used += n;
         if b.have < b.len {
@@ -439,15 +647,19 @@ impl MuxDecoder {
         let State::Body(b) = core::mem::take(&mut self.state) else {
             unreachable!("body state checked above")
         };
-        let Body { kind, rank, len, tag, mac, body, .. } = *b;
+        let Body { kind, rank, len, tag, mac, held, body, .. } = *b;
+        if let (Some(held), Some(record)) = (held, frame_record(kind)) {
+            let payload = body.map_or_else(Payload::new, PayloadBuilder::finish);
+            return Ok((used, Some(Step::Held(Box::new(HeldFrame { record, tag, payload, mac, held })))));
+        }
         if mac.finish() != tag {
             return Err(WireError::new(F, "tag", Problem::Mac));
         }
         Ok((
             used,
             Some(match body {
-                Some(body) => MuxDecoded::Record(record(kind, rank, body.finish())?),
-                None => MuxDecoded::Skipped { rank, len: len as u64 },
+                Some(body) => Step::Record(record(kind, rank, body.finish())?),
+                None => Step::Skipped { rank, len: len as u64 },
             }),
         ))
     }

@@ -79,6 +79,38 @@ impl Payload {
         v
     }
 
+    /// Copies `out.len()` bytes from `offset` into `out` (across segments);
+    /// bytes past the end are left as they were.
+    ///
+    /// ```
+    /// use cohort_proto::wire::Payload;
+    /// let mut p = Payload::from(&b"abc"[..]);
+    /// p.push(bytes::Bytes::from_static(b"defg"));
+    /// let mut out = [b'.'; 4];
+    /// p.copy_range(1, &mut out);
+    /// assert_eq!(&out, b"bcde");
+    /// p.copy_range(5, &mut out);
+    /// assert_eq!(&out, b"fgde");
+    /// ```
+    pub fn copy_range(&self, offset: usize, out: &mut [u8]) {
+        let mut at = 0;
+        let mut done = 0;
+        for seg in self.segments() {
+            let (s0, s1) = (at, at + seg.len());
+            at = s1;
+            let want = offset + done;
+            if done == out.len() {
+                break;
+            }
+            if s1 <= want {
+                continue;
+            }
+            let n = (s1 - want).min(out.len() - done);
+            out[done..done + n].copy_from_slice(&seg[want - s0..want - s0 + n]);
+            done += n;
+        }
+    }
+
     /// Appends a shared segment (no copy).
     pub fn push(&mut self, seg: Bytes) {
         if seg.is_empty() {
@@ -180,6 +212,11 @@ impl PayloadBuilder {
             self.tail.extend_from_slice(&bytes[..n]);
             bytes = &bytes[n..];
         }
+    }
+
+    /// The segments already full (shared, no longer written).
+    pub(crate) fn frozen(&self) -> &Payload {
+        &self.done
     }
 
     fn flush_tail(&mut self) {

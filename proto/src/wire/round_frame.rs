@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use super::consts::*;
 use super::dtype::{Dtype, extend_le, extend_le_mapped};
 use super::error::{FrameType, Problem, WireError, WireResult};
-use super::mac::{MacKey, MacState};
+use super::mac::{Inline, MacJob, MacKey, MacRunner, MacState};
 use super::mux::{FrameRecord, MUX_HEADER_LEN, RecordSigner};
 
 /// What a round carries: model parameters (averaged) or control sums (summed).
@@ -176,7 +176,7 @@ const ABSORB: usize = 32 * 1024;
 
 /// A record writer's MACs, fed as the frame is written.
 #[derive(Debug)]
-struct Signing {
+struct Signing<'a> {
     key: MacKey,
     /// The frame's own MAC (its footer).
     frame: MacState,
@@ -184,6 +184,9 @@ struct Signing {
     record: RecordSigner,
     /// Frame bytes absorbed so far.
     hashed: usize,
+    /// Where the two MACs run, and how much is written between absorptions.
+    macs: &'a dyn MacRunner,
+    piece: usize,
 }
 
 /// Writes one round frame into a caller-owned buffer, tensor by tensor, and
@@ -226,7 +229,7 @@ pub struct RoundWriter<'a> {
     start: usize,
     declared: u32,
     written: u32,
-    signing: Option<Signing>,
+    signing: Option<Signing<'a>>,
 }
 
 impl<'a> RoundWriter<'a> {
@@ -247,8 +250,26 @@ impl<'a> RoundWriter<'a> {
         weight: f64,
         n_tensors: u32,
     ) -> WireResult<Self> {
+        Self::begin_record_on(&Inline, out, key, record, frame_len, kind, weight, n_tensors)
+    }
+
+    /// [`RoundWriter::begin_record`] with the two MACs run by `macs`, a
+    /// piece of its [`batch`](MacRunner::batch) size at a time: on a pool
+    /// they hash each piece at once, on two cores.
+    #[allow(clippy::too_many_arguments)]
+    pub fn begin_record_on(
+        macs: &'a dyn MacRunner,
+        out: &'a mut BytesMut,
+        key: &MacKey,
+        record: FrameRecord,
+        frame_len: u64,
+        kind: RoundKind,
+        weight: f64,
+        n_tensors: u32,
+    ) -> WireResult<Self> {
         let record = RecordSigner::new(key, record, usize::try_from(frame_len).unwrap_or(usize::MAX))?;
-        let signing = Signing { key: key.clone(), frame: key.start(), record, hashed: 0 };
+        let piece = if macs.batch() > 0 { macs.batch() } else { ABSORB };
+        let signing = Signing { key: key.clone(), frame: key.start(), record, hashed: 0, macs, piece };
         Self::open(out, kind, weight, n_tensors, Some(signing))
     }
 
@@ -257,7 +278,7 @@ impl<'a> RoundWriter<'a> {
         kind: RoundKind,
         weight: f64,
         n_tensors: u32,
-        signing: Option<Signing>,
+        signing: Option<Signing<'a>>,
     ) -> WireResult<Self> {
         check_weight(weight)?;
         if n_tensors > MAX_ROUND_FRAME_TENSORS {
@@ -276,20 +297,26 @@ impl<'a> RoundWriter<'a> {
         out.extend_from_slice(&n_tensors.to_le_bytes());
         out.extend_from_slice(&[kind.tag()]);
         out.extend_from_slice(&weight.to_le_bytes());
-        let mut w = RoundWriter { out, rewind, start, declared: n_tensors, written: 0, signing };
-        w.absorb();
-        Ok(w)
+        Ok(RoundWriter { out, rewind, start, declared: n_tensors, written: 0, signing })
     }
 
-    /// Feeds the bytes written since the last call to a record writer's MACs.
+    /// Feeds the bytes written since the last absorption to a record
+    /// writer's MACs, once they make a piece (or, `all`, whatever is left).
     #[inline]
-    fn absorb(&mut self) {
+    fn absorb(&mut self, all: bool) {
         if let Some(s) = &mut self.signing {
             let new = &self.out[self.start + s.hashed..];
-            s.frame.update(new);
-            s.record.update(new);
+            if new.is_empty() || (!all && new.len() < s.piece) {
+                return;
+            }
+            s.macs.run(&mut [MacJob::new(&mut s.frame, new), s.record.job(new)]);
             s.hashed += new.len();
         }
+    }
+
+    /// Bytes written between absorptions.
+    fn piece_bytes(&self) -> usize {
+        self.signing.as_ref().map_or(ABSORB, |s| s.piece)
     }
 
     fn fail(&mut self, err: WireError) -> WireError {
@@ -317,7 +344,7 @@ impl<'a> RoundWriter<'a> {
         }
         self.out.extend_from_slice(&nbytes.to_le_bytes());
         self.written += 1;
-        self.absorb();
+        self.absorb(false);
         Ok(())
     }
 
@@ -349,9 +376,10 @@ impl<'a> RoundWriter<'a> {
         }
         self.header(dtype, shape, bytes.len() as u64)?;
         self.out.reserve(bytes.len());
-        for piece in bytes.chunks(ABSORB) {
+        let piece = self.piece_bytes();
+        for piece in bytes.chunks(piece) {
             self.out.extend_from_slice(piece);
-            self.absorb();
+            self.absorb(false);
         }
         Ok(())
     }
@@ -371,9 +399,10 @@ impl<'a> RoundWriter<'a> {
         f: impl Fn(f32) -> f32,
     ) -> WireResult<()> {
         self.values_header(dtype, shape, values.len())?;
-        for piece in values.chunks(ABSORB / dtype.size()) {
+        let piece = (self.piece_bytes() / dtype.size()).max(1);
+        for piece in values.chunks(piece) {
             extend_le_mapped(self.out, piece, dtype, &f);
-            self.absorb();
+            self.absorb(false);
         }
         Ok(())
     }
@@ -389,10 +418,11 @@ impl<'a> RoundWriter<'a> {
         mut prepare: impl FnMut(&mut [f32]),
     ) -> WireResult<()> {
         self.values_header(dtype, shape, values.len())?;
-        for piece in values.chunks_mut(ABSORB / dtype.size()) {
+        let piece = (self.piece_bytes() / dtype.size()).max(1);
+        for piece in values.chunks_mut(piece) {
             prepare(piece);
             extend_le(self.out, piece, dtype);
-            self.absorb();
+            self.absorb(false);
         }
         Ok(())
     }
@@ -429,6 +459,7 @@ impl<'a> RoundWriter<'a> {
             );
             return Err(self.fail(e));
         }
+        self.absorb(true);
         match self.signing.take() {
             None => {
                 let tag = key.mac64(&self.out[self.start..]);
@@ -565,6 +596,14 @@ pub struct RoundDecoder {
     small: [u8; 8],
     have: usize,
     mac: Option<MacState>,
+    /// MAC input gathered for a later batch (see [`RoundDecoder::staging`]).
+    staged: Vec<u8>,
+    /// How much may be gathered; 0: absorbed as it arrives.
+    stage_cap: usize,
+    /// The footer is the caller's to check ([`RoundDecoder::unkeyed`]).
+    unkeyed: bool,
+    /// MAC input of the current frame so far.
+    macd: u64,
     wire_len: u64,
     n_tensors: u32,
     kind: RoundKind,
@@ -590,6 +629,10 @@ impl RoundDecoder {
             small: [0; 8],
             have: 0,
             mac: None,
+            staged: Vec::new(),
+            stage_cap: 0,
+            unkeyed: false,
+            macd: 0,
             wire_len: 0,
             n_tensors: 0,
             kind: RoundKind::Model,
@@ -604,6 +647,89 @@ impl RoundDecoder {
             carry_len: 0,
             total_nbytes: 0,
             total_logical: 0,
+        }
+    }
+
+    /// A decoder that gathers up to `cap` bytes of MAC input instead of
+    /// hashing them as they arrive, so that a machine can hash several
+    /// connections' frames at once on a [`MacRunner`]
+    /// ([`RoundDecoder::run_staged`]). [`feed`](Self::feed) then stops
+    /// early, with bytes left and no frame, when the gathered input is full
+    /// or the footer is reached before it was hashed; run the staged MACs
+    /// and feed the rest. `cap = 0` is [`RoundDecoder::new`].
+    ///
+    /// ```
+    /// use cohort_proto::wire::*;
+    /// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
+    /// let values: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+    /// let mut buf = bytes::BytesMut::new();
+    /// let mut w = RoundWriter::begin(&mut buf, RoundKind::Model, 1.0, 1).unwrap();
+    /// w.tensor_values(Dtype::F32, &[1000], &values).unwrap();
+    /// w.finish(&key).unwrap();
+    /// let (mut a, mut b) = (RoundDecoder::staging(DEFAULT_FRAME_CEILING, 512), RoundDecoder::staging(DEFAULT_FRAME_CEILING, 512));
+    /// let (mut rest_a, mut rest_b) = (&buf[..], &buf[..]);
+    /// let mut done = 0;
+    /// while done < 2 {
+    ///     for (dec, rest) in [(&mut a, &mut rest_a), (&mut b, &mut rest_b)] {
+    ///         let (used, frame) = dec.feed(rest, &key, &mut NullSink).unwrap();
+    ///         *rest = &rest[used..];
+    ///         done += usize::from(frame.is_some());
+    ///     }
+    ///     // Both connections' gathered input, hashed in one batch.
+    ///     RoundDecoder::run_staged([&mut a, &mut b], &Inline);
+    /// }
+    /// assert!(rest_a.is_empty() && rest_b.is_empty());
+    /// ```
+    pub fn staging(ceiling: u64, cap: usize) -> Self {
+        RoundDecoder { stage_cap: cap, ..RoundDecoder::new(ceiling) }
+    }
+
+    /// A decoder that checks everything but the footer's MAC, which its
+    /// caller computes over the frame's bytes where they lie (the reduce
+    /// hashes a held record's frame and tag side by side on its runner). A
+    /// frame it reports done is laid out, not authenticated.
+    pub fn unkeyed(ceiling: u64) -> Self {
+        RoundDecoder { unkeyed: true, ..RoundDecoder::new(ceiling) }
+    }
+
+    /// Hashes every decoder's gathered MAC input in one batch on `macs`.
+    pub fn run_staged<'a>(decoders: impl IntoIterator<Item = &'a mut RoundDecoder>, macs: &dyn MacRunner) {
+        let mut ready: Vec<&mut RoundDecoder> =
+            decoders.into_iter().filter(|d| !d.staged.is_empty() && d.mac.is_some()).collect();
+        let mut jobs: Vec<MacJob<'_>> =
+            ready.iter_mut().filter_map(|d| Some(MacJob::new(d.mac.as_mut()?, &d.staged))).collect();
+        macs.run(&mut jobs);
+        drop(jobs);
+        for d in ready {
+            d.staged.clear();
+        }
+    }
+
+    /// Bytes of the current frame its MAC covers, read so far (everything
+    /// but the footer): how far a caller hashing an unkeyed frame where it
+    /// lies may go.
+    pub fn mac_input_len(&self) -> u64 {
+        self.macd
+    }
+
+    /// Whether the footer's MAC is left to the caller.
+    pub fn is_unkeyed(&self) -> bool {
+        self.unkeyed
+    }
+
+    /// The most MAC input it gathers before a batch (0: none).
+    pub fn stage_cap(&self) -> usize {
+        self.stage_cap
+    }
+
+    /// Feeds MAC input: gathered for a batch when staging, else hashed now.
+    #[inline]
+    fn mac_input(&mut self, bytes: &[u8]) {
+        self.macd += bytes.len() as u64;
+        if self.stage_cap > 0 {
+            self.staged.extend_from_slice(bytes);
+        } else if let Some(m) = &mut self.mac {
+            m.update(bytes);
         }
     }
 
@@ -632,11 +758,13 @@ impl RoundDecoder {
     }
 
     fn reset(&mut self) {
-        let ceiling = self.ceiling;
         let shape = core::mem::take(&mut self.shape);
-        *self = RoundDecoder::new(ceiling);
+        let staged = core::mem::take(&mut self.staged);
+        *self = RoundDecoder { unkeyed: self.unkeyed, ..RoundDecoder::staging(self.ceiling, self.stage_cap) };
         self.shape = shape;
         self.shape.clear();
+        self.staged = staged;
+        self.staged.clear();
     }
 
     /// Accumulates up to `n` bytes of a small field; `Some(bytes)` when complete.
@@ -644,9 +772,7 @@ impl RoundDecoder {
         let take = (n - self.have).min(input.len() - *used);
         let src = &input[*used..*used + take];
         self.small[self.have..self.have + take].copy_from_slice(src);
-        if let Some(m) = &mut self.mac {
-            m.update(src);
-        }
+        self.mac_input(src);
         self.have += take;
         *used += take;
         self.wire_len += take as u64;
@@ -675,7 +801,7 @@ impl RoundDecoder {
         while used < input.len() || (self.stage == Stage::Data && self.remaining == 0) {
             match self.stage {
                 Stage::Magic => {
-                    if self.mac.is_none() {
+                    if self.mac.is_none() && !self.unkeyed {
                         self.mac = Some(key.start());
                     }
                     let Some(b) = self.gather(input, &mut used, 4) else { break };
@@ -751,20 +877,27 @@ impl RoundDecoder {
                         self.next_tensor_or_footer();
                         continue;
                     }
-                    let take = (self.remaining.min((input.len() - used) as u64)) as usize;
-                    let chunk = &input[used..used + take];
-                    if let Some(m) = &mut self.mac {
-                        m.update(chunk);
+                    let mut take = (self.remaining.min((input.len() - used) as u64)) as usize;
+                    if self.stage_cap > 0 {
+                        take = take.min(self.stage_cap.saturating_sub(self.staged.len()));
+                        if take == 0 {
+                            break;
+                        }
                     }
+                    let chunk = &input[used..used + take];
+                    self.mac_input(chunk);
                     used += take;
                     self.wire_len += take as u64;
                     self.remaining -= take as u64;
                     self.deliver(chunk, sink)?;
                 }
                 Stage::Footer => {
+                    if !self.staged.is_empty() {
+                        break;
+                    }
                     let Some(b) = self.gather_footer(input, &mut used) else { break };
                     let computed = self.mac.take().map(MacState::finish);
-                    if computed != Some(u64::from_le_bytes(b)) {
+                    if !self.unkeyed && computed != Some(u64::from_le_bytes(b)) {
                         return Err(WireError::new(F, "footer", Problem::Mac));
                     }
                     let done = RoundDone {

@@ -1,0 +1,149 @@
+//! [`MacPool`]: the [`MacRunner`] real deployments give their data-plane
+//! machines, so a relay's and a reduce's MAC work runs on every core.
+//!
+//! A batch's jobs are dealt into as many groups as the pool is wide, the
+//! largest first onto the lightest group (the longest-processing-time
+//! rule), because one MAC chain cannot be split: with four equal jobs on
+//! two cores each core hashes two. The calling thread runs the first group
+//! itself and the pool's threads the others, so a batch costs one hand-off
+//! and no idle caller.
+
+use std::sync::{Arc, OnceLock};
+use std::{fmt, io};
+
+use cohort_proto::wire::{MacJob, MacRunner};
+
+/// A pool of threads that runs a machine's MAC jobs, `width` at a time.
+///
+/// ```
+/// use cohort_driver_core::MacPool;
+/// use cohort_proto::wire::{MacJob, MacKey, MacRunner, SessionSalt};
+/// let pool = MacPool::new(2).unwrap();
+/// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
+/// let data = vec![7u8; 1 << 20];
+/// let mut states = [key.start(), key.start(), key.start()];
+/// let mut jobs: Vec<MacJob> = states.iter_mut().map(|state| MacJob::new(state, &data)).collect();
+/// pool.run(&mut jobs);
+/// drop(jobs);
+/// let want = key.mac64(&data);
+/// assert!(states.into_iter().all(|s| s.finish() == want));
+/// ```
+pub struct MacPool {
+    pool: rayon::ThreadPool,
+    width: usize,
+}
+
+/// MAC input per job: about a millisecond of SHA-256, against a few
+/// microseconds to hand a batch to another thread (1 MiB measured slower
+/// on the relay round: 1.57x the inline path against 1.66x).
+pub const BATCH: usize = 2 << 20;
+
+impl fmt::Debug for MacPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MacPool(width {})", self.width)
+    }
+}
+
+impl MacPool {
+    /// A pool running `width` jobs at once: the caller's thread and
+    /// `width - 1` of its own (`width` 0 counts as 1).
+    pub fn new(width: usize) -> io::Result<Self> {
+        let width = width.max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(width - 1)
+            .thread_name(|i| format!("cohort-mac-{i}"))
+            .build()
+            .map_err(io::Error::other)?;
+        Ok(MacPool { pool, width })
+    }
+
+    /// The process's pool, one job per core, made on first use (a machine
+    /// falls back to hashing inline if the threads cannot be made).
+    pub fn per_core() -> Option<Arc<MacPool>> {
+        static POOL: OnceLock<Option<Arc<MacPool>>> = OnceLock::new();
+        POOL.get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            MacPool::new(cores).ok().map(Arc::new)
+        })
+        .clone()
+    }
+}
+
+impl MacRunner for MacPool {
+    fn run(&self, jobs: &mut [MacJob<'_>]) {
+        if self.width == 1 || jobs.len() < 2 {
+            jobs.iter_mut().for_each(MacJob::run);
+            return;
+        }
+        let mut groups = deal(jobs, self.width);
+        let (mine, theirs) = groups.split_first_mut().expect("at least two jobs make two groups");
+        self.pool.in_place_scope(|s| {
+            for group in theirs {
+                s.spawn(move |_| group.iter_mut().for_each(|j| j.run()));
+            }
+            mine.iter_mut().for_each(|j| j.run());
+        });
+    }
+
+    fn batch(&self) -> usize {
+        if self.width > 1 { BATCH } else { 0 }
+    }
+}
+
+impl MacPool {
+    /// How many jobs it runs at once.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+}
+
+/// Deals `jobs` into at most `width` groups of nearly equal bytes, largest
+/// job first onto the lightest group.
+fn deal<'j, 'a>(jobs: &'j mut [MacJob<'a>], width: usize) -> Vec<Vec<&'j mut MacJob<'a>>> {
+    let mut order: Vec<&'j mut MacJob<'a>> = jobs.iter_mut().collect();
+    order.sort_by_key(|j| core::cmp::Reverse(j.len()));
+    let n = width.min(order.len());
+    let mut groups: Vec<(usize, Vec<&'j mut MacJob<'a>>)> = (0..n).map(|_| (0, Vec::new())).collect();
+    for job in order {
+        let lightest = groups.iter_mut().min_by_key(|(load, _)| *load).expect("n >= 1");
+        lightest.0 += job.len();
+        lightest.1.push(job);
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cohort_proto::wire::{MacKey, SessionSalt};
+
+    #[test]
+    fn dealing_balances_bytes_and_keeps_every_job_once() {
+        let key = MacKey::new(&SessionSalt::from_bytes([1; 16]));
+        let data = [0u8; 100];
+        let lens = [90, 10, 50, 50, 40, 60];
+        let mut states: Vec<_> = lens.iter().map(|_| key.start()).collect();
+        let mut jobs: Vec<MacJob> =
+            states.iter_mut().zip(lens).map(|(state, n)| MacJob::new(state, &data[..n])).collect();
+        let groups = deal(&mut jobs, 2);
+        let loads: Vec<usize> = groups.iter().map(|g| g.iter().map(|j| j.len()).sum()).collect();
+        assert_eq!(loads, [150, 150]);
+        assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), lens.len());
+    }
+
+    #[test]
+    fn a_pool_gives_what_inline_gives() {
+        let key = MacKey::new(&SessionSalt::from_bytes([2; 16]));
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 + 7) as u8).collect();
+        let pool = MacPool::new(3).unwrap();
+        let cuts = [0usize, 1, 63, 64, 65, 4096, 100_001, 300_000];
+        let mut states: Vec<_> = cuts.iter().map(|_| key.start()).collect();
+        let mut jobs: Vec<MacJob> =
+            states.iter_mut().zip(cuts).map(|(state, n)| MacJob::new(state, &data[..n])).collect();
+        pool.run(&mut jobs);
+        drop(jobs);
+        for (s, n) in states.into_iter().zip(cuts) {
+            assert_eq!(s.finish(), key.mac64(&data[..n]), "{n} bytes");
+        }
+    }
+}

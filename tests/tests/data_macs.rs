@@ -1,0 +1,318 @@
+//! The data plane's outputs do not depend on where its MAC work runs.
+//!
+//! - A data relay: the same rounds, split and interleaved any way, with or
+//!   without a tampered byte or a rank lost mid-frame, give the same events
+//!   and the same bytes upstream when the relay hashes as bytes arrive
+//!   (inline) and when it gathers its ranks' MAC input and hashes it in
+//!   batches (as on a driver's pool), whatever the batch size.
+//! - The reduce: a host frame record with any byte flipped (header, tag,
+//!   frame, footer, bytes after the frame) meets the same verdict whether
+//!   the reduce verifies it as it streams or holds it and runs its tag and
+//!   footer side by side.
+//! - The whole data plane (ranks, relays, reduce, every byte split at
+//!   random): the same events on both runners.
+
+use std::sync::Arc;
+
+use cohort_proto::rank::data_client::{Contribution, TensorView};
+use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
+use cohort_proto::relay::{Leg, RelayEvent};
+use cohort_proto::testing::harness::Outputs;
+use cohort_proto::testing::macs::Batched;
+use cohort_proto::wire::{Dtype, MacRunner, MuxRecord, Payload, RelayControlMsg, RoundKind};
+use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
+use cohort_tests::data_harness::*;
+use proptest::prelude::*;
+
+/// One rank's part of a round: its frame's values and weight.
+#[derive(Debug, Clone)]
+struct Deposit {
+    values: Vec<f32>,
+    weight: f64,
+}
+
+/// A run: `ranks` ranks, `rounds` rounds of `n`-element f32 frames (bf16 if
+/// `bf16`), read in `cuts`-sized pieces from ranks picked by `order`; maybe
+/// one byte flipped, maybe one rank lost after some bytes.
+#[derive(Debug, Clone)]
+struct Run {
+    ranks: u32,
+    deposits: Vec<Vec<Deposit>>,
+    bf16: bool,
+    order: Vec<u8>,
+    cuts: Vec<u16>,
+    flip: Option<(u32, usize)>,
+    lose: Option<(u32, usize)>,
+    batch: usize,
+}
+
+fn run() -> impl Strategy<Value = Run> {
+    (1u32..=4, 1usize..=2, 1usize..=700, any::<bool>()).prop_flat_map(|(ranks, rounds, n, bf16)| {
+        let deposit = (prop::collection::vec(-4.0f32..4.0, n), 0.25f64..4.0)
+            .prop_map(|(values, weight)| Deposit { values, weight });
+        (
+            prop::collection::vec(prop::collection::vec(deposit, ranks as usize), rounds),
+            prop::collection::vec(any::<u8>(), 1..64),
+            prop::collection::vec(1u16..3000, 1..64),
+            prop::option::weighted(0.3, (0..ranks, any::<usize>())),
+            prop::option::weighted(0.2, (0..ranks, any::<usize>())),
+            1usize..5000,
+        )
+            .prop_map(move |(deposits, order, cuts, flip, lose, batch)| Run {
+                ranks,
+                deposits,
+                bf16,
+                order,
+                cuts,
+                flip,
+                lose,
+                batch,
+            })
+    })
+}
+
+/// Plays `run` through one relay, batched on `batch` bytes (or inline), and
+/// returns everything it put out.
+fn play(run: &Run, batch: Option<usize>) -> Outputs<RelayEvent> {
+    let ranks: Vec<u32> = (0..run.ranks).collect();
+    let (mut rig, conns) = RelayRig::ready(Leg::Data, &ranks, run.ranks);
+    if let Some(batch) = batch {
+        rig.relay.run_macs_on(Arc::new(Batched { batch }));
+    }
+    let dtype = if run.bf16 { Dtype::Bf16 } else { Dtype::F32 };
+    // Each rank's whole stream: its frames of every round, length-framed.
+    let mut streams: Vec<Vec<u8>> = ranks
+        .iter()
+        .map(|r| {
+            let mut s = Vec::new();
+            for round in &run.deposits {
+                let d = &round[*r as usize];
+                let f = frame(RoundKind::Model, d.weight, dtype, &d.values);
+                s.extend(len_framed(&f.to_bytes(&rig.key).unwrap()));
+            }
+            s
+        })
+        .collect();
+    if let Some((r, at)) = run.flip {
+        let s = &mut streams[r as usize];
+        let at = 4 + at % (s.len() - 4);
+        s[at] ^= 0x10;
+    }
+    let mut sent = vec![0usize; streams.len()];
+    let mut lost = None;
+    let mut step = 0;
+    while sent.iter().zip(&streams).any(|(at, s)| *at < s.len()) {
+        let pick = run.order[step % run.order.len()] as usize % streams.len();
+        let cut = run.cuts[step % run.cuts.len()] as usize;
+        step += 1;
+        let r =
+            (pick..pick + streams.len()).map(|i| i % streams.len()).find(|i| sent[*i] < streams[*i].len());
+        let Some(r) = r else { break };
+        if lost == Some(r) {
+            sent[r] = streams[r].len();
+            continue;
+        }
+        let end = (sent[r] + cut).min(streams[r].len());
+        rig.handle(Input::Received { conn: conns[r], bytes: &streams[r][sent[r]..end] });
+        sent[r] = end;
+        if let Some((lr, after)) = run.lose
+            && lr as usize == r
+            && lost.is_none()
+            && sent[r] >= after % streams[r].len()
+        {
+            lost = Some(r);
+            rig.close(conns[r], CloseCause::Reset);
+        }
+    }
+    rig.out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn batched_mac_work_changes_nothing_a_relay_does(run in run()) {
+        let inline = play(&run, None);
+        let batched = play(&run, Some(run.batch));
+        prop_assert_eq!(format!("{:?}", batched.events), format!("{:?}", inline.events));
+        prop_assert_eq!(&batched.bytes, &inline.bytes);
+        prop_assert_eq!(&batched.closed, &inline.closed);
+    }
+}
+
+/// A round whose frames are bigger than a batch ships the same host frame
+/// batched as inline, and every rank's frame was hashed (a wrong byte in
+/// any part of any frame still stops the relay).
+#[test]
+fn frames_longer_than_a_batch_are_verified_whole() {
+    let values: Vec<f32> = (0..5000).map(|i| i as f32 * 0.25).collect();
+    let run = |flip: Option<(u32, usize)>| Run {
+        ranks: 3,
+        deposits: vec![vec![Deposit { values: values.clone(), weight: 1.0 }; 3]],
+        bf16: false,
+        order: vec![0, 1, 2],
+        cuts: vec![777],
+        flip,
+        lose: None,
+        batch: 1000,
+    };
+    let clean = play(&run(None), Some(1000));
+    assert!(
+        clean.events.iter().any(|e| matches!(e, RelayEvent::HostFrameShipped { deposits: 3, .. })),
+        "{:?}",
+        clean.events
+    );
+    assert_eq!(clean.bytes, play(&run(None), None).bytes);
+    for at in [0, 999, 1000, 10_000, 19_999] {
+        let out = play(&run(Some((1, at))), Some(1000));
+        assert!(
+            out.events.iter().any(|e| matches!(e, RelayEvent::Stopped(_))),
+            "a byte flipped at {at} must stop the relay: {:?}",
+            out.events
+        );
+        assert!(!out.events.iter().any(|e| matches!(e, RelayEvent::HostFrameShipped { .. })));
+    }
+}
+
+/// Where the second host's record is tampered with.
+#[derive(Debug, Clone, Copy)]
+enum Flip {
+    /// A byte of the signed record (its tag no longer holds).
+    Record(usize),
+    /// A byte of the frame before the record is signed (the tag holds, the
+    /// frame's own footer does not).
+    Frame(usize),
+}
+
+/// The reduce's events and bytes for two hosts' frames, the second one's
+/// record tampered with by `flip` (and `trail` bytes after its frame), fed
+/// in `cut`-byte reads, on `macs`.
+fn reduce_play(
+    flip: Option<Flip>,
+    trail: usize,
+    cut: usize,
+    macs: Option<Arc<dyn MacRunner>>,
+) -> Outputs<ReduceEvent> {
+    let key = key();
+    let mut reduce = Reduce::new(ReduceConfig::new(2, key.clone()));
+    if let Some(macs) = macs {
+        reduce.run_macs_on(macs);
+    }
+    let mut out = Outputs::default();
+    let now = Time::ZERO;
+    let mut conns = Vec::new();
+    for r in 0..2u32 {
+        let hello = MuxRecord::Control(RelayControlMsg::Hello {
+            host: format!("h{r}"),
+            ranks: vec![r],
+            model_sigs: vec![],
+        });
+        let conn = ConnId(10 + u64::from(r));
+        reduce.adopt(now, conn, Peer::REMOTE, &hello.to_bytes(&key).unwrap());
+        conns.push(conn);
+    }
+    drain(&mut reduce, now, &mut out);
+    for (i, conn) in conns.iter().enumerate() {
+        let values: Vec<f32> = (0..N).map(|v| (v as f32 + i as f32) * 0.5).collect();
+        let mut bytes =
+            frame(RoundKind::Model, 1.0 + i as f64, Dtype::F32, &values).to_bytes(&key).unwrap().to_vec();
+        if i == 1 {
+            bytes.extend(std::iter::repeat_n(0u8, trail));
+            if let Some(Flip::Frame(at)) = flip {
+                let at = at % bytes.len();
+                bytes[at] ^= 0x04;
+            }
+        }
+        let mut rec = MuxRecord::HostFrame { payload: Payload::from(bytes) }.to_bytes(&key).unwrap().to_vec();
+        if let (1, Some(Flip::Record(at))) = (i, flip) {
+            let at = at % rec.len();
+            rec[at] ^= 0x04;
+        }
+        for piece in rec.chunks(cut) {
+            reduce.handle(now, Input::Received { conn: *conn, bytes: piece });
+            drain(&mut reduce, now, &mut out);
+        }
+    }
+    out
+}
+
+/// Elements per host frame: 160 KB, three payload segments, so a held
+/// record is hashed a batch at a time as it arrives.
+const N: usize = 40_000;
+
+#[test]
+fn a_held_host_frame_meets_the_streaming_verdict_at_every_flipped_byte() {
+    let frame_len = 17 + 14 + 4 * N + 8;
+    let mut flips: Vec<Flip> = (0..48).step_by(3).map(Flip::Record).collect();
+    flips.extend([25 + frame_len / 2, 25 + frame_len - 1].map(Flip::Record));
+    flips.extend(
+        [0, 13, 17, 20, 30, 31, frame_len / 2, frame_len - 9, frame_len - 8, frame_len - 1].map(Flip::Frame),
+    );
+    let mut verdicts = std::collections::BTreeSet::new();
+    for (trail, cut, batch) in [(0, 1 << 20, 1 << 20), (5, 4096, 1), (0, 777, 70_000), (5, 70_001, 1)] {
+        let held_on = || -> Option<Arc<dyn MacRunner>> { Some(Arc::new(Batched { batch })) };
+        {
+            let clean = reduce_play(None, trail, cut, None);
+            assert_eq!(format!("{:?}", reduce_play(None, trail, cut, held_on())), format!("{clean:?}"));
+            for flip in &flips {
+                let inline = reduce_play(Some(*flip), trail, cut, None);
+                let held = reduce_play(Some(*flip), trail, cut, held_on());
+                assert_eq!(
+                    format!("{:?}", held.events),
+                    format!("{:?}", inline.events),
+                    "{flip:?}, trail {trail}, cut {cut}, batch {batch}"
+                );
+                assert_eq!(held.bytes, inline.bytes, "{flip:?}");
+                let events = format!("{:?}", inline.events);
+                let verdict =
+                    ["\"tag\"", "\"footer\"", "\"magic\"", "\"dtype\"", "bytes follow", "Consensus"]
+                        .into_iter()
+                        .filter(|v| events.contains(v))
+                        .collect::<Vec<_>>()
+                        .join(" ");
+                verdicts.insert(verdict);
+            }
+        }
+    }
+    // The flips met every kind of verdict: a bad tag, a bad footer under a
+    // good tag, a bad header, a bad layout, trailing bytes, and a consensus.
+    assert!(verdicts.len() >= 6, "{verdicts:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_whole_data_plane_does_the_same_on_either_runner(
+        split in 1usize..4,
+        ranks in 2usize..6,
+        n in 1usize..3000,
+        chunk in 1usize..5000,
+        seed in any::<u64>(),
+        batch in 1usize..6000,
+    ) {
+        let hosts: Vec<Vec<u32>> = {
+            let all: Vec<u32> = (0..ranks as u32).collect();
+            all.chunks(split.min(ranks)).map(<[u32]>::to_vec).collect()
+        };
+        let play = |macs: Arc<dyn MacRunner>| {
+            let mut c = DataCluster::with_macs(&hosts, chunk, seed, macs);
+            for round in 0..2 {
+                for r in 0..ranks {
+                    let values: Vec<f32> = (0..n).map(|i| ((i * 7 + r * 3 + round) % 11) as f32 - 5.0).collect();
+                    let shape = [n as u32];
+                    let t = [TensorView::new(&shape, &values)];
+                    let now = c.now;
+                    c.ranks[r].submit_round(now, &Contribution::model(1.0 + r as f64, Dtype::F32, &t)).expect("submit");
+                }
+                c.pump();
+            }
+            c.take_events()
+        };
+        let inline = play(Arc::new(cohort_proto::wire::Inline));
+        let batched = play(Arc::new(Batched { batch }));
+        let rounds = inline.iter().filter(|e| matches!(e, ClusterEvent::Reduce(ReduceEvent::Consensus { .. }))).count();
+        prop_assert_eq!(rounds, 2);
+        prop_assert_eq!(batched, inline);
+    }
+}
