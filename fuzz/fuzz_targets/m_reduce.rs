@@ -2,7 +2,8 @@
 //! hellos, then HostFrame records carrying round frames of fuzzer-chosen
 //! tensors (signed; the frame inside signed too), arbitrary splits, closes,
 //! time; commands declare ranks dead.
-//! Config byte: world size.
+//! Config byte: world size, and (bits 5..6) the MAC runner: inline, or
+//! batches of 1, 100 or 4,096 bytes.
 #![no_main]
 use cohort_fuzz::frames::mux_record;
 use cohort_fuzz::machines::*;
@@ -17,8 +18,12 @@ cohort_fuzz::install_counting_allocator!();
 const CEILING: u64 = 1 << 20;
 
 fn make(o: &mut cohort_fuzz::Ops<'_>) -> Option<Reduce> {
-    let world = u32::from(o.u8() % 4) + 1;
-    Some(Reduce::new(ReduceConfig { ceiling: CEILING, ..ReduceConfig::new(world, key()) }))
+    let c = o.u8();
+    let world = u32::from(c % 4) + 1;
+    let mut reduce = Reduce::new(ReduceConfig { ceiling: CEILING, ..ReduceConfig::new(world, key()) });
+    // Host frames verified as they stream, or held and hashed in batches.
+    reduce.run_macs_on(cohort_fuzz::batches(c >> 5));
+    Some(reduce)
 }
 
 fn make_seeds() -> Vec<Vec<u8>> {

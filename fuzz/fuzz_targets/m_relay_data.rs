@@ -5,7 +5,8 @@
 //! and time. A bad upstream frame may end the relay (the upstream is
 //! exempt from the one-connection rule); a bad local frame may cost only
 //! that rank's connection.
-//! Config byte: ranks and world size.
+//! Config byte: ranks and world size, and (bits 5..6) the MAC runner:
+//! inline, or batches of 1, 100 or 4,096 bytes.
 #![no_main]
 #[allow(unused_imports)]
 use cohort_fuzz::frames::mux_record;
@@ -26,7 +27,10 @@ fn make(o: &mut cohort_fuzz::Ops<'_>) -> Option<Relay> {
     let ranks = if c & 0x10 != 0 { vec![1] } else { vec![0, 1] };
     let mut cfg = RelayConfig::new(Leg::Data, "hostA", ranks, world, key(), "controller:7000");
     cfg.ceiling = CEILING;
-    Relay::new(cfg).ok()
+    let mut relay = Relay::new(cfg).ok()?;
+    // Its ranks' MACs hashed as they stream, or gathered and batched.
+    relay.run_macs_on(cohort_fuzz::batches(c >> 5));
+    Some(relay)
 }
 
 #[allow(unused_variables)]

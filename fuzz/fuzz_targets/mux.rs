@@ -7,10 +7,11 @@
 //! - signed: second byte the kind, then a u32 rank, then a payload the
 //!   harness signs (so `RelayControlMsg` bincode is reached).
 #![no_main]
+use cohort_fuzz::Batches;
 use cohort_fuzz::alloc::{Scope, decoder_bound};
 use cohort_fuzz::frames::mux_record;
 use cohort_fuzz::{key_by, seeds};
-use cohort_proto::wire::{Holding, MacJob, MacKey, MacRunner, MuxDecoded, MuxDecoder, MuxRecord};
+use cohort_proto::wire::{Holding, MacKey, MuxDecoded, MuxDecoder, MuxRecord};
 use libfuzzer_sys::fuzz_target;
 
 cohort_fuzz::install_counting_allocator!();
@@ -86,20 +87,6 @@ fn run_skipping(bytes: &[u8], key: &MacKey, ceiling: u64, split: usize) -> (Vec<
     (out, d.finish().is_err())
 }
 
-/// A runner that asks for `batch`-byte jobs and runs them inline, last
-/// first: a held record is then hashed in pieces as it arrives.
-#[derive(Debug)]
-struct Pieces(usize);
-
-impl MacRunner for Pieces {
-    fn run(&self, jobs: &mut [MacJob<'_>]) {
-        jobs.iter_mut().rev().for_each(MacJob::run);
-    }
-    fn batch(&self) -> usize {
-        self.0
-    }
-}
-
 /// As `run`, through `decode_holding` (a held record's tag checked by
 /// `HeldFrame::verify`): the records, and whether it failed.
 fn run_holding(
@@ -110,7 +97,7 @@ fn run_holding(
     batch: usize,
 ) -> (Vec<MuxRecord>, bool) {
     let mut d = MuxDecoder::new(ceiling);
-    let macs = Pieces(batch);
+    let macs = Batches(batch);
     let mut out = Vec::new();
     let mut seen = 0u64;
     for c in bytes.chunks(split.max(1)) {

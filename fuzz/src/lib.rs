@@ -25,6 +25,31 @@ pub mod seeds;
 
 pub use ops::{Ops, SeedWriter};
 
+/// A MAC runner that asks for `.0`-byte jobs and runs each batch inline,
+/// last job first: a machine on it gathers and batches its MAC work as on
+/// a driver's pool, on the fuzzer's one thread. `.0 = 0` is inline.
+#[derive(Debug, Clone, Copy)]
+pub struct Batches(pub usize);
+
+impl cohort_proto::wire::MacRunner for Batches {
+    fn run(&self, jobs: &mut [cohort_proto::wire::MacJob<'_>]) {
+        jobs.iter_mut().rev().for_each(cohort_proto::wire::MacJob::run);
+    }
+    fn batch(&self) -> usize {
+        self.0
+    }
+}
+
+/// The runner a config byte picks: inline, or batches of 1 to 4,096 bytes.
+pub fn batches(sel: u8) -> std::sync::Arc<Batches> {
+    std::sync::Arc::new(Batches(match sel % 4 {
+        0 => 0,
+        1 => 1,
+        2 => 100,
+        _ => 4096,
+    }))
+}
+
 use cohort_proto::wire::{MacKey, SessionSalt};
 
 /// The session salt of the conformance vectors.
