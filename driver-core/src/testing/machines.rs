@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use cohort_proto::machine::Outbox;
-use cohort_proto::wire::{Holding, MacKey, MacRunner, MuxDecoder, NullSink, RoundDecoder};
+use cohort_proto::reduce::LayoutCheck;
+use cohort_proto::wire::{Holding, MacKey, MacRunner, MuxDecoder, MuxRecord, NullSink, RoundDecoder};
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 
 /// What a [`Probe`] saw.
@@ -371,17 +372,17 @@ impl Machine for RoundSink {
 }
 
 /// Accepts connections carrying `HostFrame` records and verifies each the
-/// way the reduce does on its runner: the record is copied in as it streams
-/// (its frame laid out by an unkeyed [`RoundDecoder`]), then its tag and its
-/// frame's footer are hashed side by side ([`HeldFrame::verify`]
-/// (cohort_proto::wire::HeldFrame::verify)). Reports what a [`RoundSink`]
-/// does, `wire_len` being the frame's.
+/// way the reduce does on its runner: the record is copied in as it streams,
+/// its frame laid out by an unkeyed [`LayoutCheck`], its tag and its frame's
+/// footer hashed side by side a batch at a time
+/// ([`MuxDecoder::decode_holding`], [`LayoutCheck::verify_held`]). Reports
+/// what a [`RoundSink`] does, `wire_len` being the frame's.
 #[derive(Debug)]
 pub struct RecordSink {
     key: MacKey,
     ceiling: u64,
     macs: Arc<dyn MacRunner>,
-    conns: BTreeMap<ConnId, (MuxDecoder, RoundDecoder, Option<u64>)>,
+    conns: BTreeMap<ConnId, (MuxDecoder, LayoutCheck)>,
     out: Outbox<SinkEvent>,
 }
 
@@ -392,37 +393,19 @@ impl RecordSink {
     }
 
     fn step(&mut self, conn: ConnId, bytes: &[u8]) -> Result<usize, String> {
-        let Some((mux, frame, len)) = self.conns.get_mut(&conn) else { return Ok(bytes.len()) };
+        let Some((mux, check)) = self.conns.get_mut(&conn) else { return Ok(bytes.len()) };
         let key = &self.key;
-        let mut bad = None;
         let mut tap = |_, piece: &[u8]| {
-            let mut piece = piece;
-            while !piece.is_empty() && bad.is_none() && len.is_none() {
-                match frame.feed(piece, key, &mut NullSink) {
-                    Ok((used, done)) => {
-                        piece = &piece[used..];
-                        if let Some(d) = done {
-                            *len = Some(d.wire_len);
-                        }
-                    }
-                    Err(e) => bad = Some(e.to_string()),
-                }
-            }
-            // What the frame's MAC covers so far: all but its footer once done.
-            len.map_or(frame.mac_input_len(), |l| l - 8)
+            check.feed(piece, key);
+            check.mac_input_len()
         };
         let (used, got) = mux.decode_holding(bytes, key, &*self.macs, &mut tap).map_err(|e| e.to_string())?;
-        if let Some(e) = bad {
-            return Err(e);
-        }
         match got {
             Some(Holding::Frame(held)) => {
-                let wire_len = len.take().ok_or("the record ended before its frame")?;
-                let n = usize::try_from(wire_len).ok();
-                match held.verify(&*self.macs, n).map_err(|e| e.to_string())? {
-                    (_, Some(true)) => self.out.event(SinkEvent::Frame { conn, wire_len }),
-                    _ => return Err("the frame's footer does not verify".into()),
-                }
+                let (rec, layout) = check.verify_held(held, &*self.macs).map_err(|e| e.to_string())?;
+                layout.map_err(|e| e.to_string())?;
+                let MuxRecord::HostFrame { payload } = rec else { return Err("not a host frame".into()) };
+                self.out.event(SinkEvent::Frame { conn, wire_len: payload.len() as u64 });
             }
             Some(Holding::Record(_)) => return Err("not a host frame".into()),
             None => {}
@@ -437,7 +420,7 @@ impl Machine for RecordSink {
     fn handle(&mut self, _now: Time, input: Input<'_>) {
         match input {
             Input::Accepted { conn, .. } => {
-                let decoders = (MuxDecoder::new(self.ceiling), RoundDecoder::unkeyed(self.ceiling), None);
+                let decoders = (MuxDecoder::new(self.ceiling), LayoutCheck::keyed_or_not(self.ceiling, true));
                 self.conns.insert(conn, decoders);
             }
             Input::Received { conn, mut bytes } => {

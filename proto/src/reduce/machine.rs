@@ -221,8 +221,6 @@ struct Host {
     /// The round frame inside a `HostFrame` record, laid out (and, hashing
     /// inline, verified) from the same reads that fill the record.
     check: LayoutCheck,
-    /// Whether its host frames are held for their MACs to run side by side.
-    held: bool,
     mid_since: Option<Time>,
     /// The host's one entry in [`Reduce::deadlines`]: its hello deadline,
     /// or the instant its unfinished record starves.
@@ -299,8 +297,8 @@ impl Reduce {
 
     /// Runs the reduce's MAC work on `macs` from now on, instead of inline.
     /// On a pool, a host frame's record tag and its round frame's footer
-    /// are hashed side by side once the record is in (where its copy lies,
-    /// not as it streams), and the consensus record's two MACs likewise;
+    /// are hashed side by side over its copy, a batch at a time as it
+    /// arrives, and the consensus record's two MACs likewise;
     /// the reduce's outputs are the same on every runner. Takes effect for
     /// hosts that join from now on.
     pub fn run_macs_on(&mut self, macs: Arc<dyn MacRunner>) {
@@ -420,6 +418,8 @@ impl Reduce {
     fn received(&mut self, now: Time, conn: ConnId, mut bytes: &[u8]) {
         while !bytes.is_empty() && !self.stopped {
             let Some(host) = self.hosts.get_mut(&conn) else { return };
+            // An unkeyed check: its host frames are held for their MACs.
+            let held = host.check.is_unkeyed();
             let (key, check, macs) = (&self.cfg.key, &mut host.check, &*self.macs);
             let mut tap = |rec: FrameRecord, piece: &[u8]| {
                 if rec == FrameRecord::HostFrame {
@@ -427,7 +427,7 @@ impl Reduce {
                 }
                 check.mac_input_len()
             };
-            let step = match host.held {
+            let step = match held {
                 false => host
                     .dec
                     .decode_tapped(bytes, key, &mut |rec, piece| _ = tap(rec, piece))
@@ -440,11 +440,7 @@ impl Reduce {
                 let got = match got {
                     None => None,
                     Some(Holding::Record(rec)) => Some((rec, host.check.take())),
-                    Some(Holding::Frame(held)) => {
-                        let frame_len = host.check.frame_len();
-                        let (rec, footer) = held.verify(&*self.macs, frame_len)?;
-                        Some((rec, host.check.take_with_footer(footer)))
-                    }
+                    Some(Holding::Frame(held)) => Some(host.check.verify_held(held, &*self.macs)?),
                 };
                 Ok((used, got))
             });
@@ -664,18 +660,14 @@ impl Adopt for Reduce {
         }
         // flodl's controller reads a relay's hello under a plain 10 s timeout.
         let deadline = now + defaults::HANDSHAKE;
-        // Inline, a frame is hashed as it streams in, in cache; on a pool,
-        // once it is in, on two cores.
+        // Inline, a frame is hashed as it streams in; on a pool, held and
+        // hashed a batch at a time, on two cores.
         let held = self.macs.batch() > 0;
         let host = Host {
             state: HostState::Hello { deadline },
             // Until its hello verifies, a relay may only send a hello's worth.
             dec: MuxDecoder::new(defaults::MAX_HELLO_BYTES as u64),
-            check: match held {
-                true => LayoutCheck::unkeyed(self.cfg.ceiling),
-                false => LayoutCheck::new(self.cfg.ceiling),
-            },
-            held,
+            check: LayoutCheck::keyed_or_not(self.cfg.ceiling, held),
             mid_since: None,
             deadline: None,
         };

@@ -39,5 +39,6 @@ mod sum;
 pub use machine::{DeathCause, HostError, HostRefusal, Reduce, ReduceConfig, ReduceEvent, ReduceStop};
 pub use mass::{gamma_mass, is_realized, mover_mass};
 pub use sum::{
-    Consensus, ConsensusTensor, FrameLayout, LaidTensor, RoundSum, reduce_frames, sum_frames, verify_layout,
+    Consensus, ConsensusTensor, FrameLayout, LaidTensor, LayoutCheck, RoundSum, reduce_frames, sum_frames,
+    verify_layout,
 };

@@ -19,9 +19,9 @@ use bytes::{Bytes, BytesMut};
 
 use super::mass::is_realized;
 use crate::wire::{
-    Dtype, FrameRecord, FrameType, Inline, MUX_HEADER_LEN, MacKey, MacRunner, Payload, Problem, RoundDecoder,
-    RoundFrame, RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, WireError, WireResult,
-    round_frame_len,
+    Dtype, FrameRecord, FrameType, HeldFrame, Inline, MUX_HEADER_LEN, MacKey, MacRunner, MuxRecord, Payload,
+    Problem, RoundDecoder, RoundFrame, RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload,
+    WireError, WireResult, round_frame_len,
 };
 use crate::wire::{add_le, extend_f32_le};
 
@@ -93,9 +93,34 @@ pub fn verify_layout(payload: &Payload, key: &MacKey, ceiling: u64) -> WireResul
 /// [`verify_layout`] as a record's payload arrives: fed the payload piece
 /// by piece (the mux decoder's tap), it authenticates the round frame and
 /// lays out its tensors with no pass of its own over the gathered payload.
-/// The first error is kept and reported by [`take`](Self::take).
+/// The first error is kept and reported by [`take`](Self::take). Unkeyed
+/// ([`keyed_or_not`](Self::keyed_or_not)), it lays the frame out for a
+/// record held by [`MuxDecoder::decode_holding`](crate::wire::MuxDecoder::decode_holding),
+/// whose two MACs [`verify_held`](Self::verify_held) checks: the reduce's
+/// way, on any runner.
+///
+/// ```
+/// use cohort_proto::reduce::LayoutCheck;
+/// use cohort_proto::wire::*;
+/// let key = MacKey::new(&SessionSalt::from_bytes([4; 16]));
+/// let mut frame = bytes::BytesMut::new();
+/// let mut w = RoundWriter::begin(&mut frame, RoundKind::Model, 2.0, 1).unwrap();
+/// w.tensor_values(Dtype::F32, &[3], &[1.0, 2.0, 3.0]).unwrap();
+/// w.finish(&key).unwrap();
+/// let rec = MuxRecord::HostFrame { payload: Payload::from(frame.freeze()) }.to_bytes(&key).unwrap();
+/// let mut check = LayoutCheck::keyed_or_not(DEFAULT_FRAME_CEILING, true);
+/// let mut dec = MuxDecoder::new(DEFAULT_FRAME_CEILING);
+/// let mut tap = |_, piece: &[u8]| {
+///     check.feed(piece, &key);
+///     check.mac_input_len()
+/// };
+/// let (_, got) = dec.decode_holding(&rec, &key, &Inline, &mut tap).unwrap();
+/// let Some(Holding::Frame(held)) = got else { panic!() };
+/// let (_, layout) = check.verify_held(held, &Inline).unwrap();
+/// assert_eq!(layout.unwrap().weight, 2.0);
+/// ```
 #[derive(Debug)]
-pub(crate) struct LayoutCheck {
+pub struct LayoutCheck {
     dec: RoundDecoder,
     sink: LayoutSink,
     /// Payload bytes fed so far.
@@ -115,25 +140,33 @@ enum CheckState {
 
 impl LayoutCheck {
     /// A check refusing frames whose tensor bytes exceed `ceiling`.
-    pub(crate) fn new(ceiling: u64) -> Self {
+    pub fn new(ceiling: u64) -> Self {
         Self::with(RoundDecoder::new(ceiling))
     }
 
-    /// A check that lays the frame out but leaves its footer's MAC to the
-    /// caller ([`HeldFrame::verify`](crate::wire::HeldFrame::verify), side
-    /// by side with the record's tag), whose verdict
-    /// [`take_with_footer`](Self::take_with_footer) takes.
-    pub(crate) fn unkeyed(ceiling: u64) -> Self {
-        Self::with(RoundDecoder::unkeyed(ceiling))
+    /// With `unkeyed`, a check that lays the frame out but leaves its
+    /// footer's MAC to the caller ([`HeldFrame::verify`](crate::wire::HeldFrame::verify),
+    /// side by side with the record's tag), whose verdict
+    /// [`take_with_footer`](Self::take_with_footer) takes; else [`new`](Self::new).
+    pub fn keyed_or_not(ceiling: u64, unkeyed: bool) -> Self {
+        match unkeyed {
+            true => Self::with(RoundDecoder::unkeyed(ceiling)),
+            false => Self::new(ceiling),
+        }
     }
 
     fn with(dec: RoundDecoder) -> Self {
         LayoutCheck { dec, sink: LayoutSink::default(), fed: 0, state: CheckState::Reading }
     }
 
+    /// Whether the footer's MAC is left to the caller ([`LayoutCheck::keyed_or_not`]).
+    pub fn is_unkeyed(&self) -> bool {
+        self.dec.is_unkeyed()
+    }
+
     /// Payload bytes the frame's MAC covers, read so far: all but the
     /// footer once the frame is done; nothing more after an error.
-    pub(crate) fn mac_input_len(&self) -> u64 {
+    pub fn mac_input_len(&self) -> u64 {
         match self.state {
             CheckState::Reading => self.dec.mac_input_len(),
             CheckState::Done { after } => (self.fed - after).saturating_sub(8),
@@ -141,8 +174,22 @@ impl LayoutCheck {
         }
     }
 
+    /// A held record's verdict: its tag and its frame's footer checked in
+    /// one batch on `macs` ([`HeldFrame::verify`](crate::wire::HeldFrame::verify)),
+    /// then this check's layout, a bad footer reported where the streaming
+    /// check reports it. An error is the record's own (its tag); the
+    /// layout's verdict comes with the record.
+    pub fn verify_held(
+        &mut self,
+        held: Box<HeldFrame>,
+        macs: &dyn MacRunner,
+    ) -> WireResult<(MuxRecord, WireResult<FrameLayout>)> {
+        let (rec, footer) = held.verify(macs, self.frame_len())?;
+        Ok((rec, self.take_with_footer(footer)))
+    }
+
     /// The frame's length once it was read to its footer.
-    pub(crate) fn frame_len(&self) -> Option<usize> {
+    fn frame_len(&self) -> Option<usize> {
         match self.state {
             CheckState::Done { after } => usize::try_from(self.fed - after).ok(),
             _ => None,
@@ -152,7 +199,7 @@ impl LayoutCheck {
     /// [`take`](Self::take) for an unkeyed check, given whether the footer
     /// verified: a bad footer is reported where the streaming check reports
     /// it, after the layout's own errors and before bytes that follow.
-    pub(crate) fn take_with_footer(&mut self, footer: Option<bool>) -> WireResult<FrameLayout> {
+    fn take_with_footer(&mut self, footer: Option<bool>) -> WireResult<FrameLayout> {
         let bad_footer = matches!(self.state, CheckState::Done { .. }) && footer != Some(true);
         let verdict = self.take();
         if bad_footer {
@@ -162,7 +209,7 @@ impl LayoutCheck {
     }
 
     /// The next payload bytes.
-    pub(crate) fn feed(&mut self, mut piece: &[u8], key: &MacKey) {
+    pub fn feed(&mut self, mut piece: &[u8], key: &MacKey) {
         self.fed += piece.len() as u64;
         if let CheckState::Done { after } = &mut self.state {
             *after += piece.len() as u64;
@@ -188,11 +235,8 @@ impl LayoutCheck {
     }
 
     /// The verdict on the payload fed since the last call; starts over.
-    pub(crate) fn take(&mut self) -> WireResult<FrameLayout> {
-        let fresh = match self.dec.is_unkeyed() {
-            true => LayoutCheck::unkeyed(self.dec.ceiling()),
-            false => LayoutCheck::new(self.dec.ceiling()),
-        };
+    pub fn take(&mut self) -> WireResult<FrameLayout> {
+        let fresh = LayoutCheck::keyed_or_not(self.dec.ceiling(), self.is_unkeyed());
         let LayoutCheck { sink, fed, state, .. } = core::mem::replace(self, fresh);
         match state {
             CheckState::Done { after: 0 } => {
@@ -216,18 +260,8 @@ fn for_each_run(payload: &Payload, offset: u64, len: u64, elem: usize, mut f: im
     let (start, end) = (offset as usize, (offset + len) as usize);
     let mut carry = [0u8; 4];
     let mut carried = 0usize;
-    let mut at = 0usize; // payload offset of the current segment
     let mut next_elem = 0usize;
-    for seg in payload.segments() {
-        let (s0, s1) = (at, at + seg.len());
-        at = s1;
-        if s1 <= start {
-            continue;
-        }
-        if s0 >= end {
-            break;
-        }
-        let mut chunk = &seg[start.max(s0) - s0..end.min(s1) - s0];
+    for mut chunk in payload.range(start, end) {
         if carried > 0 {
             let take = (elem - carried).min(chunk.len());
             carry[carried..carried + take].copy_from_slice(&chunk[..take]);

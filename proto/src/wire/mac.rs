@@ -13,6 +13,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use sha2::block_api::compress256;
 
+use super::payload::segment_range;
 use super::salt::SessionSalt;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -230,18 +231,7 @@ impl<'a> MacJob<'a> {
         match self.input {
             Absorb::Slice(b) => self.state.update(b),
             Absorb::Segments { segments, from, to } => {
-                let mut at = 0;
-                for seg in segments {
-                    let (s0, s1) = (at, at + seg.len());
-                    at = s1;
-                    if s1 <= from {
-                        continue;
-                    }
-                    if s0 >= to {
-                        break;
-                    }
-                    self.state.update(&seg[from.max(s0) - s0..to.min(s1) - s0]);
-                }
+                segment_range(segments, from, to).for_each(|part| self.state.update(part))
             }
         }
     }

@@ -267,16 +267,6 @@ impl PartialEq for HeldFrame {
 }
 
 impl HeldFrame {
-    /// Which record it is.
-    pub fn record(&self) -> FrameRecord {
-        self.record
-    }
-
-    /// The payload, unauthenticated.
-    pub fn payload(&self) -> &Payload {
-        &self.payload
-    }
-
     /// Checks the record's tag and, given `frame_len`, the footer of the
     /// round frame that fills the payload's first `frame_len` bytes, in one
     /// batch on `macs`. The record once its tag holds, with whether the
@@ -378,9 +368,6 @@ impl Held {
     }
 }
 
-/// A held record's runner, and the tap that says how far its frame's MAC may hash.
-type HoldTap<'t> = (&'t dyn MacRunner, &'t mut dyn FnMut(FrameRecord, &[u8]) -> u64);
-
 /// What one step of the decoder completed.
 #[derive(Debug)]
 enum Step {
@@ -460,7 +447,10 @@ impl MuxDecoder {
         key: &MacKey,
         tap: &mut dyn FnMut(FrameRecord, &[u8]),
     ) -> WireResult<(usize, Option<MuxRecord>)> {
-        let (used, out) = self.step(input, key, false, None, tap)?;
+        let (used, out) = self.step(input, key, false, None, &mut |rec, piece| {
+            tap(rec, piece);
+            0
+        })?;
         let rec = match out {
             Some(Step::Record(r)) => Some(r),
             // Begun under `decode_holding`: its MACs, here and now.
@@ -497,7 +487,7 @@ impl MuxDecoder {
         macs: &dyn MacRunner,
         tap: &mut dyn FnMut(FrameRecord, &[u8]) -> u64,
     ) -> WireResult<(usize, Option<Holding>)> {
-        let (used, out) = self.step(input, key, false, Some((macs, tap)), &mut |_, _| {})?;
+        let (used, out) = self.step(input, key, false, Some(macs), tap)?;
         let out = match out {
             Some(Step::Record(r)) => Some(Holding::Record(r)),
             Some(Step::Held(h)) => Some(Holding::Frame(h)),
@@ -525,7 +515,7 @@ impl MuxDecoder {
     /// assert_eq!(second, Some(MuxDecoded::Record(small)));
     /// ```
     pub fn decode_skipping(&mut self, input: &[u8], key: &MacKey) -> WireResult<(usize, Option<MuxDecoded>)> {
-        let (used, out) = self.step(input, key, true, None, &mut |_, _| {})?;
+        let (used, out) = self.step(input, key, true, None, &mut |_, _| 0)?;
         let out = match out {
             Some(Step::Record(r)) => Some(MuxDecoded::Record(r)),
             Some(Step::Skipped { rank, len }) => Some(MuxDecoded::Skipped { rank, len }),
@@ -540,8 +530,8 @@ impl MuxDecoder {
         input: &[u8],
         key: &MacKey,
         skip: bool,
-        mut hold: Option<HoldTap<'_>>,
-        tap: &mut dyn FnMut(FrameRecord, &[u8]),
+        hold: Option<&dyn MacRunner>,
+        tap: &mut dyn FnMut(FrameRecord, &[u8]) -> u64,
     ) -> WireResult<(usize, Option<Step>)> {
         const F: FrameType = FrameType::MuxRecord;
         let mut used = 0;
@@ -599,10 +589,7 @@ impl MuxDecoder {
                 let body = &input[used..used + len];
                 self.state = State::default();
                 if let Some(rec) = frame_record(kind) {
-                    match &mut hold {
-                        Some((_, tap)) => _ = tap(rec, body),
-                        None => tap(rec, body),
-                    }
+                    tap(rec, body);
                 }
                 let payload = if body.is_empty() { Payload::new() } else { Payload::from(body) };
                 if let (Some(held), Some(record)) = (held, frame_record(kind)) {
@@ -631,13 +618,9 @@ impl MuxDecoder {
             body.push(&rest[..n], b.len - b.have);
         }
         if let Some(rec) = frame_record(b.kind) {
-            match (&mut hold, &mut b.held, &b.body) {
-                (Some((macs, tap)), Some(held), Some(body)) => {
-                    let framed = tap(rec, &rest[..n]);
-                    held.absorb(&mut b.mac, body.frozen(), framed, *macs);
-                }
-                (Some((_, tap)), ..) => _ = tap(rec, &rest[..n]),
-                (None, ..) => tap(rec, &rest[..n]),
+            let framed = tap(rec, &rest[..n]);
+            if let (Some(macs), Some(held), Some(body)) = (hold, &mut b.held, &b.body) {
+                held.absorb(&mut b.mac, body.frozen(), framed, macs);
             }
         }
         used += n;

@@ -79,6 +79,12 @@ impl Payload {
         v
     }
 
+    /// Bytes `from..to` of the payload, as the parts of its segments they
+    /// span, in order (a range past the end stops there).
+    pub fn range(&self, from: usize, to: usize) -> impl Iterator<Item = &[u8]> {
+        segment_range(self.segments(), from, to)
+    }
+
     /// Copies `out.len()` bytes from `offset` into `out` (across segments);
     /// bytes past the end are left as they were.
     ///
@@ -93,21 +99,10 @@ impl Payload {
     /// assert_eq!(&out, b"fgde");
     /// ```
     pub fn copy_range(&self, offset: usize, out: &mut [u8]) {
-        let mut at = 0;
         let mut done = 0;
-        for seg in self.segments() {
-            let (s0, s1) = (at, at + seg.len());
-            at = s1;
-            let want = offset + done;
-            if done == out.len() {
-                break;
-            }
-            if s1 <= want {
-                continue;
-            }
-            let n = (s1 - want).min(out.len() - done);
-            out[done..done + n].copy_from_slice(&seg[want - s0..want - s0 + n]);
-            done += n;
+        for part in self.range(offset, offset + out.len()) {
+            out[done..done + part.len()].copy_from_slice(part);
+            done += part.len();
         }
     }
 
@@ -184,6 +179,19 @@ pub fn reclaim(last: Option<Bytes>) -> BytesMut {
         }
         _ => BytesMut::new(),
     }
+}
+
+/// Bytes `from..to` of `segments` taken end to end, as the parts of the
+/// segments they span, in order; a range past their end stops there.
+pub(crate) fn segment_range(segments: &[Bytes], from: usize, to: usize) -> impl Iterator<Item = &[u8]> {
+    segments
+        .iter()
+        .scan(0usize, move |at, seg| {
+            let (s0, s1) = (*at, *at + seg.len());
+            *at = s1;
+            (s0 < to).then(|| (s1 > from).then(|| &seg[from.max(s0) - s0..to.min(s1) - s0]))
+        })
+        .flatten()
 }
 
 /// Gathers arriving bytes into a [`Payload`], allocating only as they arrive.
