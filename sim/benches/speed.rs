@@ -9,6 +9,10 @@ use std::time::Instant;
 
 use cohort_sim::{Cluster, Scenario};
 
+/// The allocator `cohort-sim` runs on.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn hwm_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

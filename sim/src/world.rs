@@ -110,21 +110,40 @@ pub enum Process {
     Crashed,
 }
 
+/// What every event for a node reads; its name lives apart
+/// (`World::names`), so a slot is one cache line.
+#[repr(align(64))]
 struct NodeSlot<E> {
-    name: String,
-    host: HostId,
     machine: Box<dyn SimNode<E>>,
-    process: Process,
     /// When the machine wants waking (its `poll_timeout`).
     timer: Option<Time>,
     /// The instant of the one live `Timer` event in the queue, if any.
     armed: Option<Time>,
+    host: HostId,
+    process: Process,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct End {
     node: NodeId,
     conn: ConnId,
+}
+
+/// A link as a connection carries it: the arithmetic a send needs, in one
+/// cache line with the rest of the connection's header.
+#[derive(Debug, Clone, Copy)]
+struct Wire {
+    latency: Duration,
+    /// Bytes per second.
+    bandwidth: f64,
+    /// The jitter's bound, in nanoseconds.
+    jitter_ns: u64,
+}
+
+impl From<LinkSpec> for Wire {
+    fn from(l: LinkSpec) -> Self {
+        Wire { latency: l.latency, bandwidth: l.bandwidth, jitter_ns: l.jitter.as_nanos() as u64 }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -144,15 +163,18 @@ struct Pipe {
     dead: bool,
 }
 
+/// One connection. The header that every send and arrival reads fills the
+/// first cache line; the link follows, then each direction's pipe.
+#[repr(C, align(64))]
 struct Conn {
-    id: u64,
-    link: LinkSpec,
-    hosts: (HostId, HostId),
     ends: [End; 2],
-    pipes: [Pipe; 2],
+    hosts: (HostId, HostId),
     /// A side that has closed (by the machine, a crash or a fault) hears nothing more.
     gone: [bool; 2],
     established: bool,
+    id: u64,
+    link: Wire,
+    pipes: [Pipe; 2],
 }
 
 #[derive(Debug)]
@@ -223,6 +245,8 @@ pub struct World<E> {
     queue: Queue,
     dial_of: BTreeMap<u64, (DialId, String, u32)>,
     nodes: Vec<NodeSlot<E>>,
+    /// Node names, by id (apart from the slots every event reads).
+    names: Vec<String>,
     hosts: Vec<String>,
     links: BTreeMap<(HostId, HostId), LinkSpec>,
     listeners: BTreeMap<String, NodeId>,
@@ -260,6 +284,7 @@ impl<E> World<E> {
             queue: Queue::default(),
             dial_of: BTreeMap::new(),
             nodes: Vec::new(),
+            names: Vec::new(),
             hosts: Vec::new(),
             links: BTreeMap::new(),
             listeners: BTreeMap::new(),
@@ -309,7 +334,7 @@ impl<E> World<E> {
         // Open connections between the two take the new link from their next send.
         for c in self.conns.iter_mut().flatten() {
             if (c.hosts.0.min(c.hosts.1), c.hosts.0.max(c.hosts.1)) == key {
-                c.link = spec;
+                c.link = spec.into();
             }
         }
     }
@@ -333,14 +358,8 @@ impl<E> World<E> {
         listen: &[&str],
     ) -> NodeId {
         let id = self.nodes.len();
-        self.nodes.push(NodeSlot {
-            name: name.into(),
-            host,
-            machine,
-            process: Process::Alive,
-            timer: None,
-            armed: None,
-        });
+        self.nodes.push(NodeSlot { machine, timer: None, armed: None, host, process: Process::Alive });
+        self.names.push(name.into());
         for a in listen {
             self.listeners.insert(listener_key(host, a), id);
         }
@@ -350,7 +369,7 @@ impl<E> World<E> {
 
     /// A node's name.
     pub fn node_name(&self, n: NodeId) -> &str {
-        &self.nodes[n].name
+        &self.names[n]
     }
 
     /// A node's host.
@@ -599,13 +618,13 @@ impl<E> World<E> {
                 let ends = [End { node, conn: ConnId(id) }, End { node: t, conn: ConnId(id + 1) }];
                 let link = self.link(from, self.nodes[t].host);
                 let mut conn = Conn {
-                    id,
-                    link,
-                    hosts: (from, self.nodes[t].host),
                     ends,
-                    pipes: Default::default(),
+                    hosts: (from, self.nodes[t].host),
                     gone: [false; 2],
                     established: false,
+                    id,
+                    link: link.into(),
+                    pipes: Default::default(),
                 };
                 for p in &mut conn.pipes {
                     p.next_free = self.now;
@@ -671,7 +690,7 @@ impl<E> World<E> {
         if c.gone[dir] || c.pipes[dir].fin_queued {
             return;
         }
-        let (h_from, h_to) = (self.nodes[from].host, self.nodes[c.ends[1 - dir].node].host);
+        let (h_from, h_to) = if dir == 0 { c.hosts } else { (c.hosts.1, c.hosts.0) };
         if h_from != h_to && self.corrupt_next.remove(&h_from) {
             let mut v = bytes.to_vec();
             let i = self.rng.range(0, v.len() as u64) as usize;
@@ -744,10 +763,10 @@ impl<E> World<E> {
             p.next_free = depart + Duration::from_nanos((n as f64 * 1e9 / link.bandwidth) as u64);
             let base = p.next_free + link.latency;
             let last = p.last_arrival;
-            let jitter = if link.jitter.is_zero() {
+            let jitter = if link.jitter_ns == 0 {
                 Duration::ZERO
             } else {
-                Duration::from_nanos(self.rng.range(0, link.jitter.as_nanos() as u64))
+                Duration::from_nanos(self.rng.range(0, link.jitter_ns))
             };
             let arrive = (base + jitter).max(last);
             if let Some(c) = conn_at(&mut self.conns, id) {
@@ -960,7 +979,11 @@ impl<E> World<E> {
 
     /// Nodes, by id: (name, host, process).
     pub fn nodes(&self) -> impl Iterator<Item = (NodeId, &str, HostId, Process)> {
-        self.nodes.iter().enumerate().map(|(i, s)| (i, s.name.as_str(), s.host, s.process))
+        self.nodes
+            .iter()
+            .zip(&self.names)
+            .enumerate()
+            .map(|(i, (s, name))| (i, name.as_str(), s.host, s.process))
     }
 }
 
