@@ -260,8 +260,6 @@ struct Local {
     dead: bool,
     model_sig: [u8; 32],
     len: LenDecoder,
-    /// Last byte arrival while a blob is unfinished.
-    mid_blob_since: Option<Time>,
     dec: RoundDecoder,
     frame: FrameFold,
     mode: Mode,
@@ -405,6 +403,10 @@ pub struct Relay {
     acceptor: Acc,
     handshaking: BTreeSet<ConnId>,
     locals: BTreeMap<u32, Local>,
+    /// The last byte's arrival of each rank whose blob is unfinished. Kept
+    /// apart from the `Local`s, so the wake-up and the starvation check read
+    /// this (mostly empty) map, not every rank's books.
+    mid_blob: BTreeMap<u32, Time>,
     by_conn: BTreeMap<ConnId, u32>,
     data: Option<DataLeg>,
     up: Up,
@@ -460,7 +462,6 @@ impl Relay {
                     dead: false,
                     model_sig: [0; 32],
                     len: LenDecoder::new(blob_ceiling),
-                    mid_blob_since: None,
                     dec: RoundDecoder::new(cfg.ceiling),
                     frame: FrameFold::default(),
                     mode: Mode::Idle,
@@ -478,6 +479,7 @@ impl Relay {
             acceptor,
             handshaking: BTreeSet::new(),
             locals,
+            mid_blob: BTreeMap::new(),
             by_conn: BTreeMap::new(),
             data,
             up: Up::Waiting,
@@ -640,7 +642,11 @@ impl Relay {
             Leg::Data => self.data_bytes(rank, bytes),
         };
         let Some(local) = self.locals.get_mut(&rank) else { return };
-        local.mid_blob_since = (!local.len.is_idle()).then_some(now);
+        if local.len.is_idle() {
+            self.mid_blob.remove(&rank);
+        } else {
+            self.mid_blob.insert(rank, now);
+        }
         match result {
             Ok(()) => self.stop_if_all_gone(),
             Err(FeedError::Stream(e)) => {
@@ -771,7 +777,7 @@ impl Relay {
         let Some(local) = self.locals.get_mut(&rank) else { return };
         if lost && let Some(conn) = local.conn.take() {
             self.by_conn.remove(&conn);
-            local.mid_blob_since = None;
+            self.mid_blob.remove(&rank);
         }
         let new = !local.dead;
         local.dead = true;
@@ -983,12 +989,8 @@ impl Relay {
             self.stop(StopReason::UpstreamStarved);
             return;
         }
-        let starved: Vec<u32> = self
-            .locals
-            .iter()
-            .filter(|(_, l)| l.mid_blob_since.is_some_and(|t| now >= t + starvation()))
-            .map(|(r, _)| *r)
-            .collect();
+        let starved: Vec<u32> =
+            self.mid_blob.iter().filter(|(_, t)| now >= **t + starvation()).map(|(r, _)| *r).collect();
         for rank in starved {
             if self.stopped {
                 return;
@@ -1079,7 +1081,7 @@ impl Machine for Relay {
             Up::Hello { deadline, .. } => Some(deadline),
             _ => None,
         };
-        let locals = self.locals.values().filter_map(|l| l.mid_blob_since).min().map(|t| t + starvation());
+        let locals = self.mid_blob.values().min().map(|t| *t + starvation());
         let up = self.up_mid_since.map(|t| t + starvation());
         [self.acceptor.poll_timeout(), hello, locals, up].into_iter().flatten().min()
     }
