@@ -67,7 +67,7 @@ fn big_frame() -> Bytes {
     let nbytes = FRAME_MIB << 20;
     let data: Vec<u8> = (0..nbytes).map(|i| (i % 251) as u8).collect();
     let mut out = BytesMut::with_capacity(nbytes + 64);
-    let mut w = RoundWriter::begin(&mut out, RoundKind::Model, 1.0, 1).unwrap();
+    let mut w = RoundWriter::begin(&mut out, &key(), RoundKind::Model, 1.0, 1).unwrap();
     w.tensor_bytes(Dtype::F32, &[(nbytes / 4) as u32], &data).unwrap();
     w.finish(&key()).unwrap();
     out.freeze()

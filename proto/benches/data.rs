@@ -89,7 +89,7 @@ fn rank_frame_of(key: &MacKey, seed: u32, bytes: usize) -> Bytes {
     let values: Vec<f32> = (0..n as u32).map(|i| ((i ^ seed) % 1000) as f32 * 0.001 - 0.5).collect();
     let mut out = BytesMut::with_capacity(bytes + 64);
     out.extend_from_slice(&[0; 4]);
-    let mut w = RoundWriter::begin(&mut out, RoundKind::Model, 1.0, 1).unwrap();
+    let mut w = RoundWriter::begin(&mut out, key, RoundKind::Model, 1.0, 1).unwrap();
     w.tensor_values(Dtype::F32, &[n as u32], &values).unwrap();
     w.finish(key).unwrap();
     let len = (out.len() - 4) as u32;

@@ -72,7 +72,7 @@ fn round(c: &mut Criterion) {
     let key = MacKey::new(&salt());
     let values: Vec<f32> = (0..(16 << 20)).map(|i| i as f32 * 0.5).collect();
     let mut out = BytesMut::new();
-    let mut w = RoundWriter::begin(&mut out, RoundKind::Model, 1.0, 1).unwrap();
+    let mut w = RoundWriter::begin(&mut out, &key, RoundKind::Model, 1.0, 1).unwrap();
     w.tensor_values(Dtype::F32, &[16 << 20], &values).unwrap();
     w.finish(&key).unwrap();
     let frame = out.freeze();

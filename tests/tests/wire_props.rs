@@ -299,7 +299,7 @@ fn named_refusals() {
     out.extend_from_slice(&[7, 0]);
     let e = decode_rounds(&[&out], &k).unwrap_err();
     assert_eq!((e.field, e.problem.clone()), ("dtype", Problem::Unknown(7)));
-    assert!(RoundWriter::begin(&mut BytesMut::new(), RoundKind::Model, -1.0, 0).is_err());
+    assert!(RoundWriter::begin(&mut BytesMut::new(), &k, RoundKind::Model, -1.0, 0).is_err());
     let mut w = RoundFrame { weight: 1.0, ..Default::default() }.to_bytes(&k).unwrap().to_vec();
     w[9..17].copy_from_slice(&f64::NAN.to_le_bytes());
     assert_eq!(decode_rounds(&[&w], &k).unwrap_err().field, "weight");
@@ -377,5 +377,39 @@ fn dense_small_values_decode_at_every_size() {
         encode_frame(&k, &msg, &mut b).unwrap();
         let got = decode_controls(&[&b], &k).unwrap_or_else(|e| panic!("{n} empty maps: {e}"));
         assert_eq!(got, vec![Message::Control(msg)], "{n}");
+    }
+}
+
+/// A frame's footer is hashed as the frame is written, a piece at a time:
+/// it equals the MAC of the whole frame at once, for frames shorter than a
+/// piece, ending on a piece boundary, and spanning several pieces, with
+/// tensors written each way. A writer finished with another key than it was
+/// begun with refuses, and leaves the buffer as it was.
+#[test]
+fn frames_are_signed_as_they_are_written() {
+    let k = key(7);
+    for n in [0usize, 1, 5, 8191, 8192, 8193, 20_000, 100_003] {
+        let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut out = BytesMut::from(&b"kept"[..]);
+        let shape = [n as u32];
+        let mut w = RoundWriter::begin(&mut out, &k, RoundKind::Model, 1.5, 4).unwrap();
+        w.tensor_values(Dtype::F32, &shape, &values).unwrap();
+        w.tensor_values_mapped(Dtype::Bf16, &shape, &values, |x| x * 2.0).unwrap();
+        w.tensor_bytes(Dtype::F32, &shape, &raw).unwrap();
+        w.tensor_elided(Dtype::Bf16, &[3, 5]).unwrap();
+        let len = w.finish(&k).unwrap();
+        assert_eq!(len, out.len() - 4, "{n}");
+        let frame = &out[4..];
+        let (body, footer) = frame.split_at(frame.len() - ROUND_FOOTER_LEN);
+        assert_eq!(footer, k.mac64(body).to_le_bytes(), "{n} values");
+        let f = RoundFrame::decode(frame, &k, CEIL).unwrap();
+        assert_eq!((f.weight, f.tensors.len()), (1.5, 4), "{n}");
+
+        let mut out = BytesMut::from(&b"kept"[..]);
+        let mut w = RoundWriter::begin(&mut out, &k, RoundKind::Model, 1.0, 1).unwrap();
+        w.tensor_values(Dtype::F32, &shape, &values).unwrap();
+        let e = w.finish(&key(8)).unwrap_err();
+        assert_eq!((e.field, &out[..]), ("footer", &b"kept"[..]), "{n}");
     }
 }

@@ -429,7 +429,7 @@ pub fn host_frame_records_verify_on_the_mac_pool<D: TestDriver>() {
     let addr = sink.addr().to_string();
     let values: Vec<f32> = (0..(1 << 20)).map(|i| i as f32).collect();
     let mut frame = BytesMut::new();
-    let mut w = RoundWriter::begin(&mut frame, RoundKind::Model, 3.0, 1).unwrap();
+    let mut w = RoundWriter::begin(&mut frame, &key(), RoundKind::Model, 3.0, 1).unwrap();
     w.tensor_values(Dtype::F32, &[1 << 20], &values).unwrap();
     let len = w.finish(&key()).unwrap();
     let record =
@@ -566,7 +566,7 @@ pub mod interop {
         let addr = sink.addr().to_string();
         let mut buf = BytesMut::new();
         let values: Vec<f32> = (0..(1 << 20)).map(|i| i as f32).collect();
-        let mut w = RoundWriter::begin(&mut buf, RoundKind::Model, 3.0, 1).unwrap();
+        let mut w = RoundWriter::begin(&mut buf, &key(), RoundKind::Model, 3.0, 1).unwrap();
         w.tensor_values(Dtype::F32, &[1 << 20], &values).unwrap();
         let len = w.finish(&key()).unwrap();
         let frame = buf.freeze();

@@ -254,7 +254,7 @@ fn value(r: u32, i: u32) -> f32 {
 fn round_frame(key: &MacKey, weight: f64, values: &[f32]) -> Result<BytesMut, String> {
     let n = u32::try_from(values.len()).map_err(|_| "tensor too large")?;
     let mut out = BytesMut::with_capacity(values.len() * 4 + 64);
-    let mut w = RoundWriter::begin(&mut out, RoundKind::Model, weight, 1).map_err(|e| e.to_string())?;
+    let mut w = RoundWriter::begin(&mut out, key, RoundKind::Model, weight, 1).map_err(|e| e.to_string())?;
     w.tensor_values(Dtype::F32, &[n], values).map_err(|e| e.to_string())?;
     w.finish(key).map_err(|e| e.to_string())?;
     Ok(out)

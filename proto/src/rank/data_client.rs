@@ -393,7 +393,8 @@ impl DataClient {
         let n = u32::try_from(c.tensors.len()).unwrap_or(u32::MAX);
         let mut buf = BytesMut::with_capacity(4 + len as usize);
         buf.extend_from_slice(&prefix);
-        let mut w = RoundWriter::begin(&mut buf, c.kind, c.weight, n).map_err(SubmitError::Invalid)?;
+        let mut w =
+            RoundWriter::begin(&mut buf, &self.cfg.key, c.kind, c.weight, n).map_err(SubmitError::Invalid)?;
         for t in c.tensors {
             let r = match t.values {
                 Some(v) if !elide && c.scale == 1.0 => w.tensor_values(c.dtype, t.shape, v),

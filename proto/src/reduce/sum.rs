@@ -104,7 +104,7 @@ pub fn verify_layout(payload: &Payload, key: &MacKey, ceiling: u64) -> WireResul
 /// use cohort_proto::wire::*;
 /// let key = MacKey::new(&SessionSalt::from_bytes([4; 16]));
 /// let mut frame = bytes::BytesMut::new();
-/// let mut w = RoundWriter::begin(&mut frame, RoundKind::Model, 2.0, 1).unwrap();
+/// let mut w = RoundWriter::begin(&mut frame, &key, RoundKind::Model, 2.0, 1).unwrap();
 /// w.tensor_values(Dtype::F32, &[3], &[1.0, 2.0, 3.0]).unwrap();
 /// w.finish(&key).unwrap();
 /// let rec = MuxRecord::HostFrame { payload: Payload::from(frame.freeze()) }.to_bytes(&key).unwrap();
@@ -322,7 +322,7 @@ impl Consensus {
         }));
         out.reserve(len as usize);
         let n = u32::try_from(self.tensors.len()).unwrap_or(u32::MAX);
-        let mut w = RoundWriter::begin(out, self.kind, self.weight, n)?;
+        let mut w = RoundWriter::begin(out, key, self.kind, self.weight, n)?;
         for t in &self.tensors {
             match &t.values {
                 Some(v) => w.tensor_values(t.dtype, &t.shape, v)?,

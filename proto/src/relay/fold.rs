@@ -229,7 +229,7 @@ impl RoundFold {
     pub fn encode(&self, key: &MacKey, out: &mut BytesMut) -> WireResult<usize> {
         let (kind, n) = self.schema()?;
         out.reserve(self.encoded_len() as usize);
-        let w = RoundWriter::begin(out, kind, self.weight, n)?;
+        let w = RoundWriter::begin(out, key, kind, self.weight, n)?;
         self.write(w, key)
     }
 

@@ -116,7 +116,7 @@ impl RoundFrame {
     /// Appends the signed frame to `out`.
     pub fn encode(&self, key: &MacKey, out: &mut BytesMut) -> WireResult<usize> {
         let n = u32::try_from(self.tensors.len()).unwrap_or(u32::MAX);
-        let mut w = RoundWriter::begin(out, self.kind, self.weight, n)?;
+        let mut w = RoundWriter::begin(out, key, self.kind, self.weight, n)?;
         for t in &self.tensors {
             w.tensor_bytes(t.dtype, &t.shape, &t.bytes)?;
         }
@@ -174,14 +174,14 @@ fn check_weight(weight: f64) -> WireResult<()> {
 /// MACs: small enough to still be in cache when they are hashed.
 const ABSORB: usize = 32 * 1024;
 
-/// A record writer's MACs, fed as the frame is written.
+/// A writer's MACs, fed as the frame is written.
 #[derive(Debug)]
 struct Signing<'a> {
     key: MacKey,
     /// The frame's own MAC (its footer).
     frame: MacState,
-    /// The record's tag, over the same bytes and then the footer.
-    record: RecordSigner,
+    /// A record writer's tag, over the same bytes and then the footer.
+    record: Option<RecordSigner>,
     /// Frame bytes absorbed so far.
     hashed: usize,
     /// Where the two MACs run, and how much is written between absorptions.
@@ -189,20 +189,27 @@ struct Signing<'a> {
     piece: usize,
 }
 
-/// Writes one round frame into a caller-owned buffer, tensor by tensor, and
-/// signs it in one pass at the end. On error the buffer is left as it was.
+impl<'a> Signing<'a> {
+    fn new(key: &MacKey, record: Option<RecordSigner>, macs: &'a dyn MacRunner) -> Self {
+        let piece = if macs.batch() > 0 { macs.batch() } else { ABSORB };
+        Signing { key: key.clone(), frame: key.start(), record, hashed: 0, macs, piece }
+    }
+}
+
+/// Writes one round frame into a caller-owned buffer, tensor by tensor,
+/// its MAC absorbing each piece as it is written, so the footer never
+/// re-reads the frame from memory. On error the buffer is left as it was.
 ///
 /// [`RoundWriter::begin_record`] writes the frame as the payload of a signed
 /// `HostFrame` or `Broadcast` record instead (the 25-byte record header,
-/// then the frame): both MACs absorb each piece as it is written, so neither
-/// tag re-reads the frame from memory.
+/// then the frame): both MACs absorb each piece as it is written.
 ///
 /// ```
 /// use bytes::BytesMut;
 /// use cohort_proto::wire::*;
 /// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
 /// let mut out = BytesMut::new();
-/// let mut w = RoundWriter::begin(&mut out, RoundKind::Model, 2.0, 2).unwrap();
+/// let mut w = RoundWriter::begin(&mut out, &key, RoundKind::Model, 2.0, 2).unwrap();
 /// w.tensor_values(Dtype::F32, &[3], &[1.0, 2.0, 3.0]).unwrap();
 /// w.tensor_elided(Dtype::Bf16, &[8]).unwrap();
 /// w.finish(&key).unwrap();
@@ -229,13 +236,20 @@ pub struct RoundWriter<'a> {
     start: usize,
     declared: u32,
     written: u32,
-    signing: Option<Signing<'a>>,
+    signing: Signing<'a>,
 }
 
 impl<'a> RoundWriter<'a> {
-    /// Starts a frame of `n_tensors` tensors.
-    pub fn begin(out: &'a mut BytesMut, kind: RoundKind, weight: f64, n_tensors: u32) -> WireResult<Self> {
-        Self::open(out, kind, weight, n_tensors, None)
+    /// Starts a frame of `n_tensors` tensors, signed with `key` as it is
+    /// written. [`finish`](Self::finish) refuses another key.
+    pub fn begin(
+        out: &'a mut BytesMut,
+        key: &MacKey,
+        kind: RoundKind,
+        weight: f64,
+        n_tensors: u32,
+    ) -> WireResult<Self> {
+        Self::open(out, kind, weight, n_tensors, Signing::new(key, None, &Inline))
     }
 
     /// Starts a `record` whose payload is a frame of `frame_len` bytes (see
@@ -268,9 +282,7 @@ impl<'a> RoundWriter<'a> {
         n_tensors: u32,
     ) -> WireResult<Self> {
         let record = RecordSigner::new(key, record, usize::try_from(frame_len).unwrap_or(usize::MAX))?;
-        let piece = if macs.batch() > 0 { macs.batch() } else { ABSORB };
-        let signing = Signing { key: key.clone(), frame: key.start(), record, hashed: 0, macs, piece };
-        Self::open(out, kind, weight, n_tensors, Some(signing))
+        Self::open(out, kind, weight, n_tensors, Signing::new(key, Some(record), macs))
     }
 
     fn open(
@@ -278,7 +290,7 @@ impl<'a> RoundWriter<'a> {
         kind: RoundKind,
         weight: f64,
         n_tensors: u32,
-        signing: Option<Signing<'a>>,
+        signing: Signing<'a>,
     ) -> WireResult<Self> {
         check_weight(weight)?;
         if n_tensors > MAX_ROUND_FRAME_TENSORS {
@@ -289,7 +301,7 @@ impl<'a> RoundWriter<'a> {
             ));
         }
         let rewind = out.len();
-        if signing.is_some() {
+        if signing.record.is_some() {
             out.extend_from_slice(&[0; MUX_HEADER_LEN]);
         }
         let start = out.len();
@@ -300,23 +312,26 @@ impl<'a> RoundWriter<'a> {
         Ok(RoundWriter { out, rewind, start, declared: n_tensors, written: 0, signing })
     }
 
-    /// Feeds the bytes written since the last absorption to a record
-    /// writer's MACs, once they make a piece (or, `all`, whatever is left).
+    /// Feeds the bytes written since the last absorption to the MACs, once
+    /// they make a piece (or, `all`, whatever is left).
     #[inline]
     fn absorb(&mut self, all: bool) {
-        if let Some(s) = &mut self.signing {
-            let new = &self.out[self.start + s.hashed..];
-            if new.is_empty() || (!all && new.len() < s.piece) {
-                return;
-            }
-            s.macs.run(&mut [MacJob::new(&mut s.frame, new), s.record.job(new)]);
-            s.hashed += new.len();
+        let s = &mut self.signing;
+        let new = &self.out[self.start + s.hashed..];
+        if new.is_empty() || (!all && new.len() < s.piece) {
+            return;
         }
+        let frame = MacJob::new(&mut s.frame, new);
+        match &mut s.record {
+            Some(record) => s.macs.run(&mut [frame, record.job(new)]),
+            None => s.macs.run(&mut [frame]),
+        }
+        s.hashed += new.len();
     }
 
     /// Bytes written between absorptions.
     fn piece_bytes(&self) -> usize {
-        self.signing.as_ref().map_or(ABSORB, |s| s.piece)
+        self.signing.piece
     }
 
     fn fail(&mut self, err: WireError) -> WireError {
@@ -449,7 +464,7 @@ impl<'a> RoundWriter<'a> {
     }
 
     /// Signs the frame (and a record's header), returning the bytes written.
-    /// A record writer must be finished with the key it was begun with.
+    /// It must be finished with the key it was begun with.
     pub fn finish(mut self, key: &MacKey) -> WireResult<usize> {
         if self.written != self.declared {
             let e = WireError::new(
@@ -460,30 +475,28 @@ impl<'a> RoundWriter<'a> {
             return Err(self.fail(e));
         }
         self.absorb(true);
-        match self.signing.take() {
-            None => {
-                let tag = key.mac64(&self.out[self.start..]);
-                self.out.extend_from_slice(&tag.to_le_bytes());
-            }
-            Some(Signing { key: begun, frame, mut record, .. }) => {
-                if begun != *key {
-                    let e = WireError::new(
-                        FrameType::RoundFrame,
-                        "footer",
-                        Problem::Invalid("finished with another key than the record was begun with".into()),
-                    );
-                    return Err(self.fail(e));
-                }
-                let tag = frame.finish().to_le_bytes();
-                self.out.extend_from_slice(&tag);
-                record.update(&tag);
-                match record.finish() {
-                    Ok(h) => self.out[self.rewind..self.start].copy_from_slice(&h),
-                    Err(e) => return Err(self.fail(e)),
+        if self.signing.key != *key {
+            let e = WireError::new(
+                FrameType::RoundFrame,
+                "footer",
+                Problem::Invalid("finished with another key than the frame was begun with".into()),
+            );
+            return Err(self.fail(e));
+        }
+        let RoundWriter { out, rewind, start, signing, .. } = self;
+        let tag = signing.frame.finish().to_le_bytes();
+        out.extend_from_slice(&tag);
+        if let Some(mut record) = signing.record {
+            record.update(&tag);
+            match record.finish() {
+                Ok(h) => out[rewind..start].copy_from_slice(&h),
+                Err(e) => {
+                    out.truncate(rewind);
+                    return Err(e);
                 }
             }
         }
-        Ok(self.out.len() - self.rewind)
+        Ok(out.len() - rewind)
     }
 }
 
@@ -663,7 +676,7 @@ impl RoundDecoder {
     /// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
     /// let values: Vec<f32> = (0..1000).map(|i| i as f32).collect();
     /// let mut buf = bytes::BytesMut::new();
-    /// let mut w = RoundWriter::begin(&mut buf, RoundKind::Model, 1.0, 1).unwrap();
+    /// let mut w = RoundWriter::begin(&mut buf, &key, RoundKind::Model, 1.0, 1).unwrap();
     /// w.tensor_values(Dtype::F32, &[1000], &values).unwrap();
     /// w.finish(&key).unwrap();
     /// let (mut a, mut b) = (RoundDecoder::staging(DEFAULT_FRAME_CEILING, 512), RoundDecoder::staging(DEFAULT_FRAME_CEILING, 512));
