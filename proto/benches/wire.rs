@@ -88,6 +88,18 @@ fn round(c: &mut Criterion) {
             black_box(h.finalize())
         })
     });
+    // A rank's contribution as `DataClient::submit_round` writes it: values
+    // converted into a reused buffer and the footer signed (as the frame is
+    // written since the one-pass writer; by a second pass before).
+    g.bench_function("encode_sign", |b| {
+        let mut buf = BytesMut::with_capacity(frame.len());
+        b.iter(|| {
+            buf.clear();
+            let mut w = RoundWriter::begin(&mut buf, &key, RoundKind::Model, 1.0, 1).unwrap();
+            w.tensor_values(Dtype::F32, &[16 << 20], &values).unwrap();
+            black_box(w.finish(&key).unwrap())
+        })
+    });
     g.bench_function("decode_verify", |b| {
         b.iter(|| {
             let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
