@@ -129,10 +129,10 @@ struct End {
     conn: ConnId,
 }
 
-/// A link as a connection carries it: the arithmetic a send needs, in one
-/// cache line with the rest of the connection's header.
+/// A link as a connection carries it: what a send's arithmetic reads, 32
+/// bytes right after the connection's header line.
 #[derive(Debug, Clone, Copy)]
-struct Wire {
+struct ConnLink {
     latency: Duration,
     /// Bytes per second.
     bandwidth: f64,
@@ -140,9 +140,9 @@ struct Wire {
     jitter_ns: u64,
 }
 
-impl From<LinkSpec> for Wire {
+impl From<LinkSpec> for ConnLink {
     fn from(l: LinkSpec) -> Self {
-        Wire { latency: l.latency, bandwidth: l.bandwidth, jitter_ns: l.jitter.as_nanos() as u64 }
+        ConnLink { latency: l.latency, bandwidth: l.bandwidth, jitter_ns: l.jitter.as_nanos() as u64 }
     }
 }
 
@@ -173,7 +173,7 @@ struct Conn {
     gone: [bool; 2],
     established: bool,
     id: u64,
-    link: Wire,
+    link: ConnLink,
     pipes: [Pipe; 2],
 }
 
