@@ -89,8 +89,7 @@ fn round(c: &mut Criterion) {
         })
     });
     // A rank's contribution as `DataClient::submit_round` writes it: values
-    // converted into a reused buffer and the footer signed (as the frame is
-    // written since the one-pass writer; by a second pass before).
+    // converted into a reused buffer, the footer hashed as they are written.
     g.bench_function("encode_sign", |b| {
         let mut buf = BytesMut::with_capacity(frame.len());
         b.iter(|| {

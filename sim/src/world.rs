@@ -177,6 +177,11 @@ struct Conn {
     pipes: [Pipe; 2],
 }
 
+// The layouts the comments above promise: a slot in one line, the header
+// in the first line with the link right after it.
+const _: () = assert!(size_of::<NodeSlot<()>>() == 64);
+const _: () = assert!(core::mem::offset_of!(Conn, link) == 64);
+
 #[derive(Debug)]
 enum Ev {
     Timer(NodeId, Time),

@@ -329,11 +329,6 @@ impl<'a> RoundWriter<'a> {
         s.hashed += new.len();
     }
 
-    /// Bytes written between absorptions.
-    fn piece_bytes(&self) -> usize {
-        self.signing.piece
-    }
-
     fn fail(&mut self, err: WireError) -> WireError {
         self.out.truncate(self.rewind);
         err
@@ -391,7 +386,7 @@ impl<'a> RoundWriter<'a> {
         }
         self.header(dtype, shape, bytes.len() as u64)?;
         self.out.reserve(bytes.len());
-        let piece = self.piece_bytes();
+        let piece = self.signing.piece;
         for piece in bytes.chunks(piece) {
             self.out.extend_from_slice(piece);
             self.absorb(false);
@@ -414,7 +409,7 @@ impl<'a> RoundWriter<'a> {
         f: impl Fn(f32) -> f32,
     ) -> WireResult<()> {
         self.values_header(dtype, shape, values.len())?;
-        let piece = (self.piece_bytes() / dtype.size()).max(1);
+        let piece = (self.signing.piece / dtype.size()).max(1);
         for piece in values.chunks(piece) {
             extend_le_mapped(self.out, piece, dtype, &f);
             self.absorb(false);
@@ -433,7 +428,7 @@ impl<'a> RoundWriter<'a> {
         mut prepare: impl FnMut(&mut [f32]),
     ) -> WireResult<()> {
         self.values_header(dtype, shape, values.len())?;
-        let piece = (self.piece_bytes() / dtype.size()).max(1);
+        let piece = (self.signing.piece / dtype.size()).max(1);
         for piece in values.chunks_mut(piece) {
             prepare(piece);
             extend_le(self.out, piece, dtype);
