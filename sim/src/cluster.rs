@@ -54,7 +54,7 @@ use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::Relay;
 use cohort_proto::rendezvous::UID_BYTES;
 use cohort_proto::status::StatusClient;
-use cohort_proto::wire::SessionSalt;
+use cohort_proto::wire::{MacKey, SessionSalt};
 use core::time::Duration;
 
 use crate::check::Checker;
@@ -134,6 +134,9 @@ pub struct Cluster<W: SimWorkload = Trainer> {
     faults: Vec<Injected>,
     /// Which host holds which rank (the controller's word, then the agents').
     rank_host: BTreeMap<u32, Arc<str>>,
+    /// The session key every relay and rank shares, as the machines of one
+    /// process do: their MACs read one copy of the keyed states.
+    key: Option<MacKey>,
     recording: bool,
     log: EventLog,
 }
@@ -295,6 +298,7 @@ impl<W: SimWorkload> Cluster<W> {
             sources: BTreeMap::from([(controller, Source::Controller)]),
             rank_nodes: BTreeMap::new(),
             uids: stream(seed, "nccl-uid"),
+            key: None,
             acts,
             next_act: 0,
             timeline: Timeline::default(),
@@ -811,7 +815,9 @@ impl<W: SimWorkload> Cluster<W> {
             HostEvent::StartRelay { relay, listen } => {
                 self.hosts[i].spawned = true;
                 let leg = relay.leg;
-                let Ok(relay) = Relay::new(relay.clone()) else { return };
+                let mut cfg = relay.clone();
+                cfg.key = self.shared_key(cfg.key);
+                let Ok(relay) = Relay::new(cfg) else { return };
                 // Hosts in the simulator always use flodl's port layout.
                 let addr = listen.clone().unwrap_or_default();
                 let n = self.world.add_node(
@@ -825,6 +831,14 @@ impl<W: SimWorkload> Cluster<W> {
             HostEvent::StartRank(spec) => self.start_rank(i, spec),
             HostEvent::Refused(why) => self.timeline.instant(t, &name, &format!("cannot start: {why}")),
             _ => {}
+        }
+    }
+
+    /// `key`, as the copy the world's machines already share if it is the same key.
+    fn shared_key(&mut self, key: MacKey) -> MacKey {
+        match &self.key {
+            Some(k) if *k == key => k.clone(),
+            _ => self.key.insert(key).clone(),
         }
     }
 
@@ -843,7 +857,9 @@ impl<W: SimWorkload> Cluster<W> {
         let workload = (self.make_workload)(&start);
         let mut uid = [0u8; UID_BYTES];
         uid.iter_mut().for_each(|b| *b = self.uids.u64() as u8);
-        let node = SimRank::new(spec.rank_config(uid), workload, now);
+        let mut cfg = spec.rank_config(uid);
+        cfg.key = self.shared_key(cfg.key);
+        let node = SimRank::new(cfg, workload, now);
         let n = self.world.add_node(self.hosts[i].host, format!("rank-{r}"), Box::new(node), &[]);
         self.sources.insert(n, Source::Rank(r));
         self.rank_nodes.insert(r, n);

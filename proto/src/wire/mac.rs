@@ -8,6 +8,8 @@
 //! [`mac64`] keys per call through the `hmac` crate, as flodl does; it is the
 //! reference the prepared path is tested against.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
@@ -21,7 +23,9 @@ type HmacSha256 = Hmac<Sha256>;
 /// A session salt prepared for MAC computation; cheap to clone and share.
 ///
 /// Holds the SHA-256 states after absorbing the key XOR ipad and key XOR
-/// opad blocks, so every MAC starts two compressions in.
+/// opad blocks, so every MAC starts two compressions in. Clones share one
+/// copy of the states: a process (or a simulated world) of many machines
+/// reads one cache line for every MAC, not one per machine.
 ///
 /// ```
 /// use cohort_proto::wire::{MacKey, SessionSalt, mac64};
@@ -35,6 +39,13 @@ type HmacSha256 = Hmac<Sha256>;
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct MacKey {
+    states: Arc<KeyStates>,
+}
+
+/// The keyed inner and outer states, in one cache line.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(C, align(64))]
+struct KeyStates {
     inner: [u32; 8],
     outer: [u32; 8],
 }
@@ -64,7 +75,7 @@ impl MacKey {
         let (mut inner, mut outer) = (IV, IV);
         compress256(&mut inner, &[ipad]);
         compress256(&mut outer, &[opad]);
-        MacKey { inner, outer }
+        MacKey { states: Arc::new(KeyStates { inner, outer }) }
     }
 
     /// `mac64` of one contiguous byte string.
@@ -87,9 +98,9 @@ impl MacKey {
             }
             block[total] = 0x80;
             block[BLOCK - 8..].copy_from_slice(&(((BLOCK + total) as u64) * 8).to_be_bytes());
-            let mut state = self.inner;
+            let mut state = self.states.inner;
             compress256(&mut state, &[block]);
-            return self.outer_tag(&state);
+            return outer_tag(&self.states.outer, &state);
         }
         let mut st = self.start();
         for p in parts {
@@ -100,24 +111,25 @@ impl MacKey {
 
     /// Starts an incremental MAC (for bytes that arrive or are produced in pieces).
     pub fn start(&self) -> MacState {
-        MacState { state: self.inner, outer: self.outer, buf: [0; BLOCK], buf_len: 0, absorbed: 0 }
+        let KeyStates { inner, outer } = *self.states;
+        MacState { state: inner, outer, buf: [0; BLOCK], buf_len: 0, absorbed: 0 }
     }
+}
 
-    /// The outer hash over the inner digest, truncated.
-    fn outer_tag(&self, inner_digest: &[u32; 8]) -> u64 {
-        let mut block = [0u8; BLOCK];
-        for (d, w) in block.chunks_exact_mut(4).zip(inner_digest) {
-            d.copy_from_slice(&w.to_be_bytes());
-        }
-        block[32] = 0x80;
-        block[BLOCK - 8..].copy_from_slice(&(((BLOCK + 32) as u64) * 8).to_be_bytes());
-        let mut state = self.outer;
-        compress256(&mut state, &[block]);
-        let mut first = [0u8; 8];
-        first[..4].copy_from_slice(&state[0].to_be_bytes());
-        first[4..].copy_from_slice(&state[1].to_be_bytes());
-        u64::from_le_bytes(first)
+/// The outer hash, from the keyed `outer` state, over the inner digest; truncated.
+fn outer_tag(outer: &[u32; 8], inner_digest: &[u32; 8]) -> u64 {
+    let mut block = [0u8; BLOCK];
+    for (d, w) in block.chunks_exact_mut(4).zip(inner_digest) {
+        d.copy_from_slice(&w.to_be_bytes());
     }
+    block[32] = 0x80;
+    block[BLOCK - 8..].copy_from_slice(&(((BLOCK + 32) as u64) * 8).to_be_bytes());
+    let mut state = *outer;
+    compress256(&mut state, &[block]);
+    let mut first = [0u8; 8];
+    first[..4].copy_from_slice(&state[0].to_be_bytes());
+    first[4..].copy_from_slice(&state[1].to_be_bytes());
+    u64::from_le_bytes(first)
 }
 
 /// An incremental `mac64` computation.
@@ -172,7 +184,7 @@ impl MacState {
         }
         self.buf[BLOCK - 8..].copy_from_slice(&bits.to_be_bytes());
         compress256(&mut self.state, &[self.buf]);
-        MacKey { inner: IV, outer: self.outer }.outer_tag(&self.state)
+        outer_tag(&self.outer, &self.state)
     }
 }
 
