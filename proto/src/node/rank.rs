@@ -179,6 +179,17 @@ impl RankEvent {
 /// ```
 #[derive(Debug)]
 pub struct RankNode<W> {
+    /// Each sub-machine's wake-up (by part), as of its last call: a
+    /// sans-IO machine changes only when called, so a wake-up or a poll
+    /// reads these, and only the parts in `touched` are polled and read
+    /// again. Kept first, beside the flags every input reads, so a wake-up
+    /// reads one cache line instead of one per sub-machine.
+    wakes: [Option<Time>; 3],
+    /// Parts called (an input or a command) since `pump` last drained them.
+    touched: u8,
+    ended: bool,
+    /// Control leg connected; data leg connected (or absent).
+    connected: (bool, bool),
     cfg: RankConfig,
     rendezvous: Option<RendezvousClient>,
     control: Option<ControlClient>,
@@ -186,16 +197,18 @@ pub struct RankNode<W> {
     workload: W,
     actions: Vec<Action>,
     owners: BTreeMap<ConnId, u8>,
-    /// Control leg connected; data leg connected (or absent).
-    connected: (bool, bool),
     /// A submission that waits for the data leg.
     pending_submit: Option<(f64, Vec<f32>)>,
     rounds_submitted: u64,
     rounds_done: u64,
     /// The data leg failed at this instant, for this reason; training stopped.
     data_lost: Option<(Time, String)>,
-    ended: bool,
     out: Outbox<RankEvent>,
+}
+
+/// The bit of `part` in [`RankNode`]'s `touched`.
+const fn bit(part: u8) -> u8 {
+    1 << part
 }
 
 impl<W: Workload> RankNode<W> {
@@ -220,6 +233,8 @@ impl<W: Workload> RankNode<W> {
             RendezvousClient::new(rcfg, now)
         });
         let mut node = RankNode {
+            wakes: [None; 3],
+            touched: bit(CONTROL) | bit(DATA) | bit(RENDEZVOUS),
             connected: (false, data.is_none()),
             control: None,
             rendezvous,
@@ -252,6 +267,7 @@ impl<W: Workload> RankNode<W> {
             timeout_scale: self.cfg.timeout_scale,
         };
         self.control = Some(ControlClient::new(ccfg, now));
+        self.touched |= bit(CONTROL);
     }
 
     /// The workload.
@@ -282,6 +298,7 @@ impl<W: Workload> RankNode<W> {
     }
 
     fn close_control(&mut self) {
+        self.touched |= bit(CONTROL);
         if let Some(c) = self.control.as_mut() {
             c.close();
         }
@@ -295,6 +312,7 @@ impl<W: Workload> RankNode<W> {
                 self.submit(now, mass, values);
                 continue;
             }
+            self.touched |= bit(CONTROL);
             let Some(control) = self.control.as_mut() else { continue };
             // A send can only fail once the control client has ended; the
             // loss is reported by its own event.
@@ -318,6 +336,7 @@ impl<W: Workload> RankNode<W> {
     }
 
     fn submit(&mut self, now: Time, mass: f64, values: Vec<f32>) {
+        self.touched |= bit(DATA);
         let Some(data) = self.data.as_mut() else {
             // No CPU data plane: a contribution has nowhere to go.
             return self.fail_data(now, "a contribution was submitted without a CPU data plane".into());
@@ -356,25 +375,33 @@ impl<W: Workload> RankNode<W> {
         self.out.event(why);
     }
 
-    /// Moves every sub-machine's outputs out, acting on their events.
+    /// Moves the called sub-machines' outputs out, acting on their events,
+    /// then reads their wake-ups.
     fn pump(&mut self, now: Time) {
         loop {
             let mut progressed = false;
-            while let Some(o) = self.rendezvous.as_mut().and_then(|r| r.poll(now)) {
+            let polls = |n: &Self, part| n.touched & bit(part) != 0;
+            while polls(self, RENDEZVOUS)
+                && let Some(o) = self.rendezvous.as_mut().and_then(|r| r.poll(now))
+            {
                 progressed = true;
                 match o {
                     Output::Event(e) => self.rendezvous_event(now, e),
                     other => self.pass(RENDEZVOUS, other),
                 }
             }
-            while let Some(o) = self.control.as_mut().and_then(|c| c.poll(now)) {
+            while polls(self, CONTROL)
+                && let Some(o) = self.control.as_mut().and_then(|c| c.poll(now))
+            {
                 progressed = true;
                 match o {
                     Output::Event(e) => self.control_event(now, e),
                     other => self.pass(CONTROL, other),
                 }
             }
-            while let Some(o) = self.data.as_mut().and_then(|d| d.poll(now)) {
+            while polls(self, DATA)
+                && let Some(o) = self.data.as_mut().and_then(|d| d.poll(now))
+            {
                 progressed = true;
                 match o {
                     Output::Event(e) => self.data_event(now, e),
@@ -383,6 +410,16 @@ impl<W: Workload> RankNode<W> {
             }
             if !progressed {
                 break;
+            }
+        }
+        let touched = core::mem::take(&mut self.touched);
+        for part in [CONTROL, DATA, RENDEZVOUS] {
+            if touched & bit(part) != 0 {
+                self.wakes[part as usize] = match part {
+                    CONTROL => self.control.as_ref().and_then(Machine::poll_timeout),
+                    DATA => self.data.as_ref().and_then(Machine::poll_timeout),
+                    _ => self.rendezvous.as_ref().and_then(Machine::poll_timeout),
+                };
             }
         }
     }
@@ -478,6 +515,7 @@ impl<W: Workload> RankNode<W> {
     }
 
     fn part_handle(&mut self, now: Time, part: u8, input: Input<'_>) {
+        self.touched |= bit(part);
         match part {
             CONTROL => {
                 if let Some(c) = self.control.as_mut() {
@@ -524,14 +562,11 @@ impl<W: Workload> Machine for RankNode<W> {
             Input::Accepted { conn, .. } => self.out.close(conn),
             Input::Timeout => {
                 let due = |t: Option<Time>| t.is_some_and(|t| t <= now);
-                if due(self.rendezvous.as_ref().and_then(Machine::poll_timeout)) {
-                    self.part_handle(now, RENDEZVOUS, Input::Timeout);
-                }
-                if due(self.control.as_ref().and_then(Machine::poll_timeout)) {
-                    self.part_handle(now, CONTROL, Input::Timeout);
-                }
-                if due(self.data.as_ref().and_then(Machine::poll_timeout)) {
-                    self.part_handle(now, DATA, Input::Timeout);
+                // Each part's wake-up is current: none was called yet.
+                for part in [RENDEZVOUS, CONTROL, DATA] {
+                    if due(self.wakes[part as usize]) {
+                        self.part_handle(now, part, Input::Timeout);
+                    }
                 }
                 if let Some((deadline, reason)) = self.data_lost.clone()
                     && now >= deadline
@@ -554,13 +589,16 @@ impl<W: Workload> Machine for RankNode<W> {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        let clients = [
-            self.rendezvous.as_ref().and_then(Machine::poll_timeout),
-            self.control.as_ref().and_then(Machine::poll_timeout),
-            self.data.as_ref().and_then(Machine::poll_timeout),
-        ]
-        .into_iter()
-        .fold(None, earliest);
+        debug_assert_eq!(
+            self.wakes,
+            [
+                self.control.as_ref().and_then(Machine::poll_timeout),
+                self.data.as_ref().and_then(Machine::poll_timeout),
+                self.rendezvous.as_ref().and_then(Machine::poll_timeout),
+            ],
+            "a part's wake-up changed while it was not called"
+        );
+        let clients = self.wakes.into_iter().fold(None, earliest);
         match (&self.data_lost, self.ended) {
             (_, true) => clients,
             (Some((deadline, _)), false) => earliest(clients, Some(*deadline)),
