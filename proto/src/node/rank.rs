@@ -179,15 +179,7 @@ impl RankEvent {
 /// ```
 #[derive(Debug)]
 pub struct RankNode<W> {
-    /// Each sub-machine's wake-up (by part), as of its last call: a
-    /// sans-IO machine changes only when called, so a wake-up or a poll
-    /// reads these, and only the parts in `touched` are polled and read
-    /// again. Kept first, beside the flags every input reads, so a wake-up
-    /// reads one cache line instead of one per sub-machine.
-    wakes: [Option<Time>; 3],
-    /// Parts called (an input or a command) since `pump` last drained them.
-    touched: u8,
-    ended: bool,
+    hot: Hot,
     /// Control leg connected; data leg connected (or absent).
     connected: (bool, bool),
     cfg: RankConfig,
@@ -206,7 +198,21 @@ pub struct RankNode<W> {
     out: Outbox<RankEvent>,
 }
 
-/// The bit of `part` in [`RankNode`]'s `touched`.
+/// What a rank's every input and wake-up reads, in one cache line rather
+/// than one per sub-machine.
+#[derive(Debug)]
+#[repr(C, align(64))]
+struct Hot {
+    /// Each sub-machine's wake-up (by part) as of its last call: a sans-IO
+    /// machine changes only when called, so a wake-up reads these, and only
+    /// the parts in `touched` are polled and read again.
+    wakes: [Option<Time>; 3],
+    /// Parts called (an input or a command) since `pump` last drained them.
+    touched: u8,
+    ended: bool,
+}
+
+/// The bit of `part` in [`Hot`]'s `touched`.
 const fn bit(part: u8) -> u8 {
     1 << part
 }
@@ -233,8 +239,7 @@ impl<W: Workload> RankNode<W> {
             RendezvousClient::new(rcfg, now)
         });
         let mut node = RankNode {
-            wakes: [None; 3],
-            touched: bit(CONTROL) | bit(DATA) | bit(RENDEZVOUS),
+            hot: Hot { wakes: [None; 3], touched: bit(CONTROL) | bit(DATA) | bit(RENDEZVOUS), ended: false },
             connected: (false, data.is_none()),
             control: None,
             rendezvous,
@@ -246,7 +251,6 @@ impl<W: Workload> RankNode<W> {
             rounds_submitted: 0,
             rounds_done: 0,
             data_lost: None,
-            ended: false,
             out: Outbox::default(),
             cfg,
         };
@@ -267,7 +271,7 @@ impl<W: Workload> RankNode<W> {
             timeout_scale: self.cfg.timeout_scale,
         };
         self.control = Some(ControlClient::new(ccfg, now));
-        self.touched |= bit(CONTROL);
+        self.hot.touched |= bit(CONTROL);
     }
 
     /// The workload.
@@ -288,17 +292,17 @@ impl<W: Workload> RankNode<W> {
 
     /// Whether the rank has stopped (shut down, coordinator lost, or a leg failed).
     pub fn is_ended(&self) -> bool {
-        self.ended
+        self.hot.ended
     }
 
     /// The exit code a rank process would end with: 0 after a clean
     /// shutdown, 1 after a failure, `None` while it runs.
     pub fn exit_code(&self) -> Option<i32> {
-        self.ended.then_some(if self.workload.finished() { 0 } else { 1 })
+        self.hot.ended.then_some(if self.workload.finished() { 0 } else { 1 })
     }
 
     fn close_control(&mut self) {
-        self.touched |= bit(CONTROL);
+        self.hot.touched |= bit(CONTROL);
         if let Some(c) = self.control.as_mut() {
             c.close();
         }
@@ -312,7 +316,7 @@ impl<W: Workload> RankNode<W> {
                 self.submit(now, mass, values);
                 continue;
             }
-            self.touched |= bit(CONTROL);
+            self.hot.touched |= bit(CONTROL);
             let Some(control) = self.control.as_mut() else { continue };
             // A send can only fail once the control client has ended; the
             // loss is reported by its own event.
@@ -336,7 +340,7 @@ impl<W: Workload> RankNode<W> {
     }
 
     fn submit(&mut self, now: Time, mass: f64, values: Vec<f32>) {
-        self.touched |= bit(DATA);
+        self.hot.touched |= bit(DATA);
         let Some(data) = self.data.as_mut() else {
             // No CPU data plane: a contribution has nowhere to go.
             return self.fail_data(now, "a contribution was submitted without a CPU data plane".into());
@@ -357,16 +361,16 @@ impl<W: Workload> RankNode<W> {
     }
 
     fn fail_data(&mut self, now: Time, reason: String) {
-        if !self.ended && self.data_lost.is_none() {
+        if !self.hot.ended && self.data_lost.is_none() {
             self.data_lost = Some((now + DATA_LOSS_GRACE, reason));
         }
     }
 
     fn end(&mut self, why: RankEvent) {
-        if self.ended {
+        if self.hot.ended {
             return;
         }
-        self.ended = true;
+        self.hot.ended = true;
         for (conn, part) in core::mem::take(&mut self.owners) {
             if part != CONTROL {
                 self.out.close(conn);
@@ -380,7 +384,7 @@ impl<W: Workload> RankNode<W> {
     fn pump(&mut self, now: Time) {
         loop {
             let mut progressed = false;
-            let polls = |n: &Self, part| n.touched & bit(part) != 0;
+            let polls = |n: &Self, part| n.hot.touched & bit(part) != 0;
             while polls(self, RENDEZVOUS)
                 && let Some(o) = self.rendezvous.as_mut().and_then(|r| r.poll(now))
             {
@@ -412,10 +416,10 @@ impl<W: Workload> RankNode<W> {
                 break;
             }
         }
-        let touched = core::mem::take(&mut self.touched);
+        let touched = core::mem::take(&mut self.hot.touched);
         for part in [CONTROL, DATA, RENDEZVOUS] {
             if touched & bit(part) != 0 {
-                self.wakes[part as usize] = match part {
+                self.hot.wakes[part as usize] = match part {
                     CONTROL => self.control.as_ref().and_then(Machine::poll_timeout),
                     DATA => self.data.as_ref().and_then(Machine::poll_timeout),
                     _ => self.rendezvous.as_ref().and_then(Machine::poll_timeout),
@@ -447,7 +451,7 @@ impl<W: Workload> RankNode<W> {
             RendezvousClientEvent::Role(_) => {}
             RendezvousClientEvent::Done { uid } => {
                 self.out.event(RankEvent::NcclReady { uid });
-                if !self.ended && self.control.is_none() {
+                if !self.hot.ended && self.control.is_none() {
                     self.dial_control(now);
                 }
             }
@@ -467,10 +471,10 @@ impl<W: Workload> RankNode<W> {
                 if !matches!(msg, ControlMsgWire::CoordHeartbeat) {
                     self.out.event(RankEvent::Command(msg.clone()));
                 }
-                if !self.ended && self.data_lost.is_none() {
+                if !self.hot.ended && self.data_lost.is_none() {
                     self.workload.on_command(now, &msg, &mut self.actions);
                     self.act(now);
-                } else if !self.ended
+                } else if !self.hot.ended
                     && matches!(msg, ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. })
                 {
                     self.close_control();
@@ -499,7 +503,7 @@ impl<W: Workload> RankNode<W> {
                 let values = result.tensors.into_iter().next().map(|t| t.values).unwrap_or_default();
                 // The workload reads the values before they move into the event
                 // (its actions run after the event): no copy.
-                let live = !self.ended;
+                let live = !self.hot.ended;
                 if live {
                     let local = (!keep_local).then_some(values.as_slice());
                     self.workload.on_consensus(now, local, &mut self.actions);
@@ -515,7 +519,7 @@ impl<W: Workload> RankNode<W> {
     }
 
     fn part_handle(&mut self, now: Time, part: u8, input: Input<'_>) {
-        self.touched |= bit(part);
+        self.hot.touched |= bit(part);
         match part {
             CONTROL => {
                 if let Some(c) = self.control.as_mut() {
@@ -564,18 +568,18 @@ impl<W: Workload> Machine for RankNode<W> {
                 let due = |t: Option<Time>| t.is_some_and(|t| t <= now);
                 // Each part's wake-up is current: none was called yet.
                 for part in [RENDEZVOUS, CONTROL, DATA] {
-                    if due(self.wakes[part as usize]) {
+                    if due(self.hot.wakes[part as usize]) {
                         self.part_handle(now, part, Input::Timeout);
                     }
                 }
                 if let Some((deadline, reason)) = self.data_lost.clone()
                     && now >= deadline
-                    && !self.ended
+                    && !self.hot.ended
                 {
                     self.close_control();
                     self.end(RankEvent::DataFailed { reason });
                 }
-                if !self.ended && self.data_lost.is_none() && due(self.workload.next_wake()) {
+                if !self.hot.ended && self.data_lost.is_none() && due(self.workload.next_wake()) {
                     self.workload.on_wake(now, &mut self.actions);
                     self.act(now);
                 }
@@ -590,7 +594,7 @@ impl<W: Workload> Machine for RankNode<W> {
 
     fn poll_timeout(&self) -> Option<Time> {
         debug_assert_eq!(
-            self.wakes,
+            self.hot.wakes,
             [
                 self.control.as_ref().and_then(Machine::poll_timeout),
                 self.data.as_ref().and_then(Machine::poll_timeout),
@@ -598,8 +602,8 @@ impl<W: Workload> Machine for RankNode<W> {
             ],
             "a part's wake-up changed while it was not called"
         );
-        let clients = self.wakes.into_iter().fold(None, earliest);
-        match (&self.data_lost, self.ended) {
+        let clients = self.hot.wakes.into_iter().fold(None, earliest);
+        match (&self.data_lost, self.hot.ended) {
             (_, true) => clients,
             (Some((deadline, _)), false) => earliest(clients, Some(*deadline)),
             (None, false) => earliest(clients, self.workload.next_wake()),
