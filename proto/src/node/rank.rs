@@ -212,6 +212,9 @@ struct Hot {
     ended: bool,
 }
 
+// The one line `Hot`'s comment promises.
+const _: () = assert!(size_of::<Hot>() == 64);
+
 /// The bit of `part` in [`Hot`]'s `touched`.
 const fn bit(part: u8) -> u8 {
     1 << part
