@@ -127,17 +127,22 @@ impl fmt::Display for SendError {
 
 impl std::error::Error for SendError {}
 
+/// The connection's state. `repr(u8)` keeps the tag first and each
+/// variant's fields in their written order, so what every input and
+/// wake-up reads (tag, connection, deadlines) shares a line with
+/// `ControlClient::liveness`; the decoder follows.
 #[derive(Debug)]
+#[repr(u8)]
 enum State {
     Handshaking(Box<Dialer<ControlHandshake>>),
     Connected {
         conn: ConnId,
-        dec: LenDecoder,
         last_frame: Time,
         next_heartbeat: Time,
         /// A clean `Shutdown`/`ShutdownWithSave` arrived: EOF is expected
         /// and the liveness deadline no longer applies.
         clean: bool,
+        dec: LenDecoder,
     },
     Ended,
 }
@@ -157,10 +162,11 @@ enum State {
 /// assert!(matches!(c.poll(Time::ZERO), Some(Output::Dial { .. })));
 /// ```
 #[derive(Debug)]
+#[repr(C, align(64))]
 pub struct ControlClient {
-    cfg: ControlClientConfig,
     liveness: Duration,
     state: State,
+    cfg: ControlClientConfig,
     /// Frames queued before the handshake completed.
     queued: Vec<Bytes>,
     step_count: u64,
