@@ -27,6 +27,8 @@ use super::{tag_dial, untag_dial};
 const CONTROL: u8 = 0;
 const DATA: u8 = 1;
 const RENDEZVOUS: u8 = 2;
+/// Every part, in the order of their indices.
+const PARTS: [u8; 3] = [CONTROL, DATA, RENDEZVOUS];
 
 /// After its data leg fails, a rank waits this long for its control leg's
 /// verdict before exiting with the data failure: when the controller dies,
@@ -420,14 +422,19 @@ impl<W: Workload> RankNode<W> {
             }
         }
         let touched = core::mem::take(&mut self.hot.touched);
-        for part in [CONTROL, DATA, RENDEZVOUS] {
+        for part in PARTS {
             if touched & bit(part) != 0 {
-                self.hot.wakes[part as usize] = match part {
-                    CONTROL => self.control.as_ref().and_then(Machine::poll_timeout),
-                    DATA => self.data.as_ref().and_then(Machine::poll_timeout),
-                    _ => self.rendezvous.as_ref().and_then(Machine::poll_timeout),
-                };
+                self.hot.wakes[part as usize] = self.part_wake(part);
             }
+        }
+    }
+
+    /// The wake-up sub-machine `part` asks for now (`None` if absent).
+    fn part_wake(&self, part: u8) -> Option<Time> {
+        match part {
+            CONTROL => self.control.as_ref().and_then(Machine::poll_timeout),
+            DATA => self.data.as_ref().and_then(Machine::poll_timeout),
+            _ => self.rendezvous.as_ref().and_then(Machine::poll_timeout),
         }
     }
 
@@ -598,11 +605,7 @@ impl<W: Workload> Machine for RankNode<W> {
     fn poll_timeout(&self) -> Option<Time> {
         debug_assert_eq!(
             self.hot.wakes,
-            [
-                self.control.as_ref().and_then(Machine::poll_timeout),
-                self.data.as_ref().and_then(Machine::poll_timeout),
-                self.rendezvous.as_ref().and_then(Machine::poll_timeout),
-            ],
+            PARTS.map(|p| self.part_wake(p)),
             "a part's wake-up changed while it was not called"
         );
         let clients = self.hot.wakes.into_iter().fold(None, earliest);

@@ -162,6 +162,7 @@ enum State {
 /// assert!(matches!(c.poll(Time::ZERO), Some(Output::Dial { .. })));
 /// ```
 #[derive(Debug)]
+// Fields in written order from a line's start: `liveness`, then `State`'s hot head.
 #[repr(C, align(64))]
 pub struct ControlClient {
     liveness: Duration,
