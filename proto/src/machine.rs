@@ -291,8 +291,20 @@ impl<E> Outbox<E> {
     }
 
     /// Takes the oldest output.
+    ///
+    /// The last one out hands a small queue's buffer back to the allocator:
+    /// a machine's next output then lands in whichever block was freed last
+    /// (by any machine), which is still in cache, instead of this machine's
+    /// own buffer, untouched since its last turn. A buffer a burst grew is
+    /// kept, so a broadcast does not regrow it each time.
     pub fn pop(&mut self) -> Option<Output<E>> {
-        self.queue.pop_front()
+        /// Buffers up to this many outputs are handed back when drained.
+        const RECYCLED: usize = 16;
+        let o = self.queue.pop_front();
+        if self.queue.is_empty() && (1..=RECYCLED).contains(&self.queue.capacity()) {
+            self.queue = Default::default();
+        }
+        o
     }
 
     /// Whether nothing is pending.

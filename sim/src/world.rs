@@ -786,6 +786,11 @@ impl<E> World<E> {
             p.last_arrival
         });
         let waiting = !p.pending.is_empty();
+        if !waiting && p.pending.capacity() != 0 {
+            // As `Outbox::pop` does: the next write lands in a block still in
+            // cache rather than this pipe's own, cold since its last send.
+            p.pending = VecDeque::new();
+        }
         if let Some(at) = fin {
             self.schedule(at, Ev::Fin { conn: id, dir, cause: CloseCause::Eof });
         }
