@@ -262,6 +262,10 @@ pub struct World<E> {
     partitions: BTreeMap<(HostId, HostId), Time>,
     corrupt_next: BTreeSet<HostId>,
     dirty: Vec<(u64, usize)>,
+    /// Buffers of pipes that drained, newest last: the next pipe to queue a
+    /// write takes the one used last, still in cache, rather than its own,
+    /// cold since its previous send.
+    spare: Vec<VecDeque<Bytes>>,
     config: NetConfig,
     rng: SimRng,
     events: Vec<(Time, NodeId, E)>,
@@ -298,6 +302,7 @@ impl<E> World<E> {
             partitions: BTreeMap::new(),
             corrupt_next: BTreeSet::new(),
             dirty: Vec::new(),
+            spare: Vec::new(),
             config,
             rng: stream(seed, "net"),
             events: Vec::new(),
@@ -707,6 +712,11 @@ impl<E> World<E> {
         let p = &mut c.pipes[dir];
         if p.pending.is_empty() {
             p.last_progress = self.now;
+            if p.pending.capacity() == 0
+                && let Some(buf) = self.spare.pop()
+            {
+                p.pending = buf;
+            }
         }
         p.pending_len += bytes.len();
         p.pending.push_back(bytes);
@@ -787,9 +797,7 @@ impl<E> World<E> {
         });
         let waiting = !p.pending.is_empty();
         if !waiting && p.pending.capacity() != 0 {
-            // As `Outbox::pop` does: the next write lands in a block still in
-            // cache rather than this pipe's own, cold since its last send.
-            p.pending = VecDeque::new();
+            self.spare.push(core::mem::take(&mut p.pending));
         }
         if let Some(at) = fin {
             self.schedule(at, Ev::Fin { conn: id, dir, cause: CloseCause::Eof });
