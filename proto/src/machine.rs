@@ -293,10 +293,10 @@ impl<E> Outbox<E> {
     /// Takes the oldest output.
     ///
     /// The last one out hands a small queue's buffer back to the allocator:
-    /// a machine's next output then lands in whichever block was freed last
-    /// (by any machine), which is still in cache, instead of this machine's
-    /// own buffer, untouched since its last turn. A buffer a burst grew is
-    /// kept, so a broadcast does not regrow it each time.
+    /// a machine's next output then lands in a recently freed block (by any
+    /// machine), likely still in cache, instead of this machine's own buffer,
+    /// untouched since its last turn. A buffer a burst grew is kept, so a
+    /// broadcast does not regrow it each time.
     pub fn pop(&mut self) -> Option<Output<E>> {
         /// Buffers up to this many outputs are handed back when drained.
         const RECYCLED: usize = 16;
@@ -315,5 +315,31 @@ impl<E> Outbox<E> {
     /// How many outputs are pending.
     pub fn len(&self) -> usize {
         self.queue.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drained_capacity(n: u64) -> usize {
+        let mut out: Outbox<()> = Outbox::default();
+        for c in 0..n {
+            out.close(ConnId(c));
+        }
+        let order: Vec<u64> = core::iter::from_fn(|| out.pop())
+            .map(|o| match o {
+                Output::Close { conn } => conn.0,
+                _ => u64::MAX,
+            })
+            .collect();
+        assert_eq!(order, (0..n).collect::<Vec<_>>(), "outputs leave in order");
+        out.queue.capacity()
+    }
+
+    #[test]
+    fn a_drained_small_buffer_is_handed_back_and_a_burst_buffer_kept() {
+        assert_eq!(drained_capacity(3), 0);
+        assert!(drained_capacity(40) >= 40);
     }
 }
