@@ -20,7 +20,11 @@
 //!   a `HostFrame` record, whose receiver checks two MACs (its tag, the
 //!   frame's footer) the reduce's way ([`RecordSink`]) on a `MacPool` of
 //!   every core, or inline: MAC'd bytes per second over one core's SHA-256
-//!   is twice the ratio `sha256 / <driver>_record_pool`.
+//!   is twice the ratio `sha256 / <driver>_record_pool`, printed after each.
+//!   `frame256 bound` is the most a 2-MAC receive can reach on this host
+//!   when sender and receiver share it: both MACs and the loopback move
+//!   (the host's busy time during `raw_std`, from `/proc/stat`) spread over
+//!   every core with none idle.
 //!
 //! Run: `cargo bench -p cohort-driver-smol --bench drivers`, then
 //! `scripts/bench-ratios rtt/mio rtt/raw_std rtt/smol rtt/raw_std rtt/tokio rtt/raw_std
@@ -212,9 +216,17 @@ fn frame256(c: &mut Criterion) {
     g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
     g.throughput(Throughput::Bytes(len));
 
-    g.bench_function("sha256", |b| b.iter(|| Sha256::digest(&frame)));
+    let mut sha = Busy::default();
+    g.bench_function("sha256", |b| {
+        b.iter_custom(|iters| {
+            sha.run(iters, || {
+                std::hint::black_box(Sha256::digest(&frame));
+            })
+        })
+    });
 
     // Raw blocking std sockets: a reading thread counts; the bench thread writes.
+    let mut raw = Busy::default();
     {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
@@ -238,14 +250,17 @@ fn frame256(c: &mut Criterion) {
         });
         let mut s = TcpStream::connect(addr).unwrap();
         g.bench_function("raw_std", |b| {
-            b.iter(|| {
-                s.write_all(&frame).unwrap();
-                done_rx.recv().unwrap();
+            b.iter_custom(|iters| {
+                raw.run(iters, || {
+                    s.write_all(&frame).unwrap();
+                    done_rx.recv().unwrap();
+                })
             })
         });
         drop(s);
         reader.join().unwrap();
     }
+    bound(&sha, &raw);
 
     // Raw blocking std sockets again, the reader verifying the frame as the
     // drivers' receivers do: what MAC-as-you-read costs without any driver.
@@ -291,15 +306,20 @@ fn frame256(c: &mut Criterion) {
     frame256_of::<TokioThread>(&mut g, &frame);
     let record = MuxRecord::HostFrame { payload: Payload::from(frame.clone()) }.to_bytes(&key()).unwrap();
     drop(frame);
-    record256_of::<Mio>(&mut g, &record, len);
-    record256_of::<SmolThread>(&mut g, &record, len);
-    record256_of::<TokioThread>(&mut g, &record, len);
+    record256_of::<Mio>(&mut g, &record, len, &sha);
+    record256_of::<SmolThread>(&mut g, &record, len, &sha);
+    record256_of::<TokioThread>(&mut g, &record, len, &sha);
     g.finish();
 }
 
 /// `frame256/<driver>_record_pool` and `_record_inline`: a sender node and a
 /// [`RecordSink`] receiver node of the driver, its MACs on a pool or inline.
-fn record256_of<D: TestDriver>(g: &mut BenchmarkGroup<'_, WallTime>, record: &Bytes, frame_len: u64) {
+fn record256_of<D: TestDriver>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    record: &Bytes,
+    frame_len: u64,
+    sha: &Busy,
+) {
     let pool: Arc<dyn MacRunner> = MacPool::per_core().expect("the MAC pool's threads");
     for (name, macs) in [("record_pool", pool), ("record_inline", Arc::new(Inline) as Arc<dyn MacRunner>)] {
         let mut sink = D::spawn(RecordSink::new(key(), DEFAULT_FRAME_CEILING, macs), Config::default(), true);
@@ -307,16 +327,29 @@ fn record256_of<D: TestDriver>(g: &mut BenchmarkGroup<'_, WallTime>, record: &By
         let mut src = D::spawn(Probe::new(), Config::default(), false);
         src.with(move |p, _| p.dial(DialId(0), addr.to_string()));
         let ProbeEvent::Connected { conn, .. } = src.next_machine_event() else { panic!("no connection") };
-        g.bench_function(format!("{}_{name}", D::NAME), |b| {
-            b.iter(|| {
-                let r = record.clone();
-                src.with(move |p, _| p.send(conn, r));
-                match sink.next_machine_event() {
-                    SinkEvent::Frame { wire_len, .. } => assert_eq!(wire_len, frame_len),
-                    SinkEvent::Bad { error, .. } => panic!("{error}"),
-                }
+        let id = format!("{}_{name}", D::NAME);
+        let mut busy = Busy::default();
+        g.bench_function(&id, |b| {
+            b.iter_custom(|iters| {
+                busy.run(iters, || {
+                    let r = record.clone();
+                    src.with(move |p, _| p.send(conn, r));
+                    match sink.next_machine_event() {
+                        SinkEvent::Frame { wire_len, .. } => assert_eq!(wire_len, frame_len),
+                        SinkEvent::Bad { error, .. } => panic!("{error}"),
+                    }
+                })
             })
         });
+        if busy.frames == 0 {
+            continue; // filtered out
+        }
+        println!(
+            "frame256/{id}: {:.1} ms a frame, the host busy {:.2} cores: MAC'd bytes/s {:.2}x one core's SHA-256",
+            busy.wall_ms(),
+            busy.busy_ms() / busy.wall_ms(),
+            2.0 * sha.wall_ms() / busy.wall_ms()
+        );
     }
 }
 
@@ -348,6 +381,71 @@ fn frame256_of<D: TestDriver>(g: &mut BenchmarkGroup<'_, WallTime>, frame: &Byte
             })
         });
     }
+}
+
+/// Wall time and the host's busy CPU time over a bench's iterations.
+#[derive(Default)]
+struct Busy {
+    wall: Duration,
+    busy_s: f64,
+    frames: u64,
+}
+
+impl Busy {
+    /// Runs `f` `iters` times for `iter_custom`, adding up wall and busy time.
+    fn run(&mut self, iters: u64, mut f: impl FnMut()) -> Duration {
+        let b0 = host_busy_s();
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        let wall = t0.elapsed();
+        self.busy_s += host_busy_s() - b0;
+        self.wall += wall;
+        self.frames += iters;
+        wall
+    }
+
+    fn wall_ms(&self) -> f64 {
+        self.wall.as_secs_f64() * 1e3 / self.frames.max(1) as f64
+    }
+
+    fn busy_ms(&self) -> f64 {
+        self.busy_s * 1e3 / self.frames.max(1) as f64
+    }
+}
+
+/// Seconds every core of this host has been busy (user, system, interrupts;
+/// Linux's `/proc/stat`, 0 elsewhere): the kernel's loopback work included,
+/// which no thread's clock sees, and anything else the host runs.
+fn host_busy_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().next().and_then(|l| l.strip_prefix("cpu ")) else { return 0.0 };
+    let f: Vec<u64> = cpu.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
+    // user nice system idle iowait irq softirq: every field but idle and iowait.
+    let busy: u64 = [0, 1, 2, 5, 6].iter().filter_map(|&i| f.get(i)).sum();
+    busy as f64 / 100.0
+}
+
+/// Prints what a 2-MAC receive of the frame can reach on this host at best:
+/// every byte hashed twice (one core's SHA-256 each) and moved through
+/// loopback once (what `raw_std` keeps the host busy for), all spread over
+/// every core with nothing idle, and each MAC a serial stream. The receive's
+/// own copy is left out, so the bound is generous.
+fn bound(sha: &Busy, raw: &Busy) {
+    if sha.frames == 0 || raw.frames == 0 {
+        return; // filtered out
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let (sha_ms, move_ms) = (sha.wall_ms(), raw.busy_ms());
+    let best_ms = ((2.0 * sha_ms + move_ms) / cores).max(sha_ms);
+    println!(
+        "frame256 bound: SHA-256 {sha_ms:.1} ms, loopback keeps the host busy {move_ms:.1} ms ({:.2} cores over {:.1} ms); \
+         two MACs and the move over {cores} cores take at least {best_ms:.1} ms: MAC'd bytes/s at most {:.2}x one core's SHA-256",
+        raw.busy_ms() / raw.wall_ms(),
+        raw.wall_ms(),
+        2.0 * sha_ms / best_ms
+    );
 }
 
 criterion_group!(benches, rtt, frame256);
