@@ -11,7 +11,11 @@
 use std::sync::{Arc, OnceLock};
 use std::{fmt, io};
 
+use cohort_proto::config::ConfigError;
+use cohort_proto::relay::{Relay, RelayConfig};
 use cohort_proto::wire::{MacJob, MacRunner};
+
+use crate::Config;
 
 /// A pool of threads that runs a machine's MAC jobs, `width` at a time.
 ///
@@ -70,6 +74,18 @@ impl MacPool {
         })
         .clone()
     }
+}
+
+/// A relay as the programs run it: its MAC work on every core ([`MacPool::per_core`],
+/// inline if the pool's threads cannot be made), and `base` with room queued for its
+/// leg's frames ([`Config::for_frame_ceiling`]).
+pub fn deployed_relay(cfg: RelayConfig, base: Config) -> Result<(Relay, Config), ConfigError> {
+    let config = base.for_frame_ceiling(cfg.leg_ceiling());
+    let mut relay = Relay::new(cfg)?;
+    if let Some(pool) = MacPool::per_core() {
+        relay.run_macs_on(pool);
+    }
+    Ok((relay, config))
 }
 
 impl MacRunner for MacPool {

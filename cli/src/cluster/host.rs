@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use cohort_driver_core::MacPool;
+use cohort_driver_core::macs::deployed_relay;
 use cohort_driver_mio::{Clock, Config, Driver, NodeEvent, Remote, Runner};
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
@@ -152,12 +152,7 @@ impl Starter {
 
     fn relay(&self, d: &mut Driver<HostNode>, cfg: RelayConfig, listen: Option<&str>) -> Result<(), String> {
         let leg = cfg.leg;
-        let config = self.params.config.clone().for_frame_ceiling(cfg.leg_ceiling());
-        let mut relay = Relay::new(cfg).map_err(|e| e.to_string())?;
-        // The relay's MAC work on every core (inline if the threads cannot be made).
-        if let Some(pool) = MacPool::per_core() {
-            relay.run_macs_on(pool);
-        }
+        let (relay, config) = deployed_relay(cfg, self.params.config.clone()).map_err(|e| e.to_string())?;
         let mut runner = Runner::with_clock(relay, config, self.params.clock).map_err(|e| e.to_string())?;
         let at = match listen {
             Some(a) => a.parse().map_err(|e| format!("relay address {a:?}: {e}"))?,

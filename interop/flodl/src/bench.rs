@@ -35,11 +35,12 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use cohort_driver_core::MacPool;
+use cohort_driver_core::macs::deployed_relay;
 use cohort_driver_mio::{Config, NodeEvent, Runner};
 use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::node::envelope::RELAY_DATA_OFFSET;
 use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
-use cohort_proto::relay::{Leg, Relay, RelayConfig, RelayEvent};
+use cohort_proto::relay::{Leg, RelayConfig, RelayEvent};
 use cohort_proto::wire::{
     Channel, DataAck, DataHello, Dtype, MUX_HEADER_LEN, MacKey, MuxDecoder, MuxRecord, Payload,
     RelayControlMsg, RoundFrame, RoundKind, RoundWriter, SessionSalt,
@@ -83,12 +84,7 @@ pub fn cohort_relay(p: &Parsed) -> Result<(), String> {
     if ceiling > 0 {
         cfg.ceiling = ceiling;
     }
-    let config = Config::scaled(scale).for_frame_ceiling(cfg.leg_ceiling());
-    let mut relay = Relay::new(cfg).map_err(|e| e.to_string())?;
-    // The relay's MAC work on every core (inline if the threads cannot be made).
-    if let Some(pool) = MacPool::per_core() {
-        relay.run_macs_on(pool);
-    }
+    let (relay, config) = deployed_relay(cfg, Config::scaled(scale)).map_err(|e| e.to_string())?;
     let mut runner = Runner::new(relay, config).map_err(|e| e.to_string())?;
     let data_port = port.checked_add(RELAY_DATA_OFFSET).ok_or("controller port too high")?;
     let at = SocketAddr::from((Ipv4Addr::LOCALHOST, data_port));
