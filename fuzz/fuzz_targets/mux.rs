@@ -43,48 +43,42 @@ fn encoded(r: &MuxRecord, key: &MacKey) -> Vec<u8> {
     r.to_bytes(key).expect("a decoded record re-encodes").to_vec()
 }
 
-/// Decodes `bytes` in chunks of `split`; returns the records' bytes and whether it failed.
-fn run(bytes: &[u8], key: &MacKey, ceiling: u64, split: usize) -> (Vec<(Vec<u8>, MuxRecord)>, bool) {
-    let mut d = MuxDecoder::new(ceiling);
+/// Feeds `bytes` to `step` in chunks of `split`, each chunk until it is used
+/// up: the items the steps yielded, and whether one failed (feeding stops there).
+fn chunked<T>(
+    bytes: &[u8],
+    split: usize,
+    mut step: impl FnMut(&[u8]) -> Result<(usize, Option<T>), ()>,
+) -> (Vec<T>, bool) {
     let mut out = Vec::new();
     for c in bytes.chunks(split.max(1)) {
         let mut rest = c;
         while !rest.is_empty() {
-            match d.decode(rest, key) {
-                Ok((used, rec)) => {
-                    assert!(used <= rest.len(), "used {used} > {}", rest.len());
-                    assert!(used > 0 || rec.is_some(), "no progress");
-                    rest = &rest[used..];
-                    if let Some(r) = rec {
-                        out.push((encoded(&r, key), r));
-                    }
-                }
-                Err(_) => return (out, true),
-            }
+            let Ok((used, item)) = step(rest) else { return (out, true) };
+            assert!(used <= rest.len(), "used {used} > {}", rest.len());
+            assert!(used > 0 || item.is_some(), "no progress");
+            rest = &rest[used..];
+            out.extend(item);
         }
     }
-    let failed = d.finish().is_err();
-    (out, failed)
+    (out, false)
+}
+
+/// Decodes `bytes` in chunks of `split`; returns the records' bytes and whether it failed.
+fn run(bytes: &[u8], key: &MacKey, ceiling: u64, split: usize) -> (Vec<(Vec<u8>, MuxRecord)>, bool) {
+    let mut d = MuxDecoder::new(ceiling);
+    let (out, failed) = chunked(bytes, split, |rest| {
+        let (used, rec) = d.decode(rest, key).map_err(drop)?;
+        Ok((used, rec.map(|r| (encoded(&r, key), r))))
+    });
+    (out, failed || d.finish().is_err())
 }
 
 /// As `run`, through `decode_skipping`: what it yields, and whether it failed.
 fn run_skipping(bytes: &[u8], key: &MacKey, ceiling: u64, split: usize) -> (Vec<MuxDecoded>, bool) {
     let mut d = MuxDecoder::new(ceiling);
-    let mut out = Vec::new();
-    for c in bytes.chunks(split.max(1)) {
-        let mut rest = c;
-        while !rest.is_empty() {
-            match d.decode_skipping(rest, key) {
-                Ok((used, rec)) => {
-                    assert!(used > 0 || rec.is_some(), "no progress");
-                    rest = &rest[used..];
-                    out.extend(rec);
-                }
-                Err(_) => return (out, true),
-            }
-        }
-    }
-    (out, d.finish().is_err())
+    let (out, failed) = chunked(bytes, split, |rest| d.decode_skipping(rest, key).map_err(drop));
+    (out, failed || d.finish().is_err())
 }
 
 /// As `run`, through `decode_holding` (a held record's tag checked by
@@ -98,32 +92,21 @@ fn run_holding(
 ) -> (Vec<MuxRecord>, bool) {
     let mut d = MuxDecoder::new(ceiling);
     let macs = Batches(batch);
-    let mut out = Vec::new();
     let mut seen = 0u64;
-    for c in bytes.chunks(split.max(1)) {
-        let mut rest = c;
-        while !rest.is_empty() {
-            let mut tap = |_, piece: &[u8]| {
-                seen += piece.len() as u64;
-                seen / 2
-            };
-            match d.decode_holding(rest, key, &macs, &mut tap) {
-                Ok((used, got)) => {
-                    rest = &rest[used..];
-                    match got {
-                        Some(Holding::Record(r)) => out.push(r),
-                        Some(Holding::Frame(h)) => match h.verify(&macs, None) {
-                            Ok((r, _)) => out.push(r),
-                            Err(_) => return (out, true),
-                        },
-                        None => {}
-                    }
-                }
-                Err(_) => return (out, true),
-            }
-        }
-    }
-    (out, d.finish().is_err())
+    let (out, failed) = chunked(bytes, split, |rest| {
+        let mut tap = |_, piece: &[u8]| {
+            seen += piece.len() as u64;
+            seen / 2
+        };
+        let (used, got) = d.decode_holding(rest, key, &macs, &mut tap).map_err(drop)?;
+        let rec = match got {
+            Some(Holding::Record(r)) => Some(r),
+            Some(Holding::Frame(h)) => Some(h.verify(&macs, None).map_err(drop)?.0),
+            None => None,
+        };
+        Ok((used, rec))
+    });
+    (out, failed || d.finish().is_err())
 }
 
 fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
