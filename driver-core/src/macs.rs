@@ -8,12 +8,12 @@
 //! itself and the pool's threads the others, so a batch costs one hand-off
 //! and no idle caller.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::{fmt, io};
 
 use cohort_proto::config::ConfigError;
 use cohort_proto::relay::{Relay, RelayConfig};
-use cohort_proto::wire::{MacJob, MacRunner};
+use cohort_proto::wire::{MacJob, MacRunner, MacState, MacTask, PendingMac};
 
 use crate::Config;
 
@@ -52,12 +52,13 @@ impl fmt::Debug for MacPool {
 }
 
 impl MacPool {
-    /// A pool running `width` jobs at once: the caller's thread and
-    /// `width - 1` of its own (`width` 0 counts as 1).
+    /// A pool running `width` jobs at once: a batch on the caller's thread
+    /// and `width - 1` of its own, started tasks on `width` of its own
+    /// while the caller goes on (`width` 0 counts as 1).
     pub fn new(width: usize) -> io::Result<Self> {
         let width = width.max(1);
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(width - 1)
+            .num_threads(width)
             .thread_name(|i| format!("cohort-mac-{i}"))
             .build()
             .map_err(io::Error::other)?;
@@ -110,6 +111,29 @@ impl MacRunner for MacPool {
     fn batch(&self) -> usize {
         if self.width > 1 { BATCH } else { 0 }
     }
+
+    fn start(&self, task: MacTask) -> Box<dyn PendingMac> {
+        if self.width == 1 || task.len() < SMALL {
+            return task.run_here();
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.pool.spawn(move || {
+            // The receiver is gone only if its machine was dropped mid-record.
+            let _ = tx.send(task.run());
+        });
+        Box::new(OnPool(rx))
+    }
+}
+
+/// A task started on the pool.
+#[derive(Debug)]
+struct OnPool(mpsc::Receiver<MacState>);
+
+impl PendingMac for OnPool {
+    fn join(self: Box<Self>) -> MacState {
+        // A task panics only if SHA-256 does: no input can make it.
+        self.0.recv().expect("a MAC task ended without its state")
+    }
 }
 
 impl MacPool {
@@ -137,7 +161,8 @@ fn deal<'j, 'a>(jobs: &'j mut [MacJob<'a>], width: usize) -> Vec<Vec<&'j mut Mac
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cohort_proto::wire::{MacKey, SessionSalt};
+    use bytes::Bytes;
+    use cohort_proto::wire::{MacKey, SEGMENT, SessionSalt};
 
     #[test]
     fn dealing_balances_bytes_and_keeps_every_job_once() {
@@ -151,6 +176,21 @@ mod tests {
         let loads: Vec<usize> = groups.iter().map(|g| g.iter().map(|j| j.len()).sum()).collect();
         assert_eq!(loads, [150, 150]);
         assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), lens.len());
+    }
+
+    #[test]
+    fn started_tasks_give_what_inline_gives_joined_in_any_order() {
+        let key = MacKey::new(&SessionSalt::from_bytes([3; 16]));
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 17 + 5) as u8).collect();
+        let segs: Vec<Bytes> = data.chunks(SEGMENT).map(Bytes::copy_from_slice).collect();
+        let pool = MacPool::new(2).unwrap();
+        // Big enough to go to the pool's threads, one below the hand-off size, and empty.
+        let ranges = [(0, 3_000_000), (1, 2_999_999), (100_000, 100_000 + SMALL - 1), (7, 7)];
+        let started: Vec<_> =
+            ranges.iter().map(|&(a, b)| pool.start(MacTask::segments(key.start(), &segs, a, b))).collect();
+        for (pending, (a, b)) in started.into_iter().zip(ranges).rev() {
+            assert_eq!(pending.join().finish(), key.mac64(&data[a..b]), "{a}..{b}");
+        }
     }
 
     #[test]

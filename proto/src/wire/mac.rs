@@ -249,6 +249,75 @@ impl<'a> MacJob<'a> {
     }
 }
 
+/// MAC work a machine hands off and joins later: a state and the shared
+/// bytes it absorbs, all owned, so a pool may run it while the machine reads
+/// on.
+#[derive(Debug)]
+pub struct MacTask {
+    state: MacState,
+    parts: Vec<Bytes>,
+}
+
+impl MacTask {
+    /// `state` absorbs bytes `from..to` of `segments` taken end to end (held
+    /// by reference count, never copied); a range past their end stops at it.
+    pub fn segments(state: MacState, segments: &[Bytes], from: usize, to: usize) -> Self {
+        let mut parts = Vec::new();
+        let mut at = 0;
+        for seg in segments {
+            let (start, end) = (at, at + seg.len());
+            at = end;
+            if end <= from || start >= to {
+                continue;
+            }
+            parts.push(seg.slice(from.max(start) - start..to.min(end) - start));
+        }
+        MacTask { state, parts }
+    }
+
+    /// Bytes it absorbs.
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(Bytes::len).sum()
+    }
+
+    /// Whether it absorbs nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Does the work on this thread and hands the state back.
+    pub fn run(mut self) -> MacState {
+        for part in &self.parts {
+            self.state.update(part);
+        }
+        self.state
+    }
+
+    /// Does the work on this thread, as a started task already done (what a
+    /// runner returns for a task too small to hand off).
+    pub fn run_here(self) -> Box<dyn PendingMac> {
+        Box::new(Done(self.run()))
+    }
+}
+
+/// A [`MacTask`] started on a [`MacRunner`]; [`join`](Self::join) waits for
+/// it and hands its state back.
+pub trait PendingMac: Send + core::fmt::Debug {
+    /// The state once its task is done.
+    fn join(self: Box<Self>) -> MacState;
+}
+
+/// A task already run.
+#[derive(Debug)]
+struct Done(MacState);
+
+impl PendingMac for Done {
+    fn join(self: Box<Self>) -> MacState {
+        let Done(state) = *self;
+        state
+    }
+}
+
 /// Where a machine's MAC work runs: on the caller's thread ([`Inline`], the
 /// default and the simulator's), or spread over cores by a driver's pool.
 ///
@@ -274,6 +343,15 @@ pub trait MacRunner: Send + Sync + core::fmt::Debug {
     /// another thread costs little beside hashing them.
     fn batch(&self) -> usize {
         0
+    }
+
+    /// Starts `task` and returns: its state comes back through
+    /// [`PendingMac::join`], which a machine calls before it uses the state
+    /// again, so its outputs still never depend on the runner. The default
+    /// runs it here and now; a pool runs it on another core while the
+    /// machine copies the next batch in.
+    fn start(&self, task: MacTask) -> Box<dyn PendingMac> {
+        task.run_here()
     }
 }
 
@@ -337,6 +415,23 @@ mod tests {
             let mut st = key.start();
             let mut job = MacJob::segments(&mut st, &segs, from, to);
             job.run();
+            assert_eq!(st.finish(), key.mac64(&data[from.min(1000)..to.min(1000)]), "{from}..{to}");
+        }
+    }
+
+    #[test]
+    fn a_task_over_a_range_of_segments_absorbs_exactly_that_range() {
+        let key = MacKey::new(&SessionSalt::from_bytes([9; 16]));
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 13 + 1) as u8).collect();
+        let segs: Vec<Bytes> = [0..1, 1..64, 64..65, 65..600, 600..1000]
+            .into_iter()
+            .map(|r| Bytes::copy_from_slice(&data[r]))
+            .collect();
+        for (from, to) in [(0, 0), (0, 1000), (0, 1), (1, 64), (63, 66), (65, 599), (599, 1000), (700, 5000)]
+        {
+            let task = MacTask::segments(key.start(), &segs, from, to);
+            assert_eq!(task.len(), to.min(1000) - from.min(1000), "{from}..{to}");
+            let st = Inline.start(task).join();
             assert_eq!(st.finish(), key.mac64(&data[from.min(1000)..to.min(1000)]), "{from}..{to}");
         }
     }

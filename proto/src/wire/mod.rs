@@ -33,7 +33,7 @@ pub use dtype::{Dtype, add_le, bf16_to_f32, extend_f32_le, extend_le, extend_le_
 pub use error::{FrameType, Problem, WireError, WireResult};
 pub use handshake::{Channel, ControlAck, ControlHello, DataAck, DataHello, take_fixed};
 pub use len_frame::{LenDecoder, LenStep, len_framed, len_prefix};
-pub use mac::{Inline, MacJob, MacKey, MacRunner, MacState, hmac_sha256, mac64};
+pub use mac::{Inline, MacJob, MacKey, MacRunner, MacState, MacTask, PendingMac, hmac_sha256, mac64};
 pub use messages::*;
 pub use mux::{
     FrameRecord, HeldFrame, Holding, MUX_HEADER_LEN, MuxDecoded, MuxDecoder, MuxRecord, encode_control,

@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use super::bin;
 use super::consts::*;
 use super::error::{FrameType, Problem, WireError, WireResult};
-use super::mac::{Inline, MacJob, MacKey, MacRunner, MacState};
+use super::mac::{Inline, MacJob, MacKey, MacRunner, MacState, MacTask, PendingMac};
 use super::messages::RelayControlMsg;
 use super::payload::{Payload, PayloadBuilder};
 
@@ -330,6 +330,9 @@ struct Body {
     /// A frame-carrying record held for its MACs to run where its payload
     /// lies ([`MuxDecoder::decode_holding`]): `mac` is fed from there.
     held: Option<Held>,
+    /// A held record's last batch, hashing on the runner while the next
+    /// arrives: `mac` and `held.frame` are placeholders until it is joined.
+    inflight: Option<Inflight>,
     /// `None` while an oversized `Data` record is skipped.
     body: Option<PayloadBuilder>,
     /// Bytes of the payload read so far.
@@ -347,24 +350,49 @@ struct Held {
     framed: usize,
 }
 
+/// A held record's two MACs over one batch, started on the runner.
+#[derive(Debug)]
+struct Inflight {
+    tag: Box<dyn PendingMac>,
+    frame: Box<dyn PendingMac>,
+}
+
 impl Held {
     /// Once a batch of the payload is frozen beyond what the MACs absorbed,
-    /// hashes it: the tag up to the frozen end, the frame's MAC up to
-    /// `framed` (what it covers so far), side by side on `macs`.
-    fn absorb(&mut self, tag: &mut MacState, frozen: &Payload, framed: u64, macs: &dyn MacRunner) {
+    /// starts hashing it on `macs`: the tag up to the frozen end, the
+    /// frame's MAC up to `framed` (what it covers so far), side by side and
+    /// while the next batch is copied in. The previous batch is joined
+    /// first: each MAC absorbs its bytes in order.
+    fn absorb(
+        &mut self,
+        tag: &mut MacState,
+        inflight: &mut Option<Inflight>,
+        frozen: &Payload,
+        framed: u64,
+        (macs, key): (&dyn MacRunner, &MacKey),
+    ) {
         let end = frozen.len();
         let batch = macs.batch();
         if batch == 0 || end - self.tagged < batch {
             return;
         }
+        self.join(tag, inflight);
         let frame_to = usize::try_from(framed).unwrap_or(usize::MAX).min(end).max(self.framed);
         let segs = frozen.segments();
-        macs.run(&mut [
-            MacJob::segments(tag, segs, self.tagged, end),
-            MacJob::segments(&mut self.frame, segs, self.framed, frame_to),
-        ]);
+        let t = MacTask::segments(core::mem::replace(tag, key.start()), segs, self.tagged, end);
+        let f =
+            MacTask::segments(core::mem::replace(&mut self.frame, key.start()), segs, self.framed, frame_to);
+        *inflight = Some(Inflight { tag: macs.start(t), frame: macs.start(f) });
         self.tagged = end;
         self.framed = frame_to;
+    }
+
+    /// Takes back the states of the batch in flight, if one is.
+    fn join(&mut self, tag: &mut MacState, inflight: &mut Option<Inflight>) {
+        if let Some(Inflight { tag: t, frame: f }) = inflight.take() {
+            *tag = t.join();
+            self.frame = f.join();
+        }
     }
 }
 
@@ -605,7 +633,17 @@ impl MuxDecoder {
                 return Ok((used + len, Some(Step::Record(record(kind, rank, payload)?))));
             }
             let body = (!oversized).then(PayloadBuilder::default);
-            self.state = State::Body(Box::new(Body { kind, rank, len, tag, mac, held, body, have: 0 }));
+            self.state = State::Body(Box::new(Body {
+                kind,
+                rank,
+                len,
+                tag,
+                mac,
+                held,
+                inflight: None,
+                body,
+                have: 0,
+            }));
         }
         let State::Body(b) = &mut self.state else { unreachable!("header state handled above") };
         let rest = &input[used..];
@@ -620,7 +658,7 @@ impl MuxDecoder {
         if let Some(rec) = frame_record(b.kind) {
             let framed = tap(rec, &rest[..n]);
             if let (Some(macs), Some(held), Some(body)) = (hold, &mut b.held, &b.body) {
-                held.absorb(&mut b.mac, body.frozen(), framed, macs);
+                held.absorb(&mut b.mac, &mut b.inflight, body.frozen(), framed, (macs, key));
             }
         }
         used += n;
@@ -630,8 +668,9 @@ impl MuxDecoder {
         let State::Body(b) = core::mem::take(&mut self.state) else {
             unreachable!("body state checked above")
         };
-        let Body { kind, rank, len, tag, mac, held, body, .. } = *b;
-        if let (Some(held), Some(record)) = (held, frame_record(kind)) {
+        let Body { kind, rank, len, tag, mut mac, held, mut inflight, body, .. } = *b;
+        if let (Some(mut held), Some(record)) = (held, frame_record(kind)) {
+            held.join(&mut mac, &mut inflight);
             let payload = body.map_or_else(Payload::new, PayloadBuilder::finish);
             return Ok((used, Some(Step::Held(Box::new(HeldFrame { record, tag, payload, mac, held })))));
         }
