@@ -34,6 +34,11 @@ use crate::Config;
 /// ```
 pub struct MacPool {
     pool: rayon::ThreadPool,
+    /// Started tasks, on `width` threads of their own: none of the fork-join
+    /// pool's would be free (the caller works beside them), and one more
+    /// thread in that pool, idle and spinning, costs a relay round about a
+    /// tenth on two cores.
+    tasks: Option<rayon::ThreadPool>,
     width: usize,
 }
 
@@ -53,16 +58,20 @@ impl fmt::Debug for MacPool {
 
 impl MacPool {
     /// A pool running `width` jobs at once: a batch on the caller's thread
-    /// and `width - 1` of its own, started tasks on `width` of its own
-    /// while the caller goes on (`width` 0 counts as 1).
+    /// and `width - 1` of its own, started tasks on `width` others while
+    /// the caller goes on (`width` 0 counts as 1).
     pub fn new(width: usize) -> io::Result<Self> {
         let width = width.max(1);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(width)
-            .thread_name(|i| format!("cohort-mac-{i}"))
-            .build()
-            .map_err(io::Error::other)?;
-        Ok(MacPool { pool, width })
+        let threads = |n: usize, name: &'static str| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .thread_name(move |i| format!("{name}-{i}"))
+                .build()
+                .map_err(io::Error::other)
+        };
+        let pool = threads(width - 1, "cohort-mac")?;
+        let tasks = if width > 1 { Some(threads(width, "cohort-mac-task")?) } else { None };
+        Ok(MacPool { pool, tasks, width })
     }
 
     /// The process's pool, one job per core, made on first use (a machine
@@ -113,11 +122,9 @@ impl MacRunner for MacPool {
     }
 
     fn start(&self, task: MacTask) -> Box<dyn PendingMac> {
-        if self.width == 1 || task.len() < SMALL {
-            return task.run_here();
-        }
+        let Some(tasks) = self.tasks.as_ref().filter(|_| task.len() >= SMALL) else { return task.run_here() };
         let (tx, rx) = mpsc::sync_channel(1);
-        self.pool.spawn(move || {
+        tasks.spawn(move || {
             // The receiver is gone only if its machine was dropped mid-record.
             let _ = tx.send(task.run());
         });
