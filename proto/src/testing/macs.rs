@@ -3,10 +3,12 @@
 //! while staying on one thread: tests then check that a machine's outputs
 //! do not depend on its runner, on any split of the bytes.
 
-use crate::wire::{MacJob, MacRunner};
+use crate::wire::{MacJob, MacRunner, MacState, MacTask, PendingMac};
 
 /// Runs each batch inline, last job first (so a machine that relied on
-/// the order of its jobs would show it), asking for `batch` bytes per job.
+/// the order of its jobs would show it), and each started task only when
+/// it is joined (as late as a pool could finish it), asking for `batch`
+/// bytes per job.
 ///
 /// ```
 /// use cohort_proto::testing::macs::Batched;
@@ -31,5 +33,19 @@ impl MacRunner for Batched {
 
     fn batch(&self) -> usize {
         self.batch.max(1)
+    }
+
+    fn start(&self, task: MacTask) -> Box<dyn PendingMac> {
+        Box::new(Deferred(task))
+    }
+}
+
+/// A task that runs when it is joined.
+#[derive(Debug)]
+struct Deferred(MacTask);
+
+impl PendingMac for Deferred {
+    fn join(self: Box<Self>) -> MacState {
+        self.0.run()
     }
 }

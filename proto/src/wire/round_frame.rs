@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use super::consts::*;
 use super::dtype::{Dtype, extend_le, extend_le_mapped};
 use super::error::{FrameType, Problem, WireError, WireResult};
-use super::mac::{Inline, MacJob, MacKey, MacRunner, MacState};
+use super::mac::{Inline, MacJob, MacKey, MacRunner, MacState, MacTask, PendingMac};
 use super::mux::{FrameRecord, MUX_HEADER_LEN, RecordSigner};
 
 /// What a round carries: model parameters (averaged) or control sums (summed).
@@ -605,7 +605,12 @@ pub struct RoundDecoder {
     have: usize,
     mac: Option<MacState>,
     /// MAC input gathered for a later batch (see [`RoundDecoder::staging`]).
-    staged: Vec<u8>,
+    staged: BytesMut,
+    /// The last batch, hashing on the runner while the next is gathered
+    /// (`mac` is `None` until it is joined), and the buffer it reads.
+    inflight: Option<(Box<dyn PendingMac>, Bytes)>,
+    /// A drained buffer for the next batch to gather into.
+    spare: BytesMut,
     /// How much may be gathered; 0: absorbed as it arrives.
     stage_cap: usize,
     /// The footer is the caller's to check ([`RoundDecoder::unkeyed`]).
@@ -637,7 +642,9 @@ impl RoundDecoder {
             small: [0; 8],
             have: 0,
             mac: None,
-            staged: Vec::new(),
+            staged: BytesMut::new(),
+            inflight: None,
+            spare: BytesMut::new(),
             stage_cap: 0,
             unkeyed: false,
             macd: 0,
@@ -700,16 +707,33 @@ impl RoundDecoder {
         RoundDecoder { unkeyed: true, ..RoundDecoder::new(ceiling) }
     }
 
-    /// Hashes every decoder's gathered MAC input in one batch on `macs`.
+    /// Starts hashing every decoder's gathered MAC input on `macs`, each as
+    /// a task that runs while the decoders gather the next batch; a
+    /// decoder joins its task before it starts another or checks its footer.
     pub fn run_staged<'a>(decoders: impl IntoIterator<Item = &'a mut RoundDecoder>, macs: &dyn MacRunner) {
-        let mut ready: Vec<&mut RoundDecoder> =
-            decoders.into_iter().filter(|d| !d.staged.is_empty() && d.mac.is_some()).collect();
-        let mut jobs: Vec<MacJob<'_>> =
-            ready.iter_mut().filter_map(|d| Some(MacJob::new(d.mac.as_mut()?, &d.staged))).collect();
-        macs.run(&mut jobs);
-        drop(jobs);
-        for d in ready {
-            d.staged.clear();
+        for d in decoders {
+            if d.staged.is_empty() {
+                continue;
+            }
+            d.join_staged();
+            let next = core::mem::take(&mut d.spare);
+            let batch = core::mem::replace(&mut d.staged, next).freeze();
+            d.staged.reserve(d.stage_cap);
+            let Some(mac) = d.mac.take() else { continue };
+            let task = MacTask::segments(mac, core::slice::from_ref(&batch), 0, batch.len());
+            d.inflight = Some((macs.start(task), batch));
+        }
+    }
+
+    /// Takes back the state of the batch in flight, if one is, and its
+    /// buffer for the batch after next.
+    fn join_staged(&mut self) {
+        if let Some((pending, batch)) = self.inflight.take() {
+            self.mac = Some(pending.join());
+            if let Ok(mut buf) = batch.try_into_mut() {
+                buf.clear();
+                self.spare = buf;
+            }
         }
     }
 
@@ -768,11 +792,13 @@ impl RoundDecoder {
     fn reset(&mut self) {
         let shape = core::mem::take(&mut self.shape);
         let staged = core::mem::take(&mut self.staged);
+        let spare = core::mem::take(&mut self.spare);
         *self = RoundDecoder { unkeyed: self.unkeyed, ..RoundDecoder::staging(self.ceiling, self.stage_cap) };
         self.shape = shape;
         self.shape.clear();
         self.staged = staged;
         self.staged.clear();
+        self.spare = spare;
     }
 
     /// Accumulates up to `n` bytes of a small field; `Some(bytes)` when complete.
@@ -904,6 +930,7 @@ impl RoundDecoder {
                         break;
                     }
                     let Some(b) = self.gather_footer(input, &mut used) else { break };
+                    self.join_staged();
                     let computed = self.mac.take().map(MacState::finish);
                     if !self.unkeyed && computed != Some(u64::from_le_bytes(b)) {
                         return Err(WireError::new(F, "footer", Problem::Mac));
