@@ -604,15 +604,9 @@ pub struct RoundDecoder {
     small: [u8; 8],
     have: usize,
     mac: Option<MacState>,
-    /// MAC input gathered for a later batch (see [`RoundDecoder::staging`]).
-    staged: BytesMut,
-    /// The last batch, hashing on the runner while the next is gathered
-    /// (`mac` is `None` until it is joined), and the buffer it reads.
-    inflight: Option<(Box<dyn PendingMac>, Bytes)>,
-    /// A drained buffer for the next batch to gather into.
-    spare: BytesMut,
-    /// How much may be gathered; 0: absorbed as it arrives.
-    stage_cap: usize,
+    /// MAC input gathered for later batches ([`RoundDecoder::staging`];
+    /// boxed, so a decoder that hashes as bytes arrive stays small).
+    batches: Option<Box<Staging>>,
     /// The footer is the caller's to check ([`RoundDecoder::unkeyed`]).
     unkeyed: bool,
     /// MAC input of the current frame so far.
@@ -633,6 +627,20 @@ pub struct RoundDecoder {
     total_logical: u64,
 }
 
+/// A staging decoder's MAC input, gathered and hashed a batch at a time.
+#[derive(Debug, Default)]
+struct Staging {
+    /// How much is gathered per batch.
+    cap: usize,
+    /// The batch being gathered.
+    staged: BytesMut,
+    /// The last batch, hashing on the runner while the next is gathered
+    /// (the decoder's `mac` is `None` until it is joined), and its buffer.
+    inflight: Option<(Box<dyn PendingMac>, Bytes)>,
+    /// A drained buffer for the batch after this one.
+    spare: BytesMut,
+}
+
 impl RoundDecoder {
     /// A decoder refusing frames whose tensor bytes exceed `ceiling`.
     pub fn new(ceiling: u64) -> Self {
@@ -642,10 +650,7 @@ impl RoundDecoder {
             small: [0; 8],
             have: 0,
             mac: None,
-            staged: BytesMut::new(),
-            inflight: None,
-            spare: BytesMut::new(),
-            stage_cap: 0,
+            batches: None,
             unkeyed: false,
             macd: 0,
             wire_len: 0,
@@ -696,7 +701,8 @@ impl RoundDecoder {
     /// assert!(rest_a.is_empty() && rest_b.is_empty());
     /// ```
     pub fn staging(ceiling: u64, cap: usize) -> Self {
-        RoundDecoder { stage_cap: cap, ..RoundDecoder::new(ceiling) }
+        let batches = (cap > 0).then(|| Box::new(Staging { cap, ..Staging::default() }));
+        RoundDecoder { batches, ..RoundDecoder::new(ceiling) }
     }
 
     /// A decoder that checks everything but the footer's MAC, which its
@@ -712,27 +718,36 @@ impl RoundDecoder {
     /// decoder joins its task before it starts another or checks its footer.
     pub fn run_staged<'a>(decoders: impl IntoIterator<Item = &'a mut RoundDecoder>, macs: &dyn MacRunner) {
         for d in decoders {
-            if d.staged.is_empty() {
+            if !d.staged_any() {
                 continue;
             }
             d.join_staged();
-            let next = core::mem::take(&mut d.spare);
-            let batch = core::mem::replace(&mut d.staged, next).freeze();
-            d.staged.reserve(d.stage_cap);
-            let Some(mac) = d.mac.take() else { continue };
+            let mac = d.mac.take();
+            let Some(b) = d.batches.as_deref_mut() else { continue };
+            let next = core::mem::take(&mut b.spare);
+            let batch = core::mem::replace(&mut b.staged, next).freeze();
+            b.staged.reserve(b.cap);
+            let Some(mac) = mac else { continue };
             let task = MacTask::segments(mac, core::slice::from_ref(&batch), 0, batch.len());
-            d.inflight = Some((macs.start(task), batch));
+            b.inflight = Some((macs.start(task), batch));
         }
+    }
+
+    /// Whether MAC input waits in the gathering buffer.
+    fn staged_any(&self) -> bool {
+        self.batches.as_ref().is_some_and(|b| !b.staged.is_empty())
     }
 
     /// Takes back the state of the batch in flight, if one is, and its
     /// buffer for the batch after next.
     fn join_staged(&mut self) {
-        if let Some((pending, batch)) = self.inflight.take() {
+        if let Some(b) = self.batches.as_deref_mut()
+            && let Some((pending, batch)) = b.inflight.take()
+        {
             self.mac = Some(pending.join());
             if let Ok(mut buf) = batch.try_into_mut() {
                 buf.clear();
-                self.spare = buf;
+                b.spare = buf;
             }
         }
     }
@@ -751,15 +766,15 @@ impl RoundDecoder {
 
     /// The most MAC input it gathers before a batch (0: none).
     pub fn stage_cap(&self) -> usize {
-        self.stage_cap
+        self.batches.as_ref().map_or(0, |b| b.cap)
     }
 
     /// Feeds MAC input: gathered for a batch when staging, else hashed now.
     #[inline]
     fn mac_input(&mut self, bytes: &[u8]) {
         self.macd += bytes.len() as u64;
-        if self.stage_cap > 0 {
-            self.staged.extend_from_slice(bytes);
+        if let Some(b) = &mut self.batches {
+            b.staged.extend_from_slice(bytes);
         } else if let Some(m) = &mut self.mac {
             m.update(bytes);
         }
@@ -791,14 +806,13 @@ impl RoundDecoder {
 
     fn reset(&mut self) {
         let shape = core::mem::take(&mut self.shape);
-        let staged = core::mem::take(&mut self.staged);
-        let spare = core::mem::take(&mut self.spare);
-        *self = RoundDecoder { unkeyed: self.unkeyed, ..RoundDecoder::staging(self.ceiling, self.stage_cap) };
+        let mut batches = self.batches.take();
+        if let Some(b) = &mut batches {
+            b.staged.clear();
+        }
+        *self = RoundDecoder { unkeyed: self.unkeyed, batches, ..RoundDecoder::new(self.ceiling) };
         self.shape = shape;
         self.shape.clear();
-        self.staged = staged;
-        self.staged.clear();
-        self.spare = spare;
     }
 
     /// Accumulates up to `n` bytes of a small field; `Some(bytes)` when complete.
@@ -912,8 +926,8 @@ impl RoundDecoder {
                         continue;
                     }
                     let mut take = (self.remaining.min((input.len() - used) as u64)) as usize;
-                    if self.stage_cap > 0 {
-                        take = take.min(self.stage_cap.saturating_sub(self.staged.len()));
+                    if let Some(b) = &self.batches {
+                        take = take.min(b.cap.saturating_sub(b.staged.len()));
                         if take == 0 {
                             break;
                         }
@@ -926,7 +940,7 @@ impl RoundDecoder {
                     self.deliver(chunk, sink)?;
                 }
                 Stage::Footer => {
-                    if !self.staged.is_empty() {
+                    if self.staged_any() {
                         break;
                     }
                     let Some(b) = self.gather_footer(input, &mut used) else { break };
