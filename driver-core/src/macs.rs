@@ -33,7 +33,9 @@ use crate::Config;
 /// assert!(states.into_iter().all(|s| s.finish() == want));
 /// ```
 pub struct MacPool {
-    pool: rayon::ThreadPool,
+    /// The `width - 1` threads beside the caller; none at width 1, where
+    /// every batch runs on the caller's thread.
+    pool: Option<rayon::ThreadPool>,
     /// Started tasks, on `width` threads of their own: none of the fork-join
     /// pool's would be free (the caller works beside them), and one more
     /// thread in that pool, idle and spinning, costs a relay round about a
@@ -69,7 +71,9 @@ impl MacPool {
                 .build()
                 .map_err(io::Error::other)
         };
-        let pool = threads(width - 1, "cohort-mac")?;
+        // Only a pool of at least one thread: rayon reads `num_threads(0)`
+        // as one per core.
+        let pool = if width > 1 { Some(threads(width - 1, "cohort-mac")?) } else { None };
         let tasks = if width > 1 { Some(threads(width, "cohort-mac-task")?) } else { None };
         Ok(MacPool { pool, tasks, width })
     }
@@ -103,13 +107,13 @@ impl MacRunner for MacPool {
         // A small batch (a control-sized frame at its footer) costs less to
         // hash here than to hand to another thread and wait for.
         let small = jobs.iter().map(MacJob::len).sum::<usize>() < SMALL;
-        if self.width == 1 || jobs.len() < 2 || small {
-            jobs.iter_mut().for_each(MacJob::run);
-            return;
-        }
+        let pool = match self.pool.as_ref() {
+            Some(pool) if jobs.len() >= 2 && !small => pool,
+            _ => return jobs.iter_mut().for_each(MacJob::run),
+        };
         let mut groups = deal(jobs, self.width);
         let (mine, theirs) = groups.split_first_mut().expect("at least two jobs make two groups");
-        self.pool.in_place_scope(|s| {
+        pool.in_place_scope(|s| {
             for group in theirs {
                 s.spawn(move |_| group.iter_mut().for_each(|j| j.run()));
             }
@@ -198,6 +202,23 @@ mod tests {
         for (pending, (a, b)) in started.into_iter().zip(ranges).rev() {
             assert_eq!(pending.join().finish(), key.mac64(&data[a..b]), "{a}..{b}");
         }
+    }
+
+    #[test]
+    fn a_pool_one_wide_has_no_threads_and_hashes_on_the_caller() {
+        let key = MacKey::new(&SessionSalt::from_bytes([4; 16]));
+        let data = vec![9u8; 3 * SMALL];
+        let pool = MacPool::new(1).unwrap();
+        assert!(pool.pool.is_none() && pool.tasks.is_none(), "{pool:?} made threads");
+        assert_eq!(pool.batch(), 0);
+        let mut states = [key.start(), key.start()];
+        let mut jobs: Vec<MacJob> = states.iter_mut().map(|state| MacJob::new(state, &data)).collect();
+        pool.run(&mut jobs);
+        drop(jobs);
+        assert!(states.into_iter().all(|s| s.finish() == key.mac64(&data)));
+        let segs = [Bytes::from(data.clone())];
+        let task = pool.start(MacTask::segments(key.start(), &segs, 0, data.len()));
+        assert_eq!(task.join().finish(), key.mac64(&data));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!   without a tampered byte or a rank lost mid-frame, give the same events
 //!   and the same bytes upstream when the relay hashes as bytes arrive
 //!   (inline) and when it gathers its ranks' MAC input and hashes it in
-//!   batches (as on a driver's pool), whatever the batch size.
+//!   batches (as on a driver's pool), whatever the batch size, and on a
+//!   real two-thread `MacPool` with frames of several batches.
 //! - The reduce: a host frame record with any byte flipped (header, tag,
 //!   frame, footer, bytes after the frame) meets the same verdict whether
 //!   the reduce verifies it as it streams or holds it and runs its tag and
@@ -74,10 +75,16 @@ fn run() -> impl Strategy<Value = Run> {
 /// Plays `run` through one relay, batched on `batch` bytes (or inline), and
 /// returns everything it put out.
 fn play(run: &Run, batch: Option<usize>) -> Outputs<RelayEvent> {
+    play_on(run, batch.map(|batch| Arc::new(Batched { batch }) as Arc<dyn MacRunner>))
+}
+
+/// Plays `run` through one relay whose MAC work runs on `macs` (inline if
+/// none), and returns everything it put out.
+fn play_on(run: &Run, macs: Option<Arc<dyn MacRunner>>) -> Outputs<RelayEvent> {
     let ranks: Vec<u32> = (0..run.ranks).collect();
     let (mut rig, conns) = RelayRig::ready(Leg::Data, &ranks, run.ranks);
-    if let Some(batch) = batch {
-        rig.relay.run_macs_on(Arc::new(Batched { batch }));
+    if let Some(macs) = macs {
+        rig.relay.run_macs_on(macs);
     }
     let dtype = if run.bf16 { Dtype::Bf16 } else { Dtype::F32 };
     // Each rank's whole stream: its frames of every round, length-framed.
@@ -171,6 +178,44 @@ fn frames_longer_than_a_batch_are_verified_whole() {
             out.events
         );
         assert!(!out.events.iter().any(|e| matches!(e, RelayEvent::HostFrameShipped { .. })));
+    }
+}
+
+/// On a real two-thread pool, frames of several batches (5.2 MB each, so
+/// each rank's decoder stages, starts and reclaims its buffer more than
+/// once) ship the host frame inline ships, and a byte flipped in any batch
+/// of any frame stops the relay as it does inline.
+#[test]
+fn frames_of_several_batches_verify_on_the_mac_pool() {
+    let pool: Arc<dyn MacRunner> = Arc::new(cohort_driver_core::MacPool::new(2).expect("the pool's threads"));
+    assert!(pool.batch() > 0);
+    let values: Vec<f32> = (0..1_300_000).map(|i| (i % 1000) as f32 * 0.5).collect();
+    let run = |flip: Option<(u32, usize)>| Run {
+        ranks: 3,
+        deposits: vec![vec![Deposit { values: values.clone(), weight: 1.0 }; 3]],
+        bf16: false,
+        order: vec![0, 1, 2],
+        cuts: vec![65_000, 40_001, 65_535],
+        flip,
+        lose: None,
+        batch: 0,
+    };
+    let clean = play_on(&run(None), Some(pool.clone()));
+    let shipped =
+        clean.events.iter().filter(|e| matches!(e, RelayEvent::HostFrameShipped { deposits: 3, .. }));
+    assert_eq!(shipped.count(), 1, "{:?}", clean.events);
+    assert_eq!(clean.bytes, play(&run(None), None).bytes);
+    // The first batch, the second, the frame's last bytes.
+    for at in [1_000, 2_500_000, 5_199_000] {
+        let out = play_on(&run(Some((2, at))), Some(pool.clone()));
+        assert!(
+            out.events.iter().any(|e| matches!(e, RelayEvent::Stopped(_))),
+            "a byte flipped at {at} must stop the relay: {:?}",
+            out.events
+        );
+        let inline = play(&run(Some((2, at))), None);
+        assert_eq!(format!("{:?}", out.events), format!("{:?}", inline.events), "flipped at {at}");
+        assert_eq!(out.bytes, inline.bytes, "flipped at {at}");
     }
 }
 
