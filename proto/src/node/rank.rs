@@ -8,7 +8,6 @@
 //! flodl's rank does before its control handshake, and dials the control
 //! relay once it holds the unique id.
 
-use std::collections::BTreeMap;
 
 use crate::config::TimeoutScale;
 use crate::machine::{ConnId, Input, Machine, Outbox, Output};
@@ -190,7 +189,8 @@ pub struct RankNode<W> {
     data: Option<DataClient>,
     workload: W,
     actions: Vec<Action>,
-    owners: BTreeMap<ConnId, u8>,
+    /// Connection owners past the few [`Hot`] holds.
+    spill: Vec<(ConnId, u8)>,
     /// A submission that waits for the data leg.
     pending_submit: Option<(f64, Vec<f32>)>,
     rounds_submitted: u64,
@@ -205,10 +205,14 @@ pub struct RankNode<W> {
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Hot {
-    /// Each sub-machine's wake-up (by part) as of its last call: a sans-IO
-    /// machine changes only when called, so a wake-up reads these, and only
-    /// the parts in `touched` are polled and read again.
-    wakes: [Option<Time>; 3],
+    /// Each sub-machine's wake-up (by part) as of its last call, where its
+    /// bit in `waking` is set: a sans-IO machine changes only when called,
+    /// so a wake-up reads these, and only the parts in `touched` are polled
+    /// and read again.
+    wakes: [Time; 3],
+    /// Which part owns each connection: every input that names one reads it.
+    owners: Owners,
+    waking: u8,
     /// Parts called (an input or a command) since `pump` last drained them.
     touched: u8,
     ended: bool,
@@ -216,6 +220,81 @@ struct Hot {
 
 // The one line `Hot`'s comment promises.
 const _: () = assert!(size_of::<Hot>() == 64);
+
+impl Hot {
+    fn wake(&self, part: u8) -> Option<Time> {
+        (self.waking & bit(part) != 0).then(|| self.wakes[part as usize])
+    }
+
+    fn set_wake(&mut self, part: u8, at: Option<Time>) {
+        self.waking &= !bit(part);
+        if let Some(at) = at {
+            self.wakes[part as usize] = at;
+            self.waking |= bit(part);
+        }
+    }
+}
+
+/// The part that owns each of a rank's connections: a map of a few entries
+/// (one per leg; a leg redialing before its old connection's close is heard
+/// may briefly hold two) kept inline, the rest in the node's `spill`.
+#[derive(Debug)]
+struct Owners {
+    conns: [ConnId; Owners::INLINE],
+    parts: [u8; Owners::INLINE],
+    len: u8,
+}
+
+impl Owners {
+    const INLINE: usize = 3;
+    const EMPTY: Owners = Owners { conns: [ConnId(0); Owners::INLINE], parts: [0; Owners::INLINE], len: 0 };
+
+    fn get(&self, spill: &[(ConnId, u8)], conn: ConnId) -> Option<u8> {
+        let n = usize::from(self.len);
+        match self.conns[..n].iter().position(|c| *c == conn) {
+            Some(i) => Some(self.parts[i]),
+            None => spill.iter().find(|(c, _)| *c == conn).map(|(_, p)| *p),
+        }
+    }
+
+    fn insert(&mut self, spill: &mut Vec<(ConnId, u8)>, conn: ConnId, part: u8) {
+        self.remove(spill, conn);
+        let n = usize::from(self.len);
+        if n < Self::INLINE {
+            self.conns[n] = conn;
+            self.parts[n] = part;
+            self.len += 1;
+        } else {
+            spill.push((conn, part));
+        }
+    }
+
+    fn remove(&mut self, spill: &mut Vec<(ConnId, u8)>, conn: ConnId) {
+        let n = usize::from(self.len);
+        if let Some(i) = self.conns[..n].iter().position(|c| *c == conn) {
+            // The last inline entry fills the hole, then a spilled one the last.
+            self.conns[i] = self.conns[n - 1];
+            self.parts[i] = self.parts[n - 1];
+            self.len -= 1;
+            if let Some((c, p)) = spill.pop() {
+                self.conns[n - 1] = c;
+                self.parts[n - 1] = p;
+                self.len += 1;
+            }
+        } else {
+            spill.retain(|(c, _)| *c != conn);
+        }
+    }
+
+    /// Every entry, in connection order, leaving both empty.
+    fn take_sorted(&mut self, spill: &mut Vec<(ConnId, u8)>) -> Vec<(ConnId, u8)> {
+        let n = usize::from(core::mem::take(&mut self.len));
+        let mut all: Vec<(ConnId, u8)> = self.conns[..n].iter().copied().zip(self.parts[..n].iter().copied()).collect();
+        all.append(spill);
+        all.sort_unstable_by_key(|(c, _)| *c);
+        all
+    }
+}
 
 /// The bit of `part` in [`Hot`]'s `touched`.
 const fn bit(part: u8) -> u8 {
@@ -244,14 +323,20 @@ impl<W: Workload> RankNode<W> {
             RendezvousClient::new(rcfg, now)
         });
         let mut node = RankNode {
-            hot: Hot { wakes: [None; 3], touched: bit(CONTROL) | bit(DATA) | bit(RENDEZVOUS), ended: false },
+            hot: Hot {
+                wakes: [Time::ZERO; 3],
+                owners: Owners::EMPTY,
+                waking: 0,
+                touched: bit(CONTROL) | bit(DATA) | bit(RENDEZVOUS),
+                ended: false,
+            },
             connected: (false, data.is_none()),
             control: None,
             rendezvous,
             data,
             workload,
             actions: Vec::new(),
-            owners: BTreeMap::new(),
+            spill: Vec::new(),
             pending_submit: None,
             rounds_submitted: 0,
             rounds_done: 0,
@@ -376,7 +461,7 @@ impl<W: Workload> RankNode<W> {
             return;
         }
         self.hot.ended = true;
-        for (conn, part) in core::mem::take(&mut self.owners) {
+        for (conn, part) in self.hot.owners.take_sorted(&mut self.spill) {
             if part != CONTROL {
                 self.out.close(conn);
             }
@@ -424,7 +509,7 @@ impl<W: Workload> RankNode<W> {
         let touched = core::mem::take(&mut self.hot.touched);
         for part in PARTS {
             if touched & bit(part) != 0 {
-                self.hot.wakes[part as usize] = self.part_wake(part);
+                self.hot.set_wake(part, self.part_wake(part));
             }
         }
     }
@@ -443,7 +528,7 @@ impl<W: Workload> RankNode<W> {
             Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
             Output::Dial { dial, addr } => self.out.dial(tag_dial(part, dial), addr),
             Output::Close { conn } => {
-                self.owners.remove(&conn);
+                self.hot.owners.remove(&mut self.spill, conn);
                 self.out.close(conn);
             }
             Output::Event(_) => {}
@@ -557,7 +642,7 @@ impl<W: Workload> Machine for RankNode<W> {
         match input {
             Input::Connected { dial, conn } => {
                 let (part, dial) = untag_dial(dial);
-                self.owners.insert(conn, part);
+                self.hot.owners.insert(&mut self.spill, conn, part);
                 self.part_handle(now, part, Input::Connected { dial, conn });
             }
             Input::DialFailed { dial } => {
@@ -565,9 +650,9 @@ impl<W: Workload> Machine for RankNode<W> {
                 self.part_handle(now, part, Input::DialFailed { dial });
             }
             Input::Received { conn, .. } | Input::Closed { conn, .. } => {
-                let part = self.owners.get(&conn).copied();
+                let part = self.hot.owners.get(&self.spill, conn);
                 if matches!(input, Input::Closed { .. }) {
-                    self.owners.remove(&conn);
+                    self.hot.owners.remove(&mut self.spill, conn);
                 }
                 if let Some(part) = part {
                     self.part_handle(now, part, input);
@@ -578,7 +663,7 @@ impl<W: Workload> Machine for RankNode<W> {
                 let due = |t: Option<Time>| t.is_some_and(|t| t <= now);
                 // Each part's wake-up is current: none was called yet.
                 for part in [RENDEZVOUS, CONTROL, DATA] {
-                    if due(self.hot.wakes[part as usize]) {
+                    if due(self.hot.wake(part)) {
                         self.part_handle(now, part, Input::Timeout);
                     }
                 }
@@ -604,15 +689,41 @@ impl<W: Workload> Machine for RankNode<W> {
 
     fn poll_timeout(&self) -> Option<Time> {
         debug_assert_eq!(
-            self.hot.wakes,
+            PARTS.map(|p| self.hot.wake(p)),
             PARTS.map(|p| self.part_wake(p)),
             "a part's wake-up changed while it was not called"
         );
-        let clients = self.hot.wakes.into_iter().fold(None, earliest);
+        let clients = PARTS.map(|p| self.hot.wake(p)).into_iter().fold(None, earliest);
         match (&self.data_lost, self.hot.ended) {
             (_, true) => clients,
             (Some((deadline, _)), false) => earliest(clients, Some(*deadline)),
             (None, false) => earliest(clients, self.workload.next_wake()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_past_the_inline_few_spill_and_come_back_in_connection_order() {
+        let mut owners = Owners::EMPTY;
+        let mut spill = Vec::new();
+        for (c, p) in [(9, CONTROL), (4, DATA), (7, RENDEZVOUS), (2, DATA), (5, CONTROL)] {
+            owners.insert(&mut spill, ConnId(c), p);
+        }
+        assert_eq!((owners.len, spill.len()), (3, 2));
+        owners.insert(&mut spill, ConnId(2), CONTROL);
+        assert_eq!(owners.get(&spill, ConnId(2)), Some(CONTROL), "a second insert replaces");
+        owners.remove(&mut spill, ConnId(4));
+        assert_eq!((owners.len, spill.len()), (3, 1), "a spilled entry fills the inline hole");
+        assert_eq!(owners.get(&spill, ConnId(4)), None);
+        owners.remove(&mut spill, ConnId(1));
+        assert_eq!(
+            owners.take_sorted(&mut spill),
+            [(ConnId(2), CONTROL), (ConnId(5), CONTROL), (ConnId(7), RENDEZVOUS), (ConnId(9), CONTROL)]
+        );
+        assert_eq!((owners.len, spill.len()), (0, 0));
     }
 }
