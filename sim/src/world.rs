@@ -697,7 +697,9 @@ impl<E> World<E> {
             return;
         }
         let Some(c) = self.conn(id) else { return };
-        if c.gone[dir] || c.pipes[dir].fin_queued {
+        // A queued FIN marks its side gone (`close`, `crash`): the header
+        // alone answers, without reading the pipe.
+        if c.gone[dir] {
             return;
         }
         let (h_from, h_to) = if dir == 0 { c.hosts } else { (c.hosts.1, c.hosts.0) };

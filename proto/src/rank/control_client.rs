@@ -162,18 +162,34 @@ enum State {
 /// assert!(matches!(c.poll(Time::ZERO), Some(Output::Dial { .. })));
 /// ```
 #[derive(Debug)]
-// Fields in written order from a line's start: `liveness`, then `State`'s hot head.
+// Fields in written order from a line's start: `liveness`, then `State`'s hot
+// head; the decoder ends in the third line, and what every send reads
+// besides the state fills the fourth.
 #[repr(C, align(64))]
 pub struct ControlClient {
     liveness: Duration,
     state: State,
+    tx: SendLine,
     cfg: ControlClientConfig,
     /// Frames queued before the handshake completed.
     queued: Vec<Bytes>,
-    step_count: u64,
     dead: BTreeSet<u32>,
+}
+
+/// What every frame sent or read touches besides the state, in one cache
+/// line: the key and rank (copies of `cfg`'s), the step count, the outbox.
+#[derive(Debug)]
+#[repr(C, align(64))]
+struct SendLine {
+    key: MacKey,
+    rank: u32,
+    step_count: u64,
     out: Outbox<ControlEvent>,
 }
+
+// The one line `SendLine`'s comment promises, right after the state.
+const _: () = assert!(size_of::<SendLine>() == 64);
+const _: () = assert!(core::mem::offset_of!(ControlClient, tx) == 192);
 
 fn ceiling() -> u64 {
     (CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64
@@ -189,13 +205,12 @@ impl ControlClient {
         let budget = HANDSHAKE;
         let dialer = Dialer::new(kind, fields, cfg.relay_addr.clone(), None, budget, now);
         let mut c = ControlClient {
+            tx: SendLine { key: cfg.key.clone(), rank: cfg.rank, step_count: 0, out: Outbox::default() },
             cfg,
             liveness,
             state: State::Handshaking(Box::new(dialer)),
             queued: Vec::new(),
-            step_count: 0,
             dead: BTreeSet::new(),
-            out: Outbox::default(),
         };
         c.drain_dialer(now);
         c
@@ -226,7 +241,7 @@ impl ControlClient {
     pub fn report(&mut self, msg: &TimingMsgWire) -> Result<(), SendError> {
         match msg {
             TimingMsgWire::Batch { step_count, .. } | TimingMsgWire::SyncAck { step_count, .. } => {
-                self.step_count = self.step_count.max(*step_count);
+                self.tx.step_count = self.tx.step_count.max(*step_count);
             }
             _ => {}
         }
@@ -246,7 +261,7 @@ impl ControlClient {
         step_count: u64,
         batch_loss: f64,
     ) -> Result<(), SendError> {
-        let rank = self.cfg.rank.into();
+        let rank = self.tx.rank.into();
         self.report(&TimingMsgWire::Batch {
             rank,
             batch_ms,
@@ -260,13 +275,13 @@ impl ControlClient {
 
     /// Asks the coordinator for an eval or a checkpoint at its next epoch boundary.
     pub fn intent(&mut self, kind: IntentKind) -> Result<(), SendError> {
-        let rank = self.cfg.rank.into();
+        let rank = self.tx.rank.into();
         self.report(&TimingMsgWire::Intent { rank, kind })
     }
 
     /// Announces a clean exit (the coordinator latches the rank as exited).
     pub fn exiting(&mut self) -> Result<(), SendError> {
-        let rank = self.cfg.rank.into();
+        let rank = self.tx.rank.into();
         self.report(&TimingMsgWire::Exiting { rank })
     }
 
@@ -274,10 +289,10 @@ impl ControlClient {
     pub fn close(&mut self) {
         match core::mem::replace(&mut self.state, State::Ended) {
             State::Connected { conn, .. } => {
-                self.out.close(conn);
-                self.out.event(ControlEvent::Closed);
+                self.tx.out.close(conn);
+                self.tx.out.event(ControlEvent::Closed);
             }
-            State::Handshaking(_) => self.out.event(ControlEvent::Closed),
+            State::Handshaking(_) => self.tx.out.event(ControlEvent::Closed),
             State::Ended => {}
         }
     }
@@ -285,7 +300,7 @@ impl ControlClient {
     fn encode<M: WireMessage>(&self, msg: &M) -> Result<Bytes, SendError> {
         let mut buf = BytesMut::with_capacity(64);
         buf.extend_from_slice(&[0; 4]);
-        let len = encode_frame(&self.cfg.key, msg, &mut buf).map_err(SendError::Encode)?;
+        let len = encode_frame(&self.tx.key, msg, &mut buf).map_err(SendError::Encode)?;
         let prefix = len_prefix(len, ceiling()).map_err(SendError::Encode)?;
         buf[..4].copy_from_slice(&prefix);
         Ok(buf.freeze())
@@ -297,7 +312,7 @@ impl ControlClient {
         }
         let bytes = self.encode(msg)?;
         match &self.state {
-            State::Connected { conn, .. } => self.out.transmit(*conn, bytes),
+            State::Connected { conn, .. } => self.tx.out.transmit(*conn, bytes),
             _ => self.queued.push(bytes),
         }
         Ok(())
@@ -305,7 +320,7 @@ impl ControlClient {
 
     fn lose(&mut self, reason: LostReason, close: Option<ConnId>) {
         if let Some(conn) = close {
-            self.out.close(conn);
+            self.tx.out.close(conn);
         }
         let clean = matches!(self.state, State::Connected { clean: true, .. });
         self.state = State::Ended;
@@ -314,13 +329,13 @@ impl ControlClient {
             // After a clean `Shutdown` nothing means the coordinator is
             // lost: a bad frame (or a torn one at EOF) only ends the link,
             // and the peers stay as they were.
-            self.out.event(ControlEvent::Closed);
+            self.tx.out.event(ControlEvent::Closed);
             return;
         }
         let me = self.cfg.rank;
         self.dead.extend((0..self.cfg.world_size).filter(|&r| r != me));
         let dead_peers = self.dead.iter().copied().collect();
-        self.out.event(ControlEvent::CoordinatorLost { reason, dead_peers });
+        self.tx.out.event(ControlEvent::CoordinatorLost { reason, dead_peers });
     }
 
     fn drain_dialer(&mut self, now: Time) {
@@ -339,9 +354,9 @@ impl ControlClient {
                         next_heartbeat: now,
                         clean: false,
                     };
-                    self.out.event(ControlEvent::Connected);
+                    self.tx.out.event(ControlEvent::Connected);
                     for q in core::mem::take(&mut self.queued) {
-                        self.out.transmit(conn, q);
+                        self.tx.out.transmit(conn, q);
                     }
                     self.heartbeat_if_due(now);
                     if !leftover.is_empty() {
@@ -349,9 +364,9 @@ impl ControlClient {
                     }
                 }
                 Output::Event(DialerEvent::Failed(e)) => self.lose(LostReason::Handshake(e), None),
-                Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
-                Output::Dial { dial, addr } => self.out.dial(dial, addr),
-                Output::Close { conn } => self.out.close(conn),
+                Output::Transmit { conn, bytes } => self.tx.out.transmit(conn, bytes),
+                Output::Dial { dial, addr } => self.tx.out.dial(dial, addr),
+                Output::Close { conn } => self.tx.out.close(conn),
             }
         }
     }
@@ -362,7 +377,7 @@ impl ControlClient {
             return;
         }
         *next_heartbeat = now + RANK_HEARTBEAT;
-        let hb = TimingMsgWire::Heartbeat { rank: self.cfg.rank.into(), step_count: self.step_count };
+        let hb = TimingMsgWire::Heartbeat { rank: self.tx.rank.into(), step_count: self.tx.step_count };
         let _ = self.send_msg(&hb);
     }
 
@@ -376,11 +391,11 @@ impl ControlClient {
             };
             bytes = &bytes[used..];
             let Some(blob) = blob else { continue };
-            let msg = match parse_exact_frame(&blob.to_bytes(), &self.cfg.key) {
+            let msg = match parse_exact_frame(&blob.to_bytes(), &self.tx.key) {
                 Ok(Message::Control(m)) => Some(m),
                 Ok(Message::Reserved { .. }) => None,
                 Ok(other) => {
-                    self.out.event(ControlEvent::Ignored { kind: other.kind() });
+                    self.tx.out.event(ControlEvent::Ignored { kind: other.kind() });
                     None
                 }
                 Err(e) => return self.lose(LostReason::BadFrame(e), Some(conn)),
@@ -400,7 +415,7 @@ impl ControlClient {
                 {
                     self.dead.insert(r);
                 }
-                self.out.event(ControlEvent::Control(m));
+                self.tx.out.event(ControlEvent::Control(m));
             }
         }
     }
@@ -430,7 +445,7 @@ impl Machine for ControlClient {
                 };
                 if clean && error.is_none() {
                     self.state = State::Ended;
-                    self.out.event(ControlEvent::Closed);
+                    self.tx.out.event(ControlEvent::Closed);
                 } else {
                     self.lose(error.map_or(LostReason::Closed(cause), LostReason::BadFrame), None);
                 }
@@ -441,7 +456,7 @@ impl Machine for ControlClient {
     }
 
     fn poll(&mut self, _now: Time) -> Option<Output<ControlEvent>> {
-        self.out.pop()
+        self.tx.out.pop()
     }
 
     fn poll_timeout(&self) -> Option<Time> {
