@@ -407,7 +407,9 @@ pub struct Relay {
     /// apart from the `Local`s, so the wake-up and the starvation check read
     /// this (mostly empty) map, not every rank's books.
     mid_blob: BTreeMap<u32, Time>,
-    by_conn: BTreeMap<ConnId, u32>,
+    /// Each admitted rank's connection, sorted by connection: a search
+    /// reads two lines, where a B-tree's node read three.
+    by_conn: Vec<(ConnId, u32)>,
     data: Option<DataLeg>,
     up: Up,
     up_dec: MuxDecoder,
@@ -480,7 +482,7 @@ impl Relay {
             handshaking: BTreeSet::new(),
             locals,
             mid_blob: BTreeMap::new(),
-            by_conn: BTreeMap::new(),
+            by_conn: Vec::new(),
             data,
             up: Up::Waiting,
             up_mid_since: None,
@@ -606,7 +608,10 @@ impl Relay {
         if let Some(ack) = ack {
             self.out.transmit(conn, ack);
         }
-        self.by_conn.insert(conn, rank);
+        match self.by_conn.binary_search_by_key(&conn, |(c, _)| *c) {
+            Ok(i) => self.by_conn[i].1 = rank,
+            Err(i) => self.by_conn.insert(i, (conn, rank)),
+        }
         self.out.event(RelayEvent::RankAdmitted { rank, conn });
         if !leftover.is_empty() {
             self.rank_bytes(now, rank, leftover);
@@ -771,12 +776,20 @@ impl Relay {
         Ok(())
     }
 
+    /// The admitted rank on `conn`, if any.
+    fn rank_of(&self, conn: ConnId) -> Option<u32> {
+        let i = self.by_conn.binary_search_by_key(&conn, |(c, _)| *c).ok()?;
+        Some(self.by_conn[i].1)
+    }
+
     /// Marks `rank` dead (`lost`: its connection is gone or abandoned).
     fn rank_dead(&mut self, rank: u32, cause: RankDeath, lost: bool) {
         let cap = self.stage_cap();
         let Some(local) = self.locals.get_mut(&rank) else { return };
         if lost && let Some(conn) = local.conn.take() {
-            self.by_conn.remove(&conn);
+            if let Ok(i) = self.by_conn.binary_search_by_key(&conn, |(c, _)| *c) {
+                self.by_conn.remove(i);
+            }
             self.mid_blob.remove(&rank);
         }
         let new = !local.dead;
@@ -828,7 +841,7 @@ impl Relay {
         for conn in core::mem::take(&mut self.handshaking) {
             self.out.close(conn);
         }
-        for conn in core::mem::take(&mut self.by_conn).into_keys() {
+        for (conn, _) in core::mem::take(&mut self.by_conn) {
             self.out.close(conn);
         }
         match core::mem::replace(&mut self.up, Up::Gone) {
@@ -1048,7 +1061,7 @@ impl Machine for Relay {
                 if self.handshaking.contains(&conn) {
                     self.acceptor.handle(now, input);
                     self.drain_acceptor(now);
-                } else if let Some(rank) = self.by_conn.get(&conn).copied() {
+                } else if let Some(rank) = self.rank_of(conn) {
                     self.rank_bytes(now, rank, bytes);
                 } else if matches!(self.up, Up::Hello { conn: c, .. } | Up::Ready { conn: c } if c == conn) {
                     self.upstream_bytes(now, bytes);
@@ -1058,7 +1071,7 @@ impl Machine for Relay {
                 if self.handshaking.contains(&conn) {
                     self.acceptor.handle(now, input);
                     self.drain_acceptor(now);
-                } else if let Some(rank) = self.by_conn.get(&conn).copied() {
+                } else if let Some(rank) = self.rank_of(conn) {
                     self.rank_dead(rank, RankDeath::Loopback(cause), true);
                 } else if matches!(self.up, Up::Hello { conn: c, .. } | Up::Ready { conn: c } if c == conn) {
                     self.up = Up::Gone;
