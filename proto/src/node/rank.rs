@@ -216,6 +216,8 @@ struct Hot {
     /// Parts called (an input or a command) since `pump` last drained them.
     touched: u8,
     ended: bool,
+    /// `data_lost` is set: every wake-up asks, and it is rarely so.
+    data_lost: bool,
 }
 
 // The one line `Hot`'s comment promises.
@@ -329,6 +331,7 @@ impl<W: Workload> RankNode<W> {
                 waking: 0,
                 touched: bit(CONTROL) | bit(DATA) | bit(RENDEZVOUS),
                 ended: false,
+                data_lost: false,
             },
             connected: (false, data.is_none()),
             control: None,
@@ -451,8 +454,9 @@ impl<W: Workload> RankNode<W> {
     }
 
     fn fail_data(&mut self, now: Time, reason: String) {
-        if !self.hot.ended && self.data_lost.is_none() {
+        if !self.hot.ended && !self.hot.data_lost {
             self.data_lost = Some((now + DATA_LOSS_GRACE, reason));
+            self.hot.data_lost = true;
         }
     }
 
@@ -566,7 +570,7 @@ impl<W: Workload> RankNode<W> {
                 if !matches!(msg, ControlMsgWire::CoordHeartbeat) {
                     self.out.event(RankEvent::Command(msg.clone()));
                 }
-                if !self.hot.ended && self.data_lost.is_none() {
+                if !self.hot.ended && !self.hot.data_lost {
                     self.workload.on_command(now, &msg, &mut self.actions);
                     self.act(now);
                 } else if !self.hot.ended
@@ -667,14 +671,15 @@ impl<W: Workload> Machine for RankNode<W> {
                         self.part_handle(now, part, Input::Timeout);
                     }
                 }
-                if let Some((deadline, reason)) = self.data_lost.clone()
-                    && now >= deadline
+                if self.hot.data_lost
                     && !self.hot.ended
+                    && let Some((deadline, reason)) = self.data_lost.clone()
+                    && now >= deadline
                 {
                     self.close_control();
                     self.end(RankEvent::DataFailed { reason });
                 }
-                if !self.hot.ended && self.data_lost.is_none() && due(self.workload.next_wake()) {
+                if !self.hot.ended && !self.hot.data_lost && due(self.workload.next_wake()) {
                     self.workload.on_wake(now, &mut self.actions);
                     self.act(now);
                 }
@@ -694,10 +699,11 @@ impl<W: Workload> Machine for RankNode<W> {
             "a part's wake-up changed while it was not called"
         );
         let clients = PARTS.map(|p| self.hot.wake(p)).into_iter().fold(None, earliest);
-        match (&self.data_lost, self.hot.ended) {
-            (_, true) => clients,
-            (Some((deadline, _)), false) => earliest(clients, Some(*deadline)),
-            (None, false) => earliest(clients, self.workload.next_wake()),
+        debug_assert_eq!(self.hot.data_lost, self.data_lost.is_some());
+        match (self.hot.ended, self.hot.data_lost) {
+            (true, _) => clients,
+            (false, true) => earliest(clients, self.data_lost.as_ref().map(|(deadline, _)| *deadline)),
+            (false, false) => earliest(clients, self.workload.next_wake()),
         }
     }
 }
