@@ -8,7 +8,6 @@
 //! flodl's rank does before its control handshake, and dials the control
 //! relay once it holds the unique id.
 
-
 use crate::config::TimeoutScale;
 use crate::machine::{ConnId, Input, Machine, Outbox, Output};
 use crate::rank::control_client::{ControlClient, ControlClientConfig, ControlEvent};
@@ -291,7 +290,8 @@ impl Owners {
     /// Every entry, in connection order, leaving both empty.
     fn take_sorted(&mut self, spill: &mut Vec<(ConnId, u8)>) -> Vec<(ConnId, u8)> {
         let n = usize::from(core::mem::take(&mut self.len));
-        let mut all: Vec<(ConnId, u8)> = self.conns[..n].iter().copied().zip(self.parts[..n].iter().copied()).collect();
+        let mut all: Vec<(ConnId, u8)> =
+            self.conns[..n].iter().copied().zip(self.parts[..n].iter().copied()).collect();
         all.append(spill);
         all.sort_unstable_by_key(|(c, _)| *c);
         all
