@@ -170,14 +170,16 @@ pub struct ControlClient {
     liveness: Duration,
     state: State,
     tx: SendLine,
-    cfg: ControlClientConfig,
+    /// The world's size, from the config (the rest of which the handshake
+    /// and `tx` took).
+    world_size: u32,
     /// Frames queued before the handshake completed.
     queued: Vec<Bytes>,
     dead: BTreeSet<u32>,
 }
 
 /// What every frame sent or read touches besides the state, in one cache
-/// line: the key and rank (copies of `cfg`'s), the step count, the outbox.
+/// line: the key and rank (from the config), the step count, the outbox.
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct SendLine {
@@ -205,8 +207,8 @@ impl ControlClient {
         let budget = HANDSHAKE;
         let dialer = Dialer::new(kind, fields, cfg.relay_addr.clone(), None, budget, now);
         let mut c = ControlClient {
-            tx: SendLine { key: cfg.key.clone(), rank: cfg.rank, step_count: 0, out: Outbox::default() },
-            cfg,
+            tx: SendLine { key: cfg.key, rank: cfg.rank, step_count: 0, out: Outbox::default() },
+            world_size: cfg.world_size,
             liveness,
             state: State::Handshaking(Box::new(dialer)),
             queued: Vec::new(),
@@ -332,8 +334,8 @@ impl ControlClient {
             self.tx.out.event(ControlEvent::Closed);
             return;
         }
-        let me = self.cfg.rank;
-        self.dead.extend((0..self.cfg.world_size).filter(|&r| r != me));
+        let me = self.tx.rank;
+        self.dead.extend((0..self.world_size).filter(|&r| r != me));
         let dead_peers = self.dead.iter().copied().collect();
         self.tx.out.event(ControlEvent::CoordinatorLost { reason, dead_peers });
     }
@@ -411,7 +413,7 @@ impl ControlClient {
             if let Some(m) = msg {
                 if let ControlMsgWire::DeclareDead { rank } = m
                     && let Ok(r) = u32::try_from(rank)
-                    && r < self.cfg.world_size
+                    && r < self.world_size
                 {
                     self.dead.insert(r);
                 }

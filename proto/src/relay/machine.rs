@@ -424,6 +424,11 @@ pub struct Relay {
     macs: Arc<dyn MacRunner>,
 }
 
+/// Where `conn` is in a relay's `by_conn`, or where it would go.
+fn conn_index(by_conn: &[(ConnId, u32)], conn: ConnId) -> Result<usize, usize> {
+    by_conn.binary_search_by_key(&conn, |(c, _)| *c)
+}
+
 fn starvation() -> Duration {
     defaults::MID_FRAME_STARVATION
 }
@@ -608,7 +613,7 @@ impl Relay {
         if let Some(ack) = ack {
             self.out.transmit(conn, ack);
         }
-        match self.by_conn.binary_search_by_key(&conn, |(c, _)| *c) {
+        match conn_index(&self.by_conn, conn) {
             Ok(i) => self.by_conn[i].1 = rank,
             Err(i) => self.by_conn.insert(i, (conn, rank)),
         }
@@ -778,8 +783,7 @@ impl Relay {
 
     /// The admitted rank on `conn`, if any.
     fn rank_of(&self, conn: ConnId) -> Option<u32> {
-        let i = self.by_conn.binary_search_by_key(&conn, |(c, _)| *c).ok()?;
-        Some(self.by_conn[i].1)
+        Some(self.by_conn[conn_index(&self.by_conn, conn).ok()?].1)
     }
 
     /// Marks `rank` dead (`lost`: its connection is gone or abandoned).
@@ -787,7 +791,7 @@ impl Relay {
         let cap = self.stage_cap();
         let Some(local) = self.locals.get_mut(&rank) else { return };
         if lost && let Some(conn) = local.conn.take() {
-            if let Ok(i) = self.by_conn.binary_search_by_key(&conn, |(c, _)| *c) {
+            if let Ok(i) = conn_index(&self.by_conn, conn) {
                 self.by_conn.remove(i);
             }
             self.mid_blob.remove(&rank);
