@@ -14,13 +14,15 @@
 //!
 //! The library carries no command-line dependency; the `cohort-sim` program
 //! is in the `cohort` package.
-#![forbid(unsafe_code)]
+// One module may use `unsafe`: `prefetch`, a cache hint that cannot fault.
+#![deny(unsafe_code)]
 
 pub mod check;
 pub mod cluster;
 pub mod explore;
 pub mod log;
 pub mod node;
+mod prefetch;
 pub mod report;
 pub mod rng;
 pub mod scenario;

@@ -18,6 +18,7 @@ use cohort_proto::machine::{CloseCause, ConnId, DialId, Input, Output, Peer};
 use core::time::Duration;
 
 use crate::node::SimNode;
+use crate::prefetch::prefetch;
 use crate::rng::{SimRng, stream};
 use crate::trace::TraceHasher;
 
@@ -180,12 +181,15 @@ struct Conn {
 // The layouts the comments above promise: a slot in one line, the header
 // in the first line with the link right after it.
 const _: () = assert!(size_of::<NodeSlot<()>>() == 64);
+// The hint's `to` fits in `Deliver` without growing an event.
+const _: () = assert!(size_of::<Ev>() == 56);
 const _: () = assert!(core::mem::offset_of!(Conn, link) == 64);
 
 #[derive(Debug)]
 enum Ev {
     Timer(NodeId, Time),
-    Deliver { conn: u64, dir: usize, bytes: Bytes },
+    /// `to` is the receiving node, read only to hint its lines early.
+    Deliver { conn: u64, to: u32, dir: u32, bytes: Bytes },
     Fin { conn: u64, dir: usize, cause: CloseCause },
     Syn { conn: u64 },
     SynAck { conn: u64 },
@@ -198,6 +202,11 @@ enum Ev {
 /// insertion number takes the 40 above them, so keys order by time, then
 /// insertion, exactly as `(time, insertion)` would.
 const SLOT_BITS: u32 = 24;
+
+/// The slab slot a queue key names.
+fn slot_of(key: u64) -> usize {
+    (key & ((1 << SLOT_BITS) - 1)) as usize
+}
 
 /// The event queue: a heap of 16-byte `(time, insertion << 24 | slot)` keys
 /// over a slab of events, so sifting moves two words, never an event.
@@ -233,13 +242,29 @@ impl Queue {
 
     fn pop(&mut self) -> Option<(Time, Ev)> {
         let Reverse((at, key)) = self.heap.pop()?;
-        let slot = (key & ((1 << SLOT_BITS) - 1)) as u32;
-        self.free.push(slot);
-        self.slots[slot as usize].take().map(|ev| (at, ev))
+        let slot = slot_of(key);
+        self.free.push(slot as u32);
+        self.slots[slot].take().map(|ev| (at, ev))
     }
 
     fn len(&self) -> usize {
         self.heap.len()
+    }
+
+    /// The event at the head of the queue, if any.
+    fn head(&self) -> Option<&Ev> {
+        let Reverse((_, key)) = self.heap.peek()?;
+        self.slots.get(slot_of(*key))?.as_ref()
+    }
+
+    /// Hints the slots of the head's two children in the heap: the event
+    /// after the head is one of them, unless an earlier one is queued first.
+    fn hint_after_head(&self) {
+        for Reverse((_, key)) in self.heap.as_slice().iter().skip(1).take(2) {
+            if let Some(s) = self.slots.get(slot_of(*key)) {
+                prefetch(s);
+            }
+        }
     }
 }
 
@@ -442,6 +467,7 @@ impl<E> World<E> {
         let Some((at, ev)) = self.queue.pop() else { return false };
         self.now = self.now.max(at);
         self.steps += 1;
+        self.hint_next();
         self.dispatch(ev);
         true
     }
@@ -452,6 +478,37 @@ impl<E> World<E> {
             self.step();
         }
         self.now = self.now.max(until);
+    }
+
+    /// Starts the loads the next events will make, so that their misses
+    /// overlap this event's work: the slots of the two that may come after
+    /// the head, and the head's own connection, node slot and machine (its
+    /// slot was hinted a step ago, so reading it here is cheap).
+    fn hint_next(&self) {
+        self.queue.hint_after_head();
+        match self.queue.head() {
+            Some(Ev::Timer(n, _)) => self.hint_node(*n),
+            Some(Ev::Deliver { conn, to, dir, .. }) => {
+                // `to` rides in the event so that the node is known without
+                // waiting for the connection's line.
+                if let Some(Some(c)) = self.conns.get(conn_slot(*conn)) {
+                    prefetch(c);
+                    prefetch(&c.pipes[*dir as usize]);
+                }
+                self.hint_node(*to as usize);
+            }
+            _ => {}
+        }
+    }
+
+    /// Hints the first two lines of node `n`'s machine (reading its slot
+    /// for the address brings the slot in too).
+    fn hint_node(&self, n: NodeId) {
+        if let Some(s) = self.nodes.get(n) {
+            let m = &*s.machine as *const dyn SimNode<E> as *const u8;
+            prefetch(m);
+            prefetch(m.wrapping_add(64));
+        }
     }
 
     fn dispatch(&mut self, ev: Ev) {
@@ -477,7 +534,7 @@ impl<E> World<E> {
                     None => {}
                 }
             }
-            Ev::Deliver { conn, dir, bytes } => self.deliver(conn, dir, bytes),
+            Ev::Deliver { conn, dir, bytes, .. } => self.deliver(conn, dir as usize, bytes),
             Ev::Fin { conn, dir, cause } => {
                 let Some(c) = conn_at(&mut self.conns, conn) else { return };
                 let to = 1 - dir;
@@ -750,6 +807,7 @@ impl<E> World<E> {
             return;
         }
         let link = c.link;
+        let to = c.ends[1 - dir].node as u32;
         loop {
             let Some(c) = conn_at(&mut self.conns, id) else { return };
             let p = &mut c.pipes[dir];
@@ -789,7 +847,7 @@ impl<E> World<E> {
             if let Some(c) = conn_at(&mut self.conns, id) {
                 c.pipes[dir].last_arrival = arrive;
             }
-            self.schedule(arrive, Ev::Deliver { conn: id, dir, bytes: front });
+            self.schedule(arrive, Ev::Deliver { conn: id, to, dir: dir as u32, bytes: front });
         }
         let Some(c) = conn_at(&mut self.conns, id) else { return };
         let p = &mut c.pipes[dir];
