@@ -189,13 +189,37 @@ const _: () = assert!(core::mem::offset_of!(Conn, link) == 64);
 enum Ev {
     Timer(NodeId, Time),
     /// `to` is the receiving node, read only to hint its lines early.
-    Deliver { conn: u64, to: u32, dir: u32, bytes: Bytes },
-    Fin { conn: u64, dir: usize, cause: CloseCause },
-    Syn { conn: u64 },
-    SynAck { conn: u64 },
-    Dial { node: NodeId, dial: DialId, addr: String, attempt: u32 },
-    Stall { conn: u64, dir: usize },
-    Heal { a: HostId, b: HostId },
+    Deliver {
+        conn: u64,
+        to: u32,
+        dir: u32,
+        bytes: Bytes,
+    },
+    Fin {
+        conn: u64,
+        dir: usize,
+        cause: CloseCause,
+    },
+    Syn {
+        conn: u64,
+    },
+    SynAck {
+        conn: u64,
+    },
+    Dial {
+        node: NodeId,
+        dial: DialId,
+        addr: String,
+        attempt: u32,
+    },
+    Stall {
+        conn: u64,
+        dir: usize,
+    },
+    Heal {
+        a: HostId,
+        b: HostId,
+    },
 }
 
 /// Bits of a queue key's second word that hold the event's slab slot; the
