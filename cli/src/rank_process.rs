@@ -30,7 +30,8 @@
 //! [`RankNode::exit_code`] (1 if it ended without one).
 //!
 //! ```
-//! use cohort::rank_process::{Backend, RankOptions, spec_for};
+//! use cohort::rank_process::{RankOptions, spec_for};
+//! use cohort_proto::coord::Backend;
 //! use cohort_proto::node::envelope::Envelope;
 //!
 //! let mut env = Envelope::for_worker(("127.0.0.1", 7000), 4, 2, "gpu-b", vec![2, 3], vec![0, 1]);
@@ -48,6 +49,7 @@ use std::time::Duration;
 
 use cohort_driver_mio::{Clock, Config, NodeEvent, Runner};
 use cohort_proto::config::TimeoutScale;
+use cohort_proto::coord::Backend;
 use cohort_proto::node::cluster::{ClusterEvent, Source, Stamped};
 use cohort_proto::node::envelope::{Envelope, RELAY_CONTROL_OFFSET, RelaySpec, WorkloadSpec};
 use cohort_proto::node::host::{RankEnd, RankSpec};
@@ -67,16 +69,6 @@ pub const ENV_LOCAL_RANK: &str = "FLODL_INTERNAL_LOCAL_RANK";
 pub const ENV_HOST_NAME: &str = "FLODL_HOST_NAME";
 /// flodl's network timeout scale, inherited from the agent.
 pub const ENV_TIMEOUT_SCALE: &str = "FLODL_NET_TIMEOUT_SCALE";
-
-/// Which data plane the world reduces on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Backend {
-    /// The CPU reduce through the host's data relay.
-    #[default]
-    Cpu,
-    /// NCCL: no data relay; the rank opens with the bootstrap rendezvous.
-    Nccl,
-}
 
 /// What the command line says (everything flodl's envelope does not).
 #[derive(Debug, Clone, PartialEq)]

@@ -112,7 +112,9 @@ impl Default for TimeoutScale {
 /// Both speak the same bytes; the choice is the controller's, so a flodl
 /// 0.8 peer can join either way. The simulator runs either, to predict a
 /// flodl cluster or a cohort one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Rules {
     /// cohort's: a death is declared the moment a connection says so (a
     /// relay's control or data connection ends, a live rank's `RankExit`,
@@ -124,6 +126,10 @@ pub enum Rules {
     /// survives deaths, the sync time is taken over the live ranks, async
     /// dispatches every epoch (docs/DIFFERENCES.md).
     #[default]
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "cohort's (faster death detection, a refused join seeds nothing, ...)")
+    )]
     Cohort,
     /// flodl 0.8's: deaths only by heartbeat staleness, a non-zero exit the
     /// launcher reports, or a failed consensus write; a data relay's end
@@ -131,6 +137,10 @@ pub enum Rules {
     /// reduce for everyone; exited ranks still hold cycles and epochs open;
     /// an epoch completes once every rank not dead sent one report; and
     /// flodl 0.8's scheduling where it differs (see [`Rules::Cohort`]).
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "flodl 0.8's, to run beside or predict a flodl cluster exactly")
+    )]
     Flodl,
 }
 

@@ -40,7 +40,7 @@ use std::sync::Arc;
 
 use cohort_proto::Time;
 use cohort_proto::config::{Rules, TimeoutScale};
-use cohort_proto::coord::{ApplyPolicy, Backend, CoordConfig, CoordEvent, FailureBudget, RunEnd, Scheduler};
+use cohort_proto::coord::{CoordConfig, CoordEvent, RunEnd, Scheduler};
 use cohort_proto::join::client::ClientEvent;
 use cohort_proto::join::ledger::{JoinOffer, Ledger, TrustMode};
 use cohort_proto::join::window::JoinEvent;
@@ -61,7 +61,7 @@ use crate::check::Checker;
 use crate::log::EventLog;
 use crate::report::{Death, Injected, Outcome as RunOutcome, RankReport, Report, Timeline, Window};
 use crate::rng::{SimRng, stream};
-use crate::scenario::{BackendSpec, Fault, MaxFailure, PolicySpec, RulesSpec, Scenario, ScenarioError};
+use crate::scenario::{Fault, Scenario, ScenarioError};
 use crate::workload::{RankStart, SimWorkload};
 use crate::world::{HostId, LinkSpec, NetConfig, NodeId, Process, World};
 
@@ -228,25 +228,12 @@ impl<W: SimWorkload> Cluster<W> {
         let join = sc.join_config();
         let trust = if sc.join.open_admission { TrustMode::OpenExplicit } else { TrustMode::PreShared };
         let mut run = CoordConfig::new(1, sc.epochs, sc.samples_per_epoch, sc.batch_size);
-        run.backend = match sc.backend {
-            BackendSpec::Cpu => Backend::Cpu,
-            BackendSpec::Nccl => Backend::Nccl,
-        };
+        run.backend = sc.backend;
         run.sync_every = Some(sc.sync_every);
-        run.policy = match sc.policy {
-            PolicySpec::Sync => ApplyPolicy::Sync,
-            PolicySpec::Cadence => ApplyPolicy::Cadence,
-            PolicySpec::Async => ApplyPolicy::Async,
-        };
+        run.policy = sc.policy;
         run.progressive = sc.progressive;
-        run.rules = match sc.rules {
-            RulesSpec::Cohort => Rules::Cohort,
-            RulesSpec::Flodl => Rules::Flodl,
-        };
-        run.failure_budget = sc.max_failure.map(|m| match m {
-            MaxFailure::Absolute(n) => FailureBudget::Absolute(n),
-            MaxFailure::Percent(p) => FailureBudget::Percent(p),
-        });
+        run.rules = sc.rules;
+        run.failure_budget = sc.max_failure;
         let advertise = ControllerAddr::parse(CONTROLLER_ADDR)
             .ok_or_else(|| ScenarioError::new("controller", "the controller's address"))?;
         let workload = WorkloadSpec { batch_size: sc.batch_size, model_elems: sc.model_elems, gamma: 1.0 };

@@ -11,8 +11,7 @@
 
 use crate::rng::{SimRng, stream};
 use crate::scenario::{
-    BackendSpec, Fault, FaultAt, HostSpec, MaxFailure, PolicySpec, RulesSpec, Scenario, SpeedClass,
-    StartModeSpec,
+    ApplyPolicy, Backend, FailureBudget, Fault, FaultAt, HostSpec, Rules, Scenario, SpeedClass, StartMode,
 };
 
 /// The kinds of fault a seed can draw, in the order [`Swarm::weights`]
@@ -140,10 +139,9 @@ pub fn random_scenario(seed: u64) -> Scenario {
     sc.timeout_scale = [0.2, 0.5, 1.0][r.range(0, 3) as usize];
     sc.join.min_rank_start = r.range(1, u64::from(world) + 1) as u32;
     sc.join.start_mode =
-        [StartModeSpec::Auto, StartModeSpec::Auto, StartModeSpec::Hybrid, StartModeSpec::Manual]
-            [r.range(0, 4) as usize];
+        [StartMode::Auto, StartMode::Auto, StartMode::Hybrid, StartMode::Manual][r.range(0, 4) as usize];
     sc.join.target_ranks = match sc.join.start_mode {
-        StartModeSpec::Manual => None,
+        StartMode::Manual => None,
         _ if r.chance(0.6) => Some(r.range(u64::from(sc.join.min_rank_start), u64::from(world) + 1) as u32),
         _ => None,
     };
@@ -153,17 +151,17 @@ pub fn random_scenario(seed: u64) -> Scenario {
     sc.samples_per_epoch = r.range(u64::from(world) * 5, u64::from(world) * 40 + 50);
     sc.batch_size = r.range(1, 4);
     sc.sync_every = r.range(2, 12);
-    sc.backend = if r.chance(0.2) { BackendSpec::Nccl } else { BackendSpec::Cpu };
+    sc.backend = if r.chance(0.2) { Backend::Nccl } else { Backend::Cpu };
     sc.max_failure = match r.range(0, 4) {
-        0 => Some(MaxFailure::Absolute(r.range(1, u64::from(world) + 1) as u32)),
-        1 => Some(MaxFailure::Percent(r.uniform(0.2, 0.9))),
+        0 => Some(FailureBudget::Absolute(r.range(1, u64::from(world) + 1) as u32)),
+        1 => Some(FailureBudget::Percent(r.uniform(0.2, 0.9))),
         _ => None,
     };
     let swarm = Swarm::of(seed);
     sc.latency_us = swarm.latency_us;
     sc.jitter_us = swarm.jitter_us;
     sc.bandwidth_gbps = swarm.bandwidth_gbps;
-    if sc.join.start_mode != StartModeSpec::Auto && r.chance(0.8) {
+    if sc.join.start_mode != StartMode::Auto && r.chance(0.8) {
         let at = r.uniform(0.0, sc.join.max_join_timeout_secs as f64 * sc.timeout_scale);
         sc.faults.push(FaultAt { at_s: at, fault: Fault::OperatorStart });
     }
@@ -200,9 +198,9 @@ pub fn random_scenario(seed: u64) -> Scenario {
         sc.faults.push(FaultAt { at_s: at, fault });
     }
     sc.faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
-    sc.rules = if r.chance(0.3) { RulesSpec::Flodl } else { RulesSpec::Cohort };
+    sc.rules = if r.chance(0.3) { Rules::Flodl } else { Rules::Cohort };
     // The apply policy and the speed spread, drawn after everything else.
-    sc.policy = [PolicySpec::Sync, PolicySpec::Cadence, PolicySpec::Async][r.range(0, 3) as usize];
+    sc.policy = [ApplyPolicy::Sync, ApplyPolicy::Cadence, ApplyPolicy::Async][r.range(0, 3) as usize];
     let spread = [1.0, 2.0, 3.0, 8.0][r.range(0, 4) as usize];
     sc.speed_classes.insert("slow".to_owned(), SpeedClass { batch_ms: 40.0 * spread, spread: 0.2 });
     // Chunked or whole-epoch dispatch, drawn last (flodl's default half the time).

@@ -31,7 +31,14 @@
 
 use std::collections::BTreeMap;
 
-use cohort_proto::join::ledger::{JoinConfig, StartMode};
+use cohort_proto::join::ledger::JoinConfig;
+/// The configuration enums a scenario states, proto's own (serde in their
+/// lowercase names).
+pub use cohort_proto::{
+    config::Rules,
+    coord::{ApplyPolicy, Backend, FailureBudget},
+    join::ledger::StartMode,
+};
 use core::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -61,11 +68,11 @@ pub struct Scenario {
     pub run_for_s: Option<f64>,
     /// `"cpu"` (relay fold + controller reduce) or `"nccl"`.
     #[serde(default)]
-    pub backend: BackendSpec,
+    pub backend: Backend,
     /// The apply policy: `"sync"`, `"cadence"` (flodl's default) or
     /// `"async"`.
     #[serde(default)]
-    pub policy: PolicySpec,
+    pub policy: ApplyPolicy,
     /// Chunk-pool dispatch: `true` chunks, `false` whole-epoch plans;
     /// unset follows flodl's default (chunks under cadence and async).
     #[serde(default)]
@@ -73,13 +80,13 @@ pub struct Scenario {
     /// `"cohort"` (deaths declared the moment a connection says so) or
     /// `"flodl"` (flodl 0.8's rules, to predict a flodl cluster).
     #[serde(default)]
-    pub rules: RulesSpec,
+    pub rules: Rules,
     /// The network timeout scale.
     #[serde(default = "one_f")]
     pub timeout_scale: f64,
     /// Failure budget: a rank count, or a share such as `"50%"`.
     #[serde(default)]
-    pub max_failure: Option<MaxFailure>,
+    pub max_failure: Option<FailureBudget>,
     /// Named speed classes: batch time distributions. The built-in
     /// `fast`, `medium` and `slow` are always there; a file's classes add
     /// to them or redefine them.
@@ -187,7 +194,7 @@ pub struct JoinSpec {
     pub max_join_timeout_secs: u64,
     /// `"auto"`, `"manual"` or `"hybrid"`.
     #[serde(default)]
-    pub start_mode: StartModeSpec,
+    pub start_mode: StartMode,
     /// Open admission (salt handed out in Accept).
     #[serde(default = "yes")]
     pub open_admission: bool,
@@ -213,131 +220,10 @@ impl Default for JoinSpec {
             target_ranks: None,
             join_timeout_secs: default_window(),
             max_join_timeout_secs: default_cap(),
-            start_mode: StartModeSpec::Auto,
+            start_mode: StartMode::Auto,
             open_admission: true,
         }
     }
-}
-
-/// How the join window may close.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StartModeSpec {
-    /// The clock (and target) decide.
-    #[default]
-    Auto,
-    /// Only the operator's start (with quorum) forms the world.
-    Manual,
-    /// Either.
-    Hybrid,
-}
-
-/// The data plane.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendSpec {
-    /// Relay fold and controller reduce.
-    #[default]
-    Cpu,
-    /// NCCL (modelled: deaths trigger the re-rendezvous).
-    Nccl,
-}
-
-/// Which behaviour the cluster follows where cohort and flodl 0.8 differ
-/// (`docs/DIFFERENCES.md`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RulesSpec {
-    /// cohort's.
-    #[default]
-    Cohort,
-    /// flodl 0.8's.
-    Flodl,
-}
-
-/// The apply policy (flodl's `ApplyPolicy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PolicySpec {
-    /// One batch from every rank closes a window; equal partitions.
-    Sync,
-    /// ElChe's counts close a window; throughput partitions.
-    #[default]
-    Cadence,
-    /// Cadence with the async anchor rules.
-    Async,
-}
-
-/// A failure budget.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum MaxFailure {
-    /// At most this many dead ranks.
-    Absolute(u32),
-    /// At most this share of the world (0..=1).
-    Percent(f64),
-}
-
-impl Serialize for MaxFailure {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            MaxFailure::Absolute(n) => s.serialize_u32(*n),
-            MaxFailure::Percent(p) => s.serialize_str(&format!("{}%", shift_point(&p.to_string(), 2))),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for MaxFailure {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            N(u32),
-            S(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::N(n) => Ok(MaxFailure::Absolute(n)),
-            Raw::S(s) => {
-                let p = s.trim().strip_suffix('%').ok_or_else(|| {
-                    serde::de::Error::custom(format!("max_failure {s:?}: a count or a share like \"50%\""))
-                })?;
-                let p = p.trim();
-                // Shifting the decimal point in the text keeps a written
-                // share exact: "86.9274408469204%" reads back the very f64
-                // that wrote it (dividing by 100 would not).
-                let v: f64 = if p.contains(['e', 'E']) {
-                    p.parse::<f64>().map_err(serde::de::Error::custom)? / 100.0
-                } else {
-                    shift_point(p, -2).parse().map_err(serde::de::Error::custom)?
-                };
-                Ok(MaxFailure::Percent(v))
-            }
-        }
-    }
-}
-
-/// A plain decimal `digits` (no exponent) with its point moved `by` places
-/// right (left if negative), as text.
-fn shift_point(digits: &str, by: i32) -> String {
-    let (sign, digits) = match digits.strip_prefix('-') {
-        Some(d) => ("-", d),
-        None => ("", digits),
-    };
-    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
-    let all: String = [int, frac].concat();
-    let point = int.len() as i64 + i64::from(by);
-    let padded = if point < 0 {
-        format!("{}{all}", "0".repeat(point.unsigned_abs() as usize))
-    } else if point as usize > all.len() {
-        format!("{all}{}", "0".repeat(point as usize - all.len()))
-    } else {
-        all
-    };
-    let point = point.max(0) as usize;
-    let (i, f) = padded.split_at(point);
-    let i = i.trim_start_matches('0');
-    let i = if i.is_empty() { "0" } else { i };
-    let f = f.trim_end_matches('0');
-    if f.is_empty() { format!("{sign}{i}") } else { format!("{sign}{i}.{f}") }
 }
 
 /// A batch-time distribution: uniform within `batch_ms x (1 +- spread)`.
@@ -655,13 +541,13 @@ impl ScenarioBuilder {
     }
 
     /// The data plane.
-    pub fn backend(mut self, backend: BackendSpec) -> Self {
+    pub fn backend(mut self, backend: Backend) -> Self {
         self.sc.backend = backend;
         self
     }
 
     /// cohort's rules or flodl 0.8's.
-    pub fn rules(mut self, rules: RulesSpec) -> Self {
+    pub fn rules(mut self, rules: Rules) -> Self {
         self.sc.rules = rules;
         self
     }
@@ -673,7 +559,7 @@ impl ScenarioBuilder {
     }
 
     /// The failure budget.
-    pub fn max_failure(mut self, budget: MaxFailure) -> Self {
+    pub fn max_failure(mut self, budget: FailureBudget) -> Self {
         self.sc.max_failure = Some(budget);
         self
     }
@@ -743,10 +629,10 @@ impl Scenario {
             batch_size: 1,
             sync_every: default_sync_every(),
             run_for_s: None,
-            backend: BackendSpec::Cpu,
-            policy: PolicySpec::Cadence,
+            backend: Backend::Cpu,
+            policy: ApplyPolicy::Cadence,
             progressive: None,
-            rules: RulesSpec::Cohort,
+            rules: Rules::Cohort,
             timeout_scale: 1.0,
             max_failure: None,
             speed_classes: default_speeds(),
@@ -860,7 +746,7 @@ impl Scenario {
         self.join_config()
             .validate()
             .map_err(|e| ScenarioError::new(&format!("join.{}", e.field), e.reason))?;
-        if let Some(MaxFailure::Percent(p)) = self.max_failure
+        if let Some(FailureBudget::Percent(p)) = self.max_failure
             && !(p.is_finite() && (0.0..=1.0).contains(&p))
         {
             return err("max_failure", &format!("a share from 0% to 100% (got {}%)", p * 100.0));
@@ -940,12 +826,8 @@ impl Scenario {
             target_ranks: self.join.target_ranks.map(|t| t as usize),
             max_join_timeout_secs: self.join.max_join_timeout_secs,
             open_admission: self.join.open_admission,
-            start_mode: match self.join.start_mode {
-                StartModeSpec::Auto => StartMode::Auto,
-                StartModeSpec::Manual => StartMode::Manual,
-                StartModeSpec::Hybrid => StartMode::Hybrid,
-            },
-            nccl_backend: self.backend == BackendSpec::Nccl,
+            start_mode: self.join.start_mode,
+            nccl_backend: self.backend == Backend::Nccl,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! loader, the builder and hand-injected faults share one validation.
 
 use cohort_proto::Time;
-use cohort_sim::scenario::{Fault, MaxFailure, Scenario, ScenarioError};
+use cohort_sim::scenario::{FailureBudget, Fault, Scenario, ScenarioError};
 use cohort_sim::{Cluster, Outcome};
 use core::time::Duration;
 
@@ -108,7 +108,7 @@ fn defining_a_speed_class_keeps_the_built_in_ones() {
 fn the_builder_and_injection_go_through_the_same_checks() {
     let e = Scenario::builder().host("a", 1).bandwidth_gbps(0.0).build().unwrap_err();
     assert_eq!(e, ScenarioError::new("bandwidth_gbps", e.problem.clone()));
-    let e = Scenario::builder().host("a", 1).max_failure(MaxFailure::Percent(1.5)).build().unwrap_err();
+    let e = Scenario::builder().host("a", 1).max_failure(FailureBudget::Percent(1.5)).build().unwrap_err();
     assert_eq!(e.field, "max_failure");
     let e = Scenario::builder()
         .host("a", 1)

@@ -6,7 +6,7 @@
 
 use cohort_proto::Time;
 use cohort_proto::coord::DeathCause;
-use cohort_sim::scenario::{Fault, RulesSpec, Scenario};
+use cohort_sim::scenario::{Fault, Rules, Scenario};
 use cohort_tests::sim_harness::*;
 use core::time::Duration;
 
@@ -14,7 +14,7 @@ const STALENESS: Duration = Duration::from_secs(30);
 const NS: Duration = Duration::from_nanos(1);
 
 fn flodl(sc: Scenario) -> Scenario {
-    Scenario { rules: RulesSpec::Flodl, ..sc }
+    Scenario { rules: Rules::Flodl, ..sc }
 }
 
 /// A killed rank: its agent reports exit 137 at once, 1 ms from the

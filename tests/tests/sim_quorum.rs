@@ -7,7 +7,7 @@ use cohort_proto::join::window::JoinEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::status::StatusClientEvent;
 use cohort_sim::Outcome;
-use cohort_sim::scenario::{Fault, HostSpec, Scenario, StartModeSpec};
+use cohort_sim::scenario::{Fault, HostSpec, Scenario, StartMode};
 use cohort_tests::sim_harness::*;
 
 const WINDOW: f64 = 30.0;
@@ -27,7 +27,7 @@ enum Expect {
 
 struct Case {
     name: &'static str,
-    mode: StartModeSpec,
+    mode: StartMode,
     quorum: u32,
     target: Option<u32>,
     arrivals: &'static [f64],
@@ -62,7 +62,7 @@ fn scenario(c: &Case) -> Scenario {
     sc
 }
 
-use StartModeSpec::{Auto, Hybrid, Manual};
+use StartMode::{Auto, Hybrid, Manual};
 
 const CASES: &[Case] = &[
     Case {

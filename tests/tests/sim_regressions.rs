@@ -40,7 +40,7 @@ fn every_regression_scenario_holds_every_invariant() {
 /// under cohort's rules finish.
 #[test]
 fn flodls_chunk_pool_hangs_are_predicted() {
-    use cohort_sim::scenario::RulesSpec;
+    use cohort_sim::scenario::Rules;
     for (file, says) in [
         ("flodl-async-strands-a-dead-ranks-chunks.json", "stranded"),
         ("flodl-final-window-pinned-over-the-dead.json", "stranded"),
@@ -55,7 +55,7 @@ fn flodls_chunk_pool_hangs_are_predicted() {
             other => panic!("{file}: expected flodl's hang, got {other:?}"),
         }
         let mut cohort = sc;
-        cohort.rules = RulesSpec::Cohort;
+        cohort.rules = Rules::Cohort;
         let report = Cluster::new(cohort, seed).unwrap().finish();
         assert_eq!(report.outcome, Outcome::Done, "{file} under cohort's rules");
         assert_eq!(report.violations, Vec::<String>::new(), "{file}");

@@ -9,7 +9,7 @@ use cohort_proto::node::rank::RankEvent;
 use cohort_proto::reduce::{HostError, ReduceEvent};
 use cohort_proto::relay::{Leg, RankDeath, RelayEvent};
 use cohort_proto::wire::ControlMsgWire;
-use cohort_sim::scenario::{BackendSpec, Fault, Scenario};
+use cohort_sim::scenario::{Backend, Fault, Scenario};
 use cohort_tests::sim_harness::*;
 use core::time::Duration;
 
@@ -175,7 +175,7 @@ fn a_partition_longer_than_the_deadline_is_a_death() {
 #[test]
 fn nccl_deaths_trigger_the_re_rendezvous_and_survivors_get_consistent_new_ranks() {
     let mut sc = with(exact(2, 2, 2), 10.0, Fault::KillRank(1));
-    sc.backend = BackendSpec::Nccl;
+    sc.backend = Backend::Nccl;
     let run = play(sc, 10);
     run.assert_clean("done");
     let asked = run.coord().find_map(|(t, e)| match e {
@@ -204,7 +204,7 @@ fn nccl_deaths_trigger_the_re_rendezvous_and_survivors_get_consistent_new_ranks(
 fn nccl_the_generator_dying_before_it_answers_moves_the_ask_on() {
     // Rank 1 dies; the generator chosen is killed before its answer can land.
     let mut sc = with(exact(2, 2, 2), 10.0, Fault::KillRank(1));
-    sc.backend = BackendSpec::Nccl;
+    sc.backend = Backend::Nccl;
     let first = play(sc.clone(), 11);
     let generator = first
         .coord()
@@ -331,7 +331,7 @@ fn an_nccl_world_that_forms_late_keeps_its_rendezvous_open() {
     // at formation, not at the controller's birth, and every rank of the
     // world goes through it before training.
     let mut sc = exact(2, 2, 1);
-    sc.backend = BackendSpec::Nccl;
+    sc.backend = Backend::Nccl;
     for h in &mut sc.hosts {
         h.join_at_s += 200.0;
     }

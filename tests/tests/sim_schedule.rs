@@ -3,11 +3,11 @@
 //! than with equal batches (the sync policy); every invariant holds.
 
 use cohort_sim::report::Report;
-use cohort_sim::scenario::{PolicySpec, Scenario, SpeedClass};
+use cohort_sim::scenario::{ApplyPolicy, Scenario, SpeedClass};
 use cohort_tests::sim_harness::*;
 
 /// Four ranks on four hosts, the last three times slower; no jitter.
-fn heterogeneous(policy: PolicySpec) -> Scenario {
+fn heterogeneous(policy: ApplyPolicy) -> Scenario {
     let mut sc = exact(4, 1, 3);
     sc.samples_per_epoch = 2400;
     sc.policy = policy;
@@ -19,7 +19,7 @@ fn heterogeneous(policy: PolicySpec) -> Scenario {
     sc
 }
 
-fn run(policy: PolicySpec) -> Report {
+fn run(policy: ApplyPolicy) -> Report {
     let run = play(heterogeneous(policy), 5);
     run.assert_clean("done");
     run.report
@@ -28,7 +28,7 @@ fn run(policy: PolicySpec) -> Report {
 /// BEHAVIOUR.md Coordinator [C65]: a rank 3x slower runs a third of the batches per window
 #[test]
 fn a_rank_three_times_slower_runs_a_third_of_the_batches_per_window() {
-    let r = run(PolicySpec::Cadence);
+    let r = run(ApplyPolicy::Cadence);
     // Every window but the epochs' tails, where a rank out of work waits
     // (whole-epoch dispatch sizes epoch 0 equally, before calibration).
     let calibrated: Vec<_> = r
@@ -58,8 +58,8 @@ fn a_rank_three_times_slower_runs_a_third_of_the_batches_per_window() {
 /// BEHAVIOUR.md Coordinator [C65]: idle at sync points falls against equal batches
 #[test]
 fn idle_time_at_sync_points_falls_against_equal_batches() {
-    let cadence = run(PolicySpec::Cadence);
-    let sync = run(PolicySpec::Sync);
+    let cadence = run(ApplyPolicy::Cadence);
+    let sync = run(ApplyPolicy::Sync);
     eprintln!(
         "idle at sync points: cadence {:.0} ms over {} windows, sync (equal batches) {:.0} ms over {} windows",
         cadence.idle_ms,
@@ -83,7 +83,7 @@ fn chunked_epochs_train_every_sample_once_and_survive_a_death() {
     use cohort_proto::coord::CoordEvent;
     use cohort_sim::scenario::Fault;
     // Cadence's default is chunk-pool dispatch; rank 2 dies mid-epoch 1.
-    let sc = with(heterogeneous(PolicySpec::Cadence), 12.0, Fault::KillRank(2));
+    let sc = with(heterogeneous(ApplyPolicy::Cadence), 12.0, Fault::KillRank(2));
     assert_eq!(sc.progressive, None, "flodl's default");
     let run = play(sc, 5);
     // The coverage checker: every sample of every epoch processed once (a

@@ -10,11 +10,12 @@ use cohort::cluster::demo::{self, DemoOptions, Kill};
 use cohort::cluster::describe::{Narrator, json_of, log_line};
 use cohort::cluster::host::{HostParams, MioHost};
 use cohort::cluster::{ClusterEvent, Source, Stamped, http, shutdown_all, spawn_controller};
-use cohort::rank_process::{self, Backend, RankOptions};
+use cohort::rank_process::{self, RankOptions};
 use cohort::wire_tool::{self, WireCmd};
 use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::config::{Rules, TimeoutScale};
+use cohort_proto::coord::Backend;
 use cohort_proto::join::client::ClientEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
@@ -68,17 +69,6 @@ enum Cmd {
     Wire(WireCmd),
 }
 
-/// Who closes the join window once quorum is met.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum StartArg {
-    /// Only the operator (`cohort start`).
-    Manual,
-    /// The window's clock or the target.
-    Auto,
-    /// Whichever comes first.
-    Hybrid,
-}
-
 #[derive(Debug, Args)]
 struct Common {
     /// Network timeout scale: every scaled deadline (staleness, handshakes,
@@ -88,25 +78,6 @@ struct Common {
     /// Write one JSON object per event to stdout.
     #[arg(long)]
     json: bool,
-}
-
-/// Whose rules the controller follows where cohort departs from flodl 0.8
-/// (docs/DIFFERENCES.md).
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum RulesArg {
-    /// cohort's (faster death detection, a refused join seeds nothing, ...).
-    Cohort,
-    /// flodl 0.8's, to run beside or predict a flodl cluster exactly.
-    Flodl,
-}
-
-impl From<RulesArg> for Rules {
-    fn from(r: RulesArg) -> Rules {
-        match r {
-            RulesArg::Cohort => Rules::Cohort,
-            RulesArg::Flodl => Rules::Flodl,
-        }
-    }
 }
 
 #[derive(Debug, Args)]
@@ -127,8 +98,8 @@ struct RunArgs {
     #[arg(long, default_value_t = 256)]
     model_elems: u32,
     /// Whose rules where cohort and flodl 0.8 differ.
-    #[arg(long, value_enum, default_value_t = RulesArg::Cohort)]
-    rules: RulesArg,
+    #[arg(long, value_enum, default_value_t = Rules::Cohort)]
+    rules: Rules,
 }
 
 impl RunArgs {
@@ -139,7 +110,7 @@ impl RunArgs {
             batch_size: self.batch_size,
             sync_every: self.sync_every,
             model_elems: self.model_elems,
-            rules: self.rules.into(),
+            rules: self.rules,
         }
     }
 }
@@ -167,8 +138,8 @@ struct ControllerArgs {
     #[arg(long)]
     target_ranks: Option<usize>,
     /// Who closes the window once quorum is met.
-    #[arg(long, value_enum, default_value_t = StartArg::Auto)]
-    start: StartArg,
+    #[arg(long, value_enum, default_value_t = StartMode::Auto)]
+    start: StartMode,
     /// The join window, in seconds (scaled).
     #[arg(long, default_value_t = 300)]
     join_timeout_secs: u64,
@@ -418,11 +389,7 @@ fn controller(a: ControllerArgs) -> i32 {
         target_ranks: a.target_ranks,
         max_join_timeout_secs: a.max_join_timeout_secs,
         open_admission: a.open_admission,
-        start_mode: match a.start {
-            StartArg::Manual => StartMode::Manual,
-            StartArg::Auto => StartMode::Auto,
-            StartArg::Hybrid => StartMode::Hybrid,
-        },
+        start_mode: a.start,
         nccl_backend: false,
     };
     let trust = if a.pre_shared {

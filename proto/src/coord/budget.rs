@@ -8,13 +8,20 @@ use core::fmt;
 use crate::config::ConfigError;
 
 /// The data plane the ranks average over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Backend {
     /// The controller's CPU reduce over the data channel.
     #[default]
+    #[cfg_attr(feature = "clap", value(help = "the CPU reduce through each host's data relay"))]
     Cpu,
     /// NCCL collectives among the ranks (the coordinator re-rendezvouses
     /// survivors after a death).
+    #[cfg_attr(
+        feature = "clap",
+        value(help = "NCCL: no data relay; ranks open with the bootstrap rendezvous")
+    )]
     Nccl,
 }
 
@@ -56,6 +63,79 @@ impl FailureBudget {
             b => Ok(b),
         }
     }
+}
+
+/// A budget in a scenario file or a flag: a count (`2`) or a share of the
+/// world (`"50%"`, read exactly: the written decimal's point is shifted,
+/// not divided, so a share reads back the very `f64` that wrote it).
+///
+/// ```
+/// use cohort_proto::coord::FailureBudget;
+/// let b: FailureBudget = serde_json::from_str("\"12.5%\"").unwrap();
+/// assert_eq!(b, FailureBudget::Percent(0.125));
+/// assert_eq!(serde_json::to_string(&FailureBudget::Absolute(3)).unwrap(), "3");
+/// ```
+impl serde::Serialize for FailureBudget {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            FailureBudget::Absolute(n) => s.serialize_u32(*n),
+            FailureBudget::Percent(p) => s.serialize_str(&format!("{}%", shift_point(&p.to_string(), 2))),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for FailureBudget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u32),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(FailureBudget::Absolute(n)),
+            Raw::S(s) => {
+                let p = s.trim().strip_suffix('%').ok_or_else(|| {
+                    serde::de::Error::custom(format!("failure budget {s:?}: a count or a share like \"50%\""))
+                })?;
+                let p = p.trim();
+                // Shifting the decimal point in the text keeps a written
+                // share exact: "86.9274408469204%" reads back the very f64
+                // that wrote it (dividing by 100 would not).
+                let v: f64 = if p.contains(['e', 'E']) {
+                    p.parse::<f64>().map_err(serde::de::Error::custom)? / 100.0
+                } else {
+                    shift_point(p, -2).parse().map_err(serde::de::Error::custom)?
+                };
+                Ok(FailureBudget::Percent(v))
+            }
+        }
+    }
+}
+
+/// A plain decimal `digits` (no exponent) with its point moved `by` places
+/// right (left if negative), as text.
+fn shift_point(digits: &str, by: i32) -> String {
+    let (sign, digits) = match digits.strip_prefix('-') {
+        Some(d) => ("-", d),
+        None => ("", digits),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let all: String = [int, frac].concat();
+    let point = int.len() as i64 + i64::from(by);
+    let padded = if point < 0 {
+        format!("{}{all}", "0".repeat(point.unsigned_abs() as usize))
+    } else if point as usize > all.len() {
+        format!("{all}{}", "0".repeat(point as usize - all.len()))
+    } else {
+        all
+    };
+    let point = point.max(0) as usize;
+    let (i, f) = padded.split_at(point);
+    let i = i.trim_start_matches('0');
+    let i = if i.is_empty() { "0" } else { i };
+    let f = f.trim_end_matches('0');
+    if f.is_empty() { format!("{sign}{i}") } else { format!("{sign}{i}.{f}") }
 }
 
 /// Why a run stops with a save (`ShutdownWithSave{reason}`'s byte).

@@ -18,7 +18,9 @@ use super::el_che::{ElCheMode, GuardChoice};
 /// use cohort_proto::coord::ApplyPolicy;
 /// assert_eq!(ApplyPolicy::default(), ApplyPolicy::Cadence);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum ApplyPolicy {
     /// Every live rank steps once per window.
     Sync,

@@ -27,24 +27,28 @@ use core::fmt;
 use core::ops::Range;
 use core::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::{ConfigError, Rules, TimeoutScale, defaults};
 use crate::wire::{JoinMsgWire, SessionSalt};
 
 /// Who closes the join window once quorum is met.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum StartMode {
     /// The clock alone: target reached, or window expiry with quorum. An
     /// operator start is refused.
     #[default]
+    #[cfg_attr(feature = "clap", value(help = "the window's clock or the target"))]
     Auto,
     /// The operator alone: window expiry holds instead of forming; the hard
     /// cap still bounds the hold. A target is contradictory here.
+    #[cfg_attr(feature = "clap", value(help = "only the operator (`cohort start`)"))]
     Manual,
     /// Both: the clock as in `Auto`, and the operator may fire earlier once
     /// quorum is met.
+    #[cfg_attr(feature = "clap", value(help = "whichever comes first"))]
     Hybrid,
 }
 

@@ -10,12 +10,13 @@ use crate::config::{ConfigError, Rules, TimeoutScale};
 use crate::coord::{Backend, CoordConfig, CoordEvent, Coordinator, DeathCause, RunEnd};
 use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
 use crate::join::window::{JoinEvent, JoinWindow, WindowParams};
+use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::reduce::{Reduce, ReduceConfig, ReduceEvent};
 use crate::rendezvous::{RendezvousConfig, RendezvousEvent, RendezvousServer};
 use crate::route::{PortRouter, RouteEvent};
 use crate::status::{StatusEvent, StatusLimits, StatusResponder};
-use crate::time::{Time, earliest};
+use crate::time::Time;
 use crate::wire::{Channel, Inline, MacKey, MacRunner, RunNonce, SessionSalt, derive_frame_ceiling};
 
 use super::envelope::{ControllerAddr, Envelope, RelaySpec, WorkloadSpec};
@@ -237,18 +238,36 @@ pub enum ControllerEvent {
     },
 }
 
+/// A controller's parts, behind its one port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Part {
+pub enum ControllerPart {
+    /// The port router.
     Router,
+    /// The join window.
     Join,
+    /// The status endpoint.
     Status,
+    /// The coordinator (once formed).
     Coord,
+    /// The reduce (CPU plane, once formed).
     Reduce,
+    /// The NCCL bootstrap rendezvous (NCCL plane, once formed).
     Rendezvous,
 }
 
-const PARTS: usize = 6;
-const ALL_PARTS: u8 = (1 << PARTS) - 1;
+impl Part for ControllerPart {
+    const ALL: &'static [ControllerPart] = &[
+        ControllerPart::Router,
+        ControllerPart::Join,
+        ControllerPart::Status,
+        ControllerPart::Coord,
+        ControllerPart::Reduce,
+        ControllerPart::Rendezvous,
+    ];
+    fn number(self) -> u32 {
+        self as u32
+    }
+}
 
 /// The controller node.
 ///
@@ -294,15 +313,11 @@ pub struct ControllerNode {
     coord: Option<Coordinator>,
     reduce: Option<Reduce>,
     rendezvous: Option<RendezvousServer>,
-    owners: BTreeMap<ConnId, Part>,
+    parts: Parts<ControllerPart>,
     /// Connections not yet authenticated, by arrival (and when each came).
     unauthenticated: BTreeSet<(Time, ConnId)>,
     arrived: BTreeMap<ConnId, Time>,
     outcome: Option<Outcome>,
-    /// Each part's next wake-up, refreshed only for the parts an input or
-    /// command reached (a part's deadline can only move when it is called).
-    timeouts: [Option<Time>; PARTS],
-    touched: u8,
     out: Outbox<ControllerEvent>,
     /// Where the reduce's MAC work runs ([`ControllerNode::run_macs_on`]).
     macs: Arc<dyn MacRunner>,
@@ -322,7 +337,7 @@ impl ControllerNode {
         params.rules = cfg.run.rules;
         params.run_nonce = cfg.run_nonce;
         let window = JoinWindow::new(params, now)?;
-        let mut node = ControllerNode {
+        let node = ControllerNode {
             // The run's salt: the configured one, or it bound to the run.
             key: MacKey::new(window.salt()),
             router: PortRouter::new(cfg.timeout_scale),
@@ -331,17 +346,14 @@ impl ControllerNode {
             coord: None,
             reduce: None,
             rendezvous: None,
-            owners: BTreeMap::new(),
+            parts: Parts::default(),
             unauthenticated: BTreeSet::new(),
             arrived: BTreeMap::new(),
             outcome: None,
-            timeouts: [None; PARTS],
-            touched: ALL_PARTS,
             out: Outbox::default(),
             macs: Arc::new(Inline),
             cfg,
         };
-        node.refresh_timeouts();
         Ok(node)
     }
 
@@ -365,7 +377,6 @@ impl ControllerNode {
     /// `POST /start` it does not refuse below quorum: the armed switch waits
     /// for the quorum, and the window forms the instant it is met.
     pub fn operator_start(&mut self, now: Time) -> bool {
-        self.touched = ALL_PARTS;
         let armed = self.window.operator_start(now);
         self.pump(now);
         armed
@@ -374,7 +385,6 @@ impl ControllerNode {
     /// The launcher aborts: the window fails (or the run stops) and every
     /// admitted worker gets `Abort`.
     pub fn abort(&mut self, now: Time, reason: &str) {
-        self.touched = ALL_PARTS;
         self.window.abort(now, reason);
         if let Some(c) = self.coord.as_mut() {
             c.stop(now);
@@ -384,7 +394,6 @@ impl ControllerNode {
 
     /// Ends the run early and gracefully (`Shutdown` to every rank).
     pub fn stop(&mut self, now: Time) {
-        self.touched = ALL_PARTS;
         if let Some(c) = self.coord.as_mut() {
             c.stop(now);
         }
@@ -454,81 +463,68 @@ impl ControllerNode {
     }
 
     fn routed(&mut self, now: Time, conn: ConnId, peer: Peer, channel: Channel, first: &[u8]) {
-        self.touched |= ALL_PARTS;
         let part = match channel {
             Channel::Join => {
                 self.window.adopt(now, conn, peer, first);
-                Part::Join
+                ControllerPart::Join
             }
             Channel::Http => {
                 self.status.adopt_with(now, conn, peer, first, &mut self.window);
-                Part::Status
+                ControllerPart::Status
             }
             Channel::Control => match self.coord.as_mut() {
                 Some(c) => {
                     c.adopt(now, conn, peer, first);
-                    Part::Coord
+                    ControllerPart::Coord
                 }
                 None => return self.refuse(conn, channel),
             },
             Channel::Data => match self.reduce.as_mut() {
                 Some(r) => {
                     r.adopt(now, conn, peer, first);
-                    Part::Reduce
+                    ControllerPart::Reduce
                 }
                 None => return self.refuse(conn, channel),
             },
             Channel::Rendezvous => match self.rendezvous.as_mut() {
                 Some(r) => {
                     r.adopt(now, conn, peer, first);
-                    Part::Rendezvous
+                    ControllerPart::Rendezvous
                 }
                 None => return self.refuse(conn, channel),
             },
         };
-        if part == Part::Rendezvous {
+        if part == ControllerPart::Rendezvous {
             // Its events do not name the connection a hello came on: exempt
             // from the cap, bounded by its own hello deadline (NCCL only).
             self.authenticated(conn);
         }
-        self.owners.insert(conn, part);
+        self.parts.own(conn, part);
     }
 
     fn refuse(&mut self, conn: ConnId, channel: Channel) {
-        self.owners.remove(&conn);
+        self.parts.disown(conn);
         self.authenticated(conn);
         self.out.close(conn);
         self.out.event(ControllerEvent::Refused { conn, channel });
     }
 
     /// Carries a part's I/O output out (moved, never copied); returns its event.
-    fn pass<E>(&mut self, o: Output<E>) -> Option<E> {
-        match o {
-            Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
-            Output::Dial { dial, addr } => self.out.dial(dial, addr),
-            Output::Close { conn } => {
-                self.owners.remove(&conn);
-                self.authenticated(conn);
-                self.out.close(conn);
-            }
-            Output::Event(e) => return Some(e),
+    fn pass<E>(&mut self, part: ControllerPart, o: Output<E>) -> Option<E> {
+        if let Output::Close { conn } = o {
+            self.authenticated(conn);
         }
-        None
+        self.parts.pass(part, o, &mut self.out)
     }
 
     /// Drains every part, acting on the events that concern the others,
-    /// until nothing moves; then refreshes the wake-ups of the parts touched.
+    /// until nothing moves.
     fn pump(&mut self, now: Time) {
-        self.pump_parts(now);
-        self.refresh_timeouts();
-    }
-
-    fn pump_parts(&mut self, now: Time) {
         loop {
             let mut moved = false;
             while let Some(o) = self.router.poll(now) {
                 moved = true;
-                match self.pass(o) {
+                match self.pass(ControllerPart::Router, o) {
                     Some(RouteEvent::Routed { conn, peer, channel, first }) => {
                         self.routed(now, conn, peer, channel, &first)
                     }
@@ -538,27 +534,27 @@ impl ControllerNode {
             }
             while let Some(o) = self.window.poll(now) {
                 moved = true;
-                if let Some(e) = self.pass(o) {
+                if let Some(e) = self.pass(ControllerPart::Join, o) {
                     self.join_event(now, &e);
                     self.out.event(ControllerEvent::Join(e));
                 }
             }
             while let Some(o) = self.status.poll() {
                 moved = true;
-                if let Some(e) = self.pass(o) {
+                if let Some(e) = self.pass(ControllerPart::Status, o) {
                     self.out.event(ControllerEvent::Status(e));
                 }
             }
             while let Some(o) = self.coord.as_mut().and_then(|c| c.poll(now)) {
                 moved = true;
-                if let Some(e) = self.pass(o) {
+                if let Some(e) = self.pass(ControllerPart::Coord, o) {
                     self.coord_event(now, &e);
                     self.out.event(ControllerEvent::Coord(e));
                 }
             }
             while let Some(o) = self.reduce.as_mut().and_then(|r| r.poll(now)) {
                 moved = true;
-                if let Some(e) = self.pass(o) {
+                if let Some(e) = self.pass(ControllerPart::Reduce, o) {
                     if let ReduceEvent::HostJoined { conn, .. } = &e {
                         self.authenticated(*conn);
                     }
@@ -566,14 +562,13 @@ impl ControllerNode {
                         && let Some(c) = self.coord.as_mut()
                     {
                         c.report_deaths(now, &[(*rank, DeathCause::DataPlaneLost)]);
-                        self.touched |= 1 << Part::Coord as u8;
                     }
                     self.out.event(ControllerEvent::Reduce(e));
                 }
             }
             while let Some(o) = self.rendezvous.as_mut().and_then(|r| r.poll(now)) {
                 moved = true;
-                if let Some(e) = self.pass(o) {
+                if let Some(e) = self.pass(ControllerPart::Rendezvous, o) {
                     self.out.event(ControllerEvent::Rendezvous(e));
                 }
             }
@@ -584,7 +579,6 @@ impl ControllerNode {
     }
 
     fn join_event(&mut self, now: Time, e: &JoinEvent) {
-        self.touched |= ALL_PARTS;
         match e {
             JoinEvent::Admitted { conn, .. } => self.authenticated(*conn),
             JoinEvent::Formed { world_size, .. } => self.formed(now, *world_size as u32),
@@ -619,14 +613,12 @@ impl ControllerNode {
             CoordEvent::RankDead { rank, .. } => {
                 if let Some(r) = self.reduce.as_mut() {
                     r.declare_dead(now, *rank);
-                    self.touched |= 1 << Part::Reduce as u8;
                 }
             }
             CoordEvent::FormationFailed { covered, world_size, why } => {
                 let reason = why.describe(*covered, *world_size);
                 // Every host hears it (flodl's walk-in agents are left waiting).
                 self.window.abort(now, &reason);
-                self.touched |= 1 << Part::Join as u8;
                 self.finish(Outcome::Failed(reason));
             }
             CoordEvent::Ended(RunEnd::Done) => self.finish(Outcome::Done),
@@ -654,7 +646,7 @@ impl ControllerNode {
             }
             self.unauthenticated.pop_first();
             self.arrived.remove(&old);
-            if let Some(part) = self.owners.remove(&old) {
+            if let Some(part) = self.parts.disown(old) {
                 self.part_handle(now, part, Input::Closed { conn: old, cause: CloseCause::Reset, unsent: 0 });
             }
             self.out.close(old);
@@ -663,60 +655,30 @@ impl ControllerNode {
         self.unauthenticated.insert((now, conn));
         self.arrived.insert(conn, now);
     }
+}
 
-    fn touch(&mut self, part: Part) {
-        self.touched |= 1 << part as u8;
-        if part == Part::Status {
-            // The status endpoint reads (and may arm) the join window.
-            self.touched |= 1 << Part::Join as u8;
-        }
-    }
+impl Composite for ControllerNode {
+    type Part = ControllerPart;
 
-    fn refresh_timeouts(&mut self) {
-        let t = &mut self.timeouts;
-        let touched = core::mem::take(&mut self.touched);
-        let hit = |p: Part| touched & (1 << p as u8) != 0;
-        if hit(Part::Router) {
-            t[Part::Router as usize] = self.router.poll_timeout();
-        }
-        if hit(Part::Join) {
-            t[Part::Join as usize] = self.window.poll_timeout();
-        }
-        if hit(Part::Status) {
-            t[Part::Status as usize] = self.status.poll_timeout();
-        }
-        if hit(Part::Coord) {
-            t[Part::Coord as usize] = self.coord.as_ref().and_then(Machine::poll_timeout);
-        }
-        if hit(Part::Reduce) {
-            t[Part::Reduce as usize] = self.reduce.as_ref().and_then(Machine::poll_timeout);
-        }
-        if hit(Part::Rendezvous) {
-            t[Part::Rendezvous as usize] = self.rendezvous.as_ref().and_then(Machine::poll_timeout);
-        }
-    }
-
-    fn part_handle(&mut self, now: Time, part: Part, input: Input<'_>) {
-        self.touch(part);
+    fn part_handle(&mut self, now: Time, part: ControllerPart, input: Input<'_>) {
         match part {
-            Part::Router => self.router.handle(now, input),
-            Part::Join => self.window.handle(now, input),
-            Part::Status => self.status.handle_with(now, input, &mut self.window),
-            Part::Coord => {
-                if let Some(c) = self.coord.as_mut() {
-                    c.handle(now, input)
-                }
-            }
-            Part::Reduce => {
-                if let Some(r) = self.reduce.as_mut() {
-                    r.handle(now, input)
-                }
-            }
-            Part::Rendezvous => {
-                if let Some(r) = self.rendezvous.as_mut() {
-                    r.handle(now, input)
-                }
-            }
+            ControllerPart::Router => self.router.handle(now, input),
+            ControllerPart::Join => self.window.handle(now, input),
+            ControllerPart::Status => self.status.handle_with(now, input, &mut self.window),
+            ControllerPart::Coord => handle_opt(self.coord.as_mut(), now, input),
+            ControllerPart::Reduce => handle_opt(self.reduce.as_mut(), now, input),
+            ControllerPart::Rendezvous => handle_opt(self.rendezvous.as_mut(), now, input),
+        }
+    }
+
+    fn part_timeout(&self, part: ControllerPart) -> Option<Time> {
+        match part {
+            ControllerPart::Router => self.router.poll_timeout(),
+            ControllerPart::Join => self.window.poll_timeout(),
+            ControllerPart::Status => self.status.poll_timeout(),
+            ControllerPart::Coord => timeout_opt(self.coord.as_ref()),
+            ControllerPart::Reduce => timeout_opt(self.reduce.as_ref()),
+            ControllerPart::Rendezvous => timeout_opt(self.rendezvous.as_ref()),
         }
     }
 }
@@ -725,46 +687,18 @@ impl Machine for ControllerNode {
     type Event = ControllerEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
-        match input {
-            Input::Accepted { conn, .. } => {
+        if let Input::Closed { conn, .. } = input {
+            self.authenticated(conn);
+        }
+        match self.parts.route(input) {
+            Routed::Accepted { conn, peer } => {
                 self.arrival(now, conn);
-                self.owners.insert(conn, Part::Router);
-                self.touch(Part::Router);
-                self.router.handle(now, input);
+                self.parts.own(conn, ControllerPart::Router);
+                self.router.handle(now, Input::Accepted { conn, peer });
             }
-            Input::Received { conn, .. } | Input::Closed { conn, .. } => {
-                let part = self.owners.get(&conn).copied();
-                if matches!(input, Input::Closed { .. }) {
-                    self.owners.remove(&conn);
-                    self.authenticated(conn);
-                }
-                if let Some(p) = part {
-                    self.part_handle(now, p, input);
-                }
-            }
-            Input::Timeout => {
-                self.touched = ALL_PARTS;
-                let due = |t: Option<Time>| t.is_some_and(|t| t <= now);
-                if due(self.router.poll_timeout()) {
-                    self.router.handle(now, Input::Timeout);
-                }
-                if due(self.window.poll_timeout()) {
-                    self.window.handle(now, Input::Timeout);
-                }
-                if due(self.status.poll_timeout()) {
-                    self.status.handle_with(now, Input::Timeout, &mut self.window);
-                }
-                if due(self.coord.as_ref().and_then(Machine::poll_timeout)) {
-                    self.part_handle(now, Part::Coord, Input::Timeout);
-                }
-                if due(self.reduce.as_ref().and_then(Machine::poll_timeout)) {
-                    self.part_handle(now, Part::Reduce, Input::Timeout);
-                }
-                if due(self.rendezvous.as_ref().and_then(Machine::poll_timeout)) {
-                    self.part_handle(now, Part::Rendezvous, Input::Timeout);
-                }
-            }
-            Input::Connected { .. } | Input::DialFailed { .. } => {}
+            Routed::Part(part, input) => self.part_handle(now, part, input),
+            Routed::Timeout => composite::wake(self, now),
+            Routed::Unowned => {}
         }
         self.pump(now);
     }
@@ -774,6 +708,6 @@ impl Machine for ControllerNode {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        self.timeouts.iter().copied().fold(None, earliest)
+        composite::next_timeout(self)
     }
 }

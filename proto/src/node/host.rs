@@ -34,6 +34,7 @@ use super::rank::{NcclBootstrap, RankConfig};
 use crate::config::TimeoutScale;
 use crate::join::client::{ClientEvent, ClientParams, JoinClient, NotLinked};
 use crate::join::ledger::JoinOffer;
+use crate::machine::composite::{self, Composite, Part, Parts, Routed};
 use crate::machine::{Input, Machine, Outbox, Output};
 use crate::relay::{Leg, RelayConfig};
 use crate::rendezvous::UID_BYTES;
@@ -255,9 +256,25 @@ struct Formed {
 #[derive(Debug)]
 pub struct HostNode {
     cfg: HostConfig,
+    parts: Parts<HostPart>,
     agent: JoinClient,
     formed: Option<Formed>,
     out: Outbox<HostEvent>,
+}
+
+/// A host's parts: its agent (the relays and ranks it starts are nodes of
+/// their own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostPart {
+    /// The agent (join client).
+    Agent,
+}
+
+impl Part for HostPart {
+    const ALL: &'static [HostPart] = &[HostPart::Agent];
+    fn number(self) -> u32 {
+        0
+    }
 }
 
 impl HostNode {
@@ -267,7 +284,7 @@ impl HostNode {
             ClientParams::new(cfg.controller.clone(), cfg.offer.clone(), cfg.pre_shared, cfg.timeout_scale);
         params.run_bound = cfg.run_bound;
         let agent = JoinClient::new(params, now);
-        let mut host = HostNode { agent, cfg, formed: None, out: Outbox::default() };
+        let mut host = HostNode { agent, cfg, parts: Parts::default(), formed: None, out: Outbox::default() };
         host.pump(now);
         host
     }
@@ -400,25 +417,35 @@ impl HostNode {
 
     fn pump(&mut self, now: Time) {
         while let Some(o) = self.agent.poll(now) {
-            match o {
-                Output::Event(e) => {
-                    let formed = match &e {
-                        ClientEvent::WorldFormed { envelope_hex, relay_spec_hex } => {
-                            Some((envelope_hex.clone(), relay_spec_hex.clone()))
-                        }
-                        _ => None,
-                    };
-                    self.out.event(HostEvent::Agent(e));
-                    if let Some((env, spec)) = formed
-                        && let Err(why) = self.world_formed(&env, spec.as_deref())
-                    {
-                        self.out.event(HostEvent::Refused(why));
-                    }
+            let Some(e) = self.parts.pass(HostPart::Agent, o, &mut self.out) else { continue };
+            let formed = match &e {
+                ClientEvent::WorldFormed { envelope_hex, relay_spec_hex } => {
+                    Some((envelope_hex.clone(), relay_spec_hex.clone()))
                 }
-                Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
-                Output::Dial { dial, addr } => self.out.dial(dial, addr),
-                Output::Close { conn } => self.out.close(conn),
+                _ => None,
+            };
+            self.out.event(HostEvent::Agent(e));
+            if let Some((env, spec)) = formed
+                && let Err(why) = self.world_formed(&env, spec.as_deref())
+            {
+                self.out.event(HostEvent::Refused(why));
             }
+        }
+    }
+}
+
+impl Composite for HostNode {
+    type Part = HostPart;
+
+    fn part_handle(&mut self, now: Time, part: HostPart, input: Input<'_>) {
+        match part {
+            HostPart::Agent => self.agent.handle(now, input),
+        }
+    }
+
+    fn part_timeout(&self, part: HostPart) -> Option<Time> {
+        match part {
+            HostPart::Agent => self.agent.poll_timeout(),
         }
     }
 }
@@ -427,7 +454,12 @@ impl Machine for HostNode {
     type Event = HostEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
-        self.agent.handle(now, input);
+        match self.parts.route(input) {
+            Routed::Part(part, input) => self.part_handle(now, part, input),
+            Routed::Accepted { conn, .. } => self.out.close(conn),
+            Routed::Timeout => composite::wake(self, now),
+            Routed::Unowned => {}
+        }
         self.pump(now);
     }
 
@@ -436,6 +468,6 @@ impl Machine for HostNode {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        self.agent.poll_timeout()
+        composite::next_timeout(self)
     }
 }

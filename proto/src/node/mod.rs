@@ -21,17 +21,3 @@ pub mod host;
 pub mod rank;
 pub mod trainer;
 pub mod workload;
-
-use crate::machine::DialId;
-
-/// Sub-machines of one node share its dial-id space: part `p`'s dial `d`
-/// travels as `d * PARTS + p`.
-const PARTS: u32 = 4;
-
-fn tag_dial(part: u8, dial: DialId) -> DialId {
-    DialId(dial.0.saturating_mul(PARTS) + u32::from(part))
-}
-
-fn untag_dial(dial: DialId) -> (u8, DialId) {
-    ((dial.0 % PARTS) as u8, DialId(dial.0 / PARTS))
-}

@@ -9,7 +9,8 @@
 //! relay once it holds the unique id.
 
 use crate::config::TimeoutScale;
-use crate::machine::{ConnId, Input, Machine, Outbox, Output};
+use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
+use crate::machine::{Input, Machine, Outbox, Output};
 use crate::rank::control_client::{ControlClient, ControlClientConfig, ControlEvent};
 use crate::rank::data_client::{
     Contribution, DataClient, DataClientConfig, DataClientEvent, SubmitError, TensorView,
@@ -20,13 +21,6 @@ use crate::time::{Time, earliest};
 use crate::wire::{ControlMsgWire, Dtype, MacKey};
 
 use super::workload::{Action, Workload};
-use super::{tag_dial, untag_dial};
-
-const CONTROL: u8 = 0;
-const DATA: u8 = 1;
-const RENDEZVOUS: u8 = 2;
-/// Every part, in the order of their indices.
-const PARTS: [u8; 3] = [CONTROL, DATA, RENDEZVOUS];
 
 /// After its data leg fails, a rank waits this long for its control leg's
 /// verdict before exiting with the data failure: when the controller dies,
@@ -179,128 +173,42 @@ impl RankEvent {
 /// ```
 #[derive(Debug)]
 pub struct RankNode<W> {
-    hot: Hot,
-    /// Control leg connected; data leg connected (or absent).
-    connected: (bool, bool),
     cfg: RankConfig,
+    parts: Parts<RankPart>,
     rendezvous: Option<RendezvousClient>,
     control: Option<ControlClient>,
     data: Option<DataClient>,
+    /// Control leg connected; data leg connected (or absent).
+    connected: (bool, bool),
     workload: W,
     actions: Vec<Action>,
-    /// Connection owners past the few [`Hot`] holds.
-    spill: Vec<(ConnId, u8)>,
     /// A submission that waits for the data leg.
     pending_submit: Option<(f64, Vec<f32>)>,
     rounds_submitted: u64,
     rounds_done: u64,
-    /// The data leg failed at this instant, for this reason; training stopped.
+    /// The data leg failed: at this instant, for this reason, the rank
+    /// exits unless its control leg ends first; training stopped.
     data_lost: Option<(Time, String)>,
+    ended: bool,
     out: Outbox<RankEvent>,
 }
 
-/// What a rank's every input and wake-up reads, in one cache line rather
-/// than one per sub-machine.
-#[derive(Debug)]
-#[repr(C, align(64))]
-struct Hot {
-    /// Each sub-machine's wake-up (by part) as of its last call, where its
-    /// bit in `waking` is set: a sans-IO machine changes only when called,
-    /// so a wake-up reads these, and only the parts in `touched` are polled
-    /// and read again.
-    wakes: [Time; 3],
-    /// Which part owns each connection: every input that names one reads it.
-    owners: Owners,
-    waking: u8,
-    /// Parts called (an input or a command) since `pump` last drained them.
-    touched: u8,
-    ended: bool,
-    /// `data_lost` is set: every wake-up asks, and it is rarely so.
-    data_lost: bool,
+/// A rank's parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankPart {
+    /// The control client.
+    Control,
+    /// The data client (CPU plane).
+    Data,
+    /// The NCCL bootstrap rendezvous (NCCL plane).
+    Rendezvous,
 }
 
-// The one line `Hot`'s comment promises.
-const _: () = assert!(size_of::<Hot>() == 64);
-
-impl Hot {
-    fn wake(&self, part: u8) -> Option<Time> {
-        (self.waking & bit(part) != 0).then(|| self.wakes[part as usize])
+impl Part for RankPart {
+    const ALL: &'static [RankPart] = &[RankPart::Rendezvous, RankPart::Control, RankPart::Data];
+    fn number(self) -> u32 {
+        self as u32
     }
-
-    fn set_wake(&mut self, part: u8, at: Option<Time>) {
-        self.waking &= !bit(part);
-        if let Some(at) = at {
-            self.wakes[part as usize] = at;
-            self.waking |= bit(part);
-        }
-    }
-}
-
-/// The part that owns each of a rank's connections: a map of a few entries
-/// (one per leg; a leg redialing before its old connection's close is heard
-/// may briefly hold two) kept inline, the rest in the node's `spill`.
-#[derive(Debug)]
-struct Owners {
-    conns: [ConnId; Owners::INLINE],
-    parts: [u8; Owners::INLINE],
-    len: u8,
-}
-
-impl Owners {
-    const INLINE: usize = 3;
-    const EMPTY: Owners = Owners { conns: [ConnId(0); Owners::INLINE], parts: [0; Owners::INLINE], len: 0 };
-
-    fn get(&self, spill: &[(ConnId, u8)], conn: ConnId) -> Option<u8> {
-        let n = usize::from(self.len);
-        match self.conns[..n].iter().position(|c| *c == conn) {
-            Some(i) => Some(self.parts[i]),
-            None => spill.iter().find(|(c, _)| *c == conn).map(|(_, p)| *p),
-        }
-    }
-
-    fn insert(&mut self, spill: &mut Vec<(ConnId, u8)>, conn: ConnId, part: u8) {
-        self.remove(spill, conn);
-        let n = usize::from(self.len);
-        if n < Self::INLINE {
-            self.conns[n] = conn;
-            self.parts[n] = part;
-            self.len += 1;
-        } else {
-            spill.push((conn, part));
-        }
-    }
-
-    fn remove(&mut self, spill: &mut Vec<(ConnId, u8)>, conn: ConnId) {
-        let n = usize::from(self.len);
-        if let Some(i) = self.conns[..n].iter().position(|c| *c == conn) {
-            // The last inline entry fills the hole, then a spilled one the last.
-            self.conns[i] = self.conns[n - 1];
-            self.parts[i] = self.parts[n - 1];
-            self.len -= 1;
-            if let Some((c, p)) = spill.pop() {
-                self.conns[n - 1] = c;
-                self.parts[n - 1] = p;
-                self.len += 1;
-            }
-        } else {
-            spill.retain(|(c, _)| *c != conn);
-        }
-    }
-
-    /// Every entry, in connection order, leaving both empty.
-    fn take_sorted(&mut self, spill: &mut Vec<(ConnId, u8)>) -> Vec<(ConnId, u8)> {
-        let n = usize::from(core::mem::take(&mut self.len));
-        let mut all: Vec<(ConnId, u8)> =
-            self.conns[..n].iter().copied().zip(self.parts[..n].iter().copied()).collect();
-        all.append(spill);
-        all.sort_unstable_by_key(|(c, _)| *c);
-        all
-    }
-}
-
-/// The bit of `part` in [`Hot`]'s `touched`.
-const fn bit(part: u8) -> u8 {
-    1 << part
 }
 
 impl<W: Workload> RankNode<W> {
@@ -325,25 +233,18 @@ impl<W: Workload> RankNode<W> {
             RendezvousClient::new(rcfg, now)
         });
         let mut node = RankNode {
-            hot: Hot {
-                wakes: [Time::ZERO; 3],
-                owners: Owners::EMPTY,
-                waking: 0,
-                touched: bit(CONTROL) | bit(DATA) | bit(RENDEZVOUS),
-                ended: false,
-                data_lost: false,
-            },
+            parts: Parts::default(),
             connected: (false, data.is_none()),
             control: None,
             rendezvous,
             data,
             workload,
             actions: Vec::new(),
-            spill: Vec::new(),
             pending_submit: None,
             rounds_submitted: 0,
             rounds_done: 0,
             data_lost: None,
+            ended: false,
             out: Outbox::default(),
             cfg,
         };
@@ -364,7 +265,6 @@ impl<W: Workload> RankNode<W> {
             timeout_scale: self.cfg.timeout_scale,
         };
         self.control = Some(ControlClient::new(ccfg, now));
-        self.hot.touched |= bit(CONTROL);
     }
 
     /// The workload.
@@ -385,17 +285,16 @@ impl<W: Workload> RankNode<W> {
 
     /// Whether the rank has stopped (shut down, coordinator lost, or a leg failed).
     pub fn is_ended(&self) -> bool {
-        self.hot.ended
+        self.ended
     }
 
     /// The exit code a rank process would end with: 0 after a clean
     /// shutdown, 1 after a failure, `None` while it runs.
     pub fn exit_code(&self) -> Option<i32> {
-        self.hot.ended.then_some(if self.workload.finished() { 0 } else { 1 })
+        self.ended.then_some(if self.workload.finished() { 0 } else { 1 })
     }
 
     fn close_control(&mut self) {
-        self.hot.touched |= bit(CONTROL);
         if let Some(c) = self.control.as_mut() {
             c.close();
         }
@@ -409,7 +308,6 @@ impl<W: Workload> RankNode<W> {
                 self.submit(now, mass, values);
                 continue;
             }
-            self.hot.touched |= bit(CONTROL);
             let Some(control) = self.control.as_mut() else { continue };
             // A send can only fail once the control client has ended; the
             // loss is reported by its own event.
@@ -433,7 +331,6 @@ impl<W: Workload> RankNode<W> {
     }
 
     fn submit(&mut self, now: Time, mass: f64, values: Vec<f32>) {
-        self.hot.touched |= bit(DATA);
         let Some(data) = self.data.as_mut() else {
             // No CPU data plane: a contribution has nowhere to go.
             return self.fail_data(now, "a contribution was submitted without a CPU data plane".into());
@@ -454,88 +351,49 @@ impl<W: Workload> RankNode<W> {
     }
 
     fn fail_data(&mut self, now: Time, reason: String) {
-        if !self.hot.ended && !self.hot.data_lost {
+        if !self.ended && self.data_lost.is_none() {
             self.data_lost = Some((now + DATA_LOSS_GRACE, reason));
-            self.hot.data_lost = true;
         }
     }
 
     fn end(&mut self, why: RankEvent) {
-        if self.hot.ended {
+        if self.ended {
             return;
         }
-        self.hot.ended = true;
-        for (conn, part) in self.hot.owners.take_sorted(&mut self.spill) {
-            if part != CONTROL {
+        self.ended = true;
+        for (conn, part) in self.parts.take_all() {
+            if part != RankPart::Control {
                 self.out.close(conn);
             }
         }
         self.out.event(why);
     }
 
-    /// Moves the called sub-machines' outputs out, acting on their events,
-    /// then reads their wake-ups.
+    /// Moves the parts' outputs out, acting on their events, until none moves.
     fn pump(&mut self, now: Time) {
         loop {
             let mut progressed = false;
-            let polls = |n: &Self, part| n.hot.touched & bit(part) != 0;
-            while polls(self, RENDEZVOUS)
-                && let Some(o) = self.rendezvous.as_mut().and_then(|r| r.poll(now))
-            {
+            while let Some(o) = self.rendezvous.as_mut().and_then(|r| r.poll(now)) {
                 progressed = true;
-                match o {
-                    Output::Event(e) => self.rendezvous_event(now, e),
-                    other => self.pass(RENDEZVOUS, other),
+                if let Some(e) = self.parts.pass(RankPart::Rendezvous, o, &mut self.out) {
+                    self.rendezvous_event(now, e);
                 }
             }
-            while polls(self, CONTROL)
-                && let Some(o) = self.control.as_mut().and_then(|c| c.poll(now))
-            {
+            while let Some(o) = self.control.as_mut().and_then(|c| c.poll(now)) {
                 progressed = true;
-                match o {
-                    Output::Event(e) => self.control_event(now, e),
-                    other => self.pass(CONTROL, other),
+                if let Some(e) = self.parts.pass(RankPart::Control, o, &mut self.out) {
+                    self.control_event(now, e);
                 }
             }
-            while polls(self, DATA)
-                && let Some(o) = self.data.as_mut().and_then(|d| d.poll(now))
-            {
+            while let Some(o) = self.data.as_mut().and_then(|d| d.poll(now)) {
                 progressed = true;
-                match o {
-                    Output::Event(e) => self.data_event(now, e),
-                    other => self.pass(DATA, other),
+                if let Some(e) = self.parts.pass(RankPart::Data, o, &mut self.out) {
+                    self.data_event(now, e);
                 }
             }
             if !progressed {
                 break;
             }
-        }
-        let touched = core::mem::take(&mut self.hot.touched);
-        for part in PARTS {
-            if touched & bit(part) != 0 {
-                self.hot.set_wake(part, self.part_wake(part));
-            }
-        }
-    }
-
-    /// The wake-up sub-machine `part` asks for now (`None` if absent).
-    fn part_wake(&self, part: u8) -> Option<Time> {
-        match part {
-            CONTROL => self.control.as_ref().and_then(Machine::poll_timeout),
-            DATA => self.data.as_ref().and_then(Machine::poll_timeout),
-            _ => self.rendezvous.as_ref().and_then(Machine::poll_timeout),
-        }
-    }
-
-    fn pass<E>(&mut self, part: u8, o: Output<E>) {
-        match o {
-            Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
-            Output::Dial { dial, addr } => self.out.dial(tag_dial(part, dial), addr),
-            Output::Close { conn } => {
-                self.hot.owners.remove(&mut self.spill, conn);
-                self.out.close(conn);
-            }
-            Output::Event(_) => {}
         }
     }
 
@@ -550,7 +408,7 @@ impl<W: Workload> RankNode<W> {
             RendezvousClientEvent::Role(_) => {}
             RendezvousClientEvent::Done { uid } => {
                 self.out.event(RankEvent::NcclReady { uid });
-                if !self.hot.ended && self.control.is_none() {
+                if !self.ended && self.control.is_none() {
                     self.dial_control(now);
                 }
             }
@@ -570,10 +428,10 @@ impl<W: Workload> RankNode<W> {
                 if !matches!(msg, ControlMsgWire::CoordHeartbeat) {
                     self.out.event(RankEvent::Command(msg.clone()));
                 }
-                if !self.hot.ended && !self.hot.data_lost {
+                if !self.ended && self.data_lost.is_none() {
                     self.workload.on_command(now, &msg, &mut self.actions);
                     self.act(now);
-                } else if !self.hot.ended
+                } else if !self.ended
                     && matches!(msg, ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. })
                 {
                     self.close_control();
@@ -602,7 +460,7 @@ impl<W: Workload> RankNode<W> {
                 let values = result.tensors.into_iter().next().map(|t| t.values).unwrap_or_default();
                 // The workload reads the values before they move into the event
                 // (its actions run after the event): no copy.
-                let live = !self.hot.ended;
+                let live = !self.ended;
                 if live {
                     let local = (!keep_local).then_some(values.as_slice());
                     self.workload.on_consensus(now, local, &mut self.actions);
@@ -617,24 +475,32 @@ impl<W: Workload> RankNode<W> {
         }
     }
 
-    fn part_handle(&mut self, now: Time, part: u8, input: Input<'_>) {
-        self.hot.touched |= bit(part);
+    /// The rank's own wake-up: the data leg's grace, or the workload's.
+    fn own_timeout(&self) -> Option<Time> {
+        match (&self.data_lost, self.ended) {
+            (_, true) => None,
+            (Some((deadline, _)), false) => Some(*deadline),
+            (None, false) => self.workload.next_wake(),
+        }
+    }
+}
+
+impl<W: Workload> Composite for RankNode<W> {
+    type Part = RankPart;
+
+    fn part_handle(&mut self, now: Time, part: RankPart, input: Input<'_>) {
         match part {
-            CONTROL => {
-                if let Some(c) = self.control.as_mut() {
-                    c.handle(now, input)
-                }
-            }
-            DATA => {
-                if let Some(d) = self.data.as_mut() {
-                    d.handle(now, input)
-                }
-            }
-            _ => {
-                if let Some(r) = self.rendezvous.as_mut() {
-                    r.handle(now, input)
-                }
-            }
+            RankPart::Control => handle_opt(self.control.as_mut(), now, input),
+            RankPart::Data => handle_opt(self.data.as_mut(), now, input),
+            RankPart::Rendezvous => handle_opt(self.rendezvous.as_mut(), now, input),
+        }
+    }
+
+    fn part_timeout(&self, part: RankPart) -> Option<Time> {
+        match part {
+            RankPart::Control => timeout_opt(self.control.as_ref()),
+            RankPart::Data => timeout_opt(self.data.as_ref()),
+            RankPart::Rendezvous => timeout_opt(self.rendezvous.as_ref()),
         }
     }
 }
@@ -643,45 +509,24 @@ impl<W: Workload> Machine for RankNode<W> {
     type Event = RankEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
-        match input {
-            Input::Connected { dial, conn } => {
-                let (part, dial) = untag_dial(dial);
-                self.hot.owners.insert(&mut self.spill, conn, part);
-                self.part_handle(now, part, Input::Connected { dial, conn });
-            }
-            Input::DialFailed { dial } => {
-                let (part, dial) = untag_dial(dial);
-                self.part_handle(now, part, Input::DialFailed { dial });
-            }
-            Input::Received { conn, .. } | Input::Closed { conn, .. } => {
-                let part = self.hot.owners.get(&self.spill, conn);
-                if matches!(input, Input::Closed { .. }) {
-                    self.hot.owners.remove(&mut self.spill, conn);
-                }
-                if let Some(part) = part {
-                    self.part_handle(now, part, input);
-                }
-            }
-            Input::Accepted { conn, .. } => self.out.close(conn),
-            Input::Timeout => {
-                let due = |t: Option<Time>| t.is_some_and(|t| t <= now);
-                // Each part's wake-up is current: none was called yet.
-                for part in [RENDEZVOUS, CONTROL, DATA] {
-                    if due(self.hot.wake(part)) {
-                        self.part_handle(now, part, Input::Timeout);
+        match self.parts.route(input) {
+            Routed::Part(part, input) => self.part_handle(now, part, input),
+            Routed::Accepted { conn, .. } => self.out.close(conn),
+            Routed::Unowned => {}
+            Routed::Timeout => {
+                let due = self.own_timeout().is_some_and(|t| t <= now);
+                composite::wake(self, now);
+                if due {
+                    match self.data_lost.take() {
+                        Some((_, reason)) => {
+                            self.close_control();
+                            self.end(RankEvent::DataFailed { reason });
+                        }
+                        None => {
+                            self.workload.on_wake(now, &mut self.actions);
+                            self.act(now);
+                        }
                     }
-                }
-                if self.hot.data_lost
-                    && !self.hot.ended
-                    && let Some((deadline, reason)) = self.data_lost.clone()
-                    && now >= deadline
-                {
-                    self.close_control();
-                    self.end(RankEvent::DataFailed { reason });
-                }
-                if !self.hot.ended && !self.hot.data_lost && due(self.workload.next_wake()) {
-                    self.workload.on_wake(now, &mut self.actions);
-                    self.act(now);
                 }
             }
         }
@@ -693,43 +538,6 @@ impl<W: Workload> Machine for RankNode<W> {
     }
 
     fn poll_timeout(&self) -> Option<Time> {
-        debug_assert_eq!(
-            PARTS.map(|p| self.hot.wake(p)),
-            PARTS.map(|p| self.part_wake(p)),
-            "a part's wake-up changed while it was not called"
-        );
-        let clients = PARTS.map(|p| self.hot.wake(p)).into_iter().fold(None, earliest);
-        debug_assert_eq!(self.hot.data_lost, self.data_lost.is_some());
-        match (self.hot.ended, self.hot.data_lost) {
-            (true, _) => clients,
-            (false, true) => earliest(clients, self.data_lost.as_ref().map(|(deadline, _)| *deadline)),
-            (false, false) => earliest(clients, self.workload.next_wake()),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn owners_past_the_inline_few_spill_and_come_back_in_connection_order() {
-        let mut owners = Owners::EMPTY;
-        let mut spill = Vec::new();
-        for (c, p) in [(9, CONTROL), (4, DATA), (7, RENDEZVOUS), (2, DATA), (5, CONTROL)] {
-            owners.insert(&mut spill, ConnId(c), p);
-        }
-        assert_eq!((owners.len, spill.len()), (3, 2));
-        owners.insert(&mut spill, ConnId(2), CONTROL);
-        assert_eq!(owners.get(&spill, ConnId(2)), Some(CONTROL), "a second insert replaces");
-        owners.remove(&mut spill, ConnId(4));
-        assert_eq!((owners.len, spill.len()), (3, 1), "a spilled entry fills the inline hole");
-        assert_eq!(owners.get(&spill, ConnId(4)), None);
-        owners.remove(&mut spill, ConnId(1));
-        assert_eq!(
-            owners.take_sorted(&mut spill),
-            [(ConnId(2), CONTROL), (ConnId(5), CONTROL), (ConnId(7), RENDEZVOUS), (ConnId(9), CONTROL)]
-        );
-        assert_eq!((owners.len, spill.len()), (0, 0));
+        earliest(composite::next_timeout(self), self.own_timeout())
     }
 }

@@ -69,40 +69,26 @@ pub enum Hold {
     Syncing,
 }
 
-/// The workload's state. A batch's start and end read the first line (the
-/// batch, the step counts, the random stream, the flags) and the second (the
-/// epoch's counters, the batch's pieces), so they come first, in this order.
+/// The synthetic workload: epochs of whole batches, reported as flodl's
+/// workers report them.
 #[derive(Debug, Clone)]
-#[repr(C, align(64))]
 pub struct Trainer {
+    cfg: WorkloadConfig,
+    model: Vec<f32>,
+    /// The epoch in progress.
+    epoch: Option<u64>,
+    /// The samples assigned and not yet taken by a batch, as `(first, count)`
+    /// segments in walk order (the plan, then any extensions).
+    work: VecDeque<(u64, u64)>,
     /// The batch in progress: (end, ms, the epoch it belongs to).
     batch: Option<(Time, f64, u64)>,
-    step_count: u64,
-    steps_since_sync: u64,
-    rng: u64,
-    hold: Hold,
-    done: bool,
-    /// Held by `Throttle` (apart from `hold`: a throttled rank still
-    /// submits its parameters when asked).
-    throttled: bool,
-    snapshot_pending: bool,
+    /// The samples of the batch in progress, as `(first, count)` pieces.
+    pieces: Vec<(u64, u64)>,
     /// The plan in progress has not been reported yet.
     plan_open: bool,
     /// The open work is a slice that came after its plan was reported
     /// (flodl's worker, waiting for its next plan, never runs it).
     reopened: bool,
-    epoch: Option<u64>,
-    samples_unreported: u64,
-    batches_unreported: u64,
-    epoch_loss: f64,
-    /// The samples of the batch in progress, as `(first, count)` pieces.
-    pieces: Vec<(u64, u64)>,
-    cfg: WorkloadConfig,
-    model: Vec<f32>,
-    /// The samples assigned and not yet taken by a batch, as `(first, count)`
-    /// segments in walk order (the plan, then any extensions).
-    work: VecDeque<(u64, u64)>,
-    processed: Vec<(u64, u64, u64)>,
     /// A plan that came while the open one still had batches to run (a
     /// chunk dispatched ahead): started once the open one is reported, as
     /// flodl's worker keeps one pending plan.
@@ -113,12 +99,21 @@ pub struct Trainer {
     /// Pending plans a newer plan replaced before they started, as
     /// `(epoch, first, count)`.
     superseded: Vec<(u64, u64, u64)>,
+    processed: Vec<(u64, u64, u64)>,
+    samples_unreported: u64,
+    batches_unreported: u64,
+    epoch_loss: f64,
+    step_count: u64,
+    steps_since_sync: u64,
+    rng: u64,
+    hold: Hold,
+    /// Held by `Throttle` (apart from `hold`: a throttled rank still
+    /// submits its parameters when asked).
+    throttled: bool,
+    snapshot_pending: bool,
     nccl_session: Option<(u64, u64)>,
+    done: bool,
 }
-
-// The two lines `Trainer`'s comment promises.
-const _: () = assert!(core::mem::offset_of!(Trainer, epoch) == 64);
-const _: () = assert!(core::mem::offset_of!(Trainer, cfg) == 128);
 
 fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -127,12 +127,8 @@ impl fmt::Display for SendError {
 
 impl std::error::Error for SendError {}
 
-/// The connection's state. `repr(u8)` keeps the tag first and each
-/// variant's fields in their written order, so what every input and
-/// wake-up reads (tag, connection, deadlines) shares a line with
-/// `ControlClient::liveness`; the decoder follows.
+/// The connection's state.
 #[derive(Debug)]
-#[repr(u8)]
 enum State {
     Handshaking(Box<Dialer<ControlHandshake>>),
     Connected {
@@ -162,36 +158,19 @@ enum State {
 /// assert!(matches!(c.poll(Time::ZERO), Some(Output::Dial { .. })));
 /// ```
 #[derive(Debug)]
-// Fields in written order from a line's start: `liveness`, then `State`'s hot
-// head; the decoder ends in the third line, and what every send reads
-// besides the state fills the fourth.
-#[repr(C, align(64))]
 pub struct ControlClient {
+    key: MacKey,
+    rank: u32,
+    world_size: u32,
     liveness: Duration,
     state: State,
-    tx: SendLine,
-    /// The world's size, from the config (the rest of which the handshake
-    /// and `tx` took).
-    world_size: u32,
+    /// The highest step count reported, carried by every heartbeat.
+    step_count: u64,
     /// Frames queued before the handshake completed.
     queued: Vec<Bytes>,
     dead: BTreeSet<u32>,
-}
-
-/// What every frame sent or read touches besides the state, in one cache
-/// line: the key and rank (from the config), the step count, the outbox.
-#[derive(Debug)]
-#[repr(C, align(64))]
-struct SendLine {
-    key: MacKey,
-    rank: u32,
-    step_count: u64,
     out: Outbox<ControlEvent>,
 }
-
-// The one line `SendLine`'s comment promises, right after the state.
-const _: () = assert!(size_of::<SendLine>() == 64);
-const _: () = assert!(core::mem::offset_of!(ControlClient, tx) == 192);
 
 fn ceiling() -> u64 {
     (CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64
@@ -207,7 +186,10 @@ impl ControlClient {
         let budget = HANDSHAKE;
         let dialer = Dialer::new(kind, fields, cfg.relay_addr.clone(), None, budget, now);
         let mut c = ControlClient {
-            tx: SendLine { key: cfg.key, rank: cfg.rank, step_count: 0, out: Outbox::default() },
+            key: cfg.key,
+            rank: cfg.rank,
+            step_count: 0,
+            out: Outbox::default(),
             world_size: cfg.world_size,
             liveness,
             state: State::Handshaking(Box::new(dialer)),
@@ -243,7 +225,7 @@ impl ControlClient {
     pub fn report(&mut self, msg: &TimingMsgWire) -> Result<(), SendError> {
         match msg {
             TimingMsgWire::Batch { step_count, .. } | TimingMsgWire::SyncAck { step_count, .. } => {
-                self.tx.step_count = self.tx.step_count.max(*step_count);
+                self.step_count = self.step_count.max(*step_count);
             }
             _ => {}
         }
@@ -263,7 +245,7 @@ impl ControlClient {
         step_count: u64,
         batch_loss: f64,
     ) -> Result<(), SendError> {
-        let rank = self.tx.rank.into();
+        let rank = self.rank.into();
         self.report(&TimingMsgWire::Batch {
             rank,
             batch_ms,
@@ -277,13 +259,13 @@ impl ControlClient {
 
     /// Asks the coordinator for an eval or a checkpoint at its next epoch boundary.
     pub fn intent(&mut self, kind: IntentKind) -> Result<(), SendError> {
-        let rank = self.tx.rank.into();
+        let rank = self.rank.into();
         self.report(&TimingMsgWire::Intent { rank, kind })
     }
 
     /// Announces a clean exit (the coordinator latches the rank as exited).
     pub fn exiting(&mut self) -> Result<(), SendError> {
-        let rank = self.tx.rank.into();
+        let rank = self.rank.into();
         self.report(&TimingMsgWire::Exiting { rank })
     }
 
@@ -291,10 +273,10 @@ impl ControlClient {
     pub fn close(&mut self) {
         match core::mem::replace(&mut self.state, State::Ended) {
             State::Connected { conn, .. } => {
-                self.tx.out.close(conn);
-                self.tx.out.event(ControlEvent::Closed);
+                self.out.close(conn);
+                self.out.event(ControlEvent::Closed);
             }
-            State::Handshaking(_) => self.tx.out.event(ControlEvent::Closed),
+            State::Handshaking(_) => self.out.event(ControlEvent::Closed),
             State::Ended => {}
         }
     }
@@ -302,7 +284,7 @@ impl ControlClient {
     fn encode<M: WireMessage>(&self, msg: &M) -> Result<Bytes, SendError> {
         let mut buf = BytesMut::with_capacity(64);
         buf.extend_from_slice(&[0; 4]);
-        let len = encode_frame(&self.tx.key, msg, &mut buf).map_err(SendError::Encode)?;
+        let len = encode_frame(&self.key, msg, &mut buf).map_err(SendError::Encode)?;
         let prefix = len_prefix(len, ceiling()).map_err(SendError::Encode)?;
         buf[..4].copy_from_slice(&prefix);
         Ok(buf.freeze())
@@ -314,7 +296,7 @@ impl ControlClient {
         }
         let bytes = self.encode(msg)?;
         match &self.state {
-            State::Connected { conn, .. } => self.tx.out.transmit(*conn, bytes),
+            State::Connected { conn, .. } => self.out.transmit(*conn, bytes),
             _ => self.queued.push(bytes),
         }
         Ok(())
@@ -322,7 +304,7 @@ impl ControlClient {
 
     fn lose(&mut self, reason: LostReason, close: Option<ConnId>) {
         if let Some(conn) = close {
-            self.tx.out.close(conn);
+            self.out.close(conn);
         }
         let clean = matches!(self.state, State::Connected { clean: true, .. });
         self.state = State::Ended;
@@ -331,13 +313,13 @@ impl ControlClient {
             // After a clean `Shutdown` nothing means the coordinator is
             // lost: a bad frame (or a torn one at EOF) only ends the link,
             // and the peers stay as they were.
-            self.tx.out.event(ControlEvent::Closed);
+            self.out.event(ControlEvent::Closed);
             return;
         }
-        let me = self.tx.rank;
+        let me = self.rank;
         self.dead.extend((0..self.world_size).filter(|&r| r != me));
         let dead_peers = self.dead.iter().copied().collect();
-        self.tx.out.event(ControlEvent::CoordinatorLost { reason, dead_peers });
+        self.out.event(ControlEvent::CoordinatorLost { reason, dead_peers });
     }
 
     fn drain_dialer(&mut self, now: Time) {
@@ -356,9 +338,9 @@ impl ControlClient {
                         next_heartbeat: now,
                         clean: false,
                     };
-                    self.tx.out.event(ControlEvent::Connected);
+                    self.out.event(ControlEvent::Connected);
                     for q in core::mem::take(&mut self.queued) {
-                        self.tx.out.transmit(conn, q);
+                        self.out.transmit(conn, q);
                     }
                     self.heartbeat_if_due(now);
                     if !leftover.is_empty() {
@@ -366,9 +348,9 @@ impl ControlClient {
                     }
                 }
                 Output::Event(DialerEvent::Failed(e)) => self.lose(LostReason::Handshake(e), None),
-                Output::Transmit { conn, bytes } => self.tx.out.transmit(conn, bytes),
-                Output::Dial { dial, addr } => self.tx.out.dial(dial, addr),
-                Output::Close { conn } => self.tx.out.close(conn),
+                Output::Transmit { conn, bytes } => self.out.transmit(conn, bytes),
+                Output::Dial { dial, addr } => self.out.dial(dial, addr),
+                Output::Close { conn } => self.out.close(conn),
             }
         }
     }
@@ -379,7 +361,7 @@ impl ControlClient {
             return;
         }
         *next_heartbeat = now + RANK_HEARTBEAT;
-        let hb = TimingMsgWire::Heartbeat { rank: self.tx.rank.into(), step_count: self.tx.step_count };
+        let hb = TimingMsgWire::Heartbeat { rank: self.rank.into(), step_count: self.step_count };
         let _ = self.send_msg(&hb);
     }
 
@@ -393,11 +375,11 @@ impl ControlClient {
             };
             bytes = &bytes[used..];
             let Some(blob) = blob else { continue };
-            let msg = match parse_exact_frame(&blob.to_bytes(), &self.tx.key) {
+            let msg = match parse_exact_frame(&blob.to_bytes(), &self.key) {
                 Ok(Message::Control(m)) => Some(m),
                 Ok(Message::Reserved { .. }) => None,
                 Ok(other) => {
-                    self.tx.out.event(ControlEvent::Ignored { kind: other.kind() });
+                    self.out.event(ControlEvent::Ignored { kind: other.kind() });
                     None
                 }
                 Err(e) => return self.lose(LostReason::BadFrame(e), Some(conn)),
@@ -417,7 +399,7 @@ impl ControlClient {
                 {
                     self.dead.insert(r);
                 }
-                self.tx.out.event(ControlEvent::Control(m));
+                self.out.event(ControlEvent::Control(m));
             }
         }
     }
@@ -447,7 +429,7 @@ impl Machine for ControlClient {
                 };
                 if clean && error.is_none() {
                     self.state = State::Ended;
-                    self.tx.out.event(ControlEvent::Closed);
+                    self.out.event(ControlEvent::Closed);
                 } else {
                     self.lose(error.map_or(LostReason::Closed(cause), LostReason::BadFrame), None);
                 }
@@ -458,7 +440,7 @@ impl Machine for ControlClient {
     }
 
     fn poll(&mut self, _now: Time) -> Option<Output<ControlEvent>> {
-        self.tx.out.pop()
+        self.out.pop()
     }
 
     fn poll_timeout(&self) -> Option<Time> {

@@ -27,7 +27,7 @@ pub struct RankWork {
     pub dropped: Vec<(u64, u64, u64)>,
 }
 use crate::report::Death;
-use crate::scenario::{BackendSpec, RulesSpec, Scenario};
+use crate::scenario::{Backend, Rules, Scenario};
 
 /// The coverage checks.
 #[derive(Debug)]
@@ -60,8 +60,8 @@ impl CoverageCheck {
     /// The checks for `sc`.
     pub fn new(sc: &Scenario) -> Self {
         CoverageCheck {
-            nccl: sc.backend == BackendSpec::Nccl,
-            flodl: sc.rules == RulesSpec::Flodl,
+            nccl: sc.backend == Backend::Nccl,
+            flodl: sc.rules == Rules::Flodl,
             samples_per_epoch: sc.samples_per_epoch,
             batch_size: sc.batch_size,
             assigned: BTreeMap::new(),

@@ -6,7 +6,6 @@
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::CoordEvent;
-use cohort_proto::join::ledger::StartMode;
 use cohort_proto::join::window::{JoinEvent, WindowFailure};
 use cohort_proto::machine::ConnId;
 use cohort_proto::node::controller::ControllerEvent;
@@ -14,7 +13,7 @@ use cohort_proto::testing::verdict::{JoinRules, RefVerdict};
 use core::time::Duration;
 
 use super::{Facts, Violations};
-use crate::scenario::{Scenario, StartModeSpec};
+use crate::scenario::Scenario;
 
 /// The join window's checks.
 #[derive(Debug)]
@@ -39,11 +38,7 @@ impl JoinCheck {
             cap: scale.scaled_secs(Duration::from_secs(j.max_join_timeout_secs)),
             quorum: j.min_rank_start,
             target: j.target_ranks,
-            mode: match j.start_mode {
-                StartModeSpec::Auto => StartMode::Auto,
-                StartModeSpec::Manual => StartMode::Manual,
-                StartModeSpec::Hybrid => StartMode::Hybrid,
-            },
+            mode: j.start_mode,
         };
         JoinCheck { rules, admissions: Vec::new(), starts: Vec::new(), closed: None, formation_failed: None }
     }

@@ -14,7 +14,7 @@ use cohort_proto::rendezvous::RendezvousEvent;
 use cohort_proto::wire::ControlMsgWire;
 
 use super::{Facts, Violations};
-use crate::scenario::{BackendSpec, Scenario};
+use crate::scenario::{Backend, Scenario};
 
 /// The NCCL checks.
 #[derive(Debug)]
@@ -33,7 +33,7 @@ impl NcclCheck {
     /// The checks for `sc`.
     pub fn new(sc: &Scenario) -> Self {
         NcclCheck {
-            nccl: sc.backend == BackendSpec::Nccl,
+            nccl: sc.backend == Backend::Nccl,
             formed: None,
             completed: false,
             uid: None,

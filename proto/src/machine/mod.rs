@@ -34,6 +34,8 @@
 //!   reported once with [`Input::Closed`], saying how many queued bytes were
 //!   never written.
 
+pub mod composite;
+
 use bytes::Bytes;
 use core::fmt;
 
@@ -291,20 +293,8 @@ impl<E> Outbox<E> {
     }
 
     /// Takes the oldest output.
-    ///
-    /// The last one out hands a small queue's buffer back to the allocator:
-    /// a machine's next output then lands in a recently freed block (by any
-    /// machine), likely still in cache, instead of this machine's own buffer,
-    /// untouched since its last turn. A buffer a burst grew is kept, so a
-    /// broadcast does not regrow it each time.
     pub fn pop(&mut self) -> Option<Output<E>> {
-        /// Buffers up to this many outputs are handed back when drained.
-        const RECYCLED: usize = 16;
-        let o = self.queue.pop_front();
-        if self.queue.is_empty() && (1..=RECYCLED).contains(&self.queue.capacity()) {
-            self.queue = Default::default();
-        }
-        o
+        self.queue.pop_front()
     }
 
     /// Whether nothing is pending.
@@ -322,24 +312,16 @@ impl<E> Outbox<E> {
 mod tests {
     use super::*;
 
-    fn drained_capacity(n: u64) -> usize {
-        let mut out: Outbox<()> = Outbox::default();
-        for c in 0..n {
-            out.close(ConnId(c));
-        }
-        let order: Vec<u64> = core::iter::from_fn(|| out.pop())
-            .map(|o| match o {
-                Output::Close { conn } => conn.0,
-                _ => u64::MAX,
-            })
-            .collect();
-        assert_eq!(order, (0..n).collect::<Vec<_>>(), "outputs leave in order");
-        out.queue.capacity()
-    }
-
     #[test]
-    fn a_drained_small_buffer_is_handed_back_and_a_burst_buffer_kept() {
-        assert_eq!(drained_capacity(3), 0);
-        assert!(drained_capacity(40) >= 40);
+    fn outputs_leave_in_the_order_they_were_queued() {
+        let mut out: Outbox<u8> = Outbox::default();
+        out.close(ConnId(3));
+        out.event(7);
+        out.dial(DialId(1), "a:1");
+        assert_eq!(out.len(), 3);
+        assert_eq!(out.pop(), Some(Output::Close { conn: ConnId(3) }));
+        assert_eq!(out.pop(), Some(Output::Event(7)));
+        assert_eq!(out.pop(), Some(Output::Dial { dial: DialId(1), addr: "a:1".into() }));
+        assert!(out.pop().is_none() && out.is_empty());
     }
 }
