@@ -30,7 +30,7 @@
 //! - **A run that ended is not a stop** (ours): `Finished` means the
 //!   coordinator decided the run is over, not that its last frames are out
 //!   (every rank's `Shutdown`); keep driving until every rank's exit came
-//!   back through its host's agent (`JoinEvent::RankExited`), or a grace
+//!   back through its host's agent (`JoinWindowEvent::RankExited`), or a grace
 //!   period passed.
 //! - **Stop cleanly, or crash** (ours): `begin_shutdown` flushes and closes
 //!   every connection; keep driving until `is_idle`. Dropping the driver
@@ -45,10 +45,12 @@ use std::time::{Duration, Instant};
 use cohort::cluster::host::{HostParams, MioHost, stop_all};
 use cohort_driver_mio::{Clock, Config, Driver, NodeEvent, TokenRange};
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::coord::CoordEvent;
+use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::join::ledger::{JoinConfig, TrustMode};
-use cohort_proto::join::window::JoinEvent;
-use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, Outcome, RunKnobs};
+use cohort_proto::join::window::JoinWindowEvent;
+use cohort_proto::node::controller::{
+    ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome, RunKnobs,
+};
 use cohort_proto::node::envelope::ControllerAddr;
 use mio::{Events, Poll};
 
@@ -93,7 +95,7 @@ pub fn main() -> Result<(), Box<dyn Error>> {
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut events = Events::with_capacity(256);
-    let mut finished: Option<(Outcome, Instant)> = None;
+    let mut finished: Option<(ControllerOutcome, Instant)> = None;
     let mut left = BTreeSet::new();
     let mut stopping = false;
     loop {
@@ -113,20 +115,20 @@ pub fn main() -> Result<(), Box<dyn Error>> {
         while let Some(event) = driver.poll_event() {
             let NodeEvent::Machine(event) = event else { continue };
             match event {
-                ControllerEvent::Started { world_size } => println!("world formed: {world_size} ranks"),
-                ControllerEvent::Coord(CoordEvent::EpochAggregated { metrics }) => {
+                ControllerNodeEvent::Started { world_size } => println!("world formed: {world_size} ranks"),
+                ControllerNodeEvent::Coord(CoordinatorEvent::EpochAggregated { metrics }) => {
                     println!("epoch {} done", metrics.epoch)
                 }
                 // Each rank's exit, as its host's agent reports it.
-                ControllerEvent::Join(JoinEvent::RankExited { rank, code, .. }) => {
+                ControllerNodeEvent::Join(JoinWindowEvent::RankExited { rank, code, .. }) => {
                     println!("rank {rank} exited with code {code}");
                     left.insert(rank);
                 }
-                ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, .. }) => {
+                ControllerNodeEvent::Coord(CoordinatorEvent::RankDead { rank, cause, .. }) => {
                     println!("rank {rank} dead: {cause}");
                     left.insert(rank);
                 }
-                ControllerEvent::Finished(outcome) => {
+                ControllerNodeEvent::Finished(outcome) => {
                     println!("run finished: {outcome:?}");
                     finished = Some((outcome, Instant::now()));
                 }
@@ -151,7 +153,7 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     }
     stop_all(hosts);
     let (outcome, _) = finished.ok_or("no outcome")?;
-    if outcome != Outcome::Done || left.len() != 4 {
+    if outcome != ControllerOutcome::Done || left.len() != 4 {
         return Err(format!("the run ended {outcome:?} with {} of 4 ranks gone", left.len()).into());
     }
     println!("done: every rank left, the controller stopped cleanly");

@@ -53,7 +53,7 @@ use cohort_proto::coord::Backend;
 use cohort_proto::node::cluster::{ClusterEvent, Source, Stamped};
 use cohort_proto::node::envelope::{Envelope, RELAY_CONTROL_OFFSET, RelaySpec, WorkloadSpec};
 use cohort_proto::node::host::{RankEnd, RankSpec};
-use cohort_proto::node::rank::{RankEvent, RankNode};
+use cohort_proto::node::rank::{RankNode, RankNodeEvent};
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::rendezvous::UID_BYTES;
 use cohort_proto::wire::{SessionSalt, derive_frame_ceiling};
@@ -316,14 +316,14 @@ fn flush<M: cohort_proto::Machine>(runner: &mut Runner<M>, limit: Duration) {
 /// values, a command, the NCCL unique id, an exit code) under `data`.
 pub fn json_event(s: &Stamped, l: &Line) -> String {
     let data = match &s.event {
-        ClusterEvent::Rank(RankEvent::Submitted { round, mass, values }) => {
+        ClusterEvent::Rank(RankNodeEvent::Submitted { round, mass, values }) => {
             serde_json::json!({ "round": round, "mass": mass, "values": values })
         }
-        ClusterEvent::Rank(RankEvent::Consensus { round, weight, keep_local, values }) => {
+        ClusterEvent::Rank(RankNodeEvent::Consensus { round, weight, keep_local, values }) => {
             serde_json::json!({ "round": round, "weight": weight, "keep_local": keep_local, "values": values })
         }
-        ClusterEvent::Rank(RankEvent::Command(m)) => serde_json::json!({ "command": format!("{m:?}") }),
-        ClusterEvent::Rank(RankEvent::NcclReady { uid }) => {
+        ClusterEvent::Rank(RankNodeEvent::Command(m)) => serde_json::json!({ "command": format!("{m:?}") }),
+        ClusterEvent::Rank(RankNodeEvent::NcclReady { uid }) => {
             serde_json::json!({ "uid": cohort_proto::wire::hex::encode(uid) })
         }
         ClusterEvent::RankExit { code } => serde_json::json!({ "code": code }),
@@ -389,7 +389,11 @@ mod tests {
         let s = Stamped {
             at: Time::from_millis(2),
             source: Source::Rank(1),
-            event: ClusterEvent::Rank(RankEvent::Submitted { round: 3, mass: 2.0, values: vec![0.5, 1.0] }),
+            event: ClusterEvent::Rank(RankNodeEvent::Submitted {
+                round: 3,
+                mass: 2.0,
+                values: vec![0.5, 1.0],
+            }),
         };
         let line = crate::cluster::describe::describe(&s);
         let v: serde_json::Value = serde_json::from_str(&json_event(&s, &line)).unwrap();

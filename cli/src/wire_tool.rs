@@ -3,45 +3,9 @@
 
 use std::io::{Read, Write};
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use cohort_proto::wire::json::{Framing, decode_to_json, encode_from_json};
 use cohort_proto::wire::{DEFAULT_FRAME_CEILING, MacKey, SessionSalt, hex};
-
-/// The framing of the bytes.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Channel {
-    /// The rank's 56-byte control-channel hello.
-    HandshakeRank,
-    /// The acceptor's 16-byte control-channel ack.
-    HandshakeAck,
-    /// The rank's 16-byte data-channel hello.
-    DataHandshakeRank,
-    /// The acceptor's 8-byte data-channel ack.
-    DataHandshakeAck,
-    /// Control frames (24-byte header + bincode payload).
-    Control,
-    /// Relay-mux records (25-byte header + payload).
-    Mux,
-    /// Round frames (data channel).
-    Round,
-    /// Loopback length-framed blobs (`u32 len | bytes`).
-    Len,
-}
-
-impl Channel {
-    fn framing(self) -> Framing {
-        match self {
-            Channel::HandshakeRank => Framing::HandshakeRank,
-            Channel::HandshakeAck => Framing::HandshakeAck,
-            Channel::DataHandshakeRank => Framing::DataHandshakeRank,
-            Channel::DataHandshakeAck => Framing::DataHandshakeAck,
-            Channel::Control => Framing::Control,
-            Channel::Mux => Framing::Mux,
-            Channel::Round => Framing::Round,
-            Channel::Len => Framing::Len,
-        }
-    }
-}
 
 /// `cohort wire` subcommands.
 #[derive(Debug, Subcommand)]
@@ -59,7 +23,7 @@ pub enum WireCmd {
 pub struct WireArgs {
     /// How the bytes are framed.
     #[arg(long, value_enum)]
-    pub channel: Channel,
+    pub channel: Framing,
     /// The 16-byte key as 32 hex characters: the session salt, or sixteen zero
     /// bytes for join frames sent before admission under open admission.
     #[arg(long)]
@@ -122,7 +86,7 @@ pub fn run(cmd: WireCmd) -> i32 {
             input
         };
         let mut status = 0;
-        for frame in decode_to_json(args.channel.framing(), &key, args.frame_ceiling, &bytes) {
+        for frame in decode_to_json(args.channel, &key, args.frame_ceiling, &bytes) {
             let line = match frame {
                 Ok(v) => v,
                 Err(e) => {
@@ -138,7 +102,7 @@ pub fn run(cmd: WireCmd) -> i32 {
         for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
             let encoded = serde_json::from_str(line)
                 .map_err(|e| format!("line {}: not JSON: {e}", n + 1))
-                .and_then(|v| encode_from_json(args.channel.framing(), &key, args.frame_ceiling, &v));
+                .and_then(|v| encode_from_json(args.channel, &key, args.frame_ceiling, &v));
             match encoded {
                 Ok(b) if args.hex => {
                     let _ = writeln!(out, "{}", hex::encode(&b));

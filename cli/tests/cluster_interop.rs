@@ -24,10 +24,12 @@ use cohort_driver_smol::Smol;
 use cohort_driver_tokio::{Tokio, tokio};
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::ledger::{JoinConfig, JoinOffer, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, Outcome, RunKnobs};
+use cohort_proto::node::controller::{
+    ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome, RunKnobs,
+};
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
-use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RankEnd, RelayListen};
-use cohort_proto::node::rank::{RankEvent, RankNode};
+use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RelayListen};
+use cohort_proto::node::rank::{RankNode, RankNodeEvent};
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::{Leg, Relay, RelayEvent};
@@ -112,7 +114,7 @@ impl AsyncHost {
                 let NodeEvent::Machine(e) = e else { continue };
                 send(&sink, clock, &source, ClusterEvent::Host(e.clone()));
                 match e {
-                    HostEvent::StartRelay { relay, listen: None } => {
+                    HostNodeEvent::StartRelay { relay, listen: None } => {
                         let leg = relay.leg;
                         let mut node = Node::<_, R>::with_clock(
                             Relay::new(relay).unwrap(),
@@ -131,7 +133,7 @@ impl AsyncHost {
                             .unwrap()
                             .unwrap();
                     }
-                    HostEvent::StartRank(spec) => {
+                    HostNodeEvent::StartRank(spec) => {
                         let r = spec.rank;
                         let w = WorkloadConfig::for_rank(
                             r,
@@ -314,7 +316,7 @@ fn cluster_agrees_on_every_round<H: Exec>(controller: SpawnController) {
 
     let mut events = Vec::new();
     collect_until(&rx, &mut events, |all| {
-        all.iter().any(|s| matches!(s.event, ClusterEvent::Controller(ControllerEvent::Finished(_))))
+        all.iter().any(|s| matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))))
             && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count() == 4
     });
     stop_all(vec![mio_host]);
@@ -324,18 +326,18 @@ fn cluster_agrees_on_every_round<H: Exec>(controller: SpawnController) {
     events.extend(rx.try_iter());
 
     let finished = events.iter().find_map(|s| match &s.event {
-        ClusterEvent::Controller(ControllerEvent::Finished(o)) => Some(o.clone()),
+        ClusterEvent::Controller(ControllerNodeEvent::Finished(o)) => Some(o.clone()),
         _ => None,
     });
-    assert_eq!(finished, Some(Outcome::Done));
+    assert_eq!(finished, Some(ControllerOutcome::Done));
 
     // Both hosts took part in the data plane, each through its own relay.
     let joined: Vec<String> = events
         .iter()
         .filter_map(|s| match &s.event {
-            ClusterEvent::Controller(ControllerEvent::Reduce(ReduceEvent::HostJoined { host, .. })) => {
-                Some(host.clone())
-            }
+            ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::HostJoined {
+                host, ..
+            })) => Some(host.clone()),
             _ => None,
         })
         .collect();
@@ -370,7 +372,7 @@ fn cluster_agrees_on_every_round<H: Exec>(controller: SpawnController) {
     // Every round reached all four ranks, bit-identical.
     let mut per_round: BTreeMap<u64, BTreeMap<u32, Vec<u32>>> = BTreeMap::new();
     for s in &events {
-        if let (Source::Rank(r), ClusterEvent::Rank(RankEvent::Consensus { round, values, .. })) =
+        if let (Source::Rank(r), ClusterEvent::Rank(RankNodeEvent::Consensus { round, values, .. })) =
             (&s.source, &s.event)
         {
             per_round.entry(*round).or_default().insert(*r, values.iter().map(|v| v.to_bits()).collect());

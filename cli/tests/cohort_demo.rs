@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use cohort::cluster::demo::{self, DemoOptions, Kill};
 use cohort::cluster::{ClusterEvent, Source, http};
-use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::coord::{CoordinatorEvent, DeathCause};
 use cohort_proto::node::controller::RunKnobs;
-use cohort_proto::node::controller::{ControllerEvent, Outcome};
+use cohort_proto::node::controller::{ControllerNodeEvent, ControllerOutcome};
 
 /// A short run: 2 hosts x 2 ranks, 2 epochs of 400 samples in 5 ms
 /// batches (about half a second per epoch), rank 2 killed 0.25 s in.
@@ -41,17 +41,17 @@ fn demo_forms_trains_survives_a_kill_and_every_consensus_matches() {
         if let (Source::Controller, ClusterEvent::Controller(e)) = (&s.source, &s.event) {
             match e {
                 // The operator's view while the world trains.
-                ControllerEvent::Started { .. } => {
+                ControllerNodeEvent::Started { .. } => {
                     let addr = addr.expect("the controller's address comes first").to_string();
                     state = Some(
                         http::request(&addr, "GET", "/state.json", Duration::from_secs(5))
                             .expect("state.json"),
                     );
                 }
-                ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, .. }) => {
+                ControllerNodeEvent::Coord(CoordinatorEvent::RankDead { rank, cause, .. }) => {
                     deaths.push((*rank, *cause))
                 }
-                ControllerEvent::Coord(CoordEvent::PartitionExtended { from, segment, .. }) => {
+                ControllerNodeEvent::Coord(CoordinatorEvent::PartitionExtended { from, segment, .. }) => {
                     extended.push((*from, segment.size))
                 }
                 _ => {}
@@ -64,7 +64,7 @@ fn demo_forms_trains_survives_a_kill_and_every_consensus_matches() {
     .expect("demo runs");
     let text = report.lines().join("\n");
     assert!(report.ok(), "{text}");
-    assert_eq!(report.outcome, Some(Outcome::Done));
+    assert_eq!(report.outcome, Some(ControllerOutcome::Done));
     assert_eq!((report.world_size, report.epochs), (4, 2));
     assert_eq!(report.check.rounds_checked, report.check.rounds);
     assert!(report.check.rounds >= 10, "{} rounds", report.check.rounds);

@@ -20,9 +20,9 @@ use cohort::cluster::{ClusterEvent, Source, shutdown_all, spawn_controller};
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::ConnId;
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::coord::CoordEvent;
-use cohort_proto::join::window::JoinEvent;
-use cohort_proto::node::controller::{ControllerEvent, Outcome, RunKnobs};
+use cohort_proto::coord::CoordinatorEvent;
+use cohort_proto::join::window::JoinWindowEvent;
+use cohort_proto::node::controller::{ControllerNodeEvent, ControllerOutcome, RunKnobs};
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::wire::SessionSalt;
 
@@ -72,12 +72,12 @@ fn silent_connections_past_the_cap_make_room_and_real_hosts_are_served() {
 
     let (mut ctrl, mut exits) = (Vec::new(), 0);
     let deadline = Instant::now() + PATIENCE;
-    while !(ctrl.iter().any(|e| matches!(e, ControllerEvent::Finished(_))) && exits == 4) {
+    while !(ctrl.iter().any(|e| matches!(e, ControllerNodeEvent::Finished(_))) && exits == 4) {
         let left = deadline.saturating_duration_since(Instant::now());
         let Ok(s) = rx.recv_timeout(left) else {
             let last: Vec<_> = ctrl
                 .iter()
-                .filter(|e| !matches!(e, ControllerEvent::Evicted { .. } | ControllerEvent::Route(_)))
+                .filter(|e| !matches!(e, ControllerNodeEvent::Evicted { .. } | ControllerNodeEvent::Route(_)))
                 .collect();
             panic!("the run did not end: {last:#?}");
         };
@@ -107,23 +107,23 @@ fn silent_connections_past_the_cap_make_room_and_real_hosts_are_served() {
     }));
 
     assert!(
-        ctrl.contains(&ControllerEvent::Finished(Outcome::Done)),
+        ctrl.contains(&ControllerNodeEvent::Finished(ControllerOutcome::Done)),
         "{:?}",
         ctrl.iter().rev().take(5).collect::<Vec<_>>()
     );
     let evicted: BTreeSet<ConnId> = ctrl
         .iter()
         .filter_map(|e| match e {
-            ControllerEvent::Evicted { conn, .. } => Some(*conn),
+            ControllerNodeEvent::Evicted { conn, .. } => Some(*conn),
             _ => None,
         })
         .collect();
     let real: BTreeSet<ConnId> = ctrl
         .iter()
         .filter_map(|e| match e {
-            ControllerEvent::Join(JoinEvent::Admitted { conn, .. })
-            | ControllerEvent::Coord(CoordEvent::RelayJoined { conn, .. })
-            | ControllerEvent::Reduce(ReduceEvent::HostJoined { conn, .. }) => Some(*conn),
+            ControllerNodeEvent::Join(JoinWindowEvent::Admitted { conn, .. })
+            | ControllerNodeEvent::Coord(CoordinatorEvent::RelayJoined { conn, .. })
+            | ControllerNodeEvent::Reduce(ReduceEvent::HostJoined { conn, .. }) => Some(*conn),
             _ => None,
         })
         .collect();

@@ -19,14 +19,14 @@ use cohort::cluster::host::stop_all;
 use cohort::cluster::{ClusterEvent, Source, Stamped, shutdown_all, spawn_controller};
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::coord::CoordEvent;
+use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::join::client::join_frame;
 use cohort_proto::join::ledger::JoinOffer;
-use cohort_proto::join::window::{JoinEvent, RejectReason};
+use cohort_proto::join::window::{JoinWindowEvent, RejectReason};
 use cohort_proto::node::controller::RunKnobs;
-use cohort_proto::node::controller::{ControllerEvent, Outcome};
+use cohort_proto::node::controller::{ControllerNodeEvent, ControllerOutcome};
 use cohort_proto::reduce::{HostRefusal, ReduceEvent};
-use cohort_proto::route::{RouteDrop, RouteEvent};
+use cohort_proto::route::{PortRouterEvent, RouteDrop};
 use cohort_proto::testing::oracle::ConsensusOracle;
 use cohort_proto::wire::{
     CONTROL_FRAME_MAGIC, CONTROL_PROTOCOL_VERSION, Channel, MUX_PROTOCOL_VERSION, MUX_RECORD_MAGIC, Problem,
@@ -123,13 +123,13 @@ struct Watch {
     rx: Receiver<Stamped>,
     events: Vec<Stamped>,
     /// The controller's events among them, kept as they arrive.
-    ctrl: Vec<ControllerEvent>,
+    ctrl: Vec<ControllerNodeEvent>,
     check: ConsensusOracle,
 }
 
 impl Watch {
     /// Collects events until `done` holds of the controller's events so far.
-    fn until(&mut self, what: &str, done: impl Fn(&[ControllerEvent], &[Stamped]) -> bool) {
+    fn until(&mut self, what: &str, done: impl Fn(&[ControllerNodeEvent], &[Stamped]) -> bool) {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if done(&self.ctrl, &self.events) {
@@ -153,37 +153,39 @@ impl Watch {
     }
 }
 
-fn route_drops(ctrl: &[ControllerEvent]) -> Vec<RouteDrop> {
+fn route_drops(ctrl: &[ControllerNodeEvent]) -> Vec<RouteDrop> {
     ctrl.iter()
         .filter_map(|e| match e {
-            ControllerEvent::Route(RouteEvent::Dropped { reason, .. }) => Some(*reason),
+            ControllerNodeEvent::Route(PortRouterEvent::Dropped { reason, .. }) => Some(*reason),
             _ => None,
         })
         .collect()
 }
 
-fn join_rejects(ctrl: &[ControllerEvent]) -> Vec<RejectReason> {
+fn join_rejects(ctrl: &[ControllerNodeEvent]) -> Vec<RejectReason> {
     ctrl.iter()
         .filter_map(|e| match e {
-            ControllerEvent::Join(JoinEvent::Rejected { reason, .. }) => Some(reason.clone()),
+            ControllerNodeEvent::Join(JoinWindowEvent::Rejected { reason, .. }) => Some(reason.clone()),
             _ => None,
         })
         .collect()
 }
 
-fn relay_errors(ctrl: &[ControllerEvent]) -> Vec<WireError> {
+fn relay_errors(ctrl: &[ControllerNodeEvent]) -> Vec<WireError> {
     ctrl.iter()
         .filter_map(|e| match e {
-            ControllerEvent::Coord(CoordEvent::RelayLost { error: Some(err), .. }) => Some(err.clone()),
+            ControllerNodeEvent::Coord(CoordinatorEvent::RelayLost { error: Some(err), .. }) => {
+                Some(err.clone())
+            }
             _ => None,
         })
         .collect()
 }
 
-fn data_refusals(ctrl: &[ControllerEvent]) -> Vec<HostRefusal> {
+fn data_refusals(ctrl: &[ControllerNodeEvent]) -> Vec<HostRefusal> {
     ctrl.iter()
         .filter_map(|e| match e {
-            ControllerEvent::Reduce(ReduceEvent::HostRefused { reason, .. }) => Some(reason.clone()),
+            ControllerNodeEvent::Reduce(ReduceEvent::HostRefused { reason, .. }) => Some(reason.clone()),
             _ => None,
         })
         .collect()
@@ -227,7 +229,7 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
     let stall = dial(addr, &Channel::Join.magic_bytes()[..3]);
     w.until("the first refusals", |c, _| {
         join_rejects(c).len() >= 2
-            && c.iter().any(|e| matches!(e, ControllerEvent::Refused { .. }))
+            && c.iter().any(|e| matches!(e, ControllerNodeEvent::Refused { .. }))
             && !route_drops(c).is_empty()
     });
 
@@ -237,7 +239,7 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
         let peers: Vec<TcpStream> = (0..BURST).map(|i| dial(addr, &garbage(16, i as u64 + 1))).collect();
         peers.into_iter().map(closed_by_controller).filter(|replied| *replied == 0).count()
     });
-    w.until("the world to form", |c, _| c.iter().any(|e| matches!(e, ControllerEvent::Started { .. })));
+    w.until("the world to form", |c, _| c.iter().any(|e| matches!(e, ControllerNodeEvent::Started { .. })));
 
     // While it trains: oversized claims on the control and data channels,
     // and a 4 GiB control frame (its header and first payload bytes) where
@@ -266,7 +268,7 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
 
     // The run finishes, and every rank leaves.
     w.until("the run to end and every rank to exit", |c, all| {
-        c.iter().any(|e| matches!(e, ControllerEvent::Finished(_)))
+        c.iter().any(|e| matches!(e, ControllerNodeEvent::Finished(_)))
             && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count() == 4
     });
     let hwm_after = proc_status_kib("VmHWM");
@@ -281,11 +283,11 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
 
     // The cluster was served throughout.
     assert!(
-        ctrl.contains(&ControllerEvent::Finished(Outcome::Done)),
+        ctrl.contains(&ControllerNodeEvent::Finished(ControllerOutcome::Done)),
         "{:?}",
         ctrl.iter().rev().take(5).collect::<Vec<_>>()
     );
-    assert!(ctrl.contains(&ControllerEvent::Started { world_size: 4 }));
+    assert!(ctrl.contains(&ControllerNodeEvent::Started { world_size: 4 }));
     let summary = w.check.finish();
     assert!(summary.ok(), "{:?}", summary.violations);
     assert!(summary.rounds > 0 && summary.rounds_checked == summary.rounds, "{summary:?}");
@@ -325,7 +327,7 @@ fn hostile_peers_on_the_live_port_cost_only_their_own_connections() {
     let refused: Vec<_> = ctrl
         .iter()
         .filter_map(|e| match e {
-            ControllerEvent::Refused { channel, .. } => Some(*channel),
+            ControllerNodeEvent::Refused { channel, .. } => Some(*channel),
             _ => None,
         })
         .collect();

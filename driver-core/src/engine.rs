@@ -69,7 +69,7 @@
 //!   close linger. Dropping the engine instead drops every socket unflushed:
 //!   that is a crash (a killed process), and the drivers offer it as such.
 //! - **A run that ended is not a stop.** A machine that reports the end of
-//!   its run (`ControllerEvent::Finished`, a rank's `Exited`, a relay's
+//!   its run (`ControllerNodeEvent::Finished`, a rank's `Exited`, a relay's
 //!   `Stopped`) may still have final frames queued (the coordinator's
 //!   `Shutdown` to every rank) and peers to answer (the status endpoint).
 //!   The engine keeps running it; when to stop is the application's call,

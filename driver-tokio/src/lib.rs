@@ -27,7 +27,7 @@
 //! use cohort_driver_tokio::{Clock, Config, Node, NodeEvent};
 //! use cohort_proto::config::TimeoutScale;
 //! use cohort_proto::join::ledger::{JoinConfig, TrustMode};
-//! use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, RunKnobs};
+//! use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerNode, RunKnobs};
 //! use cohort_proto::node::envelope::ControllerAddr;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -49,7 +49,7 @@
 //!     # controller.with(|c, now| c.abort(now, "example")).await?;
 //!     while let Some(event) = events.recv().await {
 //!         println!("{event:?}");
-//!         if let NodeEvent::Machine(ControllerEvent::Finished(_)) = event {
+//!         if let NodeEvent::Machine(ControllerNodeEvent::Finished(_)) = event {
 //!             break;
 //!         }
 //!     }

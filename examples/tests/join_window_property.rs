@@ -5,7 +5,7 @@
 //! from the ledger's code) give.
 
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::join::{JoinEvent, JoinOffer, JoinWindow, TrustMode, WindowParams};
+use cohort_proto::join::{JoinOffer, JoinWindow, JoinWindowEvent, TrustMode, WindowParams};
 use cohort_proto::testing::harness::Harness;
 use cohort_proto::testing::strategies::{arrivals, join_config};
 use cohort_proto::testing::verdict::{JoinRules, RefVerdict};
@@ -25,10 +25,10 @@ fn dial_bytes(offer: &JoinOffer) -> Vec<u8> {
     bytes
 }
 
-fn verdict(e: &JoinEvent) -> Option<RefVerdict> {
+fn verdict(e: &JoinWindowEvent) -> Option<RefVerdict> {
     match e {
-        JoinEvent::Formed { .. } => Some(RefVerdict::Formed),
-        JoinEvent::Failed { .. } => Some(RefVerdict::Failed),
+        JoinWindowEvent::Formed { .. } => Some(RefVerdict::Formed),
+        JoinWindowEvent::Failed { .. } => Some(RefVerdict::Failed),
         _ => None,
     }
 }

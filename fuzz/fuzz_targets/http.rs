@@ -14,7 +14,7 @@ use cohort_fuzz::driver::Driver;
 use cohort_fuzz::seeds;
 use cohort_proto::join::{ClusterPhase, StartMode};
 use cohort_proto::status::{
-    StartGate, StartSwitch, StatusBackend, StatusEvent, StatusLimits, StatusResponder, StatusServer,
+    StartGate, StartSwitch, StatusBackend, StatusServerEvent, StatusLimits, StatusResponder, StatusServer,
 };
 use cohort_proto::wire::SessionSalt;
 use cohort_proto::{Adopt, Input, Peer, Time};
@@ -113,7 +113,7 @@ fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
         d.peer_close(c, timing);
     }
     d.advance(Duration::from_secs(10));
-    let answers = d.events.iter().filter(|e| matches!(e, StatusEvent::Answered { .. })).count();
+    let answers = d.events.iter().filter(|e| matches!(e, StatusServerEvent::Answered { .. })).count();
     assert!(answers <= 1, "{answers} answers to one connection");
     if answers == 1 {
         let sent = d.sent.get(&c).expect("an answer was sent");

@@ -13,7 +13,7 @@ use cohort_fuzz::{SALT, key, seeds, zero_key};
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::{Backend, CoordConfig};
 use cohort_proto::join::{JoinConfig, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerNode};
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
 use cohort_proto::wire::{Channel, RendezvousMsgWire, RoundKind, derive_frame_ceiling};
 use libfuzzer_sys::fuzz_target;
@@ -91,18 +91,18 @@ fn make_seeds() -> Vec<Vec<u8>> {
 /// the run finished, or one part ended for every rank (reduce stopped,
 /// coordinator ended, rendezvous failed), or a host was lost (its other
 /// connections, relays included, go with it).
-fn ends_a_host_or_part(e: &ControllerEvent) -> bool {
-    use cohort_proto::coord::CoordEvent;
-    use cohort_proto::join::JoinEvent;
+fn ends_a_host_or_part(e: &ControllerNodeEvent) -> bool {
+    use cohort_proto::coord::CoordinatorEvent;
+    use cohort_proto::join::JoinWindowEvent;
     use cohort_proto::reduce::ReduceEvent;
-    use cohort_proto::rendezvous::RendezvousEvent;
+    use cohort_proto::rendezvous::RendezvousServerEvent;
     matches!(
         e,
-        ControllerEvent::Finished(_)
-            | ControllerEvent::Join(JoinEvent::HostLost { .. } | JoinEvent::Failed { .. })
-            | ControllerEvent::Reduce(ReduceEvent::Stopped(_))
-            | ControllerEvent::Coord(CoordEvent::Ended(_))
-            | ControllerEvent::Rendezvous(RendezvousEvent::Failed(_))
+        ControllerNodeEvent::Finished(_)
+            | ControllerNodeEvent::Join(JoinWindowEvent::HostLost { .. } | JoinWindowEvent::Failed { .. })
+            | ControllerNodeEvent::Reduce(ReduceEvent::Stopped(_))
+            | ControllerNodeEvent::Coord(CoordinatorEvent::Ended(_))
+            | ControllerNodeEvent::Rendezvous(RendezvousServerEvent::Failed(_))
     )
 }
 

@@ -85,7 +85,7 @@ fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
         make,
         |d| {
             d.adopt = Some(|m, now, conn, peer, first| m.adopt(now, conn, peer, first));
-            d.terminal = |e| matches!(e, cohort_proto::coord::CoordEvent::Ended(_));
+            d.terminal = |e| matches!(e, cohort_proto::coord::CoordinatorEvent::Ended(_));
         },
         |d, o| {
             let now = d.now;

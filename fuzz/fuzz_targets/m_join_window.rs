@@ -67,7 +67,7 @@ fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
         make,
         |d| {
             d.adopt = Some(|m, now, conn, peer, first| m.adopt(now, conn, peer, first));
-            d.terminal = |e| matches!(e, cohort_proto::join::JoinEvent::Failed { .. });
+            d.terminal = |e| matches!(e, cohort_proto::join::JoinWindowEvent::Failed { .. });
         },
         |d, o| {
             let now = d.now;

@@ -50,6 +50,6 @@ fn make_seeds() -> Vec<Vec<u8>> {
 fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
     run(data, 0, make, |d| {
         d.adopt = Some(|m, now, conn, peer, first| m.adopt(now, conn, peer, first));
-        d.terminal = |e| matches!(e, cohort_proto::rendezvous::RendezvousEvent::Failed(_));
+        d.terminal = |e| matches!(e, cohort_proto::rendezvous::RendezvousServerEvent::Failed(_));
     }, |_, _| {});
 });

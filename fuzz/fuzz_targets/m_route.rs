@@ -6,7 +6,7 @@
 use cohort_fuzz::machines::*;
 use cohort_fuzz::seeds;
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::route::{PortRouter, RouteEvent};
+use cohort_proto::route::{PortRouter, PortRouterEvent};
 use cohort_proto::wire::Channel;
 use libfuzzer_sys::fuzz_target;
 
@@ -47,7 +47,7 @@ fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
                 .events
                 .iter()
                 .filter_map(|e| match e {
-                    RouteEvent::Routed { conn, .. } => Some(*conn),
+                    PortRouterEvent::Routed { conn, .. } => Some(*conn),
                     _ => None,
                 })
                 .collect();

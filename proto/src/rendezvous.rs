@@ -150,7 +150,7 @@ impl std::error::Error for RendezvousError {}
 
 /// What the rendezvous reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RendezvousEvent {
+pub enum RendezvousServerEvent {
     /// A rank said hello.
     Joined {
         /// The rank.
@@ -216,7 +216,7 @@ pub struct RendezvousServer {
     reference_sig: Option<[u8; 32]>,
     rejected: u32,
     phase: Phase,
-    out: Outbox<RendezvousEvent>,
+    out: Outbox<RendezvousServerEvent>,
 }
 
 impl RendezvousServer {
@@ -256,13 +256,13 @@ impl RendezvousServer {
         self.slots.clear();
         self.slot_bufs.clear();
         self.phase = Phase::Done;
-        self.out.event(RendezvousEvent::Failed(e));
+        self.out.event(RendezvousServerEvent::Failed(e));
     }
 
     fn reject(&mut self, conn: ConnId, error: Option<WireError>) {
         self.pending.remove(&conn);
         self.out.close(conn);
-        self.out.event(RendezvousEvent::Rejected { conn, error });
+        self.out.event(RendezvousServerEvent::Rejected { conn, error });
         self.rejected += 1;
         if self.rejected > MAX_REJECTED {
             self.fail(RendezvousError::TooManyRejected { joined: self.joined() });
@@ -330,7 +330,7 @@ impl RendezvousServer {
         if let Phase::Collecting { last_progress } = &mut self.phase {
             *last_progress = now;
         }
-        self.out.event(RendezvousEvent::Joined { rank: global_rank, host: host_name });
+        self.out.event(RendezvousServerEvent::Joined { rank: global_rank, host: host_name });
         if self.slots.len() as u32 == self.cfg.world_size {
             self.send_roles(now);
         }
@@ -345,7 +345,7 @@ impl RendezvousServer {
             self.out.transmit(conn, f);
         }
         self.phase = Phase::AwaitUid { deadline: now + UID_DEADLINE };
-        self.out.event(RendezvousEvent::RolesSent { generator });
+        self.out.event(RendezvousServerEvent::RolesSent { generator });
         if let Some(&conn) = self.slots.get(&generator) {
             self.slotted_bytes(generator, conn);
         }
@@ -385,7 +385,7 @@ impl RendezvousServer {
                 self.slots.clear();
                 self.slot_bufs.clear();
                 self.phase = Phase::Done;
-                self.out.event(RendezvousEvent::Completed { generator });
+                self.out.event(RendezvousServerEvent::Completed { generator });
             }
             Ok(Message::Rendezvous(RendezvousMsgWire::Uid { uid_bytes })) if rank == generator => {
                 let what = format!("sent a uid of {} bytes (expected {UID_BYTES})", uid_bytes.len());
@@ -416,7 +416,7 @@ impl Adopt for RendezvousServer {
 }
 
 impl Machine for RendezvousServer {
-    type Event = RendezvousEvent;
+    type Event = RendezvousServerEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
         match input {
@@ -462,7 +462,7 @@ impl Machine for RendezvousServer {
         }
     }
 
-    fn poll(&mut self, _now: Time) -> Option<Output<RendezvousEvent>> {
+    fn poll(&mut self, _now: Time) -> Option<Output<RendezvousServerEvent>> {
         self.out.pop()
     }
 

@@ -6,11 +6,11 @@
 //! does not produce 4 bytes within the peek deadline (scaled 5 s), ends
 //! first, or opens with an unknown magic is closed, and nothing else is
 //! affected. A routed connection is handed over with
-//! [`RouteEvent::Routed`]; the owner passes it to the right machine's `adopt`
+//! [`PortRouterEvent::Routed`]; the owner passes it to the right machine's `adopt`
 //! and sends that machine every later input for the connection.
 //!
 //! ```
-//! use cohort_proto::route::{PortRouter, RouteEvent};
+//! use cohort_proto::route::{PortRouter, PortRouterEvent};
 //! use cohort_proto::config::TimeoutScale;
 //! use cohort_proto::wire::Channel;
 //! use cohort_proto::{ConnId, Input, Machine, Output, Peer, Time};
@@ -21,7 +21,7 @@
 //! let mut bytes = Channel::Join.magic_bytes().to_vec();
 //! bytes.extend_from_slice(b"hello");
 //! router.handle(t, Input::Received { conn: ConnId(1), bytes: &bytes });
-//! let Some(Output::Event(RouteEvent::Routed { channel, first, .. })) = router.poll(t) else { panic!() };
+//! let Some(Output::Event(PortRouterEvent::Routed { channel, first, .. })) = router.poll(t) else { panic!() };
 //! assert_eq!((channel, &first[..]), (Channel::Join, &b"hello"[..]));
 //! ```
 
@@ -76,7 +76,7 @@ impl fmt::Display for RouteDrop {
 
 /// What the router reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RouteEvent {
+pub enum PortRouterEvent {
     /// The connection belongs to `channel`: hand it to that machine's `adopt`.
     Routed {
         /// The connection.
@@ -115,17 +115,17 @@ struct Peek {
 /// ```
 /// # #[cfg(feature = "testing")] {
 /// use cohort_proto::config::TimeoutScale;
-/// use cohort_proto::route::{PortRouter, RouteDrop, RouteEvent};
+/// use cohort_proto::route::{PortRouter, RouteDrop, PortRouterEvent};
 /// use cohort_proto::testing::harness::Harness;
 /// use cohort_proto::{Peer, Time};
 ///
 /// let mut router = Harness::new(PortRouter::new(TimeoutScale::ONE));
 /// let conn = router.accept(Peer::REMOTE);
 /// router.receive(conn, &[0xC4, 0x17]);
-/// let dropped = router.advance_until(Time::from_secs(60), |e| matches!(e, RouteEvent::Dropped { .. }));
+/// let dropped = router.advance_until(Time::from_secs(60), |e| matches!(e, PortRouterEvent::Dropped { .. }));
 /// assert_eq!(dropped, Some(Time::from_secs(5)));
 /// assert!(router.is_closed(conn));
-/// assert!(matches!(router.events(), [RouteEvent::Dropped { reason: RouteDrop::Deadline { have: 2 }, .. }]));
+/// assert!(matches!(router.events(), [PortRouterEvent::Dropped { reason: RouteDrop::Deadline { have: 2 }, .. }]));
 /// # }
 /// ```
 #[derive(Debug)]
@@ -133,7 +133,7 @@ pub struct PortRouter {
     deadline: Duration,
     pending: BTreeMap<ConnId, Peek>,
     deadlines: BTreeSet<(Time, ConnId)>,
-    out: Outbox<RouteEvent>,
+    out: Outbox<PortRouterEvent>,
 }
 
 impl PortRouter {
@@ -164,7 +164,7 @@ impl PortRouter {
         if close {
             self.out.close(conn);
         }
-        self.out.event(RouteEvent::Dropped { conn, reason });
+        self.out.event(PortRouterEvent::Dropped { conn, reason });
     }
 
     fn received(&mut self, conn: ConnId, bytes: &[u8]) {
@@ -191,12 +191,12 @@ impl PortRouter {
         } else {
             Bytes::copy_from_slice(rest)
         };
-        self.out.event(RouteEvent::Routed { conn, peer, channel, first });
+        self.out.event(PortRouterEvent::Routed { conn, peer, channel, first });
     }
 }
 
 impl Machine for PortRouter {
-    type Event = RouteEvent;
+    type Event = PortRouterEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
         match input {
@@ -221,7 +221,7 @@ impl Machine for PortRouter {
                     self.deadlines.pop_first();
                     if let Some(p) = self.pending.remove(&conn) {
                         self.out.close(conn);
-                        self.out.event(RouteEvent::Dropped {
+                        self.out.event(PortRouterEvent::Dropped {
                             conn,
                             reason: RouteDrop::Deadline { have: p.have },
                         });
@@ -232,7 +232,7 @@ impl Machine for PortRouter {
         }
     }
 
-    fn poll(&mut self, _now: Time) -> Option<Output<RouteEvent>> {
+    fn poll(&mut self, _now: Time) -> Option<Output<PortRouterEvent>> {
         self.out.pop()
     }
 

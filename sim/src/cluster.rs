@@ -40,15 +40,17 @@ use std::sync::Arc;
 
 use cohort_proto::Time;
 use cohort_proto::config::{Rules, TimeoutScale};
-use cohort_proto::coord::{CoordConfig, CoordEvent, RunEnd, Scheduler};
-use cohort_proto::join::client::ClientEvent;
+use cohort_proto::coord::{CoordConfig, CoordinatorEvent, RunEnd, Scheduler};
+use cohort_proto::join::client::JoinClientEvent;
 use cohort_proto::join::ledger::{JoinOffer, Ledger, TrustMode};
-use cohort_proto::join::window::JoinEvent;
+use cohort_proto::join::window::JoinWindowEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
-use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, Outcome};
+use cohort_proto::node::controller::{
+    ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome,
+};
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
-use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RankEnd, RankSpec, RelayListen};
-use cohort_proto::node::rank::{RankEvent, RankNode};
+use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RankSpec, RelayListen};
+use cohort_proto::node::rank::{RankNode, RankNodeEvent};
 use cohort_proto::node::trainer::Trainer;
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::Relay;
@@ -59,7 +61,7 @@ use core::time::Duration;
 
 use crate::check::Checker;
 use crate::log::EventLog;
-use crate::report::{Death, Injected, Outcome as RunOutcome, RankReport, Report, Timeline, Window};
+use crate::report::{Death, Injected, Outcome, RankReport, Report, Timeline, Window};
 use crate::rng::{SimRng, stream};
 use crate::scenario::{Fault, Scenario, ScenarioError};
 use crate::workload::{RankStart, SimWorkload};
@@ -116,7 +118,7 @@ pub struct Cluster<W: SimWorkload = Trainer> {
     deaths: Vec<Death>,
     formed_at: Option<Time>,
     world_size: u32,
-    outcome: Option<(Outcome, Time)>,
+    outcome: Option<(ControllerOutcome, Time)>,
     /// Under flodl's rules, the hang flodl 0.8 is in (instead of an outcome).
     flodl_hang: Option<(String, Time)>,
     controller_gone: bool,
@@ -756,7 +758,7 @@ impl<W: SimWorkload> Cluster<W> {
         self.events_buf = events;
         if self.controller_gone && self.outcome.is_none() && self.ranks_left() {
             self.lost_controller = true;
-            self.outcome = Some((Outcome::Failed("controller lost".into()), self.world.now()));
+            self.outcome = Some((ControllerOutcome::Failed("controller lost".into()), self.world.now()));
         }
         stopped
     }
@@ -770,9 +772,9 @@ impl<W: SimWorkload> Cluster<W> {
             (Source::Controller, ClusterEvent::Controller(ev)) => self.controller_event(t, ev),
             (Source::Rank(r), ClusterEvent::Rank(ev)) => {
                 let reason = match ev {
-                    RankEvent::CoordinatorLost { reason, .. } => Some(reason.clone()),
-                    RankEvent::DataFailed { reason } => Some(format!("data plane failed: {reason}")),
-                    RankEvent::RendezvousFailed { reason } => Some(reason.clone()),
+                    RankNodeEvent::CoordinatorLost { reason, .. } => Some(reason.clone()),
+                    RankNodeEvent::DataFailed { reason } => Some(format!("data plane failed: {reason}")),
+                    RankNodeEvent::RendezvousFailed { reason } => Some(reason.clone()),
                     _ => None,
                 };
                 if let Some(reason) = &reason {
@@ -789,17 +791,17 @@ impl<W: SimWorkload> Cluster<W> {
         }
     }
 
-    fn host_event(&mut self, t: Time, i: usize, ev: &HostEvent) {
+    fn host_event(&mut self, t: Time, i: usize, ev: &HostNodeEvent) {
         let name = self.hosts[i].name.clone();
         match ev {
-            HostEvent::Agent(ClientEvent::Admitted { ranks, .. }) => {
+            HostNodeEvent::Agent(JoinClientEvent::Admitted { ranks, .. }) => {
                 self.timeline.instant(t, &name, &format!("admitted ranks {ranks:?}"));
                 self.hosts[i].ranks = ranks.clone();
                 for r in ranks {
                     self.rank_host.insert(*r, name.clone());
                 }
             }
-            HostEvent::StartRelay { relay, listen } => {
+            HostNodeEvent::StartRelay { relay, listen } => {
                 self.hosts[i].spawned = true;
                 let leg = relay.leg;
                 let mut cfg = relay.clone();
@@ -815,8 +817,8 @@ impl<W: SimWorkload> Cluster<W> {
                 );
                 self.sources.insert(n, Source::Relay(name, leg));
             }
-            HostEvent::StartRank(spec) => self.start_rank(i, spec),
-            HostEvent::Refused(why) => self.timeline.instant(t, &name, &format!("cannot start: {why}")),
+            HostNodeEvent::StartRank(spec) => self.start_rank(i, spec),
+            HostNodeEvent::Refused(why) => self.timeline.instant(t, &name, &format!("cannot start: {why}")),
             _ => {}
         }
     }
@@ -872,35 +874,37 @@ impl<W: SimWorkload> Cluster<W> {
             .cloned()
     }
 
-    fn controller_event(&mut self, t: Time, ev: &ControllerEvent) {
+    fn controller_event(&mut self, t: Time, ev: &ControllerNodeEvent) {
         match ev {
-            ControllerEvent::Started { world_size } => {
+            ControllerNodeEvent::Started { world_size } => {
                 self.formed_at = Some(t);
                 self.world_size = *world_size;
                 self.timeline.instant(t, "controller", &format!("world formed: {world_size} ranks"));
             }
-            ControllerEvent::Finished(o) => {
+            ControllerNodeEvent::Finished(o) => {
                 self.timeline.instant(t, "controller", &format!("run finished: {o:?}"));
                 if self.outcome.is_none() {
                     self.outcome = Some((o.clone(), t));
                 }
             }
-            ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, .. }) => {
+            ControllerNodeEvent::Coord(CoordinatorEvent::RankDead { rank, cause, .. }) => {
                 self.timeline.instant(t, "controller", &format!("rank {rank} declared dead: {cause}"));
                 let fault = self.fault_behind(*rank, t);
                 self.deaths.push(Death { rank: *rank, declared_at: t, cause: *cause, fault });
             }
-            ControllerEvent::Join(JoinEvent::Admitted { host, ranks, .. }) => {
+            ControllerNodeEvent::Join(JoinWindowEvent::Admitted { host, ranks, .. }) => {
                 let host: Arc<str> = Arc::from(host.as_str());
                 for r in ranks.clone() {
                     self.rank_host.insert(r, host.clone());
                 }
             }
-            ControllerEvent::Coord(CoordEvent::EpochAggregated { metrics }) => {
+            ControllerNodeEvent::Coord(CoordinatorEvent::EpochAggregated { metrics }) => {
                 self.epochs_completed = self.epochs_completed.max(metrics.epoch + 1);
                 self.timeline.instant(t, "controller", &format!("epoch {} aggregated", metrics.epoch));
             }
-            ControllerEvent::Coord(CoordEvent::WindowClosed { version, steps, idle_ms, .. }) => {
+            ControllerNodeEvent::Coord(CoordinatorEvent::WindowClosed {
+                version, steps, idle_ms, ..
+            }) => {
                 let idle: f64 = idle_ms.iter().sum();
                 let msg = format!("window {version}: batches {steps:?}, idle {idle:.1} ms");
                 self.timeline.instant(t, "controller", &msg);
@@ -911,26 +915,26 @@ impl<W: SimWorkload> Cluster<W> {
                     idle_ms: idle_ms.clone(),
                 });
             }
-            ControllerEvent::Coord(
-                CoordEvent::PlanIssued { epoch, .. } | CoordEvent::ChunkIssued { epoch, .. },
+            ControllerNodeEvent::Coord(
+                CoordinatorEvent::PlanIssued { epoch, .. } | CoordinatorEvent::ChunkIssued { epoch, .. },
             ) => {
                 self.timeline.begin_epoch(t, *epoch);
             }
-            ControllerEvent::Coord(CoordEvent::Ended(end)) => {
+            ControllerNodeEvent::Coord(CoordinatorEvent::Ended(end)) => {
                 let s = match end {
                     RunEnd::Done => "shutdown".to_owned(),
                     RunEnd::Saved(r) => format!("shutdown with save: {r}"),
                 };
                 self.timeline.instant(t, "controller", &s);
             }
-            ControllerEvent::Join(JoinEvent::Failed { failure, .. }) => {
+            ControllerNodeEvent::Join(JoinWindowEvent::Failed { failure, .. }) => {
                 self.timeline.instant(t, "controller", &format!("join window failed: {failure}"));
             }
-            ControllerEvent::Coord(CoordEvent::NcclSessionIssued { generator, survivors }) => {
+            ControllerNodeEvent::Coord(CoordinatorEvent::NcclSessionIssued { generator, survivors }) => {
                 let msg = format!("new NCCL session from rank {generator}: survivors {survivors:?}");
                 self.timeline.instant(t, "controller", &msg);
             }
-            ControllerEvent::Reduce(ReduceEvent::Consensus { round, .. }) => {
+            ControllerNodeEvent::Reduce(ReduceEvent::Consensus { round, .. }) => {
                 self.timeline.round(t, *round);
             }
             _ => {}
@@ -949,12 +953,12 @@ impl<W: SimWorkload> Cluster<W> {
         self.checker.finish(now, self.epochs_completed, &work, &self.deaths);
         self.timeline.close(now);
         let outcome = match &self.outcome {
-            Some((Outcome::Done, _)) => RunOutcome::Done,
-            Some((Outcome::Failed(_), _)) if self.lost_controller => RunOutcome::ControllerLost,
-            Some((Outcome::Failed(r), _)) => RunOutcome::Failed(r.clone()),
+            Some((ControllerOutcome::Done, _)) => Outcome::Done,
+            Some((ControllerOutcome::Failed(_), _)) if self.lost_controller => Outcome::ControllerLost,
+            Some((ControllerOutcome::Failed(r), _)) => Outcome::Failed(r.clone()),
             None => match &self.flodl_hang {
-                Some((why, _)) => RunOutcome::HangsAsFlodl(why.clone()),
-                None => RunOutcome::NotEnded,
+                Some((why, _)) => Outcome::HangsAsFlodl(why.clone()),
+                None => Outcome::NotEnded,
             },
         };
         let count = |runs: &[(u64, u64, u64)]| runs.iter().map(|r| r.2).sum();

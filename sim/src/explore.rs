@@ -9,32 +9,19 @@
 //! wedges, some fault-free on a slow network, instead of every seed sharing
 //! one mix that dilutes the rare combinations.
 
+use std::collections::BTreeMap;
+
 use crate::rng::{SimRng, stream};
 use crate::scenario::{
-    ApplyPolicy, Backend, FailureBudget, Fault, FaultAt, HostSpec, Rules, Scenario, SpeedClass, StartMode,
+    ApplyPolicy, Backend, FailureBudget, Fault, FaultAt, FaultKind, HostSpec, Rules, Scenario, SpeedClass,
+    StartMode,
 };
-
-/// The kinds of fault a seed can draw, in the order [`Swarm::weights`]
-/// holds them.
-pub const FAULT_KINDS: [&str; 11] = [
-    "kill_rank",
-    "wedge_rank",
-    "kill_host",
-    "partition_host",
-    "corrupt_link",
-    "kill_controller",
-    "abort",
-    "slow_rank",
-    "slow_link",
-    "reset_host",
-    "operator_start",
-];
 
 /// What one seed's scenario is drawn from: the fault mix and the network.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Swarm {
-    /// Relative weight of each of [`FAULT_KINDS`] (0: never drawn).
-    pub weights: [f64; FAULT_KINDS.len()],
+    /// Relative weight of each fault kind, by [`FaultKind`] (0: never drawn).
+    pub weights: BTreeMap<FaultKind, f64>,
     /// At most this many faults (besides an operator's start).
     pub max_faults: u64,
     /// One-way latency between hosts, in microseconds.
@@ -60,26 +47,31 @@ impl Swarm {
     }
 
     fn draw(r: &mut SimRng) -> Swarm {
-        let mut weights = [0.0; FAULT_KINDS.len()];
+        let mut weights = BTreeMap::new();
+        let kinds = FaultKind::ALL;
         match r.range(0, 10) {
             // Fault-free: the healthy path under this seed's network.
             0 => {}
             // One kind only: all partitions, all wedges, ...
-            1 | 2 => weights[r.range(0, FAULT_KINDS.len() as u64) as usize] = 1.0,
+            1 | 2 => {
+                weights.insert(kinds[r.range(0, kinds.len() as u64) as usize], 1.0);
+            }
             // A random subset, each kind in at its own rate.
             _ => {
-                for w in &mut weights {
+                for kind in kinds {
                     if r.chance(0.5) {
-                        *w = r.uniform(0.1, 1.0);
+                        weights.insert(kind, r.uniform(0.1, 1.0));
                     }
                 }
             }
         }
         // The kinds that end the run outright stay rarer within a mix.
-        let enabled = weights.iter().filter(|w| **w > 0.0).count();
-        if enabled > 1 {
-            weights[5] *= 0.2;
-            weights[6] *= 0.2;
+        if weights.len() > 1 {
+            for kind in [FaultKind::KillController, FaultKind::Abort] {
+                if let Some(w) = weights.get_mut(&kind) {
+                    *w *= 0.2;
+                }
+            }
         }
         let max_faults = [1, 3, 5, 10][r.range(0, 4) as usize];
         // Latency log-uniform from 20 us to 20 ms; jitter up to the latency.
@@ -89,25 +81,25 @@ impl Swarm {
         Swarm { weights, max_faults, latency_us, jitter_us, bandwidth_gbps }
     }
 
-    /// The names of the fault kinds this swarm draws.
-    pub fn kinds(&self) -> Vec<&'static str> {
-        FAULT_KINDS.iter().zip(self.weights).filter(|(_, w)| *w > 0.0).map(|(k, _)| *k).collect()
+    /// The fault kinds this swarm draws.
+    pub fn kinds(&self) -> Vec<FaultKind> {
+        self.weights.keys().copied().collect()
     }
 
     /// A fault kind by weight, if any is enabled.
-    fn pick(&self, r: &mut SimRng) -> Option<usize> {
-        let total: f64 = self.weights.iter().sum();
+    fn pick(&self, r: &mut SimRng) -> Option<FaultKind> {
+        let total: f64 = self.weights.values().sum();
         if total <= 0.0 {
             return None;
         }
         let mut x = r.uniform(0.0, total);
-        for (i, w) in self.weights.iter().enumerate() {
+        for (kind, w) in &self.weights {
             if x < *w {
-                return Some(i);
+                return Some(*kind);
             }
             x -= w;
         }
-        self.weights.iter().rposition(|w| *w > 0.0)
+        self.weights.keys().next_back().copied()
     }
 }
 
@@ -178,22 +170,22 @@ pub fn random_scenario(seed: u64) -> Scenario {
         let rank = r.range(0, u64::from(world)) as u32;
         let host = format!("host-{}", r.range(0, u64::from(n_hosts)));
         let fault = match kind {
-            0 => Fault::KillRank(rank),
-            1 => Fault::WedgeRank(rank),
-            2 => Fault::KillHost(host),
-            3 => Fault::PartitionHost { host, for_s: r.uniform(1.0, 60.0) },
-            4 => Fault::CorruptLink(host),
-            5 => Fault::KillController,
-            6 => Fault::Abort,
-            7 => {
+            FaultKind::KillRank => Fault::KillRank(rank),
+            FaultKind::WedgeRank => Fault::WedgeRank(rank),
+            FaultKind::KillHost => Fault::KillHost(host),
+            FaultKind::PartitionHost => Fault::PartitionHost { host, for_s: r.uniform(1.0, 60.0) },
+            FaultKind::CorruptLink => Fault::CorruptLink(host),
+            FaultKind::KillController => Fault::KillController,
+            FaultKind::Abort => Fault::Abort,
+            FaultKind::SlowRank => {
                 let so_far = slowed.entry(rank).or_insert(1.0);
                 let factor = r.uniform(1.5, 8.0).min(8.0 / *so_far).max(1.0);
                 *so_far *= factor;
                 Fault::SlowRank { rank, factor }
             }
-            8 => Fault::SlowLink { host, latency_ms: r.uniform(1.0, 500.0) },
-            9 => Fault::ResetHost(host),
-            _ => Fault::OperatorStart,
+            FaultKind::SlowLink => Fault::SlowLink { host, latency_ms: r.uniform(1.0, 500.0) },
+            FaultKind::ResetHost => Fault::ResetHost(host),
+            FaultKind::OperatorStart => Fault::OperatorStart,
         };
         sc.faults.push(FaultAt { at_s: at, fault });
     }

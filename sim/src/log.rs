@@ -6,24 +6,24 @@
 //! [`Report`](crate::Report) carries it at the end.
 //!
 //! ```
-//! use cohort_proto::coord::CoordEvent;
+//! use cohort_proto::coord::CoordinatorEvent;
 //! use cohort_sim::{Cluster, Scenario};
 //!
 //! let sc = Scenario::healthy(1, 2, 1);
 //! let report = Cluster::new(sc, 1).unwrap().record_events().finish();
 //! let log = &report.log;
 //! assert_eq!(log.formed_at(), report.formed_at);
-//! let epochs = log.coord().filter(|(_, e)| matches!(e, CoordEvent::EpochAggregated { .. })).count();
+//! let epochs = log.coord().filter(|(_, e)| matches!(e, CoordinatorEvent::EpochAggregated { .. })).count();
 //! assert_eq!(epochs, 1);
 //! ```
 
 use cohort_proto::Time;
-use cohort_proto::coord::{CoordEvent, DeathCause};
-use cohort_proto::join::window::JoinEvent;
+use cohort_proto::coord::{CoordinatorEvent, DeathCause};
+use cohort_proto::join::window::JoinWindowEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
-use cohort_proto::node::controller::ControllerEvent;
-use cohort_proto::node::host::HostEvent;
-use cohort_proto::node::rank::RankEvent;
+use cohort_proto::node::controller::ControllerNodeEvent;
+use cohort_proto::node::host::HostNodeEvent;
+use cohort_proto::node::rank::RankNodeEvent;
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::{Leg, RelayEvent};
 
@@ -49,7 +49,7 @@ impl EventLog {
     }
 
     /// The controller's events.
-    pub fn controller(&self) -> impl Iterator<Item = (Time, &ControllerEvent)> + '_ {
+    pub fn controller(&self) -> impl Iterator<Item = (Time, &ControllerNodeEvent)> + '_ {
         self.events.iter().filter_map(|(t, s, e)| match (s, e) {
             (Source::Controller, ClusterEvent::Controller(c)) => Some((*t, c)),
             _ => None,
@@ -57,17 +57,17 @@ impl EventLog {
     }
 
     /// The coordinator's events.
-    pub fn coord(&self) -> impl Iterator<Item = (Time, &CoordEvent)> + '_ {
+    pub fn coord(&self) -> impl Iterator<Item = (Time, &CoordinatorEvent)> + '_ {
         self.controller().filter_map(|(t, e)| match e {
-            ControllerEvent::Coord(c) => Some((t, c)),
+            ControllerNodeEvent::Coord(c) => Some((t, c)),
             _ => None,
         })
     }
 
     /// The join window's events.
-    pub fn join(&self) -> impl Iterator<Item = (Time, &JoinEvent)> + '_ {
+    pub fn join(&self) -> impl Iterator<Item = (Time, &JoinWindowEvent)> + '_ {
         self.controller().filter_map(|(t, e)| match e {
-            ControllerEvent::Join(j) => Some((t, j)),
+            ControllerNodeEvent::Join(j) => Some((t, j)),
             _ => None,
         })
     }
@@ -75,13 +75,13 @@ impl EventLog {
     /// The controller's reduce's events.
     pub fn reduce(&self) -> impl Iterator<Item = (Time, &ReduceEvent)> + '_ {
         self.controller().filter_map(|(t, e)| match e {
-            ControllerEvent::Reduce(r) => Some((t, r)),
+            ControllerNodeEvent::Reduce(r) => Some((t, r)),
             _ => None,
         })
     }
 
     /// Global rank `rank`'s events.
-    pub fn rank(&self, rank: u32) -> impl Iterator<Item = (Time, &RankEvent)> + '_ {
+    pub fn rank(&self, rank: u32) -> impl Iterator<Item = (Time, &RankNodeEvent)> + '_ {
         self.events.iter().filter_map(move |(t, s, e)| match (s, e) {
             (Source::Rank(r), ClusterEvent::Rank(ev)) if *r == rank => Some((*t, ev)),
             _ => None,
@@ -89,7 +89,7 @@ impl EventLog {
     }
 
     /// The events of host `host`'s agent.
-    pub fn host<'a>(&'a self, host: &'a str) -> impl Iterator<Item = (Time, &'a HostEvent)> + 'a {
+    pub fn host<'a>(&'a self, host: &'a str) -> impl Iterator<Item = (Time, &'a HostNodeEvent)> + 'a {
         self.events.iter().filter_map(move |(t, s, e)| match (s, e) {
             (Source::Host(h), ClusterEvent::Host(ev)) if &**h == host => Some((*t, ev)),
             _ => None,
@@ -105,12 +105,18 @@ impl EventLog {
     }
 
     /// The first coordinator event `pick` accepts, with its instant.
-    pub fn first_coord(&self, mut pick: impl FnMut(&CoordEvent) -> bool) -> Option<(Time, &CoordEvent)> {
+    pub fn first_coord(
+        &self,
+        mut pick: impl FnMut(&CoordinatorEvent) -> bool,
+    ) -> Option<(Time, &CoordinatorEvent)> {
         self.coord().find(|(_, e)| pick(e))
     }
 
     /// The first join window event `pick` accepts, with its instant.
-    pub fn first_join(&self, mut pick: impl FnMut(&JoinEvent) -> bool) -> Option<(Time, &JoinEvent)> {
+    pub fn first_join(
+        &self,
+        mut pick: impl FnMut(&JoinWindowEvent) -> bool,
+    ) -> Option<(Time, &JoinWindowEvent)> {
         self.join().find(|(_, e)| pick(e))
     }
 
@@ -118,7 +124,7 @@ impl EventLog {
     pub fn deaths(&self) -> Vec<(Time, u32, DeathCause)> {
         self.coord()
             .filter_map(|(t, e)| match e {
-                CoordEvent::RankDead { rank, cause, .. } => Some((t, *rank, *cause)),
+                CoordinatorEvent::RankDead { rank, cause, .. } => Some((t, *rank, *cause)),
                 _ => None,
             })
             .collect()
@@ -126,19 +132,19 @@ impl EventLog {
 
     /// When the join window formed, if it did.
     pub fn formed_at(&self) -> Option<Time> {
-        self.first_join(|e| matches!(e, JoinEvent::Formed { .. })).map(|(t, _)| t)
+        self.first_join(|e| matches!(e, JoinWindowEvent::Formed { .. })).map(|(t, _)| t)
     }
 
     /// When the join window failed, and why, if it did.
     pub fn failed_at(&self) -> Option<(Time, String)> {
         self.join().find_map(|(t, e)| match e {
-            JoinEvent::Failed { failure, .. } => Some((t, failure.to_string())),
+            JoinWindowEvent::Failed { failure, .. } => Some((t, failure.to_string())),
             _ => None,
         })
     }
 
     /// The instants hosts were admitted, in order.
     pub fn admissions(&self) -> Vec<Time> {
-        self.join().filter_map(|(t, e)| matches!(e, JoinEvent::Admitted { .. }).then_some(t)).collect()
+        self.join().filter_map(|(t, e)| matches!(e, JoinWindowEvent::Admitted { .. }).then_some(t)).collect()
     }
 }

@@ -293,6 +293,97 @@ pub enum Fault {
     ResetHost(String),
 }
 
+/// The kinds of [`Fault`], as a scenario file names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FaultKind {
+    /// [`Fault::KillRank`].
+    KillRank,
+    /// [`Fault::WedgeRank`].
+    WedgeRank,
+    /// [`Fault::KillHost`].
+    KillHost,
+    /// [`Fault::PartitionHost`].
+    PartitionHost,
+    /// [`Fault::CorruptLink`].
+    CorruptLink,
+    /// [`Fault::KillController`].
+    KillController,
+    /// [`Fault::Abort`].
+    Abort,
+    /// [`Fault::SlowRank`].
+    SlowRank,
+    /// [`Fault::SlowLink`].
+    SlowLink,
+    /// [`Fault::ResetHost`].
+    ResetHost,
+    /// [`Fault::OperatorStart`].
+    OperatorStart,
+}
+
+impl FaultKind {
+    /// Every kind.
+    pub const ALL: [FaultKind; 11] = [
+        FaultKind::KillRank,
+        FaultKind::WedgeRank,
+        FaultKind::KillHost,
+        FaultKind::PartitionHost,
+        FaultKind::CorruptLink,
+        FaultKind::KillController,
+        FaultKind::Abort,
+        FaultKind::SlowRank,
+        FaultKind::SlowLink,
+        FaultKind::ResetHost,
+        FaultKind::OperatorStart,
+    ];
+
+    /// The key a scenario file gives it (`"kill_rank"`, ...).
+    ///
+    /// ```
+    /// use cohort_sim::scenario::{Fault, FaultKind};
+    /// assert_eq!(Fault::KillRank(3).kind().name(), "kill_rank");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillRank => "kill_rank",
+            FaultKind::WedgeRank => "wedge_rank",
+            FaultKind::KillHost => "kill_host",
+            FaultKind::PartitionHost => "partition_host",
+            FaultKind::CorruptLink => "corrupt_link",
+            FaultKind::KillController => "kill_controller",
+            FaultKind::Abort => "abort",
+            FaultKind::SlowRank => "slow_rank",
+            FaultKind::SlowLink => "slow_link",
+            FaultKind::ResetHost => "reset_host",
+            FaultKind::OperatorStart => "operator_start",
+        }
+    }
+}
+
+impl core::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Fault {
+    /// The fault's kind.
+    pub fn kind(&self) -> FaultKind {
+        match self {
+            Fault::KillRank(_) => FaultKind::KillRank,
+            Fault::WedgeRank(_) => FaultKind::WedgeRank,
+            Fault::KillHost(_) => FaultKind::KillHost,
+            Fault::PartitionHost { .. } => FaultKind::PartitionHost,
+            Fault::CorruptLink(_) => FaultKind::CorruptLink,
+            Fault::KillController => FaultKind::KillController,
+            Fault::Abort => FaultKind::Abort,
+            Fault::SlowRank { .. } => FaultKind::SlowRank,
+            Fault::SlowLink { .. } => FaultKind::SlowLink,
+            Fault::ResetHost(_) => FaultKind::ResetHost,
+            Fault::OperatorStart => FaultKind::OperatorStart,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFault {
@@ -777,11 +868,7 @@ impl Scenario {
         let world = self.world_size();
         match fault {
             Fault::KillRank(r) | Fault::WedgeRank(r) | Fault::SlowRank { rank: r, .. } if *r >= world => {
-                let field = match fault {
-                    Fault::KillRank(_) => "kill_rank",
-                    Fault::WedgeRank(_) => "wedge_rank",
-                    _ => "slow_rank",
-                };
+                let field = fault.kind().name();
                 return Err(ScenarioError::new(field, format!("rank {r} is outside the world of {world}")));
             }
             Fault::KillHost(h)
@@ -791,13 +878,7 @@ impl Scenario {
             | Fault::SlowLink { host: h, .. }
                 if !self.hosts.iter().any(|x| &x.name == h) =>
             {
-                let field = match fault {
-                    Fault::KillHost(_) => "kill_host",
-                    Fault::CorruptLink(_) => "corrupt_link",
-                    Fault::ResetHost(_) => "reset_host",
-                    Fault::PartitionHost { .. } => "partition_host",
-                    _ => "slow_link",
-                };
+                let field = fault.kind().name();
                 return Err(ScenarioError::new(field, format!("unknown host {h:?}")));
             }
             Fault::PartitionHost { for_s, .. } => seconds("for_s", *for_s, true)?,

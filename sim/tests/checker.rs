@@ -4,10 +4,10 @@
 
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::coord::{CoordinatorEvent, DeathCause};
 use cohort_proto::node::cluster::{ClusterEvent, Source};
-use cohort_proto::node::controller::ControllerEvent;
-use cohort_proto::node::rank::RankEvent;
+use cohort_proto::node::controller::ControllerNodeEvent;
+use cohort_proto::node::rank::RankNodeEvent;
 use cohort_sim::Scenario;
 use cohort_sim::check::Checker;
 use core::time::Duration;
@@ -20,7 +20,7 @@ fn checker() -> Checker {
 fn a_consensus_nobody_reduced_is_a_violation_at_its_instant() {
     let mut c = checker();
     assert!(!c.stopped());
-    let ev = ClusterEvent::Rank(RankEvent::Consensus {
+    let ev = ClusterEvent::Rank(RankNodeEvent::Consensus {
         round: 0,
         weight: 1.0,
         keep_local: false,
@@ -38,7 +38,7 @@ fn a_consensus_nobody_reduced_is_a_violation_at_its_instant() {
 fn a_stale_death_at_the_deadline_itself_and_of_an_untouched_rank_are_violations() {
     let mut c = checker();
     let dead = |last_heard| {
-        ClusterEvent::Controller(ControllerEvent::Coord(CoordEvent::RankDead {
+        ClusterEvent::Controller(ControllerNodeEvent::Coord(CoordinatorEvent::RankDead {
             rank: 1,
             cause: DeathCause::Stale { last_heard },
             epoch: None,

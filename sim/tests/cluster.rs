@@ -3,9 +3,9 @@
 //! carried out and attributed, and the report is typed.
 
 use cohort_proto::Time;
-use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::coord::{CoordinatorEvent, DeathCause};
 use cohort_proto::node::cluster::{ClusterEvent, Source};
-use cohort_proto::node::controller::ControllerEvent;
+use cohort_proto::node::controller::ControllerNodeEvent;
 use cohort_sim::explore::random_scenario;
 use cohort_sim::scenario::Fault;
 use cohort_sim::{Cluster, Outcome, Process, Scenario};
@@ -69,14 +69,19 @@ fn an_injected_wedge_is_declared_at_the_staleness_deadline_and_attributed() {
             (s, e),
             (
                 Source::Controller,
-                ClusterEvent::Controller(ControllerEvent::Coord(CoordEvent::RankDead { rank: 2, .. }))
+                ClusterEvent::Controller(ControllerNodeEvent::Coord(CoordinatorEvent::RankDead {
+                    rank: 2,
+                    ..
+                }))
             )
         )
     });
     let declared = declared.expect("rank 2 declared dead");
     assert_eq!(c.now(), declared, "the clock stays at the event");
-    let (_, e) = c.log().first_coord(|e| matches!(e, CoordEvent::RankDead { rank: 2, .. })).unwrap();
-    let CoordEvent::RankDead { cause: DeathCause::Stale { last_heard }, .. } = e else { panic!("{e:?}") };
+    let (_, e) = c.log().first_coord(|e| matches!(e, CoordinatorEvent::RankDead { rank: 2, .. })).unwrap();
+    let CoordinatorEvent::RankDead { cause: DeathCause::Stale { last_heard }, .. } = e else {
+        panic!("{e:?}")
+    };
     assert_eq!(declared, *last_heard + Duration::from_secs(30) + Duration::from_nanos(1));
     let report = c.finish();
     let death = report.death(2).unwrap();

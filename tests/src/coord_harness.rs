@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::BytesMut;
-use cohort_proto::coord::{CoordEvent, Phase, RunEnd, Scheduler, Segment, Step};
+use cohort_proto::coord::{CoordinatorEvent, Phase, RunEnd, Scheduler, Segment, Step};
 use cohort_proto::wire::{
     ControlMsgWire, DEFAULT_FRAME_CEILING, MacKey, Message, MetricsMsgWire, MuxDecoder, MuxRecord, Payload,
     RelayControlMsg, SessionSalt, TimingMsgWire, encode_frame, parse_exact_frame,
@@ -34,7 +34,7 @@ pub fn drain(s: &mut Scheduler) -> Vec<Step> {
 }
 
 /// The events among `steps`.
-pub fn events(steps: &[Step]) -> Vec<CoordEvent> {
+pub fn events(steps: &[Step]) -> Vec<CoordinatorEvent> {
     steps
         .iter()
         .filter_map(|s| match s {
@@ -65,7 +65,7 @@ pub fn deaths(steps: &[Step]) -> Vec<u32> {
     events(steps)
         .into_iter()
         .filter_map(|e| match e {
-            CoordEvent::RankDead { rank, .. } => Some(rank),
+            CoordinatorEvent::RankDead { rank, .. } => Some(rank),
             _ => None,
         })
         .collect()
@@ -286,7 +286,7 @@ pub struct SimWorld {
     to_rank: VecDeque<(Time, u32, ControlMsgWire)>,
     launcher: VecDeque<(Time, u32)>,
     /// Every event, with the instant it was produced.
-    pub events: Vec<(Time, CoordEvent)>,
+    pub events: Vec<(Time, CoordinatorEvent)>,
     /// Per epoch, how many times each sample was processed.
     pub processed: BTreeMap<u64, BTreeMap<u64, u32>>,
     /// Per epoch, the samples a rank dropped as its tail shorter than a batch.
@@ -581,7 +581,7 @@ impl SimWorld {
 /// rank, to a live one. Returns the epochs whose
 /// metrics were aggregated.
 pub fn check_assignments(
-    events: &[(Time, CoordEvent)],
+    events: &[(Time, CoordinatorEvent)],
     world: u32,
     samples: u64,
     batch: u64,
@@ -594,7 +594,7 @@ pub fn check_assignments(
     let mut owed: BTreeMap<u32, u64> = BTreeMap::new();
     for (t, e) in events {
         match e {
-            CoordEvent::PlanIssued { epoch: ep, plans, .. } => {
+            CoordinatorEvent::PlanIssued { epoch: ep, plans, .. } => {
                 if let Some((&r, &n)) = owed.iter().find(|(_, n)| **n > 0) {
                     return Err(format!("{t}: rank {r}'s remainder has {n} samples not handed out"));
                 }
@@ -627,7 +627,7 @@ pub fn check_assignments(
                     return Err(format!("{t}: epoch {ep}: plans cover {cursor} of {samples} samples"));
                 }
             }
-            CoordEvent::RankDead { rank, epoch: ep, remainder, .. } => {
+            CoordinatorEvent::RankDead { rank, epoch: ep, remainder, .. } => {
                 dead.insert(*rank);
                 if ep.is_some() && *ep != epoch {
                     return Err(format!("{t}: rank {rank} died in epoch {ep:?}, the run is in {epoch:?}"));
@@ -649,10 +649,10 @@ pub fn check_assignments(
                     owed.insert(*rank, n);
                 }
             }
-            CoordEvent::RankExited { rank } => {
+            CoordinatorEvent::RankExited { rank } => {
                 exited.insert(*rank);
             }
-            CoordEvent::PartitionExtended { epoch: ep, from, rank, segment } => {
+            CoordinatorEvent::PartitionExtended { epoch: ep, from, rank, segment } => {
                 if Some(*ep) != epoch {
                     return Err(format!("{t}: extension for epoch {ep} during {epoch:?}"));
                 }
@@ -670,7 +670,7 @@ pub fn check_assignments(
                 let o = owed.entry(*from).or_default();
                 *o = o.checked_sub(segment.size).ok_or(format!("{t}: rank {from} handed out too much"))?;
             }
-            CoordEvent::EpochAggregated { metrics } => {
+            CoordinatorEvent::EpochAggregated { metrics } => {
                 if Some(metrics.epoch) != epoch {
                     return Err(format!("{t}: aggregated {} during {epoch:?}", metrics.epoch));
                 }
@@ -688,11 +688,11 @@ pub fn check_assignments(
 /// Per epoch, the samples no rank was asked to process: each dead rank's
 /// remainder segment keeps back its tail shorter than a batch (the dead rank
 /// would have dropped it).
-pub fn kept_back(events: &[(Time, CoordEvent)], batch: u64) -> BTreeMap<u64, BTreeSet<u64>> {
+pub fn kept_back(events: &[(Time, CoordinatorEvent)], batch: u64) -> BTreeMap<u64, BTreeSet<u64>> {
     let b = batch.max(1);
     let mut out: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
     for (_, e) in events {
-        if let CoordEvent::RankDead { epoch: Some(ep), remainder, .. } = e {
+        if let CoordinatorEvent::RankDead { epoch: Some(ep), remainder, .. } = e {
             for seg in remainder {
                 let tail = seg.size % b;
                 out.entry(*ep).or_default().extend(seg.end() - tail..seg.end());

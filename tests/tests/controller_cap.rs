@@ -4,8 +4,8 @@
 //! no longer counts.
 
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::join::{JoinConfig, JoinEvent, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, RunKnobs};
+use cohort_proto::join::{JoinConfig, JoinWindowEvent, TrustMode};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNode, ControllerNodeEvent, RunKnobs};
 use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::wire::SessionSalt;
 use cohort_proto::{ConnId, Input, Machine, Output, Peer, Time};
@@ -43,8 +43,8 @@ fn drain(c: &mut ControllerNode, now: Time, seen: &mut Seen) {
     while let Some(o) = c.poll(now) {
         match o {
             Output::Close { conn } => seen.closed.push(conn),
-            Output::Event(ControllerEvent::Evicted { conn, .. }) => seen.evicted.push(conn),
-            Output::Event(ControllerEvent::Join(JoinEvent::Admitted { host, .. })) => {
+            Output::Event(ControllerNodeEvent::Evicted { conn, .. }) => seen.evicted.push(conn),
+            Output::Event(ControllerNodeEvent::Join(JoinWindowEvent::Admitted { host, .. })) => {
                 seen.admitted.push(host)
             }
             _ => {}

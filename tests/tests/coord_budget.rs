@@ -6,7 +6,7 @@
 
 use cohort_proto::Time;
 use cohort_proto::coord::{
-    Backend, CoordConfig, CoordEvent, FailureBudget, Phase, RunEnd, SaveReason, Scheduler, Step,
+    Backend, CoordConfig, CoordinatorEvent, FailureBudget, Phase, RunEnd, SaveReason, Scheduler, Step,
 };
 use cohort_proto::wire::{ControlMsgWire, TimingMsgWire};
 use cohort_tests::coord_harness::*;
@@ -29,7 +29,7 @@ fn deaths_until_save(s: &mut Scheduler) -> (u32, Option<SaveReason>) {
         s.rank_exited(Time::from_secs(u64::from(r) + 1), r, 1);
         let st = drain(s);
         let save = events(&st).into_iter().find_map(|e| match e {
-            CoordEvent::Ended(RunEnd::Saved(reason)) => Some(reason),
+            CoordinatorEvent::Ended(RunEnd::Saved(reason)) => Some(reason),
             _ => None,
         });
         // Every rank that has not exited is told, the dead ones included (a
@@ -137,7 +137,7 @@ fn reduce_stall_is_reason_4_strictly_after_the_ceiling() {
     s.on_timing(Time::from_secs(1), 0, batch(0, 1, 10.0));
     s.on_timing(Time::from_secs(1), 1, batch(1, 1, 10.0));
     let st = drain(&mut s);
-    assert!(events(&st).contains(&CoordEvent::CycleStarted { cycle: 1, last: false }));
+    assert!(events(&st).contains(&CoordinatorEvent::CycleStarted { cycle: 1, last: false }));
     s.on_timing(Time::from_secs(1), 0, sync_ack(0, 1));
     let since = Time::from_secs(1);
     // Both ranks keep heartbeating: alive but wedged.
@@ -151,7 +151,7 @@ fn reduce_stall_is_reason_4_strictly_after_the_ceiling() {
     assert_eq!(s.phase(), Phase::Running, "not past the ceiling yet");
     s.tick(plus_ns(since + ceiling, 1));
     let st = drain(&mut s);
-    assert!(events(&st).contains(&CoordEvent::Ended(RunEnd::Saved(SaveReason::ReduceStall))));
+    assert!(events(&st).contains(&CoordinatorEvent::Ended(RunEnd::Saved(SaveReason::ReduceStall))));
     assert_eq!(sent_to(&st, 1).last(), Some(&ControlMsgWire::ShutdownWithSave { reason: 4 }));
 }
 

@@ -8,7 +8,7 @@
 use cohort_proto::Time;
 use cohort_proto::config::Rules;
 use cohort_proto::coord::chunk_pool::{ChunkAsk, chunk_batches, final_window_alloc, span_sizes};
-use cohort_proto::coord::{ApplyPolicy, CoordConfig, CoordEvent, DeathCause, Scheduler, Segment, Step};
+use cohort_proto::coord::{ApplyPolicy, CoordConfig, CoordinatorEvent, DeathCause, Scheduler, Segment, Step};
 use cohort_proto::wire::ControlMsgWire;
 use cohort_tests::coord_harness::*;
 
@@ -42,7 +42,7 @@ fn chunks(st: &[Step]) -> Vec<(u32, u64, Segment, bool)> {
     events(st)
         .into_iter()
         .filter_map(|e| match e {
-            CoordEvent::ChunkIssued { epoch, rank, segment, reclaimed, .. } => {
+            CoordinatorEvent::ChunkIssued { epoch, rank, segment, reclaimed, .. } => {
                 Some((rank, epoch, segment, reclaimed))
             }
             _ => None,
@@ -276,7 +276,7 @@ fn a_dead_ranks_chunks_go_back_to_the_pool() {
         let dead = events(&st)
             .into_iter()
             .find_map(|e| match e {
-                CoordEvent::RankDead { remainder, .. } => Some(remainder),
+                CoordinatorEvent::RankDead { remainder, .. } => Some(remainder),
                 _ => None,
             })
             .unwrap();

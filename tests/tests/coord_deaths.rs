@@ -6,7 +6,7 @@
 
 use cohort_proto::Time;
 use cohort_proto::coord::{
-    Backend, CoordConfig, CoordEvent, DeathCause, Role, RoleMove, RolePolicy, Scheduler, Segment, Step,
+    Backend, CoordConfig, CoordinatorEvent, DeathCause, Role, RoleMove, RolePolicy, Scheduler, Segment, Step,
 };
 use cohort_proto::wire::ControlMsgWire;
 use cohort_tests::coord_harness::*;
@@ -42,7 +42,7 @@ fn extend_partition_30_samples_3_ranks_batch_1_rank_2_silent_survivors_get_5_and
     assert_eq!(deaths(&st), vec![2]);
     assert_eq!(extensions_in(&sent_to(&st, 0)), vec![(20, 5)]);
     assert_eq!(extensions_in(&sent_to(&st, 1)), vec![(25, 5)]);
-    assert!(events(&st).contains(&CoordEvent::RankDead {
+    assert!(events(&st).contains(&CoordinatorEvent::RankDead {
         rank: 2,
         cause: DeathCause::Stale { last_heard: Time::ZERO },
         epoch: Some(0),
@@ -67,9 +67,12 @@ fn death_processing_order_remainder_then_ledger_then_roles_then_declare_dead_the
     let st = drain(&mut s);
     let pos =
         |f: &dyn Fn(&Step) -> bool| st.iter().position(f).unwrap_or_else(|| panic!("missing in {st:#?}"));
-    let dead = pos(&|x| matches!(x, Step::Event(CoordEvent::RankDead { rank: 2, .. })));
+    let dead = pos(&|x| matches!(x, Step::Event(CoordinatorEvent::RankDead { rank: 2, .. })));
     let role = pos(&|x| {
-        matches!(x, Step::Event(CoordEvent::RoleMoved { from: 2, to: 0, why: RoleMove::HolderDied, .. }))
+        matches!(
+            x,
+            Step::Event(CoordinatorEvent::RoleMoved { from: 2, to: 0, why: RoleMove::HolderDied, .. })
+        )
     });
     let declare = pos(
         &|x| matches!(x, Step::Send { to, msg: ControlMsgWire::DeclareDead { rank: 2 } } if to == &[0, 1, 2]),
@@ -80,12 +83,12 @@ fn death_processing_order_remainder_then_ledger_then_roles_then_declare_dead_the
     // The remainder in the RankDead event was computed before the ledger
     // changed: the whole partition, with the rank's plan intact.
     assert!(
-        matches!(&st[dead], Step::Event(CoordEvent::RankDead { remainder, .. }) if remainder == &[Segment::new(20, 10)])
+        matches!(&st[dead], Step::Event(CoordinatorEvent::RankDead { remainder, .. }) if remainder == &[Segment::new(20, 10)])
     );
     let moved: Vec<Role> = events(&st)
         .iter()
         .filter_map(|e| match e {
-            CoordEvent::RoleMoved { role, .. } => Some(*role),
+            CoordinatorEvent::RoleMoved { role, .. } => Some(*role),
             _ => None,
         })
         .collect();
@@ -124,7 +127,7 @@ fn remainder_counts_the_batches_the_rank_reported() {
     let st = drain(&mut s);
     assert!(events(&st).iter().any(|e| matches!(
         e,
-        CoordEvent::RankDead { rank: 2, processed: 3, remainder, .. } if remainder == &[Segment::new(23, 7)]
+        CoordinatorEvent::RankDead { rank: 2, processed: 3, remainder, .. } if remainder == &[Segment::new(23, 7)]
     )));
     assert_eq!(extensions_in(&sent_to(&st, 0)), vec![(23, 4)]);
     assert_eq!(extensions_in(&sent_to(&st, 1)), vec![(27, 3)]);
@@ -153,7 +156,7 @@ fn remainder_with_batches_larger_than_one_is_the_least_the_rank_can_have_done() 
     // re-split over the survivor (cohort re-splits a dead rank's slices).
     assert!(events(&st).iter().any(|e| matches!(
         e,
-        CoordEvent::RankDead { rank: 0, processed: 10, remainder, .. } if remainder == &[Segment::new(20, 4)]
+        CoordinatorEvent::RankDead { rank: 0, processed: 10, remainder, .. } if remainder == &[Segment::new(20, 4)]
     )));
     assert_eq!(extensions_in(&sent_to(&st, 1)), vec![(20, 4)]);
 }
@@ -177,7 +180,7 @@ fn under_flodl_rules_a_dead_ranks_own_slices_are_lost() {
     // the slice (20, 5) it had itself received is not re-split.
     assert!(events(&st).iter().any(|e| matches!(
         e,
-        CoordEvent::RankDead { rank: 0, processed: 8, remainder, .. } if remainder == &[Segment::new(8, 2)]
+        CoordinatorEvent::RankDead { rank: 0, processed: 8, remainder, .. } if remainder == &[Segment::new(8, 2)]
     )));
     assert_eq!(extensions_in(&sent_to(&st, 1)), vec![(8, 2)]);
 }
@@ -201,9 +204,9 @@ fn cohorts_rules_hand_a_remainder_out_in_whole_batches_and_keep_back_its_tail() 
     s.on_metrics(Time::from_millis(1004), 0, metrics(0, 0, 12));
     // Rank 1 has done its plan's 8 but not its slice: the epoch waits.
     s.on_metrics(Time::from_millis(1005), 1, metrics(1, 0, 8));
-    assert!(!events(&drain(&mut s)).iter().any(|e| matches!(e, CoordEvent::EpochAggregated { .. })));
+    assert!(!events(&drain(&mut s)).iter().any(|e| matches!(e, CoordinatorEvent::EpochAggregated { .. })));
     s.on_metrics(Time::from_millis(1006), 1, metrics(1, 0, 4));
-    assert!(events(&drain(&mut s)).iter().any(|e| matches!(e, CoordEvent::EpochAggregated { .. })));
+    assert!(events(&drain(&mut s)).iter().any(|e| matches!(e, CoordinatorEvent::EpochAggregated { .. })));
 }
 
 /// BEHAVIOUR.md Coordinator [C11]: the remainder is the unprocessed rest of the current epoch (plan and extensions)
@@ -217,7 +220,7 @@ fn cascading_death_hands_out_the_extensions_the_dead_rank_had_received() {
     let st = drain(&mut s);
     assert!(events(&st).iter().any(|e| matches!(
         e,
-        CoordEvent::RankDead { rank: 1, processed: 2, remainder, .. }
+        CoordinatorEvent::RankDead { rank: 1, processed: 2, remainder, .. }
             if remainder == &[Segment::new(12, 8), Segment::new(25, 5)]
     )));
     assert_eq!(extensions_in(&sent_to(&st, 0)), vec![(12, 8), (25, 5)]);
@@ -237,7 +240,7 @@ fn a_rank_that_reported_all_its_work_leaves_no_remainder() {
     let st = drain(&mut s);
     assert!(events(&st).iter().any(|e| matches!(
         e,
-        CoordEvent::RankDead { rank: 2, processed: 10, remainder, .. } if remainder.is_empty()
+        CoordinatorEvent::RankDead { rank: 2, processed: 10, remainder, .. } if remainder.is_empty()
     )));
     assert!(extensions_in(&sent_to(&st, 0)).is_empty() && extensions_in(&sent_to(&st, 1)).is_empty());
 }

@@ -2,9 +2,9 @@
 //! the rendezvous server, and costs only the offending connection or
 //! message: arbitrary bytes, arbitrary splits, absurd field values.
 
-use cohort_proto::coord::{CoordConfig, CoordEvent, Coordinator, Scheduler};
-use cohort_proto::rank::control_client::{ControlClient, ControlClientConfig, ControlEvent};
-use cohort_proto::rendezvous::{MAX_BUFFERED, RendezvousConfig, RendezvousEvent, RendezvousServer};
+use cohort_proto::coord::{CoordConfig, Coordinator, CoordinatorEvent, Scheduler};
+use cohort_proto::rank::control_client::{ControlClient, ControlClientConfig, ControlClientEvent};
+use cohort_proto::rendezvous::{MAX_BUFFERED, RendezvousConfig, RendezvousServer, RendezvousServerEvent};
 use cohort_proto::wire::{ControlAck, IntentKind, MetricsMsgWire, TimingMsgWire};
 use cohort_proto::{Adopt, ConnId, DialId, Input, Machine, Peer, Time};
 use cohort_tests::coord_harness::*;
@@ -60,7 +60,7 @@ proptest! {
         s.tick(Time::from_secs(1000));
         let st = drain(&mut s);
         // Whatever happened, the run ended one way or another by now.
-        prop_assert!(events(&st).iter().any(|e| matches!(e, CoordEvent::Ended(_))) || s.next_deadline().is_some());
+        prop_assert!(events(&st).iter().any(|e| matches!(e, CoordinatorEvent::Ended(_))) || s.next_deadline().is_some());
     }
 
     #[test]
@@ -77,7 +77,7 @@ proptest! {
         }
         let d = drain_machine(&mut s, Time::ZERO);
         if sent > MAX_BUFFERED + 24 {
-            prop_assert!(d.closed.contains(&ConnId(1)) || d.events.iter().any(|e| matches!(e, RendezvousEvent::Failed(_))));
+            prop_assert!(d.closed.contains(&ConnId(1)) || d.events.iter().any(|e| matches!(e, RendezvousServerEvent::Failed(_))));
         }
     }
 
@@ -100,7 +100,7 @@ proptest! {
             c.handle(Time::from_secs(1), Input::Received { conn: ConnId(1), bytes: ch });
         }
         let d = drain_machine(&mut c, Time::from_secs(1));
-        let lost = d.events.iter().any(|e| matches!(e, ControlEvent::CoordinatorLost { .. }));
+        let lost = d.events.iter().any(|e| matches!(e, ControlClientEvent::CoordinatorLost { .. }));
         prop_assert_eq!(lost, c.is_ended());
     }
 }
@@ -118,7 +118,9 @@ fn huge_step_counts_do_not_overflow_remainders_or_global_steps() {
     s.on_timing(Time::from_millis(2), 1, sync_ack(1, 0));
     s.rank_exited(Time::from_millis(3), 1, 1);
     let st = drain(&mut s);
-    assert!(events(&st).iter().any(|e| matches!(e, CoordEvent::RankDead { rank: 1, processed: 5, .. })));
+    assert!(
+        events(&st).iter().any(|e| matches!(e, CoordinatorEvent::RankDead { rank: 1, processed: 5, .. }))
+    );
     // The global step counts batch reports (one each), not step counts.
     assert_eq!(s.global_step(), 2);
 }

@@ -5,7 +5,7 @@
 
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::coord::{CoordConfig, CoordEvent, DeathCause, Life, Scheduler, Step};
+use cohort_proto::coord::{CoordConfig, CoordinatorEvent, DeathCause, Life, Scheduler, Step};
 use cohort_proto::wire::{ControlMsgWire, IntentKind, TimingMsgWire};
 use cohort_tests::coord_harness::*;
 use core::time::Duration;
@@ -48,10 +48,10 @@ fn staleness_rank_heard_at_t_is_alive_at_t_plus_30s_and_dead_at_t_plus_30s_plus_
     assert_eq!(s.liveness().next_deadline(), Some(plus_ns(deadline, 1)));
     s.tick(plus_ns(deadline, 1));
     let ev = events(&drain(&mut s));
-    let dead: Vec<_> = ev.iter().filter(|e| matches!(e, CoordEvent::RankDead { .. })).collect();
+    let dead: Vec<_> = ev.iter().filter(|e| matches!(e, CoordinatorEvent::RankDead { .. })).collect();
     assert_eq!(dead.len(), 1);
     assert!(
-        matches!(dead[0], CoordEvent::RankDead { rank: 1, cause: DeathCause::Stale { last_heard }, .. } if *last_heard == t)
+        matches!(dead[0], CoordinatorEvent::RankDead { rank: 1, cause: DeathCause::Stale { last_heard }, .. } if *last_heard == t)
     );
     assert!(s.liveness().is_dead(1));
 }
@@ -108,7 +108,7 @@ fn exiting_rank_is_latched_as_exited_and_never_declared_dead() {
     let mut s = started(CoordConfig::new(2, 1, 10, 1), Time::ZERO);
     s.on_timing(Time::from_secs(1), 1, TimingMsgWire::Exiting { rank: 1 });
     let ev = events(&drain(&mut s));
-    assert!(ev.contains(&CoordEvent::RankExited { rank: 1 }));
+    assert!(ev.contains(&CoordinatorEvent::RankExited { rank: 1 }));
     let st = keep_alive(&mut s, &[0], 2, 200);
     assert!(deaths(&st).is_empty(), "an exited rank is never stale");
     assert_eq!(s.liveness().get(1), Some(Life::Exited));
@@ -160,11 +160,11 @@ fn launcher_nonzero_exit_declares_dead_and_zero_exit_latches_exited() {
     let ev = events(&drain(&mut s));
     assert!(ev.iter().any(|e| matches!(
         e,
-        CoordEvent::RankDead { rank: 1, cause: DeathCause::ProcessExited { code: -9 }, .. }
+        CoordinatorEvent::RankDead { rank: 1, cause: DeathCause::ProcessExited { code: -9 }, .. }
     )));
     s.rank_exited(Time::from_secs(3), 2, 0);
     let ev = events(&drain(&mut s));
-    assert_eq!(ev, vec![CoordEvent::RankExited { rank: 2 }]);
+    assert_eq!(ev, vec![CoordinatorEvent::RankExited { rank: 2 }]);
     assert_eq!(s.liveness().get(2), Some(Life::Exited));
     // A repeated report changes nothing.
     s.rank_exited(Time::from_secs(4), 1, 1);
@@ -181,8 +181,8 @@ fn host_eof_declares_every_rank_of_the_host_dead() {
     assert!(
         events(&st)
             .iter()
-            .filter(|e| matches!(e, CoordEvent::RankDead { .. }))
-            .all(|e| matches!(e, CoordEvent::RankDead { cause: DeathCause::HostLost, .. }))
+            .filter(|e| matches!(e, CoordinatorEvent::RankDead { .. }))
+            .all(|e| matches!(e, CoordinatorEvent::RankDead { cause: DeathCause::HostLost, .. }))
     );
 }
 
@@ -237,7 +237,7 @@ fn rank_field_disagreeing_with_its_relay_tag_is_a_bad_message() {
     let mut s = started(CoordConfig::new(2, 1, 10, 1), Time::ZERO);
     s.on_timing(Time::from_secs(5), 0, heartbeat(1));
     let ev = events(&drain(&mut s));
-    assert!(matches!(&ev[..], [CoordEvent::BadMessage { rank: 0, error }] if error.field == "rank"));
+    assert!(matches!(&ev[..], [CoordinatorEvent::BadMessage { rank: 0, error }] if error.field == "rank"));
     assert_eq!(s.liveness().get(0), Some(Life::Alive { last_heard: Time::ZERO }), "not refreshed");
 }
 
@@ -286,10 +286,11 @@ fn coord_heartbeat_each_second_whatever_else_happens() {
             run(&mut s, mid, &|s| (0..3).for_each(|r| s.on_timing(mid, r, heartbeat(r))));
         }
     }
-    let ev: Vec<CoordEvent> = log.iter().filter_map(|(_, x)| events(std::slice::from_ref(x)).pop()).collect();
-    assert!(ev.iter().any(|e| matches!(e, CoordEvent::CycleStarted { .. })));
-    assert!(ev.iter().any(|e| matches!(e, CoordEvent::RankDead { rank: 3, .. })));
-    assert!(ev.iter().any(|e| matches!(e, CoordEvent::NcclAskAbandoned { .. })), "an ask timed out");
+    let ev: Vec<CoordinatorEvent> =
+        log.iter().filter_map(|(_, x)| events(std::slice::from_ref(x)).pop()).collect();
+    assert!(ev.iter().any(|e| matches!(e, CoordinatorEvent::CycleStarted { .. })));
+    assert!(ev.iter().any(|e| matches!(e, CoordinatorEvent::RankDead { rank: 3, .. })));
+    assert!(ev.iter().any(|e| matches!(e, CoordinatorEvent::NcclAskAbandoned { .. })), "an ask timed out");
     let beacons: Vec<(Time, Vec<u32>)> = log
         .iter()
         .filter_map(|(t, x)| match x {

@@ -4,7 +4,7 @@
 //! only the offending connection (or message).
 
 use cohort_proto::config::Rules;
-use cohort_proto::coord::{CoordConfig, CoordEvent, Coordinator, DeathCause, FormationFailure};
+use cohort_proto::coord::{CoordConfig, Coordinator, CoordinatorEvent, DeathCause, FormationFailure};
 use cohort_proto::wire::{ControlMsgWire, EpochPlanWire, RelayControlMsg};
 use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::coord_harness::*;
@@ -42,7 +42,7 @@ fn relay_hello_is_acknowledged_and_rank_frames_flow_both_ways() {
         c.handle(t, Input::Received { conn: b.conn, bytes: &[byte] });
     }
     let d = drain_machine(&mut c, t);
-    assert!(d.events.contains(&CoordEvent::RelayJoined {
+    assert!(d.events.contains(&CoordinatorEvent::RelayJoined {
         conn: a.conn,
         host: "host-a".into(),
         ranks: vec![0, 1]
@@ -86,12 +86,12 @@ fn the_run_begins_the_moment_the_relays_cover_the_world() {
     c.adopt(Time::from_secs(3), a.conn, Peer::REMOTE, &a.hello("h", &[0], SIG));
     let d = drain_machine(&mut c, Time::from_secs(3));
     assert_eq!(a.decode(&d.bytes[&a.conn]), vec![RelayIn::Control(RelayControlMsg::HelloAck)]);
-    assert!(!d.events.contains(&CoordEvent::Started));
+    assert!(!d.events.contains(&CoordinatorEvent::Started));
     assert!(c.is_forming());
     // Rank 1's relay at 5 s covers the world: the run begins at once.
     c.adopt(Time::from_secs(5), b.conn, Peer::REMOTE, &b.hello("g", &[1], SIG));
     let d = drain_machine(&mut c, Time::from_secs(5));
-    assert!(d.events.contains(&CoordEvent::Started));
+    assert!(d.events.contains(&CoordinatorEvent::Started));
     assert!(!c.is_forming());
     assert_eq!(
         c.scheduler().liveness().get(0),
@@ -142,7 +142,7 @@ fn formation_fails_by_name_when_the_relays_do_not_cover_the_world_in_time() {
         let why = FormationFailure::Deadline(Duration::from_secs(secs));
         assert_eq!(
             d.events,
-            vec![CoordEvent::FormationFailed { covered: 2, world_size: 3, why: why.clone() }]
+            vec![CoordinatorEvent::FormationFailed { covered: 2, world_size: 3, why: why.clone() }]
         );
         assert_eq!(
             why.describe(2, 3),
@@ -176,7 +176,7 @@ fn relay_hello_refused_for_range_duplicates_order_and_model_signature() {
         assert!(!d.bytes.contains_key(&ConnId(9)), "no reply: {why}");
         assert!(
             d.events.iter().any(
-                |e| matches!(e, CoordEvent::RelayRejected { conn: ConnId(9), reason } if reason.contains(why))
+                |e| matches!(e, CoordinatorEvent::RelayRejected { conn: ConnId(9), reason } if reason.contains(why))
             ),
             "{why}: {:?}",
             d.events
@@ -205,9 +205,10 @@ fn relay_rank_exit_record_declares_that_rank_dead() {
     );
     let d = drain_machine(&mut c, Time::from_secs(1));
     assert!(
-        d.events
-            .iter()
-            .any(|e| matches!(e, CoordEvent::RankDead { rank: 1, cause: DeathCause::RelayRankExit, .. }))
+        d.events.iter().any(|e| matches!(
+            e,
+            CoordinatorEvent::RankDead { rank: 1, cause: DeathCause::RelayRankExit, .. }
+        ))
     );
     assert!(d.closed.is_empty(), "the relay stays");
 }
@@ -230,12 +231,12 @@ fn relay_connection_ending_declares_its_live_ranks_dead_not_the_exited_ones() {
         .events
         .iter()
         .filter_map(|e| match e {
-            CoordEvent::RankDead { rank, cause: DeathCause::RelayLost, .. } => Some(*rank),
+            CoordinatorEvent::RankDead { rank, cause: DeathCause::RelayLost, .. } => Some(*rank),
             _ => None,
         })
         .collect();
     assert_eq!(dead, vec![2]);
-    assert!(d.events.contains(&CoordEvent::RelayLost { conn: b.conn, error: None }));
+    assert!(d.events.contains(&CoordinatorEvent::RelayLost { conn: b.conn, error: None }));
 }
 
 #[test]
@@ -252,7 +253,7 @@ fn a_bad_frame_inside_a_data_record_costs_only_that_message() {
     let rec = a.data(0, &blob);
     c.handle(Time::from_secs(1), Input::Received { conn: a.conn, bytes: &rec });
     let d = drain_machine(&mut c, Time::from_secs(1));
-    assert!(d.events.iter().any(|e| matches!(e, CoordEvent::BadMessage { rank: 0, .. })));
+    assert!(d.events.iter().any(|e| matches!(e, CoordinatorEvent::BadMessage { rank: 0, .. })));
     assert!(d.closed.is_empty());
     // The relay still carries traffic.
     c.handle(Time::from_secs(2), Input::Received { conn: a.conn, bytes: &a.timing(1, &heartbeat(1)) });
@@ -278,13 +279,13 @@ fn a_bad_mux_record_closes_only_that_relay_and_its_ranks_die() {
     let d = drain_machine(&mut c, Time::from_secs(1));
     assert_eq!(d.closed, vec![b.conn]);
     assert!(d.events.iter().any(
-        |e| matches!(e, CoordEvent::RelayLost { conn, error: Some(err) } if *conn == b.conn && err.is_mac())
+        |e| matches!(e, CoordinatorEvent::RelayLost { conn, error: Some(err) } if *conn == b.conn && err.is_mac())
     ));
     let dead: Vec<u32> = d
         .events
         .iter()
         .filter_map(|e| match e {
-            CoordEvent::RankDead { rank, .. } => Some(*rank),
+            CoordinatorEvent::RankDead { rank, .. } => Some(*rank),
             _ => None,
         })
         .collect();
@@ -318,7 +319,7 @@ fn staleness_through_the_machine_wakes_at_the_exact_instant() {
     let mut now = last;
     let dead_at = loop {
         let d = drain_machine(&mut c, now);
-        if d.events.iter().any(|e| matches!(e, CoordEvent::RankDead { rank: 1, .. })) {
+        if d.events.iter().any(|e| matches!(e, CoordinatorEvent::RankDead { rank: 1, .. })) {
             break now;
         }
         let next = c.poll_timeout().expect("a deadline");
@@ -412,7 +413,7 @@ fn an_unauthenticated_relay_claiming_more_than_a_hello_is_refused_from_its_heade
     assert!(!d.bytes.contains_key(&ConnId(9)), "no reply");
     let limit = cohort_proto::config::defaults::MAX_HELLO_BYTES as u64;
     assert!(
-        d.events.iter().any(|e| matches!(e, CoordEvent::RelayLost { conn: ConnId(9), error: Some(e) }
+        d.events.iter().any(|e| matches!(e, CoordinatorEvent::RelayLost { conn: ConnId(9), error: Some(e) }
             if e.field == "payload_len"
                 && e.problem == cohort_proto::wire::Problem::TooLarge { got: claimed.into(), limit })),
         "{:?}",
@@ -449,7 +450,7 @@ fn a_relay_failing_its_hello_fails_formation_only_under_flodl_rules() {
             let d = drain_machine(&mut c, t);
             assert_eq!(d.closed, vec![ConnId(2)], "{rules:?} {fault}");
             let failed = d.events.iter().find_map(|e| match e {
-                CoordEvent::FormationFailed { why, covered: 2, world_size: 4 } => Some(why.clone()),
+                CoordinatorEvent::FormationFailed { why, covered: 2, world_size: 4 } => Some(why.clone()),
                 _ => None,
             });
             match rules {
@@ -497,7 +498,7 @@ fn an_oversized_data_record_costs_only_its_rank_under_cohorts_rules() {
             .events
             .iter()
             .filter_map(|e| match e {
-                CoordEvent::RankDead { rank, cause, .. } => Some((*rank, *cause)),
+                CoordinatorEvent::RankDead { rank, cause, .. } => Some((*rank, *cause)),
                 _ => None,
             })
             .collect();
@@ -506,7 +507,7 @@ fn an_oversized_data_record_costs_only_its_rank_under_cohorts_rules() {
                 assert_eq!(dead, vec![(1, DeathCause::FrameTooLarge { len: 17 << 20 })]);
                 assert!(d.closed.is_empty(), "the relay stays");
                 assert!(d.events.iter().any(
-                    |e| matches!(e, CoordEvent::BadMessage { rank: 1, error } if error.field == "payload_len")
+                    |e| matches!(e, CoordinatorEvent::BadMessage { rank: 1, error } if error.field == "payload_len")
                 ));
                 c.handle(
                     Time::from_secs(2),
@@ -520,7 +521,7 @@ fn an_oversized_data_record_costs_only_its_rank_under_cohorts_rules() {
             Rules::Flodl => {
                 // The relay is gone at the record's header; its ranks go stale.
                 assert_eq!(d.closed, vec![a.conn]);
-                assert!(d.events.iter().any(|e| matches!(e, CoordEvent::RelayLost { conn, error: Some(err) } if *conn == a.conn && err.field == "payload_len")));
+                assert!(d.events.iter().any(|e| matches!(e, CoordinatorEvent::RelayLost { conn, error: Some(err) } if *conn == a.conn && err.field == "payload_len")));
                 assert_eq!(dead, vec![]);
             }
         }

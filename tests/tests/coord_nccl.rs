@@ -8,7 +8,9 @@
 
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::coord::{AskAbandoned, Backend, CoordConfig, CoordEvent, RunEnd, SaveReason, Scheduler};
+use cohort_proto::coord::{
+    AskAbandoned, Backend, CoordConfig, CoordinatorEvent, RunEnd, SaveReason, Scheduler,
+};
 use cohort_proto::wire::{ControlMsgWire, TimingMsgWire};
 use cohort_tests::coord_harness::*;
 use core::time::Duration;
@@ -34,7 +36,7 @@ fn asked(st: &[cohort_proto::coord::Step]) -> Vec<u32> {
     events(st)
         .iter()
         .filter_map(|e| match e {
-            CoordEvent::NcclIdRequested { rank, .. } => Some(*rank),
+            CoordinatorEvent::NcclIdRequested { rank, .. } => Some(*rank),
             _ => None,
         })
         .collect()
@@ -80,8 +82,8 @@ fn nccl_generator_dying_before_answering_moves_to_the_next_untried_survivor() {
     assert_eq!(asked(&drain(&mut s)), vec![3]);
     s.rank_exited(Time::from_secs(2), 3, 1);
     let st = drain(&mut s);
-    assert!(events(&st).contains(&CoordEvent::NcclAskAbandoned { rank: 3, why: AskAbandoned::Died }));
-    assert!(events(&st).contains(&CoordEvent::NcclIdRequested { rank: 1, attempt: 2 }));
+    assert!(events(&st).contains(&CoordinatorEvent::NcclAskAbandoned { rank: 3, why: AskAbandoned::Died }));
+    assert!(events(&st).contains(&CoordinatorEvent::NcclIdRequested { rank: 1, attempt: 2 }));
     assert_eq!(s.nccl_asked(), Some(1));
 }
 
@@ -101,7 +103,9 @@ fn nccl_no_answer_within_5s_moves_on_at_5s_plus_1ns_and_is_not_scaled() {
     assert!(asked(&drain(&mut s)).is_empty(), "still within 5 s");
     s.tick(plus_ns(answer_deadline, 1));
     let st = drain(&mut s);
-    assert!(events(&st).contains(&CoordEvent::NcclAskAbandoned { rank: 1, why: AskAbandoned::TimedOut }));
+    assert!(
+        events(&st).contains(&CoordinatorEvent::NcclAskAbandoned { rank: 1, why: AskAbandoned::TimedOut })
+    );
     assert_eq!(asked(&st), vec![2]);
     // The next candidate gets its own 5 s from its ask (at deadline + 1 ns).
     let second = plus_ns(answer_deadline, 1) + Duration::from_secs(5);
@@ -120,18 +124,20 @@ fn nccl_reply_from_a_rank_not_asked_is_ignored_including_a_stale_one() {
     // Rank 2 was not asked.
     s.on_timing(Time::from_secs(2), 2, uid(2, 7));
     let st = drain(&mut s);
-    assert_eq!(events(&st), vec![CoordEvent::NcclReplyIgnored { from: 2, expected: Some(1) }]);
+    assert_eq!(events(&st), vec![CoordinatorEvent::NcclReplyIgnored { from: 2, expected: Some(1) }]);
     // Rank 1 times out; rank 2 is asked; rank 1's late answer is stale.
     s.tick(plus_ns(Time::from_secs(6), 1));
     drain(&mut s);
     s.on_timing(Time::from_secs(7), 1, uid(1, 8));
     let st = drain(&mut s);
-    assert_eq!(events(&st), vec![CoordEvent::NcclReplyIgnored { from: 1, expected: Some(2) }]);
+    assert_eq!(events(&st), vec![CoordinatorEvent::NcclReplyIgnored { from: 1, expected: Some(2) }]);
     assert!(sent_to_but_beacons(&st, 1).is_empty(), "no session from a stale reply");
     // A uid of the wrong length from the asked rank is refused.
     s.on_timing(Time::from_secs(8), 2, TimingMsgWire::NewNcclIdGenerated { rank: 2, uid_bytes: vec![1; 12] });
     let ev = events(&drain(&mut s));
-    assert!(matches!(&ev[..], [CoordEvent::BadMessage { rank: 2, error }] if error.field == "uid_bytes"));
+    assert!(
+        matches!(&ev[..], [CoordinatorEvent::BadMessage { rank: 2, error }] if error.field == "uid_bytes")
+    );
     assert_eq!(s.nccl_asked(), Some(2));
 }
 
@@ -156,7 +162,9 @@ fn nccl_new_session_new_rank_is_position_among_survivors_and_world_is_their_coun
             }]
         );
     }
-    assert!(events(&st).contains(&CoordEvent::NcclSessionIssued { generator: 0, survivors: vec![0, 2, 4] }));
+    assert!(
+        events(&st).contains(&CoordinatorEvent::NcclSessionIssued { generator: 0, survivors: vec![0, 2, 4] })
+    );
     assert_eq!(s.nccl_asked(), None);
 }
 
@@ -179,11 +187,13 @@ fn nccl_no_candidate_left_ends_with_shutdown_with_save() {
     assert!(events(&drain(&mut s)).is_empty());
     s.tick(plus_ns(Time::from_secs(11), 2));
     let st = drain(&mut s);
-    assert!(events(&st).contains(&CoordEvent::NcclAskAbandoned { rank: 2, why: AskAbandoned::TimedOut }));
+    assert!(
+        events(&st).contains(&CoordinatorEvent::NcclAskAbandoned { rank: 2, why: AskAbandoned::TimedOut })
+    );
     let save = ControlMsgWire::ShutdownWithSave { reason: SaveReason::SingleSurvivor.as_u8() };
     assert_eq!(sent_to(&st, 1).last(), Some(&save));
     assert_eq!(sent_to(&st, 2).last(), Some(&save));
-    assert!(events(&st).contains(&CoordEvent::Ended(RunEnd::Saved(SaveReason::SingleSurvivor))));
+    assert!(events(&st).contains(&CoordinatorEvent::Ended(RunEnd::Saved(SaveReason::SingleSurvivor))));
 }
 
 /// BEHAVIOUR.md Coordinator [C16]: NCCL re-rendezvous only with at least 2 survivors
@@ -194,7 +204,7 @@ fn nccl_rendezvous_needs_two_survivors() {
     s.rank_exited(Time::from_secs(1), 0, 1);
     let st = drain(&mut s);
     assert!(asked(&st).is_empty(), "no ask with one survivor");
-    assert!(events(&st).contains(&CoordEvent::Ended(RunEnd::Saved(SaveReason::SingleSurvivor))));
+    assert!(events(&st).contains(&CoordinatorEvent::Ended(RunEnd::Saved(SaveReason::SingleSurvivor))));
 }
 
 /// BEHAVIOUR.md Coordinator [C24]: NCCL: every survivor gets `NewNcclSession{uid, new_rank = position, new_world_size = count}`
@@ -209,6 +219,8 @@ fn nccl_deaths_during_a_rendezvous_are_folded_into_the_session() {
     assert!(asked(&st).is_empty(), "the pending rendezvous continues");
     s.on_timing(Time::from_secs(3), 0, uid(0, 1));
     let st = drain(&mut s);
-    assert!(events(&st).contains(&CoordEvent::NcclSessionIssued { generator: 0, survivors: vec![0, 1] }));
+    assert!(
+        events(&st).contains(&CoordinatorEvent::NcclSessionIssued { generator: 0, survivors: vec![0, 1] })
+    );
     assert!(sent_to_but_beacons(&st, 2).is_empty(), "the dead rank gets no session");
 }

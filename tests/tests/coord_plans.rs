@@ -7,7 +7,7 @@
 //! aggregated into `EpochAggregated`; `Shutdown` at the end.
 
 use cohort_proto::Time;
-use cohort_proto::coord::{Backend, CoordConfig, CoordEvent, PlanCarrier, RunEnd, Scheduler, Step};
+use cohort_proto::coord::{Backend, CoordConfig, CoordinatorEvent, PlanCarrier, RunEnd, Scheduler, Step};
 use cohort_proto::wire::{ControlMsgWire, EpochPlanWire};
 use cohort_tests::coord_harness::*;
 
@@ -25,7 +25,7 @@ fn plan_events(st: &[Step]) -> Vec<Issued> {
     events(st)
         .into_iter()
         .filter_map(|e| match e {
-            CoordEvent::PlanIssued { epoch, plans, calibrated, via } => Some((
+            CoordinatorEvent::PlanIssued { epoch, plans, calibrated, via } => Some((
                 epoch,
                 plans.iter().map(|p| (p.partition_offset, p.partition_size)).collect(),
                 calibrated,
@@ -173,7 +173,7 @@ fn epoch_metrics_from_every_live_rank_are_aggregated_and_broadcast_as_epoch_aggr
     let agg = events(&st)
         .into_iter()
         .find_map(|e| match e {
-            CoordEvent::EpochAggregated { metrics } => Some(metrics),
+            CoordinatorEvent::EpochAggregated { metrics } => Some(metrics),
             _ => None,
         })
         .expect("aggregated");
@@ -192,7 +192,7 @@ fn epoch_metrics_from_every_live_rank_are_aggregated_and_broadcast_as_epoch_aggr
 fn shutdown_is_sent_to_every_live_rank_after_the_last_epoch() {
     let (mut s, _) = started(CoordConfig::new(2, 1, 20, 1));
     let st = finish_epoch(&mut s, Time::from_secs(1), 0, &[(0, 10), (1, 10)]);
-    assert_eq!(st.last(), Some(&Step::Event(CoordEvent::Ended(RunEnd::Done))));
+    assert_eq!(st.last(), Some(&Step::Event(CoordinatorEvent::Ended(RunEnd::Done))));
     assert!(st.contains(&Step::Send { to: vec![0, 1], msg: ControlMsgWire::Shutdown }));
     // The shutdown follows the aggregate.
     let agg = st.iter().position(|x| matches!(x, Step::Send { msg: ControlMsgWire::EpochAggregated(_), .. }));
@@ -226,7 +226,7 @@ fn cpu_cycle_is_request_params_then_sync_acks_then_update_and_set_global_step() 
             ControlMsgWire::SetGlobalStep { global_step: 4 }
         ]
     );
-    assert!(events(&st).contains(&CoordEvent::CycleFinished { version: 1, global_step: 4 }));
+    assert!(events(&st).contains(&CoordinatorEvent::CycleFinished { version: 1, global_step: 4 }));
 }
 
 /// A rank whose plan is shorter than one batch has nothing to process: it
@@ -240,7 +240,7 @@ fn a_rank_with_less_than_a_batch_never_holds_the_cycle_gate_closed() {
     let (mut s, _) = started(c);
     s.on_timing(Time::from_millis(10), 0, batch(0, 1, 10.0));
     let st = drain(&mut s);
-    assert_eq!(events(&st), vec![CoordEvent::CycleStarted { cycle: 1, last: false }]);
+    assert_eq!(events(&st), vec![CoordinatorEvent::CycleStarted { cycle: 1, last: false }]);
 }
 
 /// BEHAVIOUR.md Coordinator [C40]: whole-epoch dispatch: the next epoch's `StartEpoch` waits for the cycle in flight
@@ -288,11 +288,11 @@ fn final_consensus_cycle_runs_before_shutdown_when_steps_are_unaveraged() {
     }
     // Three steps each, window five, but both are out of work: the tail cycle.
     let st = drain(&mut s);
-    assert!(events(&st).contains(&CoordEvent::CycleStarted { cycle: 1, last: false }));
+    assert!(events(&st).contains(&CoordinatorEvent::CycleStarted { cycle: 1, last: false }));
     s.on_timing(Time::from_millis(40), 0, sync_ack(0, 3));
     s.on_timing(Time::from_millis(40), 1, sync_ack(1, 3));
     let st = finish_epoch(&mut s, Time::from_millis(50), 0, &[(0, 3), (1, 3)]);
-    assert!(events(&st).contains(&CoordEvent::Ended(RunEnd::Done)), "nothing left to average");
+    assert!(events(&st).contains(&CoordinatorEvent::Ended(RunEnd::Done)), "nothing left to average");
 
     // The last epoch ends with steps taken after the last cycle: one
     // final cycle, then Shutdown. (A batch that lands while a cycle is in
@@ -305,7 +305,7 @@ fn final_consensus_cycle_runs_before_shutdown_when_steps_are_unaveraged() {
         s.on_timing(Time::from_millis(10), r, batch(r, 1, 10.0));
         s.on_timing(Time::from_millis(20), r, batch(r, 2, 10.0));
     }
-    assert!(events(&drain(&mut s)).contains(&CoordEvent::CycleStarted { cycle: 1, last: false }));
+    assert!(events(&drain(&mut s)).contains(&CoordinatorEvent::CycleStarted { cycle: 1, last: false }));
     s.on_timing(Time::from_millis(25), 0, sync_ack(0, 2));
     s.on_timing(Time::from_millis(25), 1, sync_ack(1, 2));
     assert!(sent_to(&drain(&mut s), 0).contains(&ControlMsgWire::Update { version: 1, next_plan: None }));
@@ -316,8 +316,8 @@ fn final_consensus_cycle_runs_before_shutdown_when_steps_are_unaveraged() {
     // Both ran out of work: the window closes (cohort's rule) before the
     // epoch's reports land; nothing is left for a final cycle after it.
     let st = drain(&mut s);
-    assert!(events(&st).iter().any(|e| matches!(e, CoordEvent::CycleStarted { cycle: 2, .. })));
-    assert!(!events(&st).iter().any(|e| matches!(e, CoordEvent::Ended(_))));
+    assert!(events(&st).iter().any(|e| matches!(e, CoordinatorEvent::CycleStarted { cycle: 2, .. })));
+    assert!(!events(&st).iter().any(|e| matches!(e, CoordinatorEvent::Ended(_))));
     s.on_timing(Time::from_millis(50), 0, sync_ack(0, 3));
     s.on_timing(Time::from_millis(50), 1, sync_ack(1, 3));
     let st = drain(&mut s);
@@ -363,7 +363,7 @@ fn throttle_a_rank_more_than_max_batch_diff_steps_ahead_of_the_slowest_once_per_
         events(st)
             .into_iter()
             .filter_map(|e| match e {
-                CoordEvent::Throttled { rank, steps, slowest } => Some((rank, steps, slowest)),
+                CoordinatorEvent::Throttled { rank, steps, slowest } => Some((rank, steps, slowest)),
                 _ => None,
             })
             .collect::<Vec<_>>()
@@ -414,5 +414,5 @@ fn throttle_is_not_used_on_the_nccl_plane() {
     for step in 1..=5 {
         s.on_timing(Time::from_millis(step), 0, batch(0, step, 10.0));
     }
-    assert!(!events(&drain(&mut s)).iter().any(|e| matches!(e, CoordEvent::Throttled { .. })));
+    assert!(!events(&drain(&mut s)).iter().any(|e| matches!(e, CoordinatorEvent::Throttled { .. })));
 }

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 
 use cohort_proto::Time;
-use cohort_proto::coord::{Backend, CoordConfig, CoordEvent, DeathCause, RunEnd, Scheduler};
+use cohort_proto::coord::{Backend, CoordConfig, CoordinatorEvent, DeathCause, RunEnd, Scheduler};
 use cohort_tests::coord_harness::{RankSpec, SimWorld, check_assignments, ms};
 use core::time::Duration;
 use proptest::prelude::*;
@@ -118,7 +118,7 @@ fn run(c: &Case) -> Result<Seen, TestCaseError> {
         .events
         .iter()
         .filter_map(|(_, e)| match e {
-            CoordEvent::RankDead { rank, .. } => Some(*rank),
+            CoordinatorEvent::RankDead { rank, .. } => Some(*rank),
             _ => None,
         })
         .collect();
@@ -137,7 +137,7 @@ fn run(c: &Case) -> Result<Seen, TestCaseError> {
     // Liveness: a dead rank is declared within staleness + latency + 1 ns of
     // its last message (sent at most at its death); a live rank never is.
     for (t, e) in &w.events {
-        if let CoordEvent::RankDead { rank, cause, .. } = e {
+        if let CoordinatorEvent::RankDead { rank, cause, .. } = e {
             let spec = &specs[*rank as usize];
             let Some(died) = spec.dies_at else {
                 return Err(TestCaseError::fail(format!("{t}: live rank {rank} declared dead ({cause})")));
@@ -149,12 +149,12 @@ fn run(c: &Case) -> Result<Seen, TestCaseError> {
             }
         }
     }
-    let n = |f: &dyn Fn(&CoordEvent) -> bool| w.events.iter().filter(|(_, e)| f(e)).count();
+    let n = |f: &dyn Fn(&CoordinatorEvent) -> bool| w.events.iter().filter(|(_, e)| f(e)).count();
     Ok(Seen {
-        deaths: n(&|e| matches!(e, CoordEvent::RankDead { .. })),
-        extensions: n(&|e| matches!(e, CoordEvent::PartitionExtended { .. })),
-        throttles: n(&|e| matches!(e, CoordEvent::Throttled { .. })),
-        nccl_sessions: n(&|e| matches!(e, CoordEvent::NcclSessionIssued { .. })),
+        deaths: n(&|e| matches!(e, CoordinatorEvent::RankDead { .. })),
+        extensions: n(&|e| matches!(e, CoordinatorEvent::PartitionExtended { .. })),
+        throttles: n(&|e| matches!(e, CoordinatorEvent::Throttled { .. })),
+        nccl_sessions: n(&|e| matches!(e, CoordinatorEvent::NcclSessionIssued { .. })),
         saved: matches!(end, RunEnd::Saved(_)),
     })
 }

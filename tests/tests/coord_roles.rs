@@ -6,7 +6,9 @@
 //! User intents are folded into the next epoch boundary.
 
 use cohort_proto::Time;
-use cohort_proto::coord::{CoordConfig, CoordEvent, Role, RoleMove, RolePolicy, RunEnd, Scheduler, Step};
+use cohort_proto::coord::{
+    CoordConfig, CoordinatorEvent, Role, RoleMove, RolePolicy, RunEnd, Scheduler, Step,
+};
 use cohort_proto::wire::{ControlMsgWire, IntentKind, TimingMsgWire};
 use cohort_tests::coord_harness::*;
 
@@ -70,7 +72,7 @@ fn checkpoint_every_n_epochs_goes_to_the_checkpoint_role_before_start_epoch() {
     let start = to0.iter().position(|m| matches!(m, ControlMsgWire::StartEpoch(_))).unwrap();
     assert!(ck < start);
     assert!(!sent_to(&st, 1).iter().any(|m| matches!(m, ControlMsgWire::Checkpoint { .. })), "targeted send");
-    assert!(events(&st).contains(&CoordEvent::CheckpointRequested { version: 2, rank: 0 }));
+    assert!(events(&st).contains(&CoordinatorEvent::CheckpointRequested { version: 2, rank: 0 }));
 }
 
 /// BEHAVIOUR.md Coordinator [C42]: checkpoint on a `CheckpointNow` intent (at the next epoch boundary, once)
@@ -79,7 +81,7 @@ fn checkpoint_now_intent_is_folded_into_the_next_epoch_boundary() {
     let (mut s, _) = started(CoordConfig::new(2, 3, 10, 1));
     s.on_timing(Time::from_millis(10), 1, TimingMsgWire::Intent { rank: 1, kind: IntentKind::CheckpointNow });
     let st = drain(&mut s);
-    assert_eq!(events(&st), vec![CoordEvent::IntentNoted { rank: 1, kind: IntentKind::CheckpointNow }]);
+    assert_eq!(events(&st), vec![CoordinatorEvent::IntentNoted { rank: 1, kind: IntentKind::CheckpointNow }]);
     assert!(sent_to(&st, 0).is_empty(), "never mid-epoch");
     let st = finish(&mut s, Time::from_millis(20), 0, 5);
     assert!(sent_to(&st, 0).contains(&ControlMsgWire::Checkpoint { version: 1, target_rank: 0 }));
@@ -107,7 +109,7 @@ fn checkpoint_error_is_retried_on_the_lowest_live_untried_rank_then_abandoned() 
     s.on_timing(Time::from_millis(20), 2, checkpoint_result(2, 1, Some("disk full")));
     let st = drain(&mut s);
     assert!(sent_to(&st, 1).contains(&ControlMsgWire::Checkpoint { version: 1, target_rank: 1 }));
-    assert!(events(&st).contains(&CoordEvent::RoleMoved {
+    assert!(events(&st).contains(&CoordinatorEvent::RoleMoved {
         role: Role::Checkpoint,
         from: 2,
         to: 1,
@@ -121,7 +123,7 @@ fn checkpoint_error_is_retried_on_the_lowest_live_untried_rank_then_abandoned() 
     assert!(sent_to(&st, 3).contains(&ControlMsgWire::Checkpoint { version: 1, target_rank: 3 }));
     s.on_timing(Time::from_millis(40), 3, checkpoint_result(3, 1, Some("disk full")));
     let st = drain(&mut s);
-    assert!(events(&st).contains(&CoordEvent::CheckpointAbandoned { version: 1 }));
+    assert!(events(&st).contains(&CoordinatorEvent::CheckpointAbandoned { version: 1 }));
     assert_eq!(s.roles().checkpoint, 3);
 }
 
@@ -133,7 +135,7 @@ fn checkpoint_success_keeps_the_role_on_that_rank() {
     finish(&mut s, Time::from_millis(10), 0, 5);
     s.on_timing(Time::from_millis(20), 0, checkpoint_result(0, 1, None));
     let st = drain(&mut s);
-    assert_eq!(events(&st), vec![CoordEvent::CheckpointDone { version: 1, rank: 0, error: None }]);
+    assert_eq!(events(&st), vec![CoordinatorEvent::CheckpointDone { version: 1, rank: 0, error: None }]);
     assert_eq!(s.roles().checkpoint, 0);
 }
 
@@ -165,7 +167,12 @@ fn eval_intent_sends_execute_eval_callback_and_the_result_is_broadcast_as_eval_b
         to: vec![0, 1, 2],
         msg: ControlMsgWire::EvalBroadcast { epoch: 1, metric: 0.93 }
     }));
-    assert!(events(&st).contains(&CoordEvent::EvalDone { epoch: 1, rank: 0, metric: 0.93, error: None }));
+    assert!(events(&st).contains(&CoordinatorEvent::EvalDone {
+        epoch: 1,
+        rank: 0,
+        metric: 0.93,
+        error: None
+    }));
 }
 
 /// BEHAVIOUR.md Coordinator [C44]: eval via `ExecuteEvalCallback` to the eval role
@@ -222,7 +229,7 @@ fn final_eval_is_dispatched_to_the_eval_role_just_before_shutdown() {
         vec![eval, ControlMsgWire::Shutdown]
     );
     assert!(!sent_to(&st, 1).iter().any(|m| matches!(m, ControlMsgWire::ExecuteEvalCallback { .. })));
-    assert!(events(&st).contains(&CoordEvent::Ended(RunEnd::Done)));
+    assert!(events(&st).contains(&CoordinatorEvent::Ended(RunEnd::Done)));
     s.on_timing(
         Time::from_millis(20),
         0,
@@ -254,7 +261,12 @@ fn dead_role_holders_roles_fail_over_to_the_fastest_live_rank() {
     let st = drain(&mut s);
     for role in [Role::Checkpoint, Role::Eval, Role::EpochCallback] {
         assert!(
-            events(&st).contains(&CoordEvent::RoleMoved { role, from: 0, to: 2, why: RoleMove::HolderDied }),
+            events(&st).contains(&CoordinatorEvent::RoleMoved {
+                role,
+                from: 0,
+                to: 2,
+                why: RoleMove::HolderDied
+            }),
             "{role}"
         );
     }

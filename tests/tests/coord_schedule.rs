@@ -7,7 +7,7 @@
 
 use cohort_proto::Time;
 use cohort_proto::config::Rules;
-use cohort_proto::coord::{ApplyPolicy, Backend, CoordConfig, CoordEvent, Scheduler, Step};
+use cohort_proto::coord::{ApplyPolicy, Backend, CoordConfig, CoordinatorEvent, Scheduler, Step};
 use cohort_proto::wire::{ControlMsgWire, TimingMsgWire};
 use cohort_tests::coord_harness::*;
 
@@ -33,7 +33,7 @@ fn windows(st: &[Step]) -> Vec<(Vec<u64>, Vec<u64>, f64)> {
     events(st)
         .into_iter()
         .filter_map(|e| match e {
-            CoordEvent::WindowClosed { steps, counts, sync_ms, .. } => Some((steps, counts, sync_ms)),
+            CoordinatorEvent::WindowClosed { steps, counts, sync_ms, .. } => Some((steps, counts, sync_ms)),
             _ => None,
         })
         .collect()
@@ -128,7 +128,7 @@ fn the_sync_time_survives_a_death_under_cohort_rules_not_under_flodls() {
 }
 
 fn throttles(st: &[Step]) -> usize {
-    events(st).iter().filter(|e| matches!(e, CoordEvent::Throttled { .. })).count()
+    events(st).iter().filter(|e| matches!(e, CoordinatorEvent::Throttled { .. })).count()
 }
 
 /// BEHAVIOUR.md Coordinator [C58]: the throttle: flodl turns it off at the first death; cohort keeps it, on the slowest live rank
@@ -180,7 +180,7 @@ fn the_batch_share_is_elches() {
     let agg = events(&drain(&mut s))
         .into_iter()
         .find_map(|e| match e {
-            CoordEvent::EpochAggregated { metrics } => Some(metrics),
+            CoordinatorEvent::EpochAggregated { metrics } => Some(metrics),
             _ => None,
         })
         .expect("aggregated");
@@ -200,7 +200,7 @@ fn a_learning_rate_reaches_the_meta_controller() {
 
 fn plan_sizes(st: &[Step], epoch: u64) -> Option<Vec<u64>> {
     events(st).into_iter().find_map(|e| match e {
-        CoordEvent::PlanIssued { epoch: e, plans, .. } if e == epoch => {
+        CoordinatorEvent::PlanIssued { epoch: e, plans, .. } if e == epoch => {
             Some(plans.iter().map(|p| p.partition_size).collect())
         }
         _ => None,

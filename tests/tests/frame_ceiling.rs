@@ -11,7 +11,7 @@ use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::{JoinConfig, JoinOffer, TrustMode};
 use cohort_proto::node::controller::{ControllerConfig, ControllerNode, RunKnobs};
 use cohort_proto::node::envelope::ControllerAddr;
-use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RelayListen};
+use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RelayListen};
 use cohort_proto::relay::{Leg, Relay, RelayConfig, RelayEvent};
 use cohort_proto::wire::{DEFAULT_FRAME_CEILING, DataHello, SessionSalt, derive_frame_ceiling};
 use cohort_proto::{ConnId, DialId, Input, Machine, Output, Peer, Time};
@@ -22,7 +22,7 @@ const FRAME: u32 = 1_120_000_039;
 
 /// One host joins a controller training `ELEMS` elements; returns what the
 /// host is asked to start once the world forms.
-fn formed_host_events() -> Vec<HostEvent> {
+fn formed_host_events() -> Vec<HostNodeEvent> {
     let t = Time::ZERO;
     let knobs = RunKnobs { model_elems: ELEMS, ..RunKnobs::default() };
     let join = JoinConfig { min_rank_start: 2, target_ranks: Some(2), ..JoinConfig::default() };
@@ -71,7 +71,10 @@ fn formed_host_events() -> Vec<HostEvent> {
         if !to_host.is_empty() {
             host.handle(t, Input::Received { conn: h_conn, bytes: &to_host });
         }
-        if events.iter().any(|e| matches!(e, HostEvent::StartRelay { relay, .. } if relay.leg == Leg::Data)) {
+        if events
+            .iter()
+            .any(|e| matches!(e, HostNodeEvent::StartRelay { relay, .. } if relay.leg == Leg::Data))
+        {
             break;
         }
     }
@@ -95,14 +98,14 @@ fn a_model_past_one_gib_gets_its_derived_ceiling_in_every_part() {
     let data = events
         .iter()
         .find_map(|e| match e {
-            HostEvent::StartRelay { relay, .. } if relay.leg == Leg::Data => Some(relay.clone()),
+            HostNodeEvent::StartRelay { relay, .. } if relay.leg == Leg::Data => Some(relay.clone()),
             _ => None,
         })
         .unwrap_or_else(|| panic!("the world formed and the host starts a data relay: {events:?}"));
     assert_eq!(data.ceiling, derived, "the data relay's ceiling");
     assert_eq!(data.leg_ceiling(), derived);
     let control = events.iter().find_map(|e| match e {
-        HostEvent::StartRelay { relay, .. } if relay.leg == Leg::Control => Some(relay.clone()),
+        HostNodeEvent::StartRelay { relay, .. } if relay.leg == Leg::Control => Some(relay.clone()),
         _ => None,
     });
     assert!(
@@ -112,7 +115,7 @@ fn a_model_past_one_gib_gets_its_derived_ceiling_in_every_part() {
     // The ranks start once the relays listen; their data clients get it too.
     let mut host_ranks = Vec::new();
     for e in &events {
-        if let HostEvent::StartRank(spec) = e {
+        if let HostNodeEvent::StartRank(spec) = e {
             host_ranks.push(spec.ceiling);
         }
     }

@@ -27,14 +27,14 @@ fn connected(pre_shared: Option<SessionSalt>, t: Time) -> (JoinClient, Vec<u8>) 
     (c, hello)
 }
 
-fn feed(c: &mut JoinClient, t: Time, bytes: &[u8]) -> Drained<ClientEvent> {
+fn feed(c: &mut JoinClient, t: Time, bytes: &[u8]) -> Drained<JoinClientEvent> {
     c.handle(t, Input::Received { conn: C, bytes });
     drain(c, t)
 }
 
-fn failure(d: &Drained<ClientEvent>) -> ClientFailure {
+fn failure(d: &Drained<JoinClientEvent>) -> ClientFailure {
     match &d.events()[..] {
-        [ClientEvent::Failed(f)] => f.clone(),
+        [JoinClientEvent::Failed(f)] => f.clone(),
         other => panic!("expected one failure, got {other:?}"),
     }
 }
@@ -63,8 +63,8 @@ fn open_accept_adopts_the_salt_then_world_formed_arrives_keyed_with_it() {
     assert_eq!(
         d.events(),
         vec![
-            ClientEvent::Admitted { ranks: vec![4, 5], formation_wait: Duration::from_secs(100) },
-            ClientEvent::WorldFormed { envelope_hex: "e".into(), relay_spec_hex: None },
+            JoinClientEvent::Admitted { ranks: vec![4, 5], formation_wait: Duration::from_secs(100) },
+            JoinClientEvent::WorldFormed { envelope_hex: "e".into(), relay_spec_hex: None },
         ]
     );
     assert_eq!((c.salt(), c.ranks(), c.is_linked()), (Some(SALT), &[4u32, 5][..], true));
@@ -76,7 +76,7 @@ fn pre_shared_keeps_its_salt() {
     let t = at(1, 0);
     let (mut c, _) = connected(Some(SALT), t);
     let d = feed(&mut c, t, &frame(&SALT, &accept(None, 10)));
-    assert!(matches!(&d.events()[..], [ClientEvent::Admitted { .. }]));
+    assert!(matches!(&d.events()[..], [JoinClientEvent::Admitted { .. }]));
     assert_eq!(c.salt(), Some(SALT));
 }
 
@@ -202,16 +202,19 @@ fn the_host_link_reports_exits_and_ends_by_name() {
     let d = drain(&mut c, t);
     assert_eq!(join_msgs(&SALT, &d.sent(C)), vec![JoinMsgWire::RankExited { rank: 5, code: 137 }]);
     let d = feed(&mut c, t, &frame(&SALT, &JoinMsgWire::Reject { reason: "x".into() }));
-    assert_eq!(d.events(), vec![ClientEvent::Ignored { what: "Reject" }]);
+    assert_eq!(d.events(), vec![JoinClientEvent::Ignored { what: "Reject" }]);
     let d = feed(&mut c, t, &frame(&SALT, &JoinMsgWire::Abort { reason: "rank 5 died".into() }));
-    assert_eq!(d.events(), vec![ClientEvent::LinkEnded(LinkEnd::Aborted { reason: "rank 5 died".into() })]);
+    assert_eq!(
+        d.events(),
+        vec![JoinClientEvent::LinkEnded(LinkEnd::Aborted { reason: "rank 5 died".into() })]
+    );
     assert!(d.closed(C));
     assert_eq!(c.report_rank_exit(4, 0), Err(NotLinked));
 
     let (mut c, _) = connected(None, t);
     feed(&mut c, t, &bytes);
     c.handle(t, Input::Closed { conn: C, cause: CloseCause::Eof, unsent: 0 });
-    assert_eq!(drain(&mut c, t).events(), vec![ClientEvent::LinkEnded(LinkEnd::Closed(CloseCause::Eof))]);
+    assert_eq!(drain(&mut c, t).events(), vec![JoinClientEvent::LinkEnded(LinkEnd::Closed(CloseCause::Eof))]);
 }
 
 // ---- end to end: client <-> window through an in-memory pipe ----
@@ -224,7 +227,7 @@ fn pump(
     cc: ConnId,
     wc: ConnId,
     t: Time,
-) -> (Vec<ClientEvent>, Vec<JoinEvent>) {
+) -> (Vec<JoinClientEvent>, Vec<JoinWindowEvent>) {
     let (mut ce, mut we) = (Vec::new(), Vec::new());
     loop {
         let mut moved = false;
@@ -273,26 +276,32 @@ fn end_to_end_open_admission_formation_exit_and_abort() {
     let (ce, we) = pump(&mut c, &mut w, C, ConnId(70), t);
     assert_eq!(
         ce,
-        vec![ClientEvent::Admitted { ranks: vec![0, 1], formation_wait: Duration::from_secs(596) }]
+        vec![JoinClientEvent::Admitted { ranks: vec![0, 1], formation_wait: Duration::from_secs(596) }]
     );
-    assert!(
-        we.iter()
-            .any(|e| matches!(e, JoinEvent::Formed { reason: FormReason::TargetReached, world_size: 2, .. }))
-    );
+    assert!(we.iter().any(|e| matches!(
+        e,
+        JoinWindowEvent::Formed { reason: FormReason::TargetReached, world_size: 2, .. }
+    )));
     assert_eq!(c.salt(), Some(SALT), "the salt travelled in the open-admission accept");
 
     w.send_world_formed(ConnId(70), "envelope".into(), None).unwrap();
     let (ce, _) = pump(&mut c, &mut w, C, ConnId(70), t);
-    assert_eq!(ce, vec![ClientEvent::WorldFormed { envelope_hex: "envelope".into(), relay_spec_hex: None }]);
+    assert_eq!(
+        ce,
+        vec![JoinClientEvent::WorldFormed { envelope_hex: "envelope".into(), relay_spec_hex: None }]
+    );
 
     c.report_rank_exit(1, 9).unwrap();
     let (_, we) = pump(&mut c, &mut w, C, ConnId(70), t);
-    assert_eq!(we, vec![JoinEvent::RankExited { conn: ConnId(70), host: "node".into(), rank: 1, code: 9 }]);
+    assert_eq!(
+        we,
+        vec![JoinWindowEvent::RankExited { conn: ConnId(70), host: "node".into(), rank: 1, code: 9 }]
+    );
 
     w.abort(at(5, 0), "training failed");
     let (ce, _) = pump(&mut c, &mut w, C, ConnId(70), at(5, 0));
     assert!(
-        matches!(&ce[..], [ClientEvent::LinkEnded(LinkEnd::Aborted { reason })] if reason.contains("training failed")),
+        matches!(&ce[..], [JoinClientEvent::LinkEnded(LinkEnd::Aborted { reason })] if reason.contains("training failed")),
         "{ce:?}"
     );
 }
@@ -308,6 +317,8 @@ fn end_to_end_pre_shared_wrong_salt_is_a_silent_close() {
     c.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
     w.handle(t, Input::Accepted { conn: ConnId(70), peer: Peer::REMOTE });
     let (ce, we) = pump(&mut c, &mut w, C, ConnId(70), t);
-    assert_eq!(ce, vec![ClientEvent::Failed(ClientFailure::ClosedBeforeReply(CloseCause::Eof))]);
-    assert!(matches!(&we[..], [JoinEvent::Rejected { reason: RejectReason::Frame(e), .. }] if e.is_mac()));
+    assert_eq!(ce, vec![JoinClientEvent::Failed(ClientFailure::ClosedBeforeReply(CloseCause::Eof))]);
+    assert!(
+        matches!(&we[..], [JoinWindowEvent::Rejected { reason: RejectReason::Frame(e), .. }] if e.is_mac())
+    );
 }

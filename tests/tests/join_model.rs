@@ -401,7 +401,7 @@ impl Driver {
             match o {
                 Output::Transmit { conn, bytes } if Some(conn) == watch => sent.extend_from_slice(&bytes),
                 Output::Close { conn } if Some(conn) == watch => closed = true,
-                Output::Event(JoinEvent::Formed { at, .. } | JoinEvent::Failed { at, .. }) => {
+                Output::Event(JoinWindowEvent::Formed { at, .. } | JoinWindowEvent::Failed { at, .. }) => {
                     assert_eq!(self.closed_at, None, "the window closes once");
                     self.closed_at = Some(at);
                 }

@@ -31,7 +31,11 @@ fn client(host: &str, run_bound: bool) -> JoinClient {
 /// A join dial between `c` and `w` on `conn` until neither has anything to
 /// say; returns every byte the client sent (what an eavesdropper records),
 /// the client's events and the hosts the window admitted meanwhile.
-fn join(w: &mut JoinWindow, c: &mut JoinClient, conn: ConnId) -> (Vec<u8>, Vec<ClientEvent>, Vec<String>) {
+fn join(
+    w: &mut JoinWindow,
+    c: &mut JoinClient,
+    conn: ConnId,
+) -> (Vec<u8>, Vec<JoinClientEvent>, Vec<String>) {
     let t = Time::ZERO;
     let (mut recorded, mut events, mut to_client) = (Vec::new(), Vec::new(), Vec::new());
     let mut hosts = Vec::new();
@@ -58,7 +62,7 @@ fn join(w: &mut JoinWindow, c: &mut JoinClient, conn: ConnId) -> (Vec<u8>, Vec<C
         while let Some(o) = w.poll(t) {
             match o {
                 Output::Transmit { bytes, .. } => to_client.extend_from_slice(&bytes),
-                Output::Event(JoinEvent::Admitted { host, .. }) => hosts.push(host),
+                Output::Event(JoinWindowEvent::Admitted { host, .. }) => hosts.push(host),
                 _ => {}
             }
         }
@@ -72,7 +76,7 @@ fn join(w: &mut JoinWindow, c: &mut JoinClient, conn: ConnId) -> (Vec<u8>, Vec<C
 fn admitted(w: &mut JoinWindow) -> Vec<String> {
     let mut hosts = Vec::new();
     while let Some(o) = w.poll(Time::ZERO) {
-        if let Output::Event(JoinEvent::Admitted { host, .. }) = o {
+        if let Output::Event(JoinWindowEvent::Admitted { host, .. }) = o {
             hosts.push(host);
         }
     }
@@ -85,7 +89,10 @@ fn replay_into_next_run(run_bound: bool) -> Vec<String> {
     let nonce = |b| run_bound.then_some(RunNonce::from_bytes([b; 16]));
     let mut run1 = window(nonce(1));
     let (recording, events, _) = join(&mut run1, &mut client("b", run_bound), ConnId(1));
-    assert!(events.iter().any(|e| matches!(e, ClientEvent::Admitted { .. })), "run 1 admits b: {events:?}");
+    assert!(
+        events.iter().any(|e| matches!(e, JoinClientEvent::Admitted { .. })),
+        "run 1 admits b: {events:?}"
+    );
     let mut run2 = window(nonce(2));
     let _ = admitted(&mut run2);
     let replay = ConnId(7);
@@ -131,5 +138,5 @@ fn a_run_bound_key_needs_a_pre_shared_salt_and_both_sides_must_agree() {
     // A plain agent meeting a run-bound controller is told so by name.
     let mut w = window(Some(RunNonce::from_bytes([1; 16])));
     let (_, events, _) = join(&mut w, &mut client("b", false), ConnId(1));
-    assert!(events.contains(&ClientEvent::Failed(ClientFailure::RunBoundController)), "{events:?}");
+    assert!(events.contains(&JoinClientEvent::Failed(ClientFailure::RunBoundController)), "{events:?}");
 }

@@ -33,13 +33,13 @@ impl Rig {
         Rig { w }
     }
 
-    fn input(&mut self, now: Time, input: Input<'_>) -> Drained<JoinEvent> {
+    fn input(&mut self, now: Time, input: Input<'_>) -> Drained<JoinWindowEvent> {
         self.w.handle(now, input);
         drain(&mut self.w, now)
     }
 
     /// Accepts `conn` directly (magic expected) and feeds `bytes` at once.
-    fn dial(&mut self, now: Time, conn: u64, bytes: &[u8]) -> Drained<JoinEvent> {
+    fn dial(&mut self, now: Time, conn: u64, bytes: &[u8]) -> Drained<JoinWindowEvent> {
         let c = ConnId(conn);
         let mut d = self.input(now, Input::Accepted { conn: c, peer: Peer::REMOTE });
         d.outputs.extend(self.input(now, Input::Received { conn: c, bytes }).outputs);
@@ -47,16 +47,16 @@ impl Rig {
     }
 
     /// A whole join: magic + hello keyed with `key`.
-    fn join(&mut self, now: Time, conn: u64, key: &SessionSalt, o: &JoinOffer) -> Drained<JoinEvent> {
+    fn join(&mut self, now: Time, conn: u64, key: &SessionSalt, o: &JoinOffer) -> Drained<JoinWindowEvent> {
         self.dial(now, conn, &dial_bytes(key, o))
     }
 
-    fn timeout(&mut self, now: Time) -> Drained<JoinEvent> {
+    fn timeout(&mut self, now: Time) -> Drained<JoinWindowEvent> {
         self.input(now, Input::Timeout)
     }
 }
 
-fn accept_of(key: &SessionSalt, d: &Drained<JoinEvent>, conn: u64) -> (Vec<u32>, Option<String>, u64) {
+fn accept_of(key: &SessionSalt, d: &Drained<JoinWindowEvent>, conn: u64) -> (Vec<u32>, Option<String>, u64) {
     match one_msg(key, &d.sent(ConnId(conn))) {
         JoinMsgWire::Accept { ranks, salt_hex, formation_wait_secs } => {
             (ranks, salt_hex, formation_wait_secs)
@@ -65,32 +65,32 @@ fn accept_of(key: &SessionSalt, d: &Drained<JoinEvent>, conn: u64) -> (Vec<u32>,
     }
 }
 
-fn reject_of(key: &SessionSalt, d: &Drained<JoinEvent>, conn: u64) -> String {
+fn reject_of(key: &SessionSalt, d: &Drained<JoinWindowEvent>, conn: u64) -> String {
     match one_msg(key, &d.sent(ConnId(conn))) {
         JoinMsgWire::Reject { reason } => reason,
         other => panic!("expected Reject, got {other:?}"),
     }
 }
 
-fn formed(d: &Drained<JoinEvent>) -> Option<(FormReason, usize, Time)> {
+fn formed(d: &Drained<JoinWindowEvent>) -> Option<(FormReason, usize, Time)> {
     d.events().into_iter().find_map(|e| match e {
-        JoinEvent::Formed { reason, world_size, at, .. } => Some((reason, world_size, at)),
+        JoinWindowEvent::Formed { reason, world_size, at, .. } => Some((reason, world_size, at)),
         _ => None,
     })
 }
 
-fn failed(d: &Drained<JoinEvent>) -> Option<(WindowFailure, Time)> {
+fn failed(d: &Drained<JoinWindowEvent>) -> Option<(WindowFailure, Time)> {
     d.events().into_iter().find_map(|e| match e {
-        JoinEvent::Failed { failure, at } => Some((failure, at)),
+        JoinWindowEvent::Failed { failure, at } => Some((failure, at)),
         _ => None,
     })
 }
 
-fn rejected(d: &Drained<JoinEvent>) -> Vec<RejectReason> {
+fn rejected(d: &Drained<JoinWindowEvent>) -> Vec<RejectReason> {
     d.events()
         .into_iter()
         .filter_map(|e| match e {
-            JoinEvent::Rejected { reason, .. } => Some(reason),
+            JoinWindowEvent::Rejected { reason, .. } => Some(reason),
             _ => None,
         })
         .collect()
@@ -111,8 +111,10 @@ fn a_hello_arriving_one_byte_at_a_time() {
         } else {
             assert_eq!(accept_of(&SALT, &d, 1), (vec![0, 1], None, 597));
             assert!(!d.closed(ConnId(1)), "the join connection stays open");
-            assert!(matches!(&d.events()[..], [JoinEvent::Admitted { host, ranks, joined_ranks: 2, .. }]
-                if host == "a" && *ranks == (0..2)));
+            assert!(
+                matches!(&d.events()[..], [JoinWindowEvent::Admitted { host, ranks, joined_ranks: 2, .. }]
+                if host == "a" && *ranks == (0..2))
+            );
         }
     }
     assert!(rig.w.is_linked(ConnId(1)));
@@ -200,7 +202,7 @@ fn open_admission_off_loopback_warns_when_the_window_opens() {
     let trust = TrustMode::resolve(&config, false);
     let mut w = JoinWindow::new(WindowParams::new(config, SALT, trust), Time::ZERO).unwrap();
     let d = drain(&mut w, Time::ZERO);
-    assert_eq!(d.events(), vec![JoinEvent::Warning(JoinWarning::OpenAdmissionOffLoopback)]);
+    assert_eq!(d.events(), vec![JoinWindowEvent::Warning(JoinWarning::OpenAdmissionOffLoopback)]);
     let mut quiet = JoinWindow::new(
         WindowParams::new(JoinConfig::default(), SALT, TrustMode::resolve(&JoinConfig::default(), true)),
         Time::ZERO,
@@ -455,7 +457,7 @@ fn manual_operator_start_and_auto_refusal() {
     rig.join(at(1, 0), 1, &SALT, &offer("a", 1));
     assert!(rig.w.operator_start(at(2, 0)), "armed below quorum");
     let d = drain(&mut rig.w, at(2, 0));
-    assert_eq!(d.events(), vec![JoinEvent::StartArmed { joined_ranks: 1 }]);
+    assert_eq!(d.events(), vec![JoinWindowEvent::StartArmed { joined_ranks: 1 }]);
     assert!(rig.w.snapshot(at(2, 0)).start_armed);
     let d = rig.join(at(50, 0), 2, &SALT, &offer("b", 1));
     assert_eq!(formed(&d), Some((FormReason::OperatorStart, 2, at(50, 0))), "armed + quorum forms at once");
@@ -509,7 +511,10 @@ fn an_undelivered_accept_retracts_the_latest_admission() {
     let accept_len = d.sent(ConnId(2)).len();
     let d =
         rig.input(at(2, 0), Input::Closed { conn: ConnId(2), cause: CloseCause::Reset, unsent: accept_len });
-    assert_eq!(d.events(), vec![JoinEvent::Retracted { conn: ConnId(2), host: "b".into(), ranks: 1..3 }]);
+    assert_eq!(
+        d.events(),
+        vec![JoinWindowEvent::Retracted { conn: ConnId(2), host: "b".into(), ranks: 1..3 }]
+    );
     assert_eq!(rig.w.ledger().joined_ranks(), 1);
     let d = rig.join(at(3, 0), 3, &SALT, &offer("c", 1));
     assert_eq!(accept_of(&SALT, &d, 3).0, vec![1], "the ranks went back to the pool");
@@ -526,9 +531,11 @@ fn an_undelivered_accept_that_is_not_the_latest_keeps_its_ranks() {
         rig.input(at(2, 0), Input::Closed { conn: ConnId(1), cause: CloseCause::Reset, unsent: accept_len });
     let events = d.events();
     assert!(
-        matches!(&events[0], JoinEvent::Warning(JoinWarning::AcceptUndeliveredKept { host, .. }) if host == "a")
+        matches!(&events[0], JoinWindowEvent::Warning(JoinWarning::AcceptUndeliveredKept { host, .. }) if host == "a")
     );
-    assert!(matches!(&events[1], JoinEvent::HostLost { host, ranks, .. } if host == "a" && *ranks == (0..1)));
+    assert!(
+        matches!(&events[1], JoinWindowEvent::HostLost { host, ranks, .. } if host == "a" && *ranks == (0..1))
+    );
     assert_eq!(rig.w.ledger().joined_ranks(), 2, "ranks stay contiguous: a keeps 0, b keeps 1");
     let d = rig.join(at(3, 0), 3, &SALT, &offer("c", 1));
     assert_eq!(accept_of(&SALT, &d, 3).0, vec![2]);
@@ -541,7 +548,7 @@ fn a_host_closing_after_its_accept_left_is_lost_not_retracted() {
     let d = rig.input(at(2, 0), Input::Closed { conn: ConnId(1), cause: CloseCause::Eof, unsent: 0 });
     assert_eq!(
         d.events(),
-        vec![JoinEvent::HostLost {
+        vec![JoinWindowEvent::HostLost {
             conn: ConnId(1),
             host: "a".into(),
             ranks: 0..1,
@@ -585,8 +592,12 @@ fn host_link_after_formation() {
     assert_eq!(
         d.events(),
         vec![
-            JoinEvent::RankExited { conn: ConnId(2), host: "b".into(), rank: 2, code: -9 },
-            JoinEvent::Warning(JoinWarning::ForeignRankExit { conn: ConnId(2), host: "b".into(), rank: 0 }),
+            JoinWindowEvent::RankExited { conn: ConnId(2), host: "b".into(), rank: 2, code: -9 },
+            JoinWindowEvent::Warning(JoinWarning::ForeignRankExit {
+                conn: ConnId(2),
+                host: "b".into(),
+                rank: 0
+            }),
         ]
     );
     // A frame keyed with anything but the salt breaks the link.
@@ -594,13 +605,13 @@ fn host_link_after_formation() {
     let d = rig.input(at(4, 0), Input::Received { conn: ConnId(1), bytes: &bad });
     assert!(d.closed(ConnId(1)));
     assert!(
-        matches!(&d.events()[..], [JoinEvent::HostLost { loss: HostLoss::Wire(e), .. }] if e.problem == Problem::Mac)
+        matches!(&d.events()[..], [JoinWindowEvent::HostLost { loss: HostLoss::Wire(e), .. }] if e.problem == Problem::Mac)
     );
     // EOF: the whole host died.
     let d = rig.input(at(5, 0), Input::Closed { conn: ConnId(2), cause: CloseCause::Eof, unsent: 0 });
     assert_eq!(
         d.events(),
-        vec![JoinEvent::HostLost {
+        vec![JoinWindowEvent::HostLost {
             conn: ConnId(2),
             host: "b".into(),
             ranks: 1..3,
@@ -620,7 +631,7 @@ fn a_world_formed_that_never_left_is_not_a_retraction() {
     rig.w.send_world_formed(ConnId(1), "env".into(), None).unwrap();
     let wf = drain(&mut rig.w, at(1, 0)).sent(ConnId(1)).len();
     let d = rig.input(at(2, 0), Input::Closed { conn: ConnId(1), cause: CloseCause::Reset, unsent: wf });
-    assert!(matches!(&d.events()[..], [JoinEvent::HostLost { .. }]), "{:?}", d.events());
+    assert!(matches!(&d.events()[..], [JoinWindowEvent::HostLost { .. }]), "{:?}", d.events());
 }
 
 #[test]
@@ -630,8 +641,11 @@ fn bytes_pipelined_after_the_hello_are_read_as_the_host_link() {
     bytes.extend(frame(&SALT, &JoinMsgWire::RankExited { rank: 0, code: 3 }));
     let d = rig.dial(at(1, 0), 1, &bytes);
     let events = d.events();
-    assert!(matches!(&events[0], JoinEvent::Admitted { .. }));
-    assert_eq!(events[1], JoinEvent::RankExited { conn: ConnId(1), host: "a".into(), rank: 0, code: 3 });
+    assert!(matches!(&events[0], JoinWindowEvent::Admitted { .. }));
+    assert_eq!(
+        events[1],
+        JoinWindowEvent::RankExited { conn: ConnId(1), host: "a".into(), rank: 0, code: 3 }
+    );
 }
 
 /// The countdowns are those of the last change (flodl publishes its

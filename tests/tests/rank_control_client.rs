@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::handshake::HandshakeError;
 use cohort_proto::rank::control_client::{
-    ControlClient, ControlClientConfig, ControlEvent, LostReason, SendError,
+    ControlClient, ControlClientConfig, ControlClientEvent, LostReason, SendError,
 };
 use cohort_proto::wire::{
     ControlAck, ControlHello, ControlMsgWire, IntentKind, LenDecoder, MacKey, Message, MsgKind, SessionSalt,
@@ -50,7 +50,7 @@ fn connected(c: &mut ControlClient, at: Time) -> Vec<TimingMsgWire> {
     assert_eq!((h.rank, h.model_sig), (2, SIG));
     c.handle(at, Input::Received { conn: CONN, bytes: &ControlAck::encode(&key()) });
     let d = drain_machine(c, at);
-    assert_eq!(d.events[0], ControlEvent::Connected);
+    assert_eq!(d.events[0], ControlClientEvent::Connected);
     up(&d.bytes.get(&CONN).cloned().unwrap_or_default())
 }
 
@@ -82,9 +82,11 @@ fn down(msg: &ControlMsgWire) -> Vec<u8> {
     out
 }
 
-fn lost(events: &[ControlEvent]) -> Option<(LostReason, Vec<u32>)> {
+fn lost(events: &[ControlClientEvent]) -> Option<(LostReason, Vec<u32>)> {
     events.iter().find_map(|e| match e {
-        ControlEvent::CoordinatorLost { reason, dead_peers } => Some((reason.clone(), dead_peers.clone())),
+        ControlClientEvent::CoordinatorLost { reason, dead_peers } => {
+            Some((reason.clone(), dead_peers.clone()))
+        }
         _ => None,
     })
 }
@@ -174,7 +176,7 @@ fn every_coordinator_message_surfaces_as_an_event_and_declare_dead_marks_the_pee
         .events
         .into_iter()
         .filter_map(|e| match e {
-            ControlEvent::Control(m) => Some(m),
+            ControlClientEvent::Control(m) => Some(m),
             _ => None,
         })
         .collect();
@@ -307,7 +309,7 @@ fn a_well_signed_frame_of_another_kind_is_ignored_and_keeps_the_link() {
     c.handle(at, Input::Received { conn: CONN, bytes: &blob });
     let d = drain_machine(&mut c, at);
     assert!(
-        d.events.iter().any(|e| matches!(e, ControlEvent::Ignored { kind: MsgKind::Timing })),
+        d.events.iter().any(|e| matches!(e, ControlClientEvent::Ignored { kind: MsgKind::Timing })),
         "{:?}",
         d.events
     );
@@ -321,7 +323,7 @@ fn a_well_signed_frame_of_another_kind_is_ignored_and_keeps_the_link() {
     let f = down(&ControlMsgWire::Throttle);
     c.handle(later, Input::Received { conn: CONN, bytes: &f });
     let d = drain_machine(&mut c, later);
-    assert!(d.events.iter().any(|e| matches!(e, ControlEvent::Control(ControlMsgWire::Throttle))));
+    assert!(d.events.iter().any(|e| matches!(e, ControlClientEvent::Control(ControlMsgWire::Throttle))));
 }
 
 /// BEHAVIOUR.md Rank [R6]: any inbound frame resets the coordinator-liveness clock
@@ -335,7 +337,7 @@ fn reserved_kinds_reset_the_liveness_clock_without_an_event() {
     blob.extend_from_slice(&f);
     c.handle(Time::from_secs(20), Input::Received { conn: CONN, bytes: &blob });
     let d = drain_machine(&mut c, Time::from_secs(20));
-    assert!(!d.events.iter().any(|e| matches!(e, ControlEvent::Control(_))));
+    assert!(!d.events.iter().any(|e| matches!(e, ControlClientEvent::Control(_))));
     assert_eq!(c.liveness_deadline(), Some(Time::from_secs(50)));
 }
 
@@ -347,12 +349,12 @@ fn after_a_clean_shutdown_eof_is_a_clean_close_and_silence_is_not_loss() {
         connected(&mut c, Time::ZERO);
         c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &down(&end) });
         let d = drain_machine(&mut c, Time::from_secs(1));
-        assert_eq!(d.events, vec![ControlEvent::Control(end.clone())]);
+        assert_eq!(d.events, vec![ControlClientEvent::Control(end.clone())]);
         assert_eq!(c.liveness_deadline(), None);
         c.handle(Time::from_secs(100), Input::Timeout);
         assert!(lost(&drain_machine(&mut c, Time::from_secs(100)).events).is_none());
         c.handle(Time::from_secs(101), Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
-        assert_eq!(drain_machine(&mut c, Time::from_secs(101)).events, vec![ControlEvent::Closed]);
+        assert_eq!(drain_machine(&mut c, Time::from_secs(101)).events, vec![ControlClientEvent::Closed]);
         assert!(c.dead_peers().is_empty());
     }
 }
@@ -407,7 +409,7 @@ fn close_ends_the_client_after_what_is_queued() {
     let d = drain_machine(&mut c, Time::ZERO);
     assert_eq!(up(&d.bytes[&CONN]), vec![TimingMsgWire::Exiting { rank: 2 }]);
     assert_eq!(d.closed, vec![CONN]);
-    assert_eq!(d.events, vec![ControlEvent::Closed]);
+    assert_eq!(d.events, vec![ControlClientEvent::Closed]);
 }
 
 /// BEHAVIOUR.md Rank [R6]: any inbound frame resets the coordinator-liveness clock
@@ -450,7 +452,7 @@ fn a_bad_frame_after_a_clean_shutdown_is_a_close_not_coordinator_lost() {
         c.handle(Time::from_secs(2), Input::Received { conn: CONN, bytes: &garbled() });
         let d = drain_machine(&mut c, Time::from_secs(2));
         assert_eq!(lost(&d.events), None, "after {end:?}");
-        assert_eq!(d.events, vec![ControlEvent::Closed]);
+        assert_eq!(d.events, vec![ControlClientEvent::Closed]);
         assert_eq!(d.closed, vec![CONN]);
         assert!(c.dead_peers().is_empty(), "no peer marked dead after {end:?}");
         assert!(c.is_ended());
@@ -464,7 +466,7 @@ fn a_bad_frame_after_a_clean_shutdown_is_a_close_not_coordinator_lost() {
         c.handle(Time::from_secs(2), Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
         let d = drain_machine(&mut c, Time::from_secs(2));
         assert_eq!(lost(&d.events), None, "after {end:?}");
-        assert_eq!(d.events.last(), Some(&ControlEvent::Closed));
+        assert_eq!(d.events.last(), Some(&ControlClientEvent::Closed));
         assert!(c.dead_peers().is_empty());
     }
 }
@@ -577,7 +579,7 @@ fn every_coordinator_message_kind_surfaces_as_an_event_unchanged() {
         .events
         .into_iter()
         .map(|e| match e {
-            ControlEvent::Control(m) => m,
+            ControlClientEvent::Control(m) => m,
             other => panic!("only control events expected, got {other:?}"),
         })
         .collect();

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use bytes::BytesMut;
 use cohort_proto::rendezvous::{
-    HELLO_DEADLINE, IDLE_TIMEOUT, RendezvousConfig, RendezvousError, RendezvousEvent, RendezvousServer,
+    HELLO_DEADLINE, IDLE_TIMEOUT, RendezvousConfig, RendezvousError, RendezvousServer, RendezvousServerEvent,
 };
 use cohort_proto::wire::{
     MacKey, Message, RecvBuf, RendezvousMsgWire, RendezvousRole, SessionSalt, TimingMsgWire, decode_frame,
@@ -71,7 +71,7 @@ fn exactly_one_generate_the_first_rank_of_the_controllers_host_and_the_uid_reach
         s.adopt(Time::ZERO, conn(r), Peer::REMOTE, &hello(r, &format!("h{}", r / 2), DS));
     }
     let d = drain_machine(&mut s, Time::ZERO);
-    assert!(d.events.contains(&RendezvousEvent::RolesSent { generator: 2 }));
+    assert!(d.events.contains(&RendezvousServerEvent::RolesSent { generator: 2 }));
     for r in 0..4 {
         let role = if r == 2 { RendezvousRole::Generate } else { RendezvousRole::Wait };
         assert_eq!(decode_all(&d.bytes[&conn(r)]), vec![RendezvousMsgWire::Role(role)], "rank {r}");
@@ -88,7 +88,7 @@ fn exactly_one_generate_the_first_rank_of_the_controllers_host_and_the_uid_reach
     assert!(!d.bytes.contains_key(&conn(2)), "the generator is not sent its own uid");
     let closed: BTreeSet<ConnId> = d.closed.into_iter().collect();
     assert_eq!(closed, (0..4).map(conn).collect());
-    assert_eq!(d.events, vec![RendezvousEvent::Completed { generator: 2 }]);
+    assert_eq!(d.events, vec![RendezvousServerEvent::Completed { generator: 2 }]);
     assert_eq!(s.poll_timeout(), None);
 }
 
@@ -101,7 +101,7 @@ fn generator_is_the_lowest_rank_when_the_controller_runs_none() {
         s.adopt(Time::ZERO, conn(r), Peer::REMOTE, &hello(r, "w", DS));
     }
     let d = drain_machine(&mut s, Time::ZERO);
-    assert!(d.events.contains(&RendezvousEvent::RolesSent { generator: 0 }));
+    assert!(d.events.contains(&RendezvousServerEvent::RolesSent { generator: 0 }));
     assert_eq!(decode_all(&d.bytes[&conn(0)]), vec![RendezvousMsgWire::Role(RendezvousRole::Generate)]);
     let generates = (0..3)
         .filter(|&r| {
@@ -135,14 +135,14 @@ fn dataset_signature_mismatch_is_refused_naming_host_and_rank() {
     s.adopt(Time::ZERO, conn(1), Peer::REMOTE, &hello(1, "beta", [9; 32]));
     let d = drain_machine(&mut s, Time::ZERO);
     let err = RendezvousError::DatasetMismatch { rank: 1, host: "beta".into() };
-    assert!(d.events.contains(&RendezvousEvent::Failed(err.clone())));
+    assert!(d.events.contains(&RendezvousServerEvent::Failed(err.clone())));
     assert!(err.to_string().contains("\"beta\" rank 1"));
     assert_eq!(d.closed.iter().collect::<BTreeSet<_>>(), [conn(0), conn(1)].iter().collect());
     // Against the controller's own signature, the first rank can be refused.
     let mut s = server(2, &[], Some(DS));
     s.adopt(Time::ZERO, conn(0), Peer::REMOTE, &hello(0, "alpha", [1; 32]));
     let d = drain_machine(&mut s, Time::ZERO);
-    assert!(d.events.contains(&RendezvousEvent::Failed(RendezvousError::DatasetMismatch {
+    assert!(d.events.contains(&RendezvousServerEvent::Failed(RendezvousError::DatasetMismatch {
         rank: 0,
         host: "alpha".into()
     })));
@@ -153,12 +153,10 @@ fn a_rank_outside_the_world_fails_the_rendezvous() {
     let mut s = server(2, &[], None);
     s.adopt(Time::ZERO, conn(5), Peer::REMOTE, &hello(5, "x", DS));
     let d = drain_machine(&mut s, Time::ZERO);
-    assert!(
-        d.events.contains(&RendezvousEvent::Failed(RendezvousError::RankOutOfRange {
-            rank: 5,
-            host: "x".into()
-        }))
-    );
+    assert!(d.events.contains(&RendezvousServerEvent::Failed(RendezvousError::RankOutOfRange {
+        rank: 5,
+        host: "x".into()
+    })));
 }
 
 #[test]
@@ -175,13 +173,15 @@ fn a_connection_failing_authentication_or_not_saying_hello_is_rejected_alone() {
     let d = drain_machine(&mut s, Time::ZERO);
     assert_eq!(d.closed, vec![ConnId(1), ConnId(2), ConnId(3)]);
     assert!(
-        matches!(&d.events[0], RendezvousEvent::Rejected { conn: ConnId(1), error: Some(e) } if e.is_mac())
+        matches!(&d.events[0], RendezvousServerEvent::Rejected { conn: ConnId(1), error: Some(e) } if e.is_mac())
     );
     assert!(d.bytes.is_empty(), "no reply to a rejected connection");
     // The rendezvous goes on.
     s.adopt(Time::ZERO, conn(0), Peer::REMOTE, &hello(0, "a", DS));
     s.adopt(Time::ZERO, conn(1), Peer::REMOTE, &hello(1, "a", DS));
-    assert!(drain_machine(&mut s, Time::ZERO).events.contains(&RendezvousEvent::RolesSent { generator: 0 }));
+    assert!(
+        drain_machine(&mut s, Time::ZERO).events.contains(&RendezvousServerEvent::RolesSent { generator: 0 })
+    );
 }
 
 #[test]
@@ -191,7 +191,7 @@ fn a_silent_connection_is_rejected_at_its_hello_deadline() {
     assert_eq!(s.poll_timeout(), Some(Time::ZERO + HELLO_DEADLINE));
     s.handle(Time::ZERO + HELLO_DEADLINE, Input::Timeout);
     let d = drain_machine(&mut s, Time::ZERO + HELLO_DEADLINE);
-    assert_eq!(d.events, vec![RendezvousEvent::Rejected { conn: ConnId(1), error: None }]);
+    assert_eq!(d.events, vec![RendezvousServerEvent::Rejected { conn: ConnId(1), error: None }]);
 }
 
 #[test]
@@ -211,7 +211,9 @@ fn a_second_hello_for_a_rank_before_the_roles_replaces_the_first_connection() {
     s.adopt(Time::ZERO, ConnId(3), Peer::REMOTE, &hello(1, "a", DS));
     assert_eq!(s.joined(), 1);
     s.adopt(Time::ZERO, ConnId(4), Peer::REMOTE, &hello(0, "a", DS));
-    assert!(drain_machine(&mut s, Time::ZERO).events.contains(&RendezvousEvent::RolesSent { generator: 0 }));
+    assert!(
+        drain_machine(&mut s, Time::ZERO).events.contains(&RendezvousServerEvent::RolesSent { generator: 0 })
+    );
 }
 
 #[test]
@@ -225,7 +227,7 @@ fn no_new_rank_for_strictly_longer_than_the_idle_timeout_fails_the_rendezvous() 
     assert_eq!(s.poll_timeout(), Some(plus_ns(t + IDLE_TIMEOUT, 1)));
     s.handle(plus_ns(t + IDLE_TIMEOUT, 1), Input::Timeout);
     let d = drain_machine(&mut s, t);
-    assert_eq!(d.events, vec![RendezvousEvent::Failed(RendezvousError::Idle { joined: 1 })]);
+    assert_eq!(d.events, vec![RendezvousServerEvent::Failed(RendezvousError::Idle { joined: 1 })]);
     assert_eq!(d.closed, vec![conn(0)]);
 }
 
@@ -245,11 +247,17 @@ fn after_the_roles_a_short_uid_or_a_lost_connection_fails_the_rendezvous() {
         Input::Received { conn: conn(0), bytes: &frame(&RendezvousMsgWire::Uid { uid_bytes: vec![1; 64] }) },
     );
     let d = drain_machine(&mut s, Time::ZERO);
-    assert!(matches!(&d.events[..], [RendezvousEvent::Failed(RendezvousError::Protocol { rank: 0, .. })]));
+    assert!(matches!(
+        &d.events[..],
+        [RendezvousServerEvent::Failed(RendezvousError::Protocol { rank: 0, .. })]
+    ));
     let mut s = setup();
     s.handle(Time::ZERO, Input::Closed { conn: conn(1), cause: CloseCause::Eof, unsent: 0 });
     let d = drain_machine(&mut s, Time::ZERO);
-    assert!(matches!(&d.events[..], [RendezvousEvent::Failed(RendezvousError::Protocol { rank: 1, .. })]));
+    assert!(matches!(
+        &d.events[..],
+        [RendezvousServerEvent::Failed(RendezvousError::Protocol { rank: 1, .. })]
+    ));
     // A waiting rank sending a uid is a protocol error too.
     let mut s = setup();
     s.handle(
@@ -257,7 +265,10 @@ fn after_the_roles_a_short_uid_or_a_lost_connection_fails_the_rendezvous() {
         Input::Received { conn: conn(1), bytes: &frame(&RendezvousMsgWire::Uid { uid_bytes: vec![1; 128] }) },
     );
     let d = drain_machine(&mut s, Time::ZERO);
-    assert!(matches!(&d.events[..], [RendezvousEvent::Failed(RendezvousError::Protocol { rank: 1, .. })]));
+    assert!(matches!(
+        &d.events[..],
+        [RendezvousServerEvent::Failed(RendezvousError::Protocol { rank: 1, .. })]
+    ));
 }
 
 /// BEHAVIOUR.md Rendezvous [V8]: the controller sends that `Uid` to every `Wait` rank
@@ -276,7 +287,7 @@ fn the_uid_may_arrive_with_the_hello_before_the_roles_go_out() {
             RendezvousMsgWire::Uid { uid_bytes: vec![5; 128] }
         ]
     );
-    assert!(d.events.contains(&RendezvousEvent::Completed { generator: 0 }));
+    assert!(d.events.contains(&RendezvousServerEvent::Completed { generator: 0 }));
 }
 
 /// BEHAVIOUR.md Rendezvous: a `Hello` carries the global rank and host
@@ -295,16 +306,16 @@ fn hello_names_rank_and_host_and_the_uid_is_exactly_128_bytes() {
         assert_eq!(
             d.events,
             vec![
-                RendezvousEvent::Joined { rank: 1, host: "ctl".into() },
-                RendezvousEvent::Joined { rank: 0, host: "far".into() },
-                RendezvousEvent::RolesSent { generator: 1 },
+                RendezvousServerEvent::Joined { rank: 1, host: "ctl".into() },
+                RendezvousServerEvent::Joined { rank: 0, host: "far".into() },
+                RendezvousServerEvent::RolesSent { generator: 1 },
             ]
         );
         let uid = frame(&RendezvousMsgWire::Uid { uid_bytes: vec![3; len] });
         s.handle(Time::ZERO, Input::Received { conn: conn(1), bytes: &uid });
         let d = drain_machine(&mut s, Time::ZERO);
         assert!(
-            matches!(&d.events[..], [RendezvousEvent::Failed(RendezvousError::Protocol { rank: 1, what })] if what.contains(&len.to_string())),
+            matches!(&d.events[..], [RendezvousServerEvent::Failed(RendezvousError::Protocol { rank: 1, what })] if what.contains(&len.to_string())),
             "{len}: {:?}",
             d.events
         );
@@ -323,7 +334,7 @@ fn a_generator_silent_after_the_roles_fails_the_rendezvous_at_its_deadline() {
     s.adopt(t0, conn(0), Peer::REMOTE, &hello(0, "a", DS));
     s.adopt(t0, conn(1), Peer::REMOTE, &hello(1, "b", DS));
     let d = drain_machine(&mut s, t0);
-    assert!(d.events.contains(&RendezvousEvent::RolesSent { generator: 0 }), "{:?}", d.events);
+    assert!(d.events.contains(&RendezvousServerEvent::RolesSent { generator: 0 }), "{:?}", d.events);
     let deadline = t0 + cohort_proto::rendezvous::UID_DEADLINE;
     assert_eq!(s.poll_timeout(), Some(deadline));
     let before = Time::from_nanos(deadline.as_nanos() - 1);
@@ -331,7 +342,7 @@ fn a_generator_silent_after_the_roles_fails_the_rendezvous_at_its_deadline() {
     assert!(drain_machine(&mut s, before).events.is_empty(), "1 ns before the deadline");
     s.handle(deadline, Input::Timeout);
     let d = drain_machine(&mut s, deadline);
-    assert_eq!(d.events, vec![RendezvousEvent::Failed(RendezvousError::NoUid { generator: 0 })]);
+    assert_eq!(d.events, vec![RendezvousServerEvent::Failed(RendezvousError::NoUid { generator: 0 })]);
     assert_eq!(d.closed.len(), 2, "both ranks' connections closed");
     assert_eq!(s.poll_timeout(), None);
 }

@@ -2,7 +2,7 @@
 //! unknown magic, early EOF or the deadline close only that connection.
 
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::route::{PortRouter, RouteDrop, RouteEvent};
+use cohort_proto::route::{PortRouter, PortRouterEvent, RouteDrop};
 use cohort_proto::wire::Channel;
 use cohort_proto::{CloseCause, ConnId, Input, Machine, Output, Peer, Time};
 use cohort_tests::join_harness::{Drained, at, drain};
@@ -11,7 +11,7 @@ fn accept(r: &mut PortRouter, t: Time, conn: u64, peer: Peer) {
     r.handle(t, Input::Accepted { conn: ConnId(conn), peer });
 }
 
-fn feed(r: &mut PortRouter, t: Time, conn: u64, bytes: &[u8]) -> Drained<RouteEvent> {
+fn feed(r: &mut PortRouter, t: Time, conn: u64, bytes: &[u8]) -> Drained<PortRouterEvent> {
     r.handle(t, Input::Received { conn: ConnId(conn), bytes });
     drain(r, t)
 }
@@ -30,7 +30,7 @@ fn every_channel_routes_with_the_bytes_after_its_magic() {
         let d = feed(&mut r, t, conn, &bytes);
         assert_eq!(
             d.outputs,
-            vec![Output::Event(RouteEvent::Routed {
+            vec![Output::Event(PortRouterEvent::Routed {
                 conn: ConnId(conn),
                 peer: Peer::REMOTE,
                 channel: ch,
@@ -50,7 +50,7 @@ fn http_keeps_its_first_four_bytes() {
         accept(&mut r, t, conn, Peer::LOOPBACK);
         let d = feed(&mut r, t, conn, req);
         match &d.events()[..] {
-            [RouteEvent::Routed { channel: Channel::Http, first, peer, .. }] => {
+            [PortRouterEvent::Routed { channel: Channel::Http, first, peer, .. }] => {
                 assert_eq!(&first[..], req);
                 assert_eq!(*peer, Peer::LOOPBACK);
             }
@@ -70,7 +70,7 @@ fn a_magic_split_byte_by_byte_routes_on_the_fourth() {
     }
     let d = feed(&mut r, t, 1, &[magic[3], 0xEE]);
     assert!(
-        matches!(&d.events()[..], [RouteEvent::Routed { channel: Channel::Join, first, .. }] if first[..] == [0xEE])
+        matches!(&d.events()[..], [PortRouterEvent::Routed { channel: Channel::Join, first, .. }] if first[..] == [0xEE])
     );
     assert!(!r.owns(ConnId(1)));
     assert!(feed(&mut r, t, 1, b"later bytes are not the router's").is_empty());
@@ -86,14 +86,14 @@ fn unknown_magic_closes_only_that_connection() {
     assert!(d.closed(ConnId(1)) && !d.closed(ConnId(2)));
     assert_eq!(
         d.events(),
-        vec![RouteEvent::Dropped {
+        vec![PortRouterEvent::Dropped {
             conn: ConnId(1),
             reason: RouteDrop::UnknownMagic { got: 0xDEAD_BEEFu32.to_le_bytes() }
         }]
     );
     assert!(r.owns(ConnId(2)));
     let d = feed(&mut r, t, 2, &Channel::Data.magic_bytes());
-    assert!(matches!(&d.events()[..], [RouteEvent::Routed { channel: Channel::Data, .. }]));
+    assert!(matches!(&d.events()[..], [PortRouterEvent::Routed { channel: Channel::Data, .. }]));
 }
 
 #[test]
@@ -106,7 +106,7 @@ fn early_eof_drops_without_a_close() {
     let d = drain(&mut r, t);
     assert_eq!(
         d.outputs,
-        vec![Output::Event(RouteEvent::Dropped {
+        vec![Output::Event(PortRouterEvent::Dropped {
             conn: ConnId(1),
             reason: RouteDrop::EarlyEof { have: 2, cause: CloseCause::Eof }
         })]
@@ -128,7 +128,7 @@ fn the_peek_deadline_is_exact_and_scaled() {
     assert!(d.closed(ConnId(1)) && !d.closed(ConnId(2)));
     assert_eq!(
         d.events(),
-        vec![RouteEvent::Dropped { conn: ConnId(1), reason: RouteDrop::Deadline { have: 1 } }]
+        vec![PortRouterEvent::Dropped { conn: ConnId(1), reason: RouteDrop::Deadline { have: 1 } }]
     );
     assert_eq!(r.poll_timeout(), Some(at(7, 0)));
 

@@ -3,7 +3,7 @@
 //! The window is 300 s and the cap 600 s, at timeout scale 0.1 (30 s / 60 s).
 
 use cohort_proto::Time;
-use cohort_proto::join::window::JoinEvent;
+use cohort_proto::join::window::JoinWindowEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::status::StatusClientEvent;
 use cohort_sim::Outcome;
@@ -210,8 +210,10 @@ fn every_schedule_forms_or_fails_at_the_instant_the_rules_give() {
         // The checkers re-derive the verdict from the rules at every admission,
         // start and deadline; any disagreement is a violation.
         assert_eq!(run.report.violations, Vec::<String>::new(), "{}", c.name);
-        let armed: Vec<Time> =
-            run.join().filter_map(|(t, e)| matches!(e, JoinEvent::StartArmed { .. }).then_some(t)).collect();
+        let armed: Vec<Time> = run
+            .join()
+            .filter_map(|(t, e)| matches!(e, JoinWindowEvent::StartArmed { .. }).then_some(t))
+            .collect();
         let admissions = run.admissions();
         match c.expect {
             Expect::FormedAtAdmission(n) => {

@@ -2,10 +2,10 @@
 //! controller death, corrupted bytes, partitions and the NCCL re-rendezvous,
 //! each exact on virtual time, with every invariant checked as the run goes.
 
-use cohort_proto::coord::{CoordEvent, DeathCause};
+use cohort_proto::coord::{CoordinatorEvent, DeathCause};
 use cohort_proto::node::cluster::{ClusterEvent, Source};
-use cohort_proto::node::controller::ControllerEvent;
-use cohort_proto::node::rank::RankEvent;
+use cohort_proto::node::controller::ControllerNodeEvent;
+use cohort_proto::node::rank::RankNodeEvent;
 use cohort_proto::reduce::{HostError, ReduceEvent};
 use cohort_proto::relay::{Leg, RankDeath, RelayEvent};
 use cohort_proto::wire::ControlMsgWire;
@@ -17,7 +17,7 @@ const STALENESS: Duration = Duration::from_secs(30);
 
 fn consensus_rounds_after(run: &Run, t: cohort_proto::Time) -> usize {
     run.controller()
-        .filter(|(at, e)| *at > t && matches!(e, ControllerEvent::Reduce(ReduceEvent::Consensus { .. })))
+        .filter(|(at, e)| *at > t && matches!(e, ControllerNodeEvent::Reduce(ReduceEvent::Consensus { .. })))
         .count()
 }
 
@@ -42,7 +42,9 @@ fn rank_crash_mid_epoch_is_declared_within_a_round_trip_and_its_remainder_redist
     let remainder: u64 = run
         .coord()
         .find_map(|(_, e)| match e {
-            CoordEvent::RankDead { rank: 1, remainder, .. } => Some(remainder.iter().map(|s| s.size).sum()),
+            CoordinatorEvent::RankDead { rank: 1, remainder, .. } => {
+                Some(remainder.iter().map(|s| s.size).sum())
+            }
             _ => None,
         })
         .unwrap();
@@ -50,7 +52,7 @@ fn rank_crash_mid_epoch_is_declared_within_a_round_trip_and_its_remainder_redist
     let extended: Vec<(u32, u64)> = run
         .coord()
         .filter_map(|(_, e)| match e {
-            CoordEvent::PartitionExtended { from: 1, rank, segment, .. } => Some((*rank, segment.size)),
+            CoordinatorEvent::PartitionExtended { from: 1, rank, segment, .. } => Some((*rank, segment.size)),
             _ => None,
         })
         .collect();
@@ -59,7 +61,7 @@ fn rank_crash_mid_epoch_is_declared_within_a_round_trip_and_its_remainder_redist
     for (survivor, _) in &extended {
         assert!(
             run.rank(*survivor)
-                .any(|(_, e)| matches!(e, RankEvent::Command(ControlMsgWire::ExtendPartition { .. }))),
+                .any(|(_, e)| matches!(e, RankNodeEvent::Command(ControlMsgWire::ExtendPartition { .. }))),
             "rank {survivor} never got its slice"
         );
     }
@@ -119,7 +121,8 @@ fn a_controller_death_ends_every_rank_with_coordinator_lost_within_its_deadline(
     run.assert_clean("failed");
     assert_eq!(run.report.outcome.reason().as_deref(), Some("controller lost"));
     for r in 0..4 {
-        let lost = run.rank(r).find_map(|(t, e)| matches!(e, RankEvent::CoordinatorLost { .. }).then_some(t));
+        let lost =
+            run.rank(r).find_map(|(t, e)| matches!(e, RankNodeEvent::CoordinatorLost { .. }).then_some(t));
         let t = lost.unwrap_or_else(|| panic!("rank {r} never declared the coordinator lost"));
         assert!(t > at(10.0) && t <= at(10.0) + STALENESS, "rank {r} lost it at {t}");
     }
@@ -132,8 +135,10 @@ fn a_corrupted_byte_is_never_accepted_the_connection_drops_and_the_loss_is_handl
     // The receiver refused the frame by a typed wire error (its MAC, or a
     // field the flip broke) within the next frame's flight of the fault.
     let refused = run.controller().find_map(|(t, e)| match e {
-        ControllerEvent::Coord(CoordEvent::RelayLost { error: Some(err), .. }) => Some((t, err.clone())),
-        ControllerEvent::Reduce(ReduceEvent::HostFailed { error: HostError::Wire(err), .. }) => {
+        ControllerNodeEvent::Coord(CoordinatorEvent::RelayLost { error: Some(err), .. }) => {
+            Some((t, err.clone()))
+        }
+        ControllerNodeEvent::Reduce(ReduceEvent::HostFailed { error: HostError::Wire(err), .. }) => {
             Some((t, err.clone()))
         }
         _ => None,
@@ -179,19 +184,19 @@ fn nccl_deaths_trigger_the_re_rendezvous_and_survivors_get_consistent_new_ranks(
     let run = play(sc, 10);
     run.assert_clean("done");
     let asked = run.coord().find_map(|(t, e)| match e {
-        CoordEvent::NcclIdRequested { rank, attempt: 1 } => Some((t, *rank)),
+        CoordinatorEvent::NcclIdRequested { rank, attempt: 1 } => Some((t, *rank)),
         _ => None,
     });
     let (asked_at, generator) = asked.expect("a survivor was asked for a new NCCL id");
     assert!(asked_at <= at(10.0) + 2 * MS);
     let issued = run.coord().find_map(|(_, e)| match e {
-        CoordEvent::NcclSessionIssued { generator, survivors } => Some((*generator, survivors.clone())),
+        CoordinatorEvent::NcclSessionIssued { generator, survivors } => Some((*generator, survivors.clone())),
         _ => None,
     });
     assert_eq!(issued, Some((generator, vec![0, 2, 3])));
     for (position, r) in [0u32, 2, 3].into_iter().enumerate() {
         let session = run.rank(r).find_map(|(_, e)| match e {
-            RankEvent::Command(ControlMsgWire::NewNcclSession { new_rank, new_world_size, .. }) => {
+            RankNodeEvent::Command(ControlMsgWire::NewNcclSession { new_rank, new_world_size, .. }) => {
                 Some((*new_rank, *new_world_size))
             }
             _ => None,
@@ -209,26 +214,26 @@ fn nccl_the_generator_dying_before_it_answers_moves_the_ask_on() {
     let generator = first
         .coord()
         .find_map(|(_, e)| match e {
-            CoordEvent::NcclIdRequested { rank, attempt: 1 } => Some(*rank),
+            CoordinatorEvent::NcclIdRequested { rank, attempt: 1 } => Some(*rank),
             _ => None,
         })
         .unwrap();
     let asked_at = first
         .coord()
-        .find_map(|(t, e)| matches!(e, CoordEvent::NcclIdRequested { attempt: 1, .. }).then_some(t))
+        .find_map(|(t, e)| matches!(e, CoordinatorEvent::NcclIdRequested { attempt: 1, .. }).then_some(t))
         .unwrap();
     // Kill the generator 1 us after it was asked: the ask cannot have been answered.
     let sc = with(sc, asked_at.as_secs_f64() + 1e-6, Fault::KillRank(generator));
     let run = play(sc, 11);
     run.assert_clean("done");
     let retry = run.coord().find_map(|(_, e)| match e {
-        CoordEvent::NcclIdRequested { rank, attempt: 2 } => Some(*rank),
+        CoordinatorEvent::NcclIdRequested { rank, attempt: 2 } => Some(*rank),
         _ => None,
     });
     let retry = retry.expect("the next survivor was asked");
     assert_ne!(retry, generator);
     let survivors = run.coord().find_map(|(_, e)| match e {
-        CoordEvent::NcclSessionIssued { survivors, .. } => Some(survivors.clone()),
+        CoordinatorEvent::NcclSessionIssued { survivors, .. } => Some(survivors.clone()),
         _ => None,
     });
     let mut want: Vec<u32> = [0, 2, 3].into_iter().filter(|r| *r != generator).collect();
@@ -266,7 +271,7 @@ fn a_slow_rank_is_not_a_death_and_the_calibrated_plans_shrink_its_share() {
     let last = run
         .coord()
         .filter_map(|(_, e)| match e {
-            CoordEvent::PlanIssued { plans, calibrated: true, .. } => Some(plans.clone()),
+            CoordinatorEvent::PlanIssued { plans, calibrated: true, .. } => Some(plans.clone()),
             _ => None,
         })
         .last()
@@ -291,7 +296,7 @@ fn a_slow_link_delays_that_host_and_costs_nothing_else() {
     let arrivals = |r: u32| -> Vec<(u64, cohort_proto::Time)> {
         run.rank(r)
             .filter_map(|(t, e)| match e {
-                RankEvent::Consensus { round, .. } => Some((*round, t)),
+                RankNodeEvent::Consensus { round, .. } => Some((*round, t)),
                 _ => None,
             })
             .collect()
@@ -325,7 +330,7 @@ fn a_reset_host_loses_its_ranks_and_the_rest_finish() {
 
 #[test]
 fn an_nccl_world_that_forms_late_keeps_its_rendezvous_open() {
-    use cohort_proto::rendezvous::RendezvousEvent;
+    use cohort_proto::rendezvous::RendezvousServerEvent;
     // The hosts arrive at 200 s, later than the rendezvous idle timeout
     // (120 s) after the controller started: the rendezvous starts its clock
     // at formation, not at the controller's birth, and every rank of the
@@ -340,21 +345,21 @@ fn an_nccl_world_that_forms_late_keeps_its_rendezvous_open() {
     let rendezvous: Vec<_> = run
         .controller()
         .filter_map(|(t, e)| match e {
-            ControllerEvent::Rendezvous(
-                r @ (RendezvousEvent::Failed(_) | RendezvousEvent::Completed { .. }),
+            ControllerNodeEvent::Rendezvous(
+                r @ (RendezvousServerEvent::Failed(_) | RendezvousServerEvent::Completed { .. }),
             ) => Some((t, r.clone())),
             _ => None,
         })
         .collect();
     assert!(
-        matches!(rendezvous[..], [(t, RendezvousEvent::Completed { generator: 0 })] if t > at(200.0)),
+        matches!(rendezvous[..], [(t, RendezvousServerEvent::Completed { generator: 0 })] if t > at(200.0)),
         "{rendezvous:?}"
     );
     let uids: Vec<Vec<u8>> = (0..4)
         .map(|r| {
             run.rank(r)
                 .find_map(|(_, e)| match e {
-                    RankEvent::NcclReady { uid } => Some(uid.clone()),
+                    RankNodeEvent::NcclReady { uid } => Some(uid.clone()),
                     _ => None,
                 })
                 .unwrap_or_else(|| panic!("rank {r} never got the NCCL id"))

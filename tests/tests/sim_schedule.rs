@@ -80,7 +80,7 @@ fn idle_time_at_sync_points_falls_against_equal_batches() {
 /// BEHAVIOUR.md Coordinator [C75]: chunked epochs train every sample once to the end; a dead rank's chunks are trained by the survivors
 #[test]
 fn chunked_epochs_train_every_sample_once_and_survive_a_death() {
-    use cohort_proto::coord::CoordEvent;
+    use cohort_proto::coord::CoordinatorEvent;
     use cohort_sim::scenario::Fault;
     // Cadence's default is chunk-pool dispatch; rank 2 dies mid-epoch 1.
     let sc = with(heterogeneous(ApplyPolicy::Cadence), 12.0, Fault::KillRank(2));
@@ -92,7 +92,7 @@ fn chunked_epochs_train_every_sample_once_and_survive_a_death() {
     let chunks: Vec<(u64, u32, bool)> = run
         .coord()
         .filter_map(|(_, e)| match e {
-            CoordEvent::ChunkIssued { epoch, rank, reclaimed, .. } => Some((*epoch, *rank, *reclaimed)),
+            CoordinatorEvent::ChunkIssued { epoch, rank, reclaimed, .. } => Some((*epoch, *rank, *reclaimed)),
             _ => None,
         })
         .collect();
@@ -102,7 +102,7 @@ fn chunked_epochs_train_every_sample_once_and_survive_a_death() {
     let reclaimed: Vec<_> = chunks.iter().filter(|c| c.2).collect();
     assert!(!reclaimed.is_empty() && reclaimed.iter().all(|c| c.1 != 2), "{reclaimed:?}");
     assert!(
-        !run.coord().any(|(_, e)| matches!(e, CoordEvent::PartitionExtended { .. })),
+        !run.coord().any(|(_, e)| matches!(e, CoordinatorEvent::PartitionExtended { .. })),
         "no ExtendPartition under chunks"
     );
     eprintln!(

@@ -3,7 +3,7 @@
 //! the whole path router -> responder -> join window.
 
 use cohort_proto::join::*;
-use cohort_proto::route::{PortRouter, RouteEvent};
+use cohort_proto::route::{PortRouter, PortRouterEvent};
 use cohort_proto::status::*;
 use cohort_proto::wire::SessionSalt;
 use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
@@ -46,7 +46,7 @@ impl StatusBackend for Fake {
 }
 
 /// One response: status code, body; asserts the framing and the close.
-fn response(d: &Drained<StatusEvent>, conn: ConnId) -> (u16, String) {
+fn response(d: &Drained<StatusServerEvent>, conn: ConnId) -> (u16, String) {
     let raw = String::from_utf8(d.sent(conn)).expect("utf-8 response");
     assert!(d.closed(conn), "the connection closes after the response");
     let (head, body) = raw.split_once("\r\n\r\n").expect("a header block");
@@ -64,7 +64,7 @@ fn ask(fake: Fake, peer: Peer, req: &str) -> (u16, String, Fake) {
     s.adopt(t, ConnId(1), peer, req.as_bytes());
     let d = drain(&mut s, t);
     let (code, body) = response(&d, ConnId(1));
-    assert!(matches!(&d.events()[..], [StatusEvent::Answered { reply, .. }] if reply.status() == code));
+    assert!(matches!(&d.events()[..], [StatusServerEvent::Answered { reply, .. }] if reply.status() == code));
     (code, body, s.backend().clone())
 }
 
@@ -234,7 +234,7 @@ fn abandoned_requests() {
     s.handle(at(1, 0), Input::Closed { conn: ConnId(1), cause: CloseCause::Reset, unsent: 0 });
     let d = drain(&mut s, at(1, 0));
     assert_eq!(d.outputs.len(), 1);
-    assert_eq!(d.events(), vec![StatusEvent::Abandoned { conn: ConnId(1), cause: CloseCause::Reset }]);
+    assert_eq!(d.events(), vec![StatusServerEvent::Abandoned { conn: ConnId(1), cause: CloseCause::Reset }]);
     assert_eq!(s.poll_timeout(), None);
 }
 
@@ -270,10 +270,10 @@ fn route_in(
     router.handle(t, Input::Received { conn: ConnId(conn), bytes });
     for e in drain(router, t).events() {
         match e {
-            RouteEvent::Routed { conn, peer, channel: cohort_proto::wire::Channel::Http, first } => {
+            PortRouterEvent::Routed { conn, peer, channel: cohort_proto::wire::Channel::Http, first } => {
                 status.adopt_with(t, conn, peer, &first, window)
             }
-            RouteEvent::Routed { conn, peer, channel: cohort_proto::wire::Channel::Join, first } => {
+            PortRouterEvent::Routed { conn, peer, channel: cohort_proto::wire::Channel::Join, first } => {
                 window.adopt(t, conn, peer, &first)
             }
             other => panic!("{other:?}"),
@@ -281,7 +281,7 @@ fn route_in(
     }
 }
 
-fn status_drain(status: &mut StatusResponder) -> Drained<StatusEvent> {
+fn status_drain(status: &mut StatusResponder) -> Drained<StatusServerEvent> {
     let mut outputs = Vec::new();
     while let Some(o) = status.poll() {
         outputs.push(o);
@@ -304,7 +304,7 @@ fn operator_start_through_the_port_forms_the_world() {
     assert_eq!((code, body.contains("quorum not met: 0/1")), (409, true), "{body}");
 
     route_in(&mut router, &mut status, &mut window, t, 2, Peer::REMOTE, &dial_bytes(&SALT, &offer("a", 2)));
-    assert!(drain(&mut window, t).events().iter().any(|e| matches!(e, JoinEvent::Admitted { .. })));
+    assert!(drain(&mut window, t).events().iter().any(|e| matches!(e, JoinWindowEvent::Admitted { .. })));
 
     route_in(&mut router, &mut status, &mut window, t, 3, Peer::REMOTE, b"GET /state.json HTTP/1.1\r\n\r\n");
     let (code, body) = response(&status_drain(&mut status), ConnId(3));
@@ -323,9 +323,10 @@ fn operator_start_through_the_port_forms_the_world() {
     assert_eq!(response(&status_drain(&mut status), ConnId(5)).0, 200);
     let events = drain(&mut window, t).events();
     assert!(
-        events
-            .iter()
-            .any(|e| matches!(e, JoinEvent::Formed { reason: FormReason::OperatorStart, world_size: 2, .. })),
+        events.iter().any(|e| matches!(
+            e,
+            JoinWindowEvent::Formed { reason: FormReason::OperatorStart, world_size: 2, .. }
+        )),
         "{events:?}"
     );
 

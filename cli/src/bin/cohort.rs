@@ -16,11 +16,11 @@ use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::coord::Backend;
-use cohort_proto::join::client::ClientEvent;
+use cohort_proto::join::client::JoinClientEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome, RunKnobs};
 use cohort_proto::node::envelope::ControllerAddr;
-use cohort_proto::node::host::{HostEvent, RelayListen};
+use cohort_proto::node::host::{HostNodeEvent, RelayListen};
 use cohort_proto::wire::{RunNonce, SessionSalt};
 
 /// cohort: the control plane of an elastic distributed-training cluster,
@@ -446,7 +446,7 @@ fn controller(a: ControllerArgs) -> i32 {
         tracing::info!("session salt {} (pass it to every agent with --salt)", salt.to_hex());
     }
     let linger = a.linger_secs;
-    let mut ended: Option<(Instant, Outcome)> = None;
+    let mut ended: Option<(Instant, ControllerOutcome)> = None;
     let mut narrator = Narrator::default();
     loop {
         if ended.as_ref().is_some_and(|(t, _)| t.elapsed() >= linger) {
@@ -455,7 +455,7 @@ fn controller(a: ControllerArgs) -> i32 {
         match events.recv_timeout(Duration::from_millis(100)) {
             Ok(s) => {
                 show(&mut narrator, &s, a.common.json);
-                if let ClusterEvent::Controller(ControllerEvent::Finished(o)) = &s.event
+                if let ClusterEvent::Controller(ControllerNodeEvent::Finished(o)) = &s.event
                     && ended.is_none()
                 {
                     ended = Some((Instant::now(), o.clone()));
@@ -467,7 +467,7 @@ fn controller(a: ControllerArgs) -> i32 {
     }
     shutdown_all([node]);
     match ended {
-        Some((_, Outcome::Done)) => 0,
+        Some((_, ControllerOutcome::Done)) => 0,
         _ => 1,
     }
 }
@@ -521,15 +521,17 @@ fn agent(a: AgentArgs) -> i32 {
         match (&s.source, &s.event) {
             (
                 Source::Host(_),
-                ClusterEvent::Host(HostEvent::Agent(ClientEvent::Admitted { ranks: r, .. })),
+                ClusterEvent::Host(HostNodeEvent::Agent(JoinClientEvent::Admitted { ranks: r, .. })),
             ) => ranks = r.len(),
-            (Source::Host(_), ClusterEvent::Host(HostEvent::Agent(ClientEvent::Failed(_)))) => break 1,
-            (Source::Host(_), ClusterEvent::Host(HostEvent::Agent(ClientEvent::LinkEnded(_))))
+            (Source::Host(_), ClusterEvent::Host(HostNodeEvent::Agent(JoinClientEvent::Failed(_)))) => {
+                break 1;
+            }
+            (Source::Host(_), ClusterEvent::Host(HostNodeEvent::Agent(JoinClientEvent::LinkEnded(_))))
                 if !host.is_spawned() =>
             {
                 break 1;
             }
-            (Source::Host(_), ClusterEvent::Host(HostEvent::Refused(_))) => break 1,
+            (Source::Host(_), ClusterEvent::Host(HostNodeEvent::Refused(_))) => break 1,
             (Source::Host(_), ClusterEvent::Note(n)) if n.starts_with("could not start") => {
                 tracing::error!("{n}");
                 break 1;

@@ -17,11 +17,11 @@ use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::coord::CoordEvent;
+use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, Outcome, RunKnobs};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome, RunKnobs};
 use cohort_proto::node::envelope::ControllerAddr;
-use cohort_proto::status::StatusEvent;
+use cohort_proto::status::StatusServerEvent;
 use cohort_proto::testing::oracle::{CheckSummary, ConsensusOracle};
 
 use super::host::{HostParams, MioHost, stop_all};
@@ -96,7 +96,7 @@ pub struct DemoReport {
     /// The controller's address.
     pub addr: SocketAddr,
     /// How the run ended, if it did.
-    pub outcome: Option<Outcome>,
+    pub outcome: Option<ControllerOutcome>,
     /// Ranks in the world.
     pub world_size: u32,
     /// From the controller's start to the world's formation.
@@ -121,7 +121,7 @@ impl DemoReport {
     /// The demo's verdict: the run finished `Done`, at least one round was
     /// reduced, and every round and every rank's copy matched.
     pub fn ok(&self) -> bool {
-        self.outcome == Some(Outcome::Done)
+        self.outcome == Some(ControllerOutcome::Done)
             && self.check.ok()
             && self.check.rounds > 0
             && self.check.rounds_checked == self.check.rounds
@@ -135,8 +135,8 @@ impl DemoReport {
             format!(
                 "outcome             {}",
                 match &self.outcome {
-                    Some(Outcome::Done) => "done".to_owned(),
-                    Some(Outcome::Failed(r)) => format!("failed: {r}"),
+                    Some(ControllerOutcome::Done) => "done".to_owned(),
+                    Some(ControllerOutcome::Failed(r)) => format!("failed: {r}"),
                     None => "did not end".to_owned(),
                 }
             ),
@@ -175,8 +175,8 @@ impl DemoReport {
         serde_json::json!({
             "addr": self.addr.to_string(),
             "outcome": match &self.outcome {
-                Some(Outcome::Done) => "done".to_owned(),
-                Some(Outcome::Failed(r)) => format!("failed: {r}"),
+                Some(ControllerOutcome::Done) => "done".to_owned(),
+                Some(ControllerOutcome::Failed(r)) => format!("failed: {r}"),
                 None => "none".to_owned(),
             },
             "world_size": self.world_size,
@@ -205,7 +205,7 @@ impl DemoReport {
 struct Watch {
     formed: Option<Time>,
     world_size: u32,
-    finished: Option<(Time, Outcome)>,
+    finished: Option<(Time, ControllerOutcome)>,
     exited: BTreeSet<u32>,
     epochs: u64,
     status_answers: u64,
@@ -216,23 +216,28 @@ impl Watch {
     fn observe(&mut self, s: &Stamped) {
         match (&s.source, &s.event) {
             (Source::Controller, ClusterEvent::Controller(e)) => match e {
-                ControllerEvent::Started { world_size } => {
+                ControllerNodeEvent::Started { world_size } => {
                     self.formed = Some(s.at);
                     self.world_size = *world_size;
                 }
-                ControllerEvent::Finished(o) if self.finished.is_none() => {
+                ControllerNodeEvent::Finished(o) if self.finished.is_none() => {
                     self.finished = Some((s.at, o.clone()))
                 }
-                ControllerEvent::Status(StatusEvent::Answered { .. }) => self.status_answers += 1,
-                ControllerEvent::Coord(CoordEvent::EpochAggregated { metrics }) => {
+                ControllerNodeEvent::Status(StatusServerEvent::Answered { .. }) => self.status_answers += 1,
+                ControllerNodeEvent::Coord(CoordinatorEvent::EpochAggregated { metrics }) => {
                     self.epochs = self.epochs.max(metrics.epoch + 1);
                 }
-                ControllerEvent::Coord(CoordEvent::RankDead { rank, cause, .. }) => {
+                ControllerNodeEvent::Coord(CoordinatorEvent::RankDead { rank, cause, .. }) => {
                     if let Some(k) = self.kill.as_mut().filter(|k| k.rank == *rank && k.detected.is_none()) {
                         k.detected = Some((s.at.saturating_since(k.at), cause.to_string()));
                     }
                 }
-                ControllerEvent::Coord(CoordEvent::PartitionExtended { epoch, from, rank, segment }) => {
+                ControllerNodeEvent::Coord(CoordinatorEvent::PartitionExtended {
+                    epoch,
+                    from,
+                    rank,
+                    segment,
+                }) => {
                     if let Some(k) = self.kill.as_mut().filter(|k| k.rank == *from) {
                         k.redistributed.push(format!(
                             "epoch {epoch}: samples {}..{} to rank {rank}",

@@ -16,16 +16,16 @@
 //! assert_eq!(json["t"], 1.5);
 //! ```
 
-use cohort_proto::coord::{CoordEvent, RunEnd};
-use cohort_proto::join::client::ClientEvent;
-use cohort_proto::join::window::JoinEvent;
-use cohort_proto::node::controller::{ControllerEvent, Outcome};
+use cohort_proto::coord::{CoordinatorEvent, RunEnd};
+use cohort_proto::join::client::JoinClientEvent;
+use cohort_proto::join::window::JoinWindowEvent;
+use cohort_proto::node::controller::{ControllerNodeEvent, ControllerOutcome};
 use cohort_proto::node::envelope::Envelope;
-use cohort_proto::node::host::HostEvent;
-use cohort_proto::node::rank::RankEvent;
+use cohort_proto::node::host::HostNodeEvent;
+use cohort_proto::node::rank::RankNodeEvent;
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::RelayEvent;
-use cohort_proto::status::{StatusClientEvent, StatusEvent};
+use cohort_proto::status::{StatusClientEvent, StatusServerEvent};
 
 use super::{ClusterEvent, Stamped};
 
@@ -61,8 +61,8 @@ pub fn describe(s: &Stamped) -> Line {
     match &s.event {
         ClusterEvent::Controller(e) => controller(e),
         ClusterEvent::Host(e) => match e {
-            HostEvent::Agent(a) => agent(a),
-            HostEvent::StartRelay { relay, listen } => line(
+            HostNodeEvent::Agent(a) => agent(a),
+            HostNodeEvent::StartRelay { relay, listen } => line(
                 Debug,
                 "start_relay",
                 format!(
@@ -71,15 +71,15 @@ pub fn describe(s: &Stamped) -> Line {
                     listen.as_deref().unwrap_or("any port")
                 ),
             ),
-            HostEvent::StartRank(spec) => {
+            HostNodeEvent::StartRank(spec) => {
                 line(Debug, "start_rank", format!("starts rank {} (local {})", spec.rank, spec.local_rank))
             }
-            HostEvent::ExitReported { rank, code } => line(
+            HostNodeEvent::ExitReported { rank, code } => line(
                 Info,
                 "exit_reported",
                 format!("reported rank {rank}'s exit code {code} to the controller"),
             ),
-            HostEvent::Refused(why) => line(Warn, "host_refused", format!("cannot take part: {why}")),
+            HostNodeEvent::Refused(why) => line(Warn, "host_refused", format!("cannot take part: {why}")),
         },
         ClusterEvent::Operator(e) => match e {
             StatusClientEvent::Answer(a) => {
@@ -121,18 +121,18 @@ pub fn describe(s: &Stamped) -> Line {
             RelayEvent::Stopped(r) => line(Info, "relay_stopped", format!("stopped: {r}")),
         },
         ClusterEvent::Rank(e) => match e {
-            RankEvent::Connected => line(Debug, "connected", "connected to its relays"),
-            RankEvent::NcclReady { .. } => line(Debug, "nccl_ready", "holds the NCCL unique id"),
-            RankEvent::RendezvousFailed { reason } => {
+            RankNodeEvent::Connected => line(Debug, "connected", "connected to its relays"),
+            RankNodeEvent::NcclReady { .. } => line(Debug, "nccl_ready", "holds the NCCL unique id"),
+            RankNodeEvent::RendezvousFailed { reason } => {
                 line(Warn, "rendezvous_failed", format!("NCCL bootstrap failed: {reason}"))
             }
-            RankEvent::Command(m) => line(Debug, "command", format!("{m:?}")),
-            RankEvent::Submitted { round, mass, values } => line(
+            RankNodeEvent::Command(m) => line(Debug, "command", format!("{m:?}")),
+            RankNodeEvent::Submitted { round, mass, values } => line(
                 Debug,
                 "submitted",
                 format!("submitted its round {round}: mass {mass}, {} values", values.len()),
             ),
-            RankEvent::Consensus { round, weight, keep_local, values } => line(
+            RankNodeEvent::Consensus { round, weight, keep_local, values } => line(
                 Debug,
                 "consensus",
                 format!(
@@ -140,13 +140,13 @@ pub fn describe(s: &Stamped) -> Line {
                     values.len()
                 ),
             ),
-            RankEvent::Exited => line(Info, "exited", "shut down cleanly"),
-            RankEvent::CoordinatorLost { reason, dead_peers } => line(
+            RankNodeEvent::Exited => line(Info, "exited", "shut down cleanly"),
+            RankNodeEvent::CoordinatorLost { reason, dead_peers } => line(
                 Warn,
                 "coordinator_lost",
                 format!("lost the coordinator: {reason} (peers taken for dead: {dead_peers:?})"),
             ),
-            RankEvent::DataFailed { reason } => {
+            RankNodeEvent::DataFailed { reason } => {
                 line(Warn, "data_failed", format!("data plane failed: {reason}"))
             }
         },
@@ -165,15 +165,15 @@ pub fn describe(s: &Stamped) -> Line {
     }
 }
 
-fn agent(e: &ClientEvent) -> Line {
+fn agent(e: &JoinClientEvent) -> Line {
     use Level::{Debug, Info, Warn};
     match e {
-        ClientEvent::Admitted { ranks, formation_wait } => line(
+        JoinClientEvent::Admitted { ranks, formation_wait } => line(
             Info,
             "admitted",
             format!("admitted as ranks {ranks:?}; the world forms within {formation_wait:.1?}"),
         ),
-        ClientEvent::WorldFormed { envelope_hex, .. } => match Envelope::from_hex(envelope_hex) {
+        JoinClientEvent::WorldFormed { envelope_hex, .. } => match Envelope::from_hex(envelope_hex) {
             Ok(env) => line(
                 Info,
                 "world_formed",
@@ -186,26 +186,28 @@ fn agent(e: &ClientEvent) -> Line {
                 line(Warn, "world_formed", format!("world formed, but its envelope is unreadable: {e}"))
             }
         },
-        ClientEvent::Failed(f) => line(Warn, "join_failed", format!("join failed: {f}")),
-        ClientEvent::LinkEnded(e) => line(Info, "link_ended", format!("host link ended: {e}")),
-        ClientEvent::Ignored { what } => line(Debug, "ignored", format!("ignored {what} on the host link")),
+        JoinClientEvent::Failed(f) => line(Warn, "join_failed", format!("join failed: {f}")),
+        JoinClientEvent::LinkEnded(e) => line(Info, "link_ended", format!("host link ended: {e}")),
+        JoinClientEvent::Ignored { what } => {
+            line(Debug, "ignored", format!("ignored {what} on the host link"))
+        }
     }
 }
 
-fn controller(e: &ControllerEvent) -> Line {
+fn controller(e: &ControllerNodeEvent) -> Line {
     use Level::{Debug, Info, Warn};
     match e {
-        ControllerEvent::Route(r) => match r {
-            cohort_proto::route::RouteEvent::Dropped { conn, reason } => {
+        ControllerNodeEvent::Route(r) => match r {
+            cohort_proto::route::PortRouterEvent::Dropped { conn, reason } => {
                 line(Warn, "route_dropped", format!("router dropped {conn}: {reason}"))
             }
-            cohort_proto::route::RouteEvent::Routed { conn, channel, .. } => {
+            cohort_proto::route::PortRouterEvent::Routed { conn, channel, .. } => {
                 line(Debug, "routed", format!("{conn} routed to {channel:?}"))
             }
         },
-        ControllerEvent::Join(j) => match j {
-            JoinEvent::Warning(w) => line(Warn, "join_warning", format!("join window: {w}")),
-            JoinEvent::Admitted { host, ranks, joined_ranks, .. } => line(
+        ControllerNodeEvent::Join(j) => match j {
+            JoinWindowEvent::Warning(w) => line(Warn, "join_warning", format!("join window: {w}")),
+            JoinWindowEvent::Admitted { host, ranks, joined_ranks, .. } => line(
                 Info,
                 "host_admitted",
                 format!(
@@ -213,44 +215,44 @@ fn controller(e: &ControllerEvent) -> Line {
                     ranks.start, ranks.end
                 ),
             ),
-            JoinEvent::Rejected { conn, reason } => {
+            JoinWindowEvent::Rejected { conn, reason } => {
                 line(Warn, "join_rejected", format!("join dial {conn} rejected: {reason}"))
             }
-            JoinEvent::Retracted { host, ranks, .. } => line(
+            JoinWindowEvent::Retracted { host, ranks, .. } => line(
                 Warn,
                 "join_retracted",
                 format!("{host}'s admission never reached it: ranks {}..{} returned", ranks.start, ranks.end),
             ),
-            JoinEvent::StartArmed { joined_ranks } => {
+            JoinWindowEvent::StartArmed { joined_ranks } => {
                 line(Info, "start_armed", format!("operator start armed with {joined_ranks} ranks in"))
             }
-            JoinEvent::Formed { reason, world_size, hosts, .. } => line(
+            JoinWindowEvent::Formed { reason, world_size, hosts, .. } => line(
                 Info,
                 "formed",
                 format!("join window closed: {world_size} ranks on {hosts} hosts ({reason})"),
             ),
-            JoinEvent::Failed { failure, .. } => {
+            JoinWindowEvent::Failed { failure, .. } => {
                 line(Warn, "join_failed", format!("join window failed: {failure}"))
             }
-            JoinEvent::RankExited { host, rank, code, .. } => line(
+            JoinWindowEvent::RankExited { host, rank, code, .. } => line(
                 if *code == 0 { Info } else { Warn },
                 "rank_exited",
                 format!("{host} reports rank {rank} exited with code {code}"),
             ),
-            JoinEvent::HostLost { host, ranks, loss, .. } => {
+            JoinWindowEvent::HostLost { host, ranks, loss, .. } => {
                 line(Warn, "host_lost", format!("lost {host} (ranks {}..{}): {loss}", ranks.start, ranks.end))
             }
         },
-        ControllerEvent::Status(s) => match s {
-            StatusEvent::Answered { conn, reply } => {
+        ControllerNodeEvent::Status(s) => match s {
+            StatusServerEvent::Answered { conn, reply } => {
                 line(Info, "status_answered", format!("HTTP {conn}: {reply}"))
             }
-            StatusEvent::Abandoned { conn, cause } => {
+            StatusServerEvent::Abandoned { conn, cause } => {
                 line(Warn, "status_abandoned", format!("HTTP {conn} left before a whole request ({cause})"))
             }
         },
-        ControllerEvent::Coord(c) => coord(c),
-        ControllerEvent::Reduce(r) => match r {
+        ControllerNodeEvent::Coord(c) => coord(c),
+        ControllerNodeEvent::Reduce(r) => match r {
             ReduceEvent::HostJoined { conn, host, ranks } => line(
                 Info,
                 "data_host_joined",
@@ -281,49 +283,53 @@ fn controller(e: &ControllerEvent) -> Line {
             ),
             ReduceEvent::Stopped(why) => line(Info, "reduce_stopped", format!("data plane stopped: {why}")),
         },
-        ControllerEvent::Rendezvous(r) => line(Debug, "rendezvous", format!("{r:?}")),
-        ControllerEvent::Refused { conn, channel } => {
+        ControllerNodeEvent::Rendezvous(r) => line(Debug, "rendezvous", format!("{r:?}")),
+        ControllerNodeEvent::Refused { conn, channel } => {
             line(Warn, "refused", format!("refused {conn} on the {channel:?} channel: nothing serves it yet"))
         }
-        ControllerEvent::Evicted { conn, waited } => line(
+        ControllerNodeEvent::Evicted { conn, waited } => line(
             Debug,
             "evicted",
             format!("closed {conn}: unauthenticated for {waited:?}, making room under the cap"),
         ),
-        ControllerEvent::Started { world_size } => {
+        ControllerNodeEvent::Started { world_size } => {
             line(Info, "started", format!("training started: world of {world_size} ranks"))
         }
-        ControllerEvent::Finished(Outcome::Done) => line(Info, "finished", "run finished: done"),
-        ControllerEvent::Finished(Outcome::Failed(r)) => line(Warn, "finished", format!("run failed: {r}")),
+        ControllerNodeEvent::Finished(ControllerOutcome::Done) => {
+            line(Info, "finished", "run finished: done")
+        }
+        ControllerNodeEvent::Finished(ControllerOutcome::Failed(r)) => {
+            line(Warn, "finished", format!("run failed: {r}"))
+        }
     }
 }
 
-fn coord(c: &CoordEvent) -> Line {
+fn coord(c: &CoordinatorEvent) -> Line {
     use Level::{Debug, Info, Warn};
     match c {
-        CoordEvent::Started => {
+        CoordinatorEvent::Started => {
             line(Info, "coord_started", "coordinator: the relays cover the world; epoch 0 goes out")
         }
-        CoordEvent::FormationFailed { covered, world_size, why } => {
+        CoordinatorEvent::FormationFailed { covered, world_size, why } => {
             line(Warn, "formation_failed", format!("coordinator: {}", why.describe(*covered, *world_size)))
         }
-        CoordEvent::RelayJoined { host, ranks, .. } => {
+        CoordinatorEvent::RelayJoined { host, ranks, .. } => {
             line(Info, "relay_joined", format!("control plane: {host} joined with ranks {ranks:?}"))
         }
-        CoordEvent::RelayRejected { conn, reason } => {
+        CoordinatorEvent::RelayRejected { conn, reason } => {
             line(Warn, "relay_rejected", format!("control plane: refused {conn}: {reason}"))
         }
-        CoordEvent::RelayLost { conn, error: Some(e) } => {
+        CoordinatorEvent::RelayLost { conn, error: Some(e) } => {
             line(Warn, "relay_lost", format!("control plane: closed {conn}: {e}"))
         }
-        CoordEvent::RelayLost { conn, error: None } => {
+        CoordinatorEvent::RelayLost { conn, error: None } => {
             line(Info, "relay_lost", format!("control plane: {conn} ended"))
         }
-        CoordEvent::BadMessage { rank, error } => {
+        CoordinatorEvent::BadMessage { rank, error } => {
             line(Warn, "bad_message", format!("control plane: dropped a message of rank {rank}: {error}"))
         }
-        CoordEvent::RankExited { rank } => line(Info, "rank_left", format!("rank {rank} left cleanly")),
-        CoordEvent::RankDead { rank, cause, epoch, processed, remainder } => {
+        CoordinatorEvent::RankExited { rank } => line(Info, "rank_left", format!("rank {rank} left cleanly")),
+        CoordinatorEvent::RankDead { rank, cause, epoch, processed, remainder } => {
             let left: u64 = remainder.iter().map(|s| s.size).sum();
             let epoch = epoch.map_or("-".to_owned(), |e| e.to_string());
             line(
@@ -334,12 +340,12 @@ fn coord(c: &CoordEvent) -> Line {
                 ),
             )
         }
-        CoordEvent::PlanIssued { epoch, plans, calibrated, .. } => {
+        CoordinatorEvent::PlanIssued { epoch, plans, calibrated, .. } => {
             let sizes: Vec<u64> = plans.iter().map(|p| p.partition_size).collect();
             let how = if *calibrated { "by measured throughput" } else { "equal" };
             line(Info, "plan_issued", format!("epoch {epoch}: partitions {sizes:?} ({how})"))
         }
-        CoordEvent::PartitionExtended { epoch, from, rank, segment } => line(
+        CoordinatorEvent::PartitionExtended { epoch, from, rank, segment } => line(
             Info,
             "partition_extended",
             format!(
@@ -348,10 +354,10 @@ fn coord(c: &CoordEvent) -> Line {
                 segment.offset + segment.size
             ),
         ),
-        CoordEvent::RoleMoved { role, from, to, why } => {
+        CoordinatorEvent::RoleMoved { role, from, to, why } => {
             line(Info, "role_moved", format!("{role} moved from rank {from} to rank {to} ({why:?})"))
         }
-        CoordEvent::EpochAggregated { metrics } => line(
+        CoordinatorEvent::EpochAggregated { metrics } => line(
             Info,
             "epoch_aggregated",
             format!(
@@ -359,10 +365,10 @@ fn coord(c: &CoordEvent) -> Line {
                 metrics.epoch, metrics.avg_loss, metrics.per_rank_samples
             ),
         ),
-        CoordEvent::Ended(RunEnd::Done) => {
+        CoordinatorEvent::Ended(RunEnd::Done) => {
             line(Info, "ended", "coordinator: every epoch done, Shutdown sent")
         }
-        CoordEvent::Ended(RunEnd::Saved(r)) => {
+        CoordinatorEvent::Ended(RunEnd::Saved(r)) => {
             line(Warn, "ended", format!("coordinator: stopping with ShutdownWithSave: {r}"))
         }
         other => line(Debug, "coord", format!("{other:?}")),
@@ -449,7 +455,7 @@ mod tests {
     use cohort_proto::join::window::HostLoss;
     use cohort_proto::{CloseCause, ConnId, Time};
 
-    fn at(ms: u64, event: ControllerEvent) -> Stamped {
+    fn at(ms: u64, event: ControllerNodeEvent) -> Stamped {
         Stamped {
             at: Time::from_millis(ms),
             source: Source::Controller,
@@ -457,8 +463,8 @@ mod tests {
         }
     }
 
-    fn host_lost() -> ControllerEvent {
-        ControllerEvent::Join(JoinEvent::HostLost {
+    fn host_lost() -> ControllerNodeEvent {
+        ControllerNodeEvent::Join(JoinWindowEvent::HostLost {
             conn: ConnId(7),
             host: "host-0".into(),
             ranks: 0..2,
@@ -470,7 +476,7 @@ mod tests {
     fn a_host_lost_during_the_run_warns_and_after_its_end_informs() {
         let mut n = Narrator::default();
         assert_eq!(n.describe(&at(1, host_lost())).level, Level::Warn);
-        let end = n.describe(&at(2, ControllerEvent::Coord(CoordEvent::Ended(RunEnd::Done))));
+        let end = n.describe(&at(2, ControllerNodeEvent::Coord(CoordinatorEvent::Ended(RunEnd::Done))));
         assert_eq!((end.level, end.kind), (Level::Info, "ended"));
         let after = n.describe(&at(3, host_lost()));
         assert_eq!((after.level, after.kind), (Level::Info, "host_lost"));

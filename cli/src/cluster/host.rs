@@ -15,7 +15,7 @@ use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::ledger::JoinOffer;
 use cohort_proto::node::envelope::WorkloadSpec;
-use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RankEnd, RankSpec, RelayListen};
+use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RankSpec, RelayListen};
 use cohort_proto::node::rank::RankNode;
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::relay::{Relay, RelayConfig, RelayEvent};
@@ -204,10 +204,10 @@ impl Starter {
         Ok(())
     }
 
-    fn event(&self, d: &mut Driver<HostNode>, e: &HostEvent) {
+    fn event(&self, d: &mut Driver<HostNode>, e: &HostNodeEvent) {
         let started = match e {
-            HostEvent::StartRelay { relay, listen } => self.relay(d, relay.clone(), listen.as_deref()),
-            HostEvent::StartRank(spec) => self.rank(spec),
+            HostNodeEvent::StartRelay { relay, listen } => self.relay(d, relay.clone(), listen.as_deref()),
+            HostNodeEvent::StartRank(spec) => self.rank(spec),
             _ => Ok(()),
         };
         if let Err(why) = started {

@@ -6,7 +6,7 @@ use bytes::{Bytes, BytesMut};
 use core::time::Duration;
 
 use super::scheduler::Scheduler;
-use super::{CoordConfig, CoordEvent, DeathCause, FormationFailure, Step};
+use super::{CoordConfig, CoordinatorEvent, DeathCause, FormationFailure, Step};
 use crate::config::defaults::{COORD_FORMATION, HANDSHAKE};
 use crate::config::{ConfigError, Rules};
 use crate::machine::{Adopt, ConnId, Input, Machine, Outbox, Output, Peer};
@@ -66,14 +66,14 @@ const SMALL_RECORD: usize = 256;
 /// The run begins (liveness clocks, roles, epoch 0's plans) the moment the
 /// relays' hellos have announced every rank of the world; if they have not
 /// within scaled(60 s), formation fails by name
-/// ([`CoordEvent::FormationFailed`]), as flodl's coordinator's does.
+/// ([`CoordinatorEvent::FormationFailed`]), as flodl's coordinator's does.
 ///
 /// A relay hello is refused (connection closed, no reply) when a rank is out
 /// of range or announced twice, the ranks are not strictly ascending, or the
 /// model signatures do not match. A mux record that does not decode closes
 /// that relay's connection; a relay connection that ends declares its live
 /// ranks dead. A rank's frame that does not parse is dropped with a
-/// [`CoordEvent::BadMessage`]: the relay and the other ranks are unharmed.
+/// [`CoordinatorEvent::BadMessage`]: the relay and the other ranks are unharmed.
 /// Under cohort's rules a ready relay's `Data` record over one control frame
 /// is read through (MAC-verified, never stored) and only its rank is
 /// declared dead ([`DeathCause::FrameTooLarge`]); flodl's drop the relay.
@@ -105,7 +105,7 @@ pub struct Coordinator {
     /// never needs a scan of every relay).
     hello_deadlines: BTreeSet<(Time, ConnId)>,
     routes: BTreeMap<u32, ConnId>,
-    out: Outbox<CoordEvent>,
+    out: Outbox<CoordinatorEvent>,
 }
 
 impl Coordinator {
@@ -165,7 +165,7 @@ impl Coordinator {
     fn formation_failed(&mut self, why: FormationFailure) {
         let covered = self.routes.len() as u32;
         let world_size = self.sched.config().world_size;
-        self.out.event(CoordEvent::FormationFailed { covered, world_size, why });
+        self.out.event(CoordinatorEvent::FormationFailed { covered, world_size, why });
     }
 
     /// Deaths learned elsewhere (e.g. the reduce lost a host's data
@@ -242,7 +242,7 @@ impl Coordinator {
         );
         let behind = matches!(self.relays.get(&conn), Some(Relay { state: RelayState::Ready { ranks }, .. }) if ranks.contains(&rank));
         if behind {
-            self.out.event(CoordEvent::BadMessage { rank, error });
+            self.out.event(CoordinatorEvent::BadMessage { rank, error });
             self.report(now, Report::Deaths(vec![(rank, DeathCause::FrameTooLarge { len })]));
             self.pump();
         } else {
@@ -260,7 +260,7 @@ impl Coordinator {
             (RelayState::Ready { ranks }, MuxRecord::Data { rank, payload }) if ranks.contains(&rank) => {
                 match parse_exact_frame(&payload.to_bytes(), &self.key) {
                     Ok(msg) => self.sched.on_message(now, rank, msg),
-                    Err(error) => self.out.event(CoordEvent::BadMessage { rank, error }),
+                    Err(error) => self.out.event(CoordinatorEvent::BadMessage { rank, error }),
                 }
             }
             (RelayState::Ready { ranks }, MuxRecord::Control(RelayControlMsg::RankExit { rank }))
@@ -336,7 +336,7 @@ impl Coordinator {
             relay.state = RelayState::Ready { ranks: ranks.clone() };
             relay.dec.set_ceiling((CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64);
         }
-        self.out.event(CoordEvent::RelayJoined { conn, host, ranks });
+        self.out.event(CoordinatorEvent::RelayJoined { conn, host, ranks });
         if self.is_forming() && self.routes.len() as u32 == self.sched.config().world_size {
             self.formation = Formation::Formed;
             self.sched.begin(now);
@@ -358,7 +358,7 @@ impl Coordinator {
         self.forget_hello(conn);
         self.relays.remove(&conn);
         self.out.close(conn);
-        self.out.event(CoordEvent::RelayRejected { conn, reason });
+        self.out.event(CoordinatorEvent::RelayRejected { conn, reason });
     }
 
     /// flodl's formation ends at the first relay that fails before its
@@ -386,7 +386,7 @@ impl Coordinator {
         }
         let unheard = matches!(relay.state, RelayState::AwaitHello { .. })
             .then(|| error.as_ref().map_or_else(|| "closed before its hello".to_string(), |e| e.to_string()));
-        self.out.event(CoordEvent::RelayLost { conn, error });
+        self.out.event(CoordinatorEvent::RelayLost { conn, error });
         if let Some(reason) = unheard {
             self.relay_failed_forming(reason);
         }
@@ -425,7 +425,7 @@ impl Coordinator {
         if let Err(e) = encode_frame(&self.key, msg, &mut buf) {
             // Only an absurd aggregate could exceed the frame limit.
             if let Some(&rank) = to.first() {
-                self.out.event(CoordEvent::BadMessage { rank, error: e });
+                self.out.event(CoordinatorEvent::BadMessage { rank, error: e });
             }
             return;
         }
@@ -469,7 +469,7 @@ impl Adopt for Coordinator {
 }
 
 impl Machine for Coordinator {
-    type Event = CoordEvent;
+    type Event = CoordinatorEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
         self.sched.tick(now);
@@ -496,7 +496,7 @@ impl Machine for Coordinator {
         self.pump();
     }
 
-    fn poll(&mut self, _now: Time) -> Option<Output<CoordEvent>> {
+    fn poll(&mut self, _now: Time) -> Option<Output<CoordinatorEvent>> {
         self.out.pop()
     }
 

@@ -3,7 +3,7 @@
 //! Two layers:
 //! - [`Scheduler`], the decision core: a pure state struct fed with
 //!   `(now, rank, message)` and commands, producing [`Step`]s (control
-//!   messages for ranks, and [`CoordEvent`]s). It knows nothing of relays or
+//!   messages for ranks, and [`CoordinatorEvent`]s). It knows nothing of relays or
 //!   bytes, so every rule is tested on it directly.
 //! - [`Coordinator`], the machine: adopts relay connections on the control
 //!   channel, speaks relay-mux records, and carries each rank's control
@@ -15,10 +15,10 @@
 //! (re-rendezvous), [`budget`](unrecoverable) (save reasons), and
 //! [`metrics`](EpochReports) (epoch aggregation).
 //!
-//! Every decision is reported as a [`CoordEvent`]: a checker can rebuild
-//! each epoch's assignment exactly from [`CoordEvent::PlanIssued`],
-//! [`CoordEvent::PartitionExtended`], [`CoordEvent::ChunkIssued`] and
-//! [`CoordEvent::RankDead`].
+//! Every decision is reported as a [`CoordinatorEvent`]: a checker can rebuild
+//! each epoch's assignment exactly from [`CoordinatorEvent::PlanIssued`],
+//! [`CoordinatorEvent::PartitionExtended`], [`CoordinatorEvent::ChunkIssued`] and
+//! [`CoordinatorEvent::RankDead`].
 
 mod budget;
 pub mod chunk_pool;
@@ -382,7 +382,7 @@ impl FormationFailure {
 
 /// Every decision the coordinator makes, and what it saw.
 #[derive(Debug, Clone, PartialEq)]
-pub enum CoordEvent {
+pub enum CoordinatorEvent {
     /// The run started: every rank's relay announced it; liveness clocks run
     /// from now and epoch 0 goes out.
     Started,
@@ -433,7 +433,7 @@ pub enum CoordEvent {
     },
     /// A rank was declared dead. `remainder` is what it had not processed
     /// of its current epoch (computed before anything else), redistributed
-    /// by the [`CoordEvent::PartitionExtended`] events that follow.
+    /// by the [`CoordinatorEvent::PartitionExtended`] events that follow.
     RankDead {
         /// The rank.
         rank: u32,
@@ -461,7 +461,7 @@ pub enum CoordEvent {
     },
     /// A chunk of an epoch went to a rank (chunk-pool dispatch): by
     /// `StartEpoch`, or folded into an `Update`. An epoch's first chunks are
-    /// also reported as its [`CoordEvent::PlanIssued`].
+    /// also reported as its [`CoordinatorEvent::PlanIssued`].
     ChunkIssued {
         /// The epoch.
         epoch: u64,
@@ -561,7 +561,7 @@ pub enum CoordEvent {
         last: bool,
     },
     /// A window closed (ElChe ran its cycle, just before
-    /// [`CoordEvent::CycleFinished`]): what each rank ran, and the schedule
+    /// [`CoordinatorEvent::CycleFinished`]): what each rank ran, and the schedule
     /// for the next window.
     WindowClosed {
         /// The version this cycle produces.
@@ -644,5 +644,5 @@ pub enum Step {
         msg: ControlMsgWire,
     },
     /// Report a decision.
-    Event(CoordEvent),
+    Event(CoordinatorEvent),
 }

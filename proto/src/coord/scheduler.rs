@@ -17,7 +17,7 @@ use super::nccl::{AskAbandoned, NCCL_UID_BYTES, Rendezvous, new_sessions, pick_g
 use super::plan::{Assignment, Segment, epoch_plans, split_remainder, split_remainder_whole};
 use super::policy::ApplyPolicy;
 use super::roles::{Intents, Role, Roles, cadence_due, next_untried};
-use super::{CoordConfig, CoordEvent, DeathCause, PlanCarrier, RoleMove, RunEnd, Step};
+use super::{CoordConfig, CoordinatorEvent, DeathCause, PlanCarrier, RoleMove, RunEnd, Step};
 use crate::config::defaults::COORD_HEARTBEAT;
 use crate::config::{ConfigError, Rules};
 use crate::time::Time;
@@ -166,7 +166,7 @@ const FINAL_EVAL_ID: u64 = u64::MAX;
 /// the run with `ReduceStall`.
 ///
 /// ```
-/// use cohort_proto::coord::{CoordConfig, CoordEvent, Scheduler, Step};
+/// use cohort_proto::coord::{CoordConfig, CoordinatorEvent, Scheduler, Step};
 /// use cohort_proto::wire::ControlMsgWire;
 /// use cohort_proto::Time;
 ///
@@ -174,7 +174,7 @@ const FINAL_EVAL_ID: u64 = u64::MAX;
 /// s.begin(Time::ZERO);
 /// let steps: Vec<Step> = std::iter::from_fn(|| s.poll()).collect();
 /// assert!(steps.contains(&Step::Send { to: vec![0, 1], msg: ControlMsgWire::CoordHeartbeat }));
-/// assert!(steps.iter().any(|s| matches!(s, Step::Event(CoordEvent::PlanIssued { epoch: 0, .. }))));
+/// assert!(steps.iter().any(|s| matches!(s, Step::Event(CoordinatorEvent::PlanIssued { epoch: 0, .. }))));
 /// assert_eq!(s.assignment(1).unwrap().segments()[0].offset, 5);
 /// ```
 #[derive(Debug, Clone)]
@@ -422,7 +422,7 @@ impl Scheduler {
         self.phase = Phase::Running;
         self.live.heard_all(now);
         self.next_beacon = now;
-        self.event(CoordEvent::Started);
+        self.event(CoordinatorEvent::Started);
         let alive = self.live.alive();
         self.roles = Roles::elect(self.cfg.role_policy, &alive, |r| self.smoothed_ms(r));
         for b in &mut self.ranks {
@@ -493,7 +493,7 @@ impl Scheduler {
 
     /// A decoded control frame from `rank` (the rank its relay tagged it
     /// with). Timing and metrics are handled; kinds 4/5 are no-ops; any
-    /// other kind is a [`CoordEvent::BadMessage`].
+    /// other kind is a [`CoordinatorEvent::BadMessage`].
     pub fn on_message(&mut self, now: Time, rank: u32, msg: Message) {
         match msg {
             Message::Timing(m) => self.on_timing(now, rank, m),
@@ -563,7 +563,7 @@ impl Scheduler {
                     IntentKind::EvalNow => self.intents.eval = true,
                     IntentKind::CheckpointNow => self.intents.checkpoint = true,
                 }
-                self.event(CoordEvent::IntentNoted { rank, kind });
+                self.event(CoordinatorEvent::IntentNoted { rank, kind });
             }
             TimingMsgWire::EvalResult { schedule_id, epoch, metric, error, elapsed_ms, .. } => {
                 self.callback_cost(rank, elapsed_ms);
@@ -580,13 +580,15 @@ impl Scheduler {
                 if let Some(e) = self.el_che.as_mut() {
                     let _ = e.on_lr(rank, lr);
                 }
-                self.event(CoordEvent::Telemetry { rank, msg: m })
+                self.event(CoordinatorEvent::Telemetry { rank, msg: m })
             }
             m @ (TimingMsgWire::DashboardRegister { .. }
             | TimingMsgWire::DashboardSetSvg { .. }
             | TimingMsgWire::DashboardSetMetadata { .. }
             | TimingMsgWire::DashboardSetHardware { .. }
-            | TimingMsgWire::ResourceSample { .. }) => self.event(CoordEvent::Telemetry { rank, msg: m }),
+            | TimingMsgWire::ResourceSample { .. }) => {
+                self.event(CoordinatorEvent::Telemetry { rank, msg: m })
+            }
         }
         self.deferred_gate(now);
     }
@@ -667,12 +669,12 @@ impl Scheduler {
         }
     }
 
-    fn event(&mut self, e: CoordEvent) {
+    fn event(&mut self, e: CoordinatorEvent) {
         self.out.push_back(Step::Event(e));
     }
 
     fn bad(&mut self, rank: u32, error: WireError) {
-        self.event(CoordEvent::BadMessage { rank, error });
+        self.event(CoordinatorEvent::BadMessage { rank, error });
     }
 
     fn cycle_since(&self) -> Option<Time> {
@@ -705,7 +707,7 @@ impl Scheduler {
         if !self.live.latch_exit(rank) {
             return;
         }
-        self.event(CoordEvent::RankExited { rank });
+        self.event(CoordinatorEvent::RankExited { rank });
         if !self.running() {
             return;
         }
@@ -765,7 +767,13 @@ impl Scheduler {
         if let Some(e) = self.el_che.as_mut() {
             let _ = e.on_dead(r);
         }
-        self.event(CoordEvent::RankDead { rank: r, cause, epoch, processed, remainder: remainder.clone() });
+        self.event(CoordinatorEvent::RankDead {
+            rank: r,
+            cause,
+            epoch,
+            processed,
+            remainder: remainder.clone(),
+        });
         if !self.running() {
             return true;
         }
@@ -801,7 +809,12 @@ impl Scheduler {
                             partition_size: slice.size,
                         },
                     );
-                    self.event(CoordEvent::PartitionExtended { epoch: e, from: r, rank: s, segment: slice });
+                    self.event(CoordinatorEvent::PartitionExtended {
+                        epoch: e,
+                        from: r,
+                        rank: s,
+                        segment: slice,
+                    });
                 }
             }
         }
@@ -846,7 +859,7 @@ impl Scheduler {
         let speeds: Vec<Option<f64>> = (0..self.cfg.world_size).map(|r| self.smoothed_ms(r)).collect();
         let moves = self.roles.fail_over(dead, self.cfg.role_policy, &alive, |r| speeds[r as usize]);
         for (role, from, to) in moves {
-            self.event(CoordEvent::RoleMoved { role, from, to, why: RoleMove::HolderDied });
+            self.event(CoordinatorEvent::RoleMoved { role, from, to, why: RoleMove::HolderDied });
             if role == Role::EpochCallback && self.roles_announced {
                 let to_all = self.live.reachable();
                 self.send(to_all, ControlMsgWire::SetEpochCallbackRole { rank: to.into() });
@@ -872,7 +885,7 @@ impl Scheduler {
                 vec![rank],
                 ControlMsgWire::ExecuteEvalCallback { schedule_id, epoch, target_rank: rank.into() },
             );
-            self.event(CoordEvent::EvalRequested { schedule_id, epoch, rank });
+            self.event(CoordinatorEvent::EvalRequested { schedule_id, epoch, rank });
         }
     }
 
@@ -885,14 +898,14 @@ impl Scheduler {
         self.phase = Phase::Ended(RunEnd::Saved(reason));
         self.nccl = None;
         self.cycle = Cycle::Idle;
-        self.event(CoordEvent::Ended(RunEnd::Saved(reason)));
+        self.event(CoordinatorEvent::Ended(RunEnd::Saved(reason)));
     }
 
     fn shutdown(&mut self) {
         let to = self.live.reachable();
         self.send(to, ControlMsgWire::Shutdown);
         self.phase = Phase::Ended(RunEnd::Done);
-        self.event(CoordEvent::Ended(RunEnd::Done));
+        self.event(CoordinatorEvent::Ended(RunEnd::Done));
     }
 
     // ----------------------------------------------------------------
@@ -909,7 +922,7 @@ impl Scheduler {
         };
         self.nccl = Some(Rendezvous::begin(now, survivors, first));
         self.send(vec![first], ControlMsgWire::RequestNewNcclId);
-        self.event(CoordEvent::NcclIdRequested { rank: first, attempt: 1 });
+        self.event(CoordinatorEvent::NcclIdRequested { rank: first, attempt: 1 });
     }
 
     fn nccl_retry(&mut self, now: Time, why: AskAbandoned) {
@@ -918,11 +931,11 @@ impl Scheduler {
         let asked = rv.asked();
         let next = rv.advance(now, |r| live.is_alive(r));
         let attempt = rv.attempt();
-        self.event(CoordEvent::NcclAskAbandoned { rank: asked, why });
+        self.event(CoordinatorEvent::NcclAskAbandoned { rank: asked, why });
         match next {
             Some(n) => {
                 self.send(vec![n], ControlMsgWire::RequestNewNcclId);
-                self.event(CoordEvent::NcclIdRequested { rank: n, attempt });
+                self.event(CoordinatorEvent::NcclIdRequested { rank: n, attempt });
             }
             None => {
                 self.nccl = None;
@@ -943,7 +956,7 @@ impl Scheduler {
     fn nccl_answer(&mut self, rank: u32, uid: Vec<u8>) {
         let expected = self.nccl.as_ref().map(Rendezvous::asked);
         if expected != Some(rank) || !self.running() {
-            self.event(CoordEvent::NcclReplyIgnored { from: rank, expected });
+            self.event(CoordinatorEvent::NcclReplyIgnored { from: rank, expected });
             return;
         }
         if uid.len() != NCCL_UID_BYTES {
@@ -955,7 +968,7 @@ impl Scheduler {
         for (r, msg) in new_sessions(&survivors, &uid) {
             self.send(vec![r], msg);
         }
-        self.event(CoordEvent::NcclSessionIssued { generator: rank, survivors });
+        self.event(CoordinatorEvent::NcclSessionIssued { generator: rank, survivors });
     }
 
     // ----------------------------------------------------------------
@@ -966,7 +979,7 @@ impl Scheduler {
         let target = self.roles.checkpoint;
         self.checkpoint = Some(CheckpointJob { version, target, tried: BTreeSet::new() });
         self.send(vec![target], ControlMsgWire::Checkpoint { version, target_rank: target.into() });
-        self.event(CoordEvent::CheckpointRequested { version, rank: target });
+        self.event(CoordinatorEvent::CheckpointRequested { version, rank: target });
     }
 
     fn checkpoint_result(&mut self, rank: u32, version: u64, error: Option<String>) {
@@ -974,12 +987,12 @@ impl Scheduler {
             return;
         }
         let failed = error.is_some();
-        self.event(CoordEvent::CheckpointDone { version, rank, error });
+        self.event(CoordinatorEvent::CheckpointDone { version, rank, error });
         if !failed {
             self.checkpoint = None;
             let from = self.roles.assign(Role::Checkpoint, rank);
             if from != rank {
-                self.event(CoordEvent::RoleMoved {
+                self.event(CoordinatorEvent::RoleMoved {
                     role: Role::Checkpoint,
                     from,
                     to: rank,
@@ -1006,7 +1019,7 @@ impl Scheduler {
                 }
                 let from = self.roles.assign(Role::Checkpoint, n);
                 if from != n {
-                    self.event(CoordEvent::RoleMoved {
+                    self.event(CoordinatorEvent::RoleMoved {
                         role: Role::Checkpoint,
                         from,
                         to: n,
@@ -1014,11 +1027,11 @@ impl Scheduler {
                     });
                 }
                 self.send(vec![n], ControlMsgWire::Checkpoint { version, target_rank: n.into() });
-                self.event(CoordEvent::CheckpointRequested { version, rank: n });
+                self.event(CoordinatorEvent::CheckpointRequested { version, rank: n });
             }
             None => {
                 self.checkpoint = None;
-                self.event(CoordEvent::CheckpointAbandoned { version });
+                self.event(CoordinatorEvent::CheckpointAbandoned { version });
             }
         }
     }
@@ -1030,7 +1043,7 @@ impl Scheduler {
             vec![target],
             ControlMsgWire::ExecuteEvalCallback { schedule_id, epoch, target_rank: target.into() },
         );
-        self.event(CoordEvent::EvalRequested { schedule_id, epoch, rank: target });
+        self.event(CoordinatorEvent::EvalRequested { schedule_id, epoch, rank: target });
     }
 
     fn eval_result(&mut self, rank: u32, schedule_id: u64, epoch: u64, metric: f64, error: Option<String>) {
@@ -1041,7 +1054,7 @@ impl Scheduler {
             let to = self.live.reachable();
             self.send(to, ControlMsgWire::EvalBroadcast { epoch, metric });
         }
-        self.event(CoordEvent::EvalDone { epoch, rank, metric, error });
+        self.event(CoordinatorEvent::EvalDone { epoch, rank, metric, error });
     }
 
     // ----------------------------------------------------------------
@@ -1183,7 +1196,7 @@ impl Scheduler {
         ep.aggregated = true;
         let metrics = ep.reports.aggregate(ep.epoch, &self.cfg.device_indices, &share);
         self.send(to, ControlMsgWire::EpochAggregated(Box::new(metrics.clone())));
-        self.event(CoordEvent::EpochAggregated { metrics: Box::new(metrics) });
+        self.event(CoordinatorEvent::EpochAggregated { metrics: Box::new(metrics) });
         self.recount();
     }
 
@@ -1235,7 +1248,7 @@ impl Scheduler {
             reports: EpochReports::new(self.cfg.world_size),
             aggregated: false,
         });
-        self.event(CoordEvent::PlanIssued { epoch, plans: plans.clone(), calibrated, via });
+        self.event(CoordinatorEvent::PlanIssued { epoch, plans: plans.clone(), calibrated, via });
         self.recount();
         if via == PlanCarrier::StartEpoch {
             for r in to {
@@ -1443,7 +1456,7 @@ impl Scheduler {
         self.sync_started = Some(now);
         self.cycles += 1;
         self.final_cycle_started |= last;
-        self.event(CoordEvent::CycleStarted { cycle: self.cycles, last });
+        self.event(CoordinatorEvent::CycleStarted { cycle: self.cycles, last });
         let to = self.live.reachable();
         match self.cfg.backend {
             Backend::Cpu => {
@@ -1503,7 +1516,7 @@ impl Scheduler {
         self.version += 1;
         self.global_step = self.global_step.saturating_add(d.k_used);
         let idle_ms = core::mem::take(&mut self.idle_ms);
-        self.event(CoordEvent::WindowClosed {
+        self.event(CoordinatorEvent::WindowClosed {
             version: self.version,
             steps,
             counts,
@@ -1512,7 +1525,7 @@ impl Scheduler {
             sync_ms,
             verdict: d.verdict,
         });
-        self.event(CoordEvent::CycleFinished { version: self.version, global_step: self.global_step });
+        self.event(CoordinatorEvent::CycleFinished { version: self.version, global_step: self.global_step });
     }
 
     /// The cycle's shared tail: throttles clear; chunk-pool dispatch wakes
@@ -1612,7 +1625,7 @@ impl Scheduler {
         if steps > slowest.saturating_add(diff) {
             self.ranks[rank as usize].throttled = true;
             self.send(vec![rank], ControlMsgWire::Throttle);
-            self.event(CoordEvent::Throttled { rank, steps, slowest });
+            self.event(CoordinatorEvent::Throttled { rank, steps, slowest });
         }
     }
 }
@@ -1720,7 +1733,7 @@ impl Scheduler {
             let share = self.batch_share();
             let metrics = reports.aggregate(e, &self.cfg.device_indices, &share);
             self.send(to, ControlMsgWire::EpochAggregated(Box::new(metrics.clone())));
-            self.event(CoordEvent::EpochAggregated { metrics: Box::new(metrics) });
+            self.event(CoordinatorEvent::EpochAggregated { metrics: Box::new(metrics) });
             let world = self.cfg.world_size as usize;
             if let Some(book) = self.epoch.as_mut() {
                 if e + 1 < self.cfg.epochs {
@@ -1867,7 +1880,7 @@ impl Scheduler {
                 .push(seg),
         }
         self.gates_dirty |= drained;
-        self.event(CoordEvent::ChunkIssued { epoch, rank, segment: seg, reclaimed, via });
+        self.event(CoordinatorEvent::ChunkIssued { epoch, rank, segment: seg, reclaimed, via });
         let plan = EpochPlanWire { epoch, partition_offset: seg.offset, partition_size: seg.size };
         self.resatisfy(rank);
         if via == PlanCarrier::StartEpoch {

@@ -202,7 +202,7 @@ impl fmt::Display for LinkEnd {
 
 /// What a join client reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClientEvent {
+pub enum JoinClientEvent {
     /// Admitted: these global ranks; the world forms within `formation_wait`.
     Admitted {
         /// Global ranks.
@@ -258,7 +258,7 @@ enum State {
 /// ```
 /// # #[cfg(feature = "testing")] {
 /// use cohort_proto::config::TimeoutScale;
-/// use cohort_proto::join::{ClientEvent, ClientFailure, ClientParams, JoinClient, JoinOffer, JOIN_DIAL};
+/// use cohort_proto::join::{JoinClientEvent, ClientFailure, ClientParams, JoinClient, JoinOffer, JOIN_DIAL};
 /// use cohort_proto::testing::harness::Harness;
 /// use cohort_proto::Time;
 ///
@@ -267,7 +267,7 @@ enum State {
 /// let mut agent = Harness::new(JoinClient::new(params, Time::ZERO));
 /// assert_eq!(agent.dials(), [(JOIN_DIAL, "controller:7070".to_string())]);
 /// agent.fail_dial(JOIN_DIAL);
-/// assert_eq!(agent.events(), [ClientEvent::Failed(ClientFailure::Unreachable)]);
+/// assert_eq!(agent.events(), [JoinClientEvent::Failed(ClientFailure::Unreachable)]);
 /// # }
 /// ```
 #[derive(Debug)]
@@ -279,7 +279,7 @@ pub struct JoinClient {
     state: State,
     conn: Option<ConnId>,
     buf: RecvBuf,
-    out: Outbox<ClientEvent>,
+    out: Outbox<JoinClientEvent>,
 }
 
 fn msg_name(msg: &Message) -> &'static str {
@@ -340,7 +340,7 @@ impl JoinClient {
 
     /// Ends the machine: closes the connection (unless it already ended) and
     /// reports `event`.
-    fn finish(&mut self, event: ClientEvent, close: bool) {
+    fn finish(&mut self, event: JoinClientEvent, close: bool) {
         if let (true, Some(conn)) = (close, self.conn) {
             self.out.close(conn);
         }
@@ -351,7 +351,7 @@ impl JoinClient {
     }
 
     fn fail(&mut self, failure: ClientFailure, close: bool) {
-        self.finish(ClientEvent::Failed(failure), close);
+        self.finish(JoinClientEvent::Failed(failure), close);
     }
 
     fn connected(&mut self, now: Time, conn: ConnId) {
@@ -426,7 +426,7 @@ impl JoinClient {
                     self.on_message(now, msg);
                 }
                 Err(e) if self.is_linked() => {
-                    return self.finish(ClientEvent::LinkEnded(LinkEnd::Wire(e)), true);
+                    return self.finish(JoinClientEvent::LinkEnded(LinkEnd::Wire(e)), true);
                 }
                 Err(e) => return self.fail(ClientFailure::Wire(e), true),
             }
@@ -453,7 +453,7 @@ impl JoinClient {
                 let formation_wait = Duration::from_secs(formation_wait_secs);
                 self.state =
                     State::AwaitFormation { deadline: now + formation_wait + self.params.formation_margin };
-                self.out.event(ClientEvent::Admitted { ranks, formation_wait });
+                self.out.event(JoinClientEvent::Admitted { ranks, formation_wait });
             }
             (State::AwaitReply { .. }, Message::Join(JoinMsgWire::Reject { reason })) => {
                 self.fail(ClientFailure::Rejected { reason }, true)
@@ -466,7 +466,7 @@ impl JoinClient {
                 Message::Join(JoinMsgWire::WorldFormed { envelope_hex, relay_spec_hex }),
             ) => {
                 self.state = State::Linked;
-                self.out.event(ClientEvent::WorldFormed { envelope_hex, relay_spec_hex });
+                self.out.event(JoinClientEvent::WorldFormed { envelope_hex, relay_spec_hex });
             }
             (State::AwaitFormation { .. }, Message::Join(JoinMsgWire::Abort { reason })) => {
                 self.fail(ClientFailure::AbortedBeforeFormation { reason }, true)
@@ -475,16 +475,16 @@ impl JoinClient {
                 self.fail(ClientFailure::Unexpected { what, expected: "WorldFormed or Abort" }, true)
             }
             (State::Linked, Message::Join(JoinMsgWire::Abort { reason })) => {
-                self.finish(ClientEvent::LinkEnded(LinkEnd::Aborted { reason }), true)
+                self.finish(JoinClientEvent::LinkEnded(LinkEnd::Aborted { reason }), true)
             }
-            (State::Linked, _) => self.out.event(ClientEvent::Ignored { what }),
+            (State::Linked, _) => self.out.event(JoinClientEvent::Ignored { what }),
             _ => {}
         }
     }
 }
 
 impl Machine for JoinClient {
-    type Event = ClientEvent;
+    type Event = JoinClientEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
         match input {
@@ -501,7 +501,7 @@ impl Machine for JoinClient {
             Input::Closed { conn, cause, .. } if self.conn == Some(conn) => match self.state {
                 State::AwaitReply { .. } => self.fail(ClientFailure::ClosedBeforeReply(cause), false),
                 State::AwaitFormation { .. } => self.fail(ClientFailure::ClosedBeforeFormation(cause), false),
-                _ => self.finish(ClientEvent::LinkEnded(LinkEnd::Closed(cause)), false),
+                _ => self.finish(JoinClientEvent::LinkEnded(LinkEnd::Closed(cause)), false),
             },
             Input::Timeout => match self.state {
                 State::AwaitNonce { deadline } if now >= deadline => {
@@ -519,7 +519,7 @@ impl Machine for JoinClient {
         }
     }
 
-    fn poll(&mut self, _now: Time) -> Option<Output<ClientEvent>> {
+    fn poll(&mut self, _now: Time) -> Option<Output<JoinClientEvent>> {
         self.out.pop()
     }
 

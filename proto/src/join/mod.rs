@@ -15,7 +15,7 @@ pub mod ledger;
 pub mod window;
 
 pub use client::{
-    ClientEvent, ClientFailure, ClientParams, FORMATION_MARGIN, JOIN_DIAL, JOIN_REPLY_BUDGET, JoinClient,
+    ClientFailure, ClientParams, FORMATION_MARGIN, JOIN_DIAL, JOIN_REPLY_BUDGET, JoinClient, JoinClientEvent,
     LinkEnd, NotLinked, join_frame,
 };
 pub use ledger::{
@@ -24,6 +24,6 @@ pub use ledger::{
     classify_libtorch,
 };
 pub use window::{
-    HostLoss, JoinEvent, JoinWarning, JoinWindow, RejectReason, SendError, WindowFailure, WindowParams,
+    HostLoss, JoinWarning, JoinWindow, JoinWindowEvent, RejectReason, SendError, WindowFailure, WindowParams,
     WindowState,
 };

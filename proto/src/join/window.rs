@@ -32,7 +32,7 @@
 //! w.handle(t, Input::Received { conn: ConnId(1), bytes: &hello });
 //! let mut formed = false;
 //! while let Some(out) = w.poll(t) {
-//!     if let Output::Event(JoinEvent::Formed { world_size, .. }) = out { formed = world_size == 1; }
+//!     if let Output::Event(JoinWindowEvent::Formed { world_size, .. }) = out { formed = world_size == 1; }
 //! }
 //! assert!(formed);
 //! ```
@@ -301,7 +301,7 @@ impl fmt::Display for JoinWarning {
 
 /// What the join window reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum JoinEvent {
+pub enum JoinWindowEvent {
     /// See [`JoinWarning`].
     Warning(JoinWarning),
     /// A host was admitted and its accept queued.
@@ -435,7 +435,7 @@ struct Link {
 ///
 /// ```
 /// # #[cfg(feature = "testing")] {
-/// use cohort_proto::join::{JoinConfig, JoinEvent, JoinOffer, JoinWindow, TrustMode, WindowParams};
+/// use cohort_proto::join::{JoinConfig, JoinWindowEvent, JoinOffer, JoinWindow, TrustMode, WindowParams};
 /// use cohort_proto::testing::harness::Harness;
 /// use cohort_proto::wire::{Channel, MacKey, SessionSalt, encode_frame};
 /// use cohort_proto::{Peer, Time};
@@ -452,7 +452,7 @@ struct Link {
 ///     w.receive(conn, &dial);
 /// }
 /// assert_eq!(w.machine().ledger().joined_ranks(), 2);
-/// let formed = w.advance_until(Time::from_secs(60), |e| matches!(e, JoinEvent::Formed { .. }));
+/// let formed = w.advance_until(Time::from_secs(60), |e| matches!(e, JoinWindowEvent::Formed { .. }));
 /// assert_eq!(formed, Some(Time::from_secs(30)));
 /// # }
 /// ```
@@ -487,7 +487,7 @@ pub struct JoinWindow {
     links: BTreeMap<ConnId, Link>,
     /// The link of each member, in admission order.
     member_conns: Vec<ConnId>,
-    out: Outbox<JoinEvent>,
+    out: Outbox<JoinWindowEvent>,
 }
 
 fn frame(key: &MacKey, msg: &JoinMsgWire) -> Result<Bytes, WireError> {
@@ -570,7 +570,7 @@ impl JoinWindow {
             out: Outbox::default(),
         };
         if trust == TrustMode::OpenExplicit {
-            w.out.event(JoinEvent::Warning(JoinWarning::OpenAdmissionOffLoopback));
+            w.out.event(JoinWindowEvent::Warning(JoinWarning::OpenAdmissionOffLoopback));
         }
         w.evaluate(now);
         Ok(w)
@@ -587,7 +587,7 @@ impl JoinWindow {
         if !self.armed {
             self.armed = true;
             self.published = now;
-            self.out.event(JoinEvent::StartArmed { joined_ranks: self.ledger.joined_ranks() });
+            self.out.event(JoinWindowEvent::StartArmed { joined_ranks: self.ledger.joined_ranks() });
         }
         self.evaluate(now);
         true
@@ -747,7 +747,7 @@ impl JoinWindow {
             Verdict::Formed(reason) => {
                 self.state = WindowState::Formed(reason);
                 self.published = now;
-                self.out.event(JoinEvent::Formed {
+                self.out.event(JoinWindowEvent::Formed {
                     reason,
                     world_size: self.ledger.joined_ranks(),
                     hosts: self.ledger.members().len(),
@@ -768,7 +768,7 @@ impl JoinWindow {
             }
             self.out.close(conn);
         }
-        self.out.event(JoinEvent::Failed { failure, at: now });
+        self.out.event(JoinWindowEvent::Failed { failure, at: now });
     }
 
     fn begin(&mut self, now: Time, conn: ConnId, magic_pending: bool) {
@@ -791,7 +791,7 @@ impl JoinWindow {
 
     fn rejected_dial(&mut self, now: Time, conn: ConnId, reason: RejectReason) {
         let counts = counts_toward_limit(self.rules, &reason);
-        self.out.event(JoinEvent::Rejected { conn, reason });
+        self.out.event(JoinWindowEvent::Rejected { conn, reason });
         if counts {
             self.count_rejection(now);
         }
@@ -901,7 +901,12 @@ impl JoinWindow {
         self.links.insert(conn, Link { member: self.member_conns.len(), buf: leftover, after_accept: 0 });
         self.member_conns.push(conn);
         self.published = now;
-        self.out.event(JoinEvent::Admitted { conn, host, ranks, joined_ranks: self.ledger.joined_ranks() });
+        self.out.event(JoinWindowEvent::Admitted {
+            conn,
+            host,
+            ranks,
+            joined_ranks: self.ledger.joined_ranks(),
+        });
         self.link_bytes(conn, &[]);
     }
 
@@ -920,17 +925,17 @@ impl JoinWindow {
                         Message::Join(JoinMsgWire::RankExited { rank, code })
                             if member.ranks.contains(&rank) =>
                         {
-                            JoinEvent::RankExited { conn, host, rank, code }
+                            JoinWindowEvent::RankExited { conn, host, rank, code }
                         }
                         Message::Join(JoinMsgWire::RankExited { rank, .. }) => {
-                            JoinEvent::Warning(JoinWarning::ForeignRankExit { conn, host, rank })
+                            JoinWindowEvent::Warning(JoinWarning::ForeignRankExit { conn, host, rank })
                         }
-                        Message::Join(m) => JoinEvent::Warning(JoinWarning::UnexpectedHostMessage {
+                        Message::Join(m) => JoinWindowEvent::Warning(JoinWarning::UnexpectedHostMessage {
                             conn,
                             host,
                             what: join_msg_name(&m),
                         }),
-                        other => JoinEvent::Warning(JoinWarning::UnexpectedHostMessage {
+                        other => JoinWindowEvent::Warning(JoinWarning::UnexpectedHostMessage {
                             conn,
                             host,
                             what: other.kind().name(),
@@ -942,7 +947,7 @@ impl JoinWindow {
                     let (host, ranks) = (member.host.clone(), member.ranks.clone());
                     self.links.remove(&conn);
                     self.out.close(conn);
-                    self.out.event(JoinEvent::HostLost { conn, host, ranks, loss: HostLoss::Wire(e) });
+                    self.out.event(JoinWindowEvent::HostLost { conn, host, ranks, loss: HostLoss::Wire(e) });
                     return;
                 }
             }
@@ -957,18 +962,18 @@ impl JoinWindow {
             let latest = link.member + 1 == self.ledger.members().len();
             if latest && self.state == WindowState::Open && self.ledger.retract_last(&host).is_ok() {
                 self.member_conns.pop();
-                self.out.event(JoinEvent::Retracted { conn, host, ranks });
+                self.out.event(JoinWindowEvent::Retracted { conn, host, ranks });
                 // An undelivered accept is a join that did not happen.
                 self.count_rejection(now);
                 return;
             }
-            self.out.event(JoinEvent::Warning(JoinWarning::AcceptUndeliveredKept {
+            self.out.event(JoinWindowEvent::Warning(JoinWarning::AcceptUndeliveredKept {
                 conn,
                 host: host.clone(),
                 ranks: ranks.clone(),
             }));
         }
-        self.out.event(JoinEvent::HostLost { conn, host, ranks, loss: HostLoss::Closed(cause) });
+        self.out.event(JoinWindowEvent::HostLost { conn, host, ranks, loss: HostLoss::Closed(cause) });
     }
 }
 
@@ -987,7 +992,7 @@ impl Adopt for JoinWindow {
 }
 
 impl Machine for JoinWindow {
-    type Event = JoinEvent;
+    type Event = JoinWindowEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
         self.tick(now);
@@ -1012,7 +1017,7 @@ impl Machine for JoinWindow {
         self.evaluate(now);
     }
 
-    fn poll(&mut self, _now: Time) -> Option<Output<JoinEvent>> {
+    fn poll(&mut self, _now: Time) -> Option<Output<JoinWindowEvent>> {
         self.out.pop()
     }
 

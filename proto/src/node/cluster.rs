@@ -17,9 +17,9 @@ use std::sync::Arc;
 
 use core::fmt;
 
-use super::controller::ControllerEvent;
-use super::host::HostEvent;
-use super::rank::RankEvent;
+use super::controller::ControllerNodeEvent;
+use super::host::HostNodeEvent;
+use super::rank::RankNodeEvent;
 use crate::relay::{Leg, RelayEvent};
 use crate::status::StatusClientEvent;
 use crate::time::Time;
@@ -59,13 +59,13 @@ impl fmt::Display for Source {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClusterEvent {
     /// The controller's.
-    Controller(ControllerEvent),
+    Controller(ControllerNodeEvent),
     /// A worker host's (its agent's).
-    Host(HostEvent),
+    Host(HostNodeEvent),
     /// A relay's.
     Relay(RelayEvent),
     /// A rank's.
-    Rank(RankEvent),
+    Rank(RankNodeEvent),
     /// An operator's status request's.
     Operator(StatusClientEvent),
     /// A rank's process ended with this exit code (its host reports it).
@@ -100,10 +100,10 @@ macro_rules! from_event {
         }
     };
 }
-from_event!(ControllerEvent, Controller);
-from_event!(HostEvent, Host);
+from_event!(ControllerNodeEvent, Controller);
+from_event!(HostNodeEvent, Host);
 from_event!(RelayEvent, Relay);
-from_event!(RankEvent, Rank);
+from_event!(RankNodeEvent, Rank);
 from_event!(StatusClientEvent, Operator);
 
 /// An event, where it came from and when.

@@ -7,15 +7,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::config::{ConfigError, Rules, TimeoutScale};
-use crate::coord::{Backend, CoordConfig, CoordEvent, Coordinator, DeathCause, RunEnd};
+use crate::coord::{Backend, CoordConfig, Coordinator, CoordinatorEvent, DeathCause, RunEnd};
 use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
-use crate::join::window::{JoinEvent, JoinWindow, WindowParams};
+use crate::join::window::{JoinWindow, JoinWindowEvent, WindowParams};
 use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::reduce::{Reduce, ReduceConfig, ReduceEvent};
-use crate::rendezvous::{RendezvousConfig, RendezvousEvent, RendezvousServer};
-use crate::route::{PortRouter, RouteEvent};
-use crate::status::{StatusEvent, StatusLimits, StatusResponder};
+use crate::rendezvous::{RendezvousConfig, RendezvousServer, RendezvousServerEvent};
+use crate::route::{PortRouter, PortRouterEvent};
+use crate::status::{StatusLimits, StatusResponder, StatusServerEvent};
 use crate::time::Time;
 use crate::wire::{Channel, Inline, MacKey, MacRunner, RunNonce, SessionSalt, derive_frame_ceiling};
 
@@ -192,7 +192,7 @@ impl ControllerConfig {
 
 /// How the run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum ControllerOutcome {
     /// Every epoch done (or stopped gracefully).
     Done,
     /// The join window failed, or the run stopped with a save reason.
@@ -201,19 +201,19 @@ pub enum Outcome {
 
 /// What the controller reports: its parts' events, and the run's end.
 #[derive(Debug, Clone, PartialEq)]
-pub enum ControllerEvent {
+pub enum ControllerNodeEvent {
     /// The router dropped a connection.
-    Route(RouteEvent),
+    Route(PortRouterEvent),
     /// The join window.
-    Join(JoinEvent),
+    Join(JoinWindowEvent),
     /// The status endpoint.
-    Status(StatusEvent),
+    Status(StatusServerEvent),
     /// The coordinator.
-    Coord(CoordEvent),
+    Coord(CoordinatorEvent),
     /// The reduce.
     Reduce(ReduceEvent),
     /// The NCCL bootstrap rendezvous.
-    Rendezvous(RendezvousEvent),
+    Rendezvous(RendezvousServerEvent),
     /// A routed connection had nobody to serve it yet (or any more).
     Refused {
         /// The connection (closed).
@@ -227,7 +227,7 @@ pub enum ControllerEvent {
         world_size: u32,
     },
     /// The run ended.
-    Finished(Outcome),
+    Finished(ControllerOutcome),
     /// A connection that had not authenticated within the grace was closed
     /// to make room under [`ControllerConfig::max_unauthenticated`].
     Evicted {
@@ -280,9 +280,9 @@ impl Part for ControllerPart {
 /// use cohort_proto::config::TimeoutScale;
 /// use cohort_proto::join::{JoinConfig, JoinOffer, TrustMode};
 /// use cohort_proto::node::cluster::ClusterEvent;
-/// use cohort_proto::node::controller::{ControllerConfig, ControllerEvent, ControllerNode, RunKnobs};
+/// use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerNode, RunKnobs};
 /// use cohort_proto::node::envelope::ControllerAddr;
-/// use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RelayListen};
+/// use cohort_proto::node::host::{HostConfig, HostNodeEvent, HostNode, RelayListen};
 /// use cohort_proto::testing::net::Net;
 /// use cohort_proto::wire::SessionSalt;
 /// use cohort_proto::Time;
@@ -299,8 +299,8 @@ impl Part for ControllerPart {
 /// net.add("gpu-a", HostNode::new(host, Time::ZERO), &[]);
 /// net.run_until(Time::from_secs(1));
 /// let happened = |f: fn(&ClusterEvent) -> bool| net.events().iter().filter(|(_, _, e)| f(e)).count();
-/// assert_eq!(happened(|e| matches!(e, ClusterEvent::Controller(ControllerEvent::Started { world_size: 2 }))), 1);
-/// assert_eq!(happened(|e| matches!(e, ClusterEvent::Host(HostEvent::StartRelay { .. }))), 2);
+/// assert_eq!(happened(|e| matches!(e, ClusterEvent::Controller(ControllerNodeEvent::Started { world_size: 2 }))), 1);
+/// assert_eq!(happened(|e| matches!(e, ClusterEvent::Host(HostNodeEvent::StartRelay { .. }))), 2);
 /// # }
 /// ```
 #[derive(Debug)]
@@ -317,8 +317,8 @@ pub struct ControllerNode {
     /// Connections not yet authenticated, by arrival (and when each came).
     unauthenticated: BTreeSet<(Time, ConnId)>,
     arrived: BTreeMap<ConnId, Time>,
-    outcome: Option<Outcome>,
-    out: Outbox<ControllerEvent>,
+    outcome: Option<ControllerOutcome>,
+    out: Outbox<ControllerNodeEvent>,
     /// Where the reduce's MAC work runs ([`ControllerNode::run_macs_on`]).
     macs: Arc<dyn MacRunner>,
 }
@@ -368,7 +368,7 @@ impl ControllerNode {
     }
 
     /// How the run ended, once it did.
-    pub fn outcome(&self) -> Option<&Outcome> {
+    pub fn outcome(&self) -> Option<&ControllerOutcome> {
         self.outcome.as_ref()
     }
 
@@ -400,14 +400,14 @@ impl ControllerNode {
         self.pump(now);
     }
 
-    fn finish(&mut self, outcome: Outcome) {
+    fn finish(&mut self, outcome: ControllerOutcome) {
         if self.outcome.is_none() {
             self.window.set_phase(match outcome {
-                Outcome::Done => ClusterPhase::Done,
-                Outcome::Failed(_) => ClusterPhase::Failed,
+                ControllerOutcome::Done => ClusterPhase::Done,
+                ControllerOutcome::Failed(_) => ClusterPhase::Failed,
             });
             self.outcome = Some(outcome.clone());
-            self.out.event(ControllerEvent::Finished(outcome));
+            self.out.event(ControllerNodeEvent::Finished(outcome));
         }
     }
 
@@ -418,7 +418,7 @@ impl ControllerNode {
         run.timeout_scale = self.cfg.timeout_scale;
         let coord = match Coordinator::new(run, self.key.clone(), now) {
             Ok(c) => c,
-            Err(e) => return self.finish(Outcome::Failed(format!("run configuration: {e}"))),
+            Err(e) => return self.finish(ControllerOutcome::Failed(format!("run configuration: {e}"))),
         };
         self.coord = Some(coord);
         if self.cfg.run.backend == Backend::Cpu {
@@ -459,7 +459,7 @@ impl ControllerNode {
             let _ = self.window.send_world_formed(conn, envelope, Some(spec));
         }
         self.window.set_phase(ClusterPhase::Training);
-        self.out.event(ControllerEvent::Started { world_size });
+        self.out.event(ControllerNodeEvent::Started { world_size });
     }
 
     fn routed(&mut self, now: Time, conn: ConnId, peer: Peer, channel: Channel, first: &[u8]) {
@@ -506,7 +506,7 @@ impl ControllerNode {
         self.parts.disown(conn);
         self.authenticated(conn);
         self.out.close(conn);
-        self.out.event(ControllerEvent::Refused { conn, channel });
+        self.out.event(ControllerNodeEvent::Refused { conn, channel });
     }
 
     /// Carries a part's I/O output out (moved, never copied); returns its event.
@@ -525,10 +525,10 @@ impl ControllerNode {
             while let Some(o) = self.router.poll(now) {
                 moved = true;
                 match self.pass(ControllerPart::Router, o) {
-                    Some(RouteEvent::Routed { conn, peer, channel, first }) => {
+                    Some(PortRouterEvent::Routed { conn, peer, channel, first }) => {
                         self.routed(now, conn, peer, channel, &first)
                     }
-                    Some(e) => self.out.event(ControllerEvent::Route(e)),
+                    Some(e) => self.out.event(ControllerNodeEvent::Route(e)),
                     None => {}
                 }
             }
@@ -536,20 +536,20 @@ impl ControllerNode {
                 moved = true;
                 if let Some(e) = self.pass(ControllerPart::Join, o) {
                     self.join_event(now, &e);
-                    self.out.event(ControllerEvent::Join(e));
+                    self.out.event(ControllerNodeEvent::Join(e));
                 }
             }
             while let Some(o) = self.status.poll() {
                 moved = true;
                 if let Some(e) = self.pass(ControllerPart::Status, o) {
-                    self.out.event(ControllerEvent::Status(e));
+                    self.out.event(ControllerNodeEvent::Status(e));
                 }
             }
             while let Some(o) = self.coord.as_mut().and_then(|c| c.poll(now)) {
                 moved = true;
                 if let Some(e) = self.pass(ControllerPart::Coord, o) {
                     self.coord_event(now, &e);
-                    self.out.event(ControllerEvent::Coord(e));
+                    self.out.event(ControllerNodeEvent::Coord(e));
                 }
             }
             while let Some(o) = self.reduce.as_mut().and_then(|r| r.poll(now)) {
@@ -563,13 +563,13 @@ impl ControllerNode {
                     {
                         c.report_deaths(now, &[(*rank, DeathCause::DataPlaneLost)]);
                     }
-                    self.out.event(ControllerEvent::Reduce(e));
+                    self.out.event(ControllerNodeEvent::Reduce(e));
                 }
             }
             while let Some(o) = self.rendezvous.as_mut().and_then(|r| r.poll(now)) {
                 moved = true;
                 if let Some(e) = self.pass(ControllerPart::Rendezvous, o) {
-                    self.out.event(ControllerEvent::Rendezvous(e));
+                    self.out.event(ControllerNodeEvent::Rendezvous(e));
                 }
             }
             if !moved {
@@ -578,21 +578,21 @@ impl ControllerNode {
         }
     }
 
-    fn join_event(&mut self, now: Time, e: &JoinEvent) {
+    fn join_event(&mut self, now: Time, e: &JoinWindowEvent) {
         match e {
-            JoinEvent::Admitted { conn, .. } => self.authenticated(*conn),
-            JoinEvent::Formed { world_size, .. } => self.formed(now, *world_size as u32),
-            JoinEvent::Failed { failure, .. } if self.coord.is_none() => {
-                self.finish(Outcome::Failed(failure.to_string()));
+            JoinWindowEvent::Admitted { conn, .. } => self.authenticated(*conn),
+            JoinWindowEvent::Formed { world_size, .. } => self.formed(now, *world_size as u32),
+            JoinWindowEvent::Failed { failure, .. } if self.coord.is_none() => {
+                self.finish(ControllerOutcome::Failed(failure.to_string()));
             }
-            JoinEvent::RankExited { rank, code, .. } => {
+            JoinWindowEvent::RankExited { rank, code, .. } => {
                 if let Some(c) = self.coord.as_mut() {
                     c.rank_exited(now, *rank, *code);
                 }
             }
             // flodl's launcher takes a host link's end for nothing: its
             // ranks go stale instead.
-            JoinEvent::HostLost { ranks, .. } if self.cfg.run.rules == Rules::Cohort => {
+            JoinWindowEvent::HostLost { ranks, .. } if self.cfg.run.rules == Rules::Cohort => {
                 let ranks: Vec<u32> = ranks.clone().collect();
                 if let Some(c) = self.coord.as_mut() {
                     c.host_lost(now, &ranks);
@@ -607,22 +607,24 @@ impl ControllerNode {
         }
     }
 
-    fn coord_event(&mut self, now: Time, e: &CoordEvent) {
+    fn coord_event(&mut self, now: Time, e: &CoordinatorEvent) {
         match e {
-            CoordEvent::RelayJoined { conn, .. } => self.authenticated(*conn),
-            CoordEvent::RankDead { rank, .. } => {
+            CoordinatorEvent::RelayJoined { conn, .. } => self.authenticated(*conn),
+            CoordinatorEvent::RankDead { rank, .. } => {
                 if let Some(r) = self.reduce.as_mut() {
                     r.declare_dead(now, *rank);
                 }
             }
-            CoordEvent::FormationFailed { covered, world_size, why } => {
+            CoordinatorEvent::FormationFailed { covered, world_size, why } => {
                 let reason = why.describe(*covered, *world_size);
                 // Every host hears it (flodl's walk-in agents are left waiting).
                 self.window.abort(now, &reason);
-                self.finish(Outcome::Failed(reason));
+                self.finish(ControllerOutcome::Failed(reason));
             }
-            CoordEvent::Ended(RunEnd::Done) => self.finish(Outcome::Done),
-            CoordEvent::Ended(RunEnd::Saved(reason)) => self.finish(Outcome::Failed(format!("{reason}"))),
+            CoordinatorEvent::Ended(RunEnd::Done) => self.finish(ControllerOutcome::Done),
+            CoordinatorEvent::Ended(RunEnd::Saved(reason)) => {
+                self.finish(ControllerOutcome::Failed(format!("{reason}")))
+            }
             _ => {}
         }
     }
@@ -650,7 +652,7 @@ impl ControllerNode {
                 self.part_handle(now, part, Input::Closed { conn: old, cause: CloseCause::Reset, unsent: 0 });
             }
             self.out.close(old);
-            self.out.event(ControllerEvent::Evicted { conn: old, waited: now.saturating_since(at) });
+            self.out.event(ControllerNodeEvent::Evicted { conn: old, waited: now.saturating_since(at) });
         }
         self.unauthenticated.insert((now, conn));
         self.arrived.insert(conn, now);
@@ -684,7 +686,7 @@ impl Composite for ControllerNode {
 }
 
 impl Machine for ControllerNode {
-    type Event = ControllerEvent;
+    type Event = ControllerNodeEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
         if let Input::Closed { conn, .. } = input {
@@ -703,7 +705,7 @@ impl Machine for ControllerNode {
         self.pump(now);
     }
 
-    fn poll(&mut self, _now: Time) -> Option<Output<ControllerEvent>> {
+    fn poll(&mut self, _now: Time) -> Option<Output<ControllerNodeEvent>> {
         self.out.pop()
     }
 

@@ -5,8 +5,8 @@
 //! [`HostNode`] is the agent (a [`JoinClient`]) plus that bookkeeping, and
 //! it decides; the harness carries out. A rank or relay is a process of its
 //! own in a real deployment, a node of its own in the simulator, so the
-//! host does not run them: it asks for them with [`HostEvent::StartRelay`]
-//! and [`HostEvent::StartRank`], and the harness answers with
+//! host does not run them: it asks for them with [`HostNodeEvent::StartRelay`]
+//! and [`HostNodeEvent::StartRank`], and the harness answers with
 //! [`HostNode::relay_listening`] (when it chose a relay's port) and
 //! [`HostNode::rank_ended`]. The simulator, the `cohort` program and the
 //! driver tests all run this one composition.
@@ -14,7 +14,7 @@
 //! ```
 //! use cohort_proto::config::TimeoutScale;
 //! use cohort_proto::join::JoinOffer;
-//! use cohort_proto::node::host::{HostConfig, HostEvent, HostNode, RankEnd, RelayListen};
+//! use cohort_proto::node::host::{HostConfig, HostNodeEvent, HostNode, RankEnd, RelayListen};
 //! use cohort_proto::{Machine, Output, Time};
 //!
 //! let offer = JoinOffer::new("gpu-a", vec![0, 1], [0; 32]);
@@ -32,7 +32,7 @@ use core::fmt;
 use super::envelope::{ControllerAddr, Envelope, RelaySpec, WorkloadSpec};
 use super::rank::{NcclBootstrap, RankConfig};
 use crate::config::TimeoutScale;
-use crate::join::client::{ClientEvent, ClientParams, JoinClient, NotLinked};
+use crate::join::client::{ClientParams, JoinClient, JoinClientEvent, NotLinked};
 use crate::join::ledger::JoinOffer;
 use crate::machine::composite::{self, Composite, Part, Parts, Routed};
 use crate::machine::{Input, Machine, Outbox, Output};
@@ -185,9 +185,9 @@ impl RankSpec {
 
 /// What a host reports and asks for.
 #[derive(Debug, Clone, PartialEq)]
-pub enum HostEvent {
+pub enum HostNodeEvent {
     /// The agent's own event.
-    Agent(ClientEvent),
+    Agent(JoinClientEvent),
     /// Start this relay. It listens at `listen`; `None`: at a loopback port
     /// the harness picks and reports with [`HostNode::relay_listening`].
     StartRelay {
@@ -259,7 +259,7 @@ pub struct HostNode {
     parts: Parts<HostPart>,
     agent: JoinClient,
     formed: Option<Formed>,
-    out: Outbox<HostEvent>,
+    out: Outbox<HostNodeEvent>,
 }
 
 /// A host's parts: its agent (the relays and ranks it starts are nodes of
@@ -321,7 +321,7 @@ impl HostNode {
         let code = end.code();
         self.agent.report_rank_exit(rank, code)?;
         self.pump(now);
-        self.out.event(HostEvent::ExitReported { rank, code });
+        self.out.event(HostNodeEvent::ExitReported { rank, code });
         Ok(())
     }
 
@@ -330,7 +330,7 @@ impl HostNode {
             && f.awaiting.is_empty()
         {
             for r in f.ranks.drain(..) {
-                self.out.event(HostEvent::StartRank(r));
+                self.out.event(HostNodeEvent::StartRank(r));
             }
         }
     }
@@ -387,7 +387,7 @@ impl HostNode {
             if listen.is_none() {
                 awaiting.insert(leg);
             }
-            self.out.event(HostEvent::StartRelay { relay, listen });
+            self.out.event(HostNodeEvent::StartRelay { relay, listen });
         }
         let ranks = env
             .worker
@@ -419,16 +419,16 @@ impl HostNode {
         while let Some(o) = self.agent.poll(now) {
             let Some(e) = self.parts.pass(HostPart::Agent, o, &mut self.out) else { continue };
             let formed = match &e {
-                ClientEvent::WorldFormed { envelope_hex, relay_spec_hex } => {
+                JoinClientEvent::WorldFormed { envelope_hex, relay_spec_hex } => {
                     Some((envelope_hex.clone(), relay_spec_hex.clone()))
                 }
                 _ => None,
             };
-            self.out.event(HostEvent::Agent(e));
+            self.out.event(HostNodeEvent::Agent(e));
             if let Some((env, spec)) = formed
                 && let Err(why) = self.world_formed(&env, spec.as_deref())
             {
-                self.out.event(HostEvent::Refused(why));
+                self.out.event(HostNodeEvent::Refused(why));
             }
         }
     }
@@ -451,7 +451,7 @@ impl Composite for HostNode {
 }
 
 impl Machine for HostNode {
-    type Event = HostEvent;
+    type Event = HostNodeEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
         match self.parts.route(input) {
@@ -463,7 +463,7 @@ impl Machine for HostNode {
         self.pump(now);
     }
 
-    fn poll(&mut self, _now: Time) -> Option<Output<HostEvent>> {
+    fn poll(&mut self, _now: Time) -> Option<Output<HostNodeEvent>> {
         self.out.pop()
     }
 

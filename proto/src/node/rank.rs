@@ -11,7 +11,7 @@
 use crate::config::TimeoutScale;
 use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
 use crate::machine::{Input, Machine, Outbox, Output};
-use crate::rank::control_client::{ControlClient, ControlClientConfig, ControlEvent};
+use crate::rank::control_client::{ControlClient, ControlClientConfig, ControlClientEvent};
 use crate::rank::data_client::{
     Contribution, DataClient, DataClientConfig, DataClientEvent, SubmitError, TensorView,
 };
@@ -66,7 +66,7 @@ pub struct RankConfig {
 
 /// What a rank reports.
 #[derive(Debug, Clone, PartialEq)]
-pub enum RankEvent {
+pub enum RankNodeEvent {
     /// The NCCL bootstrap rendezvous completed: the world's unique id
     /// (every rank must hold the same).
     NcclReady {
@@ -119,22 +119,22 @@ pub enum RankEvent {
     },
 }
 
-impl RankEvent {
+impl RankNodeEvent {
     /// Whether the rank has ended with this event (its process exits, with
     /// [`RankNode::exit_code`]).
     ///
     /// ```
-    /// use cohort_proto::node::rank::RankEvent;
-    /// assert!(RankEvent::Exited.ends_the_rank());
-    /// assert!(!RankEvent::Connected.ends_the_rank());
+    /// use cohort_proto::node::rank::RankNodeEvent;
+    /// assert!(RankNodeEvent::Exited.ends_the_rank());
+    /// assert!(!RankNodeEvent::Connected.ends_the_rank());
     /// ```
     pub fn ends_the_rank(&self) -> bool {
         matches!(
             self,
-            RankEvent::Exited
-                | RankEvent::CoordinatorLost { .. }
-                | RankEvent::DataFailed { .. }
-                | RankEvent::RendezvousFailed { .. }
+            RankNodeEvent::Exited
+                | RankNodeEvent::CoordinatorLost { .. }
+                | RankNodeEvent::DataFailed { .. }
+                | RankNodeEvent::RendezvousFailed { .. }
         )
     }
 }
@@ -190,7 +190,7 @@ pub struct RankNode<W> {
     /// exits unless its control leg ends first; training stopped.
     data_lost: Option<(Time, String)>,
     ended: bool,
-    out: Outbox<RankEvent>,
+    out: Outbox<RankNodeEvent>,
 }
 
 /// A rank's parts.
@@ -320,7 +320,7 @@ impl<W: Workload> RankNode<W> {
                 Action::Exit => {
                     let _ = control.exiting();
                     control.close();
-                    self.end(RankEvent::Exited);
+                    self.end(RankNodeEvent::Exited);
                     Ok(())
                 }
                 Action::Submit { .. } => Ok(()),
@@ -339,13 +339,13 @@ impl<W: Workload> RankNode<W> {
         let views = [TensorView::new(&shape, &values)];
         match data.submit_round(now, &Contribution::model(mass, Dtype::F32, &views)) {
             Ok(()) => {
-                self.out.event(RankEvent::Submitted { round: self.rounds_submitted, mass, values });
+                self.out.event(RankNodeEvent::Submitted { round: self.rounds_submitted, mass, values });
                 self.rounds_submitted += 1;
             }
             Err(SubmitError::NotConnected) => self.pending_submit = Some((mass, values)),
             Err(e) => {
                 self.close_control();
-                self.end(RankEvent::DataFailed { reason: format!("submit: {e}") });
+                self.end(RankNodeEvent::DataFailed { reason: format!("submit: {e}") });
             }
         }
     }
@@ -356,7 +356,7 @@ impl<W: Workload> RankNode<W> {
         }
     }
 
-    fn end(&mut self, why: RankEvent) {
+    fn end(&mut self, why: RankNodeEvent) {
         if self.ended {
             return;
         }
@@ -399,7 +399,7 @@ impl<W: Workload> RankNode<W> {
 
     fn legs_connected(&mut self) {
         if self.connected == (true, true) {
-            self.out.event(RankEvent::Connected);
+            self.out.event(RankNodeEvent::Connected);
         }
     }
 
@@ -407,26 +407,26 @@ impl<W: Workload> RankNode<W> {
         match e {
             RendezvousClientEvent::Role(_) => {}
             RendezvousClientEvent::Done { uid } => {
-                self.out.event(RankEvent::NcclReady { uid });
+                self.out.event(RankNodeEvent::NcclReady { uid });
                 if !self.ended && self.control.is_none() {
                     self.dial_control(now);
                 }
             }
             RendezvousClientEvent::Failed(why) => {
-                self.end(RankEvent::RendezvousFailed { reason: why.to_string() })
+                self.end(RankNodeEvent::RendezvousFailed { reason: why.to_string() })
             }
         }
     }
 
-    fn control_event(&mut self, now: Time, e: ControlEvent) {
+    fn control_event(&mut self, now: Time, e: ControlClientEvent) {
         match e {
-            ControlEvent::Connected => {
+            ControlClientEvent::Connected => {
                 self.connected.0 = true;
                 self.legs_connected();
             }
-            ControlEvent::Control(msg) => {
+            ControlClientEvent::Control(msg) => {
                 if !matches!(msg, ControlMsgWire::CoordHeartbeat) {
-                    self.out.event(RankEvent::Command(msg.clone()));
+                    self.out.event(RankNodeEvent::Command(msg.clone()));
                 }
                 if !self.ended && self.data_lost.is_none() {
                     self.workload.on_command(now, &msg, &mut self.actions);
@@ -435,14 +435,14 @@ impl<W: Workload> RankNode<W> {
                     && matches!(msg, ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. })
                 {
                     self.close_control();
-                    self.end(RankEvent::Exited);
+                    self.end(RankNodeEvent::Exited);
                 }
             }
-            ControlEvent::CoordinatorLost { reason, dead_peers } => {
-                self.end(RankEvent::CoordinatorLost { reason: reason.to_string(), dead_peers });
+            ControlClientEvent::CoordinatorLost { reason, dead_peers } => {
+                self.end(RankNodeEvent::CoordinatorLost { reason: reason.to_string(), dead_peers });
             }
             // A stray well-signed frame: the client keeps the link, so do we.
-            ControlEvent::Ignored { .. } | ControlEvent::Closed => {}
+            ControlClientEvent::Ignored { .. } | ControlClientEvent::Closed => {}
         }
     }
 
@@ -465,7 +465,12 @@ impl<W: Workload> RankNode<W> {
                     let local = (!keep_local).then_some(values.as_slice());
                     self.workload.on_consensus(now, local, &mut self.actions);
                 }
-                self.out.event(RankEvent::Consensus { round: self.rounds_done, weight, keep_local, values });
+                self.out.event(RankNodeEvent::Consensus {
+                    round: self.rounds_done,
+                    weight,
+                    keep_local,
+                    values,
+                });
                 self.rounds_done += 1;
                 if live {
                     self.act(now);
@@ -506,7 +511,7 @@ impl<W: Workload> Composite for RankNode<W> {
 }
 
 impl<W: Workload> Machine for RankNode<W> {
-    type Event = RankEvent;
+    type Event = RankNodeEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
         match self.parts.route(input) {
@@ -520,7 +525,7 @@ impl<W: Workload> Machine for RankNode<W> {
                     match self.data_lost.take() {
                         Some((_, reason)) => {
                             self.close_control();
-                            self.end(RankEvent::DataFailed { reason });
+                            self.end(RankNodeEvent::DataFailed { reason });
                         }
                         None => {
                             self.workload.on_wake(now, &mut self.actions);
@@ -533,7 +538,7 @@ impl<W: Workload> Machine for RankNode<W> {
         self.pump(now);
     }
 
-    fn poll(&mut self, _now: Time) -> Option<Output<RankEvent>> {
+    fn poll(&mut self, _now: Time) -> Option<Output<RankNodeEvent>> {
         self.out.pop()
     }
 

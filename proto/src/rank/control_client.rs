@@ -5,7 +5,7 @@
 //! 16-byte ack. Then control frames flow both ways, each length-framed
 //! (`u32 len | frame`): the rank's timing and metrics reports up, the
 //! coordinator's control messages down, each surfaced as
-//! [`ControlEvent::Control`].
+//! [`ControlClientEvent::Control`].
 //!
 //! Two clocks run while connected:
 //! - a `Heartbeat` timing report every second (not scaled), whatever the
@@ -15,7 +15,7 @@
 //!   `last frame + deadline`), end of stream, or a frame that does not
 //!   parse, before a clean `Shutdown` (or `ShutdownWithSave`), means the
 //!   coordinator is gone: the client marks every peer dead and ends with
-//!   [`ControlEvent::CoordinatorLost`].
+//!   [`ControlClientEvent::CoordinatorLost`].
 
 use std::collections::BTreeSet;
 
@@ -82,7 +82,7 @@ impl fmt::Display for LostReason {
 
 /// What the control client reports.
 #[derive(Debug, Clone, PartialEq)]
-pub enum ControlEvent {
+pub enum ControlClientEvent {
     /// The handshake completed; reports flow.
     Connected,
     /// A message from the coordinator (every one, beacons included).
@@ -169,7 +169,7 @@ pub struct ControlClient {
     /// Frames queued before the handshake completed.
     queued: Vec<Bytes>,
     dead: BTreeSet<u32>,
-    out: Outbox<ControlEvent>,
+    out: Outbox<ControlClientEvent>,
 }
 
 fn ceiling() -> u64 {
@@ -274,9 +274,9 @@ impl ControlClient {
         match core::mem::replace(&mut self.state, State::Ended) {
             State::Connected { conn, .. } => {
                 self.out.close(conn);
-                self.out.event(ControlEvent::Closed);
+                self.out.event(ControlClientEvent::Closed);
             }
-            State::Handshaking(_) => self.out.event(ControlEvent::Closed),
+            State::Handshaking(_) => self.out.event(ControlClientEvent::Closed),
             State::Ended => {}
         }
     }
@@ -313,13 +313,13 @@ impl ControlClient {
             // After a clean `Shutdown` nothing means the coordinator is
             // lost: a bad frame (or a torn one at EOF) only ends the link,
             // and the peers stay as they were.
-            self.out.event(ControlEvent::Closed);
+            self.out.event(ControlClientEvent::Closed);
             return;
         }
         let me = self.rank;
         self.dead.extend((0..self.world_size).filter(|&r| r != me));
         let dead_peers = self.dead.iter().copied().collect();
-        self.out.event(ControlEvent::CoordinatorLost { reason, dead_peers });
+        self.out.event(ControlClientEvent::CoordinatorLost { reason, dead_peers });
     }
 
     fn drain_dialer(&mut self, now: Time) {
@@ -338,7 +338,7 @@ impl ControlClient {
                         next_heartbeat: now,
                         clean: false,
                     };
-                    self.out.event(ControlEvent::Connected);
+                    self.out.event(ControlClientEvent::Connected);
                     for q in core::mem::take(&mut self.queued) {
                         self.out.transmit(conn, q);
                     }
@@ -379,7 +379,7 @@ impl ControlClient {
                 Ok(Message::Control(m)) => Some(m),
                 Ok(Message::Reserved { .. }) => None,
                 Ok(other) => {
-                    self.out.event(ControlEvent::Ignored { kind: other.kind() });
+                    self.out.event(ControlClientEvent::Ignored { kind: other.kind() });
                     None
                 }
                 Err(e) => return self.lose(LostReason::BadFrame(e), Some(conn)),
@@ -399,14 +399,14 @@ impl ControlClient {
                 {
                     self.dead.insert(r);
                 }
-                self.out.event(ControlEvent::Control(m));
+                self.out.event(ControlClientEvent::Control(m));
             }
         }
     }
 }
 
 impl Machine for ControlClient {
-    type Event = ControlEvent;
+    type Event = ControlClientEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
         if let State::Handshaking(d) = &mut self.state {
@@ -429,7 +429,7 @@ impl Machine for ControlClient {
                 };
                 if clean && error.is_none() {
                     self.state = State::Ended;
-                    self.out.event(ControlEvent::Closed);
+                    self.out.event(ControlClientEvent::Closed);
                 } else {
                     self.lose(error.map_or(LostReason::Closed(cause), LostReason::BadFrame), None);
                 }
@@ -439,7 +439,7 @@ impl Machine for ControlClient {
         self.heartbeat_if_due(now);
     }
 
-    fn poll(&mut self, _now: Time) -> Option<Output<ControlEvent>> {
+    fn poll(&mut self, _now: Time) -> Option<Output<ControlClientEvent>> {
         self.out.pop()
     }
 

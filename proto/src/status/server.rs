@@ -218,7 +218,7 @@ impl fmt::Display for Reply {
 
 /// What the responder reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StatusEvent {
+pub enum StatusServerEvent {
     /// A request was answered and the connection closed.
     Answered {
         /// The connection.
@@ -311,7 +311,7 @@ pub struct StatusResponder {
     limits: StatusLimits,
     pending: BTreeMap<ConnId, Pending>,
     deadlines: BTreeSet<(Time, ConnId)>,
-    out: Outbox<StatusEvent>,
+    out: Outbox<StatusServerEvent>,
 }
 
 /// What one look at a request buffer says.
@@ -354,7 +354,7 @@ impl StatusResponder {
             Input::Received { conn, bytes } => self.received(now, conn, bytes, backend),
             Input::Closed { conn, cause, .. } => {
                 if self.forget(conn).is_some() {
-                    self.out.event(StatusEvent::Abandoned { conn, cause });
+                    self.out.event(StatusServerEvent::Abandoned { conn, cause });
                 }
             }
             Input::Timeout | Input::Connected { .. } | Input::DialFailed { .. } => {}
@@ -362,7 +362,7 @@ impl StatusResponder {
     }
 
     /// The next output.
-    pub fn poll(&mut self) -> Option<Output<StatusEvent>> {
+    pub fn poll(&mut self) -> Option<Output<StatusServerEvent>> {
         self.out.pop()
     }
 
@@ -397,7 +397,7 @@ impl StatusResponder {
     fn answer(&mut self, conn: ConnId, reply: Reply, state: Option<String>) {
         self.out.transmit(conn, reply.render(state));
         self.out.close(conn);
-        self.out.event(StatusEvent::Answered { conn, reply });
+        self.out.event(StatusServerEvent::Answered { conn, reply });
     }
 
     fn received<B: StatusBackend + ?Sized>(
@@ -516,13 +516,13 @@ impl<B: StatusBackend> Adopt for StatusServer<B> {
 }
 
 impl<B: StatusBackend> Machine for StatusServer<B> {
-    type Event = StatusEvent;
+    type Event = StatusServerEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
         self.responder.handle_with(now, input, &mut self.backend);
     }
 
-    fn poll(&mut self, _now: Time) -> Option<Output<StatusEvent>> {
+    fn poll(&mut self, _now: Time) -> Option<Output<StatusServerEvent>> {
         self.responder.poll()
     }
 

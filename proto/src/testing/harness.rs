@@ -12,7 +12,7 @@
 //! window forms at its deadline.
 //!
 //! ```
-//! use cohort_proto::join::{JoinConfig, JoinEvent, JoinOffer, JoinWindow, TrustMode, WindowParams};
+//! use cohort_proto::join::{JoinConfig, JoinWindowEvent, JoinOffer, JoinWindow, TrustMode, WindowParams};
 //! use cohort_proto::testing::harness::Harness;
 //! use cohort_proto::wire::{Channel, MacKey, SessionSalt, encode_frame};
 //! use cohort_proto::{Peer, Time};
@@ -27,10 +27,10 @@
 //! let offer = JoinOffer::new("gpu-a", vec![0, 1], [7; 32]);
 //! encode_frame(&MacKey::new(&salt), &offer.to_hello(), &mut dial).unwrap();
 //! h.receive(conn, &dial);
-//! assert!(matches!(h.events(), [JoinEvent::Admitted { .. }]));
+//! assert!(matches!(h.events(), [JoinWindowEvent::Admitted { .. }]));
 //! assert!(!h.sent(conn).is_empty(), "the accept went back");
 //!
-//! let formed = h.advance_until(Time::from_secs(60), |e| matches!(e, JoinEvent::Formed { .. }));
+//! let formed = h.advance_until(Time::from_secs(60), |e| matches!(e, JoinWindowEvent::Formed { .. }));
 //! assert_eq!(formed, Some(Time::from_secs(30)));
 //! ```
 

@@ -23,8 +23,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::machine::ConnId;
 use crate::node::cluster::{ClusterEvent, Source};
-use crate::node::controller::ControllerEvent;
-use crate::node::rank::RankEvent;
+use crate::node::controller::ControllerNodeEvent;
+use crate::node::rank::RankNodeEvent;
 use crate::reduce::ReduceEvent;
 use crate::relay::{Leg, RelayEvent};
 
@@ -98,7 +98,7 @@ impl ConsensusOracle {
     pub fn observe(&mut self, source: &Source, event: &ClusterEvent) -> usize {
         let before = self.summary.violations.len();
         match (source, event) {
-            (Source::Controller, ClusterEvent::Controller(ControllerEvent::Reduce(e))) => match e {
+            (Source::Controller, ClusterEvent::Controller(ControllerNodeEvent::Reduce(e))) => match e {
                 ReduceEvent::HostJoined { conn, host, .. } => {
                     self.host_of.insert(*conn, host.clone());
                 }
@@ -129,13 +129,13 @@ impl ConsensusOracle {
                 self.shipped.entry(host.to_string()).or_default().push_back(ranks.clone());
                 self.settle_rounds();
             }
-            (Source::Rank(r), ClusterEvent::Rank(RankEvent::Submitted { mass, values, .. })) => {
+            (Source::Rank(r), ClusterEvent::Rank(RankNodeEvent::Submitted { mass, values, .. })) => {
                 self.submitted.entry(*r).or_default().push_back((*mass, values.clone()));
                 self.settle_rounds();
             }
             (
                 Source::Rank(r),
-                ClusterEvent::Rank(RankEvent::Consensus { round, weight, keep_local, values }),
+                ClusterEvent::Rank(RankNodeEvent::Consensus { round, weight, keep_local, values }),
             ) => {
                 let k = self.received.entry(*r).or_insert(0);
                 if *round != *k {
@@ -346,7 +346,7 @@ mod tests {
         let consensus = Consensus { kind: RoundKind::Model, weight, tensors: vec![tensor] };
         ev(
             Source::Controller,
-            ClusterEvent::Controller(ControllerEvent::Reduce(ReduceEvent::Consensus {
+            ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::Consensus {
                 round,
                 consensus,
                 frame: Bytes::new(),
@@ -365,7 +365,7 @@ mod tests {
         let events = [
             ev(
                 Source::Controller,
-                ClusterEvent::Controller(ControllerEvent::Reduce(ReduceEvent::HostJoined {
+                ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::HostJoined {
                     conn: ConnId(9),
                     host: "a".into(),
                     ranks: vec![0, 1],
@@ -373,11 +373,11 @@ mod tests {
             ),
             ev(
                 Source::Rank(0),
-                ClusterEvent::Rank(RankEvent::Submitted { round: 0, mass: 1.0, values: vec![1.0, 2.0] }),
+                ClusterEvent::Rank(RankNodeEvent::Submitted { round: 0, mass: 1.0, values: vec![1.0, 2.0] }),
             ),
             ev(
                 Source::Rank(1),
-                ClusterEvent::Rank(RankEvent::Submitted { round: 0, mass: 3.0, values: vec![5.0, 6.0] }),
+                ClusterEvent::Rank(RankNodeEvent::Submitted { round: 0, mass: 3.0, values: vec![5.0, 6.0] }),
             ),
             ev(
                 Source::Relay("a".into(), Leg::Data),
@@ -392,7 +392,7 @@ mod tests {
             consensus(0, 4.0, reduced),
             ev(
                 Source::Rank(1),
-                ClusterEvent::Rank(RankEvent::Consensus {
+                ClusterEvent::Rank(RankNodeEvent::Consensus {
                     round: 0,
                     weight: 4.0,
                     keep_local: false,

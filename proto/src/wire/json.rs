@@ -23,6 +23,7 @@ use super::round_frame::{CollectSink, RoundDecoder, RoundFrame, RoundKind, Tenso
 
 /// A framing, as named on the command line and in the vectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Framing {
     /// `handshake-rank`: the 56-byte control hello.
     HandshakeRank,
@@ -32,13 +33,13 @@ pub enum Framing {
     DataHandshakeRank,
     /// `data-handshake-ack`: the 8-byte data ack.
     DataHandshakeAck,
-    /// `control`: control frames.
+    /// `control`: control frames (24-byte header + bincode payload).
     Control,
-    /// `mux`: relay-mux records.
+    /// `mux`: relay-mux records (25-byte header + payload).
     Mux,
-    /// `round`: round frames.
+    /// `round`: round frames (data channel).
     Round,
-    /// `len`: loopback length-framed blobs.
+    /// `len`: loopback length-framed blobs (`u32 len | bytes`).
     Len,
 }
 

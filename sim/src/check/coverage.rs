@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cohort_proto::Time;
-use cohort_proto::coord::CoordEvent;
-use cohort_proto::node::controller::ControllerEvent;
+use cohort_proto::coord::CoordinatorEvent;
+use cohort_proto::node::controller::ControllerNodeEvent;
 
 use super::{Facts, Violations};
 
@@ -75,14 +75,15 @@ impl CoverageCheck {
     }
 
     /// One controller event: plans, extensions and deaths.
-    pub fn event(&mut self, ev: &ControllerEvent) {
-        if let ControllerEvent::Coord(CoordEvent::RankDead { rank, .. } | CoordEvent::RankExited { rank }) =
-            ev
+    pub fn event(&mut self, ev: &ControllerNodeEvent) {
+        if let ControllerNodeEvent::Coord(
+            CoordinatorEvent::RankDead { rank, .. } | CoordinatorEvent::RankExited { rank },
+        ) = ev
         {
             self.gone.insert(*rank);
         }
         match ev {
-            ControllerEvent::Coord(CoordEvent::RankDead {
+            ControllerNodeEvent::Coord(CoordinatorEvent::RankDead {
                 rank,
                 epoch: Some(e),
                 processed,
@@ -101,7 +102,7 @@ impl CoverageCheck {
                 }
                 self.known_at_death.insert(*rank, (*e, known));
             }
-            ControllerEvent::Coord(CoordEvent::PlanIssued { epoch, plans, .. }) => {
+            ControllerNodeEvent::Coord(CoordinatorEvent::PlanIssued { epoch, plans, .. }) => {
                 for (r, p) in plans.iter().enumerate() {
                     if self.flodl && p.partition_size > 0 && self.gone.contains(&(r as u32)) {
                         let lost = (p.partition_offset, p.partition_size);
@@ -117,16 +118,22 @@ impl CoverageCheck {
             }
             // A chunk (chunk-pool dispatch); a dead rank's forfeited work
             // handed out again counts as handed.
-            ControllerEvent::Coord(CoordEvent::ChunkIssued { epoch, rank, segment, reclaimed, .. }) => {
+            ControllerNodeEvent::Coord(CoordinatorEvent::ChunkIssued {
+                epoch,
+                rank,
+                segment,
+                reclaimed,
+                ..
+            }) => {
                 self.assigned.entry((*epoch, *rank)).or_default().push((segment.offset, segment.size));
                 self.chunked.insert(*epoch);
                 if *reclaimed {
                     self.handed.entry(*epoch).or_default().push((segment.offset, segment.size));
                 }
             }
-            ControllerEvent::Coord(CoordEvent::PartitionExtended { epoch, rank, segment, .. })
-                if segment.size > 0 =>
-            {
+            ControllerNodeEvent::Coord(CoordinatorEvent::PartitionExtended {
+                epoch, rank, segment, ..
+            }) if segment.size > 0 => {
                 self.assigned.entry((*epoch, *rank)).or_default().push((segment.offset, segment.size));
                 self.handed.entry(*epoch).or_default().push((segment.offset, segment.size));
             }

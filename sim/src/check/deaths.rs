@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::coord::{CoordEvent, DeathCause};
-use cohort_proto::node::controller::ControllerEvent;
+use cohort_proto::coord::{CoordinatorEvent, DeathCause};
+use cohort_proto::node::controller::ControllerNodeEvent;
 use core::time::Duration;
 
 use super::{Facts, Violations};
@@ -28,8 +28,10 @@ impl DeathCheck {
     }
 
     /// One controller event.
-    pub fn event(&mut self, t: Time, ev: &ControllerEvent, facts: &Facts, v: &mut Violations) {
-        let ControllerEvent::Coord(CoordEvent::RankDead { rank: r, cause, .. }) = ev else { return };
+    pub fn event(&mut self, t: Time, ev: &ControllerNodeEvent, facts: &Facts, v: &mut Violations) {
+        let ControllerNodeEvent::Coord(CoordinatorEvent::RankDead { rank: r, cause, .. }) = ev else {
+            return;
+        };
         if !self.dead.insert(*r) {
             v.at(t, &format!("rank {r} declared dead twice"));
         }

@@ -5,10 +5,10 @@
 
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::coord::CoordEvent;
-use cohort_proto::join::window::{JoinEvent, WindowFailure};
+use cohort_proto::coord::CoordinatorEvent;
+use cohort_proto::join::window::{JoinWindowEvent, WindowFailure};
 use cohort_proto::machine::ConnId;
-use cohort_proto::node::controller::ControllerEvent;
+use cohort_proto::node::controller::ControllerNodeEvent;
 use cohort_proto::testing::verdict::{JoinRules, RefVerdict};
 use core::time::Duration;
 
@@ -48,20 +48,22 @@ impl JoinCheck {
     }
 
     /// One controller event.
-    pub fn event(&mut self, t: Time, ev: &ControllerEvent, facts: &Facts, v: &mut Violations) {
+    pub fn event(&mut self, t: Time, ev: &ControllerNodeEvent, facts: &Facts, v: &mut Violations) {
         match ev {
-            ControllerEvent::Join(j) => self.join(t, j, facts, v),
-            ControllerEvent::Coord(CoordEvent::FormationFailed { .. }) => self.formation_failed = Some(t),
-            ControllerEvent::Started { world_size } if *world_size != self.joined() => {
+            ControllerNodeEvent::Join(j) => self.join(t, j, facts, v),
+            ControllerNodeEvent::Coord(CoordinatorEvent::FormationFailed { .. }) => {
+                self.formation_failed = Some(t)
+            }
+            ControllerNodeEvent::Started { world_size } if *world_size != self.joined() => {
                 v.at(t, &format!("world formed with {world_size} ranks but {} were admitted", self.joined()))
             }
             _ => {}
         }
     }
 
-    fn join(&mut self, t: Time, j: &JoinEvent, facts: &Facts, v: &mut Violations) {
+    fn join(&mut self, t: Time, j: &JoinWindowEvent, facts: &Facts, v: &mut Violations) {
         match j {
-            JoinEvent::Admitted { conn, ranks, .. } => {
+            JoinWindowEvent::Admitted { conn, ranks, .. } => {
                 let next = self.admissions.last().map_or(0, |a| a.3);
                 if ranks.start != next {
                     v.at(t, &format!("ranks not contiguous: admitted {ranks:?} after rank {next}"));
@@ -71,21 +73,21 @@ impl JoinCheck {
                 }
                 self.admissions.push((t, *conn, ranks.start, ranks.end));
             }
-            JoinEvent::Retracted { conn, ranks, .. } => match self.admissions.last() {
+            JoinWindowEvent::Retracted { conn, ranks, .. } => match self.admissions.last() {
                 Some(a) if a.1 == *conn && a.2 == ranks.start => {
                     self.admissions.pop();
                 }
                 _ => v.at(t, &format!("retracted {ranks:?}, which is not the latest admission")),
             },
-            JoinEvent::StartArmed { .. } => self.starts.push(t),
-            JoinEvent::Formed { world_size, .. } => {
+            JoinWindowEvent::StartArmed { .. } => self.starts.push(t),
+            JoinWindowEvent::Formed { world_size, .. } => {
                 self.closed = Some(t);
                 self.verdict(t, RefVerdict::Formed, v);
                 if *world_size as u32 != self.joined() {
                     v.at(t, &format!("formed with {world_size} ranks, {} admitted", self.joined()));
                 }
             }
-            JoinEvent::Failed { failure, .. } => {
+            JoinWindowEvent::Failed { failure, .. } => {
                 self.closed = Some(t);
                 match failure {
                     WindowFailure::Verdict(_) => self.verdict(t, RefVerdict::Failed, v),

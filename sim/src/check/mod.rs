@@ -27,12 +27,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cohort_proto::Time;
 use cohort_proto::config::{TimeoutScale, defaults};
-use cohort_proto::coord::CoordEvent;
-use cohort_proto::join::client::ClientEvent;
-use cohort_proto::join::window::JoinEvent;
+use cohort_proto::coord::CoordinatorEvent;
+use cohort_proto::join::client::JoinClientEvent;
+use cohort_proto::join::window::JoinWindowEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
-use cohort_proto::node::controller::ControllerEvent;
-use cohort_proto::node::host::HostEvent;
+use cohort_proto::node::controller::ControllerNodeEvent;
+use cohort_proto::node::host::HostNodeEvent;
 use cohort_proto::reduce::{ReduceEvent, ReduceStop};
 use cohort_proto::testing::oracle::ConsensusOracle;
 use core::time::Duration;
@@ -218,7 +218,11 @@ impl Checker {
         match (source, e) {
             (
                 Source::Controller,
-                ClusterEvent::Controller(ControllerEvent::Join(JoinEvent::Admitted { ranks, host, .. })),
+                ClusterEvent::Controller(ControllerNodeEvent::Join(JoinWindowEvent::Admitted {
+                    ranks,
+                    host,
+                    ..
+                })),
             ) => {
                 // The controller's word on which host holds which ranks (its
                 // agent may never hear the accept, e.g. behind a partition).
@@ -226,17 +230,23 @@ impl Checker {
                     self.facts.rank_host.insert(r, host.clone());
                 }
             }
-            (Source::Host(h), ClusterEvent::Host(HostEvent::Agent(ClientEvent::Admitted { ranks, .. }))) => {
+            (
+                Source::Host(h),
+                ClusterEvent::Host(HostNodeEvent::Agent(JoinClientEvent::Admitted { ranks, .. })),
+            ) => {
                 for r in ranks {
                     self.facts.rank_host.insert(*r, h.to_string());
                 }
             }
-            (Source::Controller, ClusterEvent::Controller(ControllerEvent::Coord(CoordEvent::Started))) => {
+            (
+                Source::Controller,
+                ClusterEvent::Controller(ControllerNodeEvent::Coord(CoordinatorEvent::Started)),
+            ) => {
                 self.facts.coord_started.get_or_insert(t);
             }
             (
                 Source::Controller,
-                ClusterEvent::Controller(ControllerEvent::Reduce(ReduceEvent::Stopped(
+                ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::Stopped(
                     ReduceStop::HostEnded { .. },
                 ))),
             ) => {

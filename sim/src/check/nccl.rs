@@ -6,11 +6,11 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use cohort_proto::Time;
-use cohort_proto::coord::CoordEvent;
+use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
-use cohort_proto::node::controller::ControllerEvent;
-use cohort_proto::node::rank::RankEvent;
-use cohort_proto::rendezvous::RendezvousEvent;
+use cohort_proto::node::controller::ControllerNodeEvent;
+use cohort_proto::node::rank::RankNodeEvent;
+use cohort_proto::rendezvous::RendezvousServerEvent;
 use cohort_proto::wire::ControlMsgWire;
 
 use super::{Facts, Violations};
@@ -45,12 +45,16 @@ impl NcclCheck {
     pub fn event(&mut self, t: Time, source: &Source, e: &ClusterEvent, facts: &Facts, v: &mut Violations) {
         match (source, e) {
             (Source::Controller, ClusterEvent::Controller(ev)) => match ev {
-                ControllerEvent::Started { .. } => self.formed = Some(t),
-                ControllerEvent::Rendezvous(RendezvousEvent::Completed { .. }) => self.completed = true,
-                ControllerEvent::Rendezvous(RendezvousEvent::Failed(why)) if !facts.any_fault_by(t) => {
+                ControllerNodeEvent::Started { .. } => self.formed = Some(t),
+                ControllerNodeEvent::Rendezvous(RendezvousServerEvent::Completed { .. }) => {
+                    self.completed = true
+                }
+                ControllerNodeEvent::Rendezvous(RendezvousServerEvent::Failed(why))
+                    if !facts.any_fault_by(t) =>
+                {
                     v.at(t, &format!("the bootstrap rendezvous failed ({why}) though nothing happened"));
                 }
-                ControllerEvent::Coord(CoordEvent::NcclSessionIssued { survivors, .. }) => {
+                ControllerNodeEvent::Coord(CoordinatorEvent::NcclSessionIssued { survivors, .. }) => {
                     for (position, r) in survivors.iter().enumerate() {
                         let want = (position as u64, survivors.len() as u64, survivors.clone());
                         self.expected.entry(*r).or_default().push_back(want);
@@ -63,22 +67,22 @@ impl NcclCheck {
         }
     }
 
-    fn rank(&mut self, t: Time, r: u32, ev: &RankEvent, facts: &Facts, v: &mut Violations) {
+    fn rank(&mut self, t: Time, r: u32, ev: &RankNodeEvent, facts: &Facts, v: &mut Violations) {
         match ev {
-            RankEvent::NcclReady { uid } => match &self.uid {
+            RankNodeEvent::NcclReady { uid } => match &self.uid {
                 None => self.uid = Some((r, uid.clone())),
                 Some((first, want)) if want != uid => {
                     v.at(t, &format!("rank {r} holds another NCCL unique id than rank {first}"));
                 }
                 Some(_) => {}
             },
-            RankEvent::RendezvousFailed { reason } if !facts.any_fault_by(t) => {
+            RankNodeEvent::RendezvousFailed { reason } if !facts.any_fault_by(t) => {
                 v.at(
                     t,
                     &format!("rank {r}'s bootstrap rendezvous failed ({reason}) though nothing happened"),
                 );
             }
-            RankEvent::Command(ControlMsgWire::NewNcclSession { new_rank, new_world_size, .. }) => {
+            RankNodeEvent::Command(ControlMsgWire::NewNcclSession { new_rank, new_world_size, .. }) => {
                 match self.expected.get_mut(&r).and_then(VecDeque::pop_front) {
                     None => v.at(t, &format!("rank {r} got an NCCL session nobody issued to it")),
                     Some((want_rank, want_world, survivors))
