@@ -29,11 +29,11 @@ use cohort_proto::node::controller::{
 };
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
 use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RelayListen};
+use cohort_proto::node::oracle::ConsensusOracle;
 use cohort_proto::node::rank::{RankNode, RankNodeEvent};
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::{Leg, Relay, RelayEvent};
-use cohort_proto::testing::oracle::ConsensusOracle;
 
 /// A safety net against a hung test, not a synchronisation device.
 const PATIENCE: Duration = Duration::from_secs(30);

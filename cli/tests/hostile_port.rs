@@ -25,9 +25,9 @@ use cohort_proto::join::ledger::JoinOffer;
 use cohort_proto::join::window::{JoinWindowEvent, RejectReason};
 use cohort_proto::node::controller::RunKnobs;
 use cohort_proto::node::controller::{ControllerNodeEvent, ControllerOutcome};
+use cohort_proto::node::oracle::ConsensusOracle;
 use cohort_proto::reduce::{HostRefusal, ReduceEvent};
 use cohort_proto::route::{PortRouterEvent, RouteDrop};
-use cohort_proto::testing::oracle::ConsensusOracle;
 use cohort_proto::wire::{
     CONTROL_FRAME_MAGIC, CONTROL_PROTOCOL_VERSION, Channel, MUX_PROTOCOL_VERSION, MUX_RECORD_MAGIC, Problem,
     SessionSalt, WireError,

@@ -28,7 +28,6 @@ pub mod coord;
 pub mod handshake;
 pub mod join;
 pub mod machine;
-#[cfg(feature = "json")]
 pub mod node;
 pub mod rank;
 pub mod reduce;

@@ -27,7 +27,9 @@ use cohort_proto::wire::{RunNonce, SessionSalt};
 /// speaking flodl 0.8's wire protocol.
 ///
 /// Progress goes to stderr (set RUST_LOG=debug for every round); `--json`
-/// writes one JSON object per event to stdout.
+/// writes one JSON object per event to stdout. To play a cluster on virtual
+/// time instead (scenarios, faults, seed sweeps), use the simulator's own
+/// program, `cohort-sim` (`cargo run --release -p cohort-sim-cli -- --help`).
 #[derive(Debug, Parser)]
 #[command(name = "cohort", version)]
 struct Cli {

@@ -21,8 +21,8 @@ use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome, RunKnobs};
 use cohort_proto::node::envelope::ControllerAddr;
+use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
 use cohort_proto::status::StatusServerEvent;
-use cohort_proto::testing::oracle::{CheckSummary, ConsensusOracle};
 
 use super::host::{HostParams, MioHost, stop_all};
 use super::{ClusterEvent, Sink, Source, Stamped, shutdown_all, spawn_controller};

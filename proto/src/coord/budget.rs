@@ -197,16 +197,6 @@ impl fmt::Display for SaveReason {
 /// reports [`SaveReason::MaxFailureExceeded`], not `SingleSurvivor`. `dead`
 /// counts declared deaths only (clean exits are not failures); `alive` is
 /// the ranks neither dead nor exited.
-///
-/// ```
-/// use cohort_proto::coord::{Backend, FailureBudget, SaveReason, unrecoverable};
-/// let b = Some(FailureBudget::Absolute(2));
-/// assert_eq!(unrecoverable(b, 4, 1, 3, Backend::Cpu), None);
-/// assert_eq!(unrecoverable(b, 4, 2, 2, Backend::Cpu), Some(SaveReason::MaxFailureExceeded));
-/// assert_eq!(unrecoverable(None, 2, 1, 1, Backend::Nccl), Some(SaveReason::SingleSurvivor));
-/// assert_eq!(unrecoverable(None, 2, 1, 1, Backend::Cpu), None);
-/// assert_eq!(unrecoverable(None, 2, 2, 0, Backend::Cpu), Some(SaveReason::AllRanksLost));
-/// ```
 pub fn unrecoverable(
     budget: Option<FailureBudget>,
     world: u32,
@@ -229,6 +219,16 @@ pub fn unrecoverable(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unrecoverable_examples() {
+        let b = Some(FailureBudget::Absolute(2));
+        assert_eq!(unrecoverable(b, 4, 1, 3, Backend::Cpu), None);
+        assert_eq!(unrecoverable(b, 4, 2, 2, Backend::Cpu), Some(SaveReason::MaxFailureExceeded));
+        assert_eq!(unrecoverable(None, 2, 1, 1, Backend::Nccl), Some(SaveReason::SingleSurvivor));
+        assert_eq!(unrecoverable(None, 2, 1, 1, Backend::Cpu), None);
+        assert_eq!(unrecoverable(None, 2, 2, 0, Backend::Cpu), Some(SaveReason::AllRanksLost));
+    }
 
     #[test]
     fn percent_rounds_up_and_clamps() {

@@ -27,20 +27,6 @@ struct RankSums {
 }
 
 /// One epoch's reports, accumulated per rank.
-///
-/// ```
-/// use cohort_proto::coord::EpochReports;
-/// use cohort_proto::wire::MetricsMsgWire;
-/// let mut acc = EpochReports::new(2);
-/// acc.add(&MetricsMsgWire { rank: 0, epoch: 3, avg_loss: 1.0, batches_processed: 1,
-///     samples_processed: 4, epoch_ms: 10.0, ..Default::default() });
-/// acc.add(&MetricsMsgWire { rank: 1, epoch: 3, avg_loss: 4.0, batches_processed: 3,
-///     samples_processed: 12, epoch_ms: 30.0, ..Default::default() });
-/// let m = acc.aggregate(3, &[0, 1], &[0.25, 0.75]);
-/// assert_eq!(m.avg_loss, 3.25); // batch-weighted
-/// assert_eq!(m.epoch_ms, 30.0); // the slowest rank
-/// assert_eq!(m.per_rank_samples, vec![4, 12]);
-/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct EpochReports {
     ranks: Vec<RankSums>,
@@ -151,6 +137,34 @@ impl EpochReports {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn epoch_reports_example() {
+        use crate::wire::MetricsMsgWire;
+        let mut acc = EpochReports::new(2);
+        acc.add(&MetricsMsgWire {
+            rank: 0,
+            epoch: 3,
+            avg_loss: 1.0,
+            batches_processed: 1,
+            samples_processed: 4,
+            epoch_ms: 10.0,
+            ..Default::default()
+        });
+        acc.add(&MetricsMsgWire {
+            rank: 1,
+            epoch: 3,
+            avg_loss: 4.0,
+            batches_processed: 3,
+            samples_processed: 12,
+            epoch_ms: 30.0,
+            ..Default::default()
+        });
+        let m = acc.aggregate(3, &[0, 1], &[0.25, 0.75]);
+        assert_eq!(m.avg_loss, 3.25); // batch-weighted
+        assert_eq!(m.epoch_ms, 30.0); // the slowest rank
+        assert_eq!(m.per_rank_samples, vec![4, 12]);
+    }
 
     #[test]
     fn reports_in_parts_sum_per_rank_and_scalars_weight_by_batches() {

@@ -9,11 +9,12 @@
 //!   channel, speaks relay-mux records, and carries each rank's control
 //!   frames to and from the scheduler.
 //!
-//! The rules live in small pure modules: [`liveness`](Liveness) (staleness,
-//! exits), [`plan`](partition_sizes) (partitions, smoothing, remainders),
-//! [`roles`](Roles) (election, failover), [`nccl`](Rendezvous)
-//! (re-rendezvous), [`budget`](unrecoverable) (save reasons), and
-//! [`metrics`](EpochReports) (epoch aggregation).
+//! The rules live in small pure modules, private to the coordinator:
+//! `liveness` (staleness, exits), `plan` (plans, smoothing, remainders),
+//! `roles` (election, failover), `nccl` (re-rendezvous), `budget` (save
+//! reasons), `metrics` (epoch aggregation); and the public [`el_che`]
+//! (flodl's ElChe: counts, anchor, guard, partitions) and [`chunk_pool`]
+//! (chunk-pool dispatch).
 //!
 //! Every decision is reported as a [`CoordinatorEvent`]: a checker can rebuild
 //! each epoch's assignment exactly from [`CoordinatorEvent::PlanIssued`],
@@ -37,17 +38,14 @@ use std::collections::BTreeSet;
 use core::fmt;
 use core::time::Duration;
 
-pub use budget::{Backend, FailureBudget, SaveReason, unrecoverable};
+pub use budget::{Backend, FailureBudget, SaveReason};
 pub use coordinator::Coordinator;
 pub use liveness::{Life, Liveness};
-pub use metrics::{EpochReports, MAX_SCALARS};
-pub use nccl::{AskAbandoned, NCCL_ANSWER, NCCL_UID_BYTES, Rendezvous, new_sessions, pick_generator};
-pub use plan::{
-    Assignment, Segment, TRUST_WINDOW, Throughput, epoch_plans, equal_sizes, partition_sizes,
-    split_remainder, split_remainder_whole,
-};
+pub use metrics::MAX_SCALARS;
+pub use nccl::{AskAbandoned, NCCL_ANSWER};
+pub use plan::{Segment, Throughput};
 pub use policy::{ApplyPolicy, ElCheTuning};
-pub use roles::{Intents, Role, RolePolicy, Roles, cadence_due, fastest, next_untried};
+pub use roles::{Role, RolePolicy, fastest};
 pub use scheduler::{Phase, Scheduler};
 
 use crate::config::{ConfigError, Rules, TimeoutScale};

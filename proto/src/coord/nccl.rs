@@ -25,16 +25,6 @@ pub const NCCL_UID_BYTES: usize = 128;
 
 /// The first rank to ask: the lowest survivor in `local` (the controller's
 /// host), else the fastest survivor.
-///
-/// ```
-/// use std::collections::BTreeSet;
-/// use cohort_proto::coord::pick_generator;
-/// let ms = |r: u32| [Some(9.0), Some(1.0), Some(4.0), None][r as usize];
-/// let local: BTreeSet<u32> = [2, 3].into();
-/// assert_eq!(pick_generator(&[0, 1, 2, 3], &local, ms), Some(2));
-/// assert_eq!(pick_generator(&[0, 1], &local, ms), Some(1));
-/// assert_eq!(pick_generator(&[0, 3], &BTreeSet::new(), ms), Some(0));
-/// ```
 pub fn pick_generator(
     survivors: &[u32],
     local: &BTreeSet<u32>,
@@ -104,14 +94,6 @@ impl Rendezvous {
 
 /// The `NewNcclSession` for each survivor: `new_rank` is its position
 /// among `survivors` (ascending), `new_world_size` their count.
-///
-/// ```
-/// use cohort_proto::coord::new_sessions;
-/// use cohort_proto::wire::ControlMsgWire;
-/// let s = new_sessions(&[0, 2, 3], &[7; 128]);
-/// assert_eq!(s[1].0, 2);
-/// assert!(matches!(&s[1].1, ControlMsgWire::NewNcclSession { new_rank: 1, new_world_size: 3, .. }));
-/// ```
 pub fn new_sessions(survivors: &[u32], uid: &[u8]) -> Vec<(u32, ControlMsgWire)> {
     let n = survivors.len() as u64;
     survivors
@@ -133,6 +115,24 @@ pub fn new_sessions(survivors: &[u32], uid: &[u8]) -> Vec<(u32, ControlMsgWire)>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_sessions_example() {
+        use crate::wire::ControlMsgWire;
+        let s = new_sessions(&[0, 2, 3], &[7; 128]);
+        assert_eq!(s[1].0, 2);
+        assert!(matches!(&s[1].1, ControlMsgWire::NewNcclSession { new_rank: 1, new_world_size: 3, .. }));
+    }
+
+    #[test]
+    fn pick_generator_example() {
+        use std::collections::BTreeSet;
+        let ms = |r: u32| [Some(9.0), Some(1.0), Some(4.0), None][r as usize];
+        let local: BTreeSet<u32> = [2, 3].into();
+        assert_eq!(pick_generator(&[0, 1, 2, 3], &local, ms), Some(2));
+        assert_eq!(pick_generator(&[0, 1], &local, ms), Some(1));
+        assert_eq!(pick_generator(&[0, 3], &BTreeSet::new(), ms), Some(0));
+    }
 
     #[test]
     fn retries_walk_untried_survivors_ascending() {

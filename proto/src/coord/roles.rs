@@ -110,15 +110,6 @@ impl Roles {
     /// longer contains `dead`): the fastest under [`RolePolicy::Fastest`],
     /// the lowest live rank under [`RolePolicy::Rank`]. Returns the moves
     /// `(role, from, to)` in role order; none when nobody is left.
-    ///
-    /// ```
-    /// use cohort_proto::coord::{Role, RolePolicy, Roles};
-    /// let mut roles = Roles { checkpoint: 1, eval: 0, epoch_callback: 1 };
-    /// let ms = |r: u32| [Some(5.0), None, Some(2.0)][r as usize];
-    /// let moves = roles.fail_over(1, RolePolicy::Fastest, &[0, 2], ms);
-    /// assert_eq!(moves, vec![(Role::Checkpoint, 1, 2), (Role::EpochCallback, 1, 2)]);
-    /// assert_eq!(roles, Roles { checkpoint: 2, eval: 0, epoch_callback: 2 });
-    /// ```
     pub fn fail_over(
         &mut self,
         dead: u32,
@@ -142,14 +133,6 @@ impl Roles {
 }
 
 /// The lowest live rank not yet tried: the checkpoint retry target.
-///
-/// ```
-/// use std::collections::BTreeSet;
-/// use cohort_proto::coord::next_untried;
-/// let tried: BTreeSet<u32> = [0, 2].into();
-/// assert_eq!(next_untried(&[0, 2, 3, 5], &tried), Some(3));
-/// assert_eq!(next_untried(&[0, 2], &tried), None);
-/// ```
 pub fn next_untried(live: &[u32], tried: &BTreeSet<u32>) -> Option<u32> {
     live.iter().copied().find(|r| !tried.contains(r))
 }
@@ -165,15 +148,6 @@ pub struct Intents {
 
 /// Whether `every` (when set and non-zero) divides the epoch about to start
 /// (never for epoch 0, which follows no completed epoch).
-///
-/// ```
-/// use cohort_proto::coord::cadence_due;
-/// assert!(!cadence_due(Some(2), 0));
-/// assert!(!cadence_due(Some(2), 1));
-/// assert!(cadence_due(Some(2), 2));
-/// assert!(!cadence_due(Some(0), 2));
-/// assert!(!cadence_due(None, 2));
-/// ```
 pub fn cadence_due(every: Option<u64>, epoch: u64) -> bool {
     epoch > 0 && every.is_some_and(|e| e > 0 && epoch.is_multiple_of(e))
 }
@@ -181,6 +155,32 @@ pub fn cadence_due(every: Option<u64>, epoch: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn roles_fail_over_example() {
+        let mut roles = Roles { checkpoint: 1, eval: 0, epoch_callback: 1 };
+        let ms = |r: u32| [Some(5.0), None, Some(2.0)][r as usize];
+        let moves = roles.fail_over(1, RolePolicy::Fastest, &[0, 2], ms);
+        assert_eq!(moves, vec![(Role::Checkpoint, 1, 2), (Role::EpochCallback, 1, 2)]);
+        assert_eq!(roles, Roles { checkpoint: 2, eval: 0, epoch_callback: 2 });
+    }
+
+    #[test]
+    fn next_untried_example() {
+        use std::collections::BTreeSet;
+        let tried: BTreeSet<u32> = [0, 2].into();
+        assert_eq!(next_untried(&[0, 2, 3, 5], &tried), Some(3));
+        assert_eq!(next_untried(&[0, 2], &tried), None);
+    }
+
+    #[test]
+    fn cadence_due_example() {
+        assert!(!cadence_due(Some(2), 0));
+        assert!(!cadence_due(Some(2), 1));
+        assert!(cadence_due(Some(2), 2));
+        assert!(!cadence_due(Some(0), 2));
+        assert!(!cadence_due(None, 2));
+    }
 
     #[test]
     fn pinned_policy_falls_back_to_lowest_live() {

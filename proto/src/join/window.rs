@@ -1033,7 +1033,6 @@ impl Machine for JoinWindow {
 
 /// The window serves `state.json` and owns the operator start switch: its
 /// start mode, with the session salt as the remote token.
-#[cfg(feature = "json")]
 impl crate::status::StatusBackend for JoinWindow {
     fn state_json(&self, now: Time) -> Option<String> {
         serde_json::to_string(&self.snapshot(now)).ok()

@@ -12,12 +12,15 @@
 //!   bootstrap, and any [`workload::Workload`] (the synthetic
 //!   [`trainer::Trainer`], or a real training loop).
 //! - [`envelope`]: what `WorldFormed` carries, in flodl 0.8's shapes.
-//! - [`cluster`]: the event vocabulary every harness speaks.
+//! - [`cluster`]: the event vocabulary every harness speaks; [`oracle`]:
+//!   every consensus in those events checked against the exact weighted
+//!   mean of its contributions.
 
 pub mod cluster;
 pub mod controller;
 pub mod envelope;
 pub mod host;
+pub mod oracle;
 pub mod rank;
 pub mod trainer;
 pub mod workload;

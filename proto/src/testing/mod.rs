@@ -13,16 +13,14 @@
 //! - [`strategies`]: proptest strategies for the configurations (join
 //!   windows and the hosts that arrive, runs, relays, reduces);
 //! - [`verdict`]: the join window's reference verdict, the rules written out
-//!   again independently of the ledger;
-//! - [`oracle`]: the consensus oracle, every consensus checked against the
-//!   exact weighted mean.
+//!   again independently of the ledger.
 //!
-//! The simulator, the `cohort` program's demo and cohort's own tests use
-//! them; so can yours (docs/GUIDE.md, "Testing your cluster with cohort").
+//! The consensus oracle, which programs use too, is
+//! [`node::oracle`](crate::node::oracle). The simulator and cohort's own
+//! tests use these; so can yours (docs/GUIDE.md, "Testing your cluster with cohort").
 
 pub mod harness;
 pub mod macs;
 pub mod net;
-pub mod oracle;
 pub mod strategies;
 pub mod verdict;

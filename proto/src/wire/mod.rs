@@ -13,7 +13,6 @@ mod dtype;
 mod error;
 mod handshake;
 pub mod hex;
-#[cfg(feature = "json")]
 pub mod json;
 mod len_frame;
 mod mac;

@@ -33,8 +33,8 @@ use cohort_proto::join::window::JoinWindowEvent;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::ControllerNodeEvent;
 use cohort_proto::node::host::HostNodeEvent;
+use cohort_proto::node::oracle::ConsensusOracle;
 use cohort_proto::reduce::{ReduceEvent, ReduceStop};
-use cohort_proto::testing::oracle::ConsensusOracle;
 use core::time::Duration;
 
 use crate::report::Death;

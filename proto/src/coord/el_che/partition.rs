@@ -2,9 +2,8 @@
 //! throughput, equal), the window-within-one-epoch cap, and the callback
 //! slack staged before an epoch's last window.
 //!
-//! These are flodl's float formulas, kept separate from cohort's integer
-//! [`crate::coord::partition_sizes`] so a coordinator can follow flodl's
-//! sizes exactly. flodl's versions are crate-private, so unlike the
+//! These are flodl's float formulas, so a coordinator follows flodl's sizes
+//! exactly. flodl's versions are crate-private, so unlike the
 //! scheduler these are checked by worked examples, not differentially.
 
 use super::balancer::Balancer;

@@ -14,7 +14,7 @@
 //! [`ConsensusOracle::finish`] is a violation.
 //!
 //! ```
-//! use cohort_proto::testing::oracle::ConsensusOracle;
+//! use cohort_proto::node::oracle::ConsensusOracle;
 //! let mut oracle = ConsensusOracle::default();
 //! assert_eq!(oracle.finish().rounds_checked, 0);
 //! ```
