@@ -49,7 +49,8 @@ use cohort_proto::node::controller::{
     ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome,
 };
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
-use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RankSpec, RelayListen};
+use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RelayListen};
+use cohort_proto::node::rank::RankSpec;
 use cohort_proto::node::rank::{RankNode, RankNodeEvent};
 use cohort_proto::node::trainer::Trainer;
 use cohort_proto::reduce::ReduceEvent;

@@ -7,7 +7,7 @@
 //! plus the rank's speed class and seed) to the workload.
 
 use cohort_proto::node::envelope::WorkloadSpec;
-use cohort_proto::node::host::RankSpec;
+use cohort_proto::node::rank::RankSpec;
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::node::workload::Workload;
 

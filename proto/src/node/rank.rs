@@ -18,8 +18,9 @@ use crate::rank::data_client::{
 use crate::rank::rendezvous_client::{RendezvousClient, RendezvousClientConfig, RendezvousClientEvent};
 use crate::rendezvous::UID_BYTES;
 use crate::time::{Time, earliest};
-use crate::wire::{ControlMsgWire, Dtype, MacKey};
+use crate::wire::{ControlMsgWire, Dtype, MacKey, SessionSalt};
 
+use super::envelope::WorkloadSpec;
 use super::workload::{Action, Workload};
 
 /// After its data leg fails, a rank waits this long for its control leg's
@@ -62,6 +63,71 @@ pub struct RankConfig {
     pub ceiling: u64,
     /// The network timeout scale.
     pub timeout_scale: TimeoutScale,
+}
+
+/// One rank to start: everything its process is given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankSpec {
+    /// The host it runs on.
+    pub host: String,
+    /// Its global rank.
+    pub rank: u32,
+    /// Its index among the host's ranks.
+    pub local_rank: u32,
+    /// Ranks in the world.
+    pub world_size: u32,
+    /// The session salt.
+    pub salt: SessionSalt,
+    /// The controller's address (the NCCL bootstrap rendezvous dials it).
+    pub controller: String,
+    /// The control relay's loopback address.
+    pub control_addr: String,
+    /// The data relay's loopback address (`None`: no CPU data plane).
+    pub data_addr: Option<String>,
+    /// The frame ceiling.
+    pub ceiling: u64,
+    /// The dataset signature the rank's NCCL bootstrap hello carries (the
+    /// host's; all zeros when none is configured, flodl's convention).
+    pub dataset_sig: [u8; 32],
+    /// The model signature of the rank's control handshake (all zeros when
+    /// none is configured).
+    pub model_sig: [u8; 32],
+    /// The network timeout scale.
+    pub timeout_scale: TimeoutScale,
+    /// What the controller said the synthetic workload trains (`None` from
+    /// a flodl controller: the workload's own configuration applies).
+    pub workload: Option<WorkloadSpec>,
+}
+
+impl RankSpec {
+    /// Whether the rank runs on the NCCL plane (no CPU data leg): it then
+    /// opens with the bootstrap rendezvous.
+    pub fn is_nccl(&self) -> bool {
+        self.data_addr.is_none()
+    }
+
+    /// The rank machine's configuration. `uid` is the NCCL unique id the
+    /// rank offers if the bootstrap rendezvous tells it to generate one
+    /// (draw it from the harness's randomness; unused on the CPU plane).
+    pub fn rank_config(&self, uid: [u8; UID_BYTES]) -> RankConfig {
+        let nccl = self.is_nccl().then(|| NcclBootstrap {
+            controller: self.controller.clone(),
+            host: self.host.clone(),
+            dataset_sig: self.dataset_sig,
+            uid,
+        });
+        RankConfig {
+            rank: self.rank,
+            world_size: self.world_size,
+            key: MacKey::new(&self.salt),
+            model_sig: self.model_sig,
+            control_addr: self.control_addr.clone(),
+            data_addr: self.data_addr.clone(),
+            nccl,
+            ceiling: self.ceiling,
+            timeout_scale: self.timeout_scale,
+        }
+    }
 }
 
 /// What a rank reports.
