@@ -185,8 +185,60 @@ pub fn resolve_host_name() -> Result<String, String> {
     Ok(name.to_owned())
 }
 
+/// Why a rank process cannot start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartError {
+    /// The envelope is meant for another worker (as flodl's ranks refuse it).
+    HostMismatch {
+        /// The global rank the envelope gives this process.
+        rank: Option<u32>,
+        /// The host name this process resolved.
+        this_host: String,
+        /// The envelope's `worker.host`.
+        worker: String,
+    },
+    /// An unreadable environment or envelope, or unusable options.
+    Other(String),
+}
+
+impl From<String> for StartError {
+    fn from(e: String) -> Self {
+        StartError::Other(e)
+    }
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::HostMismatch { this_host, worker, .. } => write!(
+                f,
+                "this host is {this_host:?} but the envelope is for worker {worker:?} (set {ENV_HOST_NAME} on a test rig)"
+            ),
+            StartError::Other(e) => f.write_str(e),
+        }
+    }
+}
+
+impl StartError {
+    /// The failure as one JSON event line (`start_failed`), its cause typed
+    /// under `data`, for whoever reads the rank's `--json` output.
+    pub fn json(&self) -> String {
+        let (node, data) = match self {
+            StartError::HostMismatch { rank, this_host, worker } => (
+                rank.map_or("rank ?".to_owned(), |r| Source::Rank(r).to_string()),
+                serde_json::json!({ "cause": "host_mismatch", "this_host": this_host, "worker": worker }),
+            ),
+            StartError::Other(_) => ("rank ?".to_owned(), serde_json::json!({ "cause": "other" })),
+        };
+        serde_json::json!({
+            "t": 0.0, "node": node, "event": "start_failed", "level": "warn", "text": self.to_string(), "data": data,
+        })
+        .to_string()
+    }
+}
+
 /// The rank spec from the process's environment, as a flodl agent sets it.
-pub fn spec_from_env(opts: &RankOptions) -> Result<RankSpec, String> {
+pub fn spec_from_env(opts: &RankOptions) -> Result<RankSpec, StartError> {
     let hex = std::env::var(ENV_CLUSTER_JSON).map_err(|_| {
         format!("{ENV_CLUSTER_JSON} is not set: `cohort rank` runs as a child of a worker agent")
     })?;
@@ -197,10 +249,11 @@ pub fn spec_from_env(opts: &RankOptions) -> Result<RankSpec, String> {
     if opts.host_check {
         let me = resolve_host_name()?;
         if me != env.worker.host {
-            return Err(format!(
-                "this host is {me:?} but the envelope is for worker {:?} (set {ENV_HOST_NAME} on a test rig)",
-                env.worker.host
-            ));
+            return Err(StartError::HostMismatch {
+                rank: env.worker.ranks.get(local).copied(),
+                this_host: me,
+                worker: env.worker.host.clone(),
+            });
         }
     }
     let scale = match opts.timeout_scale {
@@ -211,7 +264,7 @@ pub fn spec_from_env(opts: &RankOptions) -> Result<RankSpec, String> {
         },
     };
     let opts = RankOptions { timeout_scale: Some(scale.get()), ..opts.clone() };
-    spec_for(&env, local, &opts)
+    Ok(spec_for(&env, local, &opts)?)
 }
 
 /// `cohort rank`: the rank of this process's environment, its events
@@ -223,6 +276,10 @@ pub fn main(opts: &RankOptions, json: bool) -> i32 {
         Ok(s) => s,
         Err(e) => {
             tracing::error!("cohort rank: {e}");
+            if json {
+                use std::io::Write;
+                let _ = writeln!(std::io::stdout().lock(), "{}", e.json());
+            }
             return 1;
         }
     };
@@ -311,27 +368,18 @@ fn flush<M: cohort_proto::Machine>(runner: &mut Runner<M>, limit: Duration) {
     }
 }
 
-/// The event as one JSON line: [`json_of`]'s object, plus what a checker
-/// needs that the text leaves out (a round's mass or weight and its
-/// values, a command, the NCCL unique id, an exit code) under `data`.
+/// The event as one JSON line: [`json_of`]'s object, plus a round's values
+/// under `data` (what a checker needs to recompute every consensus).
 pub fn json_event(s: &Stamped, l: &Line) -> String {
-    let data = match &s.event {
-        ClusterEvent::Rank(RankNodeEvent::Submitted { round, mass, values }) => {
-            serde_json::json!({ "round": round, "mass": mass, "values": values })
-        }
-        ClusterEvent::Rank(RankNodeEvent::Consensus { round, weight, keep_local, values }) => {
-            serde_json::json!({ "round": round, "weight": weight, "keep_local": keep_local, "values": values })
-        }
-        ClusterEvent::Rank(RankNodeEvent::Command(m)) => serde_json::json!({ "command": format!("{m:?}") }),
-        ClusterEvent::Rank(RankNodeEvent::NcclReady { uid }) => {
-            serde_json::json!({ "uid": cohort_proto::wire::hex::encode(uid) })
-        }
-        ClusterEvent::RankExit { code } => serde_json::json!({ "code": code }),
+    let values = match &s.event {
+        ClusterEvent::Rank(
+            RankNodeEvent::Submitted { values, .. } | RankNodeEvent::Consensus { values, .. },
+        ) => values,
         _ => return json_of(s, l),
     };
     let mut v: serde_json::Value = serde_json::from_str(&json_of(s, l)).unwrap_or_default();
-    if let Some(o) = v.as_object_mut() {
-        o.insert("data".into(), data);
+    if let Some(d) = v.get_mut("data").and_then(serde_json::Value::as_object_mut) {
+        d.insert("values".into(), serde_json::json!(values));
     }
     v.to_string()
 }
@@ -382,6 +430,16 @@ mod tests {
         let mut e = envelope();
         e.controller.port = u16::MAX - 2;
         assert!(spec_for(&e, 0, &RankOptions::default()).is_err());
+    }
+
+    #[test]
+    fn a_foreign_envelope_is_a_typed_start_failure() {
+        let e = StartError::HostMismatch { rank: Some(3), this_host: "vm".into(), worker: "hostB".into() };
+        let v: serde_json::Value = serde_json::from_str(&e.json()).unwrap();
+        assert_eq!((v["event"].as_str(), v["node"].as_str()), (Some("start_failed"), Some("rank 3")));
+        assert_eq!(v["data"]["cause"], "host_mismatch");
+        assert_eq!(v["data"]["worker"], "hostB");
+        assert!(e.to_string().contains("the envelope is for worker \"hostB\""), "{e}");
     }
 
     #[test]

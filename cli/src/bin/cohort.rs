@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use cohort::args;
 use cohort::cluster::demo::{self, DemoOptions, Kill};
-use cohort::cluster::describe::{Narrator, json_of, log_line};
+use cohort::cluster::describe::{Narrator, json_line, json_of, log_line};
 use cohort::cluster::host::{HostParams, MioHost};
 use cohort::cluster::{ClusterEvent, Source, Stamped, http, shutdown_all, spawn_controller};
 use cohort::rank_process::{self, RankOptions};
@@ -444,6 +444,11 @@ fn controller(a: ControllerArgs) -> i32 {
     };
     let addr = node.addr().map_or_else(|| a.bind.to_string(), |x| x.to_string());
     tracing::info!("controller listening on {addr} ({trust:?}); state: curl http://{addr}/state.json");
+    if a.common.json {
+        // Readiness for a program reading stdout: the port takes dials now.
+        let listening = ClusterEvent::Listening { addr: addr.clone() };
+        emit(json_line(&Stamped { at: clock.now(), source: Source::Controller, event: listening }));
+    }
     if trust == TrustMode::PreShared {
         tracing::info!("session salt {} (pass it to every agent with --salt)", salt.to_hex());
     }

@@ -1,6 +1,7 @@
 //! Cluster events as one human line each (with a level: milestones at info,
 //! per-round traffic at debug, refusals and deaths at warn) and as JSON lines
-//! for machines.
+//! for machines, whose `data` holds the event's facts as typed fields (see
+//! [`data`]) so that a program reading them never parses the words.
 //!
 //! ```
 //! use cohort::cluster::describe::{Level, describe, json_line};
@@ -16,9 +17,10 @@
 //! assert_eq!(json["t"], 1.5);
 //! ```
 
-use cohort_proto::coord::{CoordinatorEvent, RunEnd};
-use cohort_proto::join::client::JoinClientEvent;
-use cohort_proto::join::window::JoinWindowEvent;
+use cohort_proto::coord::{CoordinatorEvent, DeathCause, RunEnd};
+use cohort_proto::join::AdmitError;
+use cohort_proto::join::client::{ClientFailure, JoinClientEvent};
+use cohort_proto::join::window::{JoinWindowEvent, RejectReason};
 use cohort_proto::node::controller::{ControllerNodeEvent, ControllerOutcome};
 use cohort_proto::node::envelope::Envelope;
 use cohort_proto::node::host::HostNodeEvent;
@@ -409,8 +411,173 @@ impl Narrator {
     }
 }
 
+/// The facts of an event a program needs, as typed JSON fields, for the
+/// events the interop suite and other readers act on (`None` for the rest):
+/// admissions, refusals with their typed reason, formation, exits, deaths,
+/// epochs, the run's end, a rank's rounds (mass and weight, not values) and
+/// its commands (the wire message itself).
+///
+/// ```
+/// use cohort::cluster::describe::data;
+/// use cohort::cluster::{ClusterEvent, Source, Stamped};
+/// use cohort_proto::Time;
+///
+/// let s = Stamped { at: Time::ZERO, source: Source::Rank(1), event: ClusterEvent::RankExit { code: 1 } };
+/// assert_eq!(data(&s).unwrap()["code"], 1);
+/// ```
+pub fn data(s: &Stamped) -> Option<serde_json::Value> {
+    use serde_json::json;
+    Some(match &s.event {
+        ClusterEvent::Controller(c) => match c {
+            ControllerNodeEvent::Join(j) => match j {
+                JoinWindowEvent::Admitted { host, ranks, joined_ranks, .. } => {
+                    json!({ "host": host, "ranks": ranks.clone().collect::<Vec<u32>>(), "joined_ranks": joined_ranks })
+                }
+                JoinWindowEvent::Rejected { reason, .. } => json!({ "reason": reject_data(reason) }),
+                JoinWindowEvent::Formed { reason, world_size, hosts, .. } => {
+                    json!({ "world_size": world_size, "hosts": hosts, "reason": reason.to_string() })
+                }
+                JoinWindowEvent::RankExited { host, rank, code, .. } => {
+                    json!({ "host": host, "rank": rank, "code": code })
+                }
+                _ => return None,
+            },
+            ControllerNodeEvent::Reduce(ReduceEvent::HostJoined { host, ranks, .. }) => {
+                json!({ "host": host, "ranks": ranks })
+            }
+            ControllerNodeEvent::Coord(CoordinatorEvent::RankDead {
+                rank,
+                cause,
+                epoch,
+                processed,
+                remainder,
+            }) => {
+                let left: u64 = remainder.iter().map(|s| s.size).sum();
+                json!({ "rank": rank, "cause": death_kind(cause), "epoch": epoch, "processed": processed, "remainder": left })
+            }
+            ControllerNodeEvent::Coord(CoordinatorEvent::EpochAggregated { metrics }) => {
+                json!({ "epoch": metrics.epoch, "per_rank_samples": metrics.per_rank_samples })
+            }
+            ControllerNodeEvent::Coord(CoordinatorEvent::Ended(end)) => match end {
+                RunEnd::Done => json!({ "end": "done" }),
+                RunEnd::Saved(r) => json!({ "end": "saved", "reason": r.to_string() }),
+            },
+            ControllerNodeEvent::Finished(ControllerOutcome::Done) => json!({ "outcome": "done" }),
+            ControllerNodeEvent::Finished(ControllerOutcome::Failed(r)) => {
+                json!({ "outcome": "failed", "reason": r })
+            }
+            _ => return None,
+        },
+        ClusterEvent::Host(HostNodeEvent::Agent(a)) => match a {
+            JoinClientEvent::Admitted { ranks, .. } => json!({ "ranks": ranks }),
+            JoinClientEvent::Failed(ClientFailure::Rejected { reason }) => {
+                json!({ "failure": "rejected", "reason": reason })
+            }
+            JoinClientEvent::Failed(f) => json!({ "failure": failure_kind(f) }),
+            _ => return None,
+        },
+        ClusterEvent::Rank(r) => match r {
+            RankNodeEvent::Submitted { round, mass, .. } => json!({ "round": round, "mass": mass }),
+            RankNodeEvent::Consensus { round, weight, keep_local, .. } => {
+                json!({ "round": round, "weight": weight, "keep_local": keep_local })
+            }
+            // The message as serde writes it (externally tagged), read back
+            // as the wire type by whoever checks the run.
+            RankNodeEvent::Command(m) => json!({ "msg": serde_json::to_value(m).unwrap_or_default() }),
+            RankNodeEvent::NcclReady { uid } => json!({ "uid": cohort_proto::wire::hex::encode(uid) }),
+            _ => return None,
+        },
+        ClusterEvent::RankExit { code } => json!({ "code": code }),
+        ClusterEvent::Listening { addr } => json!({ "addr": addr }),
+        _ => return None,
+    })
+}
+
+/// A failed join by name (a refusal's reason is the controller's sentence).
+fn failure_kind(f: &ClientFailure) -> &'static str {
+    match f {
+        ClientFailure::Unreachable => "unreachable",
+        ClientFailure::Encode(_) => "encode",
+        ClientFailure::ReplyTimeout => "reply_timeout",
+        ClientFailure::ClosedBeforeReply(_) => "closed_before_reply",
+        ClientFailure::Rejected { .. } => "rejected",
+        ClientFailure::MissingSalt => "missing_salt",
+        ClientFailure::BadSalt(_) => "bad_salt",
+        ClientFailure::FormationTimeout => "formation_timeout",
+        ClientFailure::ClosedBeforeFormation(_) => "closed_before_formation",
+        ClientFailure::AbortedBeforeFormation { .. } => "aborted_before_formation",
+        ClientFailure::Unexpected { .. } => "unexpected",
+        ClientFailure::Wire(_) => "wire",
+        ClientFailure::NoRunNonce => "no_run_nonce",
+        ClientFailure::RunBoundController => "run_bound_controller",
+        ClientFailure::RunBoundWithoutSalt => "run_bound_without_salt",
+    }
+}
+
+/// A death's cause by name.
+fn death_kind(c: &DeathCause) -> &'static str {
+    match c {
+        DeathCause::Stale { .. } => "stale",
+        DeathCause::ProcessExited { .. } => "process_exited",
+        DeathCause::HostLost => "host_lost",
+        DeathCause::RelayRankExit => "relay_rank_exit",
+        DeathCause::RelayLost => "relay_lost",
+        DeathCause::DataPlaneLost => "data_plane_lost",
+        DeathCause::FrameTooLarge { .. } => "frame_too_large",
+    }
+}
+
+/// Why the join window refused a dial: `kind`, and for a refused hello the
+/// failed `check` with its values (signatures and run ids in full).
+fn reject_data(r: &RejectReason) -> serde_json::Value {
+    use serde_json::json;
+    match r {
+        RejectReason::ChannelMagic { got } => json!({ "kind": "channel_magic", "got": got }),
+        RejectReason::Frame(e) => json!({ "kind": "frame", "error": e.to_string() }),
+        RejectReason::NotJoinFrame(kind) => json!({ "kind": "not_join_frame", "got": kind.name() }),
+        RejectReason::Undecodable(e) => json!({ "kind": "undecodable", "error": e.to_string() }),
+        RejectReason::NotHello(got) => json!({ "kind": "not_hello", "got": got }),
+        RejectReason::Admission(e) => {
+            let mut v = admit_data(e);
+            v["kind"] = "admission".into();
+            v
+        }
+        RejectReason::WindowClosed { formed } => json!({ "kind": "window_closed", "formed": formed }),
+        RejectReason::HandshakeTimeout => json!({ "kind": "handshake_timeout" }),
+        RejectReason::Closed(cause) => json!({ "kind": "closed", "cause": cause.to_string() }),
+    }
+}
+
+fn admit_data(e: &AdmitError) -> serde_json::Value {
+    use cohort_proto::wire::hex::encode;
+    use serde_json::json;
+    match e {
+        AdmitError::EmptyHost => json!({ "check": "empty_host" }),
+        AdmitError::NoDevices => json!({ "check": "no_devices" }),
+        AdmitError::TooManyDevices { count } => json!({ "check": "too_many_devices", "count": count }),
+        AdmitError::DuplicateDevice { device } => json!({ "check": "duplicate_device", "device": device }),
+        AdmitError::DuplicateHost { host } => json!({ "check": "duplicate_host", "host": host }),
+        AdmitError::DatasetMismatch { offered, expected } => {
+            json!({ "check": "dataset", "offered": encode(offered), "expected": encode(expected) })
+        }
+        AdmitError::VendorMismatch { host, cohort_label, label, .. } => {
+            json!({ "check": "vendor", "host": host, "expected": cohort_label, "offered": label })
+        }
+        AdmitError::RunIdMismatch { host, expected, offered } => {
+            json!({ "check": "run_id", "host": host, "expected": expected, "offered": offered })
+        }
+        AdmitError::NcclSkew { host, expected, offered } => {
+            json!({ "check": "nccl", "host": host, "expected": [expected.0, expected.1], "offered": [offered.0, offered.1] })
+        }
+        AdmitError::ModelMismatch { offered, expected } => {
+            json!({ "check": "model", "offered": encode(offered), "expected": encode(expected) })
+        }
+        AdmitError::RankSpaceExhausted => json!({ "check": "rank_space_exhausted" }),
+    }
+}
+
 /// The event as one JSON object (one line): `{"t": seconds, "node", "event"
-/// (the short name), "level", "text"}`.
+/// (the short name), "level", "text"}`, and `data` when [`data`] has facts.
 pub fn json_line(s: &Stamped) -> String {
     json_of(s, &describe(s))
 }
@@ -422,14 +589,17 @@ pub fn json_of(s: &Stamped, l: &Line) -> String {
         Level::Info => "info",
         Level::Warn => "warn",
     };
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "t": (s.at.as_nanos() / 1_000) as f64 / 1e6,
         "node": s.source.to_string(),
         "event": l.kind,
         "level": level,
         "text": l.text,
-    })
-    .to_string()
+    });
+    if let Some(d) = data(s) {
+        v["data"] = d;
+    }
+    v.to_string()
 }
 
 /// Logs the event with `tracing` at its level (target `cohort`), as
@@ -470,6 +640,37 @@ mod tests {
             ranks: 0..2,
             loss: HostLoss::Closed(CloseCause::Eof),
         })
+    }
+
+    #[test]
+    fn json_lines_carry_typed_facts() {
+        use cohort_proto::join::AdmitError;
+        use cohort_proto::wire::ControlMsgWire;
+        let offered = [0xab; 32];
+        let rejected = at(
+            1,
+            ControllerNodeEvent::Join(JoinWindowEvent::Rejected {
+                conn: ConnId(3),
+                reason: RejectReason::Admission(AdmitError::DatasetMismatch { offered, expected: [0; 32] }),
+            }),
+        );
+        let v: serde_json::Value = serde_json::from_str(&json_line(&rejected)).unwrap();
+        assert_eq!(v["event"], "join_rejected");
+        assert_eq!(v["data"]["reason"]["kind"], "admission");
+        assert_eq!(v["data"]["reason"]["check"], "dataset");
+        assert_eq!(v["data"]["reason"]["offered"], "ab".repeat(32));
+        let msg = ControlMsgWire::ExtendPartition { partition_offset: 7, partition_size: 9 };
+        let command = Stamped {
+            at: Time::ZERO,
+            source: Source::Rank(2),
+            event: ClusterEvent::Rank(RankNodeEvent::Command(msg.clone())),
+        };
+        let v: serde_json::Value = serde_json::from_str(&json_line(&command)).unwrap();
+        let back: ControlMsgWire = serde_json::from_value(v["data"]["msg"].clone()).unwrap();
+        assert_eq!(back, msg);
+        // Events without facts carry no `data`.
+        let v: serde_json::Value = serde_json::from_str(&json_line(&at(2, host_lost()))).unwrap();
+        assert!(v.get("data").is_none());
     }
 
     #[test]
