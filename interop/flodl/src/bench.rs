@@ -380,6 +380,15 @@ fn bench_k(bench: Bench, k: u32, o: &Opts) -> Result<(), String> {
         hwm[1] as f64 / (1u64 << 30) as f64,
         o.warmup,
     );
+    // The same figures as one JSON object, for the interop suite's note.
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": bench.name(), "k": k, "mib": o.mib, "pairs": o.pairs,
+            "flodl_s_per_round": median(fl.walls.clone()), "cohort_s_per_round": median(co.walls.clone()),
+            "wall_ratio": wall_ratio, "cpu_ratio": cpu_ratio,
+        })
+    );
     Ok(())
 }
 

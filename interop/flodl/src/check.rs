@@ -25,10 +25,13 @@
 //! Prints one summary line; any violation is listed and fails the check.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 
+use cohort_proto::wire::ControlMsgWire;
 use serde_json::Value;
 
 use crate::args::Parsed;
+use crate::suite::logs::Log;
 
 /// A consensus as a rank received it: round, weight, keep-local, values.
 type Delivery = (u64, f64, bool, Option<Vec<f32>>);
@@ -38,7 +41,7 @@ struct RankLog {
     seen: bool,
     submitted: Vec<(u64, f64, Option<Vec<f32>>)>,
     consensus: Vec<Delivery>,
-    commands: Vec<String>,
+    commands: Vec<ControlMsgWire>,
     exited_cleanly: bool,
     exit_code: Option<i64>,
 }
@@ -51,54 +54,37 @@ fn floats(v: &Value) -> Option<Vec<f32>> {
     v.as_array()?.iter().map(|x| x.as_f64().map(|f| f as f32)).collect()
 }
 
-fn read_logs(files: &[String]) -> Result<BTreeMap<u32, RankLog>, String> {
+fn read_logs(files: &[PathBuf]) -> Result<BTreeMap<u32, RankLog>, String> {
     let mut logs: BTreeMap<u32, RankLog> = BTreeMap::new();
     for f in files {
-        let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
-        for line in text.lines() {
-            let Some(at) = line.find('{') else { continue };
-            let Ok(v) = serde_json::from_str::<Value>(&line[at..]) else { continue };
-            let Some(rank) = v["node"].as_str().and_then(rank_of) else { continue };
+        if !f.exists() {
+            return Err(format!("{}: no such file", f.display()));
+        }
+        for e in Log::new(f).events() {
+            let Some(rank) = rank_of(&e.node) else { continue };
             let log = logs.entry(rank).or_default();
             log.seen = true;
-            let d = &v["data"];
-            let text = v["text"].as_str().unwrap_or("");
-            match v["event"].as_str().unwrap_or("") {
+            let d = &e.data;
+            let unreadable =
+                || format!("{}: unreadable {} event of rank {rank}: {:?}", f.display(), e.event, e.text);
+            match e.event.as_str() {
                 "submitted" => {
-                    // `cohort rank --json` carries the values under `data`;
-                    // other cohort programs only say the mass in words.
-                    let parsed = match (d["round"].as_u64(), d["mass"].as_f64()) {
-                        (Some(k), Some(m)) => Some((k, m)),
-                        _ => words(text, "submitted its round ", ": mass "),
-                    };
-                    let Some((k, m)) = parsed else {
-                        return Err(format!("{f}: unreadable submitted event of rank {rank}: {text:?}"));
+                    let (Some(k), Some(m)) = (d["round"].as_u64(), d["mass"].as_f64()) else {
+                        return Err(unreadable());
                     };
                     log.submitted.push((k, m, floats(&d["values"])));
                 }
                 "consensus" => {
-                    let parsed = match (d["round"].as_u64(), d["weight"].as_f64()) {
-                        (Some(k), Some(w)) => Some((k, w, d["keep_local"].as_bool().unwrap_or(false))),
-                        _ => words(text, "received round ", ": mass ")
-                            .map(|(k, w)| (k, w, text.ends_with("keep local true"))),
-                    };
-                    let Some((k, w, keep)) = parsed else {
-                        return Err(format!("{f}: unreadable consensus event of rank {rank}: {text:?}"));
+                    let (Some(k), Some(w), Some(keep)) =
+                        (d["round"].as_u64(), d["weight"].as_f64(), d["keep_local"].as_bool())
+                    else {
+                        return Err(unreadable());
                     };
                     log.consensus.push((k, w, keep, floats(&d["values"])));
                 }
-                "command" => log.commands.push(d["command"].as_str().unwrap_or(text).to_string()),
+                "command" => log.commands.push(e.msg().ok_or_else(unreadable)?),
                 "exited" => log.exited_cleanly = true,
-                "rank_exit" => {
-                    log.exit_code = d["code"].as_i64().or_else(|| {
-                        text.strip_prefix("process ended with exit code ")?
-                            .split(',')
-                            .next()?
-                            .trim()
-                            .parse()
-                            .ok()
-                    })
-                }
+                "rank_exit" => log.exit_code = Some(e.i64("code").ok_or_else(unreadable)?),
                 _ => {}
             }
         }
@@ -106,28 +92,23 @@ fn read_logs(files: &[String]) -> Result<BTreeMap<u32, RankLog>, String> {
     Ok(logs)
 }
 
-/// `<before>K<middle>X...`: the round K and the number X of a line like
-/// `submitted its round 3: mass 2, 256 values`.
-fn words(text: &str, before: &str, middle: &str) -> Option<(u64, f64)> {
-    let rest = text.strip_prefix(before)?;
-    let (k, rest) = rest.split_once(middle)?;
-    let x = rest.split(|c: char| c == ',' || c.is_whitespace()).next()?;
-    Some((k.trim().parse().ok()?, x.parse().ok()?))
+/// An epoch plan a command hands a rank (`StartEpoch`, or an `Update`'s
+/// `next_plan`): (epoch, samples).
+fn plan(command: &ControlMsgWire) -> Option<(u64, u64)> {
+    match command {
+        ControlMsgWire::StartEpoch(p) | ControlMsgWire::Update { next_plan: Some(p), .. } => {
+            Some((p.epoch, p.partition_size))
+        }
+        _ => None,
+    }
 }
 
-/// `... EpochPlanWire { epoch: E, partition_offset: O, partition_size: S } ...`
-fn plan(command: &str) -> Option<(u64, u64)> {
-    let rest = command.split("EpochPlanWire { epoch: ").nth(1)?;
-    let epoch = rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
-    let size =
-        rest.split("partition_size: ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
-    Some((epoch, size))
-}
-
-/// `ExtendPartition { partition_offset: O, partition_size: S }`
-fn extension(command: &str) -> Option<u64> {
-    let rest = command.strip_prefix("ExtendPartition {")?;
-    rest.split("partition_size: ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+/// The samples an `ExtendPartition` appends.
+fn extension(command: &ControlMsgWire) -> Option<u64> {
+    match command {
+        ControlMsgWire::ExtendPartition { partition_size, .. } => Some(*partition_size),
+        _ => None,
+    }
 }
 
 /// Samples each (epoch, rank) was given: its plans, then the extensions
@@ -148,15 +129,12 @@ fn given(logs: &BTreeMap<u32, RankLog>) -> BTreeMap<u64, BTreeMap<u32, u64>> {
     out
 }
 
-/// `EpochAggregated(EpochMetricsWire { epoch: N, ... per_rank_samples: [a, b] ... })`
-fn aggregated(command: &str) -> Option<(u64, Option<u64>)> {
-    let rest = command.strip_prefix("EpochAggregated(EpochMetricsWire { epoch: ")?;
-    let epoch = rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
-    let samples = rest.split("per_rank_samples: [").nth(1).and_then(|s| {
-        let list = s.split(']').next()?;
-        list.split(',').filter(|x| !x.trim().is_empty()).map(|x| x.trim().parse::<u64>().ok()).sum()
-    });
-    Some((epoch, samples))
+/// An `EpochAggregated`: (epoch, its per-rank samples summed).
+fn aggregated(command: &ControlMsgWire) -> Option<(u64, u64)> {
+    match command {
+        ControlMsgWire::EpochAggregated(m) => Some((m.epoch, m.per_rank_samples.iter().sum())),
+        _ => None,
+    }
 }
 
 struct Report {
@@ -301,21 +279,49 @@ fn mean_error(
     None
 }
 
-pub fn run(p: &Parsed) -> Result<(), String> {
-    if p.trailing.is_empty() {
-        return Err("give the event files after `--`".into());
+/// What a run is checked against.
+#[derive(Debug, Clone, Default)]
+pub struct Expect {
+    /// Every rank of the world.
+    pub ranks: Vec<u32>,
+    /// The ranks that must finish (default: all).
+    pub survivors: Option<Vec<u32>>,
+    /// Epochs every survivor must see aggregated.
+    pub epochs: u64,
+    /// What every `EpochAggregated` must sum to.
+    pub epoch_samples: Option<u64>,
+    /// Whole batches of this size over the plans given instead.
+    pub batch_size: Option<u64>,
+    /// Rounds that must have been reduced.
+    pub min_rounds: usize,
+}
+
+/// What a check found: its summary, and every violation.
+#[derive(Debug)]
+pub struct Found {
+    pub summary: String,
+    pub violations: Vec<String>,
+}
+
+impl Found {
+    /// The lines `flodl-peer check` prints.
+    pub fn lines(&self) -> Vec<String> {
+        if self.violations.is_empty() {
+            return vec![format!("check: ok: {}", self.summary)];
+        }
+        let mut out = vec![format!("check: {}", self.summary)];
+        out.extend(self.violations.iter().take(20).map(|v| format!("check: VIOLATION {v}")));
+        out
     }
-    let ranks: Vec<u32> = p.list("ranks")?.ok_or("--ranks is required")?;
-    let survivors: Vec<u32> = p.list("survivors")?.unwrap_or_else(|| ranks.clone());
-    let epochs: u64 = p.get_or("epochs", 0)?;
-    let epoch_samples: Option<u64> = p.get("epoch-samples")?;
-    let batch_size: Option<u64> = p.get("batch-size")?;
-    if batch_size == Some(0) {
+}
+
+/// Checks the ranks' event lines in `files` against `x`.
+pub fn check(files: &[PathBuf], x: &Expect) -> Result<Found, String> {
+    if x.batch_size == Some(0) {
         return Err("--batch-size must be at least 1".into());
     }
-    let min_rounds: usize = p.get_or("min-rounds", 1)?;
-    let logs = read_logs(&p.trailing)?;
-    let whole: BTreeMap<u64, u64> = match batch_size {
+    let logs = read_logs(files)?;
+    let whole: BTreeMap<u64, u64> = match x.batch_size {
         Some(b) => {
             given(&logs).into_iter().map(|(e, per)| (e, per.values().map(|n| n / b * b).sum())).collect()
         }
@@ -323,48 +329,49 @@ pub fn run(p: &Parsed) -> Result<(), String> {
     };
     let mut r =
         Report { rounds: 0, rounds_with_mass: 0, rounds_valued: 0, deliveries: 0, violations: Vec::new() };
-    for rank in &ranks {
+    for rank in &x.ranks {
         if !logs.get(rank).is_some_and(|l| l.seen) {
             r.violations.push(format!("rank {rank} left no events"));
         }
     }
     for rank in logs.keys() {
-        if !ranks.contains(rank) {
+        if !x.ranks.contains(rank) {
             r.violations.push(format!("events of rank {rank}, which is not in --ranks"));
         }
     }
     check_consensus(&logs, &mut r);
-    if r.rounds < min_rounds {
-        r.violations.push(format!("{} rounds reduced, expected at least {min_rounds}", r.rounds));
+    if r.rounds < x.min_rounds {
+        r.violations.push(format!("{} rounds reduced, expected at least {}", r.rounds, x.min_rounds));
     }
-    for rank in &survivors {
+    for rank in x.survivors.as_ref().unwrap_or(&x.ranks) {
         let Some(l) = logs.get(rank) else { continue };
-        let agg: Vec<(u64, Option<u64>)> = l.commands.iter().filter_map(|c| aggregated(c)).collect();
-        for e in 0..epochs {
+        let agg: Vec<(u64, u64)> = l.commands.iter().filter_map(aggregated).collect();
+        for e in 0..x.epochs {
             if !agg.iter().any(|a| a.0 == e) {
                 r.violations.push(format!("rank {rank} never received EpochAggregated for epoch {e}"));
             }
         }
-        if let Some(n) = epoch_samples {
+        if let Some(n) = x.epoch_samples {
             for (e, s) in &agg {
-                if *s != Some(n) {
-                    r.violations.push(format!("rank {rank}: EpochAggregated of epoch {e} sums its per-rank samples to {s:?}, not {n}"));
+                if *s != n {
+                    r.violations.push(format!(
+                        "rank {rank}: EpochAggregated of epoch {e} sums its per-rank samples to {s}, not {n}"
+                    ));
                 }
             }
         }
-        if let Some(b) = batch_size {
+        if let Some(b) = x.batch_size {
             for (e, s) in &agg {
                 let want = whole.get(e).copied();
-                if *s != want {
+                if Some(*s) != want {
                     r.violations.push(format!(
-                        "rank {rank}: EpochAggregated of epoch {e} sums its per-rank samples to {}, but whole batches of {b} over the plans given make {}",
-                        s.map_or("?".into(), |x| x.to_string()),
+                        "rank {rank}: EpochAggregated of epoch {e} sums its per-rank samples to {s}, but whole batches of {b} over the plans given make {}",
                         want.map_or("? (no plan seen)".into(), |x| x.to_string())
                     ));
                 }
             }
         }
-        let shutdown = l.commands.iter().position(|c| c == "Shutdown");
+        let shutdown = l.commands.iter().position(|c| matches!(c, ControlMsgWire::Shutdown));
         match shutdown {
             None => r.violations.push(format!(
                 "rank {rank} never received Shutdown (its last command: {:?})",
@@ -373,7 +380,7 @@ pub fn run(p: &Parsed) -> Result<(), String> {
             Some(at) => {
                 if l.commands
                     .iter()
-                    .rposition(|c| c.starts_with("EpochAggregated("))
+                    .rposition(|c| matches!(c, ControlMsgWire::EpochAggregated(_)))
                     .is_some_and(|last| last > at)
                 {
                     r.violations.push(format!("rank {rank} received EpochAggregated after Shutdown"));
@@ -402,42 +409,53 @@ pub fn run(p: &Parsed) -> Result<(), String> {
         r.rounds_valued,
         r.deliveries
     );
-    if r.violations.is_empty() {
-        println!("check: ok: {summary}");
-        return Ok(());
+    Ok(Found { summary, violations: r.violations })
+}
+
+/// `flodl-peer check`: [`check`] with the command line's expectations.
+pub fn run(p: &Parsed) -> Result<(), String> {
+    if p.trailing.is_empty() {
+        return Err("give the event files after `--`".into());
     }
-    println!("check: {summary}");
-    for v in r.violations.iter().take(20) {
-        println!("check: VIOLATION {v}");
+    let x = Expect {
+        ranks: p.list("ranks")?.ok_or("--ranks is required")?,
+        survivors: p.list("survivors")?,
+        epochs: p.get_or("epochs", 0)?,
+        epoch_samples: p.get("epoch-samples")?,
+        batch_size: p.get("batch-size")?,
+        min_rounds: p.get_or("min-rounds", 1)?,
+    };
+    let files: Vec<PathBuf> = p.trailing.iter().map(PathBuf::from).collect();
+    let found = check(&files, &x)?;
+    for l in found.lines() {
+        println!("{l}");
     }
-    Err(format!("{} violation(s); first: {}", r.violations.len(), r.violations[0]))
+    match found.violations.first() {
+        None => Ok(()),
+        Some(v) => Err(format!("{} violation(s); first: {v}", found.violations.len())),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cohort_proto::wire::{EpochMetricsWire, EpochPlanWire};
 
     #[test]
     fn plans_and_extensions() {
-        assert_eq!(
-            plan("StartEpoch(EpochPlanWire { epoch: 1, partition_offset: 33, partition_size: 33 })"),
-            Some((1, 33))
-        );
-        assert_eq!(
-            plan(
-                "Update { version: 3, next_plan: Some(EpochPlanWire { epoch: 2, partition_offset: 0, partition_size: 7 }) }"
-            ),
-            Some((2, 7))
-        );
-        assert_eq!(plan("Update { version: 3, next_plan: None }"), None);
-        assert_eq!(extension("ExtendPartition { partition_offset: 36, partition_size: 88 }"), Some(88));
+        let p = |epoch, partition_size| EpochPlanWire { epoch, partition_offset: 0, partition_size };
+        assert_eq!(plan(&ControlMsgWire::StartEpoch(p(1, 33))), Some((1, 33)));
+        assert_eq!(plan(&ControlMsgWire::Update { version: 3, next_plan: Some(p(2, 7)) }), Some((2, 7)));
+        assert_eq!(plan(&ControlMsgWire::Update { version: 3, next_plan: None }), None);
+        let ext = ControlMsgWire::ExtendPartition { partition_offset: 36, partition_size: 88 };
+        assert_eq!(extension(&ext), Some(88));
     }
 
     #[test]
-    fn epoch_aggregated_text() {
-        let c = "EpochAggregated(EpochMetricsWire { epoch: 3, scalars: {}, per_rank_samples: [32, 30] })";
-        assert_eq!(aggregated(c), Some((3, Some(62))));
-        assert_eq!(aggregated("Shutdown"), None);
+    fn epoch_aggregated_sums_its_samples() {
+        let m = EpochMetricsWire { epoch: 3, per_rank_samples: vec![32, 30], ..EpochMetricsWire::default() };
+        assert_eq!(aggregated(&ControlMsgWire::EpochAggregated(Box::new(m))), Some((3, 62)));
+        assert_eq!(aggregated(&ControlMsgWire::Shutdown), None);
     }
 
     #[test]
@@ -448,17 +466,5 @@ mod tests {
         assert!(mean_error(&subs, 0b11, 4.0, Some(&[2.5, 5.0])).is_none());
         assert!(mean_error(&subs, 0b01, 1.0, Some(&[1.0, 2.0])).is_none());
         assert!(mean_error(&subs, 0b11, 4.0, Some(&[2.5, 5.1])).is_some());
-    }
-
-    #[test]
-    fn masses_from_words() {
-        assert_eq!(
-            words("submitted its round 3: mass 2, 256 values", "submitted its round ", ": mass "),
-            Some((3, 2.0))
-        );
-        assert_eq!(
-            words("received round 0: mass 4.5, 256 values, keep local false", "received round ", ": mass "),
-            Some((0, 4.5))
-        );
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::args::Parsed;
 
 /// `\r`, `\n`, `\t` and `\\` escapes, so a request fits one argument.
-fn unescape(text: &str) -> Vec<u8> {
+pub fn unescape(text: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
     let mut chars = text.chars();
     while let Some(c) = chars.next() {
@@ -41,16 +41,29 @@ pub fn run(p: &Parsed) -> Result<(), String> {
     let request = unescape(&p.require::<String>("request")?);
     let wait = Duration::from_millis(p.get_or("wait-ms", 3000u64)?);
     let (got, ending) = exchange(&addr, &request, wait)?;
-    if got.is_empty() {
-        println!("<no response: {ending}>");
-    } else {
-        print!("{}", String::from_utf8_lossy(&got));
-        if ending != "closed" {
-            print!("\n<connection {ending} after the response>");
-        }
-        println!();
-    }
+    print!("{}", shown(&got, ending));
     Ok(())
+}
+
+/// One raw exchange, recorded as `flodl-peer http` prints it (what
+/// `http-diff` reads): the answer verbatim, or `<no response: HOW>`; an
+/// exchange that failed reads as the subcommand's failure line.
+pub fn answer(addr: &str, request: &[u8], wait: Duration) -> String {
+    match exchange(addr, request, wait) {
+        Ok((got, ending)) => shown(&got, ending),
+        Err(e) => format!("flodl-peer http: FAILED: {e}\n"),
+    }
+}
+
+fn shown(got: &[u8], ending: &str) -> String {
+    if got.is_empty() {
+        return format!("<no response: {ending}>\n");
+    }
+    let mut s = String::from_utf8_lossy(got).into_owned();
+    if ending != "closed" {
+        s += &format!("\n<connection {ending} after the response>");
+    }
+    s + "\n"
 }
 
 /// `flodl-peer send --addr HOST:PORT --hex BYTES [--wait-ms MS]`: writes the
@@ -72,7 +85,7 @@ pub fn send(p: &Parsed) -> Result<(), String> {
 /// Writes `bytes` on one new connection to `addr` and reads until the peer
 /// closes, resets, or `wait` passes: what came back and how it ended
 /// (`closed`, `reset` or `timed out`).
-fn exchange(addr: &str, bytes: &[u8], wait: Duration) -> Result<(Vec<u8>, &'static str), String> {
+pub fn exchange(addr: &str, bytes: &[u8], wait: Duration) -> Result<(Vec<u8>, &'static str), String> {
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
     s.write_all(bytes).map_err(|e| format!("write: {e}"))?;
     let until = Instant::now() + wait;

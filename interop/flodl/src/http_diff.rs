@@ -16,6 +16,8 @@
 //!
 //! Prints `same` (exit 0) or the first difference (exit 1).
 
+use std::path::Path;
+
 use crate::args::Parsed;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -258,18 +260,29 @@ struct Answer {
 
 fn read_answer(path: &str) -> Result<Answer, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-    let text = text.strip_suffix('\n').unwrap_or(&text);
+    Ok(parse_answer(&text))
+}
+
+/// An answer as `flodl-peer http` records it.
+fn parse_answer(text: &str) -> Answer {
+    let text = text.strip_suffix('\n').unwrap_or(text);
     if let Some(rest) = text.strip_prefix("<no response: ") {
         let how = rest.trim_end_matches('>');
         let ending = if how == "reset" { "closed" } else { how };
-        return Ok(Answer { head: None, body: String::new(), ending: ending.into() });
+        return Answer { head: None, body: String::new(), ending: ending.into() };
     }
     let (text, ending) = match text.rsplit_once("\n<connection ") {
         Some((t, e)) => (t, e.trim_end_matches('>').to_string()),
         None => (text, "closed".into()),
     };
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((text, ""));
-    Ok(Answer { head: Some(head.split("\r\n").map(str::to_string).collect()), body: body.into(), ending })
+    Answer { head: Some(head.split("\r\n").map(str::to_string).collect()), body: body.into(), ending }
+}
+
+/// Two recorded answers (flodl's, cohort's) compared: `Err` is the first
+/// difference.
+pub fn diff_texts(flodl: &str, cohort: &str) -> Result<(), String> {
+    diff(&parse_answer(flodl), &parse_answer(cohort))
 }
 
 fn diff(a: &Answer, b: &Answer) -> Result<(), String> {
@@ -328,49 +341,14 @@ pub fn run(p: &Parsed) -> Result<(), String> {
 }
 
 /// `flodl-peer json-diff [--at KEY] [--ignore PATH,PATH] -- FLODL COHORT`:
-/// two JSON documents (files), optionally the value under a top-level
-/// `KEY` of each, compared field by field (order included) except the
-/// dotted `PATH`s ignored (present or not on either side). Prints `same`
-/// or the first difference.
+/// [`json_diff_files`]; prints `same` or the first difference.
 pub fn json_diff(p: &Parsed) -> Result<(), String> {
     let [a, b] = p.trailing.as_slice() else {
         return Err("give two JSON files after `--`: flodl's, then cohort's".into());
     };
     let ignore: Vec<String> = p.list("ignore")?.unwrap_or_default();
-    let load = |f: &str| -> Result<Json, String> {
-        let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
-        let v = parse_json(text.trim()).ok_or_else(|| format!("{f}: not JSON"))?;
-        match p.str("at") {
-            None => Ok(v),
-            Some(k) => match v {
-                Json::Obj(fields) => fields
-                    .into_iter()
-                    .find(|(n, _)| n == k)
-                    .map(|(_, v)| v)
-                    .ok_or_else(|| format!("{f}: no {k:?}")),
-                _ => Err(format!("{f}: not an object")),
-            },
-        }
-    };
-    fn strip(v: Json, path: &str, ignore: &[String]) -> Json {
-        match v {
-            Json::Obj(fields) => Json::Obj(
-                fields
-                    .into_iter()
-                    .filter_map(|(k, v)| {
-                        let here = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
-                        (!ignore.contains(&here)).then(|| {
-                            let v = strip(v, &here, ignore);
-                            (k, v)
-                        })
-                    })
-                    .collect(),
-            ),
-            other => other,
-        }
-    }
-    let (ja, jb) = (strip(load(a)?, "", &ignore), strip(load(b)?, "", &ignore));
-    match compare(p.str("at").unwrap_or("document"), "", &ja, &jb) {
+    let ignore: Vec<&str> = ignore.iter().map(String::as_str).collect();
+    match json_diff_files(Path::new(a), Path::new(b), p.str("at"), &ignore) {
         Ok(()) => {
             println!("same");
             Ok(())
@@ -380,6 +358,47 @@ pub fn json_diff(p: &Parsed) -> Result<(), String> {
             Err(d)
         }
     }
+}
+
+/// Two JSON documents (files), optionally the value under a top-level
+/// `at` key of each, compared field by field (order included) except the
+/// dotted paths in `ignore` (present or not on either side): `Err` is the
+/// first difference.
+pub fn json_diff_files(a: &Path, b: &Path, at: Option<&str>, ignore: &[&str]) -> Result<(), String> {
+    let load = |f: &Path| -> Result<Json, String> {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let v = parse_json(text.trim()).ok_or_else(|| format!("{}: not JSON", f.display()))?;
+        match at {
+            None => Ok(v),
+            Some(k) => match v {
+                Json::Obj(fields) => fields
+                    .into_iter()
+                    .find(|(n, _)| n == k)
+                    .map(|(_, v)| v)
+                    .ok_or_else(|| format!("{}: no {k:?}", f.display())),
+                _ => Err(format!("{}: not an object", f.display())),
+            },
+        }
+    };
+    fn strip(v: Json, path: &str, ignore: &[&str]) -> Json {
+        match v {
+            Json::Obj(fields) => Json::Obj(
+                fields
+                    .into_iter()
+                    .filter_map(|(k, v)| {
+                        let here = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                        (!ignore.contains(&here.as_str())).then(|| {
+                            let v = strip(v, &here, ignore);
+                            (k, v)
+                        })
+                    })
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+    let (ja, jb) = (strip(load(a)?, "", ignore), strip(load(b)?, "", ignore));
+    compare(at.unwrap_or("document"), "", &ja, &jb)
 }
 
 #[cfg(test)]

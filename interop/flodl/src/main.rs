@@ -9,6 +9,9 @@
 //!   and supervise this host's relay and rank children);
 //! - `relay` → `flodl::distributed::launcher::run_relay`.
 //!
+//! `suite` runs the interop suite (see `suite`), the other subcommands are
+//! its helpers.
+//!
 //! flodl's agent spawns its children by re-executing *this* binary with
 //! the agent's own arguments and a role env var. `main` therefore detects
 //! the role first (flodl's `dispatch`): a relay child runs flodl's relay
@@ -23,6 +26,7 @@ mod ffi_stubs;
 mod hex;
 mod http;
 mod http_diff;
+mod suite;
 mod tap;
 
 use std::os::unix::process::CommandExt as _;
@@ -186,6 +190,8 @@ USAGE:
                    [--epoch-samples N | --batch-size B] [--min-rounds N] -- FILE...
                                  (checks `cohort rank --json` event lines: every
                                   consensus, every epoch, Shutdown, exit 0)
+  flodl-peer suite [--cohort PATH] [--case NAME]... [--bench] [--list] [--help]
+                                 (the interop suite: scripts/interop-flodl)
 
 See interop/flodl/README.md for what each knob maps to in flodl.";
 
@@ -219,6 +225,9 @@ fn main() -> ExitCode {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
+    if cmd == "suite" {
+        return suite::main(rest);
+    }
     let who = format!("flodl-peer {cmd}");
     let role_result = match cmd.as_str() {
         "controller" => parse_then(CONTROLLER_SPEC, rest, controller),
