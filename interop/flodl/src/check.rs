@@ -1,7 +1,8 @@
 //! `flodl-peer check`: reads the JSON event lines of `cohort rank`
 //! processes (`cohort rank --json`, possibly prefixed by the agent that
-//! forwarded them, e.g. `[hostA:0:r0] {...}`) and checks a run end to end
-//! from the ranks' side, whoever ran the controller, relays and reduce:
+//! forwarded them, e.g. `[hostA:0:r0] {...}`), their typed `data` (a
+//! command is the wire message itself), and checks a run end to end from
+//! the ranks' side, whoever ran the controller, relays and reduce:
 //!
 //! - **consensus**: for every round, every rank that received it got the
 //!   same weight and the same values; the weight is the summed mass of the

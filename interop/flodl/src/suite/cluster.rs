@@ -106,60 +106,24 @@ impl Train<'_> {
         extra: &[&str],
     ) -> Result<Controller, String> {
         let w = self.world.to_string();
-        let cmd = Cmd::new(&ctx.peer).env("FLODL_VERBOSITY", "verbose").args([
-            "controller",
-            "--port",
-            &self.port.to_string(),
-            "--backend",
-            backend,
-            "--quorum",
-            &w,
-            "--target",
-            &w,
-            "--join-timeout",
-            "30",
-            "--max-join-timeout",
-            "40",
-            "--token",
-            token,
-            "--timeout-scale",
-            self.scale,
-            "--epochs",
-            &EPOCHS.to_string(),
-            "--total-samples",
-            &self.samples.to_string(),
-            "--batch-size",
-            &BATCH.to_string(),
-        ]);
+        let cmd = Cmd::new(&ctx.peer).env("FLODL_VERBOSITY", "verbose").words(&format!(
+            "controller --port {} --backend {backend} --quorum {w} --target {w} --join-timeout 30 \
+            --max-join-timeout 40 --token {token} --timeout-scale {} --epochs {EPOCHS} --total-samples {} \
+            --batch-size {BATCH}",
+            self.port, self.scale, self.samples
+        ));
         flodl_controller_with(base, 90, cmd.args(extra))
     }
 
     /// cohort's controller training the run on 127.0.0.1.
     pub fn cohort(&self, ctx: &Ctx, base: &Path, extra: &[&str]) -> Result<Controller, String> {
         let w = self.world.to_string();
-        let cmd = Cmd::new(&ctx.cohort).args([
-            "controller",
-            "--bind",
-            &format!("127.0.0.1:{}", self.port),
-            "--min-ranks",
-            &w,
-            "--target-ranks",
-            &w,
-            "--join-timeout-secs",
-            "30",
-            "--timeout-scale",
-            self.scale,
-            "--epochs",
-            &EPOCHS.to_string(),
-            "--samples-per-epoch",
-            &self.samples.to_string(),
-            "--batch-size",
-            &BATCH.to_string(),
-            "--sync-every",
-            "2",
-            "--linger-secs",
-            "1",
-        ]);
+        let cmd = Cmd::new(&ctx.cohort).words(&format!(
+            "controller --bind 127.0.0.1:{} --min-ranks {w} --target-ranks {w} --join-timeout-secs 30 \
+            --timeout-scale {} --epochs {EPOCHS} --samples-per-epoch {} --batch-size {BATCH} --sync-every 2 \
+            --linger-secs 1",
+            self.port, self.scale, self.samples
+        ));
         cohort_controller_with(base, 90, cmd.args(extra))
     }
 }
@@ -190,8 +154,8 @@ pub fn flodl_agent(
 ) -> Result<Agent, String> {
     let cmd = Cmd::new(&ctx.peer)
         .env("FLODL_HOST_NAME", host.name)
-        .args(["agent", "--controller", host.at, "--host", host.name, "--devices", &host.devices.to_string()])
-        .args(["--timeout-scale", host.scale])
+        .words(&format!("agent --controller {} --host {} --devices {}", host.at, host.name, host.devices))
+        .words(&format!("--timeout-scale {}", host.scale))
         .args(extra)
         .arg("--")
         .arg(ctx.cohort.display())
@@ -343,19 +307,10 @@ pub fn join_attempt(
 ) -> Result<JoinAttempt, String> {
     let at = format!("127.0.0.1:{port}");
     let cmd = match who {
-        Joiner::Flodl => {
-            Cmd::new(&ctx.peer).args(["agent", "--controller", &at, "--salt", salt, "--timeout-scale", SCALE])
-        }
-        Joiner::Cohort => Cmd::new(&ctx.cohort).args([
-            "agent",
-            "--connect",
-            &at,
-            "--salt",
-            salt,
-            "--timeout-scale",
-            SCALE,
-            "--json",
-        ]),
+        Joiner::Flodl => Cmd::new(&ctx.peer)
+            .words(&format!("agent --controller {at} --salt {salt} --timeout-scale {SCALE}")),
+        Joiner::Cohort => Cmd::new(&ctx.cohort)
+            .words(&format!("agent --connect {at} --salt {salt} --timeout-scale {SCALE} --json")),
     };
     let mut proc = Proc::spawn(base, 60, &cmd.args(args))?;
     let (out, err) = (proc.out(), proc.err());
@@ -409,45 +364,20 @@ pub fn join_controller(
         Side::Flodl => flodl_controller_with(
             base,
             60,
-            Cmd::new(&ctx.peer).args([
-                "controller",
-                "--port",
-                &port.to_string(),
-                "--backend",
-                "none",
-                "--quorum",
-                "8",
-                "--join-timeout",
-                "30",
-                "--max-join-timeout",
-                "40",
-                "--token",
-                salt,
-                "--timeout-scale",
-                SCALE,
-            ]),
+            Cmd::new(&ctx.peer).words(&format!(
+                "controller --port {port} --backend none --quorum 8 --join-timeout 30 --max-join-timeout 40 \
+                --token {salt} --timeout-scale {SCALE}"
+            )),
         )
         .map_err(|_| "flodl controller never opened".to_string()),
         Side::Cohort(rules) => cohort_controller_with(
             base,
             60,
             Cmd::new(&ctx.cohort)
-                .args([
-                    "controller",
-                    "--bind",
-                    &format!("127.0.0.1:{port}"),
-                    "--pre-shared",
-                    "--salt",
-                    salt,
-                    "--min-ranks",
-                    "8",
-                    "--join-timeout-secs",
-                    "30",
-                    "--max-join-timeout-secs",
-                    "40",
-                    "--timeout-scale",
-                    SCALE,
-                ])
+                .words(&format!(
+                    "controller --bind 127.0.0.1:{port} --pre-shared --salt {salt} --min-ranks 8 \
+                    --join-timeout-secs 30 --max-join-timeout-secs 40 --timeout-scale {SCALE}"
+                ))
                 .args(rules.map(|r| ["--rules", r]).into_iter().flatten()),
         )
         .map_err(|_| "cohort controller never listened".to_string()),

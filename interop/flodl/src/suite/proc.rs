@@ -80,6 +80,12 @@ impl Cmd {
         self
     }
 
+    /// Arguments written as one line of words (split at white space: for
+    /// fixed words, numbers, hex and addresses, not for paths).
+    pub fn words(self, line: &str) -> Self {
+        self.args(line.split_whitespace())
+    }
+
     pub fn env(mut self, k: &str, v: &str) -> Self {
         self.env.push((k.into(), v.into()));
         self

@@ -12,7 +12,7 @@ fn diff_test(ctx: &Ctx, target: &str) -> Result<Log, String> {
     let cmd = Cmd::new("cargo")
         .cwd(&ctx.pkg)
         .env("CARGO_TARGET_DIR", &ctx.pkg.join("target").display().to_string())
-        .args(["test", "--locked", "--test", target, "--", "--nocapture"]);
+        .words(&format!("test --locked --test {target} -- --nocapture"));
     let file = ctx.at("test.out");
     let mut p = Proc::spawn_merged(&file, 900, &cmd)?;
     let end = p.wait(900);
@@ -59,19 +59,9 @@ pub fn command_streams(ctx: &mut Ctx) -> Result<(), String> {
 /// ABBA pairs after 1 warmup round; passes when it exits 0 (every check
 /// held) with both K's figures, which go in the note.
 fn throughput(ctx: &mut Ctx, what: &str) -> Result<(), String> {
-    let cmd = Cmd::new(&ctx.bench_peer).args([
-        &format!("bench-{what}"),
-        "--ks",
-        "4,8",
-        "--mib",
-        "64",
-        "--pairs",
-        "7",
-        "--warmup",
-        "1",
-        "--log-dir",
-        &ctx.dir.display().to_string(),
-    ]);
+    let cmd = Cmd::new(&ctx.bench_peer)
+        .words(&format!("bench-{what} --ks 4,8 --mib 64 --pairs 7 --warmup 1 --log-dir"))
+        .arg(ctx.dir.display());
     let mut p = Proc::spawn(&ctx.at("bench"), 900, &cmd)?;
     let end = p.wait(900);
     ensure!(end == End::Exit(0), "bench-{what} ended ({end}): {}", p.err().first("FAILED"));

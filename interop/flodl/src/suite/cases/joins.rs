@@ -29,44 +29,19 @@ pub fn wrong_salt(ctx: &mut Ctx) -> Result<(), String> {
     let fctl = flodl_controller_with(
         &ctx.at("flodl"),
         60,
-        Cmd::new(&ctx.peer).args([
-            "controller",
-            "--port",
-            &fp.to_string(),
-            "--backend",
-            "none",
-            "--quorum",
-            "2",
-            "--join-timeout",
-            "20",
-            "--max-join-timeout",
-            "30",
-            "--token",
-            &token,
-            "--timeout-scale",
-            SCALE,
-        ]),
+        Cmd::new(&ctx.peer).words(&format!(
+            "controller --port {fp} --backend none --quorum 2 --join-timeout 20 --max-join-timeout 30 \
+            --token {token} --timeout-scale {SCALE}"
+        )),
     )
     .map_err(|_| "flodl controller never opened".to_string())?;
     let cctl = cohort_controller_with(
         &ctx.at("cohort"),
         60,
-        Cmd::new(&ctx.cohort).args([
-            "controller",
-            "--bind",
-            &format!("127.0.0.1:{cp}"),
-            "--pre-shared",
-            "--salt",
-            &token,
-            "--min-ranks",
-            "2",
-            "--join-timeout-secs",
-            "20",
-            "--max-join-timeout-secs",
-            "30",
-            "--timeout-scale",
-            SCALE,
-        ]),
+        Cmd::new(&ctx.cohort).words(&format!(
+            "controller --bind 127.0.0.1:{cp} --pre-shared --salt {token} --min-ranks 2 \
+            --join-timeout-secs 20 --max-join-timeout-secs 30 --timeout-scale {SCALE}"
+        )),
     )
     .map_err(|_| "cohort controller never listened".to_string())?;
     let wrong = fresh_token()?;
@@ -74,17 +49,9 @@ pub fn wrong_salt(ctx: &mut Ctx) -> Result<(), String> {
         Proc::spawn(
             &ctx.at(name),
             30,
-            &Cmd::new(&ctx.peer).args([
-                "agent",
-                "--controller",
-                &format!("127.0.0.1:{port}"),
-                "--host",
-                "hostA",
-                "--salt",
-                &wrong,
-                "--timeout-scale",
-                SCALE,
-            ]),
+            &Cmd::new(&ctx.peer).words(&format!(
+                "agent --controller 127.0.0.1:{port} --host hostA --salt {wrong} --timeout-scale {SCALE}"
+            )),
         )
     };
     // Reference: flodl's agent at flodl's controller.
@@ -93,18 +60,9 @@ pub fn wrong_salt(ctx: &mut Ctx) -> Result<(), String> {
     let mut a3 = Proc::spawn(
         &ctx.at("cohort-agent-flodl"),
         30,
-        &Cmd::new(&ctx.cohort).args([
-            "agent",
-            "--connect",
-            &format!("127.0.0.1:{fp}"),
-            "--host",
-            "hostB",
-            "--salt",
-            &wrong,
-            "--timeout-scale",
-            SCALE,
-            "--json",
-        ]),
+        &Cmd::new(&ctx.cohort).words(&format!(
+            "agent --connect 127.0.0.1:{fp} --host hostB --salt {wrong} --timeout-scale {SCALE} --json"
+        )),
     )?;
     let rc = a1.wait(30);
     ensure!(

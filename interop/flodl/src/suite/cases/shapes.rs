@@ -34,8 +34,8 @@ pub fn rank_host_check(ctx: &mut Ctx) -> Result<(), String> {
         60,
         &Cmd::new(&ctx.peer)
             .env_remove("FLODL_HOST_NAME")
-            .args(["agent", "--controller", &format!("127.0.0.1:{port}"), "--host", &host, "--devices", "2"])
-            .args(["--timeout-scale", SCALE, "--"])
+            .words(&format!("agent --controller 127.0.0.1:{port} --host {host} --devices 2"))
+            .words(&format!("--timeout-scale {SCALE} --"))
             .arg(ctx.cohort.display())
             .args(ranks()),
     )?;
@@ -76,48 +76,19 @@ pub fn worldformed_shapes(ctx: &mut Ctx) -> Result<(), String> {
     let _flodl = flodl_controller_with(
         &ctx.at("ctl-flodl"),
         60,
-        Cmd::new(&ctx.peer).args([
-            "controller",
-            "--port",
-            &fp.to_string(),
-            "--backend",
-            "cpu",
-            "--quorum",
-            "2",
-            "--target",
-            "2",
-            "--join-timeout",
-            "30",
-            "--max-join-timeout",
-            "40",
-            "--token",
-            &token,
-            "--timeout-scale",
-            SCALE,
-        ]),
+        Cmd::new(&ctx.peer).words(&format!(
+            "controller --port {fp} --backend cpu --quorum 2 --target 2 --join-timeout 30 \
+            --max-join-timeout 40 --token {token} --timeout-scale {SCALE}"
+        )),
     )
     .map_err(|_| "flodl controller never opened".to_string())?;
     let _cohort = cohort_controller_with(
         &ctx.at("ctl-cohort"),
         60,
-        Cmd::new(&ctx.cohort).args([
-            "controller",
-            "--bind",
-            &format!("127.0.0.1:{cp}"),
-            "--pre-shared",
-            "--salt",
-            &token,
-            "--min-ranks",
-            "2",
-            "--target-ranks",
-            "2",
-            "--join-timeout-secs",
-            "30",
-            "--max-join-timeout-secs",
-            "40",
-            "--timeout-scale",
-            SCALE,
-        ]),
+        Cmd::new(&ctx.cohort).words(&format!(
+            "controller --bind 127.0.0.1:{cp} --pre-shared --salt {token} --min-ranks 2 --target-ranks 2 \
+            --join-timeout-secs 30 --max-join-timeout-secs 40 --timeout-scale {SCALE}"
+        )),
     )
     .map_err(|_| "cohort controller never listened".to_string())?;
     let mut agents = Vec::new();
@@ -125,23 +96,12 @@ pub fn worldformed_shapes(ctx: &mut Ctx) -> Result<(), String> {
         agents.push(agent(
             &ctx.at(&format!("agent-{side}")),
             60,
-            &Cmd::new(&ctx.peer).args([
-                "agent",
-                "--controller",
-                &format!("127.0.0.1:{port}"),
-                "--host",
-                "hostA",
-                "--devices",
-                "2",
-                "--salt",
-                &token,
-                "--dump-dir",
-                &ctx.at(&format!("dump-{side}")).display().to_string(),
-                "--rank-sleep-ms",
-                "5000",
-                "--timeout-scale",
-                SCALE,
-            ]),
+            &Cmd::new(&ctx.peer)
+                .words(&format!(
+                    "agent --controller 127.0.0.1:{port} --host hostA --devices 2 --salt {token}"
+                ))
+                .words(&format!("--rank-sleep-ms 5000 --timeout-scale {SCALE} --dump-dir"))
+                .arg(ctx.at(&format!("dump-{side}")).display()),
         )?);
     }
     for side in ["flodl", "cohort"] {
@@ -235,44 +195,19 @@ pub fn status_endpoint(ctx: &mut Ctx) -> Result<(), String> {
     let mut flodl = flodl_controller_with(
         &ctx.at("flodl"),
         60,
-        Cmd::new(&ctx.peer).args([
-            "controller",
-            "--port",
-            &fp.to_string(),
-            "--backend",
-            "none",
-            "--quorum",
-            "2",
-            "--join-timeout",
-            "30",
-            "--max-join-timeout",
-            "40",
-            "--start",
-            "manual",
-            "--token",
-            &token,
-        ]),
+        Cmd::new(&ctx.peer).words(&format!(
+            "controller --port {fp} --backend none --quorum 2 --join-timeout 30 --max-join-timeout 40 \
+            --start manual --token {token}"
+        )),
     )
     .map_err(|_| "flodl controller never opened".to_string())?;
     let mut cohort = cohort_controller_with(
         &ctx.at("cohort"),
         60,
-        Cmd::new(&ctx.cohort).args([
-            "controller",
-            "--bind",
-            &format!("0.0.0.0:{cp}"),
-            "--pre-shared",
-            "--salt",
-            &token,
-            "--min-ranks",
-            "2",
-            "--join-timeout-secs",
-            "30",
-            "--max-join-timeout-secs",
-            "40",
-            "--start",
-            "manual",
-        ]),
+        Cmd::new(&ctx.cohort).words(&format!(
+            "controller --bind 0.0.0.0:{cp} --pre-shared --salt {token} --min-ranks 2 --join-timeout-secs 30 \
+            --max-join-timeout-secs 40 --start manual"
+        )),
     )
     .map_err(|_| "cohort controller never listened".to_string())?;
     let mut q = Asker { dir: &ctx.dir, host: "127.0.0.1".into(), fp, cp, diffs: Vec::new() };
@@ -297,19 +232,10 @@ pub fn status_endpoint(ctx: &mut Ctx) -> Result<(), String> {
         agents.push(agent(
             &ctx.at(&format!("agent-{side}")),
             60,
-            &Cmd::new(&ctx.peer).args([
-                "agent",
-                "--controller",
-                &format!("127.0.0.1:{port}"),
-                "--host",
-                "hostA",
-                "--devices",
-                "2",
-                "--salt",
-                &token,
-                "--rank-sleep-ms",
-                "8000",
-            ]),
+            &Cmd::new(&ctx.peer).words(&format!(
+                "agent --controller 127.0.0.1:{port} --host hostA --devices 2 --salt {token} \
+                --rank-sleep-ms 8000"
+            )),
         )?);
     }
     let [fa, ca] = &mut agents[..] else { unreachable!("two agents") };

@@ -19,46 +19,20 @@ pub fn form_world(ctx: &mut Ctx) -> Result<(), String> {
     let mut ctl = flodl_controller_with(
         &ctx.at("controller"),
         60,
-        Cmd::new(&ctx.peer).args([
-            "controller",
-            "--port",
-            &port.to_string(),
-            "--backend",
-            "none",
-            "--quorum",
-            "2",
-            "--target",
-            "2",
-            "--join-timeout",
-            "30",
-            "--max-join-timeout",
-            "40",
-            "--token",
-            &token,
-            "--timeout-scale",
-            SCALE,
-        ]),
+        Cmd::new(&ctx.peer).words(&format!(
+            "controller --port {port} --backend none --quorum 2 --target 2 --join-timeout 30 \
+            --max-join-timeout 40 --token {token} --timeout-scale {SCALE}"
+        )),
     )
     .map_err(|_| "controller never opened its join window".to_string())?;
     let dumps = ctx.at("dump");
     let mut a = agent(
         &ctx.at("agent"),
         60,
-        &Cmd::new(&ctx.peer).args([
-            "agent",
-            "--controller",
-            &format!("127.0.0.1:{port}"),
-            "--host",
-            "hostA",
-            "--devices",
-            "2",
-            "--salt",
-            &token,
-            "--dump-dir",
-            &dumps.display().to_string(),
-            "--timeout-scale",
-            SCALE,
-        ]),
+        &Cmd::new(&ctx.peer)
+            .words(&format!("agent --controller 127.0.0.1:{port} --host hostA --devices 2 --salt {token}"))
+            .words(&format!("--timeout-scale {SCALE} --dump-dir"))
+            .arg(dumps.display()),
     )?;
     let arc = a.proc.wait(60);
     let crc = ctl.proc.wait(30);
@@ -92,48 +66,20 @@ pub fn relay_spawn(ctx: &mut Ctx) -> Result<(), String> {
     let mut ctl = flodl_controller_with(
         &ctx.at("controller"),
         60,
-        Cmd::new(&ctx.peer).args([
-            "controller",
-            "--port",
-            &port.to_string(),
-            "--backend",
-            "cpu",
-            "--quorum",
-            "2",
-            "--target",
-            "2",
-            "--join-timeout",
-            "30",
-            "--max-join-timeout",
-            "40",
-            "--formation-timeout",
-            "2",
-            "--token",
-            &token,
-            "--timeout-scale",
-            SCALE,
-        ]),
+        Cmd::new(&ctx.peer).words(&format!(
+            "controller --port {port} --backend cpu --quorum 2 --target 2 --join-timeout 30 \
+            --max-join-timeout 40 --formation-timeout 2 --token {token} --timeout-scale {SCALE}"
+        )),
     )
     .map_err(|_| "controller never opened its join window".to_string())?;
     let dumps = ctx.at("dump");
     let mut a = agent(
         &ctx.at("agent"),
         60,
-        &Cmd::new(&ctx.peer).args([
-            "agent",
-            "--controller",
-            &format!("127.0.0.1:{port}"),
-            "--host",
-            "hostA",
-            "--devices",
-            "2",
-            "--salt",
-            &token,
-            "--dump-dir",
-            &dumps.display().to_string(),
-            "--timeout-scale",
-            SCALE,
-        ]),
+        &Cmd::new(&ctx.peer)
+            .words(&format!("agent --controller 127.0.0.1:{port} --host hostA --devices 2 --salt {token}"))
+            .words(&format!("--timeout-scale {SCALE} --dump-dir"))
+            .arg(dumps.display()),
     )?;
     let err = &ctl.err;
     let outcome =

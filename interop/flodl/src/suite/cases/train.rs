@@ -62,26 +62,10 @@ pub fn cohort_agent_flodl_controller(ctx: &mut Ctx) -> Result<(), String> {
     let mut a = agent(
         &ctx.at("agent"),
         60,
-        &Cmd::new(&ctx.cohort).args([
-            "agent",
-            "--connect",
-            &format!("127.0.0.1:{port}"),
-            "--host",
-            "hostB",
-            "--ranks",
-            "2",
-            "--salt",
-            &token,
-            "--timeout-scale",
-            SCALE,
-            "--relay-ports",
-            "flodl",
-            "--batch-size",
-            &BATCH.to_string(),
-            "--batch-ms",
-            "5",
-            "--json",
-        ]),
+        &Cmd::new(&ctx.cohort).words(&format!(
+            "agent --connect 127.0.0.1:{port} --host hostB --ranks 2 --salt {token} --timeout-scale {SCALE} \
+            --relay-ports flodl --batch-size {BATCH} --batch-ms 5 --json"
+        )),
     )?;
     let (arc, stall) = a.proc.wait_run(60, 8, &[&a.out]);
     no_stall(stall)?;
@@ -149,15 +133,9 @@ pub fn tap(ctx: &Ctx, listen: u16, to: u16) -> Result<Proc, String> {
     let mut p = Proc::spawn(
         &ctx.at("tap"),
         90,
-        &Cmd::new(&ctx.peer).args([
-            "tap",
-            "--listen",
-            &format!("127.0.0.1:{listen}"),
-            "--to",
-            &format!("127.0.0.1:{to}"),
-            "--dump-dir",
-            &ctx.at("tap").display().to_string(),
-        ]),
+        &Cmd::new(&ctx.peer)
+            .words(&format!("tap --listen 127.0.0.1:{listen} --to 127.0.0.1:{to} --dump-dir"))
+            .arg(ctx.at("tap").display()),
     )?;
     let err = p.err();
     let up =
