@@ -654,7 +654,9 @@ impl<W: SimWorkload> Cluster<W> {
 
     /// The rank `f` names, if it names one that is not running.
     fn idle_target(&self, f: &Fault) -> Option<u32> {
-        let (Fault::KillRank(r) | Fault::WedgeRank(r) | Fault::SlowRank { rank: r, .. }) = f else {
+        let (Fault::KillRank(r) | Fault::WedgeRank(r) | Fault::ExitRank(r) | Fault::SlowRank { rank: r, .. }) =
+            f
+        else {
             return None;
         };
         let Some(n) = self.rank_node(*r) else { return Some(*r) };
@@ -714,6 +716,11 @@ impl<W: SimWorkload> Cluster<W> {
             Fault::Abort => {
                 self.world
                     .command::<ControllerNode, _>(self.controller, |c, now| c.abort(now, "launcher abort"));
+            }
+            Fault::ExitRank(r) => {
+                if let Some(n) = self.rank_node(r) {
+                    self.world.command::<SimRank<W>, _>(n, |rank, now| rank.exit(now));
+                }
             }
             Fault::SlowRank { rank, factor } => {
                 if let Some(n) = self.rank_node(rank) {

@@ -186,6 +186,7 @@ pub fn random_scenario(seed: u64) -> Scenario {
             FaultKind::SlowLink => Fault::SlowLink { host, latency_ms: r.uniform(1.0, 500.0) },
             FaultKind::ResetHost => Fault::ResetHost(host),
             FaultKind::OperatorStart => Fault::OperatorStart,
+            FaultKind::ExitRank => Fault::ExitRank(rank),
         };
         sc.faults.push(FaultAt { at_s: at, fault });
     }

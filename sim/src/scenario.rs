@@ -291,6 +291,10 @@ pub enum Fault {
     /// Every connection of every process on that host is reset (RST both
     /// ways); the processes live on.
     ResetHost(String),
+    /// The rank's program returns early, mid-epoch, as a user's rank
+    /// program may: it announces `Exiting`, closes and exits 0, and its
+    /// agent reports the exit code.
+    ExitRank(u32),
 }
 
 /// The kinds of [`Fault`], as a scenario file names them.
@@ -318,11 +322,13 @@ pub enum FaultKind {
     ResetHost,
     /// [`Fault::OperatorStart`].
     OperatorStart,
+    /// [`Fault::ExitRank`].
+    ExitRank,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::KillRank,
         FaultKind::WedgeRank,
         FaultKind::KillHost,
@@ -334,6 +340,7 @@ impl FaultKind {
         FaultKind::SlowLink,
         FaultKind::ResetHost,
         FaultKind::OperatorStart,
+        FaultKind::ExitRank,
     ];
 
     /// The key a scenario file gives it (`"kill_rank"`, ...).
@@ -355,6 +362,7 @@ impl FaultKind {
             FaultKind::SlowLink => "slow_link",
             FaultKind::ResetHost => "reset_host",
             FaultKind::OperatorStart => "operator_start",
+            FaultKind::ExitRank => "exit_rank",
         }
     }
 }
@@ -380,6 +388,7 @@ impl Fault {
             Fault::SlowLink { .. } => FaultKind::SlowLink,
             Fault::ResetHost(_) => FaultKind::ResetHost,
             Fault::OperatorStart => FaultKind::OperatorStart,
+            Fault::ExitRank(_) => FaultKind::ExitRank,
         }
     }
 }
@@ -416,6 +425,8 @@ struct RawFault {
     latency_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reset_host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    exit_rank: Option<u32>,
 }
 
 impl TryFrom<RawFault> for FaultAt {
@@ -464,10 +475,13 @@ impl TryFrom<RawFault> for FaultAt {
         if let Some(h) = r.reset_host {
             found.push(Fault::ResetHost(h));
         }
+        if let Some(n) = r.exit_rank {
+            found.push(Fault::ExitRank(n));
+        }
         match found.len() {
             1 => Ok(FaultAt { at_s: r.at_s, fault: found.remove(0) }),
             0 => Err("a fault needs one of kill_rank, kill_host, wedge_rank, partition_host, corrupt_link, \
-                      kill_controller, operator_start, abort, slow_rank, slow_link, reset_host"
+                      kill_controller, operator_start, abort, slow_rank, slow_link, reset_host, exit_rank"
                 .into()),
             _ => Err("a fault entry holds exactly one fault".into()),
         }
@@ -498,6 +512,7 @@ impl From<FaultAt> for RawFault {
                 r.latency_ms = Some(latency_ms);
             }
             Fault::ResetHost(h) => r.reset_host = Some(h),
+            Fault::ExitRank(n) => r.exit_rank = Some(n),
         }
         r
     }
@@ -867,7 +882,12 @@ impl Scenario {
     pub fn check_fault(&self, fault: &Fault) -> Result<(), ScenarioError> {
         let world = self.world_size();
         match fault {
-            Fault::KillRank(r) | Fault::WedgeRank(r) | Fault::SlowRank { rank: r, .. } if *r >= world => {
+            Fault::KillRank(r)
+            | Fault::WedgeRank(r)
+            | Fault::ExitRank(r)
+            | Fault::SlowRank { rank: r, .. }
+                if *r >= world =>
+            {
                 let field = fault.kind().name();
                 return Err(ScenarioError::new(field, format!("rank {r} is outside the world of {world}")));
             }

@@ -627,10 +627,17 @@ pub fn check_assignments(
                     return Err(format!("{t}: epoch {ep}: plans cover {cursor} of {samples} samples"));
                 }
             }
-            CoordinatorEvent::RankDead { rank, epoch: ep, remainder, .. } => {
-                dead.insert(*rank);
+            // A dead rank's remainder, or (cohort's rules) an exited one's,
+            // is handed out in whole batches.
+            CoordinatorEvent::RankDead { rank, epoch: ep, remainder, .. }
+            | CoordinatorEvent::RankExited { rank, epoch: ep, remainder, .. } => {
+                if matches!(e, CoordinatorEvent::RankDead { .. }) {
+                    dead.insert(*rank);
+                } else {
+                    exited.insert(*rank);
+                }
                 if ep.is_some() && *ep != epoch {
-                    return Err(format!("{t}: rank {rank} died in epoch {ep:?}, the run is in {epoch:?}"));
+                    return Err(format!("{t}: rank {rank} left in epoch {ep:?}, the run is in {epoch:?}"));
                 }
                 for seg in remainder {
                     for s in seg.offset..seg.end() {
@@ -649,9 +656,6 @@ pub fn check_assignments(
                     owed.insert(*rank, n);
                 }
             }
-            CoordinatorEvent::RankExited { rank } => {
-                exited.insert(*rank);
-            }
             CoordinatorEvent::PartitionExtended { epoch: ep, from, rank, segment } => {
                 if Some(*ep) != epoch {
                     return Err(format!("{t}: extension for epoch {ep} during {epoch:?}"));
@@ -660,7 +664,7 @@ pub fn check_assignments(
                     return Err(format!("{t}: extension to gone rank {rank}"));
                 }
                 for s in segment.offset..segment.end() {
-                    if owner.get(&s) != Some(from) || !dead.contains(from) {
+                    if owner.get(&s) != Some(from) || !(dead.contains(from) || exited.contains(from)) {
                         return Err(format!(
                             "{t}: sample {s} moved from {from} which did not own it or lives"
                         ));

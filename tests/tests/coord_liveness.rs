@@ -108,7 +108,7 @@ fn exiting_rank_is_latched_as_exited_and_never_declared_dead() {
     let mut s = started(CoordConfig::new(2, 1, 10, 1), Time::ZERO);
     s.on_timing(Time::from_secs(1), 1, TimingMsgWire::Exiting { rank: 1 });
     let ev = events(&drain(&mut s));
-    assert!(ev.contains(&CoordinatorEvent::RankExited { rank: 1 }));
+    assert!(ev.iter().any(|e| matches!(e, CoordinatorEvent::RankExited { rank: 1, .. })), "{ev:?}");
     let st = keep_alive(&mut s, &[0], 2, 200);
     assert!(deaths(&st).is_empty(), "an exited rank is never stale");
     assert_eq!(s.liveness().get(1), Some(Life::Exited));
@@ -164,7 +164,7 @@ fn launcher_nonzero_exit_declares_dead_and_zero_exit_latches_exited() {
     )));
     s.rank_exited(Time::from_secs(3), 2, 0);
     let ev = events(&drain(&mut s));
-    assert_eq!(ev, vec![CoordinatorEvent::RankExited { rank: 2 }]);
+    assert!(matches!(ev.first(), Some(CoordinatorEvent::RankExited { rank: 2, .. })), "{ev:?}");
     assert_eq!(s.liveness().get(2), Some(Life::Exited));
     // A repeated report changes nothing.
     s.rank_exited(Time::from_secs(4), 1, 1);

@@ -330,7 +330,21 @@ fn coord(c: &CoordinatorEvent) -> Line {
         CoordinatorEvent::BadMessage { rank, error } => {
             line(Warn, "bad_message", format!("control plane: dropped a message of rank {rank}: {error}"))
         }
-        CoordinatorEvent::RankExited { rank } => line(Info, "rank_left", format!("rank {rank} left cleanly")),
+        CoordinatorEvent::RankExited { rank, epoch: Some(e), processed, remainder }
+            if !remainder.is_empty() =>
+        {
+            let left: u64 = remainder.iter().map(|s| s.size).sum();
+            line(
+                Info,
+                "rank_left",
+                format!(
+                    "rank {rank} left cleanly mid-epoch (epoch {e}: {processed} samples done, {left} left over)"
+                ),
+            )
+        }
+        CoordinatorEvent::RankExited { rank, .. } => {
+            line(Info, "rank_left", format!("rank {rank} left cleanly"))
+        }
         CoordinatorEvent::RankDead { rank, cause, epoch, processed, remainder } => {
             let left: u64 = remainder.iter().map(|s| s.size).sum();
             let epoch = epoch.map_or("-".to_owned(), |e| e.to_string());

@@ -424,10 +424,21 @@ pub enum CoordinatorEvent {
         /// What was wrong.
         error: WireError,
     },
-    /// A rank left cleanly (`Exiting`, or exit code 0); it is not dead.
+    /// A rank left cleanly (`Exiting`, or exit code 0); it is not dead and
+    /// does not count against the failure budget. Under cohort's rules what
+    /// it had not processed of the epoch in progress is handed out as a
+    /// dead rank's is (the [`CoordinatorEvent::PartitionExtended`] events or
+    /// reclaimed chunks that follow); flodl 0.8 only latches the exit, so its
+    /// `remainder` is never trained (docs/DIFFERENCES.md).
     RankExited {
         /// The rank.
         rank: u32,
+        /// The epoch in progress, if any.
+        epoch: Option<u64>,
+        /// Samples it is known to have processed in that epoch.
+        processed: u64,
+        /// Its unprocessed segments, in walk order.
+        remainder: Vec<Segment>,
     },
     /// A rank was declared dead. `remainder` is what it had not processed
     /// of its current epoch (computed before anything else), redistributed

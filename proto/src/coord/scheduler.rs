@@ -37,6 +37,15 @@ pub enum Phase {
     Ended(RunEnd),
 }
 
+/// How a rank leaves the run.
+#[derive(Debug, Clone, Copy)]
+enum Leaving {
+    /// Declared dead.
+    Died(DeathCause),
+    /// Exited cleanly (cohort's rules; flodl's only latch an exit).
+    Exited,
+}
+
 #[derive(Debug, Clone, Default)]
 struct RankBook {
     /// Highest step count reported.
@@ -345,11 +354,20 @@ impl Scheduler {
     /// moved to a later epoch (flodl serves a rank only from its own epoch
     /// or the next), or while the epoch's pinned final window gives every
     /// rank not dead nothing and none has a chunk in flight (flodl keeps a
-    /// pin made before a death). Under flodl's rules either is a hang: the
-    /// epoch never aggregates. cohort's rules serve the oldest pool first
-    /// and re-pin on a death.
+    /// pin made before a death), or while a rank that exited cleanly holds
+    /// chunks it will never complete (flodl only latches an exit). Under
+    /// flodl's rules each is a hang: the epoch never aggregates. cohort's
+    /// rules serve the oldest pool first, re-pin on a death and take an
+    /// exited rank's chunks back.
     pub fn stranded(&self) -> Option<(u64, u64)> {
         let ch = self.chunks.as_ref()?;
+        let exited = |r: u32| self.live.is_exited(r);
+        if let Some((&epoch, pool)) =
+            ch.pools.iter().find(|(_, p)| (0..self.cfg.world_size).any(|r| exited(r) && p.in_flight(r) > 0))
+        {
+            let held: u64 = (0..self.cfg.world_size).filter(|&r| exited(r)).map(|r| pool.in_flight(r)).sum();
+            return Some((epoch, pool.remaining() + held));
+        }
         let (&epoch, pool) = ch.pools.iter().find(|(_, p)| p.remaining() > 0)?;
         let live: Vec<u32> = (0..self.cfg.world_size).filter(|&r| !self.live.is_dead(r)).collect();
         if live.is_empty() {
@@ -703,11 +721,30 @@ impl Scheduler {
     // Deaths and exits
     // ----------------------------------------------------------------
 
+    /// A clean exit. flodl latches it and nothing else: the rank still
+    /// holds cycles and epochs open and keeps its work. Under cohort's rules
+    /// the rank leaves as a dead one does (its work handed out, its roles
+    /// moved, the budget checked), without counting as a failure.
     fn exit(&mut self, now: Time, rank: u32) {
-        if !self.live.latch_exit(rank) {
+        if self.cfg.rules == Rules::Cohort {
+            if self.leave(rank, Leaving::Exited) {
+                self.after_leaving(now);
+            }
             return;
         }
-        self.event(CoordinatorEvent::RankExited { rank });
+        if !self.live.is_alive(rank) {
+            return;
+        }
+        // What it had not processed stays its own, never trained.
+        let (epoch, processed, remainder) = match &self.epoch {
+            Some(ep) if !ep.aggregated && !self.progressive() => {
+                let done = self.processed(ep, rank);
+                (Some(ep.epoch), done, ep.assigned[rank as usize].remainder(done))
+            }
+            _ => (None, 0, Vec::new()),
+        };
+        self.live.latch_exit(rank);
+        self.event(CoordinatorEvent::RankExited { rank, epoch, processed, remainder });
         if !self.running() {
             return;
         }
@@ -726,16 +763,17 @@ impl Scheduler {
     fn deaths(&mut self, now: Time, list: &[(u32, DeathCause)]) {
         let mut any = false;
         for &(r, cause) in list {
-            any |= self.process_death(r, cause);
+            any |= self.leave(r, Leaving::Died(cause));
         }
         if any {
-            self.after_deaths(now);
+            self.after_leaving(now);
         }
     }
 
-    /// One death, in the stated order: remainder, mark dead, role
-    /// failover, `DeclareDead` (NCCL), `ExtendPartition` slices.
-    fn process_death(&mut self, r: u32, cause: DeathCause) -> bool {
+    /// One rank leaving (a death, or a clean exit under cohort's rules), in
+    /// the stated order: remainder, ledger, role failover, `DeclareDead`
+    /// (NCCL), `ExtendPartition` slices.
+    fn leave(&mut self, r: u32, how: Leaving) -> bool {
         if !self.live.is_alive(r) || self.ended() {
             return false;
         }
@@ -763,17 +801,20 @@ impl Scheduler {
             _ => (None, 0, Vec::new()),
         };
         // 2. The ledger.
-        self.live.mark_dead(r);
+        let event = match how {
+            Leaving::Died(cause) => {
+                self.live.mark_dead(r);
+                CoordinatorEvent::RankDead { rank: r, cause, epoch, processed, remainder: remainder.clone() }
+            }
+            Leaving::Exited => {
+                self.live.latch_exit(r);
+                CoordinatorEvent::RankExited { rank: r, epoch, processed, remainder: remainder.clone() }
+            }
+        };
         if let Some(e) = self.el_che.as_mut() {
             let _ = e.on_dead(r);
         }
-        self.event(CoordinatorEvent::RankDead {
-            rank: r,
-            cause,
-            epoch,
-            processed,
-            remainder: remainder.clone(),
-        });
+        self.event(event);
         if !self.running() {
             return true;
         }
@@ -821,7 +862,7 @@ impl Scheduler {
         true
     }
 
-    fn after_deaths(&mut self, now: Time) {
+    fn after_leaving(&mut self, now: Time) {
         let c = &self.cfg;
         if let Some(reason) = unrecoverable(
             c.failure_budget,
@@ -1576,7 +1617,10 @@ impl Scheduler {
             // are taken before any is sent.
             let fold = self.cfg.policy == ApplyPolicy::Cadence;
             let plans: Vec<(u32, Option<EpochPlanWire>)> =
-                to.iter().map(|&r| (r, if fold { self.fold_chunk(r, version) } else { None })).collect();
+                // A rank that left cleanly (cohort's rules) is folded nothing.
+                to.iter()
+                    .map(|&r| (r, if fold && self.holds(r) { self.fold_chunk(r, version) } else { None }))
+                    .collect();
             for (r, next_plan) in plans {
                 self.send(vec![r], ControlMsgWire::Update { version, next_plan });
             }
@@ -1761,7 +1805,7 @@ impl Scheduler {
             return;
         }
         for r in 0..self.cfg.world_size {
-            if !self.live.is_dead(r) && !self.in_flight(r) {
+            if self.holds(r) && !self.in_flight(r) {
                 self.next_chunk(r);
             }
         }
@@ -2056,7 +2100,7 @@ impl Scheduler {
             return;
         }
         for r in 0..self.cfg.world_size {
-            if !self.live.is_dead(r) && !self.in_flight(r) {
+            if self.holds(r) && !self.in_flight(r) {
                 self.next_chunk(r);
             }
         }

@@ -256,6 +256,8 @@ pub struct RankNode<W> {
     /// exits unless its control leg ends first; training stopped.
     data_lost: Option<(Time, String)>,
     ended: bool,
+    /// It ended by [`RankNode::exit`]: a clean exit, whatever the workload did.
+    left_early: bool,
     out: Outbox<RankNodeEvent>,
 }
 
@@ -311,6 +313,7 @@ impl<W: Workload> RankNode<W> {
             rounds_done: 0,
             data_lost: None,
             ended: false,
+            left_early: false,
             out: Outbox::default(),
             cfg,
         };
@@ -355,9 +358,26 @@ impl<W: Workload> RankNode<W> {
     }
 
     /// The exit code a rank process would end with: 0 after a clean
-    /// shutdown, 1 after a failure, `None` while it runs.
+    /// shutdown or a clean early [`RankNode::exit`], 1 after a failure,
+    /// `None` while it runs.
     pub fn exit_code(&self) -> Option<i32> {
-        self.ended.then_some(if self.workload.finished() { 0 } else { 1 })
+        self.ended.then_some(if self.left_early || self.workload.finished() { 0 } else { 1 })
+    }
+
+    /// The rank's program returns now, mid-run (as a user's training loop
+    /// may): it announces `Exiting`, closes its legs and ends with exit
+    /// code 0. Nothing if it has already ended.
+    pub fn exit(&mut self, now: Time) {
+        if self.ended {
+            return;
+        }
+        self.left_early = true;
+        if let Some(control) = self.control.as_mut() {
+            let _ = control.exiting();
+            control.close();
+        }
+        self.end(RankNodeEvent::Exited);
+        self.pump(now);
     }
 
     fn close_control(&mut self) {

@@ -77,19 +77,19 @@ impl CoverageCheck {
     /// One controller event: plans, extensions and deaths.
     pub fn event(&mut self, ev: &ControllerNodeEvent) {
         if let ControllerNodeEvent::Coord(
-            CoordinatorEvent::RankDead { rank, .. } | CoordinatorEvent::RankExited { rank },
+            CoordinatorEvent::RankDead { rank, .. } | CoordinatorEvent::RankExited { rank, .. },
         ) = ev
         {
             self.gone.insert(*rank);
         }
         match ev {
-            ControllerNodeEvent::Coord(CoordinatorEvent::RankDead {
-                rank,
-                epoch: Some(e),
-                processed,
-                remainder,
-                ..
-            }) => {
+            // A rank that left (dead, or exited cleanly): what it had not
+            // processed is handed out (or, under flodl's rules for an exit,
+            // kept and never trained: nobody is asked for it).
+            ControllerNodeEvent::Coord(
+                CoordinatorEvent::RankDead { rank, epoch: Some(e), processed, remainder, .. }
+                | CoordinatorEvent::RankExited { rank, epoch: Some(e), processed, remainder },
+            ) => {
                 self.remainders.entry(*e).or_default().extend(remainder.iter().map(|s| (s.offset, s.size)));
                 let mut left = *processed;
                 let mut known = Vec::new();

@@ -209,7 +209,7 @@ impl Checker {
             Fault::SlowRank { .. } | Fault::SlowLink { .. } => {}
             Fault::KillController => facts.controller_lost = Some(at),
             Fault::Abort => facts.aborted = Some(at),
-            Fault::OperatorStart => {}
+            Fault::OperatorStart | Fault::ExitRank(_) => {}
         }
     }
 
