@@ -124,3 +124,43 @@ fn huge_step_counts_do_not_overflow_remainders_or_global_steps() {
     // The global step counts batch reports (one each), not step counts.
     assert_eq!(s.global_step(), 2);
 }
+
+fn confined(rules: cohort_proto::config::Rules) -> (Vec<ConnId>, Vec<CoordinatorEvent>, bool) {
+    let mut cfg = CoordConfig::new(4, 1, 40, 1);
+    cfg.rules = rules;
+    let mut c = Coordinator::new(cfg, key(), Time::ZERO).unwrap();
+    c.admit_hosts([("a".to_string(), vec![0, 1]), ("b".to_string(), vec![2, 3])]);
+    // Host b's compromised relay claims a's ranks too, before a's relay.
+    let liar = FakeRelay::new(ConnId(1));
+    c.adopt(Time::ZERO, liar.conn, Peer::REMOTE, &liar.hello("b", &[0, 1, 2, 3], [0; 32]));
+    let a = FakeRelay::new(ConnId(2));
+    c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], [0; 32]));
+    let b = FakeRelay::new(ConnId(3));
+    c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[2, 3], [0; 32]));
+    let d = drain_machine(&mut c, Time::from_millis(1));
+    (d.closed, d.events, c.is_forming())
+}
+
+/// BEHAVIOUR.md Coordinator [C1b]: a relay's hello must name an admitted host and announce exactly its ranks; a claim of another host's ranks costs only the claimant
+#[test]
+fn a_relay_claiming_another_hosts_ranks_is_refused_and_the_honest_relays_form_the_world() {
+    let (closed, events, forming) = confined(cohort_proto::config::Rules::Cohort);
+    assert_eq!(closed, vec![ConnId(1)], "only the liar's connection closes");
+    let joined: Vec<(String, Vec<u32>)> = events
+        .iter()
+        .filter_map(|e| match e {
+            CoordinatorEvent::RelayJoined { host, ranks, .. } => Some((host.clone(), ranks.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(joined, vec![("a".to_string(), vec![0, 1]), ("b".to_string(), vec![2, 3])]);
+    assert!(!forming, "the honest relays covered the world");
+}
+
+/// docs/DIFFERENCES.md: flodl 0.8 takes the first claim of a rank, so the honest relay is the one refused
+#[test]
+fn under_flodls_rules_the_first_claim_of_a_rank_wins_as_flodl_does() {
+    let (closed, _, forming) = confined(cohort_proto::config::Rules::Flodl);
+    assert_eq!(closed, vec![ConnId(2), ConnId(3)], "both honest relays are refused");
+    assert!(!forming, "the world formed on the liar's claim alone");
+}

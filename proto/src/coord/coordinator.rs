@@ -105,6 +105,9 @@ pub struct Coordinator {
     /// never needs a scan of every relay).
     hello_deadlines: BTreeSet<(Time, ConnId)>,
     routes: BTreeMap<u32, ConnId>,
+    /// The world as the join window admitted it: each host's ranks
+    /// ([`Coordinator::admit_hosts`]); a relay's hello is held to it.
+    admitted: Option<BTreeMap<String, Vec<u32>>>,
     out: Outbox<CoordinatorEvent>,
 }
 
@@ -129,10 +132,20 @@ impl Coordinator {
             relays: BTreeMap::new(),
             hello_deadlines: BTreeSet::new(),
             routes: BTreeMap::new(),
+            admitted: None,
             out: Outbox::default(),
         };
         c.pump();
         Ok(c)
+    }
+
+    /// The hosts the join window admitted and their ranks. Under cohort's
+    /// rules a relay's hello must then name an admitted host and announce
+    /// exactly its ranks: a relay claiming another host's ranks is refused,
+    /// and only it pays. flodl 0.8 checks the ranks only against the world
+    /// and what was announced before (docs/DIFFERENCES.md).
+    pub fn admit_hosts(&mut self, hosts: impl IntoIterator<Item = (String, Vec<u32>)>) {
+        self.admitted = Some(hosts.into_iter().collect());
     }
 
     /// The decision core (read-only).
@@ -292,6 +305,13 @@ impl Coordinator {
             Some(format!("ranks {ranks:?} are not strictly ascending"))
         } else if let Some(r) = ranks.iter().find(|&&r| r >= cfg.world_size) {
             Some(format!("rank {r} is outside the world of {}", cfg.world_size))
+        } else if let Some(admitted) = self.admitted.as_ref().filter(|_| cfg.rules == Rules::Cohort)
+            && admitted.get(&host) != Some(&ranks)
+        {
+            Some(match admitted.get(&host) {
+                Some(own) => format!("announced ranks {ranks:?}, but the host was admitted with {own:?}"),
+                None => "no such host was admitted".to_string(),
+            })
         } else if let Some(r) = ranks.iter().find(|r| self.routes.contains_key(r)) {
             Some(format!("rank {r} was already announced by another relay"))
         } else if let Some(expected) = cfg.model_sig

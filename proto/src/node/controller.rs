@@ -416,10 +416,11 @@ impl ControllerNode {
         run.world_size = world_size;
         run.device_indices = (0..world_size).map(|r| (r % 256) as u8).collect();
         run.timeout_scale = self.cfg.timeout_scale;
-        let coord = match Coordinator::new(run, self.key.clone(), now) {
+        let mut coord = match Coordinator::new(run, self.key.clone(), now) {
             Ok(c) => c,
             Err(e) => return self.finish(ControllerOutcome::Failed(format!("run configuration: {e}"))),
         };
+        coord.admit_hosts(self.window.members().map(|(_, m)| (m.host.clone(), m.ranks.clone().collect())));
         self.coord = Some(coord);
         if self.cfg.run.backend == Backend::Cpu {
             let mut rc = ReduceConfig::new(world_size, self.key.clone());
