@@ -128,6 +128,7 @@ fn formation_fails_by_name_when_the_relays_do_not_cover_the_world_in_time() {
     use cohort_proto::coord::FormationFailure;
     for (scale, secs) in [(1.0, 60u64), (0.15, 9), (0.1, 6), (2.5, 150)] {
         let mut cfg = CoordConfig::new(3, 1, 30, 1);
+        cfg.rules = cohort_proto::config::Rules::Flodl;
         cfg.timeout_scale = TimeoutScale::new(scale).unwrap();
         let mut c = Coordinator::new(cfg, key(), Time::ZERO).unwrap();
         let a = FakeRelay::new(ConnId(1));
@@ -150,6 +151,43 @@ fn formation_fails_by_name_when_the_relays_do_not_cover_the_world_in_time() {
         );
         assert!(!c.is_forming());
     }
+}
+
+/// BEHAVIOUR.md Coordinator [C1c]: at formation's deadline the unannounced ranks are declared dead and the run begins without them (none announced: formation fails)
+#[test]
+fn at_formations_deadline_the_unannounced_ranks_die_and_the_run_begins_without_them() {
+    use cohort_proto::coord::{DeathCause, FormationFailure};
+    let mut c = Coordinator::new(CoordConfig::new(3, 1, 30, 1), key(), Time::ZERO).unwrap();
+    let mut a = FakeRelay::new(ConnId(1));
+    c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], [0; 32]));
+    drain_machine(&mut c, Time::ZERO);
+    let deadline = Time::from_secs(60);
+    c.handle(deadline, Input::Timeout);
+    let d = drain_machine(&mut c, deadline);
+    assert!(
+        matches!(
+            d.events.first(),
+            Some(CoordinatorEvent::RankDead { rank: 2, cause: DeathCause::NotAnnounced, .. })
+        ),
+        "{:?}",
+        d.events
+    );
+    assert!(!c.is_forming() && c.scheduler().liveness().is_alive(0));
+    let got = a.decode(&d.bytes[&a.conn]);
+    let plans: Vec<u32> = got
+        .iter()
+        .filter_map(|m| match m {
+            RelayIn::ToRank(r, ControlMsgWire::StartEpoch(p)) if p.partition_size > 0 => Some(*r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(plans, vec![0, 1], "the announced ranks train");
+    // Nobody announced at all: formation fails, as flodl's does.
+    let mut c = Coordinator::new(CoordConfig::new(3, 1, 30, 1), key(), Time::ZERO).unwrap();
+    c.handle(deadline, Input::Timeout);
+    let d = drain_machine(&mut c, deadline);
+    let why = FormationFailure::Deadline(Duration::from_secs(60));
+    assert_eq!(d.events, vec![CoordinatorEvent::FormationFailed { covered: 0, world_size: 3, why }]);
 }
 
 #[test]

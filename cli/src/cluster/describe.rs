@@ -538,6 +538,7 @@ fn death_kind(c: &DeathCause) -> &'static str {
         DeathCause::RelayLost => "relay_lost",
         DeathCause::DataPlaneLost => "data_plane_lost",
         DeathCause::FrameTooLarge { .. } => "frame_too_large",
+        DeathCause::NotAnnounced => "not_announced",
     }
 }
 

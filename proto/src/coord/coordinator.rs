@@ -358,12 +358,37 @@ impl Coordinator {
         }
         self.out.event(CoordinatorEvent::RelayJoined { conn, host, ranks });
         if self.is_forming() && self.routes.len() as u32 == self.sched.config().world_size {
-            self.formation = Formation::Formed;
-            self.sched.begin(now);
-            for r in core::mem::take(&mut self.reports) {
-                self.report(now, r);
-            }
+            self.begin(now);
         }
+    }
+
+    /// Every rank is announced (or the rest were declared dead): the run
+    /// begins and the reports held while forming are applied.
+    fn begin(&mut self, now: Time) {
+        self.formation = Formation::Formed;
+        self.sched.begin(now);
+        for r in core::mem::take(&mut self.reports) {
+            self.report(now, r);
+        }
+    }
+
+    /// Formation's deadline passed with ranks unannounced. flodl's whole
+    /// formation fails. Under cohort's rules, once some relay announced its
+    /// ranks, the rest are declared dead (`NotAnnounced`, against the
+    /// failure budget) and the run begins without them: a host whose relay
+    /// never came (or was refused for lying) costs its own ranks only.
+    fn formation_deadline(&mut self, now: Time) {
+        let cfg = self.sched.config();
+        if cfg.rules == Rules::Flodl || self.routes.is_empty() {
+            let timeout = cfg.timeout_scale.scaled_secs(COORD_FORMATION);
+            return self.give_up(FormationFailure::Deadline(timeout));
+        }
+        let missing: Vec<(u32, DeathCause)> = (0..cfg.world_size)
+            .filter(|r| !self.routes.contains_key(r))
+            .map(|r| (r, DeathCause::NotAnnounced))
+            .collect();
+        self.sched.report_deaths(now, &missing);
+        self.begin(now);
     }
 
     /// Refuses a relay's hello: its connection closes, no reply (and under
@@ -502,8 +527,7 @@ impl Machine for Coordinator {
             }
             Input::Timeout => {
                 if matches!(self.formation, Formation::Forming { deadline } if deadline <= now) {
-                    let timeout = self.sched.config().timeout_scale.scaled_secs(COORD_FORMATION);
-                    self.give_up(FormationFailure::Deadline(timeout));
+                    self.formation_deadline(now);
                 }
                 let late: Vec<ConnId> =
                     self.hello_deadlines.iter().take_while(|(t, _)| *t <= now).map(|(_, c)| *c).collect();

@@ -277,6 +277,10 @@ pub enum DeathCause {
         /// The frame's length.
         len: u64,
     },
+    /// No relay announced it before formation's deadline, while others
+    /// were (cohort's rules: the run begins without it; flodl's formation
+    /// fails as a whole).
+    NotAnnounced,
 }
 
 impl fmt::Display for DeathCause {
@@ -291,6 +295,7 @@ impl fmt::Display for DeathCause {
             DeathCause::FrameTooLarge { len } => {
                 write!(f, "sent a control frame of {len} bytes, over the limit")
             }
+            DeathCause::NotAnnounced => f.write_str("no relay announced it before formation's deadline"),
         }
     }
 }
