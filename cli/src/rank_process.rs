@@ -157,6 +157,7 @@ pub fn spec_for(env: &Envelope, local: usize, opts: &RankOptions) -> Result<Rank
         model_sig: [0; 32],
         timeout_scale,
         workload: Some(workload),
+        envelope_hex: env.to_hex(),
     })
 }
 

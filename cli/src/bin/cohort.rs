@@ -1,6 +1,8 @@
 //! `cohort`: cohort's command-line program.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -43,7 +45,10 @@ enum Cmd {
     /// reduce behind one port, until the run ends.
     Controller(ControllerArgs),
     /// Run a worker host: join the controller, then run the host's relays
-    /// and K synthetic-workload ranks on loopback until they exit.
+    /// and its K ranks until they exit: the synthetic workload, or your own
+    /// program per rank (`cohort agent ... -- CMD ARGS`, as `torchrun
+    /// --nproc-per-node K` and flodl's agent run theirs).
+    #[command(after_long_help = AGENT_PROGRAM_HELP)]
     Agent(AgentArgs),
     /// Run one rank as a child of a worker agent (flodl 0.8's or any that
     /// sets FLODL_INTERNAL_CLUSTER_JSON and FLODL_INTERNAL_LOCAL_RANK): the
@@ -174,6 +179,35 @@ struct ControllerArgs {
     common: Common,
 }
 
+/// What `cohort agent --help` says about `-- CMD ARGS`.
+const AGENT_PROGRAM_HELP: &str = "\
+Rank programs (`-- CMD ARGS`):
+  When the world forms, the agent starts CMD ARGS once per admitted rank, as
+  `torchrun --nproc-per-node K train.py` starts its workers and flodl 0.8's
+  agent its rank program. Each child gets, besides the agent's environment:
+    FLODL_INTERNAL_CLUSTER_JSON  the hex of the world's envelope for this host
+                                 (flodl's shape; the controller address is the
+                                 one this agent joined at)
+    FLODL_INTERNAL_LOCAL_RANK    its index into the envelope's worker ranks
+    RANK, LOCAL_RANK             its global rank, its index on this host
+    WORLD_SIZE, LOCAL_WORLD_SIZE ranks in the world, ranks on this host
+    MASTER_ADDR, MASTER_PORT     the controller's address as this agent joined
+                                 it (the control plane, not a c10d store)
+    CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES
+                                 its device (LOCAL_RANK), pinned as flodl's agent
+                                 pins it (CUDA_DEVICE_ORDER=PCI_BUS_ID)
+    FLODL_NET_TIMEOUT_SCALE      the agent's --timeout-scale
+  A flodl `Trainer` program, or `cohort rank`, runs as a rank unchanged. The
+  host's relays listen where such a rank looks: the controller's port + 5 and
+  + 4 on loopback (so --relay-ports flodl is implied; one host per address).
+  A rank checks its host name against --host: set FLODL_HOST_NAME when they
+  differ. Each child runs in a process group of its own; its output lines
+  pass through prefixed `[HOST:DEVICE:rRANK] `. Its exit code goes to the
+  controller as it exits (a signal as 128 + signal; 137 for SIGKILL); nothing
+  is restarted. On SIGTERM or SIGINT the agent sends SIGTERM to every child
+  still running, SIGKILL after --grace-secs, reports their exits and ends; a
+  second SIGINT ends the agent at once.";
+
 #[derive(Debug, Args)]
 struct AgentArgs {
     /// The controller's address.
@@ -194,9 +228,18 @@ struct AgentArgs {
     salt: Option<String>,
     /// Where the host's relays listen: ports the system picks (several
     /// hosts on one machine), or flodl's layout (the controller's port + 5
-    /// and + 4 on loopback, where flodl's ranks look).
-    #[arg(long, value_enum, default_value_t = RelayPorts::Ephemeral)]
-    relay_ports: RelayPorts,
+    /// and + 4 on loopback, where flodl's ranks look). Default: ephemeral
+    /// for the synthetic workload, flodl with a rank program.
+    #[arg(long, value_enum)]
+    relay_ports: Option<RelayPorts>,
+    /// Seconds a rank program has between SIGTERM and SIGKILL when the
+    /// agent stops.
+    #[arg(long, default_value = "5", value_parser = args::seconds)]
+    grace_secs: Duration,
+    /// The program each rank runs (after `--`), with its arguments; without
+    /// it the ranks run the synthetic workload.
+    #[arg(last = true, value_name = "CMD ARGS")]
+    program: Vec<String>,
     /// What the ranks train when the controller does not say (a flodl
     /// controller never does): samples per batch and model elements.
     #[arg(long, default_value_t = 1)]
@@ -505,21 +548,57 @@ fn agent(a: AgentArgs) -> i32 {
              earlier run under the same salt can take its place; docs/SECURITY.md"
         );
     }
-    p.relay_listen = match a.relay_ports {
-        RelayPorts::Ephemeral => RelayListen::Ephemeral,
-        RelayPorts::Flodl => RelayListen::Flodl,
+    p.relay_listen = match (a.relay_ports, a.program.is_empty()) {
+        (Some(RelayPorts::Ephemeral), false) => {
+            return fail(
+                "--relay-ports ephemeral with a rank program: the program finds its relays at the \
+                 controller's port + 5 and + 4 (flodl's layout)",
+            );
+        }
+        (None | Some(RelayPorts::Ephemeral), true) => RelayListen::Ephemeral,
+        (Some(RelayPorts::Flodl), _) | (None, false) => RelayListen::Flodl,
     };
+    p.program = a.program.clone();
+    p.grace = a.grace_secs;
+    // SIGTERM or SIGINT: stop the ranks and report their exits; a second
+    // SIGINT ends the process at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        let registered = signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())
+            .and_then(|_| signal_hook::flag::register(sig, stop.clone()));
+        if let Err(e) = registered {
+            return fail(&format!("installing the signal handlers: {e}"));
+        }
+    }
     p.workload =
         RunKnobs { batch_size: a.batch_size, model_elems: a.model_elems, ..RunKnobs::default() }.workload();
     let host = match MioHost::spawn(p, sink) {
         Ok(h) => h,
         Err(e) => return fail(&format!("starting the agent: {e}")),
     };
-    tracing::info!("agent {} joining {} with {} ranks", a.host, a.connect, a.ranks);
+    match a.program.first() {
+        Some(cmd) => tracing::info!(
+            "agent {} joining {} with {} ranks, each running {cmd}",
+            a.host,
+            a.connect,
+            a.ranks
+        ),
+        None => tracing::info!("agent {} joining {} with {} ranks", a.host, a.connect, a.ranks),
+    }
     let (mut ranks, mut exits, mut worst) = (0usize, 0usize, 0i32);
+    let mut stopping = false;
     let mut narrator = Narrator::default();
     let code = loop {
-        let s = match events.recv_timeout(Duration::from_millis(250)) {
+        if stop.load(Ordering::SeqCst) && !stopping {
+            stopping = true;
+            tracing::warn!("stopping: the ranks still running are told to stop, their exits reported");
+            if host.programs().is_none_or(|p| p.running().is_empty()) {
+                break 1;
+            }
+            host.terminate_programs();
+            worst = 1;
+        }
+        let s = match events.recv_timeout(Duration::from_millis(100)) {
             Ok(s) => s,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => break 1,

@@ -8,6 +8,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use cohort_driver_core::macs::deployed_relay;
 use cohort_driver_mio::{Clock, Config, Driver, NodeEvent, Remote, Runner};
@@ -23,6 +24,7 @@ use cohort_proto::relay::{Relay, RelayConfig, RelayEvent};
 use cohort_proto::rendezvous::UID_BYTES;
 use cohort_proto::wire::SessionSalt;
 
+use super::program::ProgramRanks;
 use super::{ClusterEvent, NodeThread, Sink, Source, Stamped, forward};
 
 /// A rank as the `cohort` program runs it: the synthetic workload.
@@ -61,6 +63,12 @@ pub struct HostParams {
     pub batch_ms: f64,
     /// Relative spread of batch times.
     pub spread: f64,
+    /// The user's program to run as each rank (`cohort agent -- CMD
+    /// ARGS`; [`super::program`]); empty: the synthetic workload.
+    pub program: Vec<String>,
+    /// How long a rank program has between SIGTERM and SIGKILL when the
+    /// host stops.
+    pub grace: Duration,
     /// The driver's knobs for every node of the host.
     pub config: Config,
     /// The shared clock.
@@ -91,6 +99,8 @@ impl HostParams {
             workload: WorkloadSpec::default(),
             batch_ms: 20.0,
             spread: 0.2,
+            program: Vec::new(),
+            grace: Duration::from_secs(5),
             config: Config::scaled(timeout_scale),
             clock: Clock::start(),
         }
@@ -129,6 +139,8 @@ pub struct MioHost {
     name: String,
     agent: NodeThread<HostNode>,
     nodes: Arc<Mutex<Nodes>>,
+    programs: Option<Arc<ProgramRanks>>,
+    grace: Duration,
     clock: Clock,
     sink: Sink,
 }
@@ -139,6 +151,7 @@ struct Starter {
     source: Source,
     sink: Sink,
     nodes: Arc<Mutex<Nodes>>,
+    programs: Option<Arc<ProgramRanks>>,
     agent: Remote<HostNode>,
 }
 
@@ -178,6 +191,9 @@ impl Starter {
 
     fn rank(&self, spec: &RankSpec) -> Result<(), String> {
         let p = &self.params;
+        if let Some(programs) = &self.programs {
+            return programs.start(spec, p.ranks as usize, self.agent.clone());
+        }
         let r = spec.rank;
         let w = spec.workload.unwrap_or(p.workload);
         let seed = 0x5eed ^ u64::from(r);
@@ -188,8 +204,7 @@ impl Starter {
         let config = p.config.clone().for_frame_ceiling(spec.ceiling);
         let runner = Runner::with_clock(node, config, p.clock).map_err(|e| e.to_string())?;
         let sink = self.sink.clone();
-        let mut report =
-            RankReport { to: Some((self.agent.clone(), self.sink.clone())), rank: r, clock: p.clock };
+        let mut report = RankReport::new(self.agent.clone(), self.sink.clone(), r, p.clock);
         let node = NodeThread::spawn(format!("rank-{r}"), runner, move |d, e| {
             let ends = matches!(&e, NodeEvent::Machine(ev) if ev.ends_the_rank());
             forward(&sink, d.now(), &Source::Rank(r), e, ClusterEvent::Rank);
@@ -217,10 +232,11 @@ impl Starter {
     }
 }
 
-/// A rank thread's end, told to its agent and the sink exactly once. If the
-/// thread panics before its rank ended, it is reported as a process that
+/// A rank's end, told to its agent and the sink exactly once. If the thread
+/// holding it panics before its rank ended, it is reported as a process that
 /// panicked exits (code 101), so the agent never waits for it.
-struct RankReport {
+#[derive(Debug)]
+pub(super) struct RankReport {
     to: Option<(Remote<HostNode>, Sink)>,
     rank: u32,
     clock: Clock,
@@ -230,7 +246,13 @@ struct RankReport {
 const PANIC_EXIT: i32 = 101;
 
 impl RankReport {
-    fn ended(&mut self, at: Time, end: RankEnd) {
+    /// The report of `rank`'s end to `agent` and `sink`.
+    pub(super) fn new(agent: Remote<HostNode>, sink: Sink, rank: u32, clock: Clock) -> RankReport {
+        RankReport { to: Some((agent, sink)), rank, clock }
+    }
+
+    /// Reports the rank's end (once; later calls do nothing).
+    pub(super) fn ended(&mut self, at: Time, end: RankEnd) {
         let Some((agent, sink)) = self.to.take() else { return };
         let r = self.rank;
         let _ = agent.with(move |h, now| {
@@ -261,11 +283,14 @@ impl MioHost {
         let runner = Runner::with_clock(host, p.config.clone(), p.clock)?;
         let nodes = Arc::new(Mutex::new(Nodes::default()));
         let source = Source::Host(p.name.as_str().into());
+        let programs = (!p.program.is_empty())
+            .then(|| Arc::new(ProgramRanks::new(p.program.clone(), p.name.clone(), sink.clone(), p.clock)));
         let starter = Starter {
             params: p.clone(),
             source: source.clone(),
             sink: sink.clone(),
             nodes: nodes.clone(),
+            programs: programs.clone(),
             agent: runner.remote(),
         };
         let agent = NodeThread::spawn(format!("{}/agent", p.name), runner, move |d, e| {
@@ -275,7 +300,7 @@ impl MioHost {
             forward(&starter.sink, d.now(), &source, e, ClusterEvent::Host);
             ControlFlow::Continue(())
         })?;
-        Ok(MioHost { name: p.name, agent, nodes, clock: p.clock, sink })
+        Ok(MioHost { name: p.name, agent, nodes, programs, grace: p.grace, clock: p.clock, sink })
     }
 
     /// The host's name.
@@ -286,6 +311,19 @@ impl MioHost {
     /// The agent's node.
     pub fn agent(&self) -> &NodeThread<HostNode> {
         &self.agent
+    }
+
+    /// The rank programs, when the host runs the user's program as its ranks.
+    pub fn programs(&self) -> Option<&ProgramRanks> {
+        self.programs.as_deref()
+    }
+
+    /// Forwards SIGTERM to every rank program still running, then SIGKILL
+    /// after the grace period; their exits are reported as they are reaped.
+    pub fn terminate_programs(&self) {
+        if let Some(p) = &self.programs {
+            p.terminate(self.grace);
+        }
     }
 
     /// Whether the world formed and the host started its relays.
@@ -329,6 +367,11 @@ pub fn stop_all(hosts: Vec<MioHost>) {
     let mut relays = Vec::new();
     let mut ranks = Vec::new();
     for h in hosts {
+        // Rank programs first, while the agent can still report their ends.
+        if let Some(p) = &h.programs {
+            p.terminate(h.grace);
+            p.shutdown();
+        }
         let nodes = std::mem::take(&mut *lock(&h.nodes));
         agents.push(h.agent);
         relays.extend(nodes.relays);
@@ -358,7 +401,7 @@ mod tests {
         let host = HostNode::new(p.host_config(), p.clock.now());
         let runner = Runner::with_clock(host, p.config.clone(), p.clock).unwrap();
         let (sink, events) = std::sync::mpsc::channel();
-        let report = RankReport { to: Some((runner.remote(), sink)), rank: 3, clock: p.clock };
+        let report = RankReport::new(runner.remote(), sink, 3, p.clock);
         let died = std::thread::spawn(move || {
             let _report = report;
             panic!("a bug in the rank");
@@ -369,7 +412,7 @@ mod tests {
         assert_eq!(exits, vec![(Source::Rank(3), ClusterEvent::RankExit { code: PANIC_EXIT })]);
         // A rank that ended normally is not reported again when its thread ends.
         let (sink, events) = std::sync::mpsc::channel();
-        let mut report = RankReport { to: Some((runner.remote(), sink)), rank: 1, clock: p.clock };
+        let mut report = RankReport::new(runner.remote(), sink, 1, p.clock);
         report.ended(p.clock.now(), RankEnd::Exited(0));
         drop(report);
         assert_eq!(events.try_iter().count(), 1);

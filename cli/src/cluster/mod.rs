@@ -9,6 +9,8 @@
 //!   instant on one shared [`Clock`], merged onto one channel;
 //! - [`host::MioHost`]: a worker host: its [`HostNode`], and the relays and
 //!   ranks it asks for once the world forms;
+//! - [`program`]: the user's own program as a host's ranks, one child
+//!   process per rank (`cohort agent -- CMD ARGS`);
 //! - [`describe`]: events as human lines and JSON lines;
 //! - [`demo`]: `cohort demo`, a whole cluster on loopback, every consensus
 //!   checked by proto's consensus oracle;
@@ -20,6 +22,7 @@ pub mod demo;
 pub mod describe;
 pub mod host;
 pub mod http;
+pub mod program;
 
 use std::io;
 use std::net::SocketAddr;

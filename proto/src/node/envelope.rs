@@ -208,6 +208,36 @@ impl Envelope {
     pub fn session_salt(&self) -> Option<SessionSalt> {
         self.salt.as_deref().and_then(|s| SessionSalt::from_hex(s).ok())
     }
+
+    /// The envelope's hex with the controller replaced by `at`, every other
+    /// key kept as it came (keys this type does not know included): what
+    /// flodl 0.8's agent hands a rank program, the address it joined at in
+    /// place of the one the controller wrote.
+    ///
+    /// ```
+    /// use cohort_proto::node::envelope::{ControllerAddr, Envelope};
+    /// use cohort_proto::wire::hex;
+    /// let raw = br#"{"controller":{"host":"10.0.0.9","port":7070},"world_size":2,"num_workers":1,
+    ///     "worker":{"host":"a","ranks":[0,1],"local_devices":[0,1]},"future_key":[1,2]}"#;
+    /// let at = ControllerAddr { host: "127.0.0.1".into(), port: 9000 };
+    /// let out = Envelope::localize_hex(&hex::encode(raw), &at).unwrap();
+    /// let json = String::from_utf8(hex::decode(&out).unwrap()).unwrap();
+    /// assert!(json.contains(r#""future_key":[1,2]"#));
+    /// assert_eq!(Envelope::from_hex(&out).unwrap().controller, at);
+    /// ```
+    pub fn localize_hex(envelope_hex: &str, at: &ControllerAddr) -> Result<String, String> {
+        let bytes = hex::decode(envelope_hex).map_err(|e| format!("envelope: {e}"))?;
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| format!("envelope: {e}"))?;
+        let controller = v
+            .get_mut("controller")
+            .and_then(serde_json::Value::as_object_mut)
+            .ok_or("envelope: no controller object")?;
+        controller.insert("host".into(), serde_json::Value::String(at.host.clone()));
+        controller.insert("port".into(), serde_json::Value::from(at.port));
+        let json = serde_json::to_string(&v).map_err(|e| format!("envelope: {e}"))?;
+        Ok(hex::encode(json.as_bytes()))
+    }
 }
 
 /// What a host's relay serves, as flodl 0.8's agent reads it.

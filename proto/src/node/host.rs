@@ -280,6 +280,7 @@ impl HostNode {
         let joined = ControllerAddr::parse(&self.cfg.controller)
             .ok_or_else(|| format!("controller address {:?} is not host:port", self.cfg.controller))?;
         env.controller = joined.clone();
+        let local_hex = Envelope::localize_hex(envelope_hex, &joined)?;
         let spec_hex = relay_spec_hex
             .ok_or("no relay spec came with the world: cohort's ranks need a relay on every host")?;
         let mut spec = RelaySpec::from_hex(spec_hex)?;
@@ -342,6 +343,7 @@ impl HostNode {
                 model_sig: self.cfg.offer.model_sig.unwrap_or([0; 32]),
                 timeout_scale: self.cfg.timeout_scale,
                 workload: env.cohort,
+                envelope_hex: local_hex.clone(),
             })
             .collect();
         self.formed = Some(Formed { ranks, awaiting });

@@ -97,6 +97,10 @@ pub struct RankSpec {
     /// What the controller said the synthetic workload trains (`None` from
     /// a flodl controller: the workload's own configuration applies).
     pub workload: Option<WorkloadSpec>,
+    /// The envelope's hex as a rank program is handed it (flodl's
+    /// `FLODL_INTERNAL_CLUSTER_JSON`): the controller's, with the address
+    /// the agent joined at in place of the one it wrote.
+    pub envelope_hex: String,
 }
 
 impl RankSpec {
