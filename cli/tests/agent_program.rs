@@ -250,3 +250,39 @@ fn a_rank_program_killed_mid_run_is_reported_with_its_exit_code() {
     assert_eq!(starts, 2, "one start per rank, no restart");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn on_sigterm_the_agent_stops_its_programs_term_then_kill_and_reports_them() {
+    let port = free_port_with_relays();
+    let (ctl, ctl_lines) = controller(port, 2, 1, 40);
+    // Programs that never train: local rank 0 dies of SIGTERM, local rank 1
+    // ignores it and dies of the SIGKILL that follows the grace.
+    let script = r#"if [ "$LOCAL_RANK" = 1 ]; then trap "" TERM; fi; while :; do sleep 1; done"#;
+    let mut agent = Reap(Some(
+        Command::new(COHORT)
+            .args(["agent", "--connect", &format!("127.0.0.1:{port}"), "--host", "hostA", "--ranks", "2"])
+            .args(["--timeout-scale", "0.2", "--grace-secs", "1", "--json", "--", "sh", "-c", script])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("agent"),
+    ));
+    let agent_lines = lines_of(agent.0.as_mut().unwrap());
+    let mut out = Vec::new();
+    for r in 0..2 {
+        wait_line(&agent_lines, &mut out, "both programs started", |l| {
+            l.contains(&format!(r#""node":"rank {r}""#)) && l.contains("rank program started")
+        });
+    }
+    let pid = agent.0.as_ref().unwrap().id().to_string();
+    let t0 = Instant::now();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let mut seen = Vec::new();
+    wait_line(&ctl_lines, &mut seen, "rank 0's SIGTERM", |l| l.contains("hostA reports rank 0 exited with code 143"));
+    wait_line(&ctl_lines, &mut seen, "rank 1's SIGKILL", |l| l.contains("hostA reports rank 1 exited with code 137"));
+    let status = agent.wait();
+    assert_eq!(status.code(), Some(1), "a stopped agent exits 1");
+    // SIGKILL came after the grace, not before.
+    assert!(t0.elapsed() >= Duration::from_secs(1), "{:?}", t0.elapsed());
+    drop(ctl);
+}
