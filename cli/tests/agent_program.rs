@@ -278,8 +278,12 @@ fn on_sigterm_the_agent_stops_its_programs_term_then_kill_and_reports_them() {
     let t0 = Instant::now();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let mut seen = Vec::new();
-    wait_line(&ctl_lines, &mut seen, "rank 0's SIGTERM", |l| l.contains("hostA reports rank 0 exited with code 143"));
-    wait_line(&ctl_lines, &mut seen, "rank 1's SIGKILL", |l| l.contains("hostA reports rank 1 exited with code 137"));
+    wait_line(&ctl_lines, &mut seen, "rank 0's SIGTERM", |l| {
+        l.contains("hostA reports rank 0 exited with code 143")
+    });
+    wait_line(&ctl_lines, &mut seen, "rank 1's SIGKILL", |l| {
+        l.contains("hostA reports rank 1 exited with code 137")
+    });
     let status = agent.wait();
     assert_eq!(status.code(), Some(1), "a stopped agent exits 1");
     // SIGKILL came after the grace, not before.

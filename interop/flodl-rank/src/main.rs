@@ -106,11 +106,16 @@ fn parse(args: &[String]) -> std::result::Result<Opts, String> {
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
-    if o.samples == 0 || o.features == 0 || o.classes < 2 || o.hidden == 0 || o.batch_size == 0 || o.epochs == 0
+    if o.samples == 0
+        || o.features == 0
+        || o.classes < 2
+        || o.hidden == 0
+        || o.batch_size == 0
+        || o.epochs == 0
     {
         return Err("--samples, --features, --hidden, --batch-size and --epochs must be above 0, --classes at least 2".into());
     }
-    if !(o.lr > 0.0 && o.lr.is_finite()) || !(0.0..1.0).contains(&o.momentum) {
+    if !(o.lr > 0.0 && o.lr.is_finite() && (0.0..1.0).contains(&o.momentum)) {
         return Err("--lr must be a positive number, --momentum in [0, 1)".into());
     }
     if o.checkpoint_every == Some(0) {
@@ -155,7 +160,7 @@ struct Blobs {
 
 impl Blobs {
     fn new(o: &Opts) -> Blobs {
-        let mut rng = SplitMix(o.seed ^ 0xda7a_5e7);
+        let mut rng = SplitMix(o.seed ^ 0x0da7_a5e7);
         let centres: Vec<Vec<f64>> = (0..o.classes)
             .map(|_| {
                 let v: Vec<f64> = (0..o.features).map(|_| rng.normal()).collect();
@@ -370,5 +375,44 @@ fn main() -> std::process::ExitCode {
             eprintln!("flodl-rank: {e}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn flags_parse_and_bad_values_are_refused() {
+        let o = parse(&args("--samples 100 --batch-size 10 --checkpoint-every 2")).unwrap();
+        assert_eq!((o.samples, o.batch_size, o.checkpoint_every), (100, 10, Some(2)));
+        for bad in [
+            "--samples 0",
+            "--classes 1",
+            "--lr 0",
+            "--momentum 1",
+            "--checkpoint-every 0",
+            "--epochs",
+            "--x 1",
+        ] {
+            assert!(parse(&args(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_data_set_is_the_same_in_every_process_and_balanced() {
+        let o = Opts { samples: 300, ..Opts::default() };
+        let (a, b) = (Blobs::new(&o), Blobs::new(&o));
+        assert_eq!(a.x, b.x);
+        assert_eq!(a.y, b.y);
+        assert_eq!(a.x.len(), 300 * o.features);
+        for c in 0..3 {
+            assert_eq!(a.y.iter().filter(|&&y| y == c).count(), 100);
+        }
+        assert!(Blobs::new(&Opts { seed: 8, ..o.clone() }).x != a.x);
     }
 }
