@@ -405,13 +405,17 @@ impl<W: SimWorkload> Cluster<W> {
     /// ([`Scheduler::stranded`]), or chunks the coordinator holds for a
     /// rank that has nothing left to run since a plan of it was overwritten
     /// in its single pending slot (flodl folds a chunk into every cadence
-    /// `Update`, whatever the rank still holds).
+    /// `Update`, whatever the rank still holds), or an epoch that waits on a
+    /// rank that exited cleanly ([`Scheduler::held_by_exited`]).
     fn hang_as_flodl(&self) -> Option<String> {
         let s = self.scheduler().filter(|s| s.config().rules == Rules::Flodl)?;
         if let Some((epoch, samples)) = s.stranded() {
             return Some(format!(
                 "{samples} samples of epoch {epoch} are stranded in its pool, no live rank served"
             ));
+        }
+        if let Some((epoch, rank)) = s.held_by_exited() {
+            return Some(format!("epoch {epoch} waits on rank {rank}, which exited cleanly"));
         }
         for r in 0..self.world_size {
             let Some(rank) = self.rank(r) else { continue };

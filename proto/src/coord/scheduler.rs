@@ -354,20 +354,11 @@ impl Scheduler {
     /// moved to a later epoch (flodl serves a rank only from its own epoch
     /// or the next), or while the epoch's pinned final window gives every
     /// rank not dead nothing and none has a chunk in flight (flodl keeps a
-    /// pin made before a death), or while a rank that exited cleanly holds
-    /// chunks it will never complete (flodl only latches an exit). Under
-    /// flodl's rules each is a hang: the epoch never aggregates. cohort's
-    /// rules serve the oldest pool first, re-pin on a death and take an
-    /// exited rank's chunks back.
+    /// pin made before a death). Under flodl's rules either is a hang: the
+    /// epoch never aggregates. cohort's rules serve the oldest pool first
+    /// and re-pin on a death.
     pub fn stranded(&self) -> Option<(u64, u64)> {
         let ch = self.chunks.as_ref()?;
-        let exited = |r: u32| self.live.is_exited(r);
-        if let Some((&epoch, pool)) =
-            ch.pools.iter().find(|(_, p)| (0..self.cfg.world_size).any(|r| exited(r) && p.in_flight(r) > 0))
-        {
-            let held: u64 = (0..self.cfg.world_size).filter(|&r| exited(r)).map(|r| pool.in_flight(r)).sum();
-            return Some((epoch, pool.remaining() + held));
-        }
         let (&epoch, pool) = ch.pools.iter().find(|(_, p)| p.remaining() > 0)?;
         let live: Vec<u32> = (0..self.cfg.world_size).filter(|&r| !self.live.is_dead(r)).collect();
         if live.is_empty() {
@@ -382,6 +373,27 @@ impl Scheduler {
                 })
         });
         (past || unserved).then(|| (epoch, pool.remaining()))
+    }
+
+    /// Under flodl's rules, a rank that exited cleanly which the epoch in
+    /// progress still waits on, as `(epoch, rank)`: its metrics report
+    /// (whole-epoch dispatch) or a chunk it holds (chunk-pool dispatch).
+    /// flodl only latches an exit, so that epoch never aggregates: a hang.
+    /// cohort's rules hand an exited rank's work out instead.
+    pub fn held_by_exited(&self) -> Option<(u64, u32)> {
+        if self.cfg.rules != Rules::Flodl || !self.running() {
+            return None;
+        }
+        let exited = (0..self.cfg.world_size).filter(|&r| self.live.is_exited(r));
+        match (&self.chunks, &self.epoch) {
+            (Some(ch), _) => exited
+                .into_iter()
+                .find_map(|r| ch.pools.iter().find(|(_, p)| p.in_flight(r) > 0).map(|(&e, _)| (e, r))),
+            (None, Some(ep)) if !ep.aggregated => {
+                exited.into_iter().find(|&r| ep.reports.reports(r) == 0).map(|r| (ep.epoch, r))
+            }
+            _ => None,
+        }
     }
 
     /// The chunks `rank` holds and has not completed, as `(epoch, chunk)`.
@@ -1874,7 +1886,8 @@ impl Scheduler {
         let sizes: Vec<u64> = (0..self.cfg.world_size).map(|r| self.chunk_size(r, epoch)).collect();
         for (r, &n) in sizes.iter().enumerate() {
             let r = r as u32;
-            if !self.live.is_dead(r) {
+            // Every rank that holds work: not dead, nor (cohort's rules) exited.
+            if self.holds(r) {
                 self.take_chunk(r, epoch, n, PlanCarrier::StartEpoch);
             }
         }

@@ -220,8 +220,8 @@ impl CoverageCheck {
         }
         let samples = self.samples_per_epoch;
         let dead: BTreeSet<u32> = deaths.iter().map(|d| d.rank).collect();
-        // A sample may be processed twice only by a rank that died after
-        // processing it and before reporting it: of every sample's
+        // A sample may be processed twice only by a rank that died (or
+        // exited) after processing it and before reporting it: of every sample's
         // processors, at most one processed it as known work (a live rank, or
         // a dead one within what the coordinator knew it had processed).
         let known = |r: u32, epoch: u64, x: u64| -> bool {
@@ -292,7 +292,9 @@ impl CoverageCheck {
                         let reporting: Vec<u32> = procs
                             .iter()
                             .copied()
-                            .filter(|x| !dead.contains(x) || known(*x, epoch, last))
+                            .filter(|x| {
+                                !(dead.contains(x) || self.gone.contains(x)) || known(*x, epoch, last)
+                            })
                             .collect();
                         if reporting.len() >= 2 {
                             v.at(
@@ -340,7 +342,10 @@ impl CoverageCheck {
                     0
                 };
                 let bound = (2 * self.batch_size).max(forfeited);
-                if facts.crashed.contains(&r) && !cut_off && n > bound {
+                // A rank that exited cleanly is bounded alike: its agent's
+                // exit report may overtake its last batch reports.
+                let exited = self.gone.contains(&r) && !dead.contains(&r);
+                if (facts.crashed.contains(&r) || exited) && !cut_off && n > bound {
                     v.at(
                         at,
                         &format!(

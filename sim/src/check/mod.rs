@@ -209,7 +209,14 @@ impl Checker {
             Fault::SlowRank { .. } | Fault::SlowLink { .. } => {}
             Fault::KillController => facts.controller_lost = Some(at),
             Fault::Abort => facts.aborted = Some(at),
-            Fault::OperatorStart | Fault::ExitRank(_) => {}
+            // A rank that exits closes both relay legs at once: when its
+            // data relay's report reaches the reduce before its control
+            // relay forwards `Exiting`, it is declared dead for its data
+            // plane, which is then no surprise.
+            Fault::ExitRank(r) => {
+                facts.ranks_faulted.entry(*r).or_insert(at);
+            }
+            Fault::OperatorStart => {}
         }
     }
 
