@@ -25,16 +25,13 @@ pub mod seeds;
 
 pub use ops::{Ops, SeedWriter};
 
-/// A MAC runner that asks for `.0`-byte jobs and runs each batch inline,
-/// last job first: a machine on it gathers and batches its MAC work as on
-/// a driver's pool, on the fuzzer's one thread. `.0 = 0` is inline.
+/// A MAC runner that asks for `.0`-byte tasks and runs each as it starts:
+/// a machine on it gathers and batches its MAC work as on a driver's pool,
+/// on the fuzzer's one thread. `.0 = 0` is inline.
 #[derive(Debug, Clone, Copy)]
 pub struct Batches(pub usize);
 
 impl cohort_proto::wire::MacRunner for Batches {
-    fn run(&self, jobs: &mut [cohort_proto::wire::MacJob<'_>]) {
-        jobs.iter_mut().rev().for_each(cohort_proto::wire::MacJob::run);
-    }
     fn batch(&self) -> usize {
         self.0
     }

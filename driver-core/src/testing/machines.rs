@@ -17,7 +17,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use cohort_proto::machine::Outbox;
 use cohort_proto::reduce::LayoutCheck;
-use cohort_proto::wire::{Holding, MacKey, MacRunner, MuxDecoder, MuxRecord, NullSink, RoundDecoder};
+use cohort_proto::wire::{Holding, MacKey, MacRunner, MuxDecoder, MuxRecord, NullSink, RoundDecoder, Verify};
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 
 /// What a [`Probe`] saw.
@@ -373,7 +373,7 @@ impl Machine for RoundSink {
 
 /// Accepts connections carrying `HostFrame` records and verifies each the
 /// way the reduce does on its runner: the record is copied in as it streams,
-/// its frame laid out by an unkeyed [`LayoutCheck`], its tag and its frame's
+/// its frame laid out by a [`LayoutCheck`] that leaves the footer to it, its tag and its frame's
 /// footer hashed side by side a batch at a time
 /// ([`MuxDecoder::decode_holding`], [`LayoutCheck::verify_held`]). Reports
 /// what a [`RoundSink`] does, `wire_len` being the frame's.
@@ -420,7 +420,7 @@ impl Machine for RecordSink {
     fn handle(&mut self, _now: Time, input: Input<'_>) {
         match input {
             Input::Accepted { conn, .. } => {
-                let decoders = (MuxDecoder::new(self.ceiling), LayoutCheck::keyed_or_not(self.ceiling, true));
+                let decoders = (MuxDecoder::new(self.ceiling), LayoutCheck::new(self.ceiling, Verify::ByCaller));
                 self.conns.insert(conn, decoders);
             }
             Input::Received { conn, mut bytes } => {

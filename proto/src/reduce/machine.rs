@@ -12,7 +12,7 @@ use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, 
 use crate::time::Time;
 use crate::wire::{
     DEFAULT_FRAME_CEILING, FrameRecord, Holding, Inline, MUX_HEADER_LEN, MacKey, MacRunner, MuxDecoder,
-    MuxRecord, RelayControlMsg, WireError, WireResult, encode_control, reclaim,
+    MuxRecord, RelayControlMsg, Verify, WireError, WireResult, encode_control, reclaim,
 };
 
 /// The reduce's configuration (plain data).
@@ -418,8 +418,8 @@ impl Reduce {
     fn received(&mut self, now: Time, conn: ConnId, mut bytes: &[u8]) {
         while !bytes.is_empty() && !self.stopped {
             let Some(host) = self.hosts.get_mut(&conn) else { return };
-            // An unkeyed check: its host frames are held for their MACs.
-            let held = host.check.is_unkeyed();
+            // A check by the caller: its host frames are held for their MACs.
+            let held = host.check.verify() == Verify::ByCaller;
             let (key, check, macs) = (&self.cfg.key, &mut host.check, &*self.macs);
             let mut tap = |rec: FrameRecord, piece: &[u8]| {
                 if rec == FrameRecord::HostFrame {
@@ -661,13 +661,13 @@ impl Adopt for Reduce {
         // flodl's controller reads a relay's hello under a plain 10 s timeout.
         let deadline = now + defaults::HANDSHAKE;
         // Inline, a frame is hashed as it streams in; on a pool, held and
-        // hashed a batch at a time, on two cores.
-        let held = self.macs.batch() > 0;
+        // hashed a batch at a time, its tag and footer side by side.
+        let verify = if self.macs.batch() > 0 { Verify::ByCaller } else { Verify::AsRead };
         let host = Host {
             state: HostState::Hello { deadline },
             // Until its hello verifies, a relay may only send a hello's worth.
             dec: MuxDecoder::new(defaults::MAX_HELLO_BYTES as u64),
-            check: LayoutCheck::keyed_or_not(self.cfg.ceiling, held),
+            check: LayoutCheck::new(self.cfg.ceiling, verify),
             mid_since: None,
             deadline: None,
         };

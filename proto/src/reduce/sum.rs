@@ -20,7 +20,7 @@ use bytes::{Bytes, BytesMut};
 use super::mass::is_realized;
 use crate::wire::{
     Dtype, FrameRecord, FrameType, HeldFrame, Inline, MUX_HEADER_LEN, MacKey, MacRunner, MuxRecord, Payload,
-    Problem, RoundDecoder, RoundFrame, RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload,
+    Problem, RoundDecoder, RoundFrame, RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, Verify,
     WireError, WireResult, round_frame_len,
 };
 use crate::wire::{add_le, extend_f32_le};
@@ -83,7 +83,7 @@ impl RoundSink for LayoutSink {
 /// Authenticates the round frame that is exactly `payload` and lays out its
 /// tensors (one pass, nothing copied, nothing folded).
 pub fn verify_layout(payload: &Payload, key: &MacKey, ceiling: u64) -> WireResult<FrameLayout> {
-    let mut check = LayoutCheck::new(ceiling);
+    let mut check = LayoutCheck::new(ceiling, Verify::AsRead);
     for seg in payload.segments() {
         check.feed(seg, key);
     }
@@ -93,11 +93,11 @@ pub fn verify_layout(payload: &Payload, key: &MacKey, ceiling: u64) -> WireResul
 /// [`verify_layout`] as a record's payload arrives: fed the payload piece
 /// by piece (the mux decoder's tap), it authenticates the round frame and
 /// lays out its tensors with no pass of its own over the gathered payload.
-/// The first error is kept and reported by [`take`](Self::take). Unkeyed
-/// ([`keyed_or_not`](Self::keyed_or_not)), it lays the frame out for a
-/// record held by [`MuxDecoder::decode_holding`](crate::wire::MuxDecoder::decode_holding),
+/// The first error is kept and reported by [`take`](Self::take). With
+/// [`Verify::ByCaller`], it lays the frame out for a record held by
+/// [`MuxDecoder::decode_holding`](crate::wire::MuxDecoder::decode_holding),
 /// whose two MACs [`verify_held`](Self::verify_held) checks: the reduce's
-/// way, on any runner.
+/// way on a pool.
 ///
 /// ```
 /// use cohort_proto::reduce::LayoutCheck;
@@ -108,7 +108,7 @@ pub fn verify_layout(payload: &Payload, key: &MacKey, ceiling: u64) -> WireResul
 /// w.tensor_values(Dtype::F32, &[3], &[1.0, 2.0, 3.0]).unwrap();
 /// w.finish(&key).unwrap();
 /// let rec = MuxRecord::HostFrame { payload: Payload::from(frame.freeze()) }.to_bytes(&key).unwrap();
-/// let mut check = LayoutCheck::keyed_or_not(DEFAULT_FRAME_CEILING, true);
+/// let mut check = LayoutCheck::new(DEFAULT_FRAME_CEILING, Verify::ByCaller);
 /// let mut dec = MuxDecoder::new(DEFAULT_FRAME_CEILING);
 /// let mut tap = |_, piece: &[u8]| {
 ///     check.feed(piece, &key);
@@ -139,29 +139,24 @@ enum CheckState {
 }
 
 impl LayoutCheck {
-    /// A check refusing frames whose tensor bytes exceed `ceiling`.
-    pub fn new(ceiling: u64) -> Self {
-        Self::with(RoundDecoder::new(ceiling))
-    }
-
-    /// With `unkeyed`, a check that lays the frame out but leaves its
-    /// footer's MAC to the caller ([`HeldFrame::verify`](crate::wire::HeldFrame::verify),
-    /// side by side with the record's tag), whose verdict
-    /// [`take_with_footer`](Self::take_with_footer) takes; else [`new`](Self::new).
-    pub fn keyed_or_not(ceiling: u64, unkeyed: bool) -> Self {
-        match unkeyed {
-            true => Self::with(RoundDecoder::unkeyed(ceiling)),
-            false => Self::new(ceiling),
-        }
-    }
-
-    fn with(dec: RoundDecoder) -> Self {
+    /// A check refusing frames whose tensor bytes exceed `ceiling`, its
+    /// frame's MAC checked `verify`: as read, or by the caller
+    /// ([`HeldFrame::verify`](crate::wire::HeldFrame::verify), side by side
+    /// with the record's tag), whose verdict [`verify_held`](Self::verify_held)
+    /// takes. A check has no runner to start batches on, so
+    /// [`Verify::InBatches`] counts as [`Verify::AsRead`].
+    pub fn new(ceiling: u64, verify: Verify) -> Self {
+        let mut dec = RoundDecoder::new(ceiling);
+        dec.set_verify(match verify {
+            Verify::InBatches(_) => Verify::AsRead,
+            verify => verify,
+        });
         LayoutCheck { dec, sink: LayoutSink::default(), fed: 0, state: CheckState::Reading }
     }
 
-    /// Whether the footer's MAC is left to the caller ([`LayoutCheck::keyed_or_not`]).
-    pub fn is_unkeyed(&self) -> bool {
-        self.dec.is_unkeyed()
+    /// How its frame's MAC is checked.
+    pub fn verify(&self) -> Verify {
+        self.dec.verify()
     }
 
     /// Payload bytes the frame's MAC covers, read so far: all but the
@@ -196,7 +191,7 @@ impl LayoutCheck {
         }
     }
 
-    /// [`take`](Self::take) for an unkeyed check, given whether the footer
+    /// [`take`](Self::take) for a check by the caller, given whether the footer
     /// verified: a bad footer is reported where the streaming check reports
     /// it, after the layout's own errors and before bytes that follow.
     fn take_with_footer(&mut self, footer: Option<bool>) -> WireResult<FrameLayout> {
@@ -236,7 +231,7 @@ impl LayoutCheck {
 
     /// The verdict on the payload fed since the last call; starts over.
     pub fn take(&mut self) -> WireResult<FrameLayout> {
-        let fresh = LayoutCheck::keyed_or_not(self.dec.ceiling(), self.is_unkeyed());
+        let fresh = LayoutCheck::new(self.dec.ceiling(), self.verify());
         let LayoutCheck { sink, fed, state, .. } = core::mem::replace(self, fresh);
         match state {
             CheckState::Done { after: 0 } => {
@@ -704,7 +699,7 @@ mod tests {
         for bytes in [good.to_vec(), tampered, bad_dtype, long, short, Vec::new()] {
             let want = verify_layout(&Payload::from(bytes.clone()), &k, 1 << 20);
             for cut in 1..=bytes.len().max(1) {
-                let mut check = LayoutCheck::new(1 << 20);
+                let mut check = LayoutCheck::new(1 << 20, Verify::AsRead);
                 for piece in bytes.chunks(cut) {
                     check.feed(piece, &k);
                 }

@@ -15,8 +15,8 @@ use crate::machine::{CloseCause, ConnId, DialId, Input, Machine, Outbox, Output}
 use crate::time::Time;
 use crate::wire::{
     CONTROL_HEADER_LEN, DEFAULT_FRAME_CEILING, FrameType, Inline, LenDecoder, LenStep, MAX_CONTROL_PAYLOAD,
-    MacKey, MacRunner, MuxDecoder, MuxRecord, Payload, Problem, RelayControlMsg, RoundDecoder, WireError,
-    encode_control, len_prefix, reclaim,
+    MacKey, MacRunner, MuxDecoder, MuxRecord, Payload, Problem, RelayControlMsg, RoundDecoder, Verify,
+    WireError, encode_control, len_prefix, reclaim,
 };
 
 /// The dial id of the relay's upstream connection.
@@ -502,23 +502,23 @@ impl Relay {
     }
 
     /// Runs the relay's MAC work (verifying its ranks' frames, signing the
-    /// host frame) on `macs` from now on, instead of inline. A pool hashes
-    /// several ranks' frames, and the host frame's two tags, at once; the
+    /// host frame) on `macs` from now on, instead of inline. On a pool, each
+    /// rank's decoder gathers its frame's MAC input in the runner's batches
+    /// ([`Verify::on`]), several ranks' batches hash at once while the relay
+    /// reads on, and the host frame's two tags hash side by side; the
     /// relay's outputs are the same on every runner. Takes effect from each
     /// rank's next frame.
     pub fn run_macs_on(&mut self, macs: Arc<dyn MacRunner>) {
+        let verify = Verify::on(&*macs);
+        for local in self.locals.values_mut() {
+            local.dec.set_verify(verify);
+        }
         self.macs = macs;
     }
 
-    /// How much MAC input a rank's decoder gathers for a batch: the
-    /// runner's batch size (nothing inline, where it would only add a copy).
-    fn stage_cap(&self) -> usize {
-        self.macs.batch()
-    }
-
-    /// Hashes every rank's gathered MAC input in one batch.
-    fn run_staged(&mut self) {
-        RoundDecoder::run_staged(self.locals.values_mut().map(|l| &mut l.dec), &*self.macs);
+    /// Starts every rank's gathered MAC input hashing, each as a task.
+    fn start_batches(&mut self) {
+        RoundDecoder::start_batches(self.locals.values_mut().map(|l| &mut l.dec), &*self.macs);
     }
 
     /// The channel served.
@@ -695,7 +695,6 @@ impl Relay {
 
     fn data_bytes(&mut self, rank: u32, bytes: &[u8]) -> Result<(), FeedError> {
         let key = self.cfg.key.clone();
-        let cap = self.stage_cap();
         let mut used = 0;
         loop {
             let (Some(local), Some(leg)) = (self.locals.get_mut(&rank), self.data.as_mut()) else {
@@ -711,9 +710,6 @@ impl Relay {
                         Admit::Drop => Mode::Skip,
                     };
                     local.frame = FrameFold::default();
-                    if local.dec.stage_cap() != cap {
-                        local.dec = RoundDecoder::staging(self.cfg.ceiling, cap);
-                    }
                 }
                 Some(LenStep::Body(mut b)) => match local.mode {
                     Mode::Fold => loop {
@@ -741,9 +737,9 @@ impl Relay {
                         if b.is_empty() {
                             break;
                         }
-                        // The rank's gathered MAC input is full: hash every
-                        // rank's at once, then go on with the rest.
-                        self.run_staged();
+                        // The rank's gathered MAC input is full: start every
+                        // rank's hashing, then go on with the rest.
+                        self.start_batches();
                     },
                     Mode::Done => return Err(frame_err(trailing(b.len()))),
                     Mode::Skip | Mode::Idle => {}
@@ -788,7 +784,6 @@ impl Relay {
 
     /// Marks `rank` dead (`lost`: its connection is gone or abandoned).
     fn rank_dead(&mut self, rank: u32, cause: RankDeath, lost: bool) {
-        let cap = self.stage_cap();
         let Some(local) = self.locals.get_mut(&rank) else { return };
         if lost && let Some(conn) = local.conn.take() {
             if let Ok(i) = conn_index(&self.by_conn, conn) {
@@ -807,7 +802,7 @@ impl Relay {
                 // Its frame had not reached the sum: drop the rest of it, and
                 // forget any schema it pinned if no frame made it in.
                 local.mode = Mode::Skip;
-                local.dec = RoundDecoder::staging(self.cfg.ceiling, cap);
+                local.dec.reset();
                 if leg.fold.deposits() == 0 && !leg.barrier.any_streaming() {
                     leg.fold.reset();
                 }

@@ -3,34 +3,28 @@
 //! while staying on one thread: tests then check that a machine's outputs
 //! do not depend on its runner, on any split of the bytes.
 
-use crate::wire::{MacJob, MacRunner, MacState, MacTask, PendingMac};
+use crate::wire::{MacRunner, MacState, MacTask, PendingMac};
 
-/// Runs each batch inline, last job first (so a machine that relied on
-/// the order of its jobs would show it), and each started task only when
-/// it is joined (as late as a pool could finish it), asking for `batch`
-/// bytes per job.
+/// Asks for `batch` bytes per task and runs each started task only when it
+/// is joined (as late as a pool could finish it), so a machine that used a
+/// state before joining its task would show it.
 ///
 /// ```
+/// use bytes::Bytes;
 /// use cohort_proto::testing::macs::Batched;
-/// use cohort_proto::wire::{MacJob, MacKey, MacRunner, SessionSalt};
+/// use cohort_proto::wire::{MacKey, MacRunner, MacTask, SessionSalt};
 /// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
-/// let (mut a, mut b) = (key.start(), key.start());
-/// Batched { batch: 64 }.run(&mut [MacJob::new(&mut a, b"ab"), MacJob::new(&mut b, b"c")]);
-/// assert_eq!((a.finish(), b.finish()), (key.mac64(b"ab"), key.mac64(b"c")));
+/// let macs = Batched { batch: 64 };
+/// let pending = macs.start(MacTask::segments(key.start(), &[Bytes::from_static(b"abc")], 0, 3));
+/// assert_eq!(pending.join().finish(), key.mac64(b"abc"));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Batched {
-    /// Bytes of MAC input per job (at least 1).
+    /// Bytes of MAC input per task (at least 1).
     pub batch: usize,
 }
 
 impl MacRunner for Batched {
-    fn run(&self, jobs: &mut [MacJob<'_>]) {
-        for job in jobs.iter_mut().rev() {
-            job.run();
-        }
-    }
-
     fn batch(&self) -> usize {
         self.batch.max(1)
     }

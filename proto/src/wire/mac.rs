@@ -15,7 +15,6 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use sha2::block_api::compress256;
 
-use super::payload::segment_range;
 use super::salt::SessionSalt;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -188,70 +187,12 @@ impl MacState {
     }
 }
 
-/// One independent piece of MAC work: absorb some bytes into a MAC state.
-///
-/// A machine gathers the jobs it has (different connections' frames, a
-/// record's two tags over the same bytes) and hands them to its
-/// [`MacRunner`] in one batch.
-#[derive(Debug)]
-pub struct MacJob<'a> {
-    state: &'a mut MacState,
-    input: Absorb<'a>,
-}
-
-/// What a job absorbs.
-#[derive(Debug, Clone, Copy)]
-enum Absorb<'a> {
-    Slice(&'a [u8]),
-    /// Bytes `from..to` of a run of shared segments.
-    Segments {
-        segments: &'a [Bytes],
-        from: usize,
-        to: usize,
-    },
-}
-
-impl<'a> MacJob<'a> {
-    /// `state` absorbs `bytes`, in order after everything it absorbed so far.
-    pub fn new(state: &'a mut MacState, bytes: &'a [u8]) -> Self {
-        MacJob { state, input: Absorb::Slice(bytes) }
-    }
-
-    /// `state` absorbs bytes `from..to` of `segments` taken end to end (a
-    /// payload held as shared buffers, hashed where it lies); a range past
-    /// their end stops at it.
-    pub fn segments(state: &'a mut MacState, segments: &'a [Bytes], from: usize, to: usize) -> Self {
-        MacJob { state, input: Absorb::Segments { segments, from, to: to.max(from) } }
-    }
-
-    /// Bytes it absorbs (at most).
-    pub fn len(&self) -> usize {
-        match self.input {
-            Absorb::Slice(b) => b.len(),
-            Absorb::Segments { from, to, .. } => to - from,
-        }
-    }
-
-    /// Whether it absorbs nothing.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Does the work on this thread.
-    #[inline]
-    pub fn run(&mut self) {
-        match self.input {
-            Absorb::Slice(b) => self.state.update(b),
-            Absorb::Segments { segments, from, to } => {
-                segment_range(segments, from, to).for_each(|part| self.state.update(part))
-            }
-        }
-    }
-}
-
-/// MAC work a machine hands off and joins later: a state and the shared
-/// bytes it absorbs, all owned, so a pool may run it while the machine reads
-/// on.
+/// MAC work a machine hands to its [`MacRunner`] and joins later: a state
+/// and the shared bytes it absorbs, all owned, so a pool may run it on
+/// another core while the machine reads on. A machine that has several
+/// pieces of work at once (different connections' frames, a record's two
+/// tags over the same bytes) starts them all, then joins them all
+/// ([`run_all`]).
 #[derive(Debug)]
 pub struct MacTask {
     state: MacState,
@@ -285,12 +226,14 @@ impl MacTask {
         self.len() == 0
     }
 
-    /// Does the work on this thread and hands the state back.
-    pub fn run(mut self) -> MacState {
-        for part in &self.parts {
-            self.state.update(part);
+    /// Does the work on this thread and hands the state back (the bytes are
+    /// released before it returns).
+    pub fn run(self) -> MacState {
+        let MacTask { mut state, parts } = self;
+        for part in parts {
+            state.update(&part);
         }
-        self.state
+        state
     }
 
     /// Does the work on this thread, as a started task already done (what a
@@ -303,7 +246,8 @@ impl MacTask {
 /// A [`MacTask`] started on a [`MacRunner`]; [`join`](Self::join) waits for
 /// it and hands its state back.
 pub trait PendingMac: Send + core::fmt::Debug {
-    /// The state once its task is done.
+    /// The state once its task is done. By then the task has released its
+    /// bytes, so a buffer they were sliced from is its owner's alone again.
     fn join(self: Box<Self>) -> MacState;
 }
 
@@ -321,51 +265,52 @@ impl PendingMac for Done {
 /// Where a machine's MAC work runs: on the caller's thread ([`Inline`], the
 /// default and the simulator's), or spread over cores by a driver's pool.
 ///
-/// Jobs are independent and each one's result is the same wherever it ran,
-/// so a machine's outputs never depend on its runner: `proto` stays free of
-/// threads and the simulator stays deterministic, while a driver gets every
-/// core's SHA-256.
+/// The work is [`MacTask`]s, each over bytes of its own; a task's result is
+/// the same wherever and whenever it ran, and a machine joins a task before
+/// it uses the state again, so a machine's outputs never depend on its
+/// runner: `proto` stays free of threads and the simulator stays
+/// deterministic, while a driver gets every core's SHA-256.
 ///
 /// ```
-/// use cohort_proto::wire::{Inline, MacJob, MacKey, MacRunner, SessionSalt};
+/// use bytes::Bytes;
+/// use cohort_proto::wire::{Inline, MacKey, MacTask, SessionSalt, run_all};
 /// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
-/// let (mut a, mut b) = (key.start(), key.start());
-/// Inline.run(&mut [MacJob::new(&mut a, b"abc"), MacJob::new(&mut b, b"xy")]);
+/// let (abc, xy) = (Bytes::from_static(b"abc"), Bytes::from_static(b"xy"));
+/// let [a, b] = run_all(&Inline, [
+///     MacTask::segments(key.start(), &[abc], 0, 3),
+///     MacTask::segments(key.start(), &[xy], 0, 2),
+/// ]);
 /// assert_eq!((a.finish(), b.finish()), (key.mac64(b"abc"), key.mac64(b"xy")));
 /// ```
 pub trait MacRunner: Send + Sync + core::fmt::Debug {
-    /// Runs every job, returning once all are done.
-    fn run(&self, jobs: &mut [MacJob<'_>]);
-
-    /// Bytes of MAC input a machine gathers per job before it hands a batch
-    /// over: 0 (the default, [`Inline`]) hashes bytes as they come, with no
-    /// gathering copy; a pool asks for jobs big enough that handing them to
-    /// another thread costs little beside hashing them.
+    /// Bytes of MAC input a machine gathers per task before it starts one:
+    /// 0 (the default, [`Inline`]) hashes bytes as they come, with no
+    /// gathering copy and no tasks; a pool asks for tasks big enough that
+    /// handing them to another thread costs little beside hashing them.
     fn batch(&self) -> usize {
         0
     }
 
     /// Starts `task` and returns: its state comes back through
     /// [`PendingMac::join`], which a machine calls before it uses the state
-    /// again, so its outputs still never depend on the runner. The default
-    /// runs it here and now; a pool runs it on another core while the
-    /// machine copies the next batch in.
+    /// again. The default runs it here and now; a pool runs it on another
+    /// core while the machine goes on.
     fn start(&self, task: MacTask) -> Box<dyn PendingMac> {
         task.run_here()
     }
 }
 
-/// The runner that does every job on the caller's thread, in order.
+/// Runs `tasks` at once on `macs`: starts every one, then joins every one,
+/// and hands their states back in order.
+pub fn run_all<const N: usize>(macs: &dyn MacRunner, tasks: [MacTask; N]) -> [MacState; N] {
+    tasks.map(|task| macs.start(task)).map(|pending| pending.join())
+}
+
+/// The runner that does every task on the caller's thread, as it starts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Inline;
 
-impl MacRunner for Inline {
-    fn run(&self, jobs: &mut [MacJob<'_>]) {
-        for job in jobs {
-            job.run();
-        }
-    }
-}
+impl MacRunner for Inline {}
 
 fn keyed(key: &[u8]) -> HmacSha256 {
     // HMAC accepts keys of any length; a 16-byte salt cannot fail.
@@ -403,7 +348,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_job_and_a_task_over_a_range_of_segments_absorb_exactly_that_range() {
+    fn a_task_over_a_range_of_segments_absorbs_exactly_that_range() {
         let key = MacKey::new(&SessionSalt::from_bytes([9; 16]));
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 13 + 1) as u8).collect();
         let segs: Vec<Bytes> = [0..1, 1..64, 64..65, 65..600, 600..1000]
@@ -413,9 +358,6 @@ mod tests {
         for (from, to) in [(0, 0), (0, 1000), (0, 1), (1, 64), (63, 66), (65, 599), (599, 1000), (700, 5000)]
         {
             let want = key.mac64(&data[from.min(1000)..to.min(1000)]);
-            let mut st = key.start();
-            MacJob::segments(&mut st, &segs, from, to).run();
-            assert_eq!(st.finish(), want, "job {from}..{to}");
             let task = MacTask::segments(key.start(), &segs, from, to);
             assert_eq!(task.len(), to.min(1000) - from.min(1000), "task {from}..{to}");
             assert_eq!(Inline.start(task).join().finish(), want, "task {from}..{to}");

@@ -32,7 +32,7 @@ pub use dtype::{Dtype, add_le, bf16_to_f32, extend_f32_le, extend_le, extend_le_
 pub use error::{FrameType, Problem, WireError, WireResult};
 pub use handshake::{Channel, ControlAck, ControlHello, DataAck, DataHello, take_fixed};
 pub use len_frame::{LenDecoder, LenStep, len_framed, len_prefix};
-pub use mac::{Inline, MacJob, MacKey, MacRunner, MacState, MacTask, PendingMac, hmac_sha256, mac64};
+pub use mac::{Inline, MacKey, MacRunner, MacState, MacTask, PendingMac, hmac_sha256, mac64, run_all};
 pub use messages::*;
 pub use mux::{
     FrameRecord, HeldFrame, Holding, MUX_HEADER_LEN, MuxDecoded, MuxDecoder, MuxRecord, encode_control,
@@ -41,6 +41,6 @@ pub use payload::{Payload, SEGMENT, reclaim};
 pub use recv_buf::{GROW_STEP, RecvBuf};
 pub use round_frame::{
     CollectSink, NullSink, ROUND_FOOTER_LEN, ROUND_HEADER_LEN, RoundDecoder, RoundDone, RoundFrame,
-    RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, round_frame_len,
+    RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, Verify, round_frame_len,
 };
 pub use salt::{RunNonce, SaltError, SessionSalt};

@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use super::bin;
 use super::consts::*;
 use super::error::{FrameType, Problem, WireError, WireResult};
-use super::mac::{Inline, MacJob, MacKey, MacRunner, MacState, MacTask, PendingMac};
+use super::mac::{Inline, MacKey, MacRunner, MacState, MacTask, PendingMac};
 use super::messages::RelayControlMsg;
 use super::payload::{Payload, PayloadBuilder};
 
@@ -175,13 +175,22 @@ impl RecordSigner {
     /// Absorbs the next payload bytes.
     #[inline]
     pub(crate) fn update(&mut self, bytes: &[u8]) {
-        self.job(bytes).run();
+        self.absorbed += bytes.len();
+        self.mac.update(bytes);
     }
 
-    /// The absorption of the next payload bytes, as a job to run (counted now).
-    pub(crate) fn job<'a>(&'a mut self, bytes: &'a [u8]) -> MacJob<'a> {
-        self.absorbed += bytes.len();
-        MacJob::new(&mut self.mac, bytes)
+    /// The absorption of the next payload bytes, bytes `from..to` of
+    /// `segments`, as a task (counted now); its state comes back through
+    /// [`resume`](Self::resume), and until then the tag is a placeholder
+    /// that fails.
+    pub(crate) fn task(&mut self, key: &MacKey, segments: &[Bytes], from: usize, to: usize) -> MacTask {
+        self.absorbed += to - from;
+        MacTask::segments(core::mem::replace(&mut self.mac, key.start()), segments, from, to)
+    }
+
+    /// The state of the last [`task`](Self::task), joined.
+    pub(crate) fn resume(&mut self, mac: MacState) {
+        self.mac = mac;
     }
 
     /// The signed header, once exactly the declared payload was absorbed.
@@ -268,30 +277,27 @@ impl PartialEq for HeldFrame {
 
 impl HeldFrame {
     /// Checks the record's tag and, given `frame_len`, the footer of the
-    /// round frame that fills the payload's first `frame_len` bytes, in one
-    /// batch on `macs`. The record once its tag holds, with whether the
-    /// footer did (`None`: not asked, or no room for a footer).
+    /// round frame that fills the payload's first `frame_len` bytes, as two
+    /// tasks on `macs` started together. The record once its tag holds,
+    /// with whether the footer did (`None`: not asked, or no room for a
+    /// footer).
     pub fn verify(
         self,
         macs: &dyn MacRunner,
         frame_len: Option<usize>,
     ) -> WireResult<(MuxRecord, Option<bool>)> {
-        let HeldFrame { record, tag: want_tag, payload, mut mac, held } = self;
-        let Held { tagged, mut frame, framed, .. } = held;
+        let HeldFrame { record, tag: want_tag, payload, mac, held } = self;
+        let Held { tagged, frame, framed, .. } = held;
         let segs = payload.segments();
         let len = payload.len();
         let inner = frame_len.filter(|n| (8..=len).contains(n) && n - 8 >= framed);
-        match inner {
-            Some(n) => macs.run(&mut [
-                MacJob::segments(&mut mac, segs, tagged, len),
-                MacJob::segments(&mut frame, segs, framed, n - 8),
-            ]),
-            None => macs.run(&mut [MacJob::segments(&mut mac, segs, tagged, len)]),
-        }
+        let tag = macs.start(MacTask::segments(mac, segs, tagged, len));
+        let frame = inner.map(|n| macs.start(MacTask::segments(frame, segs, framed, n - 8)));
+        let (mac, frame) = (tag.join(), frame.map(|pending| pending.join()));
         if mac.finish() != want_tag {
             return Err(WireError::new(FrameType::MuxRecord, "tag", Problem::Mac));
         }
-        let footer = inner.map(|n| {
+        let footer = inner.zip(frame).map(|(n, frame)| {
             let mut want = [0u8; 8];
             payload.copy_range(n - 8, &mut want);
             frame.finish() == u64::from_le_bytes(want)

@@ -5,16 +5,18 @@
 //! `mac64` of everything before it. `nbytes = 0` for a shape with elements is
 //! zero-elision: all zeros of that shape.
 //!
-//! [`RoundDecoder`] verifies the MAC as the bytes stream through and hands
+//! [`RoundDecoder`] lays a frame out as the bytes stream through and hands
 //! each tensor's bytes to a [`RoundSink`] as they arrive, so a model-sized
-//! frame is never buffered whole.
+//! frame is never buffered whole; its MAC is checked beside it in the way
+//! the decoder is set to ([`Verify`]). [`RoundWriter`] signs a frame as it
+//! writes it.
 
 use bytes::{Bytes, BytesMut};
 
 use super::consts::*;
 use super::dtype::{Dtype, extend_le, extend_le_mapped};
 use super::error::{FrameType, Problem, WireError, WireResult};
-use super::mac::{Inline, MacJob, MacKey, MacRunner, MacState, MacTask, PendingMac};
+use super::mac::{Inline, MacKey, MacRunner, MacState, MacTask, PendingMac};
 use super::mux::{FrameRecord, MUX_HEADER_LEN, RecordSigner};
 
 /// What a round carries: model parameters (averaged) or control sums (summed).
@@ -170,8 +172,9 @@ fn check_weight(weight: f64) -> WireResult<()> {
     }
 }
 
-/// Frame bytes a record writer writes between two absorptions into its
-/// MACs: small enough to still be in cache when they are hashed.
+/// Frame bytes a writer writes between two absorptions into its MACs when
+/// it hashes as it writes: small enough to still be in cache when they are
+/// hashed.
 const ABSORB: usize = 32 * 1024;
 
 /// A writer's MACs, fed as the frame is written.
@@ -184,16 +187,35 @@ struct Signing<'a> {
     record: Option<RecordSigner>,
     /// Frame bytes absorbed so far.
     hashed: usize,
-    /// Where the two MACs run, and how much is written between absorptions.
-    macs: &'a dyn MacRunner,
+    /// The runner each piece's MACs start on as tasks, side by side (its
+    /// [`batch`](MacRunner::batch) a piece); `None`: hashed here as written.
+    tasks: Option<&'a dyn MacRunner>,
+    /// Frame bytes written between two absorptions.
     piece: usize,
 }
 
 impl<'a> Signing<'a> {
     fn new(key: &MacKey, record: Option<RecordSigner>, macs: &'a dyn MacRunner) -> Self {
-        let piece = if macs.batch() > 0 { macs.batch() } else { ABSORB };
-        Signing { key: key.clone(), frame: key.start(), record, hashed: 0, macs, piece }
+        let (tasks, piece) = match macs.batch() {
+            0 => (None, ABSORB),
+            batch => (Some(macs), batch),
+        };
+        Signing { key: key.clone(), frame: key.start(), record, hashed: 0, tasks, piece }
     }
+}
+
+/// A writer's buffer, frozen so that tasks could hold slices of it, back
+/// as a buffer to write on with room for `capacity` bytes: its own, with
+/// no copy, once no other handle holds it (always so once its tasks are
+/// joined; the writer checks a caller's buffer this way when it begins, so
+/// one that another handle shares is copied there, while it is empty or
+/// small, and never later).
+fn thaw(frozen: Bytes, capacity: usize) -> BytesMut {
+    frozen.try_into_mut().unwrap_or_else(|shared| {
+        let mut own = BytesMut::with_capacity(capacity.max(shared.len()));
+        own.extend_from_slice(&shared);
+        own
+    })
 }
 
 /// Writes one round frame into a caller-owned buffer, tensor by tensor,
@@ -300,6 +322,10 @@ impl<'a> RoundWriter<'a> {
                 Problem::TooLarge { got: n_tensors.into(), limit: MAX_ROUND_FRAME_TENSORS.into() },
             ));
         }
+        if signing.tasks.is_some() {
+            let capacity = out.capacity();
+            *out = thaw(core::mem::take(out).freeze(), capacity);
+        }
         let rewind = out.len();
         if signing.record.is_some() {
             out.extend_from_slice(&[0; MUX_HEADER_LEN]);
@@ -313,20 +339,39 @@ impl<'a> RoundWriter<'a> {
     }
 
     /// Feeds the bytes written since the last absorption to the MACs, once
-    /// they make a piece (or, `all`, whatever is left).
+    /// they make a piece (or, `all`, whatever is left): here, or as a task
+    /// each on the runner, started together and joined before the next
+    /// byte is written.
     #[inline]
     fn absorb(&mut self, all: bool) {
         let s = &mut self.signing;
-        let new = &self.out[self.start + s.hashed..];
-        if new.is_empty() || (!all && new.len() < s.piece) {
+        let (from, to) = (self.start + s.hashed, self.out.len());
+        if from == to || (!all && to - from < s.piece) {
             return;
         }
-        let frame = MacJob::new(&mut s.frame, new);
-        match &mut s.record {
-            Some(record) => s.macs.run(&mut [frame, record.job(new)]),
-            None => s.macs.run(&mut [frame]),
+        match s.tasks {
+            None => {
+                let new = &self.out[from..];
+                s.frame.update(new);
+                if let Some(record) = &mut s.record {
+                    record.update(new);
+                }
+            }
+            Some(macs) => {
+                let capacity = self.out.capacity();
+                let frozen = core::mem::take(self.out).freeze();
+                let written = core::slice::from_ref(&frozen);
+                let frame = core::mem::replace(&mut s.frame, s.key.start());
+                let frame = macs.start(MacTask::segments(frame, written, from, to));
+                let record = s.record.as_mut().map(|r| macs.start(r.task(&s.key, written, from, to)));
+                s.frame = frame.join();
+                if let (Some(r), Some(pending)) = (&mut s.record, record) {
+                    r.resume(pending.join());
+                }
+                *self.out = thaw(frozen, capacity);
+            }
         }
-        s.hashed += new.len();
+        s.hashed += to - from;
     }
 
     fn fail(&mut self, err: WireError) -> WireError {
@@ -592,25 +637,25 @@ enum Stage {
     Footer,
 }
 
-/// Streaming round-frame decoder for one connection.
+/// Streaming round-frame decoder for one connection: it lays a frame out
+/// (header, tensor headers, footer), checking every field against the
+/// ceiling before it trusts it, hands each tensor's bytes to a
+/// [`RoundSink`] as whole elements as they arrive, and feeds everything
+/// before the footer to its MAC verifier, which checks the footer in the
+/// way it was set to ([`Verify`]).
 ///
 /// Feed any split of the stream; each call consumes what it can and reports
 /// a frame once its footer verifies. Only small headers are buffered (at most
-/// 8 bytes at a time, plus up to 3 bytes of a split element).
+/// 8 bytes at a time, plus up to 3 bytes of a split element); a verifier
+/// that gathers batches holds up to two of them.
 #[derive(Debug)]
 pub struct RoundDecoder {
     ceiling: u64,
     stage: Stage,
     small: [u8; 8],
     have: usize,
-    mac: Option<MacState>,
-    /// MAC input gathered for later batches ([`RoundDecoder::staging`];
-    /// boxed, so a decoder that hashes as bytes arrive stays small).
-    batches: Option<Box<Staging>>,
-    /// The footer is the caller's to check ([`RoundDecoder::unkeyed`]).
-    unkeyed: bool,
-    /// MAC input of the current frame so far.
-    macd: u64,
+    /// The frame's MAC check.
+    mac: Verifier,
     wire_len: u64,
     n_tensors: u32,
     kind: RoundKind,
@@ -627,32 +672,198 @@ pub struct RoundDecoder {
     total_logical: u64,
 }
 
-/// A staging decoder's MAC input, gathered and hashed a batch at a time.
+/// How a [`RoundDecoder`] checks a frame's MAC (its footer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verify {
+    /// Hashed as the bytes are read, on the reading thread: no copy, one
+    /// core.
+    #[default]
+    AsRead,
+    /// Gathered, up to this many bytes a batch, each batch hashed as a
+    /// [`MacTask`] on a runner while the next is read
+    /// ([`RoundDecoder::start_batches`]): several connections' frames on
+    /// every core. `InBatches(0)` is `AsRead`.
+    InBatches(usize),
+    /// Not hashed: the frame is laid out and its footer's MAC left to the
+    /// caller, who hashes the frame's bytes where they lie
+    /// ([`RoundDecoder::mac_input_len`] says how far it may). A frame
+    /// reported done is laid out, not authenticated.
+    ByCaller,
+}
+
+impl Verify {
+    /// The way for a machine whose MAC work runs on `macs`: as read when it
+    /// hashes inline (a [`batch`](MacRunner::batch) of 0), else in its
+    /// batches.
+    pub fn on(macs: &dyn MacRunner) -> Self {
+        match macs.batch() {
+            0 => Verify::AsRead,
+            batch => Verify::InBatches(batch),
+        }
+    }
+}
+
+/// A decoder's MAC check, in the [`Verify`] way it was set to.
 #[derive(Debug, Default)]
-struct Staging {
+struct Verifier {
+    /// The way asked for, taken up when the next frame starts.
+    how: Verify,
+    work: MacWork,
+    /// MAC input of the current frame so far.
+    macd: u64,
+}
+
+/// A verifier's state for the way it works now.
+#[derive(Debug)]
+enum MacWork {
+    /// The frame's MAC, fed as bytes are read (`None` between frames).
+    AsRead(Option<MacState>),
+    /// Boxed, so a decoder that hashes as it reads stays small.
+    InBatches(Box<Batches>),
+    ByCaller,
+}
+
+impl Default for MacWork {
+    fn default() -> Self {
+        MacWork::AsRead(None)
+    }
+}
+
+/// A batching verifier's MAC input, gathered and hashed a batch at a time.
+#[derive(Debug)]
+struct Batches {
     /// How much is gathered per batch.
     cap: usize,
+    /// The frame's MAC: `None` between frames and while a batch is in flight.
+    mac: Option<MacState>,
     /// The batch being gathered.
     staged: BytesMut,
-    /// The last batch, hashing on the runner while the next is gathered
-    /// (the decoder's `mac` is `None` until it is joined), and its buffer.
+    /// The last batch, hashing on the runner while the next is gathered,
+    /// and its buffer.
     inflight: Option<(Box<dyn PendingMac>, Bytes)>,
     /// A drained buffer for the batch after this one.
     spare: BytesMut,
 }
 
+impl Verifier {
+    /// A frame starts: a fresh MAC, in the way last asked for.
+    fn begin(&mut self, key: &MacKey) {
+        self.macd = 0;
+        match (&mut self.work, self.how) {
+            (MacWork::AsRead(mac), Verify::AsRead) => *mac = Some(key.start()),
+            (MacWork::InBatches(b), Verify::InBatches(cap)) if b.cap == cap => b.mac = Some(key.start()),
+            (MacWork::ByCaller, Verify::ByCaller) => {}
+            (work, how) => {
+                *work = match how {
+                    Verify::AsRead => MacWork::AsRead(Some(key.start())),
+                    Verify::InBatches(cap) => MacWork::InBatches(Box::new(Batches {
+                        cap,
+                        mac: Some(key.start()),
+                        staged: BytesMut::new(),
+                        inflight: None,
+                        spare: BytesMut::new(),
+                    })),
+                    Verify::ByCaller => MacWork::ByCaller,
+                }
+            }
+        }
+    }
+
+    /// Feeds MAC input: hashed now, or gathered for a batch.
+    #[inline]
+    fn absorb(&mut self, bytes: &[u8]) {
+        self.macd += bytes.len() as u64;
+        match &mut self.work {
+            MacWork::AsRead(Some(mac)) => mac.update(bytes),
+            MacWork::InBatches(b) => b.staged.extend_from_slice(bytes),
+            MacWork::AsRead(None) | MacWork::ByCaller => {}
+        }
+    }
+
+    /// MAC input it takes now: everything, but for a batch's room left.
+    fn room(&self) -> usize {
+        match &self.work {
+            MacWork::InBatches(b) => b.cap.saturating_sub(b.staged.len()),
+            MacWork::AsRead(_) | MacWork::ByCaller => usize::MAX,
+        }
+    }
+
+    /// Whether gathered input waits for its batch to start.
+    fn gathered(&self) -> bool {
+        matches!(&self.work, MacWork::InBatches(b) if !b.staged.is_empty())
+    }
+
+    /// Whether `footer` is the frame's MAC (by the caller: not checked here).
+    fn check(&mut self, footer: u64) -> bool {
+        let mac = match &mut self.work {
+            MacWork::AsRead(mac) => mac.take(),
+            MacWork::InBatches(b) => {
+                b.join();
+                b.mac.take()
+            }
+            MacWork::ByCaller => return true,
+        };
+        mac.map(MacState::finish) == Some(footer)
+    }
+
+    /// Between frames: nothing gathered, nothing in flight (an abandoned
+    /// frame's batch is not joined), buffers kept.
+    fn reset(&mut self) {
+        self.macd = 0;
+        match &mut self.work {
+            MacWork::AsRead(mac) => *mac = None,
+            MacWork::InBatches(b) => {
+                b.staged.clear();
+                b.inflight = None;
+                b.mac = None;
+            }
+            MacWork::ByCaller => {}
+        }
+    }
+}
+
+impl Batches {
+    /// Starts hashing the gathered batch on `macs`, the previous one joined
+    /// first, and gathers the next into the drained buffer.
+    fn start(&mut self, macs: &dyn MacRunner) {
+        if self.staged.is_empty() {
+            return;
+        }
+        self.join();
+        let next = core::mem::take(&mut self.spare);
+        let batch = core::mem::replace(&mut self.staged, next).freeze();
+        self.staged.reserve(self.cap);
+        // Always a state here; without one the batch is dropped and the
+        // footer fails.
+        let Some(mac) = self.mac.take() else { return };
+        let task = MacTask::segments(mac, core::slice::from_ref(&batch), 0, batch.len());
+        self.inflight = Some((macs.start(task), batch));
+    }
+
+    /// Takes back the state of the batch in flight, if one is, and its
+    /// buffer for the batch after next.
+    fn join(&mut self) {
+        if let Some((pending, batch)) = self.inflight.take() {
+            self.mac = Some(pending.join());
+            if let Ok(mut buf) = batch.try_into_mut() {
+                buf.clear();
+                self.spare = buf;
+            }
+        }
+    }
+}
+
 impl RoundDecoder {
-    /// A decoder refusing frames whose tensor bytes exceed `ceiling`.
+    /// A decoder refusing frames whose tensor bytes exceed `ceiling`,
+    /// verifying each frame's MAC as it reads ([`Verify::AsRead`];
+    /// [`set_verify`](Self::set_verify) picks another way).
     pub fn new(ceiling: u64) -> Self {
         RoundDecoder {
             ceiling,
             stage: Stage::Magic,
             small: [0; 8],
             have: 0,
-            mac: None,
-            batches: None,
-            unkeyed: false,
-            macd: 0,
+            mac: Verifier::default(),
             wire_len: 0,
             n_tensors: 0,
             kind: RoundKind::Model,
@@ -670,13 +881,13 @@ impl RoundDecoder {
         }
     }
 
-    /// A decoder that gathers up to `cap` bytes of MAC input instead of
-    /// hashing them as they arrive, so that a machine can hash several
-    /// connections' frames at once on a [`MacRunner`]
-    /// ([`RoundDecoder::run_staged`]). [`feed`](Self::feed) then stops
-    /// early, with bytes left and no frame, when the gathered input is full
-    /// or the footer is reached before it was hashed; run the staged MACs
-    /// and feed the rest. `cap = 0` is [`RoundDecoder::new`].
+    /// Checks frames' MACs `how` from the next frame on (a frame under way
+    /// finishes the way it began).
+    ///
+    /// [`Verify::InBatches`]: [`feed`](Self::feed) then stops early, with
+    /// bytes left and no frame, when the gathered input is full or the
+    /// footer is reached before its last batch started; start the batches
+    /// and feed the rest.
     ///
     /// ```
     /// use cohort_proto::wire::*;
@@ -686,7 +897,9 @@ impl RoundDecoder {
     /// let mut w = RoundWriter::begin(&mut buf, &key, RoundKind::Model, 1.0, 1).unwrap();
     /// w.tensor_values(Dtype::F32, &[1000], &values).unwrap();
     /// w.finish(&key).unwrap();
-    /// let (mut a, mut b) = (RoundDecoder::staging(DEFAULT_FRAME_CEILING, 512), RoundDecoder::staging(DEFAULT_FRAME_CEILING, 512));
+    /// let (mut a, mut b) = (RoundDecoder::new(DEFAULT_FRAME_CEILING), RoundDecoder::new(DEFAULT_FRAME_CEILING));
+    /// a.set_verify(Verify::InBatches(512));
+    /// b.set_verify(Verify::InBatches(512));
     /// let (mut rest_a, mut rest_b) = (&buf[..], &buf[..]);
     /// let mut done = 0;
     /// while done < 2 {
@@ -695,89 +908,39 @@ impl RoundDecoder {
     ///         *rest = &rest[used..];
     ///         done += usize::from(frame.is_some());
     ///     }
-    ///     // Both connections' gathered input, hashed in one batch.
-    ///     RoundDecoder::run_staged([&mut a, &mut b], &Inline);
+    ///     // Both connections' gathered input, started as tasks together.
+    ///     RoundDecoder::start_batches([&mut a, &mut b], &Inline);
     /// }
     /// assert!(rest_a.is_empty() && rest_b.is_empty());
     /// ```
-    pub fn staging(ceiling: u64, cap: usize) -> Self {
-        let batches = (cap > 0).then(|| Box::new(Staging { cap, ..Staging::default() }));
-        RoundDecoder { batches, ..RoundDecoder::new(ceiling) }
+    pub fn set_verify(&mut self, how: Verify) {
+        self.mac.how = match how {
+            Verify::InBatches(0) => Verify::AsRead,
+            how => how,
+        };
     }
 
-    /// A decoder that checks everything but the footer's MAC, which its
-    /// caller computes over the frame's bytes where they lie (the reduce
-    /// hashes a held record's frame and tag side by side on its runner). A
-    /// frame it reports done is laid out, not authenticated.
-    pub fn unkeyed(ceiling: u64) -> Self {
-        RoundDecoder { unkeyed: true, ..RoundDecoder::new(ceiling) }
+    /// The way it checks frames' MACs (from the next frame, if just set).
+    pub fn verify(&self) -> Verify {
+        self.mac.how
     }
 
-    /// Starts hashing every decoder's gathered MAC input on `macs`, each as
-    /// a task that runs while the decoders gather the next batch; a
+    /// Starts hashing each batching decoder's gathered MAC input on `macs`,
+    /// each as a task that runs while the decoders gather the next batch; a
     /// decoder joins its task before it starts another or checks its footer.
-    pub fn run_staged<'a>(decoders: impl IntoIterator<Item = &'a mut RoundDecoder>, macs: &dyn MacRunner) {
+    pub fn start_batches<'a>(decoders: impl IntoIterator<Item = &'a mut RoundDecoder>, macs: &dyn MacRunner) {
         for d in decoders {
-            if !d.staged_any() {
-                continue;
-            }
-            d.join_staged();
-            let mac = d.mac.take();
-            let Some(b) = d.batches.as_deref_mut() else { continue };
-            let next = core::mem::take(&mut b.spare);
-            let batch = core::mem::replace(&mut b.staged, next).freeze();
-            b.staged.reserve(b.cap);
-            let Some(mac) = mac else { continue };
-            let task = MacTask::segments(mac, core::slice::from_ref(&batch), 0, batch.len());
-            b.inflight = Some((macs.start(task), batch));
-        }
-    }
-
-    /// Whether MAC input waits in the gathering buffer.
-    fn staged_any(&self) -> bool {
-        self.batches.as_ref().is_some_and(|b| !b.staged.is_empty())
-    }
-
-    /// Takes back the state of the batch in flight, if one is, and its
-    /// buffer for the batch after next.
-    fn join_staged(&mut self) {
-        if let Some(b) = self.batches.as_deref_mut()
-            && let Some((pending, batch)) = b.inflight.take()
-        {
-            self.mac = Some(pending.join());
-            if let Ok(mut buf) = batch.try_into_mut() {
-                buf.clear();
-                b.spare = buf;
+            if let MacWork::InBatches(b) = &mut d.mac.work {
+                b.start(macs);
             }
         }
     }
 
     /// Bytes of the current frame its MAC covers, read so far (everything
-    /// but the footer): how far a caller hashing an unkeyed frame where it
-    /// lies may go.
+    /// but the footer): how far a caller checking the footer
+    /// ([`Verify::ByCaller`]) may hash the frame where it lies.
     pub fn mac_input_len(&self) -> u64 {
-        self.macd
-    }
-
-    /// Whether the footer's MAC is left to the caller.
-    pub fn is_unkeyed(&self) -> bool {
-        self.unkeyed
-    }
-
-    /// The most MAC input it gathers before a batch (0: none).
-    pub fn stage_cap(&self) -> usize {
-        self.batches.as_ref().map_or(0, |b| b.cap)
-    }
-
-    /// Feeds MAC input: gathered for a batch when staging, else hashed now.
-    #[inline]
-    fn mac_input(&mut self, bytes: &[u8]) {
-        self.macd += bytes.len() as u64;
-        if let Some(b) = &mut self.batches {
-            b.staged.extend_from_slice(bytes);
-        } else if let Some(m) = &mut self.mac {
-            m.update(bytes);
-        }
+        self.mac.macd
     }
 
     /// Whether the decoder sits between frames.
@@ -804,15 +967,14 @@ impl RoundDecoder {
         }
     }
 
-    fn reset(&mut self) {
-        let shape = core::mem::take(&mut self.shape);
-        let mut batches = self.batches.take();
-        if let Some(b) = &mut batches {
-            b.staged.clear();
-        }
-        *self = RoundDecoder { unkeyed: self.unkeyed, batches, ..RoundDecoder::new(self.ceiling) };
-        self.shape = shape;
-        self.shape.clear();
+    /// Drops the frame under way, if any (and its batch in flight, not
+    /// joined): the next byte fed starts a frame. The way of verifying stays.
+    pub fn reset(&mut self) {
+        let mut shape = core::mem::take(&mut self.shape);
+        shape.clear();
+        let mut mac = core::mem::take(&mut self.mac);
+        mac.reset();
+        *self = RoundDecoder { shape, mac, ..RoundDecoder::new(self.ceiling) };
     }
 
     /// Accumulates up to `n` bytes of a small field; `Some(bytes)` when complete.
@@ -820,7 +982,7 @@ impl RoundDecoder {
         let take = (n - self.have).min(input.len() - *used);
         let src = &input[*used..*used + take];
         self.small[self.have..self.have + take].copy_from_slice(src);
-        self.mac_input(src);
+        self.mac.absorb(src);
         self.have += take;
         *used += take;
         self.wire_len += take as u64;
@@ -849,8 +1011,8 @@ impl RoundDecoder {
         while used < input.len() || (self.stage == Stage::Data && self.remaining == 0) {
             match self.stage {
                 Stage::Magic => {
-                    if self.mac.is_none() && !self.unkeyed {
-                        self.mac = Some(key.start());
+                    if self.have == 0 {
+                        self.mac.begin(key);
                     }
                     let Some(b) = self.gather(input, &mut used, 4) else { break };
                     let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -925,28 +1087,26 @@ impl RoundDecoder {
                         self.next_tensor_or_footer();
                         continue;
                     }
-                    let mut take = (self.remaining.min((input.len() - used) as u64)) as usize;
-                    if let Some(b) = &self.batches {
-                        take = take.min(b.cap.saturating_sub(b.staged.len()));
-                        if take == 0 {
-                            break;
-                        }
+                    let take = self.remaining.min((input.len() - used) as u64) as usize;
+                    let take = take.min(self.mac.room());
+                    if take == 0 {
+                        // The batch is full: its runner's turn.
+                        break;
                     }
                     let chunk = &input[used..used + take];
-                    self.mac_input(chunk);
+                    self.mac.absorb(chunk);
                     used += take;
                     self.wire_len += take as u64;
                     self.remaining -= take as u64;
                     self.deliver(chunk, sink)?;
                 }
                 Stage::Footer => {
-                    if self.staged_any() {
+                    if self.mac.gathered() {
+                        // Its last batch has to start first.
                         break;
                     }
                     let Some(b) = self.gather_footer(input, &mut used) else { break };
-                    self.join_staged();
-                    let computed = self.mac.take().map(MacState::finish);
-                    if !self.unkeyed && computed != Some(u64::from_le_bytes(b)) {
+                    if !self.mac.check(u64::from_le_bytes(b)) {
                         return Err(WireError::new(F, "footer", Problem::Mac));
                     }
                     let done = RoundDone {
