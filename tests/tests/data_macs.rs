@@ -20,7 +20,11 @@ use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
 use cohort_proto::relay::{Leg, RelayEvent};
 use cohort_proto::testing::harness::Outputs;
 use cohort_proto::testing::macs::Batched;
-use cohort_proto::wire::{Dtype, MacRunner, MuxRecord, Payload, RelayControlMsg, RoundKind};
+use bytes::BytesMut;
+use cohort_proto::wire::{
+    DEFAULT_FRAME_CEILING, Dtype, FrameRecord, Inline, MacRunner, MuxRecord, NullSink, Payload, RelayControlMsg,
+    RoundDecoder, RoundKind, RoundWriter, Verify, round_frame_len,
+};
 use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::data_harness::*;
 use proptest::prelude::*;
@@ -221,6 +225,123 @@ fn frames_of_several_batches_verify_on_the_mac_pool() {
     }
 }
 
+/// A decoder checking MACs `how`.
+fn decoder(how: Verify) -> RoundDecoder {
+    let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
+    dec.set_verify(how);
+    dec
+}
+
+/// Decodes `stream` with `dec`, fed `cut` bytes at a time, its batches
+/// started on `macs` after each call; the frames it reported (their
+/// lengths), or the field of its error.
+fn decode_all(
+    dec: &mut RoundDecoder,
+    stream: &[u8],
+    cut: usize,
+    macs: &dyn MacRunner,
+) -> Vec<Result<u64, &'static str>> {
+    let key = key();
+    let mut got = Vec::new();
+    for mut piece in stream.chunks(cut) {
+        while !piece.is_empty() {
+            match dec.feed(piece, &key, &mut NullSink) {
+                Err(e) => {
+                    got.push(Err(e.field));
+                    return got;
+                }
+                Ok((used, done)) => {
+                    piece = &piece[used..];
+                    got.extend(done.map(|d| Ok(d.wire_len)));
+                    RoundDecoder::start_batches([&mut *dec], macs);
+                }
+            }
+        }
+    }
+    got
+}
+
+/// Every way of checking a frame's MAC lays out the same frames; those
+/// that check it refuse a bad footer where reading as it comes does, and
+/// the caller's way leaves it to the caller. A new way starts with the next
+/// frame: the frame under way finishes as it began.
+#[test]
+fn every_way_of_verifying_lays_out_the_same_frames_and_a_new_way_starts_at_the_next_frame() {
+    let key = key();
+    let values: Vec<f32> = (0..3000).map(|i| i as f32 * 0.5).collect();
+    let good = frame(RoundKind::Model, 1.5, Dtype::F32, &values).to_bytes(&key).unwrap();
+    let mut bad = good.to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    let stream: Vec<u8> = [&good[..], &good[..], &bad[..]].concat();
+    let len = good.len() as u64;
+    let checked = vec![Ok(len), Ok(len), Err("footer")];
+    for cut in [1, 63, 4096, stream.len()] {
+        for how in [Verify::AsRead, Verify::InBatches(0), Verify::InBatches(1), Verify::InBatches(700)] {
+            for macs in [&Inline as &dyn MacRunner, &Batched { batch: 1 }] {
+                assert_eq!(decode_all(&mut decoder(how), &stream, cut, macs), checked, "{how:?}, cut {cut}");
+            }
+        }
+        let by_caller = decode_all(&mut decoder(Verify::ByCaller), &stream, cut, &Inline);
+        assert_eq!(by_caller, vec![Ok(len); 3], "cut {cut}");
+    }
+
+    // Half a frame read as it comes, then batches asked for: the frame
+    // reads to its end in one call, the next one stops at its first batch.
+    let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
+    let half = good.len() / 2;
+    assert_eq!(dec.feed(&good[..half], &key, &mut NullSink).unwrap(), (half, None));
+    dec.set_verify(Verify::InBatches(64));
+    let (used, done) = dec.feed(&good[half..], &key, &mut NullSink).unwrap();
+    assert_eq!((used, done.map(|d| d.wire_len)), (good.len() - half, Some(len)));
+    let (used, done) = dec.feed(&good, &key, &mut NullSink).unwrap();
+    assert!(used < 128 && done.is_none(), "stopped at the first batch: {used} bytes");
+    // Dropped mid-frame with a batch in flight, the decoder reads the next frame whole.
+    let macs = Batched { batch: 64 };
+    RoundDecoder::start_batches([&mut dec], &macs);
+    dec.reset();
+    assert!(dec.is_idle());
+    assert_eq!(decode_all(&mut dec, &good, good.len(), &macs), vec![Ok(len)]);
+    assert_eq!(decode_all(&mut dec, &bad, 1000, &macs), vec![Err("footer")]);
+}
+
+/// A record whose two MACs run as tasks on a runner is the record signed
+/// as it is written, byte for byte, whatever buffer it is written into: one
+/// with room (kept, not copied), one with bytes before the record, one
+/// whose allocation another handle shares (left as it was).
+#[test]
+fn a_record_signed_by_tasks_is_the_record_signed_as_written_in_any_buffer() {
+    let key = key();
+    let values: Vec<f32> = (0..5000).map(|i| i as f32 - 7.0).collect();
+    let len = round_frame_len([(&[5000u32][..], 20_000), (&[3u32][..], 0)]);
+    let write = |macs: &dyn MacRunner, out: &mut BytesMut| {
+        let mut w =
+            RoundWriter::begin_record_on(macs, out, &key, FrameRecord::HostFrame, len, RoundKind::Model, 2.0, 2)
+                .unwrap();
+        w.tensor_values(Dtype::F32, &[5000], &values).unwrap();
+        w.tensor_elided(Dtype::Bf16, &[3]).unwrap();
+        w.finish(&key).unwrap()
+    };
+    let mut want = BytesMut::new();
+    write(&Inline, &mut want);
+    for batch in [1, 999, 1 << 20] {
+        let macs = Batched { batch };
+        let mut roomy = BytesMut::with_capacity(want.len());
+        let at = roomy.as_ptr();
+        write(&macs, &mut roomy);
+        assert_eq!((&roomy, roomy.as_ptr()), (&want, at), "batch {batch}: the same bytes, in place");
+        let mut after = BytesMut::from(&b"kept"[..]);
+        write(&macs, &mut after);
+        assert_eq!((&after[..4], &after[4..]), (&b"kept"[..], &want[..]), "batch {batch}");
+        let mut whole = BytesMut::with_capacity(2 * want.len());
+        whole.extend_from_slice(b"the other handle's");
+        let mut tail = whole.split_off(whole.len());
+        write(&macs, &mut tail);
+        assert_eq!(tail, want, "batch {batch}");
+        assert_eq!(&whole[..], b"the other handle's");
+    }
+}
+
 /// Where the second host's record is tampered with.
 #[derive(Debug, Clone, Copy)]
 enum Flip {
@@ -356,7 +477,7 @@ proptest! {
             }
             c.take_events()
         };
-        let inline = play(Arc::new(cohort_proto::wire::Inline));
+        let inline = play(Arc::new(Inline));
         let batched = play(Arc::new(Batched { batch }));
         let rounds = inline.iter().filter(|e| matches!(e, ClusterEvent::Reduce(ReduceEvent::Consensus { .. }))).count();
         prop_assert_eq!(rounds, 2);
