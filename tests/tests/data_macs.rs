@@ -15,15 +15,15 @@
 
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use cohort_proto::rank::data_client::{Contribution, TensorView};
 use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
 use cohort_proto::relay::{Leg, RelayEvent};
 use cohort_proto::testing::harness::Outputs;
 use cohort_proto::testing::macs::Batched;
-use bytes::BytesMut;
 use cohort_proto::wire::{
-    DEFAULT_FRAME_CEILING, Dtype, FrameRecord, Inline, MacRunner, MuxRecord, NullSink, Payload, RelayControlMsg,
-    RoundDecoder, RoundKind, RoundWriter, Verify, round_frame_len,
+    DEFAULT_FRAME_CEILING, Dtype, FrameRecord, Inline, MacRunner, MuxRecord, NullSink, Payload,
+    RelayControlMsg, RoundDecoder, RoundKind, RoundWriter, Verify, round_frame_len,
 };
 use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::data_harness::*;
@@ -315,9 +315,17 @@ fn a_record_signed_by_tasks_is_the_record_signed_as_written_in_any_buffer() {
     let values: Vec<f32> = (0..5000).map(|i| i as f32 - 7.0).collect();
     let len = round_frame_len([(&[5000u32][..], 20_000), (&[3u32][..], 0)]);
     let write = |macs: &dyn MacRunner, out: &mut BytesMut| {
-        let mut w =
-            RoundWriter::begin_record_on(macs, out, &key, FrameRecord::HostFrame, len, RoundKind::Model, 2.0, 2)
-                .unwrap();
+        let mut w = RoundWriter::begin_record_on(
+            macs,
+            out,
+            &key,
+            FrameRecord::HostFrame,
+            len,
+            RoundKind::Model,
+            2.0,
+            2,
+        )
+        .unwrap();
         w.tensor_values(Dtype::F32, &[5000], &values).unwrap();
         w.tensor_elided(Dtype::Bf16, &[3]).unwrap();
         w.finish(&key).unwrap()
@@ -329,7 +337,8 @@ fn a_record_signed_by_tasks_is_the_record_signed_as_written_in_any_buffer() {
         let mut roomy = BytesMut::with_capacity(want.len());
         let at = roomy.as_ptr();
         write(&macs, &mut roomy);
-        assert_eq!((&roomy, roomy.as_ptr()), (&want, at), "batch {batch}: the same bytes, in place");
+        assert_eq!(roomy, want, "batch {batch}");
+        assert_eq!(roomy.as_ptr(), at, "batch {batch}: written in place, never copied");
         let mut after = BytesMut::from(&b"kept"[..]);
         write(&macs, &mut after);
         assert_eq!((&after[..4], &after[4..]), (&b"kept"[..], &want[..]), "batch {batch}");

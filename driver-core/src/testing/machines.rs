@@ -420,7 +420,8 @@ impl Machine for RecordSink {
     fn handle(&mut self, _now: Time, input: Input<'_>) {
         match input {
             Input::Accepted { conn, .. } => {
-                let decoders = (MuxDecoder::new(self.ceiling), LayoutCheck::new(self.ceiling, Verify::ByCaller));
+                let decoders =
+                    (MuxDecoder::new(self.ceiling), LayoutCheck::new(self.ceiling, Verify::ByCaller));
                 self.conns.insert(conn, decoders);
             }
             Input::Received { conn, mut bytes } => {
