@@ -21,7 +21,7 @@
 use cohort_proto::rank::data_client::{
     Contribution, DataClientError, DataClientEvent, RoundResult, TensorView, gamma_mass,
 };
-use cohort_proto::reduce::{DeathCause, ReduceEvent, reduce_frames};
+use cohort_proto::reduce::{RankLoss, ReduceEvent, reduce_frames};
 use cohort_proto::relay::{RankDeath, RelayEvent};
 use cohort_proto::wire::{Dtype, RoundFrame, RoundKind, TensorPayload};
 use cohort_proto::{CloseCause, Machine, Time};
@@ -82,7 +82,7 @@ fn a_broken_scatter_connection_is_declared_dead_while_the_round_completes_for_th
     let ev = c.take_events();
     assert!(ev.contains(&ClusterEvent::Reduce(ReduceEvent::RankDead {
         rank: 2,
-        cause: DeathCause::HostLost(CloseCause::WriteStall)
+        cause: RankLoss::HostLost(CloseCause::WriteStall)
     })));
     let got: Vec<usize> = ev
         .iter()
@@ -137,9 +137,7 @@ fn a_rank_exit_reaches_the_reduce_and_the_rest_carry_on() {
         0,
         RelayEvent::RankDead { rank: 1, cause: RankDeath::Loopback(CloseCause::Eof) }
     )));
-    assert!(
-        ev.contains(&ClusterEvent::Reduce(ReduceEvent::RankDead { rank: 1, cause: DeathCause::RankExit }))
-    );
+    assert!(ev.contains(&ClusterEvent::Reduce(ReduceEvent::RankDead { rank: 1, cause: RankLoss::RankExit })));
     submit(&mut c, 0, 1.0, &[2.0]);
     submit(&mut c, 2, 1.0, &[4.0]);
     c.pump();

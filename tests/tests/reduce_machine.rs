@@ -3,7 +3,7 @@
 
 use bytes::BytesMut;
 use cohort_proto::config::defaults;
-use cohort_proto::reduce::{DeathCause, HostError, HostRefusal, Reduce, ReduceConfig, ReduceEvent};
+use cohort_proto::reduce::{HostError, HostRefusal, RankLoss, Reduce, ReduceConfig, ReduceEvent};
 use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, Dtype, MUX_PROTOCOL_VERSION, MUX_RECORD_MAGIC, MacKey, MuxRecord, Payload,
     Problem, RelayControlMsg, RoundFrame, RoundKind, SessionSalt,
@@ -291,7 +291,7 @@ fn a_data_record_on_the_data_channel_drops_that_host() {
     assert_eq!(ev[0], ReduceEvent::HostFailed { conn: a, error: HostError::DataRecord { rank: 0 } });
     assert!(!matches!(ev[0], ReduceEvent::Stopped(_)));
     assert!(HostError::DataRecord { rank: 0 }.to_string().contains("HostFrame"));
-    assert_eq!(ev[1], ReduceEvent::RankDead { rank: 0, cause: DeathCause::HostFailed });
+    assert_eq!(ev[1], ReduceEvent::RankDead { rank: 0, cause: RankLoss::HostFailed });
     assert_eq!(rig.out.closed, vec![a]);
     // The survivor's rounds go on.
     rig.host_frame(b, &f(&[6.0], 2.0));
@@ -384,7 +384,7 @@ fn a_broken_scatter_connection_is_declared_dead_and_the_rest_continue() {
     rig.close(b, CloseCause::WriteStall);
     let ev = rig.events();
     assert!(
-        ev.contains(&ReduceEvent::RankDead { rank: 3, cause: DeathCause::HostLost(CloseCause::WriteStall) })
+        ev.contains(&ReduceEvent::RankDead { rank: 3, cause: RankLoss::HostLost(CloseCause::WriteStall) })
     );
     rig.host_frame(a, &f(&[3.0], 3.0));
     let c = rig.consensus(a).unwrap();

@@ -142,7 +142,7 @@ impl fmt::Display for HostError {
 
 /// How a rank entered the dead-rank ledger.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DeathCause {
+pub enum RankLoss {
     /// Told by the application (coordinator, launcher).
     Declared,
     /// Its relay reported its loopback connection ended.
@@ -189,7 +189,7 @@ pub enum ReduceEvent {
         /// The rank.
         rank: u32,
         /// How.
-        cause: DeathCause,
+        cause: RankLoss,
     },
     /// A round completed and its consensus was sent.
     Consensus {
@@ -310,7 +310,7 @@ impl Reduce {
         if self.stopped {
             return;
         }
-        self.mark_dead(rank, DeathCause::Declared, true);
+        self.mark_dead(rank, RankLoss::Declared, true);
         self.try_complete();
     }
 
@@ -339,7 +339,7 @@ impl Reduce {
         self.stopped
     }
 
-    fn mark_dead(&mut self, rank: u32, cause: DeathCause, forward: bool) {
+    fn mark_dead(&mut self, rank: u32, cause: RankLoss, forward: bool) {
         if rank >= self.cfg.world_size || !self.dead.insert(rank) {
             return;
         }
@@ -377,7 +377,7 @@ impl Reduce {
 
     /// Drops a host: its connection (closed here unless it already ended)
     /// and its ranks (dead).
-    fn drop_host(&mut self, conn: ConnId, cause: DeathCause, close: bool) {
+    fn drop_host(&mut self, conn: ConnId, cause: RankLoss, close: bool) {
         let Some(host) = self.remove_host(conn) else { return };
         if close {
             self.out.close(conn);
@@ -406,7 +406,7 @@ impl Reduce {
         if self.ends_everything(conn) {
             return self.stop(ReduceStop::HostEnded { conn });
         }
-        self.drop_host(conn, DeathCause::HostFailed, true);
+        self.drop_host(conn, RankLoss::HostFailed, true);
     }
 
     fn refuse(&mut self, conn: ConnId, reason: HostRefusal) {
@@ -498,7 +498,7 @@ impl Reduce {
                 if ranks.contains(&rank) && self.cfg.rules == Rules::Flodl && !self.dead.contains(&rank) {
                     self.stop(ReduceStop::HostEnded { conn });
                 } else if ranks.contains(&rank) {
-                    self.mark_dead(rank, DeathCause::RankExit, false);
+                    self.mark_dead(rank, RankLoss::RankExit, false);
                 }
             }
             // Hello / HelloAck / DeclareDead mid-stream, Broadcast upstream:
@@ -693,7 +693,7 @@ impl Machine for Reduce {
                         self.remove_host(conn);
                         self.stop(ReduceStop::HostEnded { conn });
                     }
-                    Some(true) => self.drop_host(conn, DeathCause::HostLost(cause), false),
+                    Some(true) => self.drop_host(conn, RankLoss::HostLost(cause), false),
                     Some(false) => {
                         self.remove_host(conn);
                         self.out.event(ReduceEvent::HostRefused { conn, reason: HostRefusal::Closed(cause) });

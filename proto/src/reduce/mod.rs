@@ -36,7 +36,7 @@ mod machine;
 mod mass;
 mod sum;
 
-pub use machine::{DeathCause, HostError, HostRefusal, Reduce, ReduceConfig, ReduceEvent, ReduceStop};
+pub use machine::{HostError, HostRefusal, RankLoss, Reduce, ReduceConfig, ReduceEvent, ReduceStop};
 pub use mass::{gamma_mass, is_realized, mover_mass};
 pub use sum::{
     Consensus, ConsensusTensor, FrameLayout, LaidTensor, LayoutCheck, RoundSum, reduce_frames, sum_frames,
