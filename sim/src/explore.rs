@@ -199,6 +199,11 @@ pub fn random_scenario(seed: u64) -> Scenario {
     }
     sc.faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
     sc.rules = if r.chance(0.3) { Rules::Flodl } else { Rules::Cohort };
+    // flodl 0.8 confines nothing a keyed peer sends (a compromised host's
+    // frames enter its sums): the confinement checkers hold cohort's rules.
+    if sc.rules == Rules::Flodl {
+        sc.faults.retain(|f| !matches!(f.fault, Fault::CompromiseHost { .. }));
+    }
     // The apply policy and the speed spread, drawn after everything else.
     sc.policy = [ApplyPolicy::Sync, ApplyPolicy::Cadence, ApplyPolicy::Async][r.range(0, 3) as usize];
     let spread = [1.0, 2.0, 3.0, 8.0][r.range(0, 4) as usize];
