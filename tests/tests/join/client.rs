@@ -5,9 +5,10 @@ use core::time::Duration;
 
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::*;
+use cohort_proto::testing::harness::{Outputs, drain};
 use cohort_proto::wire::{Channel, JoinMsgWire, SaltError, SessionSalt};
 use cohort_proto::{CloseCause, ConnId, Input, Machine, Output, Peer, Time};
-use cohort_tests::join_harness::{Drained, at, drain, frame, join_msgs, offer};
+use cohort_tests::join_harness::{at, frame, join_msgs, offer};
 
 const SALT: SessionSalt = SessionSalt::from_bytes([9; 16]);
 const ZERO: SessionSalt = SessionSalt::ZERO;
@@ -21,19 +22,20 @@ fn client(pre_shared: Option<SessionSalt>, t: Time) -> JoinClient {
 fn connected(pre_shared: Option<SessionSalt>, t: Time) -> (JoinClient, Vec<u8>) {
     let mut c = client(pre_shared, t);
     let d = drain(&mut c, t);
-    assert!(matches!(&d.outputs[..], [Output::Dial { dial, addr }] if *dial == JOIN_DIAL && addr == "ctl:1"));
+    assert_eq!(d.dials, [(JOIN_DIAL, "ctl:1".to_string())]);
+    assert!(d.bytes.is_empty() && d.closed.is_empty() && d.events.is_empty(), "{d:?}");
     c.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
-    let hello = drain(&mut c, t).sent(C);
+    let hello = drain(&mut c, t).take(C);
     (c, hello)
 }
 
-fn feed(c: &mut JoinClient, t: Time, bytes: &[u8]) -> Drained<ClientEvent> {
+fn feed(c: &mut JoinClient, t: Time, bytes: &[u8]) -> Outputs<ClientEvent> {
     c.handle(t, Input::Received { conn: C, bytes });
     drain(c, t)
 }
 
-fn failure(d: &Drained<ClientEvent>) -> ClientFailure {
-    match &d.events()[..] {
+fn failure(d: &Outputs<ClientEvent>) -> ClientFailure {
+    match &d.events[..] {
         [ClientEvent::Failed(f)] => f.clone(),
         other => panic!("expected one failure, got {other:?}"),
     }
@@ -61,7 +63,7 @@ fn open_accept_adopts_the_salt_then_world_formed_arrives_keyed_with_it() {
     // Accept and WorldFormed in one read: the key switches mid-buffer.
     let d = feed(&mut c, t, &bytes);
     assert_eq!(
-        d.events(),
+        d.events,
         vec![
             ClientEvent::Admitted { ranks: vec![4, 5], formation_wait: Duration::from_secs(100) },
             ClientEvent::WorldFormed { envelope_hex: "e".into(), relay_spec_hex: None },
@@ -76,7 +78,7 @@ fn pre_shared_keeps_its_salt() {
     let t = at(1, 0);
     let (mut c, _) = connected(Some(SALT), t);
     let d = feed(&mut c, t, &frame(&SALT, &accept(None, 10)));
-    assert!(matches!(&d.events()[..], [ClientEvent::Admitted { .. }]));
+    assert!(matches!(&d.events[..], [ClientEvent::Admitted { .. }]));
     assert_eq!(c.salt(), Some(SALT));
 }
 
@@ -86,7 +88,7 @@ fn trust_mode_disagreements_are_named() {
     let (mut c, _) = connected(None, t);
     let d = feed(&mut c, t, &frame(&ZERO, &accept(None, 10)));
     assert_eq!(failure(&d), ClientFailure::MissingSalt);
-    assert!(d.closed(C));
+    assert!(d.is_closed(C));
     let (mut c, _) = connected(None, t);
     let d = feed(&mut c, t, &frame(&ZERO, &accept(Some("zz".into()), 10)));
     assert_eq!(failure(&d), ClientFailure::BadSalt(SaltError::Length(2)));
@@ -104,7 +106,7 @@ fn reject_is_a_named_failure() {
     let f = failure(&d);
     assert_eq!(f, ClientFailure::Rejected { reason: "host \"node\" already joined".into() });
     assert!(f.to_string().contains("rejected"), "{f}");
-    assert!(d.closed(C));
+    assert!(d.is_closed(C));
     assert_eq!(c.poll_timeout(), None);
 }
 
@@ -118,7 +120,7 @@ fn reply_deadline_is_exact_and_scaled() {
     c.handle(at(32, 0), Input::Timeout);
     let d = drain(&mut c, at(32, 0));
     assert_eq!(failure(&d), ClientFailure::ReplyTimeout);
-    assert!(d.closed(C));
+    assert!(d.is_closed(C));
 
     let mut scaled =
         JoinClient::new(ClientParams::new("x", offer("n", 1), None, TimeoutScale::new(0.5).unwrap()), t);
@@ -159,7 +161,7 @@ fn aborts_and_closes_before_formation_are_named() {
     c.handle(t, Input::Closed { conn: C, cause: CloseCause::Eof, unsent: 0 });
     let d = drain(&mut c, t);
     assert_eq!(failure(&d), ClientFailure::ClosedBeforeFormation(CloseCause::Eof));
-    assert!(!d.closed(C));
+    assert!(!d.is_closed(C));
 
     let (mut c, _) = connected(Some(SALT), t);
     c.handle(t, Input::Closed { conn: C, cause: CloseCause::Eof, unsent: 0 });
@@ -187,7 +189,7 @@ fn out_of_order_and_corrupt_replies_fail_by_name() {
     let (mut c, _) = connected(Some(SALT), t);
     let d = feed(&mut c, t, &frame(&ZERO, &accept(None, 1)));
     assert!(matches!(failure(&d), ClientFailure::Wire(e) if e.is_mac()));
-    assert!(d.closed(C));
+    assert!(d.is_closed(C));
 }
 
 #[test]
@@ -200,18 +202,18 @@ fn the_host_link_reports_exits_and_ends_by_name() {
     feed(&mut c, t, &bytes);
     c.report_rank_exit(5, 137).unwrap();
     let d = drain(&mut c, t);
-    assert_eq!(join_msgs(&SALT, &d.sent(C)), vec![JoinMsgWire::RankExited { rank: 5, code: 137 }]);
+    assert_eq!(join_msgs(&SALT, d.sent(C)), vec![JoinMsgWire::RankExited { rank: 5, code: 137 }]);
     let d = feed(&mut c, t, &frame(&SALT, &JoinMsgWire::Reject { reason: "x".into() }));
-    assert_eq!(d.events(), vec![ClientEvent::Ignored { what: "Reject" }]);
+    assert_eq!(d.events, vec![ClientEvent::Ignored { what: "Reject" }]);
     let d = feed(&mut c, t, &frame(&SALT, &JoinMsgWire::Abort { reason: "rank 5 died".into() }));
-    assert_eq!(d.events(), vec![ClientEvent::LinkEnded(LinkEnd::Aborted { reason: "rank 5 died".into() })]);
-    assert!(d.closed(C));
+    assert_eq!(d.events, vec![ClientEvent::LinkEnded(LinkEnd::Aborted { reason: "rank 5 died".into() })]);
+    assert!(d.is_closed(C));
     assert_eq!(c.report_rank_exit(4, 0), Err(NotLinked));
 
     let (mut c, _) = connected(None, t);
     feed(&mut c, t, &bytes);
     c.handle(t, Input::Closed { conn: C, cause: CloseCause::Eof, unsent: 0 });
-    assert_eq!(drain(&mut c, t).events(), vec![ClientEvent::LinkEnded(LinkEnd::Closed(CloseCause::Eof))]);
+    assert_eq!(drain(&mut c, t).events, vec![ClientEvent::LinkEnded(LinkEnd::Closed(CloseCause::Eof))]);
 }
 
 // ---- end to end: client <-> window through an in-memory pipe ----
