@@ -1,13 +1,14 @@
 //! The agent's join client, alone against scripted bytes and end to end
-//! against the join window through an in-memory pipe.
+//! against the join window on proto's in-memory net.
 
 use core::time::Duration;
 
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::*;
 use cohort_proto::testing::harness::{Outputs, drain};
+use cohort_proto::testing::net::{Net, NodeId};
 use cohort_proto::wire::{Channel, JoinMsgWire, SaltError, SessionSalt};
-use cohort_proto::{CloseCause, ConnId, Input, Machine, Output, Peer, Time};
+use cohort_proto::{CloseCause, ConnId, Input, Machine, Time};
 use cohort_tests::join_harness::{at, frame, join_msgs, offer};
 
 const SALT: SessionSalt = SessionSalt::from_bytes([9; 16]);
@@ -216,63 +217,63 @@ fn the_host_link_reports_exits_and_ends_by_name() {
     assert_eq!(drain(&mut c, t).events, vec![ClientEvent::LinkEnded(LinkEnd::Closed(CloseCause::Eof))]);
 }
 
-// ---- end to end: client <-> window through an in-memory pipe ----
+// ---- end to end: client <-> window on proto's in-memory net ----
 
-/// Carries bytes and closes between one client connection and one window
-/// connection until both machines are quiet. Returns their events.
-fn pump(
-    c: &mut JoinClient,
-    w: &mut JoinWindow,
-    cc: ConnId,
-    wc: ConnId,
+/// An event of either end.
+#[derive(Debug)]
+enum End {
+    Client(ClientEvent),
+    Window(JoinEvent),
+}
+
+impl From<ClientEvent> for End {
+    fn from(e: ClientEvent) -> Self {
+        End::Client(e)
+    }
+}
+
+impl From<JoinEvent> for End {
+    fn from(e: JoinEvent) -> Self {
+        End::Window(e)
+    }
+}
+
+/// `window` listening at `ctl:1` from time zero; at `t` a client (on the
+/// window's host if `local`) dials it, and whatever follows at `t` happens.
+/// Returns the net, the window's node and the client's.
+fn dialed(
+    window: JoinWindow,
+    pre_shared: Option<SessionSalt>,
+    local: bool,
     t: Time,
-) -> (Vec<ClientEvent>, Vec<JoinEvent>) {
+) -> (Net<End>, NodeId, NodeId) {
+    let mut net = Net::new();
+    let w = net.add("controller", window, &["ctl:1"]);
+    net.run_until(t);
+    let c = net.add(if local { "controller" } else { "node" }, client(pre_shared, t), &[]);
+    net.run_until(t);
+    (net, w, c)
+}
+
+/// Each end's events so far, taken.
+fn ends(net: &mut Net<End>) -> (Vec<ClientEvent>, Vec<JoinEvent>) {
     let (mut ce, mut we) = (Vec::new(), Vec::new());
-    loop {
-        let mut moved = false;
-        while let Some(o) = c.poll(t) {
-            moved = true;
-            match o {
-                Output::Transmit { conn, bytes } if conn == cc => {
-                    w.handle(t, Input::Received { conn: wc, bytes: &bytes })
-                }
-                Output::Close { conn } if conn == cc => {
-                    w.handle(t, Input::Closed { conn: wc, cause: CloseCause::Eof, unsent: 0 })
-                }
-                Output::Event(e) => ce.push(e),
-                other => panic!("unexpected client output {other:?}"),
-            }
-        }
-        while let Some(o) = w.poll(t) {
-            moved = true;
-            match o {
-                Output::Transmit { conn, bytes } if conn == wc => {
-                    c.handle(t, Input::Received { conn: cc, bytes: &bytes })
-                }
-                Output::Close { conn } if conn == wc => {
-                    c.handle(t, Input::Closed { conn: cc, cause: CloseCause::Eof, unsent: 0 })
-                }
-                Output::Event(e) => we.push(e),
-                other => panic!("unexpected window output {other:?}"),
-            }
-        }
-        if !moved {
-            return (ce, we);
+    for (_, _, e) in net.take_events() {
+        match e {
+            End::Client(e) => ce.push(e),
+            End::Window(e) => we.push(e),
         }
     }
+    (ce, we)
 }
 
 #[test]
 fn end_to_end_open_admission_formation_exit_and_abort() {
     let config = JoinConfig { target_ranks: Some(2), ..JoinConfig::default() };
-    let mut w =
-        JoinWindow::new(WindowParams::new(config, SALT, TrustMode::OpenLoopback), Time::ZERO).unwrap();
+    let w = JoinWindow::new(WindowParams::new(config, SALT, TrustMode::OpenLoopback), Time::ZERO).unwrap();
     let t = at(4, 0);
-    let mut c = client(None, t);
-    assert!(matches!(c.poll(t), Some(Output::Dial { .. })));
-    c.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
-    w.handle(t, Input::Accepted { conn: ConnId(70), peer: Peer::LOOPBACK });
-    let (ce, we) = pump(&mut c, &mut w, C, ConnId(70), t);
+    let (mut net, w, c) = dialed(w, None, true, t);
+    let (ce, we) = ends(&mut net);
     assert_eq!(
         ce,
         vec![ClientEvent::Admitted { ranks: vec![0, 1], formation_wait: Duration::from_secs(596) }]
@@ -281,18 +282,26 @@ fn end_to_end_open_admission_formation_exit_and_abort() {
         we.iter()
             .any(|e| matches!(e, JoinEvent::Formed { reason: FormReason::TargetReached, world_size: 2, .. }))
     );
-    assert_eq!(c.salt(), Some(SALT), "the salt travelled in the open-admission accept");
+    let salt = net.machine::<JoinClient>(c).and_then(JoinClient::salt);
+    assert_eq!(salt, Some(SALT), "the salt travelled in the open-admission accept");
 
-    w.send_world_formed(ConnId(70), "envelope".into(), None).unwrap();
-    let (ce, _) = pump(&mut c, &mut w, C, ConnId(70), t);
+    let [(host, _)] = net.connections(w)[..] else { panic!("one host link") };
+    net.command(w, |w: &mut JoinWindow, _| w.send_world_formed(host, "envelope".into(), None))
+        .unwrap()
+        .unwrap();
+    net.run_until(t);
+    let (ce, _) = ends(&mut net);
     assert_eq!(ce, vec![ClientEvent::WorldFormed { envelope_hex: "envelope".into(), relay_spec_hex: None }]);
 
-    c.report_rank_exit(1, 9).unwrap();
-    let (_, we) = pump(&mut c, &mut w, C, ConnId(70), t);
-    assert_eq!(we, vec![JoinEvent::RankExited { conn: ConnId(70), host: "node".into(), rank: 1, code: 9 }]);
+    net.command(c, |c: &mut JoinClient, _| c.report_rank_exit(1, 9)).unwrap().unwrap();
+    net.run_until(t);
+    let (_, we) = ends(&mut net);
+    assert_eq!(we, vec![JoinEvent::RankExited { conn: host, host: "node".into(), rank: 1, code: 9 }]);
 
-    w.abort(at(5, 0), "training failed");
-    let (ce, _) = pump(&mut c, &mut w, C, ConnId(70), at(5, 0));
+    net.run_until(at(5, 0));
+    net.command(w, |w: &mut JoinWindow, now| w.abort(now, "training failed"));
+    net.run_until(at(5, 0));
+    let (ce, _) = ends(&mut net);
     assert!(
         matches!(&ce[..], [ClientEvent::LinkEnded(LinkEnd::Aborted { reason })] if reason.contains("training failed")),
         "{ce:?}"
@@ -301,15 +310,10 @@ fn end_to_end_open_admission_formation_exit_and_abort() {
 
 #[test]
 fn end_to_end_pre_shared_wrong_salt_is_a_silent_close() {
-    let mut w =
-        JoinWindow::new(WindowParams::new(JoinConfig::default(), SALT, TrustMode::PreShared), Time::ZERO)
-            .unwrap();
-    let t = at(1, 0);
-    let mut c = client(Some(SessionSalt::from_bytes([1; 16])), t);
-    c.poll(t);
-    c.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
-    w.handle(t, Input::Accepted { conn: ConnId(70), peer: Peer::REMOTE });
-    let (ce, we) = pump(&mut c, &mut w, C, ConnId(70), t);
+    let w = JoinWindow::new(WindowParams::new(JoinConfig::default(), SALT, TrustMode::PreShared), Time::ZERO)
+        .unwrap();
+    let (mut net, _, _) = dialed(w, Some(SessionSalt::from_bytes([1; 16])), false, at(1, 0));
+    let (ce, we) = ends(&mut net);
     assert_eq!(ce, vec![ClientEvent::Failed(ClientFailure::ClosedBeforeReply(CloseCause::Eof))]);
     assert!(matches!(&we[..], [JoinEvent::Rejected { reason: RejectReason::Frame(e), .. }] if e.is_mac()));
 }
