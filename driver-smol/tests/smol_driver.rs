@@ -1,5 +1,11 @@
 //! The smol driver on real loopback sockets: the shared driver suite, and
 //! what only an async-io driver has (a node task on any executor).
+//!
+//! `interop` (in `smol_driver/`): this driver against the others over
+//! loopback, both ways, in the same binary.
+
+#[path = "smol_driver/interop.rs"]
+mod interop;
 
 use cohort_driver_core::testing::{Probe, ProbeEvent, quick};
 use cohort_driver_smol::testing::SmolThread;

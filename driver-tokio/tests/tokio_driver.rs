@@ -1,6 +1,12 @@
 //! The tokio driver on real loopback sockets: the shared driver suite, and
 //! what only the tokio driver has (nodes spawned onto a multi-thread
 //! runtime, next to other tokio tasks).
+//!
+//! `interop` (in `tokio_driver/`): this driver against the others over
+//! loopback, both ways, in the same binary.
+
+#[path = "tokio_driver/interop.rs"]
+mod interop;
 
 use cohort_driver_core::testing::{Echo, Pinger, PingerEvent, Probe, ProbeEvent, quick};
 use cohort_driver_tokio::testing::TokioThread;

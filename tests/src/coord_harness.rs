@@ -218,10 +218,6 @@ pub enum RelayIn {
     ToRank(u32, ControlMsgWire),
 }
 
-/// Drains a machine: proto's one drain (transmitted bytes per connection,
-/// closes, dials, events).
-pub use cohort_proto::testing::harness::{Outputs as Drained, drain as drain_machine};
-
 // ---------------------------------------------------------------------------
 // A simulated world of ranks
 // ---------------------------------------------------------------------------

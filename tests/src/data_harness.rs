@@ -1,19 +1,23 @@
 //! Helpers for the data-plane tests: frame builders, a rig that drives one
-//! relay by hand, and an in-memory cluster (rank data clients, relays, the
-//! controller reduce) wired together through their bytes.
+//! relay by hand, and a whole data plane (rank data clients, relays, the
+//! controller's reduce) on proto's in-memory [`Net`].
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use cohort_proto::rank::data_client::{DataClient, DataClientConfig, DataClientEvent};
+use cohort_proto::rank::data_client::{
+    Contribution, DataClient, DataClientConfig, DataClientEvent, RoundResult,
+};
 use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
 use cohort_proto::relay::{Leg, Relay, RelayConfig, RelayEvent, UPSTREAM_DIAL};
+use cohort_proto::testing::harness::{Outputs, drain_into};
+use cohort_proto::testing::net::{BehindRouter, Net, NodeId};
 use cohort_proto::wire::{
     Channel, ControlHello, DataHello, Dtype, Inline, LenDecoder, MacKey, MacRunner, MuxDecoder, MuxRecord,
     RelayControlMsg, RoundFrame, RoundKind, SessionSalt, TensorPayload, bf16_to_f32, extend_le,
 };
-use cohort_proto::{Adopt, CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
+use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
 
 /// The session salt 01..10 (flodl's test salt).
 pub fn salt() -> SessionSalt {
@@ -71,11 +75,6 @@ pub fn len_framed(bytes: &[u8]) -> Vec<u8> {
     v
 }
 
-use cohort_proto::testing::harness::outputs;
-/// Everything a machine asked for, by kind, and the drain that fills it:
-/// proto's one drain.
-pub use cohort_proto::testing::harness::{Outputs as Collected, drain_into as drain};
-
 /// Decodes every mux record in `bytes` (panics on an error or a leftover).
 pub fn mux_records(bytes: &[u8], key: &MacKey) -> Vec<MuxRecord> {
     let mut dec = MuxDecoder::new(1 << 31);
@@ -111,7 +110,7 @@ pub struct RelayRig {
     /// The clock.
     pub now: Time,
     /// What it asked for.
-    pub out: Collected<RelayEvent>,
+    pub out: Outputs<RelayEvent>,
     /// The upstream connection, once dialed.
     pub up: Option<ConnId>,
     next: u64,
@@ -126,7 +125,7 @@ impl RelayRig {
             key: key(),
             world,
             now: Time::ZERO,
-            out: Collected::default(),
+            out: Outputs::default(),
             up: None,
             next: 100,
         }
@@ -135,7 +134,7 @@ impl RelayRig {
     /// Feeds one input and drains.
     pub fn handle(&mut self, input: Input<'_>) {
         self.relay.handle(self.now, input);
-        drain(&mut self.relay, self.now, &mut self.out);
+        drain_into(&mut self.relay, self.now, &mut self.out);
     }
 
     /// The hello a rank sends on this leg.
@@ -236,289 +235,177 @@ impl RelayRig {
     }
 }
 
-/// A node of the in-memory cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Node {
-    /// A rank's data client (by global rank).
-    Rank(usize),
-    /// A host's data relay.
-    Relay(usize),
-    /// The controller's reduce.
-    Reduce,
-}
-
-/// An event of any node.
+/// An event of any node of a [`DataPlane`].
 #[derive(Debug, Clone, PartialEq)]
-pub enum ClusterEvent {
-    /// From a rank's client.
-    Rank(usize, DataClientEvent),
-    /// From a relay.
-    Relay(usize, RelayEvent),
-    /// From the reduce.
+pub enum DataEvent {
+    /// From a rank's data client.
+    Rank(DataClientEvent),
+    /// From a host's relay.
+    Relay(RelayEvent),
+    /// From the controller's reduce.
     Reduce(ReduceEvent),
 }
 
-#[derive(Debug)]
-enum Delivery {
-    Accepted(ConnId),
-    Connected(DialId, ConnId),
-    Received(ConnId, Vec<u8>),
-    Closed(ConnId, CloseCause),
+impl From<DataClientEvent> for DataEvent {
+    fn from(e: DataClientEvent) -> Self {
+        DataEvent::Rank(e)
+    }
 }
 
-/// Ranks, relays and the reduce of one data plane, connected in memory.
-///
-/// Bytes are delivered in FIFO order, each transmit split into chunks of at
-/// most `chunk` bytes (pseudo-random sizes from `seed`), so every decoder
-/// sees arbitrary splits.
-#[derive(Debug)]
-pub struct DataCluster {
-    /// The rank clients, by global rank.
-    pub ranks: Vec<DataClient>,
-    /// The relays, by host.
-    pub relays: Vec<Relay>,
-    /// The reduce.
-    pub reduce: Reduce,
-    /// Every event, in order.
-    pub events: Vec<ClusterEvent>,
-    /// The clock.
-    pub now: Time,
-    links: BTreeMap<(Node, ConnId), (Node, ConnId)>,
-    routing: BTreeMap<ConnId, Vec<u8>>,
-    queue: VecDeque<(Node, Delivery)>,
-    next: u64,
-    chunk: usize,
-    rng: u64,
+impl From<RelayEvent> for DataEvent {
+    fn from(e: RelayEvent) -> Self {
+        DataEvent::Relay(e)
+    }
 }
 
-impl DataCluster {
+impl From<ReduceEvent> for DataEvent {
+    fn from(e: ReduceEvent) -> Self {
+        DataEvent::Reduce(e)
+    }
+}
+
+/// The address the reduce listens at (behind a port router, as on the
+/// controller).
+const CONTROLLER: &str = "controller:1";
+
+/// One data plane on a [`Net`]: rank data clients, one relay per host
+/// (folding its ranks' rounds, fanning the consensus out), the controller's
+/// reduce behind its port router. Every delivery is instant, so a test
+/// settles the plane at one instant with [`DataPlane::settle`].
+#[derive(Debug)]
+pub struct DataPlane {
+    /// The net (the clock, every event with its node, crash and cut).
+    pub net: Net<DataEvent>,
+    /// The reduce's node.
+    pub reduce: NodeId,
+    /// Each host's relay node, by host.
+    pub relays: Vec<NodeId>,
+    /// Each rank's node, by global rank.
+    pub ranks: Vec<NodeId>,
+}
+
+impl DataPlane {
     /// A world whose ranks are grouped into `hosts` (each a list of global
-    /// ranks; together exactly `0..world`). Runs every handshake.
-    pub fn new(hosts: &[Vec<u32>], chunk: usize, seed: u64) -> Self {
-        Self::with_macs(hosts, chunk, seed, Arc::new(Inline))
+    /// ranks; together exactly `0..world`), every transmit cut into pieces
+    /// of 1 to `split` bytes drawn from `seed`. Runs every handshake.
+    pub fn new(hosts: &[Vec<u32>], split: usize, seed: u64) -> Self {
+        Self::with_macs(hosts, split, seed, Arc::new(Inline))
     }
 
-    /// [`DataCluster::new`] with the relays' and the reduce's MAC work on `macs`.
-    pub fn with_macs(hosts: &[Vec<u32>], chunk: usize, seed: u64, macs: Arc<dyn MacRunner>) -> Self {
+    /// [`DataPlane::new`] with the relays' and the reduce's MAC work on `macs`.
+    pub fn with_macs(hosts: &[Vec<u32>], split: usize, seed: u64, macs: Arc<dyn MacRunner>) -> Self {
         let world: u32 = hosts.iter().map(|h| h.len() as u32).sum();
+        let mut net = Net::new().split_bytes(split, seed);
+        // Listeners first: a machine dials at birth.
+        let mut reduce = Reduce::new(ReduceConfig::new(world, key()));
+        reduce.run_macs_on(macs.clone());
+        let reduce = net.add("controller", BehindRouter::new(Channel::Data, reduce), &[CONTROLLER]);
+        let relays = hosts
+            .iter()
+            .enumerate()
+            .map(|(h, rs)| {
+                let host = format!("host{h}");
+                let cfg = RelayConfig::new(Leg::Data, host.as_str(), rs.clone(), world, key(), CONTROLLER);
+                let mut relay = Relay::new(cfg).expect("valid relay config");
+                relay.run_macs_on(macs.clone());
+                net.add(&host, relay, &[&format!("relay-{h}")])
+            })
+            .collect();
         let mut host_of = vec![0usize; world as usize];
-        for (h, ranks) in hosts.iter().enumerate() {
-            for r in ranks {
+        for (h, rs) in hosts.iter().enumerate() {
+            for r in rs {
                 host_of[*r as usize] = h;
             }
         }
         let ranks = (0..world)
             .map(|r| {
-                DataClient::new(
-                    DataClientConfig::new(r, world, key(), format!("relay-{}", host_of[r as usize])),
-                    Time::ZERO,
-                )
+                let h = host_of[r as usize];
+                let cfg = DataClientConfig::new(r, world, key(), format!("relay-{h}"));
+                net.add(&format!("host{h}"), DataClient::new(cfg, net.now()), &[])
             })
             .collect();
-        let relays = hosts
-            .iter()
-            .enumerate()
-            .map(|(h, rs)| {
-                let cfg =
-                    RelayConfig::new(Leg::Data, format!("host{h}"), rs.clone(), world, key(), "controller");
-                let mut relay = Relay::new(cfg).expect("valid relay config");
-                relay.run_macs_on(macs.clone());
-                relay
-            })
-            .collect();
-        let mut reduce = Reduce::new(ReduceConfig::new(world, key()));
-        reduce.run_macs_on(macs);
-        let mut c = DataCluster {
-            ranks,
-            relays,
-            reduce,
-            events: Vec::new(),
-            now: Time::ZERO,
-            links: BTreeMap::new(),
-            routing: BTreeMap::new(),
-            queue: VecDeque::new(),
-            next: 1,
-            chunk: chunk.max(1),
-            rng: seed | 1,
-        };
-        c.pump();
-        c
+        let mut plane = DataPlane { net, reduce, relays, ranks };
+        plane.settle();
+        plane
     }
 
-    fn rand(&mut self) -> u64 {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        self.rng
+    /// Carries out everything due now: every byte in flight arrives, and
+    /// every answer to it.
+    pub fn settle(&mut self) {
+        self.net.run_until(self.net.now());
     }
 
-    fn conn(&mut self) -> ConnId {
-        self.next += 1;
-        ConnId(self.next)
+    /// Settles until an event `stop` accepts comes out (then returns true,
+    /// leaving the rest in flight).
+    pub fn settle_until(&mut self, mut stop: impl FnMut(&DataEvent) -> bool) -> bool {
+        self.net.run_until_event(self.net.now(), |_, e| stop(e)).is_some()
     }
 
-    fn outputs(&mut self, node: Node) -> Vec<Output<ClusterEvent>> {
-        let now = self.now;
-        match node {
-            Node::Rank(i) => {
-                outputs(&mut self.ranks[i], now).map(|o| o.map_event(|e| ClusterEvent::Rank(i, e))).collect()
-            }
-            Node::Relay(h) => outputs(&mut self.relays[h], now)
-                .map(|o| o.map_event(|e| ClusterEvent::Relay(h, e)))
-                .collect(),
-            Node::Reduce => {
-                outputs(&mut self.reduce, now).map(|o| o.map_event(ClusterEvent::Reduce)).collect()
-            }
-        }
+    /// Rank `rank`'s data client.
+    pub fn rank(&self, rank: usize) -> &DataClient {
+        self.net.machine(self.ranks[rank]).expect("a data client")
     }
 
-    fn drain_all(&mut self) {
-        let nodes: Vec<Node> = (0..self.ranks.len())
-            .map(Node::Rank)
-            .chain((0..self.relays.len()).map(Node::Relay))
-            .chain([Node::Reduce])
-            .collect();
-        for node in nodes {
-            for o in self.outputs(node) {
-                self.output(node, o);
-            }
-        }
+    /// Host `host`'s relay.
+    pub fn relay(&self, host: usize) -> &Relay {
+        self.net.machine(self.relays[host]).expect("a relay")
     }
 
-    fn output(&mut self, node: Node, o: Output<ClusterEvent>) {
-        match o {
-            Output::Transmit { conn, bytes } => {
-                let Some(&(peer, pconn)) = self.links.get(&(node, conn)) else { return };
-                let mut at = 0;
-                while at < bytes.len() {
-                    let n = 1 + (self.rand() as usize % self.chunk);
-                    let end = (at + n).min(bytes.len());
-                    self.queue.push_back((peer, Delivery::Received(pconn, bytes[at..end].to_vec())));
-                    at = end;
-                }
-            }
-            Output::Close { conn } => {
-                if let Some((peer, pconn)) = self.links.remove(&(node, conn)) {
-                    self.links.remove(&(peer, pconn));
-                    self.queue.push_back((peer, Delivery::Closed(pconn, CloseCause::Eof)));
-                }
-            }
-            Output::Dial { dial, addr } => {
-                let (a, b) = (self.conn(), self.conn());
-                let listener = if addr == "controller" {
-                    self.routing.insert(b, Vec::new());
-                    Node::Reduce
-                } else {
-                    let h: usize = addr.trim_start_matches("relay-").parse().expect("relay address");
-                    self.queue.push_back((Node::Relay(h), Delivery::Accepted(b)));
-                    Node::Relay(h)
-                };
-                self.links.insert((node, a), (listener, b));
-                self.links.insert((listener, b), (node, a));
-                self.queue.push_back((node, Delivery::Connected(dial, a)));
-            }
-            Output::Event(e) => self.events.push(e),
-        }
+    /// The reduce.
+    pub fn reduce(&self) -> &Reduce {
+        self.net.machine::<BehindRouter<Reduce>>(self.reduce).expect("the reduce").machine()
     }
 
-    fn apply(&mut self, node: Node, d: Delivery) {
-        let now = self.now;
-        if let (Node::Reduce, Delivery::Received(conn, bytes)) = (&node, &d)
-            && let Some(buf) = self.routing.get_mut(conn)
-        {
-            buf.extend_from_slice(bytes);
-            if buf.len() >= 4 {
-                let buf = self.routing.remove(conn).unwrap_or_default();
-                assert_eq!(buf[..4], Channel::Data.magic_bytes(), "data channel magic");
-                self.reduce.adopt(now, *conn, Peer::REMOTE, &buf[4..]);
-            }
-            return;
-        }
-        let input = match &d {
-            Delivery::Accepted(conn) => Input::Accepted { conn: *conn, peer: Peer::LOOPBACK },
-            Delivery::Connected(dial, conn) => Input::Connected { dial: *dial, conn: *conn },
-            Delivery::Received(conn, bytes) => Input::Received { conn: *conn, bytes },
-            Delivery::Closed(conn, cause) => Input::Closed { conn: *conn, cause: *cause, unsent: 0 },
-        };
-        match node {
-            Node::Rank(i) => self.ranks[i].handle(now, input),
-            Node::Relay(h) => self.relays[h].handle(now, input),
-            Node::Reduce => self.reduce.handle(now, input),
-        }
+    /// Rank `rank` submits its round now.
+    pub fn submit(&mut self, rank: usize, c: &Contribution<'_>) {
+        self.net
+            .command(self.ranks[rank], |m: &mut DataClient, now| m.submit_round(now, c))
+            .expect("a live data client")
+            .expect("submit");
     }
 
-    /// Delivers bytes until nothing moves.
-    pub fn pump(&mut self) {
-        self.pump_until(|_| false);
-    }
-
-    /// Delivers bytes until nothing moves or an event satisfies `stop`
-    /// (then returns true, leaving the rest queued).
-    pub fn pump_until(&mut self, mut stop: impl FnMut(&ClusterEvent) -> bool) -> bool {
-        let mut seen = self.events.len();
-        loop {
-            self.drain_all();
-            if self.events[seen..].iter().any(&mut stop) {
-                return true;
-            }
-            seen = self.events.len();
-            let Some((node, d)) = self.queue.pop_front() else { return false };
-            self.apply(node, d);
-        }
-    }
-
-    /// Rank `rank`'s process dies: its relay sees the loopback connection end.
-    pub fn kill_rank(&mut self, rank: usize) {
-        let Some((&(_, rconn), &(peer, pconn))) =
-            self.links.iter().find(|((n, _), _)| *n == Node::Rank(rank))
-        else {
-            panic!("rank {rank} has no connection");
-        };
-        self.links.remove(&(Node::Rank(rank), rconn));
-        self.links.remove(&(peer, pconn));
-        self.queue.retain(|(n, d)| {
-            !matches!((n, d), (n2, Delivery::Received(c, _)) if *n2 == peer && *c == pconn)
-                && *n != Node::Rank(rank)
+    /// The coordinator declares `rank` dead to the reduce now.
+    pub fn declare_dead(&mut self, rank: u32) {
+        self.net.command(self.reduce, |m: &mut BehindRouter<Reduce>, now| {
+            m.machine_mut().declare_dead(now, rank)
         });
-        self.queue.push_back((peer, Delivery::Closed(pconn, CloseCause::Eof)));
     }
 
-    /// Breaks the connection between the reduce and relay `host` as a
-    /// failed write would: queued bytes are lost, both sides hear `Closed`.
-    pub fn break_host_link(&mut self, host: usize) {
-        let Some((&(_, rconn), &(_, hconn))) =
-            self.links.iter().find(|((n, _), (p, _))| *n == Node::Reduce && *p == Node::Relay(host))
-        else {
-            panic!("no link to host {host}");
-        };
-        self.links.remove(&(Node::Reduce, rconn));
-        self.links.remove(&(Node::Relay(host), hconn));
-        self.queue.retain(|(n, d)| {
-            !matches!((n, d), (Node::Reduce, Delivery::Received(c, _)) if *c == rconn)
-                && !matches!((n, d), (Node::Relay(h), Delivery::Received(c, _)) if *h == host && *c == hconn)
-        });
-        self.queue.push_back((Node::Reduce, Delivery::Closed(rconn, CloseCause::WriteStall)));
-        self.queue.push_back((Node::Relay(host), Delivery::Closed(hconn, CloseCause::Reset)));
+    /// The global rank of node `node`, if it is a rank's.
+    pub fn rank_of(&self, node: NodeId) -> Option<usize> {
+        self.ranks.iter().position(|n| *n == node)
     }
 
-    /// Events of one kind, drained.
-    pub fn take_events(&mut self) -> Vec<ClusterEvent> {
-        core::mem::take(&mut self.events)
+    /// The host of node `node`, if it is a relay's.
+    pub fn host_of(&self, node: NodeId) -> Option<usize> {
+        self.relays.iter().position(|n| *n == node)
     }
 
-    /// Connections currently open (both directions counted once).
-    pub fn open_links(&self) -> usize {
-        self.links.len() / 2
+    /// Takes the events so far, each with its node.
+    pub fn take_events(&mut self) -> Vec<(NodeId, DataEvent)> {
+        self.net.take_events().into_iter().map(|(_, node, e)| (node, e)).collect()
     }
 
-    /// Ranks whose client reported `Connected`.
-    pub fn connected_ranks(&self) -> BTreeSet<usize> {
-        self.events
-            .iter()
-            .filter_map(|e| match e {
-                ClusterEvent::Rank(i, DataClientEvent::Connected) => Some(*i),
+    /// Each rank's round result in the events so far (taking them all),
+    /// by global rank, in order.
+    pub fn take_consensus(&mut self) -> Vec<(usize, RoundResult)> {
+        let events = self.take_events();
+        events
+            .into_iter()
+            .filter_map(|(node, e)| match e {
+                DataEvent::Rank(DataClientEvent::Consensus(r)) => Some((self.rank_of(node)?, r)),
                 _ => None,
             })
+            .collect()
+    }
+
+    /// Ranks whose client reported `Connected` (among the events not taken).
+    pub fn connected_ranks(&self) -> BTreeSet<usize> {
+        self.net
+            .events()
+            .iter()
+            .filter(|(_, _, e)| *e == DataEvent::Rank(DataClientEvent::Connected))
+            .filter_map(|(_, node, _)| self.rank_of(*node))
             .collect()
     }
 }

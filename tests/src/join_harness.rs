@@ -1,65 +1,11 @@
-//! Helpers for the join, route and status tests: drain a machine's outputs
-//! into something easy to assert on, build hellos, decode replies.
+//! Helpers for the join, route and status tests: build offers, hellos and
+//! frames, decode replies. (A machine's outputs are drained with proto's
+//! `testing::harness::drain`.)
 
 use bytes::BytesMut;
+use cohort_proto::Time;
 use cohort_proto::join::JoinOffer;
-use cohort_proto::testing::harness::outputs;
 use cohort_proto::wire::{Channel, JoinMsgWire, MacKey, Message, SessionSalt, encode_frame, parse_frame};
-use cohort_proto::{ConnId, Machine, Output, Time};
-
-/// Everything a machine produced in one drain, in order: the join, route and
-/// status tests compare whole sequences of outputs.
-#[derive(Debug)]
-pub struct Drained<E> {
-    /// The outputs, in order.
-    pub outputs: Vec<Output<E>>,
-}
-
-impl<E: Clone> Drained<E> {
-    /// Bytes transmitted to `conn`, concatenated.
-    pub fn sent(&self, conn: ConnId) -> Vec<u8> {
-        let mut v = Vec::new();
-        for o in &self.outputs {
-            if let Output::Transmit { conn: c, bytes } = o
-                && *c == conn
-            {
-                v.extend_from_slice(bytes);
-            }
-        }
-        v
-    }
-
-    /// Whether `conn` was closed.
-    pub fn closed(&self, conn: ConnId) -> bool {
-        self.outputs.iter().any(|o| matches!(o, Output::Close { conn: c } if *c == conn))
-    }
-
-    /// Whether any bytes at all went to `conn`.
-    pub fn sent_any(&self, conn: ConnId) -> bool {
-        !self.sent(conn).is_empty()
-    }
-
-    /// The events, in order.
-    pub fn events(&self) -> Vec<E> {
-        self.outputs
-            .iter()
-            .filter_map(|o| match o {
-                Output::Event(e) => Some(e.clone()),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Whether nothing at all came out.
-    pub fn is_empty(&self) -> bool {
-        self.outputs.is_empty()
-    }
-}
-
-/// Drains `m` at `now`, keeping the outputs' order (proto's one drain).
-pub fn drain<M: Machine>(m: &mut M, now: Time) -> Drained<M::Event> {
-    Drained { outputs: outputs(m, now).collect() }
-}
 
 /// A test offer: `n` devices `0..n`, dataset signature `[7; 32]`.
 pub fn offer(host: &str, n: u8) -> JoinOffer {

@@ -44,8 +44,12 @@ use std::collections::{BTreeMap, VecDeque};
 use bytes::Bytes;
 use core::time::Duration;
 
-use crate::machine::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer};
+use crate::config::TimeoutScale;
+use crate::machine::composite::{self, Composite, Part, Parts};
+use crate::machine::{Adopt, CloseCause, ConnId, DialId, Input, Machine, Outbox, Output, Peer};
+use crate::route::{PortRouter, PortRouterEvent};
 use crate::time::Time;
+use crate::wire::Channel;
 
 /// A node's index in a [`Net`] (in the order they were added).
 pub type NodeId = usize;
@@ -352,16 +356,18 @@ impl<E> Net<E> {
         }
     }
 
-    /// Connection `conn` of node `id` breaks: both ends hear `Closed` with
-    /// `cause` now, and bytes still on their way are lost.
-    pub fn cut(&mut self, id: NodeId, conn: ConnId, cause: CloseCause) {
+    /// Connection `conn` of node `id` breaks: node `id` hears `Closed` with
+    /// `cause` and the other end with `peer_cause`, both now, and bytes still
+    /// on their way are lost. The causes may differ as on a real link (a
+    /// write that stalls on one side is a reset on the other).
+    pub fn cut(&mut self, id: NodeId, conn: ConnId, cause: CloseCause, peer_cause: CloseCause) {
         let Some((peer, pconn)) = self.links.remove(&(id, conn)) else { return };
         self.links.remove(&(peer, pconn));
         self.queue.retain(|(_, n, d)| {
             !matches!(d, Delivery::Received { conn: c, .. } if (*n, *c) == (id, conn) || (*n, *c) == (peer, pconn))
         });
         let now = self.now;
-        self.queue.push_front((now, peer, Delivery::Closed { conn: pconn, cause }));
+        self.queue.push_front((now, peer, Delivery::Closed { conn: pconn, cause: peer_cause }));
         self.queue.push_front((now, id, Delivery::Closed { conn, cause }));
     }
 
@@ -445,5 +451,134 @@ impl<E> Net<E> {
         let peer = Peer { loopback: self.nodes[node].host == self.nodes[target].host };
         self.send(target, Delivery::Accepted { conn: b, peer });
         self.send(node, Delivery::Connected { dial, conn: a });
+    }
+}
+
+/// The two parts of a [`BehindRouter`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterPart {
+    /// The port router, peeking at a new connection's channel magic.
+    Router,
+    /// The machine, owning the connections it adopted.
+    Machine,
+}
+
+impl Part for RouterPart {
+    const ALL: &'static [RouterPart] = &[RouterPart::Router, RouterPart::Machine];
+    fn number(self) -> u32 {
+        self as u32
+    }
+}
+
+/// A machine that takes its connections by [`Adopt`] (the reduce, the
+/// rendezvous server, the coordinator), listening on its own behind the
+/// controller's [`PortRouter`]: a connection whose channel magic names
+/// `channel` is handed to the machine, one naming another channel is
+/// closed. The router's verdicts are not reported; the machine's events
+/// are. So a controller part can sit on a [`Net`] without the whole
+/// controller.
+#[derive(Debug)]
+pub struct BehindRouter<M: Machine> {
+    router: PortRouter,
+    channel: Channel,
+    machine: M,
+    parts: Parts<RouterPart>,
+    out: Outbox<M::Event>,
+}
+
+impl<M: Machine + Adopt> BehindRouter<M> {
+    /// `machine` behind a router with the unscaled peek deadline, taking
+    /// the connections of `channel`.
+    pub fn new(channel: Channel, machine: M) -> Self {
+        BehindRouter {
+            router: PortRouter::new(TimeoutScale::ONE),
+            channel,
+            machine,
+            parts: Parts::default(),
+            out: Outbox::default(),
+        }
+    }
+
+    /// The machine.
+    pub fn machine(&self) -> &M {
+        &self.machine
+    }
+
+    /// The machine, for commands (the caller drains this wrapper after).
+    pub fn machine_mut(&mut self) -> &mut M {
+        &mut self.machine
+    }
+
+    /// Hands each connection the router has routed to its owner.
+    fn route(&mut self, now: Time) {
+        while let Some(o) = Machine::poll(&mut self.router, now) {
+            match o {
+                Output::Event(PortRouterEvent::Routed { conn, peer, channel, first })
+                    if channel == self.channel =>
+                {
+                    self.parts.own(conn, RouterPart::Machine);
+                    self.machine.adopt(now, conn, peer, &first);
+                }
+                Output::Event(PortRouterEvent::Routed { conn, .. }) => {
+                    self.parts.disown(conn);
+                    self.out.close(conn);
+                }
+                Output::Event(PortRouterEvent::Dropped { .. }) => {}
+                other => {
+                    self.parts.pass(RouterPart::Router, other, &mut self.out);
+                }
+            }
+        }
+    }
+}
+
+impl<M: Machine + Adopt> Composite for BehindRouter<M> {
+    type Part = RouterPart;
+
+    fn part_handle(&mut self, now: Time, part: RouterPart, input: Input<'_>) {
+        match part {
+            RouterPart::Router => Machine::handle(&mut self.router, now, input),
+            RouterPart::Machine => Machine::handle(&mut self.machine, now, input),
+        }
+    }
+
+    fn part_timeout(&self, part: RouterPart) -> Option<Time> {
+        match part {
+            RouterPart::Router => Machine::poll_timeout(&self.router),
+            RouterPart::Machine => Machine::poll_timeout(&self.machine),
+        }
+    }
+}
+
+impl<M: Machine + Adopt> Machine for BehindRouter<M> {
+    type Event = M::Event;
+
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        match self.parts.route(input) {
+            composite::Routed::Part(part, input) => self.part_handle(now, part, input),
+            composite::Routed::Accepted { conn, peer } => {
+                self.parts.own(conn, RouterPart::Router);
+                Machine::handle(&mut self.router, now, Input::Accepted { conn, peer });
+            }
+            composite::Routed::Timeout => composite::wake(self, now),
+            composite::Routed::Unowned => {}
+        }
+        self.route(now);
+    }
+
+    fn poll(&mut self, now: Time) -> Option<Output<M::Event>> {
+        loop {
+            if let Some(o) = self.out.pop() {
+                return Some(o);
+            }
+            let o = Machine::poll(&mut self.machine, now)?;
+            if let Some(e) = self.parts.pass(RouterPart::Machine, o, &mut self.out) {
+                return Some(Output::Event(e));
+            }
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        composite::next_timeout(self)
     }
 }

@@ -5,9 +5,10 @@
 use cohort_proto::join::*;
 use cohort_proto::route::{PortRouter, PortRouterEvent};
 use cohort_proto::status::*;
+use cohort_proto::testing::harness::{Outputs, drain};
 use cohort_proto::wire::SessionSalt;
 use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
-use cohort_tests::join_harness::{Drained, at, dial_bytes, drain, offer};
+use cohort_tests::join_harness::{at, dial_bytes, offer};
 
 const TOKEN: SessionSalt = SessionSalt::from_bytes([0xDE; 16]);
 
@@ -46,9 +47,9 @@ impl StatusBackend for Fake {
 }
 
 /// One response: status code, body; asserts the framing and the close.
-fn response(d: &Drained<StatusServerEvent>, conn: ConnId) -> (u16, String) {
-    let raw = String::from_utf8(d.sent(conn)).expect("utf-8 response");
-    assert!(d.closed(conn), "the connection closes after the response");
+fn response(d: &Outputs<StatusServerEvent>, conn: ConnId) -> (u16, String) {
+    let raw = String::from_utf8(d.sent(conn).to_vec()).expect("utf-8 response");
+    assert!(d.is_closed(conn), "the connection closes after the response");
     let (head, body) = raw.split_once("\r\n\r\n").expect("a header block");
     let code: u16 = head["HTTP/1.1 ".len()..][..3].parse().expect("a status code");
     assert!(head.starts_with("HTTP/1.1 "), "{head}");
@@ -64,7 +65,7 @@ fn ask(fake: Fake, peer: Peer, req: &str) -> (u16, String, Fake) {
     s.adopt(t, ConnId(1), peer, req.as_bytes());
     let d = drain(&mut s, t);
     let (code, body) = response(&d, ConnId(1));
-    assert!(matches!(&d.events()[..], [StatusServerEvent::Answered { reply, .. }] if reply.status() == code));
+    assert!(matches!(&d.events[..], [StatusServerEvent::Answered { reply, .. }] if reply.status() == code));
     (code, body, s.backend().clone())
 }
 
@@ -233,8 +234,8 @@ fn abandoned_requests() {
     s.adopt(at(0, 0), ConnId(1), Peer::LOOPBACK, b"GET / HT");
     s.handle(at(1, 0), Input::Closed { conn: ConnId(1), cause: CloseCause::Reset, unsent: 0 });
     let d = drain(&mut s, at(1, 0));
-    assert_eq!(d.outputs.len(), 1);
-    assert_eq!(d.events(), vec![StatusServerEvent::Abandoned { conn: ConnId(1), cause: CloseCause::Reset }]);
+    assert_eq!(d.events, vec![StatusServerEvent::Abandoned { conn: ConnId(1), cause: CloseCause::Reset }]);
+    assert!(d.bytes.is_empty() && d.closed.is_empty() && d.dials.is_empty(), "nothing but the event: {d:?}");
     assert_eq!(s.poll_timeout(), None);
 }
 
@@ -268,7 +269,7 @@ fn route_in(
 ) {
     router.handle(t, Input::Accepted { conn: ConnId(conn), peer });
     router.handle(t, Input::Received { conn: ConnId(conn), bytes });
-    for e in drain(router, t).events() {
+    for e in drain(router, t).events {
         match e {
             PortRouterEvent::Routed { conn, peer, channel: cohort_proto::wire::Channel::Http, first } => {
                 status.adopt_with(t, conn, peer, &first, window)
@@ -281,12 +282,12 @@ fn route_in(
     }
 }
 
-fn status_drain(status: &mut StatusResponder) -> Drained<StatusServerEvent> {
-    let mut outputs = Vec::new();
+fn status_drain(status: &mut StatusResponder) -> Outputs<StatusServerEvent> {
+    let mut out = Outputs::default();
     while let Some(o) = status.poll() {
-        outputs.push(o);
+        out.push(o);
     }
-    Drained { outputs }
+    out
 }
 
 #[test]
@@ -304,7 +305,7 @@ fn operator_start_through_the_port_forms_the_world() {
     assert_eq!((code, body.contains("quorum not met: 0/1")), (409, true), "{body}");
 
     route_in(&mut router, &mut status, &mut window, t, 2, Peer::REMOTE, &dial_bytes(&SALT, &offer("a", 2)));
-    assert!(drain(&mut window, t).events().iter().any(|e| matches!(e, JoinWindowEvent::Admitted { .. })));
+    assert!(drain(&mut window, t).events.iter().any(|e| matches!(e, JoinWindowEvent::Admitted { .. })));
 
     route_in(&mut router, &mut status, &mut window, t, 3, Peer::REMOTE, b"GET /state.json HTTP/1.1\r\n\r\n");
     let (code, body) = response(&status_drain(&mut status), ConnId(3));
@@ -321,7 +322,7 @@ fn operator_start_through_the_port_forms_the_world() {
     let req = format!("POST /start?token={} HTTP/1.1\r\n\r\n", SALT.to_hex());
     route_in(&mut router, &mut status, &mut window, t, 5, Peer::REMOTE, req.as_bytes());
     assert_eq!(response(&status_drain(&mut status), ConnId(5)).0, 200);
-    let events = drain(&mut window, t).events();
+    let events = drain(&mut window, t).events;
     assert!(
         events.iter().any(|e| matches!(
             e,

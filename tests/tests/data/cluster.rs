@@ -1,5 +1,6 @@
-//! The whole data plane in memory: rank clients -> relays (fold) -> reduce
-//! -> relays (fan-out) -> rank clients, every byte split at random.
+//! The whole data plane on proto's in-memory net: rank clients -> relays
+//! (fold) -> reduce -> relays (fan-out) -> rank clients, every byte split at
+//! random.
 //!
 //! The property: for random ranks, masses, tensors (f32 or bf16, some
 //! elided, some ranks idle) and random groupings of ranks into hosts, the
@@ -19,7 +20,7 @@
 //! from it by at most the sum of both bounds.
 
 use cohort_proto::rank::data_client::{
-    Contribution, DataClientError, DataClientEvent, RoundResult, TensorView, gamma_mass,
+    Contribution, DataClientError, DataClientEvent, TensorView, gamma_mass,
 };
 use cohort_proto::reduce::{RankLoss, ReduceEvent, reduce_frames};
 use cohort_proto::relay::{RankDeath, RelayEvent};
@@ -28,40 +29,31 @@ use cohort_proto::{CloseCause, Machine, Time};
 use cohort_tests::data_harness::*;
 use proptest::prelude::*;
 
-fn results(c: &mut DataCluster) -> Vec<(usize, RoundResult)> {
-    c.take_events()
-        .into_iter()
-        .filter_map(|e| match e {
-            ClusterEvent::Rank(i, DataClientEvent::Consensus(r)) => Some((i, r)),
-            _ => None,
-        })
-        .collect()
-}
-
-fn submit(c: &mut DataCluster, rank: usize, mass: f64, values: &[f32]) {
+fn submit(c: &mut DataPlane, rank: usize, mass: f64, values: &[f32]) {
     let shape = [values.len() as u32];
     let t = [TensorView::new(&shape, values)];
-    let now = c.now;
-    c.ranks[rank].submit_round(now, &Contribution::model(mass, Dtype::F32, &t)).expect("submit");
+    c.submit(rank, &Contribution::model(mass, Dtype::F32, &t));
 }
 
 #[test]
 fn the_cluster_connects_every_rank_and_relay() {
-    let c = DataCluster::new(&[vec![0, 2], vec![1], vec![3, 4, 5]], 7, 1);
+    let c = DataPlane::new(&[vec![0, 2], vec![1], vec![3, 4, 5]], 7, 1);
     assert_eq!(c.connected_ranks().len(), 6);
-    assert!(c.relays.iter().all(|r| r.is_ready()));
-    assert_eq!(c.open_links(), 6 + 3);
+    assert!((0..3).all(|h| c.relay(h).is_ready()));
+    let links: usize = c.ranks.iter().chain(&c.relays).map(|n| c.net.connections(*n).len()).sum();
+    assert_eq!(links, 2 * 6 + 3, "each rank to its relay (both ends counted), each relay to the reduce");
+    assert_eq!(c.net.connections(c.reduce).len(), 3);
 }
 
 #[test]
 fn one_round_end_to_end() {
-    let mut c = DataCluster::new(&[vec![0, 1], vec![2]], 5, 2);
+    let mut c = DataPlane::new(&[vec![0, 1], vec![2]], 5, 2);
     c.take_events();
     submit(&mut c, 0, 3.0, &[1.0, 2.0]); // sends [3, 6] w3
     submit(&mut c, 1, 1.0, &[10.0, 20.0]);
     submit(&mut c, 2, 0.0, &[99.0, 99.0]); // idle: elided, mass 0
-    c.pump();
-    let got = results(&mut c);
+    c.settle();
+    let got = c.take_consensus();
     assert_eq!(got.len(), 3);
     for (_, r) in &got {
         assert_eq!((r.weight, r.keep_local), (4.0, false));
@@ -71,99 +63,106 @@ fn one_round_end_to_end() {
 
 #[test]
 fn a_broken_scatter_connection_is_declared_dead_while_the_round_completes_for_the_rest() {
-    let mut c = DataCluster::new(&[vec![0, 1], vec![2]], 64, 3);
+    let mut c = DataPlane::new(&[vec![0, 1], vec![2]], 64, 3);
     c.take_events();
     for r in 0..3 {
         submit(&mut c, r, 1.0, &[r as f32]);
     }
-    assert!(c.pump_until(|e| matches!(e, ClusterEvent::Reduce(ReduceEvent::Consensus { .. }))));
-    c.break_host_link(1);
-    c.pump();
+    assert!(c.settle_until(|e| matches!(e, DataEvent::Reduce(ReduceEvent::Consensus { .. }))));
+    // The reduce's write to host 1 stalls while the consensus is on its way:
+    // the bytes are lost, the relay sees a reset.
+    let (link, _) =
+        c.net.connections(c.reduce).into_iter().find(|(_, n)| *n == c.relays[1]).expect("host 1's link");
+    c.net.cut(c.reduce, link, CloseCause::WriteStall, CloseCause::Reset);
+    c.settle();
     let ev = c.take_events();
-    assert!(ev.contains(&ClusterEvent::Reduce(ReduceEvent::RankDead {
-        rank: 2,
-        cause: RankLoss::HostLost(CloseCause::WriteStall)
-    })));
+    assert!(ev.contains(&(
+        c.reduce,
+        DataEvent::Reduce(ReduceEvent::RankDead {
+            rank: 2,
+            cause: RankLoss::HostLost(CloseCause::WriteStall)
+        })
+    )));
     let got: Vec<usize> = ev
         .iter()
-        .filter_map(|e| match e {
-            ClusterEvent::Rank(i, DataClientEvent::Consensus(r)) => {
+        .filter_map(|(node, e)| match e {
+            DataEvent::Rank(DataClientEvent::Consensus(r)) => {
                 assert_eq!(r.tensors[0].values, vec![1.0]);
-                Some(*i)
+                c.rank_of(*node)
             }
             _ => None,
         })
         .collect();
     assert_eq!(got, vec![0, 1], "host 0's ranks get the consensus");
-    assert!(
-        ev.contains(&ClusterEvent::Rank(
-            2,
-            DataClientEvent::Failed(DataClientError::Closed(CloseCause::Eof))
-        ))
-    );
+    assert!(ev.contains(&(
+        c.ranks[2],
+        DataEvent::Rank(DataClientEvent::Failed(DataClientError::Closed(CloseCause::Eof)))
+    )));
     // The next round is host 0's alone.
     submit(&mut c, 0, 1.0, &[4.0]);
     submit(&mut c, 1, 3.0, &[4.0]);
-    c.pump();
-    let got = results(&mut c);
+    c.settle();
+    let got = c.take_consensus();
     assert_eq!(got.len(), 2);
     assert!(got.iter().all(|(_, r)| r.weight == 4.0 && r.tensors[0].values == vec![4.0]));
 }
 
 #[test]
 fn a_wedged_rank_declared_dead_by_the_coordinator_unblocks_its_host() {
-    let mut c = DataCluster::new(&[vec![0, 1], vec![2]], 16, 4);
+    let mut c = DataPlane::new(&[vec![0, 1], vec![2]], 16, 4);
     c.take_events();
     submit(&mut c, 0, 1.0, &[2.0]);
     submit(&mut c, 2, 1.0, &[4.0]);
-    c.pump();
-    assert!(results(&mut c).is_empty(), "rank 1 is silent: the host barrier holds");
-    let now = c.now;
-    c.reduce.declare_dead(now, 1);
-    c.pump();
-    let got = results(&mut c);
+    c.settle();
+    assert!(c.take_consensus().is_empty(), "rank 1 is silent: the host barrier holds");
+    c.declare_dead(1);
+    c.settle();
+    let got = c.take_consensus();
     assert_eq!(got.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![0, 2], "the dead rank gets nothing");
     assert!(got.iter().all(|(_, r)| r.tensors[0].values == vec![3.0]));
 }
 
 #[test]
 fn a_rank_exit_reaches_the_reduce_and_the_rest_carry_on() {
-    let mut c = DataCluster::new(&[vec![0, 1], vec![2]], 16, 5);
+    let mut c = DataPlane::new(&[vec![0, 1], vec![2]], 16, 5);
     c.take_events();
-    c.kill_rank(1);
-    c.pump();
+    c.net.crash(c.ranks[1]);
+    c.settle();
     let ev = c.take_events();
-    assert!(ev.contains(&ClusterEvent::Relay(
-        0,
-        RelayEvent::RankDead { rank: 1, cause: RankDeath::Loopback(CloseCause::Eof) }
+    assert!(ev.contains(&(
+        c.relays[0],
+        DataEvent::Relay(RelayEvent::RankDead { rank: 1, cause: RankDeath::Loopback(CloseCause::Eof) })
     )));
-    assert!(ev.contains(&ClusterEvent::Reduce(ReduceEvent::RankDead { rank: 1, cause: RankLoss::RankExit })));
+    assert!(ev.contains(&(
+        c.reduce,
+        DataEvent::Reduce(ReduceEvent::RankDead { rank: 1, cause: RankLoss::RankExit })
+    )));
     submit(&mut c, 0, 1.0, &[2.0]);
     submit(&mut c, 2, 1.0, &[4.0]);
-    c.pump();
-    assert_eq!(results(&mut c).len(), 2);
-    assert_eq!(c.reduce.dead_ranks().collect::<Vec<_>>(), vec![1]);
+    c.settle();
+    assert_eq!(c.take_consensus().len(), 2);
+    assert_eq!(c.reduce().dead_ranks().collect::<Vec<_>>(), vec![1]);
 }
 
 #[test]
 fn many_rounds_stay_in_lockstep() {
-    let mut c = DataCluster::new(&[vec![0], vec![1, 2], vec![3]], 33, 6);
+    let mut c = DataPlane::new(&[vec![0], vec![1, 2], vec![3]], 33, 6);
     c.take_events();
     for round in 0..10 {
         for r in 0..4 {
             submit(&mut c, r, (r + 1) as f64, &[round as f32; 3]);
         }
-        c.pump();
-        let got = results(&mut c);
+        c.settle();
+        let got = c.take_consensus();
         assert_eq!(got.len(), 4, "round {round}");
         for (_, res) in got {
             // Each rank sent (r+1) * round: the mean is `round`.
             assert_eq!(res.tensors[0].values, vec![round as f32; 3]);
         }
     }
-    assert_eq!(c.reduce.rounds(), 10);
-    assert_eq!(c.relays[1].stats().rounds, 10);
-    assert_eq!(c.relays[0].poll_timeout(), None::<Time>);
+    assert_eq!(c.reduce().rounds(), 10);
+    assert_eq!(c.relay(1).stats().rounds, 10);
+    assert_eq!(c.relay(0).poll_timeout(), None::<Time>);
 }
 
 #[derive(Debug, Clone)]
@@ -231,7 +230,7 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 fn check(case: &Case) -> Result<(), TestCaseError> {
-    let mut c = DataCluster::new(&case.hosts, case.chunk, case.seed);
+    let mut c = DataPlane::new(&case.hosts, case.chunk, case.seed);
     c.take_events();
     let n = case.ranks.len();
     // What each rank sends, as the frames the flat reduce sees.
@@ -255,8 +254,7 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
             .collect();
         let contribution =
             Contribution { kind: case.kind, dtype: case.dtype, weight, scale, tensors: &views };
-        let now = c.now;
-        c.ranks[r].submit_round(now, &contribution).expect("submit");
+        c.submit(r, &contribution);
         let tensors = case
             .shapes
             .iter()
@@ -271,9 +269,9 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
             .collect::<Vec<TensorPayload>>();
         sent.push(frame_of(case.kind, weight, tensors));
     }
-    c.pump();
-    let got = results(&mut c);
-    prop_assert_eq!(got.len(), n, "every rank receives the consensus: {:?}", c.take_events());
+    c.settle();
+    let got = c.take_consensus();
+    prop_assert_eq!(got.len(), n, "every rank receives the consensus: {:?}", c.net.events());
     let first = &got[0].1;
     for (_, r) in &got[1..] {
         prop_assert_eq!(r, first, "identical at every rank");

@@ -1,13 +1,15 @@
 //! The agent's join client, alone against scripted bytes and end to end
-//! against the join window through an in-memory pipe.
+//! against the join window on proto's in-memory net.
 
 use core::time::Duration;
 
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::*;
+use cohort_proto::testing::harness::{Outputs, drain};
+use cohort_proto::testing::net::{Net, NodeId};
 use cohort_proto::wire::{Channel, JoinMsgWire, SaltError, SessionSalt};
-use cohort_proto::{CloseCause, ConnId, Input, Machine, Output, Peer, Time};
-use cohort_tests::join_harness::{Drained, at, drain, frame, join_msgs, offer};
+use cohort_proto::{CloseCause, ConnId, Input, Machine, Time};
+use cohort_tests::join_harness::{at, frame, join_msgs, offer};
 
 const SALT: SessionSalt = SessionSalt::from_bytes([9; 16]);
 const ZERO: SessionSalt = SessionSalt::ZERO;
@@ -21,19 +23,20 @@ fn client(pre_shared: Option<SessionSalt>, t: Time) -> JoinClient {
 fn connected(pre_shared: Option<SessionSalt>, t: Time) -> (JoinClient, Vec<u8>) {
     let mut c = client(pre_shared, t);
     let d = drain(&mut c, t);
-    assert!(matches!(&d.outputs[..], [Output::Dial { dial, addr }] if *dial == JOIN_DIAL && addr == "ctl:1"));
+    assert_eq!(d.dials, [(JOIN_DIAL, "ctl:1".to_string())]);
+    assert!(d.bytes.is_empty() && d.closed.is_empty() && d.events.is_empty(), "{d:?}");
     c.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
-    let hello = drain(&mut c, t).sent(C);
+    let hello = drain(&mut c, t).take(C);
     (c, hello)
 }
 
-fn feed(c: &mut JoinClient, t: Time, bytes: &[u8]) -> Drained<JoinClientEvent> {
+fn feed(c: &mut JoinClient, t: Time, bytes: &[u8]) -> Outputs<JoinClientEvent> {
     c.handle(t, Input::Received { conn: C, bytes });
     drain(c, t)
 }
 
-fn failure(d: &Drained<JoinClientEvent>) -> ClientFailure {
-    match &d.events()[..] {
+fn failure(d: &Outputs<JoinClientEvent>) -> ClientFailure {
+    match &d.events[..] {
         [JoinClientEvent::Failed(f)] => f.clone(),
         other => panic!("expected one failure, got {other:?}"),
     }
@@ -61,7 +64,7 @@ fn open_accept_adopts_the_salt_then_world_formed_arrives_keyed_with_it() {
     // Accept and WorldFormed in one read: the key switches mid-buffer.
     let d = feed(&mut c, t, &bytes);
     assert_eq!(
-        d.events(),
+        d.events,
         vec![
             JoinClientEvent::Admitted { ranks: vec![4, 5], formation_wait: Duration::from_secs(100) },
             JoinClientEvent::WorldFormed { envelope_hex: "e".into(), relay_spec_hex: None },
@@ -76,7 +79,7 @@ fn pre_shared_keeps_its_salt() {
     let t = at(1, 0);
     let (mut c, _) = connected(Some(SALT), t);
     let d = feed(&mut c, t, &frame(&SALT, &accept(None, 10)));
-    assert!(matches!(&d.events()[..], [JoinClientEvent::Admitted { .. }]));
+    assert!(matches!(&d.events[..], [JoinClientEvent::Admitted { .. }]));
     assert_eq!(c.salt(), Some(SALT));
 }
 
@@ -86,7 +89,7 @@ fn trust_mode_disagreements_are_named() {
     let (mut c, _) = connected(None, t);
     let d = feed(&mut c, t, &frame(&ZERO, &accept(None, 10)));
     assert_eq!(failure(&d), ClientFailure::MissingSalt);
-    assert!(d.closed(C));
+    assert!(d.is_closed(C));
     let (mut c, _) = connected(None, t);
     let d = feed(&mut c, t, &frame(&ZERO, &accept(Some("zz".into()), 10)));
     assert_eq!(failure(&d), ClientFailure::BadSalt(SaltError::Length(2)));
@@ -104,7 +107,7 @@ fn reject_is_a_named_failure() {
     let f = failure(&d);
     assert_eq!(f, ClientFailure::Rejected { reason: "host \"node\" already joined".into() });
     assert!(f.to_string().contains("rejected"), "{f}");
-    assert!(d.closed(C));
+    assert!(d.is_closed(C));
     assert_eq!(c.poll_timeout(), None);
 }
 
@@ -118,7 +121,7 @@ fn reply_deadline_is_exact_and_scaled() {
     c.handle(at(32, 0), Input::Timeout);
     let d = drain(&mut c, at(32, 0));
     assert_eq!(failure(&d), ClientFailure::ReplyTimeout);
-    assert!(d.closed(C));
+    assert!(d.is_closed(C));
 
     let mut scaled =
         JoinClient::new(ClientParams::new("x", offer("n", 1), None, TimeoutScale::new(0.5).unwrap()), t);
@@ -159,7 +162,7 @@ fn aborts_and_closes_before_formation_are_named() {
     c.handle(t, Input::Closed { conn: C, cause: CloseCause::Eof, unsent: 0 });
     let d = drain(&mut c, t);
     assert_eq!(failure(&d), ClientFailure::ClosedBeforeFormation(CloseCause::Eof));
-    assert!(!d.closed(C));
+    assert!(!d.is_closed(C));
 
     let (mut c, _) = connected(Some(SALT), t);
     c.handle(t, Input::Closed { conn: C, cause: CloseCause::Eof, unsent: 0 });
@@ -187,7 +190,7 @@ fn out_of_order_and_corrupt_replies_fail_by_name() {
     let (mut c, _) = connected(Some(SALT), t);
     let d = feed(&mut c, t, &frame(&ZERO, &accept(None, 1)));
     assert!(matches!(failure(&d), ClientFailure::Wire(e) if e.is_mac()));
-    assert!(d.closed(C));
+    assert!(d.is_closed(C));
 }
 
 #[test]
@@ -200,80 +203,77 @@ fn the_host_link_reports_exits_and_ends_by_name() {
     feed(&mut c, t, &bytes);
     c.report_rank_exit(5, 137).unwrap();
     let d = drain(&mut c, t);
-    assert_eq!(join_msgs(&SALT, &d.sent(C)), vec![JoinMsgWire::RankExited { rank: 5, code: 137 }]);
+    assert_eq!(join_msgs(&SALT, d.sent(C)), vec![JoinMsgWire::RankExited { rank: 5, code: 137 }]);
     let d = feed(&mut c, t, &frame(&SALT, &JoinMsgWire::Reject { reason: "x".into() }));
-    assert_eq!(d.events(), vec![JoinClientEvent::Ignored { what: "Reject" }]);
+    assert_eq!(d.events, vec![JoinClientEvent::Ignored { what: "Reject" }]);
     let d = feed(&mut c, t, &frame(&SALT, &JoinMsgWire::Abort { reason: "rank 5 died".into() }));
-    assert_eq!(
-        d.events(),
-        vec![JoinClientEvent::LinkEnded(LinkEnd::Aborted { reason: "rank 5 died".into() })]
-    );
-    assert!(d.closed(C));
+    assert_eq!(d.events, vec![JoinClientEvent::LinkEnded(LinkEnd::Aborted { reason: "rank 5 died".into() })]);
+    assert!(d.is_closed(C));
     assert_eq!(c.report_rank_exit(4, 0), Err(NotLinked));
 
     let (mut c, _) = connected(None, t);
     feed(&mut c, t, &bytes);
     c.handle(t, Input::Closed { conn: C, cause: CloseCause::Eof, unsent: 0 });
-    assert_eq!(drain(&mut c, t).events(), vec![JoinClientEvent::LinkEnded(LinkEnd::Closed(CloseCause::Eof))]);
+    assert_eq!(drain(&mut c, t).events, vec![JoinClientEvent::LinkEnded(LinkEnd::Closed(CloseCause::Eof))]);
 }
 
-// ---- end to end: client <-> window through an in-memory pipe ----
+// ---- end to end: client <-> window on proto's in-memory net ----
 
-/// Carries bytes and closes between one client connection and one window
-/// connection until both machines are quiet. Returns their events.
-fn pump(
-    c: &mut JoinClient,
-    w: &mut JoinWindow,
-    cc: ConnId,
-    wc: ConnId,
+/// An event of either end.
+#[derive(Debug)]
+enum End {
+    Client(JoinClientEvent),
+    Window(JoinWindowEvent),
+}
+
+impl From<JoinClientEvent> for End {
+    fn from(e: JoinClientEvent) -> Self {
+        End::Client(e)
+    }
+}
+
+impl From<JoinWindowEvent> for End {
+    fn from(e: JoinWindowEvent) -> Self {
+        End::Window(e)
+    }
+}
+
+/// `window` listening at `ctl:1` from time zero; at `t` a client (on the
+/// window's host if `local`) dials it, and whatever follows at `t` happens.
+/// Returns the net, the window's node and the client's.
+fn dialed(
+    window: JoinWindow,
+    pre_shared: Option<SessionSalt>,
+    local: bool,
     t: Time,
-) -> (Vec<JoinClientEvent>, Vec<JoinWindowEvent>) {
+) -> (Net<End>, NodeId, NodeId) {
+    let mut net = Net::new();
+    let w = net.add("controller", window, &["ctl:1"]);
+    net.run_until(t);
+    let c = net.add(if local { "controller" } else { "node" }, client(pre_shared, t), &[]);
+    net.run_until(t);
+    (net, w, c)
+}
+
+/// Each end's events so far, taken.
+fn ends(net: &mut Net<End>) -> (Vec<JoinClientEvent>, Vec<JoinWindowEvent>) {
     let (mut ce, mut we) = (Vec::new(), Vec::new());
-    loop {
-        let mut moved = false;
-        while let Some(o) = c.poll(t) {
-            moved = true;
-            match o {
-                Output::Transmit { conn, bytes } if conn == cc => {
-                    w.handle(t, Input::Received { conn: wc, bytes: &bytes })
-                }
-                Output::Close { conn } if conn == cc => {
-                    w.handle(t, Input::Closed { conn: wc, cause: CloseCause::Eof, unsent: 0 })
-                }
-                Output::Event(e) => ce.push(e),
-                other => panic!("unexpected client output {other:?}"),
-            }
-        }
-        while let Some(o) = w.poll(t) {
-            moved = true;
-            match o {
-                Output::Transmit { conn, bytes } if conn == wc => {
-                    c.handle(t, Input::Received { conn: cc, bytes: &bytes })
-                }
-                Output::Close { conn } if conn == wc => {
-                    c.handle(t, Input::Closed { conn: cc, cause: CloseCause::Eof, unsent: 0 })
-                }
-                Output::Event(e) => we.push(e),
-                other => panic!("unexpected window output {other:?}"),
-            }
-        }
-        if !moved {
-            return (ce, we);
+    for (_, _, e) in net.take_events() {
+        match e {
+            End::Client(e) => ce.push(e),
+            End::Window(e) => we.push(e),
         }
     }
+    (ce, we)
 }
 
 #[test]
 fn end_to_end_open_admission_formation_exit_and_abort() {
     let config = JoinConfig { target_ranks: Some(2), ..JoinConfig::default() };
-    let mut w =
-        JoinWindow::new(WindowParams::new(config, SALT, TrustMode::OpenLoopback), Time::ZERO).unwrap();
+    let w = JoinWindow::new(WindowParams::new(config, SALT, TrustMode::OpenLoopback), Time::ZERO).unwrap();
     let t = at(4, 0);
-    let mut c = client(None, t);
-    assert!(matches!(c.poll(t), Some(Output::Dial { .. })));
-    c.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
-    w.handle(t, Input::Accepted { conn: ConnId(70), peer: Peer::LOOPBACK });
-    let (ce, we) = pump(&mut c, &mut w, C, ConnId(70), t);
+    let (mut net, w, c) = dialed(w, None, true, t);
+    let (ce, we) = ends(&mut net);
     assert_eq!(
         ce,
         vec![JoinClientEvent::Admitted { ranks: vec![0, 1], formation_wait: Duration::from_secs(596) }]
@@ -282,24 +282,29 @@ fn end_to_end_open_admission_formation_exit_and_abort() {
         e,
         JoinWindowEvent::Formed { reason: FormReason::TargetReached, world_size: 2, .. }
     )));
-    assert_eq!(c.salt(), Some(SALT), "the salt travelled in the open-admission accept");
+    let salt = net.machine::<JoinClient>(c).and_then(JoinClient::salt);
+    assert_eq!(salt, Some(SALT), "the salt travelled in the open-admission accept");
 
-    w.send_world_formed(ConnId(70), "envelope".into(), None).unwrap();
-    let (ce, _) = pump(&mut c, &mut w, C, ConnId(70), t);
+    let [(host, _)] = net.connections(w)[..] else { panic!("one host link") };
+    net.command(w, |w: &mut JoinWindow, _| w.send_world_formed(host, "envelope".into(), None))
+        .unwrap()
+        .unwrap();
+    net.run_until(t);
+    let (ce, _) = ends(&mut net);
     assert_eq!(
         ce,
         vec![JoinClientEvent::WorldFormed { envelope_hex: "envelope".into(), relay_spec_hex: None }]
     );
 
-    c.report_rank_exit(1, 9).unwrap();
-    let (_, we) = pump(&mut c, &mut w, C, ConnId(70), t);
-    assert_eq!(
-        we,
-        vec![JoinWindowEvent::RankExited { conn: ConnId(70), host: "node".into(), rank: 1, code: 9 }]
-    );
+    net.command(c, |c: &mut JoinClient, _| c.report_rank_exit(1, 9)).unwrap().unwrap();
+    net.run_until(t);
+    let (_, we) = ends(&mut net);
+    assert_eq!(we, vec![JoinWindowEvent::RankExited { conn: host, host: "node".into(), rank: 1, code: 9 }]);
 
-    w.abort(at(5, 0), "training failed");
-    let (ce, _) = pump(&mut c, &mut w, C, ConnId(70), at(5, 0));
+    net.run_until(at(5, 0));
+    net.command(w, |w: &mut JoinWindow, now| w.abort(now, "training failed"));
+    net.run_until(at(5, 0));
+    let (ce, _) = ends(&mut net);
     assert!(
         matches!(&ce[..], [JoinClientEvent::LinkEnded(LinkEnd::Aborted { reason })] if reason.contains("training failed")),
         "{ce:?}"
@@ -308,15 +313,10 @@ fn end_to_end_open_admission_formation_exit_and_abort() {
 
 #[test]
 fn end_to_end_pre_shared_wrong_salt_is_a_silent_close() {
-    let mut w =
-        JoinWindow::new(WindowParams::new(JoinConfig::default(), SALT, TrustMode::PreShared), Time::ZERO)
-            .unwrap();
-    let t = at(1, 0);
-    let mut c = client(Some(SessionSalt::from_bytes([1; 16])), t);
-    c.poll(t);
-    c.handle(t, Input::Connected { dial: JOIN_DIAL, conn: C });
-    w.handle(t, Input::Accepted { conn: ConnId(70), peer: Peer::REMOTE });
-    let (ce, we) = pump(&mut c, &mut w, C, ConnId(70), t);
+    let w = JoinWindow::new(WindowParams::new(JoinConfig::default(), SALT, TrustMode::PreShared), Time::ZERO)
+        .unwrap();
+    let (mut net, _, _) = dialed(w, Some(SessionSalt::from_bytes([1; 16])), false, at(1, 0));
+    let (ce, we) = ends(&mut net);
     assert_eq!(ce, vec![JoinClientEvent::Failed(ClientFailure::ClosedBeforeReply(CloseCause::Eof))]);
     assert!(
         matches!(&we[..], [JoinWindowEvent::Rejected { reason: RejectReason::Frame(e), .. }] if e.is_mac())

@@ -10,12 +10,13 @@ use bytes::BytesMut;
 use cohort_proto::rendezvous::{
     HELLO_DEADLINE, IDLE_TIMEOUT, RendezvousConfig, RendezvousError, RendezvousServer, RendezvousServerEvent,
 };
+use cohort_proto::testing::harness::drain;
 use cohort_proto::wire::{
     MacKey, Message, RecvBuf, RendezvousMsgWire, RendezvousRole, SessionSalt, TimingMsgWire, decode_frame,
     encode_frame,
 };
 use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
-use cohort_tests::coord_harness::{drain_machine, plus_ns};
+use cohort_tests::coord_harness::plus_ns;
 
 const DS: [u8; 32] = [7; 32];
 
@@ -70,7 +71,7 @@ fn exactly_one_generate_the_first_rank_of_the_controllers_host_and_the_uid_reach
     for r in [3, 0, 2, 1] {
         s.adopt(Time::ZERO, conn(r), Peer::REMOTE, &hello(r, &format!("h{}", r / 2), DS));
     }
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert!(d.events.contains(&RendezvousServerEvent::RolesSent { generator: 2 }));
     for r in 0..4 {
         let role = if r == 2 { RendezvousRole::Generate } else { RendezvousRole::Wait };
@@ -81,7 +82,7 @@ fn exactly_one_generate_the_first_rank_of_the_controllers_host_and_the_uid_reach
         Time::from_secs(1),
         Input::Received { conn: conn(2), bytes: &frame(&RendezvousMsgWire::Uid { uid_bytes: uid.clone() }) },
     );
-    let d = drain_machine(&mut s, Time::from_secs(1));
+    let d = drain(&mut s, Time::from_secs(1));
     for r in [0, 1, 3] {
         assert_eq!(decode_all(&d.bytes[&conn(r)]), vec![RendezvousMsgWire::Uid { uid_bytes: uid.clone() }]);
     }
@@ -100,7 +101,7 @@ fn generator_is_the_lowest_rank_when_the_controller_runs_none() {
     for r in [2, 1, 0] {
         s.adopt(Time::ZERO, conn(r), Peer::REMOTE, &hello(r, "w", DS));
     }
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert!(d.events.contains(&RendezvousServerEvent::RolesSent { generator: 0 }));
     assert_eq!(decode_all(&d.bytes[&conn(0)]), vec![RendezvousMsgWire::Role(RendezvousRole::Generate)]);
     let generates = (0..3)
@@ -121,9 +122,9 @@ fn roles_wait_for_every_rank_and_hello_bytes_may_arrive_split() {
     for b in &h[..h.len() - 1] {
         s.handle(Time::ZERO, Input::Received { conn: conn(1), bytes: std::slice::from_ref(b) });
     }
-    assert!(drain_machine(&mut s, Time::ZERO).bytes.is_empty(), "no role before every rank is in");
+    assert!(drain(&mut s, Time::ZERO).bytes.is_empty(), "no role before every rank is in");
     s.handle(Time::ZERO, Input::Received { conn: conn(1), bytes: &h[h.len() - 1..] });
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert_eq!(d.bytes.len(), 2);
 }
 
@@ -133,7 +134,7 @@ fn dataset_signature_mismatch_is_refused_naming_host_and_rank() {
     let mut s = server(3, &[], None);
     s.adopt(Time::ZERO, conn(0), Peer::REMOTE, &hello(0, "alpha", DS));
     s.adopt(Time::ZERO, conn(1), Peer::REMOTE, &hello(1, "beta", [9; 32]));
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     let err = RendezvousError::DatasetMismatch { rank: 1, host: "beta".into() };
     assert!(d.events.contains(&RendezvousServerEvent::Failed(err.clone())));
     assert!(err.to_string().contains("\"beta\" rank 1"));
@@ -141,7 +142,7 @@ fn dataset_signature_mismatch_is_refused_naming_host_and_rank() {
     // Against the controller's own signature, the first rank can be refused.
     let mut s = server(2, &[], Some(DS));
     s.adopt(Time::ZERO, conn(0), Peer::REMOTE, &hello(0, "alpha", [1; 32]));
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert!(d.events.contains(&RendezvousServerEvent::Failed(RendezvousError::DatasetMismatch {
         rank: 0,
         host: "alpha".into()
@@ -152,7 +153,7 @@ fn dataset_signature_mismatch_is_refused_naming_host_and_rank() {
 fn a_rank_outside_the_world_fails_the_rendezvous() {
     let mut s = server(2, &[], None);
     s.adopt(Time::ZERO, conn(5), Peer::REMOTE, &hello(5, "x", DS));
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert!(d.events.contains(&RendezvousServerEvent::Failed(RendezvousError::RankOutOfRange {
         rank: 5,
         host: "x".into()
@@ -170,7 +171,7 @@ fn a_connection_failing_authentication_or_not_saying_hello_is_rejected_alone() {
     let mut timing = BytesMut::new();
     encode_frame(&key(), &TimingMsgWire::Heartbeat { rank: 0, step_count: 0 }, &mut timing).unwrap();
     s.adopt(Time::ZERO, ConnId(3), Peer::REMOTE, &timing);
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert_eq!(d.closed, vec![ConnId(1), ConnId(2), ConnId(3)]);
     assert!(
         matches!(&d.events[0], RendezvousServerEvent::Rejected { conn: ConnId(1), error: Some(e) } if e.is_mac())
@@ -179,9 +180,7 @@ fn a_connection_failing_authentication_or_not_saying_hello_is_rejected_alone() {
     // The rendezvous goes on.
     s.adopt(Time::ZERO, conn(0), Peer::REMOTE, &hello(0, "a", DS));
     s.adopt(Time::ZERO, conn(1), Peer::REMOTE, &hello(1, "a", DS));
-    assert!(
-        drain_machine(&mut s, Time::ZERO).events.contains(&RendezvousServerEvent::RolesSent { generator: 0 })
-    );
+    assert!(drain(&mut s, Time::ZERO).events.contains(&RendezvousServerEvent::RolesSent { generator: 0 }));
 }
 
 #[test]
@@ -190,7 +189,7 @@ fn a_silent_connection_is_rejected_at_its_hello_deadline() {
     s.adopt(Time::ZERO, ConnId(1), Peer::REMOTE, &[]);
     assert_eq!(s.poll_timeout(), Some(Time::ZERO + HELLO_DEADLINE));
     s.handle(Time::ZERO + HELLO_DEADLINE, Input::Timeout);
-    let d = drain_machine(&mut s, Time::ZERO + HELLO_DEADLINE);
+    let d = drain(&mut s, Time::ZERO + HELLO_DEADLINE);
     assert_eq!(d.events, vec![RendezvousServerEvent::Rejected { conn: ConnId(1), error: None }]);
 }
 
@@ -199,10 +198,10 @@ fn a_second_hello_for_a_rank_before_the_roles_replaces_the_first_connection() {
     let mut s = server(2, &[], None);
     s.adopt(Time::ZERO, ConnId(1), Peer::REMOTE, &hello(0, "a", DS));
     s.adopt(Time::ZERO, ConnId(2), Peer::REMOTE, &hello(0, "a", DS));
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert_eq!(d.closed, vec![ConnId(1)]);
     s.adopt(Time::ZERO, ConnId(3), Peer::REMOTE, &hello(1, "a", DS));
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert!(d.bytes.contains_key(&ConnId(2)) && !d.bytes.contains_key(&ConnId(1)));
     // And a slotted rank that drops before the roles may come back.
     let mut s = server(2, &[], None);
@@ -211,9 +210,7 @@ fn a_second_hello_for_a_rank_before_the_roles_replaces_the_first_connection() {
     s.adopt(Time::ZERO, ConnId(3), Peer::REMOTE, &hello(1, "a", DS));
     assert_eq!(s.joined(), 1);
     s.adopt(Time::ZERO, ConnId(4), Peer::REMOTE, &hello(0, "a", DS));
-    assert!(
-        drain_machine(&mut s, Time::ZERO).events.contains(&RendezvousServerEvent::RolesSent { generator: 0 })
-    );
+    assert!(drain(&mut s, Time::ZERO).events.contains(&RendezvousServerEvent::RolesSent { generator: 0 }));
 }
 
 #[test]
@@ -221,12 +218,12 @@ fn no_new_rank_for_strictly_longer_than_the_idle_timeout_fails_the_rendezvous() 
     let mut s = server(3, &[], None);
     let t = plus_ns(Time::from_secs(50), 0);
     s.adopt(t, conn(0), Peer::REMOTE, &hello(0, "a", DS));
-    drain_machine(&mut s, t);
+    drain(&mut s, t);
     s.handle(t + IDLE_TIMEOUT, Input::Timeout);
-    assert!(drain_machine(&mut s, t).events.is_empty());
+    assert!(drain(&mut s, t).events.is_empty());
     assert_eq!(s.poll_timeout(), Some(plus_ns(t + IDLE_TIMEOUT, 1)));
     s.handle(plus_ns(t + IDLE_TIMEOUT, 1), Input::Timeout);
-    let d = drain_machine(&mut s, t);
+    let d = drain(&mut s, t);
     assert_eq!(d.events, vec![RendezvousServerEvent::Failed(RendezvousError::Idle { joined: 1 })]);
     assert_eq!(d.closed, vec![conn(0)]);
 }
@@ -238,7 +235,7 @@ fn after_the_roles_a_short_uid_or_a_lost_connection_fails_the_rendezvous() {
         let mut s = server(2, &[], None);
         s.adopt(Time::ZERO, conn(0), Peer::REMOTE, &hello(0, "a", DS));
         s.adopt(Time::ZERO, conn(1), Peer::REMOTE, &hello(1, "a", DS));
-        drain_machine(&mut s, Time::ZERO);
+        drain(&mut s, Time::ZERO);
         s
     };
     let mut s = setup();
@@ -246,14 +243,14 @@ fn after_the_roles_a_short_uid_or_a_lost_connection_fails_the_rendezvous() {
         Time::ZERO,
         Input::Received { conn: conn(0), bytes: &frame(&RendezvousMsgWire::Uid { uid_bytes: vec![1; 64] }) },
     );
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert!(matches!(
         &d.events[..],
         [RendezvousServerEvent::Failed(RendezvousError::Protocol { rank: 0, .. })]
     ));
     let mut s = setup();
     s.handle(Time::ZERO, Input::Closed { conn: conn(1), cause: CloseCause::Eof, unsent: 0 });
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert!(matches!(
         &d.events[..],
         [RendezvousServerEvent::Failed(RendezvousError::Protocol { rank: 1, .. })]
@@ -264,7 +261,7 @@ fn after_the_roles_a_short_uid_or_a_lost_connection_fails_the_rendezvous() {
         Time::ZERO,
         Input::Received { conn: conn(1), bytes: &frame(&RendezvousMsgWire::Uid { uid_bytes: vec![1; 128] }) },
     );
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert!(matches!(
         &d.events[..],
         [RendezvousServerEvent::Failed(RendezvousError::Protocol { rank: 1, .. })]
@@ -279,7 +276,7 @@ fn the_uid_may_arrive_with_the_hello_before_the_roles_go_out() {
     first.extend(frame(&RendezvousMsgWire::Uid { uid_bytes: vec![5; 128] }));
     s.adopt(Time::ZERO, conn(0), Peer::REMOTE, &first);
     s.adopt(Time::ZERO, conn(1), Peer::REMOTE, &hello(1, "a", DS));
-    let d = drain_machine(&mut s, Time::ZERO);
+    let d = drain(&mut s, Time::ZERO);
     assert_eq!(
         decode_all(&d.bytes[&conn(1)]),
         vec![
@@ -302,7 +299,7 @@ fn hello_names_rank_and_host_and_the_uid_is_exactly_128_bytes() {
         let mut s = server(2, &[1], Some(DS));
         s.adopt(Time::ZERO, conn(1), Peer::REMOTE, &hello(1, "ctl", DS));
         s.adopt(Time::ZERO, conn(0), Peer::REMOTE, &hello(0, "far", DS));
-        let d = drain_machine(&mut s, Time::ZERO);
+        let d = drain(&mut s, Time::ZERO);
         assert_eq!(
             d.events,
             vec![
@@ -313,7 +310,7 @@ fn hello_names_rank_and_host_and_the_uid_is_exactly_128_bytes() {
         );
         let uid = frame(&RendezvousMsgWire::Uid { uid_bytes: vec![3; len] });
         s.handle(Time::ZERO, Input::Received { conn: conn(1), bytes: &uid });
-        let d = drain_machine(&mut s, Time::ZERO);
+        let d = drain(&mut s, Time::ZERO);
         assert!(
             matches!(&d.events[..], [RendezvousServerEvent::Failed(RendezvousError::Protocol { rank: 1, what })] if what.contains(&len.to_string())),
             "{len}: {:?}",
@@ -333,15 +330,15 @@ fn a_generator_silent_after_the_roles_fails_the_rendezvous_at_its_deadline() {
     let t0 = Time::from_secs(7);
     s.adopt(t0, conn(0), Peer::REMOTE, &hello(0, "a", DS));
     s.adopt(t0, conn(1), Peer::REMOTE, &hello(1, "b", DS));
-    let d = drain_machine(&mut s, t0);
+    let d = drain(&mut s, t0);
     assert!(d.events.contains(&RendezvousServerEvent::RolesSent { generator: 0 }), "{:?}", d.events);
     let deadline = t0 + cohort_proto::rendezvous::UID_DEADLINE;
     assert_eq!(s.poll_timeout(), Some(deadline));
     let before = Time::from_nanos(deadline.as_nanos() - 1);
     s.handle(before, Input::Timeout);
-    assert!(drain_machine(&mut s, before).events.is_empty(), "1 ns before the deadline");
+    assert!(drain(&mut s, before).events.is_empty(), "1 ns before the deadline");
     s.handle(deadline, Input::Timeout);
-    let d = drain_machine(&mut s, deadline);
+    let d = drain(&mut s, deadline);
     assert_eq!(d.events, vec![RendezvousServerEvent::Failed(RendezvousError::NoUid { generator: 0 })]);
     assert_eq!(d.closed.len(), 2, "both ranks' connections closed");
     assert_eq!(s.poll_timeout(), None);

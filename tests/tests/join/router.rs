@@ -3,15 +3,16 @@
 
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::route::{PortRouter, PortRouterEvent, RouteDrop};
+use cohort_proto::testing::harness::{Outputs, drain};
 use cohort_proto::wire::Channel;
-use cohort_proto::{CloseCause, ConnId, Input, Machine, Output, Peer, Time};
-use cohort_tests::join_harness::{Drained, at, drain};
+use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
+use cohort_tests::join_harness::at;
 
 fn accept(r: &mut PortRouter, t: Time, conn: u64, peer: Peer) {
     r.handle(t, Input::Accepted { conn: ConnId(conn), peer });
 }
 
-fn feed(r: &mut PortRouter, t: Time, conn: u64, bytes: &[u8]) -> Drained<PortRouterEvent> {
+fn feed(r: &mut PortRouter, t: Time, conn: u64, bytes: &[u8]) -> Outputs<PortRouterEvent> {
     r.handle(t, Input::Received { conn: ConnId(conn), bytes });
     drain(r, t)
 }
@@ -29,13 +30,17 @@ fn every_channel_routes_with_the_bytes_after_its_magic() {
         bytes.extend_from_slice(b"tail");
         let d = feed(&mut r, t, conn, &bytes);
         assert_eq!(
-            d.outputs,
-            vec![Output::Event(PortRouterEvent::Routed {
+            d.events,
+            vec![PortRouterEvent::Routed {
                 conn: ConnId(conn),
                 peer: Peer::REMOTE,
                 channel: ch,
                 first: bytes::Bytes::from_static(b"tail"),
-            })]
+            }]
+        );
+        assert!(
+            d.bytes.is_empty() && d.closed.is_empty() && d.dials.is_empty(),
+            "nothing but the event: {d:?}"
         );
     }
     assert_eq!(r.pending(), 0);
@@ -49,7 +54,7 @@ fn http_keeps_its_first_four_bytes() {
     for (conn, req) in [(1, &b"GET /state.json HTTP/1.1\r\n"[..]), (2, &b"POST /start HTTP/1.1\r\n"[..])] {
         accept(&mut r, t, conn, Peer::LOOPBACK);
         let d = feed(&mut r, t, conn, req);
-        match &d.events()[..] {
+        match &d.events[..] {
             [PortRouterEvent::Routed { channel: Channel::Http, first, peer, .. }] => {
                 assert_eq!(&first[..], req);
                 assert_eq!(*peer, Peer::LOOPBACK);
@@ -70,7 +75,7 @@ fn a_magic_split_byte_by_byte_routes_on_the_fourth() {
     }
     let d = feed(&mut r, t, 1, &[magic[3], 0xEE]);
     assert!(
-        matches!(&d.events()[..], [PortRouterEvent::Routed { channel: Channel::Join, first, .. }] if first[..] == [0xEE])
+        matches!(&d.events[..], [PortRouterEvent::Routed { channel: Channel::Join, first, .. }] if first[..] == [0xEE])
     );
     assert!(!r.owns(ConnId(1)));
     assert!(feed(&mut r, t, 1, b"later bytes are not the router's").is_empty());
@@ -83,9 +88,9 @@ fn unknown_magic_closes_only_that_connection() {
     accept(&mut r, t, 1, Peer::REMOTE);
     accept(&mut r, t, 2, Peer::REMOTE);
     let d = feed(&mut r, t, 1, &0xDEAD_BEEFu32.to_le_bytes());
-    assert!(d.closed(ConnId(1)) && !d.closed(ConnId(2)));
+    assert!(d.is_closed(ConnId(1)) && !d.is_closed(ConnId(2)));
     assert_eq!(
-        d.events(),
+        d.events,
         vec![PortRouterEvent::Dropped {
             conn: ConnId(1),
             reason: RouteDrop::UnknownMagic { got: 0xDEAD_BEEFu32.to_le_bytes() }
@@ -93,7 +98,7 @@ fn unknown_magic_closes_only_that_connection() {
     );
     assert!(r.owns(ConnId(2)));
     let d = feed(&mut r, t, 2, &Channel::Data.magic_bytes());
-    assert!(matches!(&d.events()[..], [PortRouterEvent::Routed { channel: Channel::Data, .. }]));
+    assert!(matches!(&d.events[..], [PortRouterEvent::Routed { channel: Channel::Data, .. }]));
 }
 
 #[test]
@@ -105,12 +110,13 @@ fn early_eof_drops_without_a_close() {
     r.handle(t, Input::Closed { conn: ConnId(1), cause: CloseCause::Eof, unsent: 0 });
     let d = drain(&mut r, t);
     assert_eq!(
-        d.outputs,
-        vec![Output::Event(PortRouterEvent::Dropped {
+        d.events,
+        vec![PortRouterEvent::Dropped {
             conn: ConnId(1),
             reason: RouteDrop::EarlyEof { have: 2, cause: CloseCause::Eof }
-        })]
+        }]
     );
+    assert!(d.bytes.is_empty() && d.closed.is_empty(), "no Close: the peer already ended it");
     assert_eq!(r.poll_timeout(), None, "its deadline is gone with it");
 }
 
@@ -125,9 +131,9 @@ fn the_peek_deadline_is_exact_and_scaled() {
     assert!(drain(&mut r, at(5, 999_999_999)).is_empty());
     r.handle(at(6, 0), Input::Timeout);
     let d = drain(&mut r, at(6, 0));
-    assert!(d.closed(ConnId(1)) && !d.closed(ConnId(2)));
+    assert!(d.is_closed(ConnId(1)) && !d.is_closed(ConnId(2)));
     assert_eq!(
-        d.events(),
+        d.events,
         vec![PortRouterEvent::Dropped { conn: ConnId(1), reason: RouteDrop::Deadline { have: 1 } }]
     );
     assert_eq!(r.poll_timeout(), Some(at(7, 0)));

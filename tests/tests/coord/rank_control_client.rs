@@ -10,12 +10,13 @@ use cohort_proto::handshake::HandshakeError;
 use cohort_proto::rank::control_client::{
     ControlClient, ControlClientConfig, ControlClientEvent, LostReason, SendError,
 };
+use cohort_proto::testing::harness::drain;
 use cohort_proto::wire::{
     ControlAck, ControlHello, ControlMsgWire, IntentKind, LenDecoder, MacKey, Message, MsgKind, SessionSalt,
     TimingMsgWire, encode_frame, encode_raw, len_prefix, parse_exact_frame,
 };
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Time};
-use cohort_tests::coord_harness::{drain_machine, metrics, plus_ns};
+use cohort_tests::coord_harness::{metrics, plus_ns};
 use core::time::Duration;
 use proptest::prelude::*;
 
@@ -41,15 +42,15 @@ fn client(scale: f64) -> ControlClient {
 /// Runs the handshake, acknowledged at `at`; returns what the client sent
 /// after its hello.
 fn connected(c: &mut ControlClient, at: Time) -> Vec<TimingMsgWire> {
-    let d = drain_machine(c, Time::ZERO);
+    let d = drain(c, Time::ZERO);
     assert!(d.bytes.is_empty());
     c.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: CONN });
-    let d = drain_machine(c, Time::ZERO);
+    let d = drain(c, Time::ZERO);
     let hello: [u8; 56] = d.bytes[&CONN][..].try_into().expect("a 56-byte hello, no channel magic");
     let h = ControlHello::decode(&hello, &key(), Some(4)).unwrap();
     assert_eq!((h.rank, h.model_sig), (2, SIG));
     c.handle(at, Input::Received { conn: CONN, bytes: &ControlAck::encode(&key()) });
-    let d = drain_machine(c, at);
+    let d = drain(c, at);
     assert_eq!(d.events[0], ControlClientEvent::Connected);
     up(&d.bytes.get(&CONN).cloned().unwrap_or_default())
 }
@@ -107,7 +108,7 @@ fn heartbeat_every_second_whatever_the_application_is_doing() {
     let mut c = client(1.0);
     connected(&mut c, Time::ZERO);
     c.report_batch(12.0, 1.0, 7, 0.3).unwrap();
-    drain_machine(&mut c, Time::ZERO);
+    drain(&mut c, Time::ZERO);
     let mut beats = Vec::new();
     let mut now = Time::ZERO;
     // Only timers, no application calls, coordinator beacons every 2 s.
@@ -117,7 +118,7 @@ fn heartbeat_every_second_whatever_the_application_is_doing() {
             c.handle(now, Input::Received { conn: CONN, bytes: &down(&ControlMsgWire::CoordHeartbeat) });
         }
         c.handle(now, Input::Timeout);
-        for m in up(&drain_machine(&mut c, now).bytes.get(&CONN).cloned().unwrap_or_default()) {
+        for m in up(&drain(&mut c, now).bytes.get(&CONN).cloned().unwrap_or_default()) {
             beats.push((now, m));
         }
     }
@@ -142,7 +143,7 @@ fn reports_are_commands_queued_before_the_handshake_and_sent_in_order() {
         ]
     );
     c.exiting().unwrap();
-    let d = drain_machine(&mut c, Time::ZERO);
+    let d = drain(&mut c, Time::ZERO);
     assert_eq!(up(&d.bytes[&CONN]), vec![TimingMsgWire::Exiting { rank: 2 }]);
 }
 
@@ -171,7 +172,7 @@ fn every_coordinator_message_surfaces_as_an_event_and_declare_dead_marks_the_pee
     for b in &bytes {
         c.handle(Time::from_millis(10), Input::Received { conn: CONN, bytes: std::slice::from_ref(b) });
     }
-    let d = drain_machine(&mut c, Time::from_millis(10));
+    let d = drain(&mut c, Time::from_millis(10));
     let got: Vec<ControlMsgWire> = d
         .events
         .into_iter()
@@ -194,13 +195,13 @@ fn coordinator_lost_at_exactly_the_liveness_deadline_and_not_before() {
     connected(&mut c, Time::ZERO);
     let last = Time::from_millis(12_345);
     c.handle(last, Input::Received { conn: CONN, bytes: &down(&ControlMsgWire::CoordHeartbeat) });
-    drain_machine(&mut c, last);
+    drain(&mut c, last);
     let deadline = last + Duration::from_secs(30);
     assert_eq!(c.liveness_deadline(), Some(deadline));
     c.handle(Time::from_nanos(deadline.as_nanos() - 1), Input::Timeout);
-    assert!(lost(&drain_machine(&mut c, deadline).events).is_none(), "1 ns before: alive");
+    assert!(lost(&drain(&mut c, deadline).events).is_none(), "1 ns before: alive");
     c.handle(deadline, Input::Timeout);
-    let d = drain_machine(&mut c, deadline);
+    let d = drain(&mut c, deadline);
     let (reason, peers) = lost(&d.events).expect("lost at the deadline");
     assert_eq!(reason, LostReason::Silent { last_frame: last });
     assert_eq!(peers, vec![0, 1, 3], "every peer marked dead");
@@ -238,13 +239,13 @@ proptest! {
                 c.handle(t, Input::Timeout);
             }
             c.handle(now, Input::Received { conn: CONN, bytes: &down(&ControlMsgWire::CoordHeartbeat) });
-            prop_assert!(lost(&drain_machine(&mut c, now).events).is_none());
+            prop_assert!(lost(&drain(&mut c, now).events).is_none());
             last = now;
         }
         let mut at = None;
         while let Some(t) = c.poll_timeout() {
             c.handle(t, Input::Timeout);
-            if lost(&drain_machine(&mut c, t).events).is_some() {
+            if lost(&drain(&mut c, t).events).is_some() {
                 at = Some(t);
                 break;
             }
@@ -260,7 +261,7 @@ fn eof_before_a_clean_shutdown_is_coordinator_lost_with_all_peers_dead() {
     let mut c = client(1.0);
     connected(&mut c, Time::ZERO);
     c.handle(Time::from_secs(1), Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
-    let d = drain_machine(&mut c, Time::from_secs(1));
+    let d = drain(&mut c, Time::from_secs(1));
     assert_eq!(lost(&d.events), Some((LostReason::Closed(CloseCause::Eof), vec![0, 1, 3])));
     assert!(d.closed.is_empty(), "already closed");
 }
@@ -272,7 +273,7 @@ fn eof_mid_frame_is_a_bad_frame() {
     let f = down(&ControlMsgWire::Throttle);
     c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &f[..f.len() - 2] });
     c.handle(Time::from_secs(1), Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
-    let (reason, _) = lost(&drain_machine(&mut c, Time::from_secs(1)).events).unwrap();
+    let (reason, _) = lost(&drain(&mut c, Time::from_secs(1)).events).unwrap();
     assert!(matches!(reason, LostReason::BadFrame(e) if e.field == "eof"));
 }
 
@@ -287,7 +288,7 @@ fn a_bad_frame_is_coordinator_lost_naming_frame_and_field() {
     let n = f.len();
     f[n - 1] ^= 1;
     c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &f });
-    let d = drain_machine(&mut c, Time::from_secs(1));
+    let d = drain(&mut c, Time::from_secs(1));
     let (reason, peers) = lost(&d.events).unwrap();
     assert!(matches!(&reason, LostReason::BadFrame(e) if e.is_mac() && e.field == "tag"), "{reason}");
     assert_eq!(peers, vec![0, 1, 3]);
@@ -307,7 +308,7 @@ fn a_well_signed_frame_of_another_kind_is_ignored_and_keeps_the_link() {
     blob.extend_from_slice(&g);
     let at = Time::from_secs(20);
     c.handle(at, Input::Received { conn: CONN, bytes: &blob });
-    let d = drain_machine(&mut c, at);
+    let d = drain(&mut c, at);
     assert!(
         d.events.iter().any(|e| matches!(e, ControlClientEvent::Ignored { kind: MsgKind::Timing })),
         "{:?}",
@@ -319,10 +320,10 @@ fn a_well_signed_frame_of_another_kind_is_ignored_and_keeps_the_link() {
     assert_eq!(c.liveness_deadline(), Some(at + Duration::from_secs(30)));
     // And a control message after it still surfaces.
     let later = at + Duration::from_secs(29);
-    assert!(lost(&drain_machine(&mut c, later).events).is_none());
+    assert!(lost(&drain(&mut c, later).events).is_none());
     let f = down(&ControlMsgWire::Throttle);
     c.handle(later, Input::Received { conn: CONN, bytes: &f });
-    let d = drain_machine(&mut c, later);
+    let d = drain(&mut c, later);
     assert!(d.events.iter().any(|e| matches!(e, ControlClientEvent::Control(ControlMsgWire::Throttle))));
 }
 
@@ -336,7 +337,7 @@ fn reserved_kinds_reset_the_liveness_clock_without_an_event() {
     let mut blob = len_prefix(f.len(), 1 << 30).unwrap().to_vec();
     blob.extend_from_slice(&f);
     c.handle(Time::from_secs(20), Input::Received { conn: CONN, bytes: &blob });
-    let d = drain_machine(&mut c, Time::from_secs(20));
+    let d = drain(&mut c, Time::from_secs(20));
     assert!(!d.events.iter().any(|e| matches!(e, ControlClientEvent::Control(_))));
     assert_eq!(c.liveness_deadline(), Some(Time::from_secs(50)));
 }
@@ -348,13 +349,13 @@ fn after_a_clean_shutdown_eof_is_a_clean_close_and_silence_is_not_loss() {
         let mut c = client(1.0);
         connected(&mut c, Time::ZERO);
         c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &down(&end) });
-        let d = drain_machine(&mut c, Time::from_secs(1));
+        let d = drain(&mut c, Time::from_secs(1));
         assert_eq!(d.events, vec![ControlClientEvent::Control(end.clone())]);
         assert_eq!(c.liveness_deadline(), None);
         c.handle(Time::from_secs(100), Input::Timeout);
-        assert!(lost(&drain_machine(&mut c, Time::from_secs(100)).events).is_none());
+        assert!(lost(&drain(&mut c, Time::from_secs(100)).events).is_none());
         c.handle(Time::from_secs(101), Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
-        assert_eq!(drain_machine(&mut c, Time::from_secs(101)).events, vec![ControlClientEvent::Closed]);
+        assert_eq!(drain(&mut c, Time::from_secs(101)).events, vec![ControlClientEvent::Closed]);
         assert!(c.dead_peers().is_empty());
     }
 }
@@ -367,9 +368,9 @@ fn scale_stretches_the_coordinator_liveness_deadline() {
     connected(&mut c, Time::ZERO);
     assert_eq!(c.liveness_deadline(), Some(Time::from_secs(60)));
     c.handle(plus_ns(Time::from_secs(59), 999_999_999), Input::Timeout);
-    assert!(lost(&drain_machine(&mut c, Time::from_secs(60)).events).is_none());
+    assert!(lost(&drain(&mut c, Time::from_secs(60)).events).is_none());
     c.handle(Time::from_secs(60), Input::Timeout);
-    assert!(lost(&drain_machine(&mut c, Time::from_secs(60)).events).is_some());
+    assert!(lost(&drain(&mut c, Time::from_secs(60)).events).is_some());
 }
 
 /// BEHAVIOUR.md Rank [R1]: control client handshake: 56-byte salted hello, 16-byte ack
@@ -378,11 +379,11 @@ fn scale_stretches_the_coordinator_liveness_deadline() {
 fn a_failed_handshake_is_coordinator_lost_naming_the_handshake() {
     let mut c = client(1.0);
     c.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: CONN });
-    drain_machine(&mut c, Time::ZERO);
+    drain(&mut c, Time::ZERO);
     let mut bad = ControlAck::encode(&key());
     bad[15] ^= 1;
     c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &bad });
-    let d = drain_machine(&mut c, Time::from_secs(1));
+    let d = drain(&mut c, Time::from_secs(1));
     let (reason, _) = lost(&d.events).unwrap();
     assert!(matches!(reason, LostReason::Handshake(HandshakeError::Wire(ref e)) if e.is_mac()));
     // And an ack that never comes: the handshake budget (scaled 10 s).
@@ -390,13 +391,13 @@ fn a_failed_handshake_is_coordinator_lost_naming_the_handshake() {
     c.handle(Time::ZERO, Input::Connected { dial: DialId(0), conn: CONN });
     assert_eq!(c.poll_timeout(), Some(Time::from_secs(10)));
     c.handle(Time::from_secs(10), Input::Timeout);
-    let (reason, _) = lost(&drain_machine(&mut c, Time::from_secs(10)).events).unwrap();
+    let (reason, _) = lost(&drain(&mut c, Time::from_secs(10)).events).unwrap();
     assert_eq!(reason, LostReason::Handshake(HandshakeError::Timeout));
     // A dial that fails.
     let mut c = client(1.0);
     assert!(matches!(c.poll(Time::ZERO), Some(Output::Dial { .. })));
     c.handle(Time::ZERO, Input::DialFailed { dial: DialId(0) });
-    let (reason, _) = lost(&drain_machine(&mut c, Time::ZERO).events).unwrap();
+    let (reason, _) = lost(&drain(&mut c, Time::ZERO).events).unwrap();
     assert_eq!(reason, LostReason::Handshake(HandshakeError::Unreachable));
 }
 
@@ -406,7 +407,7 @@ fn close_ends_the_client_after_what_is_queued() {
     connected(&mut c, Time::ZERO);
     c.exiting().unwrap();
     c.close();
-    let d = drain_machine(&mut c, Time::ZERO);
+    let d = drain(&mut c, Time::ZERO);
     assert_eq!(up(&d.bytes[&CONN]), vec![TimingMsgWire::Exiting { rank: 2 }]);
     assert_eq!(d.closed, vec![CONN]);
     assert_eq!(d.events, vec![ControlClientEvent::Closed]);
@@ -425,7 +426,7 @@ fn any_inbound_frame_resets_the_coordinator_liveness_clock() {
     for (s, f) in frames {
         let t = Time::from_secs(s);
         c.handle(t, Input::Received { conn: CONN, bytes: &f });
-        assert!(lost(&drain_machine(&mut c, t).events).is_none(), "at {s} s");
+        assert!(lost(&drain(&mut c, t).events).is_none(), "at {s} s");
         assert_eq!(c.liveness_deadline(), Some(t + Duration::from_secs(30)));
     }
 }
@@ -448,9 +449,9 @@ fn a_bad_frame_after_a_clean_shutdown_is_a_close_not_coordinator_lost() {
         let mut c = client(1.0);
         connected(&mut c, Time::ZERO);
         c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &down(&end) });
-        drain_machine(&mut c, Time::from_secs(1));
+        drain(&mut c, Time::from_secs(1));
         c.handle(Time::from_secs(2), Input::Received { conn: CONN, bytes: &garbled() });
-        let d = drain_machine(&mut c, Time::from_secs(2));
+        let d = drain(&mut c, Time::from_secs(2));
         assert_eq!(lost(&d.events), None, "after {end:?}");
         assert_eq!(d.events, vec![ControlClientEvent::Closed]);
         assert_eq!(d.closed, vec![CONN]);
@@ -464,7 +465,7 @@ fn a_bad_frame_after_a_clean_shutdown_is_a_close_not_coordinator_lost() {
         bytes.extend_from_slice(&f[..f.len() - 2]);
         c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &bytes });
         c.handle(Time::from_secs(2), Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
-        let d = drain_machine(&mut c, Time::from_secs(2));
+        let d = drain(&mut c, Time::from_secs(2));
         assert_eq!(lost(&d.events), None, "after {end:?}");
         assert_eq!(d.events.last(), Some(&ControlClientEvent::Closed));
         assert!(c.dead_peers().is_empty());
@@ -485,7 +486,7 @@ fn rank_heartbeat_cadence_is_one_second_whatever_the_scale() {
         let mut beats = Vec::new();
         while let Some(t) = c.poll_timeout().filter(|t| *t <= Time::from_secs(5)) {
             c.handle(t, Input::Timeout);
-            for m in up(&drain_machine(&mut c, t).bytes.get(&CONN).cloned().unwrap_or_default()) {
+            for m in up(&drain(&mut c, t).bytes.get(&CONN).cloned().unwrap_or_default()) {
                 beats.push((t, m));
             }
         }
@@ -517,7 +518,7 @@ fn timing_reports_go_up_exactly_as_commanded_and_heartbeats_carry_the_step() {
     c.report_batch(10.0, 0.0, 3, 0.5).unwrap();
     let result = TimingMsgWire::CheckpointResult { rank: 2, version: 4, elapsed_ms: 8.0, error: None };
     c.report(&result).unwrap();
-    let d = drain_machine(&mut c, Time::from_millis(10));
+    let d = drain(&mut c, Time::from_millis(10));
     let batch = |step_count, batch_ms, data_ms, batch_loss| TimingMsgWire::Batch {
         rank: 2,
         batch_ms,
@@ -529,7 +530,7 @@ fn timing_reports_go_up_exactly_as_commanded_and_heartbeats_carry_the_step() {
     };
     assert_eq!(up(&d.bytes[&CONN]), vec![batch(7, 12.0, 1.5, 0.25), ack, batch(3, 10.0, 0.0, 0.5), result]);
     c.handle(Time::from_secs(1), Input::Timeout);
-    let d = drain_machine(&mut c, Time::from_secs(1));
+    let d = drain(&mut c, Time::from_secs(1));
     assert_eq!(up(&d.bytes[&CONN]), vec![TimingMsgWire::Heartbeat { rank: 2, step_count: 9 }]);
 }
 
@@ -574,7 +575,7 @@ fn every_coordinator_message_kind_surfaces_as_an_event_unchanged() {
     connected(&mut c, Time::ZERO);
     let bytes: Vec<u8> = msgs.iter().flat_map(down).collect();
     c.handle(Time::from_secs(1), Input::Received { conn: CONN, bytes: &bytes });
-    let d = drain_machine(&mut c, Time::from_secs(1));
+    let d = drain(&mut c, Time::from_secs(1));
     let got: Vec<ControlMsgWire> = d
         .events
         .into_iter()

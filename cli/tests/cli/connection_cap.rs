@@ -5,9 +5,8 @@
 //! connections arrive. Each arrival past the cap closes the oldest silent
 //! one without a reply, no connection of a real host is closed, and the
 //! cluster is served throughout. (The grace that spares a burst's young
-//! connections is tested without sockets, in controller_cap.)
-
-mod common;
+//! connections is tested without sockets, in cohort-tests'
+//! `join/controller_cap.rs`.)
 
 use std::collections::BTreeSet;
 use std::io::{ErrorKind, Read};
@@ -15,6 +14,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::common;
 use cohort::cluster::host::stop_all;
 use cohort::cluster::{ClusterEvent, Source, shutdown_all, spawn_controller};
 use cohort_driver_mio::{Clock, Config};

@@ -8,12 +8,13 @@ use bytes::BytesMut;
 use cohort_proto::config::defaults;
 use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::join::*;
+use cohort_proto::testing::harness::{Outputs, drain, drain_into};
 use cohort_proto::wire::{
     CONTROL_FRAME_MAGIC, CONTROL_PROTOCOL_VERSION, Channel, ControlMsgWire, JoinMsgWire, MacKey, MsgKind,
     Problem, SessionSalt, encode_frame, encode_raw,
 };
 use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
-use cohort_tests::join_harness::{Drained, at, dial_bytes, drain, frame, join_msgs, offer, one_msg};
+use cohort_tests::join_harness::{at, dial_bytes, frame, join_msgs, offer, one_msg};
 
 const SALT: SessionSalt = SessionSalt::from_bytes([9; 16]);
 const ZERO: SessionSalt = SessionSalt::ZERO;
@@ -33,31 +34,32 @@ impl Rig {
         Rig { w }
     }
 
-    fn input(&mut self, now: Time, input: Input<'_>) -> Drained<JoinWindowEvent> {
+    fn input(&mut self, now: Time, input: Input<'_>) -> Outputs<JoinWindowEvent> {
         self.w.handle(now, input);
         drain(&mut self.w, now)
     }
 
     /// Accepts `conn` directly (magic expected) and feeds `bytes` at once.
-    fn dial(&mut self, now: Time, conn: u64, bytes: &[u8]) -> Drained<JoinWindowEvent> {
+    fn dial(&mut self, now: Time, conn: u64, bytes: &[u8]) -> Outputs<JoinWindowEvent> {
         let c = ConnId(conn);
         let mut d = self.input(now, Input::Accepted { conn: c, peer: Peer::REMOTE });
-        d.outputs.extend(self.input(now, Input::Received { conn: c, bytes }).outputs);
+        self.w.handle(now, Input::Received { conn: c, bytes });
+        drain_into(&mut self.w, now, &mut d);
         d
     }
 
     /// A whole join: magic + hello keyed with `key`.
-    fn join(&mut self, now: Time, conn: u64, key: &SessionSalt, o: &JoinOffer) -> Drained<JoinWindowEvent> {
+    fn join(&mut self, now: Time, conn: u64, key: &SessionSalt, o: &JoinOffer) -> Outputs<JoinWindowEvent> {
         self.dial(now, conn, &dial_bytes(key, o))
     }
 
-    fn timeout(&mut self, now: Time) -> Drained<JoinWindowEvent> {
+    fn timeout(&mut self, now: Time) -> Outputs<JoinWindowEvent> {
         self.input(now, Input::Timeout)
     }
 }
 
-fn accept_of(key: &SessionSalt, d: &Drained<JoinWindowEvent>, conn: u64) -> (Vec<u32>, Option<String>, u64) {
-    match one_msg(key, &d.sent(ConnId(conn))) {
+fn accept_of(key: &SessionSalt, d: &Outputs<JoinWindowEvent>, conn: u64) -> (Vec<u32>, Option<String>, u64) {
+    match one_msg(key, d.sent(ConnId(conn))) {
         JoinMsgWire::Accept { ranks, salt_hex, formation_wait_secs } => {
             (ranks, salt_hex, formation_wait_secs)
         }
@@ -65,32 +67,32 @@ fn accept_of(key: &SessionSalt, d: &Drained<JoinWindowEvent>, conn: u64) -> (Vec
     }
 }
 
-fn reject_of(key: &SessionSalt, d: &Drained<JoinWindowEvent>, conn: u64) -> String {
-    match one_msg(key, &d.sent(ConnId(conn))) {
+fn reject_of(key: &SessionSalt, d: &Outputs<JoinWindowEvent>, conn: u64) -> String {
+    match one_msg(key, d.sent(ConnId(conn))) {
         JoinMsgWire::Reject { reason } => reason,
         other => panic!("expected Reject, got {other:?}"),
     }
 }
 
-fn formed(d: &Drained<JoinWindowEvent>) -> Option<(FormReason, usize, Time)> {
-    d.events().into_iter().find_map(|e| match e {
+fn formed(d: &Outputs<JoinWindowEvent>) -> Option<(FormReason, usize, Time)> {
+    d.events.iter().cloned().find_map(|e| match e {
         JoinWindowEvent::Formed { reason, world_size, at, .. } => Some((reason, world_size, at)),
         _ => None,
     })
 }
 
-fn failed(d: &Drained<JoinWindowEvent>) -> Option<(WindowFailure, Time)> {
-    d.events().into_iter().find_map(|e| match e {
+fn failed(d: &Outputs<JoinWindowEvent>) -> Option<(WindowFailure, Time)> {
+    d.events.iter().cloned().find_map(|e| match e {
         JoinWindowEvent::Failed { failure, at } => Some((failure, at)),
         _ => None,
     })
 }
 
-fn rejected(d: &Drained<JoinWindowEvent>) -> Vec<RejectReason> {
-    d.events()
-        .into_iter()
+fn rejected(d: &Outputs<JoinWindowEvent>) -> Vec<RejectReason> {
+    d.events
+        .iter()
         .filter_map(|e| match e {
-            JoinWindowEvent::Rejected { reason, .. } => Some(reason),
+            JoinWindowEvent::Rejected { reason, .. } => Some(reason.clone()),
             _ => None,
         })
         .collect()
@@ -110,11 +112,9 @@ fn a_hello_arriving_one_byte_at_a_time() {
             assert!(d.is_empty(), "nothing before the last byte (byte {i})");
         } else {
             assert_eq!(accept_of(&SALT, &d, 1), (vec![0, 1], None, 597));
-            assert!(!d.closed(ConnId(1)), "the join connection stays open");
-            assert!(
-                matches!(&d.events()[..], [JoinWindowEvent::Admitted { host, ranks, joined_ranks: 2, .. }]
-                if host == "a" && *ranks == (0..2))
-            );
+            assert!(!d.is_closed(ConnId(1)), "the join connection stays open");
+            assert!(matches!(&d.events[..], [JoinWindowEvent::Admitted { host, ranks, joined_ranks: 2, .. }]
+                if host == "a" && *ranks == (0..2)));
         }
     }
     assert!(rig.w.is_linked(ConnId(1)));
@@ -141,7 +141,7 @@ fn a_dial_that_never_finishes_is_closed_at_the_budget() {
     assert_eq!(rig.w.poll_timeout(), Some(budget));
     assert!(rig.timeout(at(29, 999_999_999)).is_empty(), "1 ns before the budget");
     let d = rig.timeout(budget);
-    assert!(d.closed(ConnId(1)) && !d.sent_any(ConnId(1)), "closed at the budget with no reply");
+    assert!(d.is_closed(ConnId(1)) && d.sent(ConnId(1)).is_empty(), "closed at the budget with no reply");
     assert_eq!(rejected(&d), vec![RejectReason::HandshakeTimeout]);
     assert_eq!(rig.w.state(), &WindowState::Open, "the window stays open");
     assert_eq!(rig.w.poll_timeout(), Some(at(300, 0)), "next wake-up: the window's end");
@@ -158,7 +158,7 @@ fn budget_scales_and_restarts_per_dial() {
     rig.dial(at(5, 0), 2, &[]);
     assert_eq!(rig.w.poll_timeout(), Some(at(20, 0)));
     let d = rig.timeout(at(20, 0));
-    assert!(d.closed(ConnId(1)) && !d.closed(ConnId(2)));
+    assert!(d.is_closed(ConnId(1)) && !d.is_closed(ConnId(2)));
     assert_eq!(rig.w.poll_timeout(), Some(at(25, 0)));
     assert_eq!(rig.w.window_end(), at(600, 0));
     assert_eq!(rig.w.cap_end(), at(1200, 0));
@@ -168,8 +168,8 @@ fn budget_scales_and_restarts_per_dial() {
 fn a_wrong_key_hello_under_pre_shared_gets_no_reply() {
     let mut rig = Rig::new(JoinConfig::default(), TrustMode::PreShared);
     let d = rig.join(at(1, 0), 1, &ZERO, &offer("intruder", 1));
-    assert!(!d.sent_any(ConnId(1)), "no reply at all");
-    assert!(d.closed(ConnId(1)));
+    assert!(d.sent(ConnId(1)).is_empty(), "no reply at all");
+    assert!(d.is_closed(ConnId(1)));
     match &rejected(&d)[..] {
         [RejectReason::Frame(e)] => assert_eq!(e.problem, Problem::Mac),
         other => panic!("{other:?}"),
@@ -191,7 +191,7 @@ fn open_admission_hands_out_the_salt_and_refuses_salt_keyed_hellos() {
     );
     let d = rig.join(at(1, 0), 2, &SALT, &offer("b", 1));
     assert!(
-        !d.sent_any(ConnId(2)) && d.closed(ConnId(2)),
+        d.sent(ConnId(2)).is_empty() && d.is_closed(ConnId(2)),
         "under open admission the hello is keyed with zeros"
     );
 }
@@ -202,7 +202,7 @@ fn open_admission_off_loopback_warns_when_the_window_opens() {
     let trust = TrustMode::resolve(&config, false);
     let mut w = JoinWindow::new(WindowParams::new(config, SALT, trust), Time::ZERO).unwrap();
     let d = drain(&mut w, Time::ZERO);
-    assert_eq!(d.events(), vec![JoinWindowEvent::Warning(JoinWarning::OpenAdmissionOffLoopback)]);
+    assert_eq!(d.events, vec![JoinWindowEvent::Warning(JoinWarning::OpenAdmissionOffLoopback)]);
     let mut quiet = JoinWindow::new(
         WindowParams::new(JoinConfig::default(), SALT, TrustMode::resolve(&JoinConfig::default(), true)),
         Time::ZERO,
@@ -220,7 +220,7 @@ fn a_non_hello_is_rejected_with_a_reason_and_the_window_still_forms() {
     let d = rig.dial(at(1, 0), 1, &bytes);
     let reason = reject_of(&ZERO, &d, 1);
     assert!(reason.contains("must be Hello"), "{reason}");
-    assert!(d.closed(ConnId(1)));
+    assert!(d.is_closed(ConnId(1)));
     let d = rig.join(at(2, 0), 2, &ZERO, &offer("good", 1));
     assert_eq!(formed(&d), Some((FormReason::TargetReached, 1, at(2, 0))));
 }
@@ -262,7 +262,7 @@ fn admission_failures_are_rejected_with_the_ledger_reason() {
     rig.join(at(1, 0), 1, &SALT, &offer("a", 1));
     let d = rig.join(at(1, 0), 2, &SALT, &offer("a", 1));
     assert!(reject_of(&SALT, &d, 2).contains("already joined"));
-    assert!(d.closed(ConnId(2)));
+    assert!(d.is_closed(ConnId(2)));
     assert_eq!(rejected(&d), vec![RejectReason::Admission(AdmitError::DuplicateHost { host: "a".into() })]);
 }
 
@@ -270,12 +270,12 @@ fn admission_failures_are_rejected_with_the_ledger_reason() {
 fn wrong_channel_magic_and_early_close_are_silent() {
     let mut rig = Rig::new(JoinConfig::default(), TrustMode::PreShared);
     let d = rig.dial(at(1, 0), 1, &Channel::Control.magic_bytes());
-    assert!(d.closed(ConnId(1)) && !d.sent_any(ConnId(1)));
+    assert!(d.is_closed(ConnId(1)) && d.sent(ConnId(1)).is_empty());
     assert!(matches!(&rejected(&d)[..], [RejectReason::ChannelMagic { .. }]));
     rig.dial(at(1, 0), 2, &Channel::Join.magic_bytes());
     let d = rig.input(at(2, 0), Input::Closed { conn: ConnId(2), cause: CloseCause::Eof, unsent: 0 });
     assert_eq!(rejected(&d), vec![RejectReason::Closed(CloseCause::Eof)]);
-    assert!(!d.closed(ConnId(2)), "no Close for a connection that already ended");
+    assert!(!d.is_closed(ConnId(2)), "no Close for a connection that already ended");
     assert_eq!(rig.w.rejected(), 0, "neither verified under the join key: neither counts");
 }
 
@@ -287,11 +287,11 @@ fn assert_fails_at_the_1025th(rig: &mut Rig, dial: &[u8]) {
     assert_eq!(failure, WindowFailure::TooManyRejects { rejected: 1025, joined_ranks: 1 });
     assert!(failure.to_string().contains("too many rejected joins"), "{failure}");
     assert_eq!(when, at(3, 0));
-    match one_msg(&SALT, &d.sent(ConnId(1))) {
+    match one_msg(&SALT, d.sent(ConnId(1))) {
         JoinMsgWire::Abort { reason } => assert!(reason.contains("1025"), "{reason}"),
         other => panic!("expected Abort, got {other:?}"),
     }
-    assert!(d.closed(ConnId(1)));
+    assert!(d.is_closed(ConnId(1)));
     assert_eq!(rig.w.phase(at(3, 0)), ClusterPhase::Failed);
     assert_eq!(rig.w.poll_timeout(), None);
 }
@@ -375,7 +375,7 @@ fn under_flodl_rules_more_than_1024_garbage_dials_fail_the_window() {
     garbage.extend_from_slice(&[0xAB; 24]);
     for i in 0..1024u64 {
         let d = rig.dial(at(2, i), 100 + i, &garbage);
-        assert!(d.closed(ConnId(100 + i)) && !d.sent_any(ConnId(100 + i)));
+        assert!(d.is_closed(ConnId(100 + i)) && d.sent(ConnId(100 + i)).is_empty());
         assert!(failed(&d).is_none(), "dial {i} must not fail the window");
     }
     assert_eq!(rig.w.rejected(), 1024);
@@ -396,7 +396,7 @@ fn quorum_early_forms_at_exactly_the_window() {
     assert_eq!(formed(&d), Some((FormReason::WindowClosedWithQuorum, 1, at(300, 0))));
     assert_eq!(rig.w.phase(at(300, 0)), ClusterPhase::Forming);
     assert_eq!(rig.w.poll_timeout(), None);
-    assert!(!d.closed(ConnId(1)), "host links stay open after formation");
+    assert!(!d.is_closed(ConnId(1)), "host links stay open after formation");
 }
 
 #[test]
@@ -430,11 +430,11 @@ fn grace_range_forms_on_the_quorum_hello_and_fails_at_the_cap() {
     let (failure, when) = failed(&d).expect("fails at the cap");
     assert_eq!(when, at(600, 0));
     assert!(failure.to_string().contains("quorum not met: 1/2"), "{failure}");
-    match one_msg(&SALT, &d.sent(ConnId(1))) {
+    match one_msg(&SALT, d.sent(ConnId(1))) {
         JoinMsgWire::Abort { reason } => assert!(reason.contains("quorum not met: 1/2")),
         other => panic!("{other:?}"),
     }
-    assert!(d.closed(ConnId(1)));
+    assert!(d.is_closed(ConnId(1)));
 }
 
 /// A scaled deadline is never under one whole second (flodl's rounding):
@@ -457,7 +457,7 @@ fn manual_operator_start_and_auto_refusal() {
     rig.join(at(1, 0), 1, &SALT, &offer("a", 1));
     assert!(rig.w.operator_start(at(2, 0)), "armed below quorum");
     let d = drain(&mut rig.w, at(2, 0));
-    assert_eq!(d.events(), vec![JoinWindowEvent::StartArmed { joined_ranks: 1 }]);
+    assert_eq!(d.events, vec![JoinWindowEvent::StartArmed { joined_ranks: 1 }]);
     assert!(rig.w.snapshot(at(2, 0)).start_armed);
     let d = rig.join(at(50, 0), 2, &SALT, &offer("b", 1));
     assert_eq!(formed(&d), Some((FormReason::OperatorStart, 2, at(50, 0))), "armed + quorum forms at once");
@@ -490,11 +490,11 @@ fn launcher_abort_tells_every_admitted_worker() {
     rig.w.abort(at(5, 0), "launcher failed");
     let d = drain(&mut rig.w, at(5, 0));
     for conn in [1, 2] {
-        match one_msg(&SALT, &d.sent(ConnId(conn))) {
+        match one_msg(&SALT, d.sent(ConnId(conn))) {
             JoinMsgWire::Abort { reason } => assert!(reason.contains("launcher failed"), "{reason}"),
             other => panic!("{other:?}"),
         }
-        assert!(d.closed(ConnId(conn)));
+        assert!(d.is_closed(ConnId(conn)));
     }
     assert_eq!(failed(&d), Some((WindowFailure::Aborted { reason: "launcher failed".into() }, at(5, 0))));
     rig.w.abort(at(6, 0), "again");
@@ -511,10 +511,7 @@ fn an_undelivered_accept_retracts_the_latest_admission() {
     let accept_len = d.sent(ConnId(2)).len();
     let d =
         rig.input(at(2, 0), Input::Closed { conn: ConnId(2), cause: CloseCause::Reset, unsent: accept_len });
-    assert_eq!(
-        d.events(),
-        vec![JoinWindowEvent::Retracted { conn: ConnId(2), host: "b".into(), ranks: 1..3 }]
-    );
+    assert_eq!(d.events, vec![JoinWindowEvent::Retracted { conn: ConnId(2), host: "b".into(), ranks: 1..3 }]);
     assert_eq!(rig.w.ledger().joined_ranks(), 1);
     let d = rig.join(at(3, 0), 3, &SALT, &offer("c", 1));
     assert_eq!(accept_of(&SALT, &d, 3).0, vec![1], "the ranks went back to the pool");
@@ -529,7 +526,7 @@ fn an_undelivered_accept_that_is_not_the_latest_keeps_its_ranks() {
     rig.join(at(1, 0), 2, &SALT, &offer("b", 1));
     let d =
         rig.input(at(2, 0), Input::Closed { conn: ConnId(1), cause: CloseCause::Reset, unsent: accept_len });
-    let events = d.events();
+    let events = d.events;
     assert!(
         matches!(&events[0], JoinWindowEvent::Warning(JoinWarning::AcceptUndeliveredKept { host, .. }) if host == "a")
     );
@@ -547,7 +544,7 @@ fn a_host_closing_after_its_accept_left_is_lost_not_retracted() {
     rig.join(at(1, 0), 1, &SALT, &offer("a", 1));
     let d = rig.input(at(2, 0), Input::Closed { conn: ConnId(1), cause: CloseCause::Eof, unsent: 0 });
     assert_eq!(
-        d.events(),
+        d.events,
         vec![JoinWindowEvent::HostLost {
             conn: ConnId(1),
             host: "a".into(),
@@ -578,7 +575,7 @@ fn host_link_after_formation() {
     );
     let d = drain(&mut rig.w, at(2, 0));
     assert_eq!(
-        join_msgs(&SALT, &d.sent(ConnId(2))),
+        join_msgs(&SALT, d.sent(ConnId(2))),
         vec![JoinMsgWire::WorldFormed { envelope_hex: "env".into(), relay_spec_hex: Some("relay".into()) }],
         "WorldFormed is keyed with the salt"
     );
@@ -590,7 +587,7 @@ fn host_link_after_formation() {
     assert!(d1.is_empty());
     let d = rig.input(at(3, 0), Input::Received { conn: ConnId(2), bytes: &up[5..] });
     assert_eq!(
-        d.events(),
+        d.events,
         vec![
             JoinWindowEvent::RankExited { conn: ConnId(2), host: "b".into(), rank: 2, code: -9 },
             JoinWindowEvent::Warning(JoinWarning::ForeignRankExit {
@@ -603,14 +600,14 @@ fn host_link_after_formation() {
     // A frame keyed with anything but the salt breaks the link.
     let bad = frame(&ZERO, &JoinMsgWire::RankExited { rank: 0, code: 0 });
     let d = rig.input(at(4, 0), Input::Received { conn: ConnId(1), bytes: &bad });
-    assert!(d.closed(ConnId(1)));
+    assert!(d.is_closed(ConnId(1)));
     assert!(
-        matches!(&d.events()[..], [JoinWindowEvent::HostLost { loss: HostLoss::Wire(e), .. }] if e.problem == Problem::Mac)
+        matches!(&d.events[..], [JoinWindowEvent::HostLost { loss: HostLoss::Wire(e), .. }] if e.problem == Problem::Mac)
     );
     // EOF: the whole host died.
     let d = rig.input(at(5, 0), Input::Closed { conn: ConnId(2), cause: CloseCause::Eof, unsent: 0 });
     assert_eq!(
-        d.events(),
+        d.events,
         vec![JoinWindowEvent::HostLost {
             conn: ConnId(2),
             host: "b".into(),
@@ -631,7 +628,7 @@ fn a_world_formed_that_never_left_is_not_a_retraction() {
     rig.w.send_world_formed(ConnId(1), "env".into(), None).unwrap();
     let wf = drain(&mut rig.w, at(1, 0)).sent(ConnId(1)).len();
     let d = rig.input(at(2, 0), Input::Closed { conn: ConnId(1), cause: CloseCause::Reset, unsent: wf });
-    assert!(matches!(&d.events()[..], [JoinWindowEvent::HostLost { .. }]), "{:?}", d.events());
+    assert!(matches!(&d.events[..], [JoinWindowEvent::HostLost { .. }]), "{:?}", d.events);
 }
 
 #[test]
@@ -640,7 +637,7 @@ fn bytes_pipelined_after_the_hello_are_read_as_the_host_link() {
     let mut bytes = dial_bytes(&SALT, &offer("a", 1));
     bytes.extend(frame(&SALT, &JoinMsgWire::RankExited { rank: 0, code: 3 }));
     let d = rig.dial(at(1, 0), 1, &bytes);
-    let events = d.events();
+    let events = d.events;
     assert!(matches!(&events[0], JoinWindowEvent::Admitted { .. }));
     assert_eq!(
         events[1],
@@ -686,7 +683,7 @@ fn an_unauthenticated_dial_claiming_more_than_a_hello_is_refused_from_its_header
     hdr[20..24].copy_from_slice(&claimed.to_le_bytes());
     bytes.extend_from_slice(&hdr);
     let d = rig.dial(at(1, 0), 1, &bytes);
-    assert!(d.closed(ConnId(1)) && !d.sent_any(ConnId(1)), "closed with no reply");
+    assert!(d.is_closed(ConnId(1)) && d.sent(ConnId(1)).is_empty(), "closed with no reply");
     match rejected(&d).as_slice() {
         [RejectReason::Frame(e)] => {
             assert_eq!(e.field, "payload_len");
@@ -701,5 +698,5 @@ fn an_unauthenticated_dial_claiming_more_than_a_hello_is_refused_from_its_header
     // A claim of exactly a hello's worth is still waited for.
     let mut ok = bytes.clone();
     ok[24..28].copy_from_slice(&(defaults::MAX_HELLO_BYTES as u32).to_le_bytes());
-    assert!(!rig.dial(at(1, 0), 2, &ok).closed(ConnId(2)));
+    assert!(!rig.dial(at(1, 0), 2, &ok).is_closed(ConnId(2)));
 }

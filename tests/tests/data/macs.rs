@@ -19,7 +19,7 @@ use bytes::BytesMut;
 use cohort_proto::rank::data_client::{Contribution, TensorView};
 use cohort_proto::reduce::{Reduce, ReduceConfig, ReduceEvent};
 use cohort_proto::relay::{Leg, RelayEvent};
-use cohort_proto::testing::harness::Outputs;
+use cohort_proto::testing::harness::{Outputs, drain_into};
 use cohort_proto::testing::macs::Batched;
 use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, Dtype, FrameRecord, Inline, MacRunner, MuxRecord, NullSink, Payload,
@@ -388,7 +388,7 @@ fn reduce_play(
         reduce.adopt(now, conn, Peer::REMOTE, &hello.to_bytes(&key).unwrap());
         conns.push(conn);
     }
-    drain(&mut reduce, now, &mut out);
+    drain_into(&mut reduce, now, &mut out);
     for (i, conn) in conns.iter().enumerate() {
         let values: Vec<f32> = (0..N).map(|v| (v as f32 + i as f32) * 0.5).collect();
         let mut bytes =
@@ -407,7 +407,7 @@ fn reduce_play(
         }
         for piece in rec.chunks(cut) {
             reduce.handle(now, Input::Received { conn: *conn, bytes: piece });
-            drain(&mut reduce, now, &mut out);
+            drain_into(&mut reduce, now, &mut out);
         }
     }
     out
@@ -473,22 +473,21 @@ proptest! {
             all.chunks(split.min(ranks)).map(<[u32]>::to_vec).collect()
         };
         let play = |macs: Arc<dyn MacRunner>| {
-            let mut c = DataCluster::with_macs(&hosts, chunk, seed, macs);
+            let mut c = DataPlane::with_macs(&hosts, chunk, seed, macs);
             for round in 0..2 {
                 for r in 0..ranks {
                     let values: Vec<f32> = (0..n).map(|i| ((i * 7 + r * 3 + round) % 11) as f32 - 5.0).collect();
                     let shape = [n as u32];
                     let t = [TensorView::new(&shape, &values)];
-                    let now = c.now;
-                    c.ranks[r].submit_round(now, &Contribution::model(1.0 + r as f64, Dtype::F32, &t)).expect("submit");
+                    c.submit(r, &Contribution::model(1.0 + r as f64, Dtype::F32, &t));
                 }
-                c.pump();
+                c.settle();
             }
             c.take_events()
         };
         let inline = play(Arc::new(Inline));
         let batched = play(Arc::new(Batched { batch }));
-        let rounds = inline.iter().filter(|e| matches!(e, ClusterEvent::Reduce(ReduceEvent::Consensus { .. }))).count();
+        let rounds = inline.iter().filter(|e| matches!(e, (_, DataEvent::Reduce(ReduceEvent::Consensus { .. })))).count();
         prop_assert_eq!(rounds, 2);
         prop_assert_eq!(batched, inline);
     }

@@ -4,6 +4,7 @@
 use bytes::BytesMut;
 use cohort_proto::config::defaults;
 use cohort_proto::reduce::{HostError, HostRefusal, RankLoss, Reduce, ReduceConfig, ReduceEvent};
+use cohort_proto::testing::harness::{Outputs, drain_into};
 use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, Dtype, MUX_PROTOCOL_VERSION, MUX_RECORD_MAGIC, MacKey, MuxRecord, Payload,
     Problem, RelayControlMsg, RoundFrame, RoundKind, SessionSalt,
@@ -17,7 +18,7 @@ struct Rig {
     reduce: Reduce,
     key: MacKey,
     now: Time,
-    out: Collected<ReduceEvent>,
+    out: Outputs<ReduceEvent>,
     next: u64,
 }
 
@@ -27,13 +28,13 @@ impl Rig {
             reduce: Reduce::new(ReduceConfig::new(world, key())),
             key: key(),
             now: Time::ZERO,
-            out: Collected::default(),
+            out: Outputs::default(),
             next: 10,
         }
     }
 
     fn drain(&mut self) {
-        drain(&mut self.reduce, self.now, &mut self.out);
+        drain_into(&mut self.reduce, self.now, &mut self.out);
     }
 
     fn adopt(&mut self, first: &[u8]) -> ConnId {

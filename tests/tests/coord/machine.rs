@@ -5,6 +5,7 @@
 
 use cohort_proto::config::Rules;
 use cohort_proto::coord::{CoordConfig, Coordinator, CoordinatorEvent, DeathCause, FormationFailure};
+use cohort_proto::testing::harness;
 use cohort_proto::wire::{ControlMsgWire, EpochPlanWire, RelayControlMsg};
 use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_tests::coord_harness::*;
@@ -41,7 +42,7 @@ fn relay_hello_is_acknowledged_and_rank_frames_flow_both_ways() {
     for byte in b.hello("host-b", &[2], SIG) {
         c.handle(t, Input::Received { conn: b.conn, bytes: &[byte] });
     }
-    let d = drain_machine(&mut c, t);
+    let d = harness::drain(&mut c, t);
     assert!(d.events.contains(&CoordinatorEvent::RelayJoined {
         conn: a.conn,
         host: "host-a".into(),
@@ -71,7 +72,7 @@ fn relay_hello_is_acknowledged_and_rank_frames_flow_both_ways() {
     c.handle(t1, Input::Received { conn: a.conn, bytes: h1 });
     c.handle(t1, Input::Received { conn: a.conn, bytes: h2 });
     c.handle(t1, Input::Received { conn: b.conn, bytes: &b.metrics(2, &metrics(2, 0, 10)) });
-    let d = drain_machine(&mut c, t1);
+    let d = harness::drain(&mut c, t1);
     let got_b = b.decode(&d.bytes[&b.conn]);
     assert!(to_rank(&got_b, 2).iter().any(|m| matches!(m, ControlMsgWire::EpochAggregated(_))));
     assert!(to_rank(&got_b, 2).contains(&ControlMsgWire::Shutdown));
@@ -84,13 +85,13 @@ fn the_run_begins_the_moment_the_relays_cover_the_world() {
     let mut b = FakeRelay::new(ConnId(8));
     // Rank 0's relay at 3 s: acknowledged, nothing else yet.
     c.adopt(Time::from_secs(3), a.conn, Peer::REMOTE, &a.hello("h", &[0], SIG));
-    let d = drain_machine(&mut c, Time::from_secs(3));
+    let d = harness::drain(&mut c, Time::from_secs(3));
     assert_eq!(a.decode(&d.bytes[&a.conn]), vec![RelayIn::Control(RelayControlMsg::HelloAck)]);
     assert!(!d.events.contains(&CoordinatorEvent::Started));
     assert!(c.is_forming());
     // Rank 1's relay at 5 s covers the world: the run begins at once.
     c.adopt(Time::from_secs(5), b.conn, Peer::REMOTE, &b.hello("g", &[1], SIG));
-    let d = drain_machine(&mut c, Time::from_secs(5));
+    let d = harness::drain(&mut c, Time::from_secs(5));
     assert!(d.events.contains(&CoordinatorEvent::Started));
     assert!(!c.is_forming());
     assert_eq!(
@@ -133,13 +134,13 @@ fn formation_fails_by_name_when_the_relays_do_not_cover_the_world_in_time() {
         let mut c = Coordinator::new(cfg, key(), Time::ZERO).unwrap();
         let a = FakeRelay::new(ConnId(1));
         c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], [0; 32]));
-        drain_machine(&mut c, Time::ZERO);
+        harness::drain(&mut c, Time::ZERO);
         let deadline = Time::from_secs(secs);
         assert_eq!(c.poll_timeout(), Some(deadline), "scale {scale}");
         c.handle(deadline - Duration::from_nanos(1), Input::Timeout);
-        assert!(drain_machine(&mut c, deadline).events.is_empty());
+        assert!(harness::drain(&mut c, deadline).events.is_empty());
         c.handle(deadline, Input::Timeout);
-        let d = drain_machine(&mut c, deadline);
+        let d = harness::drain(&mut c, deadline);
         let why = FormationFailure::Deadline(Duration::from_secs(secs));
         assert_eq!(
             d.events,
@@ -160,10 +161,10 @@ fn at_formations_deadline_the_unannounced_ranks_die_and_the_run_begins_without_t
     let mut c = Coordinator::new(CoordConfig::new(3, 1, 30, 1), key(), Time::ZERO).unwrap();
     let mut a = FakeRelay::new(ConnId(1));
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], [0; 32]));
-    drain_machine(&mut c, Time::ZERO);
+    harness::drain(&mut c, Time::ZERO);
     let deadline = Time::from_secs(60);
     c.handle(deadline, Input::Timeout);
-    let d = drain_machine(&mut c, deadline);
+    let d = harness::drain(&mut c, deadline);
     assert!(
         matches!(
             d.events.first(),
@@ -185,7 +186,7 @@ fn at_formations_deadline_the_unannounced_ranks_die_and_the_run_begins_without_t
     // Nobody announced at all: formation fails, as flodl's does.
     let mut c = Coordinator::new(CoordConfig::new(3, 1, 30, 1), key(), Time::ZERO).unwrap();
     c.handle(deadline, Input::Timeout);
-    let d = drain_machine(&mut c, deadline);
+    let d = harness::drain(&mut c, deadline);
     let why = FormationFailure::Deadline(Duration::from_secs(60));
     assert_eq!(d.events, vec![CoordinatorEvent::FormationFailed { covered: 0, world_size: 3, why }]);
 }
@@ -207,9 +208,9 @@ fn relay_hello_refused_for_range_duplicates_order_and_model_signature() {
         let mut c = coordinator(4, 40);
         let a = FakeRelay::new(ConnId(1));
         c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
-        drain_machine(&mut c, Time::ZERO);
+        harness::drain(&mut c, Time::ZERO);
         c.adopt(Time::ZERO, ConnId(9), Peer::REMOTE, &hello);
-        let d = drain_machine(&mut c, Time::ZERO);
+        let d = harness::drain(&mut c, Time::ZERO);
         assert_eq!(d.closed, vec![ConnId(9)], "{why}");
         assert!(!d.bytes.contains_key(&ConnId(9)), "no reply: {why}");
         assert!(
@@ -226,7 +227,7 @@ fn relay_hello_refused_for_range_duplicates_order_and_model_signature() {
     let r = FakeRelay::new(ConnId(9));
     let short = r.control(RelayControlMsg::Hello { host: "x".into(), ranks: vec![2], model_sigs: vec![] });
     c.adopt(Time::ZERO, ConnId(9), Peer::REMOTE, &short);
-    let d = drain_machine(&mut c, Time::ZERO);
+    let d = harness::drain(&mut c, Time::ZERO);
     assert!(d.closed.is_empty() && d.bytes.contains_key(&ConnId(9)), "{:?}", d.events);
 }
 
@@ -236,12 +237,12 @@ fn relay_rank_exit_record_declares_that_rank_dead() {
     let mut c = coordinator(2, 10);
     let a = FakeRelay::new(ConnId(1));
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
-    drain_machine(&mut c, Time::ZERO);
+    harness::drain(&mut c, Time::ZERO);
     c.handle(
         Time::from_secs(1),
         Input::Received { conn: a.conn, bytes: &a.control(RelayControlMsg::RankExit { rank: 1 }) },
     );
-    let d = drain_machine(&mut c, Time::from_secs(1));
+    let d = harness::drain(&mut c, Time::from_secs(1));
     assert!(
         d.events.iter().any(|e| matches!(
             e,
@@ -260,11 +261,11 @@ fn relay_connection_ending_declares_its_live_ranks_dead_not_the_exited_ones() {
     let b = FakeRelay::new(ConnId(2));
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0], SIG));
     c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[1, 2], SIG));
-    drain_machine(&mut c, Time::ZERO);
+    harness::drain(&mut c, Time::ZERO);
     let exiting = b.timing(1, &cohort_proto::wire::TimingMsgWire::Exiting { rank: 1 });
     c.handle(Time::from_secs(1), Input::Received { conn: b.conn, bytes: &exiting });
     c.handle(Time::from_secs(2), Input::Closed { conn: b.conn, cause: CloseCause::Eof, unsent: 0 });
-    let d = drain_machine(&mut c, Time::from_secs(2));
+    let d = harness::drain(&mut c, Time::from_secs(2));
     let dead: Vec<u32> = d
         .events
         .iter()
@@ -282,7 +283,7 @@ fn a_bad_frame_inside_a_data_record_costs_only_that_message() {
     let mut c = coordinator(2, 10);
     let mut a = FakeRelay::new(ConnId(1));
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
-    drain_machine(&mut c, Time::ZERO);
+    harness::drain(&mut c, Time::ZERO);
     let mut frame = a.timing(0, &heartbeat(0));
     // Corrupt the inner frame's MAC-covered kind byte but re-sign the record.
     let inner_start = 25;
@@ -290,7 +291,7 @@ fn a_bad_frame_inside_a_data_record_costs_only_that_message() {
     blob[16] ^= 0x01;
     let rec = a.data(0, &blob);
     c.handle(Time::from_secs(1), Input::Received { conn: a.conn, bytes: &rec });
-    let d = drain_machine(&mut c, Time::from_secs(1));
+    let d = harness::drain(&mut c, Time::from_secs(1));
     assert!(d.events.iter().any(|e| matches!(e, CoordinatorEvent::BadMessage { rank: 0, .. })));
     assert!(d.closed.is_empty());
     // The relay still carries traffic.
@@ -309,12 +310,12 @@ fn a_bad_mux_record_closes_only_that_relay_and_its_ranks_die() {
     let b = FakeRelay::new(ConnId(2));
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0], SIG));
     c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[1, 2], SIG));
-    drain_machine(&mut c, Time::ZERO);
+    harness::drain(&mut c, Time::ZERO);
     let mut rec = b.timing(1, &heartbeat(1));
     let last = rec.len() - 1;
     rec[last] ^= 0xff;
     c.handle(Time::from_secs(1), Input::Received { conn: b.conn, bytes: &rec });
-    let d = drain_machine(&mut c, Time::from_secs(1));
+    let d = harness::drain(&mut c, Time::from_secs(1));
     assert_eq!(d.closed, vec![b.conn]);
     assert!(d.events.iter().any(
         |e| matches!(e, CoordinatorEvent::RelayLost { conn, error: Some(err) } if *conn == b.conn && err.is_mac())
@@ -338,9 +339,9 @@ fn a_data_record_for_a_rank_the_relay_did_not_announce_closes_that_relay() {
     let b = FakeRelay::new(ConnId(2));
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0], SIG));
     c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[1], SIG));
-    drain_machine(&mut c, Time::ZERO);
+    harness::drain(&mut c, Time::ZERO);
     c.handle(Time::ZERO, Input::Received { conn: a.conn, bytes: &a.timing(1, &heartbeat(1)) });
-    let d = drain_machine(&mut c, Time::ZERO);
+    let d = harness::drain(&mut c, Time::ZERO);
     assert_eq!(d.closed, vec![a.conn]);
 }
 
@@ -356,7 +357,7 @@ fn staleness_through_the_machine_wakes_at_the_exact_instant() {
     c.handle(last, Input::Received { conn: a.conn, bytes: &a.timing(1, &heartbeat(1)) });
     let mut now = last;
     let dead_at = loop {
-        let d = drain_machine(&mut c, now);
+        let d = harness::drain(&mut c, now);
         if d.events.iter().any(|e| matches!(e, CoordinatorEvent::RankDead { rank: 1, .. })) {
             break now;
         }
@@ -377,9 +378,9 @@ fn a_relay_silent_past_its_hello_deadline_is_closed() {
     c.adopt(Time::ZERO, ConnId(5), Peer::REMOTE, &[]);
     assert_eq!(c.poll_timeout(), Some(Time::from_secs(10)));
     c.handle(Time::from_millis(9_999), Input::Timeout);
-    assert!(drain_machine(&mut c, Time::ZERO).closed.is_empty());
+    assert!(harness::drain(&mut c, Time::ZERO).closed.is_empty());
     c.handle(Time::from_secs(10), Input::Timeout);
-    let d = drain_machine(&mut c, Time::from_secs(10));
+    let d = harness::drain(&mut c, Time::from_secs(10));
     assert_eq!(d.closed, vec![ConnId(5)]);
 }
 
@@ -446,7 +447,7 @@ fn an_unauthenticated_relay_claiming_more_than_a_hello_is_refused_from_its_heade
     h.extend_from_slice(&claimed.to_le_bytes());
     h.extend_from_slice(&[0; 8]);
     c.adopt(Time::ZERO, ConnId(9), Peer::REMOTE, &h);
-    let d = drain_machine(&mut c, Time::ZERO);
+    let d = harness::drain(&mut c, Time::ZERO);
     assert_eq!(d.closed, vec![ConnId(9)]);
     assert!(!d.bytes.contains_key(&ConnId(9)), "no reply");
     let limit = cohort_proto::config::defaults::MAX_HELLO_BYTES as u64;
@@ -472,7 +473,7 @@ fn a_relay_failing_its_hello_fails_formation_only_under_flodl_rules() {
             let mut c = Coordinator::new(cfg, key(), Time::ZERO).unwrap();
             let a = FakeRelay::new(ConnId(1));
             c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
-            drain_machine(&mut c, Time::ZERO);
+            harness::drain(&mut c, Time::ZERO);
             let t = match fault {
                 "duplicate" => {
                     let b = FakeRelay::new(ConnId(2));
@@ -485,7 +486,7 @@ fn a_relay_failing_its_hello_fails_formation_only_under_flodl_rules() {
                     Time::from_secs(10)
                 }
             };
-            let d = drain_machine(&mut c, t);
+            let d = harness::drain(&mut c, t);
             assert_eq!(d.closed, vec![ConnId(2)], "{rules:?} {fault}");
             let failed = d.events.iter().find_map(|e| match e {
                 CoordinatorEvent::FormationFailed { why, covered: 2, world_size: 4 } => Some(why.clone()),
@@ -526,12 +527,12 @@ fn an_oversized_data_record_costs_only_its_rank_under_cohorts_rules() {
         let b = FakeRelay::new(ConnId(2));
         c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], SIG));
         c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[2], SIG));
-        drain_machine(&mut c, Time::ZERO);
+        harness::drain(&mut c, Time::ZERO);
         let rec = a.data(1, &big);
         for piece in rec.chunks(64 << 10) {
             c.handle(Time::from_secs(1), Input::Received { conn: a.conn, bytes: piece });
         }
-        let d = drain_machine(&mut c, Time::from_secs(1));
+        let d = harness::drain(&mut c, Time::from_secs(1));
         let dead: Vec<(u32, DeathCause)> = d
             .events
             .iter()

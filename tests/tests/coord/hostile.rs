@@ -5,6 +5,7 @@
 use cohort_proto::coord::{CoordConfig, Coordinator, CoordinatorEvent, Scheduler};
 use cohort_proto::rank::control_client::{ControlClient, ControlClientConfig, ControlClientEvent};
 use cohort_proto::rendezvous::{MAX_BUFFERED, RendezvousConfig, RendezvousServer, RendezvousServerEvent};
+use cohort_proto::testing::harness;
 use cohort_proto::wire::{ControlAck, IntentKind, MetricsMsgWire, TimingMsgWire};
 use cohort_proto::{Adopt, ConnId, DialId, Input, Machine, Peer, Time};
 use cohort_tests::coord_harness::*;
@@ -27,7 +28,7 @@ proptest! {
         for (i, ch) in chunks.iter().enumerate() {
             c.handle(Time::from_millis(i as u64), Input::Received { conn: bad.conn, bytes: ch });
         }
-        let d = drain_machine(&mut c, Time::from_secs(1));
+        let d = harness::drain(&mut c, Time::from_secs(1));
         // The good relay is never closed for the bad one's bytes.
         prop_assert!(!d.closed.contains(&good.conn));
         prop_assert!(c.scheduler().liveness().is_alive(0));
@@ -75,7 +76,7 @@ proptest! {
             s.handle(Time::ZERO, Input::Received { conn: ConnId(1), bytes: ch });
             sent += ch.len();
         }
-        let d = drain_machine(&mut s, Time::ZERO);
+        let d = harness::drain(&mut s, Time::ZERO);
         if sent > MAX_BUFFERED + 24 {
             prop_assert!(d.closed.contains(&ConnId(1)) || d.events.iter().any(|e| matches!(e, RendezvousServerEvent::Failed(_))));
         }
@@ -99,7 +100,7 @@ proptest! {
         for ch in &chunks {
             c.handle(Time::from_secs(1), Input::Received { conn: ConnId(1), bytes: ch });
         }
-        let d = drain_machine(&mut c, Time::from_secs(1));
+        let d = harness::drain(&mut c, Time::from_secs(1));
         let lost = d.events.iter().any(|e| matches!(e, ControlClientEvent::CoordinatorLost { .. }));
         prop_assert_eq!(lost, c.is_ended());
     }
@@ -137,7 +138,7 @@ fn confined(rules: cohort_proto::config::Rules) -> (Vec<ConnId>, Vec<Coordinator
     c.adopt(Time::ZERO, a.conn, Peer::REMOTE, &a.hello("a", &[0, 1], [0; 32]));
     let b = FakeRelay::new(ConnId(3));
     c.adopt(Time::ZERO, b.conn, Peer::REMOTE, &b.hello("b", &[2, 3], [0; 32]));
-    let d = drain_machine(&mut c, Time::from_millis(1));
+    let d = harness::drain(&mut c, Time::from_millis(1));
     (d.closed, d.events, c.is_forming())
 }
 

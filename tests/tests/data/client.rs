@@ -3,6 +3,7 @@
 
 use cohort_proto::handshake::{HANDSHAKE_DIAL, HandshakeError};
 use cohort_proto::rank::data_client::*;
+use cohort_proto::testing::harness::{Outputs, drain_into};
 use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, DataAck, DataHello, Dtype, Problem, RoundFrame, RoundKind, bf16_to_f32,
     f32_to_bf16,
@@ -14,21 +15,21 @@ const CONN: ConnId = ConnId(3);
 
 struct Rig {
     client: DataClient,
-    out: Collected<DataClientEvent>,
+    out: Outputs<DataClientEvent>,
     now: Time,
 }
 
 impl Rig {
     fn new() -> Self {
         let mut client = DataClient::new(DataClientConfig::new(2, 4, key(), "127.0.0.1:9"), Time::ZERO);
-        let mut out = Collected::default();
-        drain(&mut client, Time::ZERO, &mut out);
+        let mut out = Outputs::default();
+        drain_into(&mut client, Time::ZERO, &mut out);
         Rig { client, out, now: Time::ZERO }
     }
 
     fn handle(&mut self, input: Input<'_>) {
         self.client.handle(self.now, input);
-        drain(&mut self.client, self.now, &mut self.out);
+        drain_into(&mut self.client, self.now, &mut self.out);
     }
 
     fn connected() -> Self {
@@ -42,7 +43,7 @@ impl Rig {
 
     fn submit(&mut self, c: &Contribution<'_>) -> Result<RoundFrame, SubmitError> {
         self.client.submit_round(self.now, c)?;
-        drain(&mut self.client, self.now, &mut self.out);
+        drain_into(&mut self.client, self.now, &mut self.out);
         let sent = blobs(&self.out.take(CONN));
         assert_eq!(sent.len(), 1);
         Ok(RoundFrame::decode(&sent[0], &key(), DEFAULT_FRAME_CEILING).expect("a valid signed frame"))
