@@ -141,7 +141,10 @@ fn run(file: Option<PathBuf>, seed: Option<u64>, random: bool, a: RunArgs) -> i3
             Err(e) => return usage(&e),
         },
         None if random => random_scenario(seed.unwrap_or(1)),
-        None => Scenario::healthy(a.hosts, a.ranks, 3),
+        None => match Scenario::check_healthy(a.hosts, a.ranks) {
+            Ok(()) => Scenario::healthy(a.hosts, a.ranks, 3),
+            Err(e) => return usage(&format!("--{}: {}", e.field.replace('_', "-"), e.problem)),
+        },
     };
     let seed = seed.or(sc.seed).unwrap_or(1);
     if let Some(e) = a.epochs {

@@ -138,8 +138,65 @@ fn a_bad_value_is_a_usage_error_naming_its_field() {
     assert!(err.contains("bandwidth_gbps: finite and > 0"), "{err}");
     let (code, _, err) = sim(&["run", "--hosts", "0"]);
     assert_eq!(code, 2);
-    assert!(err.contains("hosts: at least one host"), "{err}");
+    assert!(err.contains("--hosts: 0 is out of range: at least one host"), "{err}");
     let (code, _, err) = sim(&["explore", "--from", "18446744073709551615", "--seeds", "2"]);
     assert_eq!(code, 2, "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_world_too_big_to_hold_is_refused_before_anything_is_allocated() {
+    // 4,096 hosts of 256 ranks: a 134 KB file that once grew the simulator
+    // to 24 GB before the kernel killed it. Refused at once, naming the
+    // field and the estimate, whether it comes as a file or as flags.
+    let dir = scratch("world");
+    let file = dir.join("huge.json");
+    let hosts: Vec<String> = (0..4096).map(|i| format!(r#"{{"name": "h{i}", "ranks": 256}}"#)).collect();
+    let json = format!(r#"{{"hosts": [{}], "progressive": false}}"#, hosts.join(", "));
+    assert!(json.len() > 100_000, "{}", json.len());
+    std::fs::write(&file, json).unwrap();
+    let t = std::time::Instant::now();
+    let (code, _, err) = sim(&["run", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("hosts: 1,048,576 ranks would need about 16.1 GiB (limit 16 GiB)"), "{err}");
+    // Under chunk-pool dispatch (the cadence default) every rank's count
+    // reaches every rank each round: the estimate grows with the square.
+    std::fs::write(&file, format!(r#"{{"hosts": [{}]}}"#, hosts.join(", "))).unwrap();
+    let (code, _, err) = sim(&["run", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("hosts: 1,048,576 ranks under chunk-pool dispatch would need about"), "{err}");
+    let (code, _, err) = sim(&["run", "--hosts", "4096", "--ranks-per-host", "256"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--hosts: 1,048,576 ranks under chunk-pool dispatch would need about"), "{err}");
+    let (code, _, err) = sim(&["run", "--hosts", "4000000000", "--ranks-per-host", "2"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--hosts: 8,000,000,000 ranks"), "{err}");
+    // A big model is the model's field.
+    std::fs::write(&file, r#"{"hosts": [{"name": "a", "ranks": 256}], "model_elems": 16777216}"#).unwrap();
+    let (code, _, err) = sim(&["run", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("model_elems: 256 ranks of a 16,777,216-element model would need about"), "{err}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(20), "{:?}", t.elapsed());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_simulator_refuses_the_run_knobs_the_cohort_program_refuses() {
+    // One check (RunKnobs::validate) for both programs: same field, same range.
+    let dir = scratch("knobs");
+    let file = dir.join("knobs.json");
+    for (knobs, want) in [
+        (
+            r#""batch_size": 500, "samples_per_epoch": 400"#,
+            "batch_size: 500 is out of range: allowed 1..=400",
+        ),
+        (r#""sync_every": 4294967296"#, "sync_every: 4294967296 is out of range: allowed 1..=1000"),
+        (r#""model_elems": 4294967295"#, "model_elems: 4294967295 is out of range: allowed 1..=1073741814"),
+    ] {
+        std::fs::write(&file, format!(r#"{{"hosts": [{{"name": "a", "ranks": 1}}], {knobs}}}"#)).unwrap();
+        let (code, _, err) = sim(&["run", file.to_str().unwrap()]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(want), "wanted {want:?} in {err}");
+    }
     std::fs::remove_dir_all(&dir).ok();
 }

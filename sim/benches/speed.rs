@@ -3,7 +3,7 @@
 //! from 64 to 1024 ranks (8 ranks per host). Peak memory is the process's
 //! high-water mark (VmHWM) after each size, so run sizes ascending.
 //!
-//! `cargo bench -p cohort-sim --bench speed [-- [whole-epoch] [secs=N] RANKS...]`
+//! `cargo bench -p cohort-sim --bench speed [-- [whole-epoch] [secs=N] [model=N] [per-host=N] RANKS...]`
 
 use std::time::Instant;
 
@@ -44,6 +44,11 @@ fn main() {
     // `secs=N`: simulate N seconds instead of an hour (a short run to count
     // instructions under valgrind, which a loaded machine does not disturb).
     let secs: f64 = args.iter().find_map(|a| a.strip_prefix("secs=")?.parse().ok()).unwrap_or(3600.0);
+    // `model=N`: N-element models (default: the scenario's 8), and
+    // `per-host=N`: N ranks per host (default 8), to measure what the
+    // model and the host count cost (Scenario::validate's memory estimate).
+    let model: Option<u32> = args.iter().find_map(|a| a.strip_prefix("model=")?.parse().ok());
+    let per_host: u32 = args.iter().find_map(|a| a.strip_prefix("per-host=")?.parse().ok()).unwrap_or(8);
     let sizes: Vec<u32> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() { vec![64, 128, 256, 512, 1024] } else { sizes };
     println!(
@@ -60,15 +65,18 @@ fn main() {
     );
     let mut hashes = Vec::new();
     for ranks in sizes {
-        let hosts = (ranks / 8).max(1);
-        let mut sc = Scenario::healthy(hosts, 8, 1);
+        let hosts = (ranks / per_host).max(1);
+        let mut sc = Scenario::healthy(hosts, per_host, 1);
+        if let Some(m) = model {
+            sc.model_elems = m;
+        }
         // One batch a second per rank, a round every 10 batches, for an hour.
         for c in sc.speed_classes.values_mut() {
             c.batch_ms = 1000.0;
             c.spread = 0.05;
         }
         sc.sync_every = 10;
-        sc.samples_per_epoch = u64::from(hosts * 8) * 4000;
+        sc.samples_per_epoch = u64::from(hosts * per_host) * 4000;
         sc.run_for_s = Some(secs);
         sc.join.join_timeout_secs = 60;
         // Hosts 10 ms apart, so even 1,280 of them are in within the join
@@ -87,12 +95,12 @@ fn main() {
         assert!(report.violations.is_empty(), "{:?}", report.violations);
         assert_eq!(
             report.world_size,
-            hosts * 8,
+            hosts * per_host,
             "the whole world must form for the figure to mean {ranks} ranks"
         );
         println!(
             "{:>6} {:>6} {:>12.0} {:>9.2} {:>14.1} {:>9.2} {:>13.1} {:>10} {:>9.0}",
-            hosts * 8,
+            hosts * per_host,
             hosts,
             report.ended_at.as_secs_f64(),
             wall,
@@ -102,7 +110,7 @@ fn main() {
             report.steps,
             hwm_kib() as f64 / 1024.0
         );
-        hashes.push((hosts * 8, report.trace_hash.clone()));
+        hashes.push((hosts * per_host, report.trace_hash.clone()));
     }
     for (ranks, hash) in hashes {
         println!("trace hash at {ranks:>5} ranks: {hash}");

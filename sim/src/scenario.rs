@@ -32,8 +32,10 @@
 use std::collections::BTreeMap;
 
 use cohort_proto::join::ledger::JoinConfig;
+use cohort_proto::node::controller::RunKnobs;
 
 pub use crate::attack::Attack;
+
 /// The configuration enums a scenario states, proto's own (serde in their
 /// lowercase names).
 pub use cohort_proto::{
@@ -759,9 +761,9 @@ impl Scenario {
                     speed: None,
                 })
                 .collect(),
-            join: JoinSpec { target_ranks: Some(hosts * ranks), ..JoinSpec::default() },
+            join: JoinSpec { target_ranks: Some(hosts.saturating_mul(ranks)), ..JoinSpec::default() },
             epochs,
-            samples_per_epoch: default_samples().max(u64::from(hosts * ranks) * 20),
+            samples_per_epoch: default_samples().max(u64::from(hosts) * u64::from(ranks) * 20),
             batch_size: 1,
             sync_every: default_sync_every(),
             run_for_s: None,
@@ -783,7 +785,52 @@ impl Scenario {
 
     /// Ranks over all hosts.
     pub fn world_size(&self) -> u32 {
-        self.hosts.iter().map(|h| h.ranks).sum()
+        self.hosts.iter().fold(0u32, |n, h| n.saturating_add(h.ranks))
+    }
+
+    /// The run's knobs as the `cohort` program states them, checked by the
+    /// one function both share ([`RunKnobs::validate`]).
+    pub fn knobs(&self) -> RunKnobs {
+        RunKnobs {
+            epochs: self.epochs,
+            samples_per_epoch: self.samples_per_epoch,
+            batch_size: self.batch_size,
+            sync_every: self.sync_every,
+            model_elems: self.model_elems,
+            rules: self.rules,
+        }
+    }
+
+    /// Whether a world of `world` ranks runs chunk-pool dispatch: cycles are
+    /// always on in the simulator, so a world of two or more under
+    /// cadence or async (or `progressive: true`), as flodl's default.
+    fn progressive_in(&self, world: u64) -> bool {
+        world >= 2 && self.progressive.unwrap_or(self.policy != ApplyPolicy::Sync)
+    }
+
+    /// Checks the default healthy cluster of `hosts` hosts of `ranks` ranks
+    /// (`cohort-sim run --hosts --ranks-per-host`) before
+    /// [`Scenario::healthy`] allocates it: ranks per host as a host may
+    /// offer, and the world within the memory bound ([`check_world`]).
+    ///
+    /// ```
+    /// use cohort_sim::Scenario;
+    /// assert!(Scenario::check_healthy(2, 2).is_ok());
+    /// assert_eq!(Scenario::check_healthy(4_000_000_000, 2).unwrap_err().field, "hosts");
+    /// assert_eq!(Scenario::check_healthy(2, 300).unwrap_err().field, "ranks_per_host");
+    /// ```
+    pub fn check_healthy(hosts: u32, ranks: u32) -> Result<(), ScenarioError> {
+        if ranks == 0 || ranks > 256 {
+            return Err(ScenarioError::new(
+                "ranks_per_host",
+                format!("{ranks} is out of range: allowed 1..=256"),
+            ));
+        }
+        if hosts == 0 {
+            return Err(ScenarioError::new("hosts", "0 is out of range: at least one host"));
+        }
+        let world = u64::from(hosts) * u64::from(ranks);
+        check_world(world, hosts.into(), default_model(), world >= 2)
     }
 
     /// A scenario file's text, parsed and validated: the JSON loader.
@@ -849,21 +896,9 @@ impl Scenario {
                 return err(&format!("speed_classes.{name}.spread"), "in [0, 1)");
             }
         }
-        if self.epochs == 0 || self.epochs > 1_000_000 {
-            return err("epochs", "1..=1000000");
-        }
-        if self.samples_per_epoch == 0 || self.samples_per_epoch > 1 << 40 {
-            return err("samples_per_epoch", "1..=2^40");
-        }
-        if self.batch_size == 0 || self.batch_size > self.samples_per_epoch {
-            return err("batch_size", "1..=samples_per_epoch");
-        }
-        if self.sync_every == 0 || self.sync_every > 1 << 32 {
-            return err("sync_every", "1..=2^32 batches");
-        }
-        if self.epochs.saturating_mul(self.samples_per_epoch) > 1 << 50 {
-            return err("epochs", "epochs x samples_per_epoch at most 2^50");
-        }
+        self.knobs().validate().map_err(|e| ScenarioError::new(e.field, e.reason))?;
+        let world = self.hosts.iter().map(|h| u64::from(h.ranks)).sum();
+        check_world(world, self.hosts.len() as u64, self.model_elems, self.progressive_in(world))?;
         if let Some(t) = self.run_for_s {
             seconds("run_for_s", t, true)?;
         }
@@ -886,9 +921,6 @@ impl Scenario {
             && !(p.is_finite() && (0.0..=1.0).contains(&p))
         {
             return err("max_failure", &format!("a share from 0% to 100% (got {}%)", p * 100.0));
-        }
-        if self.model_elems == 0 || self.model_elems > MAX_MODEL_ELEMS {
-            return err("model_elems", &format!("1..={MAX_MODEL_ELEMS}"));
         }
         for (field, us) in [("latency_us", self.latency_us), ("jitter_us", self.jitter_us)] {
             if us as f64 > MAX_SECS * 1e6 {
@@ -972,9 +1004,86 @@ pub const MAX_SECS: f64 = 1e9;
 pub const MAX_FACTOR: f64 = 1e6;
 /// The longest mean batch time of a speed class, in milliseconds.
 pub const MAX_BATCH_MS: f64 = 1e7;
-/// The largest synthetic model: 2^23 f32 (a 32 MiB round frame, under the
-/// relays' 64 MiB frame ceiling).
-pub const MAX_MODEL_ELEMS: u32 = 1 << 23;
+/// The most memory a scenario may be estimated to need ([`memory_estimate`]):
+/// 16 GiB, so a run that fits never takes a 24 GiB machine down with it.
+pub const MAX_MEMORY: u64 = 16 << 30;
+
+/// What the simulator holds at its peak for a world of `world` ranks on
+/// `hosts` hosts training `model_elems`-element models, in bytes, measured
+/// with the speed bench (`cargo bench -p cohort-sim --bench speed --
+/// [whole-epoch] [model=N] [per-host=N] RANKS`, peak resident memory of a
+/// run that formed and trained): 24 MiB to start, 16 KiB per rank (its
+/// machines, queues and checker state; 1,024 to 16,384 ranks), three model
+/// copies per rank and two per host (the rank's model, its frame and the
+/// consensus; the relay's fold and host frame), and, under chunk-pool
+/// dispatch, 36 bytes per pair of ranks (each round's stage advisories carry
+/// every rank's count to every rank). Within -10% and +28% of the peak
+/// measured at 8 to 16,384 ranks and 8 to 1,048,576-element models.
+pub fn memory_estimate(world: u64, hosts: u64, model_elems: u32, chunk_pool: bool) -> u64 {
+    let model = u64::from(model_elems) * 4;
+    let pairs = if chunk_pool { world.saturating_mul(world).saturating_mul(36) } else { 0 };
+    (24u64 << 20)
+        .saturating_add(world.saturating_mul(16 << 10))
+        .saturating_add(world.saturating_mul(model).saturating_mul(3))
+        .saturating_add(hosts.saturating_mul(model).saturating_mul(2))
+        .saturating_add(pairs)
+}
+
+/// Refuses a world the simulator cannot hold: at least one rank, and the
+/// [`memory_estimate`] within [`MAX_MEMORY`]. A pure check on the numbers a
+/// scenario states, so a file or a flag is refused before anything is
+/// allocated for it; the error names the field (`hosts`, or `model_elems`
+/// when the model is most of the estimate) and the estimate.
+///
+/// ```
+/// use cohort_sim::scenario::check_world;
+/// let e = check_world(4096 * 256, 4096, 8, false).unwrap_err();
+/// assert_eq!(e.to_string(), "hosts: 1,048,576 ranks would need about 16.1 GiB (limit 16 GiB)");
+/// assert!(check_world(1024, 128, 8, true).is_ok());
+/// ```
+pub fn check_world(world: u64, hosts: u64, model_elems: u32, chunk_pool: bool) -> Result<(), ScenarioError> {
+    if world == 0 {
+        return Err(ScenarioError::new("hosts", "the world needs at least one rank"));
+    }
+    let need = memory_estimate(world, hosts, model_elems, chunk_pool);
+    if need <= MAX_MEMORY {
+        return Ok(());
+    }
+    let models = world.saturating_mul(u64::from(model_elems) * 4).saturating_mul(3);
+    let (field, what) = if models > need / 2 {
+        (
+            "model_elems",
+            format!("{} ranks of a {}-element model", thousands(world), thousands(model_elems.into())),
+        )
+    } else if chunk_pool {
+        ("hosts", format!("{} ranks under chunk-pool dispatch", thousands(world)))
+    } else {
+        ("hosts", format!("{} ranks", thousands(world)))
+    };
+    Err(ScenarioError::new(
+        field,
+        format!("{what} would need about {} (limit {} GiB)", gib(need), MAX_MEMORY >> 30),
+    ))
+}
+
+/// `n` with a comma every three digits.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Bytes as GiB with one decimal (TiB past 1,024 GiB).
+fn gib(bytes: u64) -> String {
+    let g = bytes as f64 / (1u64 << 30) as f64;
+    if g >= 1024.0 { format!("{:.1} TiB", g / 1024.0) } else { format!("{g:.1} GiB") }
+}
 
 /// A value `secs` of `field` that is a time in seconds: finite, at least 0
 /// (more than 0 if `positive`), at most [`MAX_SECS`].

@@ -16,7 +16,7 @@ use cohort::rank_process::{self, RankOptions};
 use cohort::wire_tool::{self, WireCmd};
 use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
-use cohort_proto::config::{Rules, TimeoutScale};
+use cohort_proto::config::{ConfigError, Rules, TimeoutScale};
 use cohort_proto::coord::Backend;
 use cohort_proto::join::client::JoinClientEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
@@ -355,18 +355,26 @@ fn main() {
     let code = match cli.cmd {
         Cmd::Controller(a) => controller(a),
         Cmd::Agent(a) => agent(a),
-        Cmd::Rank(a) => rank_process::main(
-            &RankOptions {
-                backend: a.backend,
-                batch_size: a.batch_size,
-                model_elems: a.model_elems,
-                batch_ms: a.batch_ms,
-                timeout_scale: a.timeout_scale,
-                host_check: !a.no_host_check,
-                ..RankOptions::default()
-            },
-            a.json,
-        ),
+        Cmd::Rank(a) => {
+            match (RunKnobs { batch_size: a.batch_size, model_elems: a.model_elems, ..RunKnobs::default() })
+                .workload()
+                .validate()
+            {
+                Err(e) => fail(&flag_error(&e)),
+                Ok(()) => rank_process::main(
+                    &RankOptions {
+                        backend: a.backend,
+                        batch_size: a.batch_size,
+                        model_elems: a.model_elems,
+                        batch_ms: a.batch_ms,
+                        timeout_scale: a.timeout_scale,
+                        host_check: !a.no_host_check,
+                        ..RankOptions::default()
+                    },
+                    a.json,
+                ),
+            }
+        }
         Cmd::Status { addr } => status(&addr),
         Cmd::Start { addr, token } => start(&addr, token.as_deref()),
         Cmd::Demo(a) => run_demo(a),
@@ -390,6 +398,18 @@ fn init_tracing() {
 fn fail(what: &str) -> i32 {
     eprintln!("cohort: {what}");
     2
+}
+
+/// A refused knob in the words of the flag that set it
+/// (`--batch-size: 500 is out of range: ...`).
+fn flag_error(e: &ConfigError) -> String {
+    let flag = match e.field {
+        "min_rank_start" => "min-ranks",
+        "max_join_timeout" => "max-join-timeout-secs",
+        "start_mode" => "start",
+        other => return format!("--{}: {}", other.replace('_', "-"), e.reason),
+    };
+    format!("--{flag}: {}", e.reason)
 }
 
 fn scale_of(raw: f64) -> Result<TimeoutScale, String> {
@@ -420,6 +440,9 @@ fn controller(a: ControllerArgs) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
+    if let Err(e) = a.run.knobs().validate() {
+        return fail(&flag_error(&e));
+    }
     let salt = match salt_of(a.salt.as_deref()) {
         Ok(Some(s)) => s,
         Ok(None) => match os_salt() {
@@ -473,7 +496,7 @@ fn controller(a: ControllerArgs) -> i32 {
     };
     let mut cfg = match ControllerConfig::from_knobs(join, salt, trust, scale, advertise, &a.run.knobs()) {
         Ok(c) => c,
-        Err(e) => return fail(&e.to_string()),
+        Err(e) => return fail(&flag_error(&e)),
     };
     cfg.run_nonce = run_nonce;
     if a.whole_epochs {
@@ -534,6 +557,11 @@ fn agent(a: AgentArgs) -> i32 {
     if a.ranks == 0 || a.ranks > 256 {
         return fail("--ranks must be 1 to 256");
     }
+    let workload =
+        RunKnobs { batch_size: a.batch_size, model_elems: a.model_elems, ..RunKnobs::default() }.workload();
+    if let Err(e) = workload.validate() {
+        return fail(&flag_error(&e));
+    }
     let (sink, events) = mpsc::channel();
     let mut p = HostParams::new(a.host.clone(), a.ranks, a.connect.clone(), scale);
     p.pre_shared = pre_shared;
@@ -570,8 +598,7 @@ fn agent(a: AgentArgs) -> i32 {
             return fail(&format!("installing the signal handlers: {e}"));
         }
     }
-    p.workload =
-        RunKnobs { batch_size: a.batch_size, model_elems: a.model_elems, ..RunKnobs::default() }.workload();
+    p.workload = workload;
     let host = match MioHost::spawn(p, sink) {
         Ok(h) => h,
         Err(e) => return fail(&format!("starting the agent: {e}")),
@@ -687,6 +714,9 @@ fn run_demo(a: DemoArgs) -> i32 {
         bind: a.bind,
         deadline: a.deadline_secs,
     };
+    if let Err(e) = opts.validate() {
+        return fail(&e);
+    }
     let json = a.json;
     let mut narrator = Narrator::default();
     let report = match demo::run(&opts, |s| show(&mut narrator, s, json)) {

@@ -77,6 +77,56 @@ impl Default for DemoOptions {
     }
 }
 
+/// Most ranks the demo runs: each is a thread pair with its own sockets on
+/// this one machine, beside its host's relays.
+pub const MAX_DEMO_RANKS: u32 = 1024;
+
+/// Most memory the demo's ranks may be estimated to hold for their models:
+/// four model-sized buffers per rank (its model, its round frame, the
+/// consensus, its relay's fold) on this one machine.
+pub const MAX_DEMO_MODEL_MEMORY: u64 = 16 << 30;
+
+impl DemoOptions {
+    /// Refuses a demo this machine cannot hold, before anything starts: the
+    /// run's knobs ([`RunKnobs::validate`]), ranks per host as a host may
+    /// offer, the world within [`MAX_DEMO_RANKS`] and its models within
+    /// [`MAX_DEMO_MODEL_MEMORY`]. The error names the flag, the value and
+    /// the bound.
+    ///
+    /// ```
+    /// use cohort::cluster::demo::DemoOptions;
+    /// assert!(DemoOptions::default().validate().is_ok());
+    /// let big = DemoOptions { hosts: 4096, ranks_per_host: 256, ..DemoOptions::default() };
+    /// assert!(big.validate().unwrap_err().starts_with("--hosts: 4096 hosts x 256 ranks"));
+    /// ```
+    pub fn validate(&self) -> Result<(), String> {
+        self.knobs.validate().map_err(|e| format!("--{}: {}", e.field.replace('_', "-"), e.reason))?;
+        if self.ranks_per_host == 0 || self.ranks_per_host > 256 {
+            return Err(format!(
+                "--ranks-per-host: {} is out of range: allowed 1..=256",
+                self.ranks_per_host
+            ));
+        }
+        let world = u64::from(self.hosts) * u64::from(self.ranks_per_host);
+        if world == 0 || world > u64::from(MAX_DEMO_RANKS) {
+            return Err(format!(
+                "--hosts: {} hosts x {} ranks is {world} ranks: allowed 1..={MAX_DEMO_RANKS} on one machine",
+                self.hosts, self.ranks_per_host
+            ));
+        }
+        let need = world * self.knobs.workload().model_bytes() * 4;
+        if need > MAX_DEMO_MODEL_MEMORY {
+            return Err(format!(
+                "--model-elems: {world} ranks of a {}-element model would need about {:.1} GiB (limit {} GiB)",
+                self.knobs.model_elems,
+                need as f64 / (1u64 << 30) as f64,
+                MAX_DEMO_MODEL_MEMORY >> 30
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// What happened to the killed rank.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KillReport {
@@ -269,8 +319,8 @@ fn note(sink: &Sink, clock: Clock, text: String) {
 /// `on_event` as it arrives, after the checks saw it.
 pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<DemoReport, String> {
     let started = Instant::now();
-    let world =
-        opts.hosts.checked_mul(opts.ranks_per_host).filter(|w| *w > 0).ok_or("the world needs a rank")?;
+    opts.validate()?;
+    let world = opts.hosts * opts.ranks_per_host;
     if let Some(k) = opts.kill
         && k.rank >= world
     {

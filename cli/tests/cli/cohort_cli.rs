@@ -168,3 +168,45 @@ fn the_demo_gives_up_at_its_deadline() {
     assert!(text.contains("the run did not end within 2s"), "{text}");
     assert!(text.contains("FAIL"), "{text}");
 }
+
+#[test]
+fn bad_run_knobs_are_refused_at_start_up_with_flag_value_and_range() {
+    // Each was accepted and failed late: a batch larger than the epoch (no
+    // epoch ever ends), a model no frame can carry (the agents aborted
+    // allocating 17 GB), an anchor ElChe refuses (the run failed only once
+    // hosts had joined). One check refuses them all before a port opens.
+    let bind = ["controller", "--bind", "127.0.0.1:0"];
+    let with = |head: &[&'static str], tail: &[&'static str]| -> Vec<&'static str> {
+        head.iter().chain(tail).copied().collect()
+    };
+    let agent = ["agent", "--connect", "127.0.0.1:9", "--host", "a"];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            with(&bind, &["--batch-size", "500", "--samples-per-epoch", "400"]),
+            "--batch-size: 500 is out of range: allowed 1..=400",
+        ),
+        (
+            with(&bind, &["--model-elems", "4294967295"]),
+            "--model-elems: 4294967295 is out of range: allowed 1..=1073741814",
+        ),
+        (
+            with(&bind, &["--sync-every", "18446744073709551615"]),
+            "--sync-every: 18446744073709551615 is out of range: allowed 1..=1000",
+        ),
+        (with(&bind, &["--epochs", "0"]), "--epochs: 0 is out of range: allowed 1..=1000000"),
+        (with(&["demo"], &["--batch-size", "401"]), "--batch-size: 401 is out of range: allowed 1..=400"),
+        (with(&["demo"], &["--model-elems", "4294967295"]), "--model-elems: 4294967295 is out of range"),
+        (with(&["demo"], &["--sync-every", "1001"]), "--sync-every: 1001 is out of range: allowed 1..=1000"),
+        (with(&["demo"], &["--hosts", "4096", "--ranks-per-host", "256"]), "--hosts: 4096 hosts x 256 ranks"),
+        (with(&agent, &["--model-elems", "4294967295"]), "--model-elems: 4294967295 is out of range"),
+        (with(&agent, &["--batch-size", "0"]), "--batch-size: 0 is out of range"),
+        (with(&["rank"], &["--model-elems", "4294967295"]), "--model-elems: 4294967295 is out of range"),
+    ];
+    for (args, want) in cases {
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: wanted {want:?} in {err}");
+        assert!(!err.contains("listening"), "{args:?}: the controller started: {err}");
+    }
+}

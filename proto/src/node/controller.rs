@@ -152,16 +152,75 @@ impl Default for RunKnobs {
     }
 }
 
+/// Most epochs a run may state.
+pub const MAX_EPOCHS: u64 = 1_000_000;
+/// Most samples in one epoch (2^40).
+pub const MAX_SAMPLES_PER_EPOCH: u64 = 1 << 40;
+/// Most samples in a whole run, epochs times samples per epoch (2^50): every
+/// count the coordinator keeps stays far from `u64` overflow.
+pub const MAX_RUN_SAMPLES: u64 = 1 << 50;
+/// Most batches between averaging rounds: the initial ElChe anchor, which
+/// ElChe refuses above its default ceiling when no ceiling is set.
+pub const MAX_SYNC_EVERY: u64 = crate::coord::el_che::DEFAULT_MAX_ANCHOR;
+
 impl RunKnobs {
     /// What the ranks' synthetic workload trains.
     pub fn workload(&self) -> WorkloadSpec {
         WorkloadSpec { batch_size: self.batch_size, model_elems: self.model_elems, gamma: 1.0 }
     }
+
+    /// Checks every knob against the range the run can honour, first failure
+    /// wins; the error names the knob (`epochs`, `samples_per_epoch`,
+    /// `batch_size`, `sync_every`, `model_elems`), its value and the allowed
+    /// range. The one check of a run's knobs: the `cohort` program, its
+    /// demo, the drivers' tests (through [`ControllerConfig::from_knobs`])
+    /// and the simulator's scenarios all go through it, so a value refused
+    /// by one is refused by all, at start-up.
+    ///
+    /// ```
+    /// use cohort_proto::node::controller::RunKnobs;
+    /// assert!(RunKnobs::default().validate().is_ok());
+    /// let bad = RunKnobs { batch_size: 500, samples_per_epoch: 400, ..RunKnobs::default() };
+    /// let e = bad.validate().unwrap_err();
+    /// assert_eq!(e.field, "batch_size");
+    /// assert!(e.reason.contains("500") && e.reason.contains("1..=400"), "{}", e.reason);
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let range = |field: &'static str, v: u64, hi: u64, what: &str| {
+            if (1..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(ConfigError::new(field, format!("{v} is out of range: allowed 1..={hi} ({what})")))
+            }
+        };
+        range("epochs", self.epochs, MAX_EPOCHS, "epochs to train")?;
+        range("samples_per_epoch", self.samples_per_epoch, MAX_SAMPLES_PER_EPOCH, "samples in one epoch")?;
+        let most_epochs = MAX_RUN_SAMPLES / self.samples_per_epoch;
+        range(
+            "epochs",
+            self.epochs,
+            most_epochs,
+            &format!("epochs x samples per epoch at most 2^50; {} samples per epoch", self.samples_per_epoch),
+        )?;
+        range(
+            "batch_size",
+            self.batch_size,
+            self.samples_per_epoch,
+            "at most the samples in one epoch, or no batch is ever whole",
+        )?;
+        range(
+            "sync_every",
+            self.sync_every,
+            MAX_SYNC_EVERY,
+            "batches per averaging round: ElChe's initial anchor, at most its default ceiling",
+        )?;
+        self.workload().validate()
+    }
 }
 
 impl ControllerConfig {
     /// A controller on the CPU data plane for `knobs`, every value checked
-    /// (the join window's knobs, the run's, the model's size).
+    /// (the join window's knobs, then the run's by [`RunKnobs::validate`]).
     pub fn from_knobs(
         join: JoinConfig,
         salt: SessionSalt,
@@ -172,15 +231,7 @@ impl ControllerConfig {
     ) -> Result<Self, ConfigError> {
         let join = JoinConfig { nccl_backend: false, ..join };
         join.validate()?;
-        if knobs.epochs == 0 {
-            return Err(ConfigError::new("epochs", "at least 1"));
-        }
-        if knobs.samples_per_epoch == 0 {
-            return Err(ConfigError::new("samples per epoch", "at least 1"));
-        }
-        if knobs.model_elems == 0 {
-            return Err(ConfigError::new("model elements", "at least 1"));
-        }
+        knobs.validate()?;
         let mut run = CoordConfig::new(1, knobs.epochs, knobs.samples_per_epoch, knobs.batch_size);
         run.sync_every = Some(knobs.sync_every);
         run.timeout_scale = timeout_scale;

@@ -25,7 +25,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::{SessionSalt, hex};
+use crate::config::ConfigError;
+use crate::wire::{ROUND_FOOTER_LEN, ROUND_HEADER_LEN, SessionSalt, hex, round_frame_len};
 
 /// Port offsets of a host relay's loopback listeners from the controller's
 /// port (flodl 0.8's layout): control at `port + 5`, data at `port + 4`.
@@ -114,10 +115,60 @@ impl Default for WorkloadSpec {
     }
 }
 
+/// The largest synthetic model, in f32 elements: the most whose round frame
+/// (one tensor) still fits the `u32` length of the loopback framing and of a
+/// relay-mux record (4 GiB). A larger model could never be sent, so it is
+/// refused before anything is allocated for it.
+pub const MAX_MODEL_ELEMS: u32 = ((u32::MAX as usize - ONE_TENSOR_FRAME_OVERHEAD) / 4) as u32;
+
+/// The bytes of a one-tensor f32 round frame besides its values: header,
+/// the tensor's dtype, rank, one dimension and byte count, footer.
+const ONE_TENSOR_FRAME_OVERHEAD: usize = ROUND_HEADER_LEN + 2 + 4 + 8 + ROUND_FOOTER_LEN;
+
 impl WorkloadSpec {
     /// Bytes of the f32 model tensor (what the frame ceiling is derived from).
     pub fn model_bytes(&self) -> u64 {
         u64::from(self.model_elems) * 4
+    }
+
+    /// Refuses a workload no rank can train: an empty batch, an empty model
+    /// or one whose round frame cannot be sent ([`MAX_MODEL_ELEMS`]), a mass
+    /// exponent that is not finite and non-negative. The error names the
+    /// field (`batch_size`, `model_elems`, `gamma`), the value and the range.
+    ///
+    /// ```
+    /// use cohort_proto::node::envelope::{MAX_MODEL_ELEMS, WorkloadSpec};
+    /// assert!(WorkloadSpec::default().validate().is_ok());
+    /// let huge = WorkloadSpec { model_elems: u32::MAX, ..WorkloadSpec::default() };
+    /// assert_eq!(huge.validate().unwrap_err().field, "model_elems");
+    /// assert!(WorkloadSpec { model_elems: MAX_MODEL_ELEMS, ..huge }.validate().is_ok());
+    /// ```
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.batch_size == 0 {
+            return Err(ConfigError::new("batch_size", "0 is out of range: at least 1 sample per batch"));
+        }
+        if self.model_elems == 0 || self.model_elems > MAX_MODEL_ELEMS {
+            let frame = round_frame_len([(&[self.model_elems][..], self.model_bytes())]);
+            let why = if self.model_elems == 0 {
+                "a model needs at least one element".to_owned()
+            } else {
+                format!(
+                    "its round frame would be {frame} bytes, over the {} a frame's u32 length can carry",
+                    u32::MAX
+                )
+            };
+            return Err(ConfigError::new(
+                "model_elems",
+                format!("{} is out of range: allowed 1..={MAX_MODEL_ELEMS} ({why})", self.model_elems),
+            ));
+        }
+        if !(self.gamma.is_finite() && self.gamma >= 0.0) {
+            return Err(ConfigError::new(
+                "gamma",
+                format!("{} is out of range: a finite exponent, at least 0", self.gamma),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -180,7 +231,9 @@ impl Envelope {
     }
 
     /// Parses the hex of the JSON form, checking what flodl's ranks check: a
-    /// controller with a host, a world, workers within it, ranks inside it.
+    /// controller with a host, a world, workers within it, ranks inside it;
+    /// and cohort's workload, when present, against [`WorkloadSpec::validate`]
+    /// (a model no frame can carry is refused before a rank allocates it).
     pub fn from_hex(text: &str) -> Result<Envelope, String> {
         let bytes = hex::decode(text).map_err(|e| format!("envelope: {e}"))?;
         let e: Envelope = serde_json::from_slice(&bytes).map_err(|e| format!("envelope: {e}"))?;
@@ -200,6 +253,9 @@ impl Envelope {
             && d.len() != e.worker.ranks.len()
         {
             return Err(format!("envelope: {} devices for {} ranks", d.len(), e.worker.ranks.len()));
+        }
+        if let Some(w) = &e.cohort {
+            w.validate().map_err(|x| format!("envelope: cohort.{}: {}", x.field, x.reason))?;
         }
         Ok(e)
     }
