@@ -17,7 +17,7 @@
 //! assert_eq!(json["t"], 1.5);
 //! ```
 
-use cohort_proto::coord::{CoordinatorEvent, DeathCause, RunEnd};
+use cohort_proto::coord::{CoordinatorEvent, DeathCause, MetricValue, RunEnd};
 use cohort_proto::join::AdmitError;
 use cohort_proto::join::client::{ClientFailure, JoinClientEvent};
 use cohort_proto::join::window::{JoinWindowEvent, RejectReason};
@@ -381,6 +381,9 @@ fn coord(c: &CoordinatorEvent) -> Line {
                 metrics.epoch, metrics.avg_loss, metrics.per_rank_samples
             ),
         ),
+        CoordinatorEvent::ReportRefused { rank, fault } => {
+            line(Warn, "report_refused", format!("coordinator: refused rank {rank}'s report: {fault}"))
+        }
         CoordinatorEvent::Ended(RunEnd::Done) => {
             line(Info, "ended", "coordinator: every epoch done, Shutdown sent")
         }
@@ -469,6 +472,13 @@ pub fn data(s: &Stamped) -> Option<serde_json::Value> {
                 let left: u64 = remainder.iter().map(|s| s.size).sum();
                 json!({ "rank": rank, "cause": death_kind(cause), "epoch": epoch, "processed": processed, "remainder": left })
             }
+            ControllerNodeEvent::Coord(CoordinatorEvent::ReportRefused { rank, fault }) => {
+                let value = match fault.value {
+                    MetricValue::Real(v) => json!(v.to_string()),
+                    MetricValue::Count(n) => json!(n),
+                };
+                json!({ "rank": rank, "field": fault.field, "value": value })
+            }
             ControllerNodeEvent::Coord(CoordinatorEvent::EpochAggregated { metrics }) => {
                 json!({ "epoch": metrics.epoch, "per_rank_samples": metrics.per_rank_samples })
             }
@@ -538,6 +548,7 @@ fn death_kind(c: &DeathCause) -> &'static str {
         DeathCause::RelayLost => "relay_lost",
         DeathCause::DataPlaneLost => "data_plane_lost",
         DeathCause::FrameTooLarge { .. } => "frame_too_large",
+        DeathCause::BadReport { .. } => "bad_report",
         DeathCause::NotAnnounced => "not_announced",
     }
 }

@@ -164,7 +164,7 @@ impl ChunkPool {
         if r >= self.spans.len() {
             return;
         }
-        self.completed[r] = (self.completed[r] + samples).min(self.dispatched[r]);
+        self.completed[r] = self.completed[r].saturating_add(samples).min(self.dispatched[r]);
         let mut left = samples;
         while left > 0 {
             match self.outstanding[r].front_mut() {

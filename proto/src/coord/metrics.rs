@@ -8,10 +8,135 @@
 
 use std::collections::BTreeMap;
 
-use crate::wire::{EpochMetricsWire, MetricsMsgWire};
+use core::fmt;
+
+use crate::wire::{EpochMetricsWire, MetricsMsgWire, TimingMsgWire};
 
 /// Distinct user-scalar names kept per rank per epoch.
 pub const MAX_SCALARS: usize = 1024;
+
+/// The longest duration a rank may report, in milliseconds (about 31
+/// years): far past any run, and far enough from `f64::MAX` that sums of
+/// them stay finite.
+pub const MAX_REPORTED_MS: f64 = 1e12;
+
+/// A reported value, as [`MetricFault`] names it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MetricValue {
+    /// A real value (a loss, a duration, a norm).
+    Real(f64),
+    /// A count (samples, batches, steps, an epoch).
+    Count(u64),
+}
+
+impl fmt::Display for MetricValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetricValue::Real(v) => write!(f, "{v}"),
+            MetricValue::Count(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// A report refused because one of its values is out of range: which field
+/// (`metrics.avg_loss`, `batch.batch_ms`, `sync_ack.pre_norm`, ...), its
+/// value, and the range it had to be in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricFault {
+    /// The message and field, as `kind.field`.
+    pub field: &'static str,
+    /// The value received.
+    pub value: MetricValue,
+    /// The range it had to be in, in words.
+    pub range: String,
+}
+
+impl fmt::Display for MetricFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} = {} (must be {})", self.field, self.value, self.range)
+    }
+}
+
+fn real(field: &'static str, v: f64, range: &str) -> MetricFault {
+    MetricFault { field, value: MetricValue::Real(v), range: range.to_owned() }
+}
+
+/// A finite real, or the fault naming `field`.
+fn finite(field: &'static str, v: f64) -> Result<(), MetricFault> {
+    if v.is_finite() { Ok(()) } else { Err(real(field, v, "finite")) }
+}
+
+/// A finite real, at least 0.
+fn non_negative(field: &'static str, v: f64) -> Result<(), MetricFault> {
+    if v.is_finite() && v >= 0.0 { Ok(()) } else { Err(real(field, v, "finite and at least 0")) }
+}
+
+/// A duration in milliseconds: finite, from 0 to [`MAX_REPORTED_MS`].
+fn millis(field: &'static str, v: f64) -> Result<(), MetricFault> {
+    if v.is_finite() && (0.0..=MAX_REPORTED_MS).contains(&v) {
+        Ok(())
+    } else {
+        Err(real(field, v, &format!("milliseconds from 0 to {MAX_REPORTED_MS:e}")))
+    }
+}
+
+/// A count of at most `most`.
+fn count(field: &'static str, n: u64, most: u64, what: &str) -> Result<(), MetricFault> {
+    if n <= most {
+        Ok(())
+    } else {
+        Err(MetricFault { field, value: MetricValue::Count(n), range: format!("at most {most} ({what})") })
+    }
+}
+
+/// Checks the values of a timing report the coordinator acts on: batch and
+/// callback times are durations ([`MAX_REPORTED_MS`]); divergences, norms
+/// and the learning rate finite and non-negative; an eval's metric finite
+/// (when it did not fail); a step count no more than `most_steps`, the
+/// batches the whole run holds. Messages the coordinator only passes on
+/// (dashboard, resources) or that carry no value are not checked.
+///
+/// ```
+/// use cohort_proto::coord::{MetricValue, check_timing};
+/// use cohort_proto::wire::TimingMsgWire;
+/// let bad = TimingMsgWire::Batch {
+///     rank: 0, batch_ms: f64::NAN, data_ms: 0.0, step_count: 3,
+///     param_norm: None, batch_loss: 0.0, sync_divergence: None,
+/// };
+/// let fault = check_timing(&bad, 100).unwrap_err();
+/// assert_eq!(fault.field, "batch.batch_ms");
+/// assert!(matches!(fault.value, MetricValue::Real(v) if v.is_nan()));
+/// ```
+pub fn check_timing(msg: &TimingMsgWire, most_steps: u64) -> Result<(), MetricFault> {
+    let steps = "the batches the whole run holds";
+    let opt = |field, v: Option<f64>| v.map_or(Ok(()), |v| non_negative(field, v));
+    match msg {
+        TimingMsgWire::Batch { batch_ms, data_ms, step_count, sync_divergence, .. } => {
+            millis("batch.batch_ms", *batch_ms)?;
+            millis("batch.data_ms", *data_ms)?;
+            count("batch.step_count", *step_count, most_steps, steps)?;
+            opt("batch.sync_divergence", *sync_divergence)
+        }
+        TimingMsgWire::SyncAck { step_count, divergence, post_norm, pre_norm, .. } => {
+            count("sync_ack.step_count", *step_count, most_steps, steps)?;
+            opt("sync_ack.divergence", *divergence)?;
+            opt("sync_ack.post_norm", *post_norm)?;
+            opt("sync_ack.pre_norm", *pre_norm)
+        }
+        TimingMsgWire::LrUpdate { lr, .. } => non_negative("lr_update.lr", *lr),
+        TimingMsgWire::EvalResult { metric, elapsed_ms, error, .. } => {
+            millis("eval_result.elapsed_ms", *elapsed_ms)?;
+            if error.is_none() { finite("eval_result.metric", *metric) } else { Ok(()) }
+        }
+        TimingMsgWire::CheckpointResult { elapsed_ms, .. } => {
+            millis("checkpoint_result.elapsed_ms", *elapsed_ms)
+        }
+        TimingMsgWire::EpochFnElapsed { elapsed_ms, .. } => {
+            millis("epoch_fn_elapsed.elapsed_ms", *elapsed_ms)
+        }
+        _ => Ok(()),
+    }
+}
 
 #[derive(Debug, Clone, Default, PartialEq)]
 struct RankSums {
@@ -57,6 +182,36 @@ impl EpochReports {
                 s.scalars.insert(k.clone(), (*sum, *count));
             }
         }
+    }
+
+    /// Checks a report before it is folded in: durations in range
+    /// ([`MAX_REPORTED_MS`]), a finite loss and finite scalar sums whose
+    /// fold keeps the rank's sums finite, and no more samples or batches
+    /// (summed over the rank's reports of the epoch) than `most_samples`,
+    /// what the rank was given of it. A report for a rank outside the world
+    /// passes: [`EpochReports::add`] ignores it.
+    ///
+    /// ```
+    /// use cohort_proto::coord::{EpochReports, MetricValue};
+    /// use cohort_proto::wire::MetricsMsgWire;
+    /// let acc = EpochReports::new(2);
+    /// let lie = MetricsMsgWire { rank: 1, samples_processed: u64::MAX, ..Default::default() };
+    /// let fault = acc.check(&lie, 400).unwrap_err();
+    /// assert_eq!((fault.field, fault.value), ("metrics.samples_processed", MetricValue::Count(u64::MAX)));
+    /// let nan = MetricsMsgWire { rank: 1, avg_loss: f64::NAN, ..Default::default() };
+    /// assert_eq!(acc.check(&nan, 400).unwrap_err().field, "metrics.avg_loss");
+    /// ```
+    pub fn check(&self, m: &MetricsMsgWire, most_samples: u64) -> Result<(), MetricFault> {
+        match usize::try_from(m.rank).ok().and_then(|r| self.ranks.get(r)) {
+            Some(s) => check_against(s, m, most_samples),
+            None => Ok(()),
+        }
+    }
+
+    /// [`EpochReports::check`] for a rank's first report of an epoch whose
+    /// sums do not exist yet.
+    pub fn check_first(m: &MetricsMsgWire, most_samples: u64) -> Result<(), MetricFault> {
+        check_against(&RankSums::default(), m, most_samples)
     }
 
     /// How many reports `rank` sent.
@@ -132,6 +287,35 @@ impl EpochReports {
             per_rank_samples: self.ranks.iter().map(|s| s.samples).collect(),
         }
     }
+}
+
+/// The checks of [`EpochReports::check`] against one rank's sums so far.
+fn check_against(s: &RankSums, m: &MetricsMsgWire, most_samples: u64) -> Result<(), MetricFault> {
+    let given = "the samples the rank was given of the epoch";
+    count("metrics.samples_processed", s.samples.saturating_add(m.samples_processed), most_samples, given)
+        .map_err(|f| MetricFault { value: MetricValue::Count(m.samples_processed), ..f })?;
+    count("metrics.batches_processed", s.batches.saturating_add(m.batches_processed), most_samples, given)
+        .map_err(|f| MetricFault { value: MetricValue::Count(m.batches_processed), ..f })?;
+    finite("metrics.avg_loss", m.avg_loss)?;
+    if !(s.loss_sum + m.avg_loss * m.batches_processed as f64).is_finite() {
+        return Err(real("metrics.avg_loss", m.avg_loss, "small enough that the loss sum stays finite"));
+    }
+    for (field, v, sum) in [
+        ("metrics.epoch_ms", m.epoch_ms, s.epoch_ms),
+        ("metrics.share_complete_ms", m.share_complete_ms, s.share_complete_ms),
+        ("metrics.compute_only_ms", m.compute_only_ms, s.compute_only_ms),
+        ("metrics.data_starve_ms", m.data_starve_ms, s.data_starve_ms),
+    ] {
+        millis(field, v)?;
+        millis(field, sum + v).map_err(|f| MetricFault { value: MetricValue::Real(v), ..f })?;
+    }
+    for (k, (sum, _)) in &m.scalars {
+        let before = s.scalars.get(k).map_or(0.0, |e| e.0);
+        if !(sum.is_finite() && (before + sum).is_finite()) {
+            return Err(real("metrics.scalars", *sum, "a finite sum whose fold stays finite"));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

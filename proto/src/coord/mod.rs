@@ -41,7 +41,7 @@ use core::time::Duration;
 pub use budget::{Backend, FailureBudget, SaveReason};
 pub use coordinator::Coordinator;
 pub use liveness::{Life, Liveness};
-pub use metrics::MAX_SCALARS;
+pub use metrics::{EpochReports, MAX_REPORTED_MS, MAX_SCALARS, MetricFault, MetricValue, check_timing};
 pub use nccl::{AskAbandoned, NCCL_ANSWER};
 pub use plan::{Segment, Throughput};
 pub use policy::{ApplyPolicy, ElCheTuning};
@@ -270,6 +270,12 @@ pub enum DeathCause {
     RelayLost,
     /// The reduce lost it: its host's data connection ended or broke protocol.
     DataPlaneLost,
+    /// It reported a value out of range (cohort's rules; see
+    /// [`CoordinatorEvent::ReportRefused`]).
+    BadReport {
+        /// The field, as `kind.field`.
+        field: &'static str,
+    },
     /// Its relay forwarded a frame of `len` bytes from it, over one control
     /// frame (cohort's rules: the frame is skipped and only this rank pays;
     /// flodl's coordinator drops the relay and every rank behind it).
@@ -292,6 +298,7 @@ impl fmt::Display for DeathCause {
             DeathCause::RelayRankExit => f.write_str("relay reported the rank's connection ended"),
             DeathCause::RelayLost => f.write_str("relay connection lost"),
             DeathCause::DataPlaneLost => f.write_str("data-plane connection lost"),
+            DeathCause::BadReport { field } => write!(f, "reported {field} out of range"),
             DeathCause::FrameTooLarge { len } => {
                 write!(f, "sent a control frame of {len} bytes, over the limit")
             }
@@ -428,6 +435,18 @@ pub enum CoordinatorEvent {
         rank: u32,
         /// What was wrong.
         error: WireError,
+    },
+    /// A rank's report carried a value out of range (cohort's rules: a
+    /// non-finite loss, a negative or non-finite duration or norm, more
+    /// samples than it was given, a step count past the run's batches):
+    /// nothing of it was folded, it counts toward
+    /// [`Scheduler::refused_reports`], and the rank is declared dead
+    /// ([`DeathCause::BadReport`]). flodl 0.8 folds every value unchecked.
+    ReportRefused {
+        /// The rank.
+        rank: u32,
+        /// The field, its value and the range it had to be in.
+        fault: MetricFault,
     },
     /// A rank left cleanly (`Exiting`, or exit code 0); it is not dead and
     /// does not count against the failure budget. Under cohort's rules what

@@ -12,7 +12,7 @@ use super::chunk_pool::{
 use super::el_che::partition::{equal_sizes, ratio_sizes, throughput_sizes};
 use super::el_che::{DivergenceSample, ElChe, Verdict};
 use super::liveness::{Life, Liveness};
-use super::metrics::EpochReports;
+use super::metrics::{self, EpochReports};
 use super::nccl::{AskAbandoned, NCCL_UID_BYTES, Rendezvous, new_sessions, pick_generator};
 use super::plan::{Assignment, Segment, epoch_plans, split_remainder, split_remainder_whole};
 use super::policy::ApplyPolicy;
@@ -228,6 +228,8 @@ pub struct Scheduler {
     cycles: u64,
     version: u64,
     global_step: u64,
+    /// Reports refused for an out-of-range value, by field (cohort's rules).
+    refused: BTreeMap<&'static str, u64>,
     out: VecDeque<Step>,
 }
 
@@ -294,6 +296,7 @@ impl Scheduler {
             cycles: 0,
             version: 0,
             global_step: 0,
+            refused: BTreeMap::new(),
             out: VecDeque::new(),
             cfg,
         })
@@ -306,6 +309,12 @@ impl Scheduler {
     /// The configuration.
     pub fn config(&self) -> &CoordConfig {
         &self.cfg
+    }
+
+    /// Reports refused so far for an out-of-range value, counted by field
+    /// (`metrics.avg_loss`, `batch.step_count`, ...; cohort's rules).
+    pub fn refused_reports(&self) -> &BTreeMap<&'static str, u64> {
+        &self.refused
     }
 
     /// Where the run is.
@@ -555,6 +564,12 @@ impl Scheduler {
         if !self.live.heard(rank, now) {
             return;
         }
+        if self.cfg.rules == Rules::Cohort
+            && let Err(fault) =
+                metrics::check_timing(&msg, self.cfg.epochs.saturating_mul(self.cfg.epoch_samples))
+        {
+            return self.refuse_report(now, rank, fault);
+        }
         let r = rank as usize;
         match msg {
             TimingMsgWire::Batch { batch_ms, data_ms, step_count, sync_divergence, .. } => {
@@ -639,13 +654,58 @@ impl Scheduler {
             return;
         }
         if self.chunks.is_some() {
+            if let Err(fault) = self.check_chunk_report(rank, &msg) {
+                return self.refuse_report(now, rank, fault);
+            }
             self.chunk_metrics(now, rank, &msg);
             return;
         }
         let Some(ep) = self.epoch.as_mut().filter(|e| e.epoch == msg.epoch && !e.aggregated) else { return };
+        if self.cfg.rules == Rules::Cohort
+            && let Err(fault) = ep.reports.check(&msg, ep.assigned[rank as usize].total())
+        {
+            return self.refuse_report(now, rank, fault);
+        }
         ep.reports.add(&msg);
         self.note_step(now, rank);
         self.advance(now);
+    }
+
+    /// Under cohort's rules, a chunk's report is checked against the chunks
+    /// of its epoch's pool the rank was given; a report for an epoch with no
+    /// pool that is not already aggregated (no chunk of it was ever given)
+    /// is out of range. A report for an aggregated epoch passes: it is
+    /// ignored.
+    fn check_chunk_report(&self, rank: u32, msg: &MetricsMsgWire) -> Result<(), metrics::MetricFault> {
+        let Some(ch) = self.chunks.as_ref().filter(|_| self.cfg.rules == Rules::Cohort) else {
+            return Ok(());
+        };
+        if ch.last_aggregated.is_some_and(|a| msg.epoch <= a) {
+            return Ok(());
+        }
+        let Some(pool) = ch.pools.get(&msg.epoch) else {
+            return Err(metrics::MetricFault {
+                field: "metrics.epoch",
+                value: metrics::MetricValue::Count(msg.epoch),
+                range: "an epoch whose chunks the rank was given".into(),
+            });
+        };
+        let given = pool.completed(rank).saturating_add(pool.in_flight(rank));
+        match ch.reports.get(&msg.epoch) {
+            Some(reports) => reports.check(msg, given),
+            None => EpochReports::check_first(msg, given),
+        }
+    }
+
+    /// A report with an out-of-range value (cohort's rules): nothing of it is
+    /// folded, it is counted by field and reported, and its rank is declared
+    /// dead, so the epoch it would have completed goes on without it and only
+    /// that rank pays.
+    fn refuse_report(&mut self, now: Time, rank: u32, fault: metrics::MetricFault) {
+        *self.refused.entry(fault.field).or_default() += 1;
+        let field = fault.field;
+        self.event(CoordinatorEvent::ReportRefused { rank, fault });
+        self.deaths(now, &[(rank, DeathCause::BadReport { field })]);
     }
 
     /// The launcher saw `rank`'s process exit with `code`: non-zero declares

@@ -143,14 +143,18 @@ impl CoverageCheck {
 
     /// A rank's dropped tail must be its own work and shorter than a batch
     /// (under flodl's rules a slice that came after the rank reported its
-    /// plan may be dropped whole: flodl's worker loses it).
+    /// plan may be dropped whole: flodl's worker loses it). A rank declared
+    /// dead while it still runs (its report refused) drops at `Shutdown`
+    /// what was handed out as its remainder: others trained it.
     fn check_dropped(&self, at: Time, r: u32, dropped: &[(u64, u64, u64)], v: &mut Violations) {
         for &(epoch, first, n) in dropped {
             let segs = self.assigned.get(&(epoch, r)).map(Vec::as_slice).unwrap_or(&[]);
             let within = |s: &&(u64, u64)| first >= s.0 && first + n <= s.0 + s.1;
             let mine = segs.iter().any(|s| within(&s));
             let late_slice = self.flodl && segs.iter().skip(1).any(|s| within(&s));
-            if (n >= self.batch_size && !late_slice) || !mine {
+            let handed_at_death = self.gone.contains(&r)
+                && self.remainders.get(&epoch).is_some_and(|rs| rs.iter().any(|s| within(&s)));
+            if (n >= self.batch_size && !late_slice && !handed_at_death) || !mine {
                 v.at(
                     at,
                     &format!(

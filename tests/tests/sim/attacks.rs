@@ -35,3 +35,13 @@ fn a_forged_exit_for_a_foreign_rank_changes_nothing() {
     honest_alive(&run);
     assert_eq!(run.report.outcome, cohort_sim::Outcome::Done);
 }
+
+#[test]
+fn lying_metrics_are_refused_and_cost_only_the_liar() {
+    // A NaN loss and u64::MAX samples from host 1's rank: refused by name,
+    // that rank dead, every epoch's metrics in range, the run done.
+    let run = attacked(Attack::LyingMetrics);
+    assert_eq!(run.report.violations, Vec::<String>::new());
+    honest_alive(&run);
+    assert_eq!(run.report.outcome, cohort_sim::Outcome::Done);
+}
