@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use cohort::args;
 use cohort::cluster::demo::{self, DemoOptions, Kill};
-use cohort::cluster::describe::{Narrator, json_line, json_of, log_line};
+use cohort::cluster::describe::{Narrator, json_line, json_of, log_node};
 use cohort::cluster::host::{HostParams, MioHost};
 use cohort::cluster::{ClusterEvent, Source, Stamped, http, shutdown_all, spawn_controller};
 use cohort::rank_process::{self, RankOptions};
 use cohort::wire_tool::{self, WireCmd};
 use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
+use cohort_proto::Time;
 use cohort_proto::config::{ConfigError, Rules, TimeoutScale};
 use cohort_proto::coord::Backend;
 use cohort_proto::join::client::JoinClientEvent;
@@ -426,12 +427,22 @@ fn emit(line: impl std::fmt::Display) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
-/// Logs an event (stderr) and, with `--json`, prints it as a JSON line (stdout).
+/// Logs an event (stderr; connection drops summarised per interval) and,
+/// with `--json`, prints it as a JSON line (stdout, every event).
 fn show(narrator: &mut Narrator, s: &Stamped, json: bool) {
     let line = narrator.describe(s);
-    log_line(s, &line);
+    for (node, l) in narrator.to_log(s, &line) {
+        log_node(&node, &l);
+    }
     if json {
         emit(json_of(s, &line));
+    }
+}
+
+/// Logs the summaries of the drop intervals that ended by `now`.
+fn flush(narrator: &mut Narrator, now: Time) {
+    for (node, l) in narrator.flush(now) {
+        log_node(&node, &l);
     }
 }
 
@@ -534,10 +545,11 @@ fn controller(a: ControllerArgs) -> i32 {
                     ended = Some((Instant::now(), o.clone()));
                 }
             }
-            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Timeout) => flush(&mut narrator, clock.now()),
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
+    flush(&mut narrator, Time::MAX);
     shutdown_all([node]);
     match ended {
         Some((_, ControllerOutcome::Done)) => 0,
@@ -599,6 +611,7 @@ fn agent(a: AgentArgs) -> i32 {
         }
     }
     p.workload = workload;
+    let clock = p.clock;
     let host = match MioHost::spawn(p, sink) {
         Ok(h) => h,
         Err(e) => return fail(&format!("starting the agent: {e}")),
@@ -627,7 +640,10 @@ fn agent(a: AgentArgs) -> i32 {
         }
         let s = match events.recv_timeout(Duration::from_millis(100)) {
             Ok(s) => s,
-            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Timeout) => {
+                flush(&mut narrator, clock.now());
+                continue;
+            }
             Err(RecvTimeoutError::Disconnected) => break 1,
         };
         show(&mut narrator, &s, a.common.json);
@@ -661,6 +677,7 @@ fn agent(a: AgentArgs) -> i32 {
             _ => {}
         }
     };
+    flush(&mut narrator, Time::MAX);
     // A clean stop flushes the exit reports still queued for the controller.
     host.stop();
     code
@@ -723,6 +740,7 @@ fn run_demo(a: DemoArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(&e),
     };
+    flush(&mut narrator, Time::MAX);
     if json {
         emit(report.json());
     } else {

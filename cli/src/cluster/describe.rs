@@ -29,6 +29,11 @@ use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::RelayEvent;
 use cohort_proto::status::{StatusClientEvent, StatusServerEvent};
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use cohort_proto::{ConnId, Time};
+use core::time::Duration;
+
 use super::{ClusterEvent, Stamped};
 
 /// How much an event matters to a human watching.
@@ -394,9 +399,113 @@ fn coord(c: &CoordinatorEvent) -> Line {
     }
 }
 
+/// How long the human log gathers connection drops into one summary line.
+pub const DROP_SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Why a connection was dropped, refused or evicted, as a summary counts
+/// it; `None` for an event that is not a connection's end. `Evicted`
+/// comes with the connection, whose part's own drop then follows.
+fn drop_reason(e: &ClusterEvent) -> Option<(&'static str, Option<ConnId>)> {
+    use cohort_proto::route::{PortRouterEvent, RouteDrop};
+    Some(match e {
+        ClusterEvent::Controller(c) => match c {
+            ControllerNodeEvent::Evicted { conn, .. } => ("evicted unauthenticated", Some(*conn)),
+            ControllerNodeEvent::Route(PortRouterEvent::Dropped { conn, reason }) => {
+                let why = match reason {
+                    RouteDrop::UnknownMagic { .. } => "bad magic",
+                    RouteDrop::EarlyEof { .. } => "closed before a channel magic",
+                    RouteDrop::Deadline { .. } => "no channel magic in time",
+                };
+                (why, Some(*conn))
+            }
+            ControllerNodeEvent::Refused { conn, .. } => ("nothing serves their channel", Some(*conn)),
+            ControllerNodeEvent::Join(JoinWindowEvent::Rejected { conn, reason }) => {
+                let why = match reason {
+                    RejectReason::ChannelMagic { .. } => "join: not the join magic",
+                    RejectReason::Frame(_) => "join: hello frame refused",
+                    RejectReason::NotJoinFrame(_)
+                    | RejectReason::Undecodable(_)
+                    | RejectReason::NotHello(_) => "join: not a hello",
+                    RejectReason::Admission(a) => match a {
+                        AdmitError::DuplicateHost { .. } => "join: host already joined",
+                        _ => "join: hello refused",
+                    },
+                    RejectReason::WindowClosed { .. } => "join: window closed",
+                    RejectReason::HandshakeTimeout => "join: no hello in time",
+                    RejectReason::Closed(_) => "join: closed before a hello",
+                };
+                (why, Some(*conn))
+            }
+            ControllerNodeEvent::Status(StatusServerEvent::Abandoned { conn, .. }) => {
+                ("status: left before a request", Some(*conn))
+            }
+            ControllerNodeEvent::Coord(CoordinatorEvent::RelayRejected { conn, .. }) => {
+                ("relay hello refused", Some(*conn))
+            }
+            ControllerNodeEvent::Reduce(ReduceEvent::HostRefused { conn, .. }) => {
+                ("data host refused", Some(*conn))
+            }
+            _ => return None,
+        },
+        ClusterEvent::Relay(RelayEvent::RankRefused { conn, .. }) => ("rank connection refused", Some(*conn)),
+        _ => return None,
+    })
+}
+
+/// One node's connection drops in the interval under way.
+#[derive(Debug)]
+struct Drops {
+    /// When the interval began (its first drop).
+    since: Time,
+    /// Drops by reason.
+    counts: BTreeMap<&'static str, u64>,
+    /// Whether some drop was counted without a line of its own.
+    held: bool,
+    /// Connections evicted this interval: their part's drop that follows
+    /// is the same connection, counted once.
+    evicted: BTreeSet<ConnId>,
+}
+
+/// `n` with a comma every three digits.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+impl Drops {
+    fn summary(&self) -> Line {
+        let total: u64 = self.counts.values().sum();
+        let mut by: Vec<(&&str, &u64)> = self.counts.iter().collect();
+        by.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let parts: Vec<String> = by.iter().map(|(why, n)| format!("{} {why}", thousands(**n))).collect();
+        line(
+            Level::Warn,
+            "connections_dropped",
+            format!(
+                "dropped {} connections in {} s: {}",
+                thousands(total),
+                DROP_SUMMARY_INTERVAL.as_secs(),
+                parts.join(", ")
+            ),
+        )
+    }
+}
+
 /// Describes a stream of events, remembering what came before: once the
 /// coordinator has ended the run, a host leaving is the expected teardown,
-/// not a loss worth a warning.
+/// not a loss worth a warning. For the human log ([`Narrator::to_log`],
+/// [`Narrator::flush`]) it gathers connection drops: the first drop of each
+/// reason in an interval of [`DROP_SUMMARY_INTERVAL`] is written at once,
+/// the rest are counted, and the interval ends with one line of counts by
+/// reason, so a flood of connections writes a line every 10 s, not one per
+/// connection. `--json` output is not summarised: each event is data.
 ///
 /// ```
 /// use cohort::cluster::describe::{Level, Narrator};
@@ -410,6 +519,8 @@ fn coord(c: &CoordinatorEvent) -> Line {
 #[derive(Debug, Default)]
 pub struct Narrator {
     run_ended: bool,
+    /// Connection drops of the interval under way, per node.
+    drops: BTreeMap<String, Drops>,
 }
 
 impl Narrator {
@@ -425,6 +536,63 @@ impl Narrator {
             _ => {}
         }
         l
+    }
+
+    /// What the human log writes for `s`, described as `l`, with the node
+    /// each line belongs to: first the summaries of intervals that ended by
+    /// `s.at`, then `l` itself unless it is a connection drop whose reason
+    /// already had its line this interval (it is counted instead).
+    pub fn to_log(&mut self, s: &Stamped, l: &Line) -> Vec<(String, Line)> {
+        let mut out = self.flush(s.at);
+        let node = s.source.to_string();
+        let Some((why, conn)) = drop_reason(&s.event) else {
+            out.push((node, l.clone()));
+            return out;
+        };
+        let d = self.drops.entry(node.clone()).or_insert_with(|| Drops {
+            since: s.at,
+            counts: BTreeMap::new(),
+            held: false,
+            evicted: BTreeSet::new(),
+        });
+        let evicted = matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Evicted { .. }));
+        if !evicted && conn.is_some_and(|c| d.evicted.remove(&c)) {
+            // The part's end of a connection already counted as evicted.
+            return out;
+        }
+        if evicted && let Some(c) = conn {
+            d.evicted.insert(c);
+        }
+        let n = d.counts.entry(why).or_default();
+        *n += 1;
+        if *n == 1 {
+            out.push((node, l.clone()));
+        } else {
+            d.held = true;
+        }
+        out
+    }
+
+    /// The summaries of the intervals that ended by `now` (a node's interval
+    /// ends [`DROP_SUMMARY_INTERVAL`] after its first drop): one line of
+    /// counts by reason where some drop had no line of its own. Call it
+    /// when no event came for a while, and with `Time::MAX` at the end.
+    pub fn flush(&mut self, now: Time) -> Vec<(String, Line)> {
+        let ended: Vec<String> = self
+            .drops
+            .iter()
+            .filter(|(_, d)| now.saturating_since(d.since) >= DROP_SUMMARY_INTERVAL)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut out = Vec::new();
+        for node in ended {
+            if let Some(d) = self.drops.remove(&node)
+                && d.held
+            {
+                out.push((node, d.summary()));
+            }
+        }
+        out
     }
 }
 
@@ -636,7 +804,11 @@ pub fn log(s: &Stamped) {
 
 /// [`log`] for an event already described.
 pub fn log_line(s: &Stamped, l: &Line) {
-    let node = s.source.to_string();
+    log_node(&s.source.to_string(), l)
+}
+
+/// Logs a line of `node` (an event's, or a summary of [`Narrator::flush`]).
+pub fn log_node(node: &str, l: &Line) {
     match l.level {
         Level::Debug => tracing::debug!(target: "cohort", "{node:>20} | {}", l.text),
         Level::Info => tracing::info!(target: "cohort", "{node:>20} | {}", l.text),
@@ -697,6 +869,66 @@ mod tests {
         // Events without facts carry no `data`.
         let v: serde_json::Value = serde_json::from_str(&json_line(&at(2, host_lost()))).unwrap();
         assert!(v.get("data").is_none());
+    }
+
+    #[test]
+    fn a_connection_flood_writes_a_summary_per_interval_not_a_line_per_connection() {
+        use cohort_proto::route::{PortRouterEvent, RouteDrop};
+        let mut n = Narrator::default();
+        let mut logged: Vec<(String, Line)> = Vec::new();
+        let json = std::cell::Cell::new(0);
+        let feed = |n: &mut Narrator, s: Stamped| {
+            let l = n.describe(&s);
+            json.set(json.get() + usize::from(!json_line(&s).is_empty()));
+            n.to_log(&s, &l)
+        };
+        // 10 s of a flood: 1,800 connections evicted unauthenticated (each
+        // followed by its router's drop of the same connection) and 12 with
+        // a bad magic, stamped 5 ms apart on the virtual clock.
+        for i in 0..1812u64 {
+            let conn = ConnId(i);
+            let t = i * 5;
+            if i % 151 == 150 {
+                let bad =
+                    PortRouterEvent::Dropped { conn, reason: RouteDrop::UnknownMagic { got: *b"GET " } };
+                logged.extend(feed(&mut n, at(t, ControllerNodeEvent::Route(bad))));
+            } else {
+                let waited = core::time::Duration::from_secs(1);
+                logged.extend(feed(&mut n, at(t, ControllerNodeEvent::Evicted { conn, waited })));
+                let eof = RouteDrop::EarlyEof { have: 0, cause: CloseCause::Reset };
+                logged.extend(feed(
+                    &mut n,
+                    at(t, ControllerNodeEvent::Route(PortRouterEvent::Dropped { conn, reason: eof })),
+                ));
+            }
+        }
+        // Every event is still a JSON line; the human log has the first of
+        // each reason only.
+        assert_eq!(json.get(), 1812 + 1800);
+        let kinds: Vec<&str> = logged.iter().map(|(_, l)| l.kind).collect();
+        assert_eq!(kinds, vec!["evicted", "route_dropped"], "{logged:?}");
+        // Nothing more until the interval ends; then one line of counts.
+        assert!(n.flush(Time::from_millis(9_999)).is_empty());
+        let summary = n.flush(Time::from_secs(10));
+        assert_eq!(summary.len(), 1);
+        assert_eq!(summary[0].0, "controller");
+        assert_eq!((summary[0].1.level, summary[0].1.kind), (Level::Warn, "connections_dropped"));
+        assert_eq!(
+            summary[0].1.text,
+            "dropped 1,812 connections in 10 s: 1,800 evicted unauthenticated, 12 bad magic"
+        );
+        // A later drop opens a new interval: its first line is written at once.
+        let again = feed(
+            &mut n,
+            at(
+                20_000,
+                ControllerNodeEvent::Evicted { conn: ConnId(9999), waited: core::time::Duration::ZERO },
+            ),
+        );
+        assert_eq!(again.len(), 1);
+        // Other events are never held back, and a lone drop needs no summary.
+        assert_eq!(feed(&mut n, at(20_001, host_lost())).len(), 1);
+        assert!(n.flush(Time::MAX).is_empty());
     }
 
     #[test]

@@ -89,11 +89,20 @@ fn count(field: &'static str, n: u64, most: u64, what: &str) -> Result<(), Metri
     }
 }
 
+/// The most steps a rank can report in a run of `epochs` epochs of
+/// `epoch_samples` samples in a world of `world` ranks: a rank steps once a
+/// batch (at least a sample each) and once a sync, a sync follows some
+/// rank's batch or a re-rendezvous after a death, and one final cycle may
+/// close the run.
+pub fn most_steps(epochs: u64, epoch_samples: u64, world: u32) -> u64 {
+    epochs.saturating_mul(epoch_samples).saturating_mul(2).saturating_add(u64::from(world)).saturating_add(1)
+}
+
 /// Checks the values of a timing report the coordinator acts on: batch and
 /// callback times are durations ([`MAX_REPORTED_MS`]); divergences, norms
 /// and the learning rate finite and non-negative; an eval's metric finite
-/// (when it did not fail); a step count no more than `most_steps`, the
-/// batches the whole run holds. Messages the coordinator only passes on
+/// (when it did not fail); a step count no more than `most_steps`
+/// ([`most_steps`]). Messages the coordinator only passes on
 /// (dashboard, resources) or that carry no value are not checked.
 ///
 /// ```
@@ -108,7 +117,7 @@ fn count(field: &'static str, n: u64, most: u64, what: &str) -> Result<(), Metri
 /// assert!(matches!(fault.value, MetricValue::Real(v) if v.is_nan()));
 /// ```
 pub fn check_timing(msg: &TimingMsgWire, most_steps: u64) -> Result<(), MetricFault> {
-    let steps = "the batches the whole run holds";
+    let steps = "the batches and syncs the whole run holds";
     let opt = |field, v: Option<f64>| v.map_or(Ok(()), |v| non_negative(field, v));
     match msg {
         TimingMsgWire::Batch { batch_ms, data_ms, step_count, sync_divergence, .. } => {

@@ -41,7 +41,9 @@ use core::time::Duration;
 pub use budget::{Backend, FailureBudget, SaveReason};
 pub use coordinator::Coordinator;
 pub use liveness::{Life, Liveness};
-pub use metrics::{EpochReports, MAX_REPORTED_MS, MAX_SCALARS, MetricFault, MetricValue, check_timing};
+pub use metrics::{
+    EpochReports, MAX_REPORTED_MS, MAX_SCALARS, MetricFault, MetricValue, check_timing, most_steps,
+};
 pub use nccl::{AskAbandoned, NCCL_ANSWER};
 pub use plan::{Segment, Throughput};
 pub use policy::{ApplyPolicy, ElCheTuning};

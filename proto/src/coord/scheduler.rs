@@ -565,8 +565,10 @@ impl Scheduler {
             return;
         }
         if self.cfg.rules == Rules::Cohort
-            && let Err(fault) =
-                metrics::check_timing(&msg, self.cfg.epochs.saturating_mul(self.cfg.epoch_samples))
+            && let Err(fault) = metrics::check_timing(
+                &msg,
+                metrics::most_steps(self.cfg.epochs, self.cfg.epoch_samples, self.cfg.world_size),
+            )
         {
             return self.refuse_report(now, rank, fault);
         }
