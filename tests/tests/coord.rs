@@ -1,6 +1,6 @@
 //! The coordinator and the rank's side of the control plane, one test binary
 //! (one module per file in `coord/`): plans, chunks, deaths, roles, NCCL
-//! re-rendezvous, liveness, budgets, ElChe, hostile input, the rank control
+//! re-rendezvous, liveness, budgets, reported values, ElChe, hostile input, the rank control
 //! client and the synthetic trainer.
 
 // The root is not a `main.rs` and each file is named by `#[path]`, so that
@@ -22,6 +22,8 @@ mod hostile;
 mod liveness;
 #[path = "coord/machine.rs"]
 mod machine;
+#[path = "coord/metrics.rs"]
+mod metrics;
 #[path = "coord/nccl.rs"]
 mod nccl;
 #[path = "coord/plans.rs"]

@@ -112,7 +112,7 @@ fn huge_step_counts_do_not_overflow_remainders_or_global_steps() {
     cfg.sync_every = Some(1);
     cfg.progressive = Some(false); // whole-epoch dispatch
     // flodl's rules take any step count (cohort's refuse one past the run's
-    // batches: tests/tests/coord_metrics.rs); the arithmetic must hold.
+    // batches: tests/tests/coord/metrics.rs); the arithmetic must hold.
     cfg.rules = cohort_proto::config::Rules::Flodl;
     let mut s = Scheduler::new(cfg).unwrap();
     s.begin(Time::ZERO);
