@@ -25,6 +25,7 @@
 
 pub mod config;
 pub mod coord;
+pub mod display;
 pub mod handshake;
 pub mod join;
 pub mod machine;

@@ -31,6 +31,7 @@
 
 use std::collections::BTreeMap;
 
+use cohort_proto::display::Thousands;
 use cohort_proto::join::ledger::JoinConfig;
 use cohort_proto::node::controller::RunKnobs;
 
@@ -1053,30 +1054,17 @@ pub fn check_world(world: u64, hosts: u64, model_elems: u32, chunk_pool: bool) -
     let (field, what) = if models > need / 2 {
         (
             "model_elems",
-            format!("{} ranks of a {}-element model", thousands(world), thousands(model_elems.into())),
+            format!("{} ranks of a {}-element model", Thousands(world), Thousands(model_elems.into())),
         )
     } else if chunk_pool {
-        ("hosts", format!("{} ranks under chunk-pool dispatch", thousands(world)))
+        ("hosts", format!("{} ranks under chunk-pool dispatch", Thousands(world)))
     } else {
-        ("hosts", format!("{} ranks", thousands(world)))
+        ("hosts", format!("{} ranks", Thousands(world)))
     };
     Err(ScenarioError::new(
         field,
         format!("{what} would need about {} (limit {} GiB)", gib(need), MAX_MEMORY >> 30),
     ))
-}
-
-/// `n` with a comma every three digits.
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// Bytes as GiB with one decimal (TiB past 1,024 GiB).

@@ -18,6 +18,7 @@
 //! ```
 
 use cohort_proto::coord::{CoordinatorEvent, DeathCause, MetricValue, RunEnd};
+use cohort_proto::display::Thousands;
 use cohort_proto::join::AdmitError;
 use cohort_proto::join::client::{ClientFailure, JoinClientEvent};
 use cohort_proto::join::window::{JoinWindowEvent, RejectReason};
@@ -466,31 +467,18 @@ struct Drops {
     evicted: BTreeSet<ConnId>,
 }
 
-/// `n` with a comma every three digits.
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 impl Drops {
     fn summary(&self) -> Line {
         let total: u64 = self.counts.values().sum();
         let mut by: Vec<(&&str, &u64)> = self.counts.iter().collect();
         by.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-        let parts: Vec<String> = by.iter().map(|(why, n)| format!("{} {why}", thousands(**n))).collect();
+        let parts: Vec<String> = by.iter().map(|(why, n)| format!("{} {why}", Thousands(**n))).collect();
         line(
             Level::Warn,
             "connections_dropped",
             format!(
                 "dropped {} connections in {} s: {}",
-                thousands(total),
+                Thousands(total),
                 DROP_SUMMARY_INTERVAL.as_secs(),
                 parts.join(", ")
             ),
