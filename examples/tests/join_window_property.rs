@@ -74,7 +74,7 @@ proptest! {
         }
         let closed = closed.or_else(|| h.advance_until(Time::ZERO + rules.cap, |e| verdict(e).is_some()));
         let how = h.events().iter().find_map(verdict);
-        let want = rules.first_close(&admitted, &armed).map(|(t, v)| (Time::ZERO + t, v));
+        let want = rules.first_close(&admitted, &[], &armed).map(|(t, v)| (Time::ZERO + t, v));
         prop_assert_eq!(closed.zip(how), want);
     }
 }

@@ -648,6 +648,19 @@ pub struct Member {
     /// Whole seconds after the window opened when it joined.
     pub joined_at_secs: u64,
     seeded: Seeded,
+    /// The coherence facts its hello offered, so a fact it seeded can pass
+    /// to the next member carrying it when it is retracted.
+    offered: Offered,
+}
+
+/// The coherence facts one hello offered (the libtorch label is the
+/// member's own field).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Offered {
+    dataset: [u8; 32],
+    run_id: Option<String>,
+    nccl: Option<(u32, u32)>,
+    model: Option<[u8; 32]>,
 }
 
 /// The membership state `state.json` serves.
@@ -816,6 +829,12 @@ impl Ledger {
             return Err(AdmitError::DuplicateHost { host });
         }
         let mut seeds = Seeds::default();
+        let offered = Offered {
+            dataset: dataset_sig,
+            run_id: run_id.clone(),
+            nccl: nccl_version.map(|(major, minor, _)| (major, minor)),
+            model: model_sig,
+        };
         if let Err(e) =
             self.coherence(&host, &libtorch, dataset_sig, &run_id, nccl_version, &model_sig, &mut seeds)
         {
@@ -847,6 +866,7 @@ impl Ledger {
             libtorch,
             joined_at_secs: elapsed.as_secs(),
             seeded,
+            offered,
         });
         Ok(first..end)
     }
@@ -964,26 +984,79 @@ impl Ledger {
             Some(m) if m.host == host => {}
             _ => return Err(NotLatest { host: host.to_string() }),
         }
-        let Some(m) = self.members.pop() else { return Err(NotLatest { host: host.to_string() }) };
-        self.hosts.remove(&m.host);
-        self.next_rank = m.ranks.start;
-        let s = m.seeded;
-        if s.has(Seeded::DATASET) {
-            self.dataset_sig = None;
+        self.retract(host).ok_or_else(|| NotLatest { host: host.to_string() })
+    }
+
+    /// Removes `host`'s admission wherever it stands in the order (cohort's
+    /// rules: its link ended before the world formed), returning it with
+    /// the ranks it held. Its ranks leave the count, every later member's
+    /// ranks move down by as many so the rank space stays contiguous, and
+    /// the host may join again as a fresh admission. A coherence fact it
+    /// was the first to set passes to the earliest remaining member that
+    /// offered it (that member was admitted against it), or is unset when
+    /// none did, so the next joiner is judged as if it never came.
+    ///
+    /// ```
+    /// use cohort_proto::join::{JoinConfig, JoinOffer, Ledger};
+    /// use core::time::Duration;
+    /// let mut l = Ledger::new(JoinConfig::default(), None, None).unwrap();
+    /// for (h, k) in [("a", 2), ("b", 2), ("c", 1)] {
+    ///     l.admit(JoinOffer::new(h, (0..k).collect(), [7; 32]), Duration::ZERO).unwrap();
+    /// }
+    /// assert_eq!(l.retract("a").unwrap().ranks, 0..2);
+    /// let ranks: Vec<_> = l.members().iter().map(|m| (m.host.as_str(), m.ranks.clone())).collect();
+    /// assert_eq!(ranks, [("b", 0..2), ("c", 2..3)]);
+    /// assert_eq!(l.admit(JoinOffer::new("a", vec![0, 1], [7; 32]), Duration::ZERO).unwrap(), 3..5);
+    /// ```
+    pub fn retract(&mut self, host: &str) -> Option<Member> {
+        let i = *self.hosts.get(host)? as usize;
+        if self.members.get(i).is_none_or(|m| m.host != host) {
+            return None;
         }
-        if s.has(Seeded::VENDOR) {
-            self.vendor = None;
+        let m = self.members.remove(i);
+        self.hosts.remove(host);
+        let k = m.ranks.end - m.ranks.start;
+        for (j, later) in self.members.iter_mut().enumerate().skip(i) {
+            later.ranks = later.ranks.start - k..later.ranks.end - k;
+            if let Some(ix) = self.hosts.get_mut(&later.host) {
+                *ix = j as u32;
+            }
         }
-        if s.has(Seeded::RUN_ID) {
-            self.run_id = None;
+        self.next_rank -= k;
+        self.reseed(m.seeded);
+        Some(m)
+    }
+
+    /// Each fact in `seeded` passes to the earliest member that offered it,
+    /// or is unset.
+    fn reseed(&mut self, seeded: Seeded) {
+        let nccl_backend = self.config.nccl_backend;
+        if seeded.has(Seeded::DATASET) {
+            self.dataset_sig = self.pass(Seeded::DATASET, |m| Some(m.offered.dataset));
         }
-        if s.has(Seeded::NCCL) {
-            self.nccl = None;
+        if seeded.has(Seeded::VENDOR) {
+            self.vendor = self.pass(Seeded::VENDOR, |m| match classify_libtorch(&m.libtorch) {
+                LibtorchClass::Vendor(v) if nccl_backend => Some((v, m.libtorch.clone())),
+                _ => None,
+            });
         }
-        if s.has(Seeded::MODEL) {
-            self.model_sig = None;
+        if seeded.has(Seeded::RUN_ID) {
+            self.run_id = self.pass(Seeded::RUN_ID, |m| m.offered.run_id.clone());
         }
-        Ok(m)
+        if seeded.has(Seeded::NCCL) {
+            self.nccl = self.pass(Seeded::NCCL, |m| m.offered.nccl.filter(|_| nccl_backend));
+        }
+        if seeded.has(Seeded::MODEL) {
+            self.model_sig = self.pass(Seeded::MODEL, |m| m.offered.model);
+        }
+    }
+
+    /// The fact `of` gives for the earliest member that has one, marked as
+    /// seeded by that member.
+    fn pass<T>(&mut self, bit: u8, of: impl Fn(&Member) -> Option<T>) -> Option<T> {
+        let (m, fact) = self.members.iter_mut().find_map(|m| of(m).map(|f| (m, f)))?;
+        m.seeded.0 |= bit;
+        Some(fact)
     }
 
     /// The window decision at `elapsed` since it opened; `window` and `cap`

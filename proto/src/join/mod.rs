@@ -24,6 +24,7 @@ pub use ledger::{
     classify_libtorch,
 };
 pub use window::{
-    HostLoss, JoinWarning, JoinWindow, JoinWindowEvent, RejectReason, SendError, WindowFailure, WindowParams,
+    HostLoss, JoinWarning, JoinWindow, JoinWindowEvent, RejectReason, Retraction, SendError, WindowFailure,
+    WindowParams,
     WindowState,
 };

@@ -322,14 +322,19 @@ pub enum JoinWindowEvent {
         /// Why.
         reason: RejectReason,
     },
-    /// The latest admission's accept never left: its ranks returned to the pool.
+    /// An admission was undone before the world formed: its ranks left the
+    /// count, and every later member's ranks moved down by as many (the
+    /// rank space stays contiguous; those hosts learn their ranks from
+    /// `WorldFormed`). The host may join again, as a fresh admission.
     Retracted {
         /// Its connection (gone).
         conn: ConnId,
         /// The host.
         host: String,
-        /// The ranks returned.
+        /// The ranks it held.
         ranks: Range<u32>,
+        /// Why.
+        why: Retraction,
     },
     /// The operator start switch was armed.
     StartArmed {
@@ -378,6 +383,25 @@ pub enum JoinWindowEvent {
     },
 }
 
+/// Why an admission was undone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Retraction {
+    /// Its accept never left (the latest admission; under cohort's rules any).
+    AcceptUndelivered,
+    /// Its link ended, or broke protocol, while the window was open
+    /// (cohort's rules; flodl 0.8 keeps the host and its ranks).
+    LinkLost(HostLoss),
+}
+
+impl fmt::Display for Retraction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Retraction::AcceptUndelivered => f.write_str("its admission never reached it"),
+            Retraction::LinkLost(loss) => write!(f, "lost before the world formed: {loss}"),
+        }
+    }
+}
+
 /// The window's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WindowState {
@@ -422,6 +446,10 @@ struct Dial {
 #[derive(Debug)]
 struct Link {
     member: usize,
+    /// The ranks its accept named: the host reports its ranks' exits by
+    /// them, as flodl's agent does, though a retraction before formation
+    /// may have moved the member's ranks down since.
+    accepted: Range<u32>,
     buf: RecvBuf,
     /// Bytes queued on the link after the accept: a close reporting more
     /// unsent bytes than this means the accept itself never fully left.
@@ -504,9 +532,13 @@ fn frame(key: &MacKey, msg: &JoinMsgWire) -> Result<Bytes, WireError> {
 /// libtorch) still fails the window loudly, and without the key a peer can
 /// only lose its own connections.
 fn counts_toward_limit(rules: Rules, reason: &RejectReason) -> bool {
-    match rules {
-        Rules::Flodl => true,
-        Rules::Cohort => reason.authenticated(),
+    match (rules, reason) {
+        (Rules::Flodl, _) => true,
+        // A host still joined, dialing again (its agent retrying, or a
+        // second worker under its name): refused, but it cannot fail the
+        // window for the hosts already in.
+        (Rules::Cohort, RejectReason::Admission(AdmitError::DuplicateHost { .. })) => false,
+        (Rules::Cohort, r) => r.authenticated(),
     }
 }
 
@@ -898,7 +930,8 @@ impl JoinWindow {
         let Some(mut dial) = self.end_dial(conn) else { return };
         self.out.transmit(conn, bytes);
         let leftover = dial.buf.take_all();
-        self.links.insert(conn, Link { member: self.member_conns.len(), buf: leftover, after_accept: 0 });
+        let link = Link { member: self.member_conns.len(), accepted: ranks.clone(), buf: leftover, after_accept: 0 };
+        self.links.insert(conn, link);
         self.member_conns.push(conn);
         self.published = now;
         self.out.event(JoinWindowEvent::Admitted {
@@ -923,8 +956,9 @@ impl JoinWindow {
                     let host = member.host.clone();
                     let event = match msg {
                         Message::Join(JoinMsgWire::RankExited { rank, code })
-                            if member.ranks.contains(&rank) =>
+                            if link.accepted.contains(&rank) =>
                         {
+                            let rank = member.ranks.start + (rank - link.accepted.start);
                             JoinWindowEvent::RankExited { conn, host, rank, code }
                         }
                         Message::Join(JoinMsgWire::RankExited { rank, .. }) => {
@@ -945,28 +979,66 @@ impl JoinWindow {
                 }
                 Err(e) => {
                     let (host, ranks) = (member.host.clone(), member.ranks.clone());
+                    let index = link.member;
                     self.links.remove(&conn);
                     self.out.close(conn);
-                    self.out.event(JoinWindowEvent::HostLost { conn, host, ranks, loss: HostLoss::Wire(e) });
+                    if self.retracts_lost() {
+                        self.retract(conn, index, Retraction::LinkLost(HostLoss::Wire(e)));
+                    } else {
+                        self.out.event(JoinWindowEvent::HostLost { conn, host, ranks, loss: HostLoss::Wire(e) });
+                    }
                     return;
                 }
             }
         }
     }
 
+    /// Whether a host lost while the window is open is retracted (cohort's
+    /// rules): its ranks would otherwise count toward quorum and target and
+    /// form a world around a host that is gone, and its name would refuse
+    /// its own retry as a duplicate. flodl 0.8 keeps it.
+    fn retracts_lost(&self) -> bool {
+        self.rules == Rules::Cohort && self.state == WindowState::Open
+    }
+
+    /// Undoes the admission of member `index` (link `conn`, already
+    /// removed from the links): later members' links move down one, and
+    /// the event says why.
+    fn retract(&mut self, conn: ConnId, index: usize, why: Retraction) {
+        let Some(host) = self.ledger.members().get(index).map(|m| m.host.clone()) else { return };
+        let Some(m) = self.ledger.retract(&host) else { return };
+        if index < self.member_conns.len() {
+            self.member_conns.remove(index);
+        }
+        for link in self.links.values_mut() {
+            if link.member > index {
+                link.member -= 1;
+            }
+        }
+        self.published = self.now;
+        self.out.event(JoinWindowEvent::Retracted { conn, host, ranks: m.ranks, why });
+    }
+
     fn link_closed(&mut self, now: Time, conn: ConnId, cause: CloseCause, unsent: usize) {
         let Some(link) = self.links.remove(&conn) else { return };
         let Some(member) = self.ledger.members().get(link.member) else { return };
         let (host, ranks) = (member.host.clone(), member.ranks.clone());
-        if unsent > link.after_accept {
-            let latest = link.member + 1 == self.ledger.members().len();
-            if latest && self.state == WindowState::Open && self.ledger.retract_last(&host).is_ok() {
-                self.member_conns.pop();
-                self.out.event(JoinWindowEvent::Retracted { conn, host, ranks });
+        let undelivered = unsent > link.after_accept;
+        let latest = link.member + 1 == self.ledger.members().len();
+        if self.retracts_lost() || (undelivered && latest && self.state == WindowState::Open) {
+            let why = if undelivered {
+                Retraction::AcceptUndelivered
+            } else {
+                Retraction::LinkLost(HostLoss::Closed(cause))
+            };
+            self.retract(conn, link.member, why);
+            if undelivered {
                 // An undelivered accept is a join that did not happen.
                 self.count_rejection(now);
-                return;
             }
+            return;
+        }
+        if undelivered {
             self.out.event(JoinWindowEvent::Warning(JoinWarning::AcceptUndeliveredKept {
                 conn,
                 host: host.clone(),

@@ -161,6 +161,8 @@ struct Formed {
     ranks: Vec<RankSpec>,
     /// Legs whose listener address the harness still owes.
     awaiting: BTreeSet<Leg>,
+    /// The world's ranks of this host (the envelope's), in local order.
+    world_ranks: Vec<u32>,
 }
 
 /// A worker host. See the [module documentation](self).
@@ -250,10 +252,19 @@ impl HostNode {
         Ok(())
     }
 
-    /// A rank process ended: its exit code goes up the host link.
+    /// A rank process ended: its exit code goes up the host link, under
+    /// the rank the accept named for it (as flodl's agent reports it; the
+    /// controller maps it to the world's rank when a host retracted before
+    /// formation moved this host's ranks down).
     pub fn rank_ended(&mut self, now: Time, rank: u32, end: RankEnd) -> Result<(), NotLinked> {
         let code = end.code();
-        self.agent.report_rank_exit(rank, code)?;
+        let accepted = self
+            .formed
+            .as_ref()
+            .and_then(|f| f.world_ranks.iter().position(|r| *r == rank))
+            .and_then(|i| self.agent.ranks().get(i).copied())
+            .unwrap_or(rank);
+        self.agent.report_rank_exit(accepted, code)?;
         self.pump(now);
         self.out.event(HostNodeEvent::ExitReported { rank, code });
         Ok(())
@@ -346,7 +357,8 @@ impl HostNode {
                 envelope_hex: local_hex.clone(),
             })
             .collect();
-        self.formed = Some(Formed { ranks, awaiting });
+        let world_ranks = env.worker.ranks.clone();
+        self.formed = Some(Formed { ranks, awaiting, world_ranks });
         self.release_ranks();
         Ok(())
     }

@@ -12,7 +12,7 @@
 //! };
 //! // Quorum at 10 s keeps the window open until 300 s.
 //! assert_eq!(rules.verdict(Duration::from_secs(10), 2, false), RefVerdict::Open);
-//! let first = rules.first_close(&[(Duration::from_secs(10), 2)], &[]);
+//! let first = rules.first_close(&[(Duration::from_secs(10), 2)], &[], &[]);
 //! assert_eq!(first, Some((Duration::from_secs(300), RefVerdict::Formed)));
 //! ```
 
@@ -97,22 +97,39 @@ impl JoinRules {
     }
 
     /// The first instant the window closes, and how, given each admission
-    /// (`(elapsed, ranks)`) and each operator start (`elapsed`): the verdict
-    /// can only change at one of those instants, at the window or at the cap.
+    /// (`(elapsed, ranks)`), each retraction (`(elapsed, ranks)`: a host
+    /// lost before formation, its ranks no longer counted) and each operator
+    /// start (`elapsed`): the verdict can only change at one of those
+    /// instants, at the window or at the cap.
+    ///
+    /// ```
+    /// use cohort_proto::join::StartMode;
+    /// use cohort_proto::testing::verdict::{JoinRules, RefVerdict};
+    /// use core::time::Duration;
+    /// let s = Duration::from_secs;
+    /// let rules = JoinRules { window: s(300), cap: s(600), quorum: 4, target: Some(4), mode: StartMode::Auto };
+    /// // 2 ranks in at 1 s and lost at 2 s, 2 more at 3 s: not the target
+    /// // until the lost host's 2 come back at 4 s.
+    /// let first = rules.first_close(&[(s(1), 2), (s(3), 2), (s(4), 2)], &[(s(2), 2)], &[]);
+    /// assert_eq!(first, Some((s(4), RefVerdict::Formed)));
+    /// ```
     pub fn first_close(
         &self,
         admissions: &[(Duration, u32)],
+        retractions: &[(Duration, u32)],
         starts: &[Duration],
     ) -> Option<(Duration, RefVerdict)> {
         let mut candidates: Vec<Duration> = admissions
             .iter()
+            .chain(retractions)
             .map(|a| a.0)
             .chain(starts.iter().copied())
             .chain([self.window, self.cap])
             .collect();
         candidates.sort_unstable();
         candidates.into_iter().find_map(|c| {
-            let joined: u32 = admissions.iter().filter(|a| a.0 <= c).map(|a| a.1).sum();
+            let sum = |events: &[(Duration, u32)]| -> u32 { events.iter().filter(|a| a.0 <= c).map(|a| a.1).sum() };
+            let joined = sum(admissions).saturating_sub(sum(retractions));
             let armed = starts.iter().any(|s| *s <= c);
             match self.verdict(c, joined, armed) {
                 RefVerdict::Open => None,

@@ -1,7 +1,8 @@
-//! The join window: ranks contiguous in admission order, no admission after
-//! the window closed, the world formed with exactly the admitted ranks, and
-//! the window closing at the first instant the reference rules
-//! ([`JoinRules`]) say, the way they say.
+//! The join window: ranks contiguous in admission order (a host retracted
+//! before formation takes its ranks out and the later hosts move down), no
+//! admission after the window closed, the world formed with exactly the
+//! admitted ranks, and the window closing at the first instant the
+//! reference rules ([`JoinRules`]) say, the way they say.
 
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
@@ -19,8 +20,12 @@ use crate::scenario::Scenario;
 #[derive(Debug)]
 pub struct JoinCheck {
     rules: JoinRules,
-    /// (instant, connection, first rank, end rank) per admission.
+    /// (instant, connection, first rank, end rank) per member, as the
+    /// window numbers them now.
     admissions: Vec<(Time, ConnId, u32, u32)>,
+    /// (instant, ranks) per admission ever, and per retraction.
+    admitted: Vec<(Time, u32)>,
+    retracted: Vec<(Time, u32)>,
     starts: Vec<Time>,
     closed: Option<Time>,
     /// When the coordinator's formation failed (the hosts are then aborted).
@@ -40,7 +45,15 @@ impl JoinCheck {
             target: j.target_ranks,
             mode: j.start_mode,
         };
-        JoinCheck { rules, admissions: Vec::new(), starts: Vec::new(), closed: None, formation_failed: None }
+        JoinCheck {
+            rules,
+            admissions: Vec::new(),
+            admitted: Vec::new(),
+            retracted: Vec::new(),
+            starts: Vec::new(),
+            closed: None,
+            formation_failed: None,
+        }
     }
 
     fn joined(&self) -> u32 {
@@ -72,13 +85,25 @@ impl JoinCheck {
                     v.at(t, "a host was admitted after the window closed");
                 }
                 self.admissions.push((t, *conn, ranks.start, ranks.end));
+                self.admitted.push((t, ranks.end - ranks.start));
             }
-            JoinWindowEvent::Retracted { conn, ranks, .. } => match self.admissions.last() {
-                Some(a) if a.1 == *conn && a.2 == ranks.start => {
-                    self.admissions.pop();
+            JoinWindowEvent::Retracted { conn, ranks, .. } => {
+                match self.admissions.iter().position(|a| a.1 == *conn) {
+                    Some(i) if (self.admissions[i].2, self.admissions[i].3) == (ranks.start, ranks.end) => {
+                        self.admissions.remove(i);
+                        let k = ranks.end - ranks.start;
+                        for a in &mut self.admissions[i..] {
+                            a.2 -= k;
+                            a.3 -= k;
+                        }
+                        self.retracted.push((t, k));
+                    }
+                    _ => v.at(t, &format!("retracted {ranks:?} of {conn}, which holds no such admission")),
                 }
-                _ => v.at(t, &format!("retracted {ranks:?}, which is not the latest admission")),
-            },
+                if self.closed.is_some() {
+                    v.at(t, "a host was retracted after the window closed");
+                }
+            }
             JoinWindowEvent::StartArmed { .. } => self.starts.push(t),
             JoinWindowEvent::Formed { world_size, .. } => {
                 self.closed = Some(t);
@@ -106,10 +131,10 @@ impl JoinCheck {
     /// The window must close exactly at the first instant the rules say so.
     fn verdict(&self, t: Time, observed: RefVerdict, v: &mut Violations) {
         let since = |at: Time| at - Time::ZERO;
-        let admissions: Vec<(Duration, u32)> =
-            self.admissions.iter().map(|a| (since(a.0), a.3 - a.2)).collect();
+        let admissions: Vec<(Duration, u32)> = self.admitted.iter().map(|a| (since(a.0), a.1)).collect();
+        let retractions: Vec<(Duration, u32)> = self.retracted.iter().map(|a| (since(a.0), a.1)).collect();
         let starts: Vec<Duration> = self.starts.iter().map(|s| since(*s)).collect();
-        match self.rules.first_close(&admissions, &starts) {
+        match self.rules.first_close(&admissions, &retractions, &starts) {
             Some((c, want)) if Time::ZERO + c == t && want == observed => {}
             Some((c, want)) => v.at(
                 t,

@@ -510,7 +510,15 @@ impl Driver {
                     Input::Closed { conn: self.links[i], cause: CloseCause::Eof, unsent: 0 },
                 );
                 self.drain();
-                self.m.members[i].live = false;
+                if self.m.state == MState::Open {
+                    // Lost before formation: it no longer counts, the
+                    // hosts after it move down, and it may join again.
+                    self.m.members.remove(i);
+                    self.links.remove(i);
+                    self.m.evaluate(self.now);
+                } else {
+                    self.m.members[i].live = false;
+                }
             }
             Op::Hello(h) => self.hello(h),
         }

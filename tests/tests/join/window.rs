@@ -351,13 +351,15 @@ fn unauthenticated_dials_never_fail_the_window() {
 
 #[test]
 fn more_than_1024_refused_hellos_fail_the_window() {
-    // Workers holding the key but unfit for this run (here: one host name
-    // dialing again and again) are a misconfigured fleet: it fails loudly.
+    // Workers holding the key but unfit for this run (here: another dataset
+    // layout, dialing again and again) are a misconfigured fleet: it fails
+    // loudly. (A host already joined dialing again is refused but not
+    // counted under cohort's rules: tests/tests/join_lost.rs.)
     let mut rig = one_admitted(Rules::Cohort);
-    let again = dial_bytes(&SALT, &offer("honest", 1));
+    let again = dial_bytes(&SALT, &JoinOffer::new("unfit", vec![0], [1; 32]));
     for i in 0..1024u64 {
         let d = rig.dial(at(2, i), 100 + i, &again);
-        assert!(reject_of(&SALT, &d, 100 + i).contains("already joined"));
+        assert!(reject_of(&SALT, &d, 100 + i).contains("dataset signature mismatch"));
         assert!(failed(&d).is_none(), "refusal {i} must not fail the window");
     }
     // Unauthenticated dials in between change nothing.
@@ -511,16 +513,32 @@ fn an_undelivered_accept_retracts_the_latest_admission() {
     let accept_len = d.sent(ConnId(2)).len();
     let d =
         rig.input(at(2, 0), Input::Closed { conn: ConnId(2), cause: CloseCause::Reset, unsent: accept_len });
-    assert_eq!(d.events, vec![JoinWindowEvent::Retracted { conn: ConnId(2), host: "b".into(), ranks: 1..3 }]);
+    assert_eq!(
+        d.events,
+        vec![JoinWindowEvent::Retracted {
+            conn: ConnId(2),
+            host: "b".into(),
+            ranks: 1..3,
+            why: Retraction::AcceptUndelivered
+        }]
+    );
     assert_eq!(rig.w.ledger().joined_ranks(), 1);
     let d = rig.join(at(3, 0), 3, &SALT, &offer("c", 1));
     assert_eq!(accept_of(&SALT, &d, 3).0, vec![1], "the ranks went back to the pool");
     assert_eq!(rig.w.rejected(), 1, "an undelivered accept counts as a failed join");
 }
 
+/// A window under flodl's rules (cohort's retract any host lost before
+/// formation: tests/tests/join_lost.rs).
+fn flodl_window() -> Rig {
+    let mut params = WindowParams::new(JoinConfig::default(), SALT, TrustMode::PreShared);
+    params.rules = Rules::Flodl;
+    Rig::with(params)
+}
+
 #[test]
-fn an_undelivered_accept_that_is_not_the_latest_keeps_its_ranks() {
-    let mut rig = Rig::new(JoinConfig::default(), TrustMode::PreShared);
+fn under_flodl_rules_an_undelivered_accept_that_is_not_the_latest_keeps_its_ranks() {
+    let mut rig = flodl_window();
     let d = rig.join(at(1, 0), 1, &SALT, &offer("a", 1));
     let accept_len = d.sent(ConnId(1)).len();
     rig.join(at(1, 0), 2, &SALT, &offer("b", 1));
@@ -539,8 +557,8 @@ fn an_undelivered_accept_that_is_not_the_latest_keeps_its_ranks() {
 }
 
 #[test]
-fn a_host_closing_after_its_accept_left_is_lost_not_retracted() {
-    let mut rig = Rig::new(JoinConfig::default(), TrustMode::PreShared);
+fn under_flodl_rules_a_host_closing_after_its_accept_left_is_lost_not_retracted() {
+    let mut rig = flodl_window();
     rig.join(at(1, 0), 1, &SALT, &offer("a", 1));
     let d = rig.input(at(2, 0), Input::Closed { conn: ConnId(1), cause: CloseCause::Eof, unsent: 0 });
     assert_eq!(
