@@ -93,6 +93,7 @@ struct HostRt {
     host: HostId,
     /// The host's agent, once it joined.
     agent: Option<NodeId>,
+    /// Its ranks: its accept's, then the formed world's.
     ranks: Vec<u32>,
     batch_ms: f64,
     spread: f64,
@@ -139,7 +140,8 @@ pub struct Cluster<W: SimWorkload = Trainer> {
     events_buf: Vec<(Time, NodeId, ClusterEvent)>,
     /// Every fault injected, in order.
     faults: Vec<Injected>,
-    /// Which host holds which rank (the controller's word, then the agents').
+    /// Which host holds which rank (the controller's word: at admission,
+    /// then as the world formed; the agents' where one spoke first).
     rank_host: BTreeMap<u32, Arc<str>>,
     /// The session key every relay and rank shares, as the machines of one
     /// process do: their MACs read one copy of the keyed states.
@@ -825,9 +827,13 @@ impl<W: SimWorkload> Cluster<W> {
         match ev {
             HostNodeEvent::Agent(JoinClientEvent::Admitted { ranks, .. }) => {
                 self.timeline.instant(t, &name, &format!("admitted ranks {ranks:?}"));
-                self.hosts[i].ranks = ranks.clone();
-                for r in ranks {
-                    self.rank_host.insert(*r, name.clone());
+                // An accept that arrives once the world formed may name
+                // ranks a retraction moved since: the world's stand.
+                if self.formed_at.is_none() {
+                    self.hosts[i].ranks = ranks.clone();
+                    for r in ranks {
+                        self.rank_host.insert(*r, name.clone());
+                    }
                 }
             }
             HostNodeEvent::StartRelay { relay, listen } => {
@@ -915,11 +921,32 @@ impl<W: SimWorkload> Cluster<W> {
             .cloned()
     }
 
+    /// Each host's ranks as the world formed them, from the controller's
+    /// members: a host retracted before formation moved the later hosts'
+    /// ranks down from what their accepts named, and holds none.
+    fn learn_world(&mut self) {
+        let Some(c) = self.world.machine::<ControllerNode>(self.controller) else { return };
+        let members: Vec<(String, Vec<u32>)> =
+            c.window().members().map(|(_, m)| (m.host.clone(), m.ranks.clone().collect())).collect();
+        self.rank_host.clear();
+        for h in &mut self.hosts {
+            h.ranks.clear();
+        }
+        for (host, ranks) in members {
+            let Some(i) = self.host_named(&host) else { continue };
+            for &r in &ranks {
+                self.rank_host.insert(r, self.hosts[i].name.clone());
+            }
+            self.hosts[i].ranks = ranks;
+        }
+    }
+
     fn controller_event(&mut self, t: Time, ev: &ControllerNodeEvent) {
         match ev {
             ControllerNodeEvent::Started { world_size } => {
                 self.formed_at = Some(t);
                 self.world_size = *world_size;
+                self.learn_world();
                 self.timeline.instant(t, "controller", &format!("world formed: {world_size} ranks"));
             }
             ControllerNodeEvent::Finished(o) => {

@@ -12,7 +12,11 @@ use cohort_proto::config::Rules;
 use cohort_proto::join::*;
 use cohort_proto::wire::{JoinMsgWire, SessionSalt};
 use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
+use cohort_proto::coord::CoordinatorEvent;
+use cohort_sim::Outcome;
+use cohort_sim::scenario::{Fault, HostSpec, Scenario};
 use cohort_tests::join_harness::{Drained, at, dial_bytes, drain, frame, join_msgs, offer};
+use cohort_tests::sim_harness::{exact, play, with};
 
 const SALT: SessionSalt = SessionSalt::from_bytes([9; 16]);
 
@@ -157,4 +161,93 @@ fn a_retracted_hosts_facts_pass_to_the_next_member_that_offered_them() {
     let ranks: Vec<_> = l.members().iter().map(|m| (m.host.clone(), m.ranks.clone())).collect();
     assert_eq!(ranks, vec![("b".to_string(), 0..1), ("d".to_string(), 1..2)]);
     assert!(l.retract("ghost").is_none());
+}
+
+/// A simulated cluster whose hosts (name, ranks, join instant) arrive in
+/// turn, the world formed at `target` ranks.
+fn arriving(hosts: &[(&str, u32, f64)], target: u32, rules: Rules) -> Scenario {
+    let mut sc = exact(1, 1, 2);
+    sc.hosts = hosts
+        .iter()
+        .map(|&(name, ranks, join_at_s)| HostSpec {
+            name: name.into(),
+            ranks,
+            join_at_s,
+            libtorch: None,
+            speed: None,
+        })
+        .collect();
+    sc.join.min_rank_start = target;
+    sc.join.target_ranks = Some(target);
+    sc.rules = rules;
+    sc
+}
+
+/// End to end, the campaign's case: b dies in the window before a comes.
+/// The world waits for c instead of forming around b's dead ranks, and
+/// the run finishes on a and c.
+#[test]
+fn a_host_killed_in_the_window_is_not_formed_around_and_the_run_finishes() {
+    let sc = arriving(&[("b", 2, 0.0), ("a", 2, 2.0), ("c", 2, 4.0)], 4, Rules::Cohort);
+    let run = play(with(sc, 1.0, Fault::KillHost("b".into())), 1);
+    run.assert_clean("done");
+    let retracted: Vec<_> = run
+        .join()
+        .filter_map(|(_, e)| match e {
+            JoinWindowEvent::Retracted { host, ranks, why, .. } => Some((host.clone(), ranks.clone(), why.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(retracted, vec![("b".into(), 0..2, Retraction::LinkLost(HostLoss::Closed(CloseCause::Eof)))]);
+    let formed = run.formed_at().expect("the world formed");
+    assert!(formed >= Time::from_nanos(4_000_000_000), "formed at {formed}, before c came");
+    assert_eq!(run.report.hosts.get("a"), Some(&vec![0, 1]));
+    assert_eq!(run.report.hosts.get("c"), Some(&vec![2, 3]));
+    assert_eq!(run.report.hosts.get("b"), Some(&vec![]), "b started no rank");
+    assert_eq!(run.report.epochs_completed, 2);
+}
+
+/// docs/DIFFERENCES.md: flodl 0.8 keeps a host lost in the window; the
+/// world forms around its ranks when a arrives, and fails.
+#[test]
+fn under_flodl_rules_the_world_forms_around_a_host_killed_in_the_window() {
+    let sc = arriving(&[("b", 2, 0.0), ("a", 2, 2.0), ("c", 2, 4.0)], 4, Rules::Flodl);
+    let run = play(with(sc, 1.0, Fault::KillHost("b".into())), 1);
+    assert_eq!(run.report.violations, Vec::<String>::new());
+    let formed = run.formed_at().expect("the world formed");
+    assert!(formed < Time::from_nanos(4_000_000_000), "formed at {formed}, with b's dead ranks");
+    assert!(matches!(run.report.outcome, Outcome::Failed(_)), "{:?}", run.report.outcome);
+    assert_eq!(run.report.epochs_completed, 0);
+}
+
+/// End to end, a host that moved down: x dies in the window, so b's ranks,
+/// accepted as 1..3, are 0..2 in the world. Its rank 1 (accepted as 2) returning early is
+/// reported up the host link by its accepted rank and reaches the
+/// coordinator as world rank 1, with no foreign-rank warning.
+#[test]
+fn a_host_that_moved_down_reports_its_ranks_exits_under_the_worlds_ranks() {
+    let sc = arriving(&[("x", 1, 0.0), ("b", 2, 1.0), ("c", 2, 3.0)], 4, Rules::Cohort);
+    let sc = with(sc, 2.0, Fault::KillHost("x".into()));
+    let run = play(with(sc, 8.0, Fault::ExitRank(1)), 2);
+    run.assert_clean("done");
+    let accepted: Vec<_> = run
+        .join()
+        .filter_map(|(_, e)| match e {
+            JoinWindowEvent::Admitted { host, ranks, .. } => Some((host.clone(), ranks.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(accepted, vec![("x".into(), 0..1), ("b".into(), 1..3), ("c".into(), 2..4)]);
+    assert_eq!(run.report.hosts.get("b"), Some(&vec![0, 1]));
+    assert_eq!(run.report.hosts.get("c"), Some(&vec![2, 3]));
+    let exits: Vec<_> = run
+        .join()
+        .filter_map(|(_, e)| match e {
+            JoinWindowEvent::RankExited { host, rank, code, .. } => Some((host.clone(), *rank, *code)),
+            JoinWindowEvent::Warning(w @ JoinWarning::ForeignRankExit { .. }) => panic!("{w:?}"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(exits, vec![("b".into(), 1, 0)]);
+    assert!(run.coord().any(|(_, e)| matches!(e, CoordinatorEvent::RankExited { rank: 1, .. })));
 }

@@ -252,10 +252,12 @@ impl HostNode {
         Ok(())
     }
 
-    /// A rank process ended: its exit code goes up the host link, under
-    /// the rank the accept named for it (as flodl's agent reports it; the
-    /// controller maps it to the world's rank when a host retracted before
-    /// formation moved this host's ranks down).
+    /// A rank process ended (`rank` is its world rank, the envelope's):
+    /// its exit code goes up the host link under the rank the accept named
+    /// for it, as flodl's agent reports it (the controller maps it back to
+    /// the world's rank when a host retracted before formation moved this
+    /// host's ranks down). `NotLinked` when the link is not up or `rank`
+    /// is not one this host runs.
     pub fn rank_ended(&mut self, now: Time, rank: u32, end: RankEnd) -> Result<(), NotLinked> {
         let code = end.code();
         let accepted = self
@@ -263,7 +265,7 @@ impl HostNode {
             .as_ref()
             .and_then(|f| f.world_ranks.iter().position(|r| *r == rank))
             .and_then(|i| self.agent.ranks().get(i).copied())
-            .unwrap_or(rank);
+            .ok_or(NotLinked)?;
         self.agent.report_rank_exit(accepted, code)?;
         self.pump(now);
         self.out.event(HostNodeEvent::ExitReported { rank, code });

@@ -1,11 +1,12 @@
 //! The join window: ranks contiguous in admission order (a host retracted
 //! before formation takes its ranks out and the later hosts move down), no
 //! admission after the window closed, the world formed with exactly the
-//! admitted ranks, and the window closing at the first instant the
-//! reference rules ([`JoinRules`]) say, the way they say.
+//! admitted ranks, under cohort's rules no host lost while the window was
+//! open still counted (it is retracted), and the window closing at the
+//! first instant the reference rules ([`JoinRules`]) say, the way they say.
 
 use cohort_proto::Time;
-use cohort_proto::config::TimeoutScale;
+use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::join::window::{JoinWindowEvent, WindowFailure};
 use cohort_proto::machine::ConnId;
@@ -20,6 +21,8 @@ use crate::scenario::Scenario;
 #[derive(Debug)]
 pub struct JoinCheck {
     rules: JoinRules,
+    /// cohort's rules or flodl 0.8's (which keeps a host lost in the window).
+    protocol: Rules,
     /// (instant, connection, first rank, end rank) per member, as the
     /// window numbers them now.
     admissions: Vec<(Time, ConnId, u32, u32)>,
@@ -47,6 +50,7 @@ impl JoinCheck {
         };
         JoinCheck {
             rules,
+            protocol: sc.rules,
             admissions: Vec::new(),
             admitted: Vec::new(),
             retracted: Vec::new(),
@@ -103,6 +107,11 @@ impl JoinCheck {
                 if self.closed.is_some() {
                     v.at(t, "a host was retracted after the window closed");
                 }
+            }
+            JoinWindowEvent::HostLost { host, ranks, .. }
+                if self.protocol == Rules::Cohort && self.closed.is_none() =>
+            {
+                v.at(t, &format!("{host} was lost in the join window but its ranks {ranks:?} still count"));
             }
             JoinWindowEvent::StartArmed { .. } => self.starts.push(t),
             JoinWindowEvent::Formed { world_size, .. } => {
