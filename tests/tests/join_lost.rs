@@ -9,10 +9,10 @@
 use core::time::Duration;
 
 use cohort_proto::config::Rules;
+use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::join::*;
 use cohort_proto::wire::{JoinMsgWire, SessionSalt};
 use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
-use cohort_proto::coord::CoordinatorEvent;
 use cohort_sim::Outcome;
 use cohort_sim::scenario::{Fault, HostSpec, Scenario};
 use cohort_tests::join_harness::{Drained, at, dial_bytes, drain, frame, join_msgs, offer};
@@ -194,7 +194,9 @@ fn a_host_killed_in_the_window_is_not_formed_around_and_the_run_finishes() {
     let retracted: Vec<_> = run
         .join()
         .filter_map(|(_, e)| match e {
-            JoinWindowEvent::Retracted { host, ranks, why, .. } => Some((host.clone(), ranks.clone(), why.clone())),
+            JoinWindowEvent::Retracted { host, ranks, why, .. } => {
+                Some((host.clone(), ranks.clone(), why.clone()))
+            }
             _ => None,
         })
         .collect();

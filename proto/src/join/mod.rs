@@ -25,6 +25,5 @@ pub use ledger::{
 };
 pub use window::{
     HostLoss, JoinWarning, JoinWindow, JoinWindowEvent, RejectReason, Retraction, SendError, WindowFailure,
-    WindowParams,
-    WindowState,
+    WindowParams, WindowState,
 };

@@ -930,7 +930,8 @@ impl JoinWindow {
         let Some(mut dial) = self.end_dial(conn) else { return };
         self.out.transmit(conn, bytes);
         let leftover = dial.buf.take_all();
-        let link = Link { member: self.member_conns.len(), accepted: ranks.clone(), buf: leftover, after_accept: 0 };
+        let link =
+            Link { member: self.member_conns.len(), accepted: ranks.clone(), buf: leftover, after_accept: 0 };
         self.links.insert(conn, link);
         self.member_conns.push(conn);
         self.published = now;
@@ -985,7 +986,12 @@ impl JoinWindow {
                     if self.retracts_lost() {
                         self.retract(conn, index, Retraction::LinkLost(HostLoss::Wire(e)));
                     } else {
-                        self.out.event(JoinWindowEvent::HostLost { conn, host, ranks, loss: HostLoss::Wire(e) });
+                        self.out.event(JoinWindowEvent::HostLost {
+                            conn,
+                            host,
+                            ranks,
+                            loss: HostLoss::Wire(e),
+                        });
                     }
                     return;
                 }

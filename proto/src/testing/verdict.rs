@@ -128,7 +128,8 @@ impl JoinRules {
             .collect();
         candidates.sort_unstable();
         candidates.into_iter().find_map(|c| {
-            let sum = |events: &[(Duration, u32)]| -> u32 { events.iter().filter(|a| a.0 <= c).map(|a| a.1).sum() };
+            let sum =
+                |events: &[(Duration, u32)]| -> u32 { events.iter().filter(|a| a.0 <= c).map(|a| a.1).sum() };
             let joined = sum(admissions).saturating_sub(sum(retractions));
             let armed = starts.iter().any(|s| *s <= c);
             match self.verdict(c, joined, armed) {
