@@ -226,10 +226,10 @@ fn controller(e: &ControllerNodeEvent) -> Line {
             JoinWindowEvent::Rejected { conn, reason } => {
                 line(Warn, "join_rejected", format!("join dial {conn} rejected: {reason}"))
             }
-            JoinWindowEvent::Retracted { host, ranks, .. } => line(
+            JoinWindowEvent::Retracted { host, ranks, why, .. } => line(
                 Warn,
                 "join_retracted",
-                format!("{host}'s admission never reached it: ranks {}..{} returned", ranks.start, ranks.end),
+                format!("{host}'s admission undone, {why}: ranks {}..{} returned", ranks.start, ranks.end),
             ),
             JoinWindowEvent::StartArmed { joined_ranks } => {
                 line(Info, "start_armed", format!("operator start armed with {joined_ranks} ranks in"))
@@ -586,7 +586,7 @@ impl Narrator {
 
 /// The facts of an event a program needs, as typed JSON fields, for the
 /// events the interop suite and other readers act on (`None` for the rest):
-/// admissions, refusals with their typed reason, formation, exits, deaths,
+/// admissions, retractions, refusals with their typed reason, formation, exits, deaths,
 /// epochs, the run's end, a rank's rounds (mass and weight, not values) and
 /// its commands (the wire message itself).
 ///
@@ -607,6 +607,9 @@ pub fn data(s: &Stamped) -> Option<serde_json::Value> {
                     json!({ "host": host, "ranks": ranks.clone().collect::<Vec<u32>>(), "joined_ranks": joined_ranks })
                 }
                 JoinWindowEvent::Rejected { reason, .. } => json!({ "reason": reject_data(reason) }),
+                JoinWindowEvent::Retracted { host, ranks, why, .. } => {
+                    json!({ "host": host, "ranks": ranks.clone().collect::<Vec<u32>>(), "why": why.to_string() })
+                }
                 JoinWindowEvent::Formed { reason, world_size, hosts, .. } => {
                     json!({ "world_size": world_size, "hosts": hosts, "reason": reason.to_string() })
                 }

@@ -6,9 +6,9 @@ use cohort_proto::wire::ControlMsgWire;
 
 use crate::check::Expect;
 use crate::suite::cluster::{
-    FAULT_SCALE, Host, Train, agent_ranks, cohort_controller_finished, declared_dead, exit_reported,
-    failed_line, flodl_agent, free_port, fresh_token, last_command, rank_args, rank_events, rank_pid,
-    run_check,
+    FAULT_SCALE, Host, SAMPLES, SCALE, Train, agent_ranks, cohort_controller_finished, declared_dead,
+    exit_reported, expect, failed_line, flodl_agent, free_port, fresh_token, last_command, rank_args,
+    rank_events, rank_pid, ranks, run_check,
 };
 use crate::suite::logs::{Log, cut};
 use crate::suite::proc::{End, poll, signal};
@@ -333,6 +333,69 @@ pub fn rank_exit_cohort_controller(ctx: &mut Ctx) -> Result<(), String> {
     cohort_controller_finished(&ctl.out, 3, 1)?;
     ensure!(arc == End::Exit(0), "flodl agent exit status {arc}");
     ensure!(a.err.has("finished DEGRADED"), "flodl agent: no degraded finish");
+    ensure!(crc == End::Exit(0), "cohort controller exit status {crc}");
+    Ok(())
+}
+
+/// A flodl host killed in a cohort controller's join window is retracted
+/// (cohort's rules): the world of 4 forms without it, at the target, once
+/// hostB comes. hostA, admitted after it as ranks 1 and 2, moves
+/// down to 0 and 1: flodl's agent starts its ranks from the envelope (the
+/// world's ranks) and reports their exits by its accept's ranks, which the
+/// controller maps back to the world's.
+pub fn join_lost_cohort_controller(ctx: &mut Ctx) -> Result<(), String> {
+    let port = free_port(&[])?;
+    let t = Train { port, world: 4, scale: SCALE, samples: SAMPLES };
+    let mut ctl = t.cohort(ctx, &ctx.at("controller"), &[])?;
+    let at = format!("127.0.0.1:{port}");
+    let admitted = |host: &str| {
+        poll(30.0, None, || {
+            ctl.out.any(|e| e.event == "host_admitted" && e.str("host") == Some(host)).then_some(())
+        })
+        .is_some()
+    };
+    let host = |name, devices| Host { name, devices, at: &at, scale: SCALE };
+    let mut x = flodl_agent(ctx, &ctx.at("agent-x"), host("hostX", 1), &[], &ranks())?;
+    ensure!(admitted("hostX"), "hostX was never admitted: {}", failed_line(&x.err));
+    let mut a = flodl_agent(ctx, &ctx.at("agent-a"), host("hostA", 2), &[], &ranks())?;
+    ensure!(admitted("hostA"), "hostA was never admitted: {}", failed_line(&a.err));
+    x.proc.stop();
+    let retracted =
+        poll(30.0, None, || ctl.out.find(|e| e.event == "join_retracted" && e.str("host") == Some("hostX")));
+    ensure!(retracted.is_some(), "hostX's admission was never retracted after its agent ended");
+    ensure!(
+        !ctl.out.any(|e| e.event == "formed"),
+        "the world formed around hostX's rank: {}",
+        ctl.out.first("formed")
+    );
+    // hostB's relay needs its own loopback port pair: it joins through a
+    // forwarder (see flodl_relays_cohort_controller).
+    let tport = free_port(&[port])?;
+    let _tap = tap(ctx, tport, port)?;
+    let via = format!("127.0.0.1:{tport}");
+    let hb = Host { name: "hostB", devices: 2, at: &via, scale: SCALE };
+    let mut b = flodl_agent(ctx, &ctx.at("agent-b"), hb, &[], &ranks())?;
+    let (arc, stall) = a.proc.wait_run(60, 8, &[&a.out, &b.out]);
+    stall.map_or(Ok(()), Err)?;
+    let brc = b.proc.wait(30);
+    let crc = ctl.proc.wait(30);
+    ensure!(agent_ranks(&a.err) == Some(vec![1, 2]), "hostA's accept named {:?}", agent_ranks(&a.err));
+    ensure!(agent_ranks(&b.err) == Some(vec![2, 3]), "hostB's accept named {:?}", agent_ranks(&b.err));
+    run_check(&ctx.dir, &expect(&[0, 1, 2, 3]), &[&a.out, &b.out])?;
+    cohort_controller_finished(&ctl.out, 4, 2)?;
+    for (host, rank) in [("hostA", 0), ("hostA", 1), ("hostB", 2), ("hostB", 3)] {
+        ensure!(
+            exit_reported(&ctl.out, host, rank, 0),
+            "cohort controller: no exit code 0 reported for {host}'s rank {rank}"
+        );
+    }
+    ensure!(
+        !ctl.out.any(|e| e.event == "join_warning"),
+        "cohort controller: {}",
+        ctl.out.first("join window:")
+    );
+    ensure!(arc == End::Exit(0), "hostA's flodl agent exit status {arc}: {}", failed_line(&a.err));
+    ensure!(brc == End::Exit(0), "hostB's flodl agent exit status {brc}: {}", failed_line(&b.err));
     ensure!(crc == End::Exit(0), "cohort controller exit status {crc}");
     Ok(())
 }

@@ -112,6 +112,13 @@ pub static ALL: &[Case] = &[
         run: faults::rank_exit_cohort_controller,
     },
     Case {
+        name: "join-lost-cohort-controller",
+        about: "a flodl host killed in a cohort controller's join window is retracted: the world forms \
+                without it, a later flodl host's ranks move down, its exits are mapped",
+        bench: false,
+        run: faults::join_lost_cohort_controller,
+    },
+    Case {
         name: "wrong-salt",
         about: "a join keyed with the wrong salt, each way",
         bench: false,
