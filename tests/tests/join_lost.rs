@@ -253,3 +253,20 @@ fn a_host_that_moved_down_reports_its_ranks_exits_under_the_worlds_ranks() {
     assert_eq!(exits, vec![("b".into(), 1, 0)]);
     assert!(run.coord().any(|(_, e)| matches!(e, CoordinatorEvent::RankExited { rank: 1, .. })));
 }
+
+/// The membership snapshot after a retraction: under cohort's rules it is
+/// a change, published with its countdowns; under flodl's the countdowns
+/// stay those of the last admission.
+#[test]
+fn a_retraction_is_published_under_cohorts_rules_only() {
+    for (rules, remaining) in [(Rules::Cohort, 290), (Rules::Flodl, 299)] {
+        let mut w = window(JoinConfig { min_rank_start: 4, ..JoinConfig::default() }, rules);
+        join(&mut w, at(1, 0), 1, &offer("a", 1));
+        let accept_len = join(&mut w, at(1, 0), 2, &offer("b", 1)).sent(ConnId(2)).len();
+        // b's accept never left: retracted under both rules.
+        w.handle(at(10, 0), Input::Closed { conn: ConnId(2), cause: CloseCause::Reset, unsent: accept_len });
+        assert!(matches!(&drain(&mut w, at(10, 0)).events()[..], [JoinWindowEvent::Retracted { .. }]));
+        let snap = w.snapshot(at(20, 0));
+        assert_eq!((rules, snap.joined_ranks, snap.window_remaining_secs), (rules, 1, Some(remaining)));
+    }
+}

@@ -688,7 +688,8 @@ impl JoinWindow {
 
     /// The observable state at `now` (what `GET /state.json` serves): the
     /// phase at `now`, the countdowns as of the last change (the open, an
-    /// admission, the arming, formation or failure), as flodl's published
+    /// admission, under cohort's rules a retraction, the arming, formation
+    /// or failure), as flodl's published
     /// snapshot has them.
     pub fn snapshot(&self, now: Time) -> MembershipSnapshot {
         let elapsed = self.published.saturating_since(self.opened);
@@ -1021,7 +1022,12 @@ impl JoinWindow {
                 link.member -= 1;
             }
         }
-        self.published = self.now;
+        // cohort's rules publish the change; under flodl's the countdowns
+        // stay those of the last change (flodl 0.8 publishes nothing when
+        // it rolls an admission back).
+        if self.rules == Rules::Cohort {
+            self.published = self.now;
+        }
         self.out.event(JoinWindowEvent::Retracted { conn, host, ranks: m.ranks, why });
     }
 
