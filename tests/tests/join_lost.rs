@@ -270,3 +270,25 @@ fn a_retraction_is_published_under_cohorts_rules_only() {
         assert_eq!((rules, snap.joined_ranks, snap.window_remaining_secs), (rules, 1, Some(remaining)));
     }
 }
+
+/// Under cohort's rules an accept that never left is undone wherever its
+/// admission stands (flodl 0.8 only undoes the latest): the later host
+/// moves down, and it counts as a failed join.
+#[test]
+fn an_undelivered_accept_that_is_not_the_latest_is_retracted() {
+    let mut w = window(JoinConfig::default(), Rules::Cohort);
+    let accept_len = join(&mut w, at(1, 0), 1, &offer("a", 2)).sent(ConnId(1)).len();
+    join(&mut w, at(1, 0), 2, &offer("b", 1));
+    w.handle(at(2, 0), Input::Closed { conn: ConnId(1), cause: CloseCause::Reset, unsent: accept_len });
+    assert_eq!(
+        drain(&mut w, at(2, 0)).events(),
+        vec![JoinWindowEvent::Retracted {
+            conn: ConnId(1),
+            host: "a".into(),
+            ranks: 0..2,
+            why: Retraction::AcceptUndelivered
+        }]
+    );
+    assert_eq!(members(&w), vec![(2, "b".into(), 0..1)]);
+    assert_eq!(w.rejected(), 1);
+}

@@ -689,8 +689,7 @@ impl JoinWindow {
     /// The observable state at `now` (what `GET /state.json` serves): the
     /// phase at `now`, the countdowns as of the last change (the open, an
     /// admission, under cohort's rules a retraction, the arming, formation
-    /// or failure), as flodl's published
-    /// snapshot has them.
+    /// or failure), as flodl's published snapshot has them.
     pub fn snapshot(&self, now: Time) -> MembershipSnapshot {
         let elapsed = self.published.saturating_since(self.opened);
         self.ledger.snapshot(self.phase(now), elapsed, self.window, self.cap, self.armed)
