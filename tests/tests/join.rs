@@ -14,6 +14,8 @@ mod client;
 mod controller_cap;
 #[path = "join/ledger.rs"]
 mod ledger;
+#[path = "join/lost.rs"]
+mod lost;
 #[path = "join/model.rs"]
 mod model;
 #[path = "join/rendezvous.rs"]

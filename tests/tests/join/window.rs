@@ -354,7 +354,7 @@ fn more_than_1024_refused_hellos_fail_the_window() {
     // Workers holding the key but unfit for this run (here: another dataset
     // layout, dialing again and again) are a misconfigured fleet: it fails
     // loudly. (A host already joined dialing again is refused but not
-    // counted under cohort's rules: tests/tests/join_lost.rs.)
+    // counted under cohort's rules: tests/tests/join/lost.rs.)
     let mut rig = one_admitted(Rules::Cohort);
     let again = dial_bytes(&SALT, &JoinOffer::new("unfit", vec![0], [1; 32]));
     for i in 0..1024u64 {
@@ -529,7 +529,7 @@ fn an_undelivered_accept_retracts_the_latest_admission() {
 }
 
 /// A window under flodl's rules (cohort's retract any host lost before
-/// formation: tests/tests/join_lost.rs).
+/// formation: tests/tests/join/lost.rs).
 fn flodl_window() -> Rig {
     let mut params = WindowParams::new(JoinConfig::default(), SALT, TrustMode::PreShared);
     params.rules = Rules::Flodl;

@@ -11,11 +11,12 @@ use core::time::Duration;
 use cohort_proto::config::Rules;
 use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::join::*;
+use cohort_proto::testing::harness::{Outputs, drain};
 use cohort_proto::wire::{JoinMsgWire, SessionSalt};
 use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
 use cohort_sim::Outcome;
 use cohort_sim::scenario::{Fault, HostSpec, Scenario};
-use cohort_tests::join_harness::{Drained, at, dial_bytes, drain, frame, join_msgs, offer};
+use cohort_tests::join_harness::{at, dial_bytes, frame, join_msgs, offer};
 use cohort_tests::sim_harness::{exact, play, with};
 
 const SALT: SessionSalt = SessionSalt::from_bytes([9; 16]);
@@ -28,27 +29,27 @@ fn window(config: JoinConfig, rules: Rules) -> JoinWindow {
     w
 }
 
-fn join(w: &mut JoinWindow, now: Time, conn: u64, o: &JoinOffer) -> Drained<JoinWindowEvent> {
+fn join(w: &mut JoinWindow, now: Time, conn: u64, o: &JoinOffer) -> Outputs<JoinWindowEvent> {
     let c = ConnId(conn);
     w.handle(now, Input::Accepted { conn: c, peer: Peer::REMOTE });
     w.handle(now, Input::Received { conn: c, bytes: &dial_bytes(&SALT, o) });
     drain(w, now)
 }
 
-fn lose(w: &mut JoinWindow, now: Time, conn: u64) -> Drained<JoinWindowEvent> {
+fn lose(w: &mut JoinWindow, now: Time, conn: u64) -> Outputs<JoinWindowEvent> {
     w.handle(now, Input::Closed { conn: ConnId(conn), cause: CloseCause::Eof, unsent: 0 });
     drain(w, now)
 }
 
-fn accepted(d: &Drained<JoinWindowEvent>, conn: u64) -> Option<Vec<u32>> {
+fn accepted(d: &Outputs<JoinWindowEvent>, conn: u64) -> Option<Vec<u32>> {
     join_msgs(&SALT, &d.sent(ConnId(conn))).into_iter().find_map(|m| match m {
         JoinMsgWire::Accept { ranks, .. } => Some(ranks),
         _ => None,
     })
 }
 
-fn formed(d: &Drained<JoinWindowEvent>) -> Option<usize> {
-    d.events().into_iter().find_map(|e| match e {
+fn formed(d: &Outputs<JoinWindowEvent>) -> Option<usize> {
+    d.events.iter().cloned().find_map(|e| match e {
         JoinWindowEvent::Formed { world_size, .. } => Some(world_size),
         _ => None,
     })
@@ -68,7 +69,7 @@ fn a_host_lost_in_the_window_no_longer_counts_and_joins_again() {
     assert_eq!(accepted(&join(&mut w, at(1, 0), 1, &offer("b", 2)), 1), Some(vec![0, 1]));
     let d = lose(&mut w, at(2, 0), 1);
     assert_eq!(
-        d.events(),
+        d.events,
         vec![JoinWindowEvent::Retracted {
             conn: ConnId(1),
             host: "b".into(),
@@ -96,7 +97,7 @@ fn later_hosts_move_down_and_their_exits_are_mapped_to_the_world() {
     join(&mut w, at(1, 0), 2, &offer("b", 2));
     assert_eq!(accepted(&join(&mut w, at(1, 0), 3, &offer("c", 1)), 3), Some(vec![3]));
     let d = lose(&mut w, at(2, 0), 2);
-    assert!(matches!(&d.events()[..], [JoinWindowEvent::Retracted { ranks, .. }] if *ranks == (1..3)));
+    assert!(matches!(&d.events[..], [JoinWindowEvent::Retracted { ranks, .. }] if *ranks == (1..3)));
     assert_eq!(members(&w), vec![(1, "a".into(), 0..1), (3, "c".into(), 1..2)]);
     let d = join(&mut w, at(3, 0), 4, &offer("d", 3));
     assert_eq!(accepted(&d, 4), Some(vec![2, 3, 4]), "the next admission starts at the new tail");
@@ -106,7 +107,7 @@ fn later_hosts_move_down_and_their_exits_are_mapped_to_the_world() {
     let up = frame(&SALT, &JoinMsgWire::RankExited { rank: 3, code: 7 });
     w.handle(at(5, 0), Input::Received { conn: ConnId(3), bytes: &up });
     assert_eq!(
-        drain(&mut w, at(5, 0)).events(),
+        drain(&mut w, at(5, 0)).events,
         vec![JoinWindowEvent::RankExited { conn: ConnId(3), host: "c".into(), rank: 1, code: 7 }]
     );
 }
@@ -132,14 +133,14 @@ fn under_flodl_rules_a_lost_host_stays_and_its_retries_are_counted_refusals() {
     let mut w = window(JoinConfig { target_ranks: Some(4), ..JoinConfig::default() }, Rules::Flodl);
     join(&mut w, at(1, 0), 1, &offer("b", 2));
     let d = lose(&mut w, at(2, 0), 1);
-    assert!(matches!(&d.events()[..], [JoinWindowEvent::HostLost { host, .. }] if host == "b"));
+    assert!(matches!(&d.events[..], [JoinWindowEvent::HostLost { host, .. }] if host == "b"));
     assert_eq!(w.ledger().joined_ranks(), 2);
     for i in 0..1024u64 {
         join(&mut w, at(3, i), 100 + i, &offer("b", 2));
     }
     assert_eq!(w.rejected(), 1024);
     let d = join(&mut w, at(4, 0), 5000, &offer("b", 2));
-    assert!(d.events().iter().any(|e| matches!(
+    assert!(d.events.iter().any(|e| matches!(
         e,
         JoinWindowEvent::Failed { failure: WindowFailure::TooManyRejects { rejected: 1025, .. }, .. }
     )));
@@ -265,7 +266,7 @@ fn a_retraction_is_published_under_cohorts_rules_only() {
         let accept_len = join(&mut w, at(1, 0), 2, &offer("b", 1)).sent(ConnId(2)).len();
         // b's accept never left: retracted under both rules.
         w.handle(at(10, 0), Input::Closed { conn: ConnId(2), cause: CloseCause::Reset, unsent: accept_len });
-        assert!(matches!(&drain(&mut w, at(10, 0)).events()[..], [JoinWindowEvent::Retracted { .. }]));
+        assert!(matches!(&drain(&mut w, at(10, 0)).events[..], [JoinWindowEvent::Retracted { .. }]));
         let snap = w.snapshot(at(20, 0));
         assert_eq!((rules, snap.joined_ranks, snap.window_remaining_secs), (rules, 1, Some(remaining)));
     }
@@ -281,7 +282,7 @@ fn an_undelivered_accept_that_is_not_the_latest_is_retracted() {
     join(&mut w, at(1, 0), 2, &offer("b", 1));
     w.handle(at(2, 0), Input::Closed { conn: ConnId(1), cause: CloseCause::Reset, unsent: accept_len });
     assert_eq!(
-        drain(&mut w, at(2, 0)).events(),
+        drain(&mut w, at(2, 0)).events,
         vec![JoinWindowEvent::Retracted {
             conn: ConnId(1),
             host: "a".into(),
