@@ -226,7 +226,7 @@ fn one_deposit_fold(key: &MacKey, frame: &Bytes) -> RoundFold {
     let mut fold = RoundFold::new();
     let mut one = FrameFold::default();
     let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
-    let (_, done) = dec.feed(&frame[4..], key, &mut fold.sink(&mut one)).unwrap();
+    let (_, done) = dec.feed(&frame[4..], key, &mut fold.sink(&mut one, None)).unwrap();
     fold.commit(done.unwrap().weight);
     fold
 }

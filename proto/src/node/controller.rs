@@ -12,7 +12,7 @@ use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
 use crate::join::window::{JoinWindow, JoinWindowEvent, WindowParams};
 use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
-use crate::reduce::{Reduce, ReduceConfig, ReduceEvent};
+use crate::reduce::{Reduce, ReduceConfig, ReduceEvent, RoundSchema};
 use crate::rendezvous::{RendezvousConfig, RendezvousServer, RendezvousServerEvent};
 use crate::route::{PortRouter, PortRouterEvent};
 use crate::status::{StatusLimits, StatusResponder, StatusServerEvent};
@@ -40,6 +40,13 @@ pub struct ControllerConfig {
     pub advertise: ControllerAddr,
     /// What cohort's synthetic workload trains (sent in every envelope).
     pub workload: WorkloadSpec,
+    /// The layout of every round, when the controller knows what its ranks
+    /// train: by default the synthetic workload's (the envelope tells
+    /// cohort's ranks to train it). `None` when the ranks run programs with
+    /// models of their own (`cohort controller --own-model`): each round
+    /// then takes the layout most hosts agree on
+    /// ([`ReduceConfig::model`]).
+    pub model: Option<RoundSchema>,
     /// The frame ceiling of the data plane (the relays get it in their spec).
     pub ceiling: u64,
     /// A run-bound key (cohort only; `None` by default, as flodl): this
@@ -93,6 +100,7 @@ impl ControllerConfig {
             run,
             advertise,
             ceiling: derive_frame_ceiling(workload.model_bytes()),
+            model: Some(workload.schema()),
             workload,
             run_nonce: None,
             max_unauthenticated: MAX_UNAUTHENTICATED,
@@ -426,8 +434,11 @@ impl ControllerNode {
             let mut rc = ReduceConfig::new(world_size, self.key.clone());
             rc.ceiling = self.cfg.ceiling;
             rc.rules = self.cfg.run.rules;
+            rc.model = self.cfg.model.clone();
             let mut reduce = Reduce::new(rc);
             reduce.run_macs_on(self.macs.clone());
+            reduce
+                .admit_hosts(self.window.members().map(|(_, m)| (m.host.clone(), m.ranks.clone().collect())));
             self.reduce = Some(reduce);
         }
         if self.cfg.run.backend == Backend::Nccl {
@@ -614,6 +625,18 @@ impl ControllerNode {
             CoordinatorEvent::RankDead { rank, .. } => {
                 if let Some(r) = self.reduce.as_mut() {
                     r.declare_dead(now, *rank);
+                }
+            }
+            // The ranks were asked for their parameters: the reduce takes
+            // host frames for the rounds of this cycle only.
+            CoordinatorEvent::CycleStarted { .. } => {
+                if let Some(r) = self.reduce.as_mut() {
+                    r.cycle_started(now);
+                }
+            }
+            CoordinatorEvent::CycleFinished { .. } => {
+                if let Some(r) = self.reduce.as_mut() {
+                    r.cycle_finished(now);
                 }
             }
             CoordinatorEvent::FormationFailed { covered, world_size, why } => {

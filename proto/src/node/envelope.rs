@@ -115,6 +115,12 @@ impl Default for WorkloadSpec {
 }
 
 impl WorkloadSpec {
+    /// The one round frame the synthetic workload submits each cycle: a
+    /// `Model` frame of its f32 tensor.
+    pub fn schema(&self) -> crate::reduce::RoundSchema {
+        crate::reduce::RoundSchema::model(crate::wire::Dtype::F32, &[self.model_elems])
+    }
+
     /// Bytes of the f32 model tensor (what the frame ceiling is derived from).
     pub fn model_bytes(&self) -> u64 {
         u64::from(self.model_elems) * 4

@@ -314,6 +314,9 @@ impl HostNode {
                 spec.upstream(),
             );
             relay.ceiling = ceiling;
+            // A cohort controller names the synthetic workload its ranks
+            // train: the data relay holds every rank's frame to its layout.
+            relay.model = env.cohort.filter(|_| leg == Leg::Data).map(|w| w.schema());
             let listen = match (flodl, leg) {
                 (true, Leg::Control) => Some(spec.control_listen()),
                 (true, Leg::Data) => spec.data_listen(),
