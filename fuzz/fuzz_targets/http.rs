@@ -14,7 +14,7 @@ use cohort_fuzz::driver::Driver;
 use cohort_fuzz::seeds;
 use cohort_proto::join::{ClusterPhase, StartMode};
 use cohort_proto::status::{
-    StartGate, StartSwitch, StatusBackend, StatusServerEvent, StatusLimits, StatusResponder, StatusServer,
+    StartGate, StartSwitch, StatusBackend, StatusLimits, StatusResponder, StatusServer, StatusServerEvent,
 };
 use cohort_proto::wire::SessionSalt;
 use cohort_proto::{Adopt, Input, Peer, Time};

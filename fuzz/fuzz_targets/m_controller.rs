@@ -13,7 +13,7 @@ use cohort_fuzz::{SALT, key, seeds, zero_key};
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::{Backend, CoordConfig};
 use cohort_proto::join::{JoinConfig, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerNode};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNode, ControllerNodeEvent};
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
 use cohort_proto::wire::{Channel, RendezvousMsgWire, RoundKind, derive_frame_ceiling};
 use libfuzzer_sys::fuzz_target;

@@ -60,8 +60,10 @@ use cohort_proto::status::StatusClient;
 use cohort_proto::wire::{MacKey, SessionSalt};
 use core::time::Duration;
 
+use crate::attack::{Attack, Tampered, Target};
 use crate::check::Checker;
 use crate::log::EventLog;
+use crate::node::SimNode;
 use crate::report::{Death, Injected, Outcome, RankReport, Report, Timeline, Window};
 use crate::rng::{SimRng, stream};
 use crate::scenario::{Fault, Scenario, ScenarioError};
@@ -120,6 +122,8 @@ pub struct Cluster<W: SimWorkload = Trainer> {
     formed_at: Option<Time>,
     world_size: u32,
     outcome: Option<(ControllerOutcome, Time)>,
+    /// Hosts compromised so far (by index), and how their relays attack.
+    compromised: BTreeMap<usize, Attack>,
     /// Under flodl's rules, the hang flodl 0.8 is in (instead of an outcome).
     flodl_hang: Option<(String, Time)>,
     controller_gone: bool,
@@ -297,6 +301,7 @@ impl<W: SimWorkload> Cluster<W> {
             formed_at: None,
             world_size: 0,
             outcome: None,
+            compromised: BTreeMap::new(),
             flodl_hang: None,
             controller_gone: false,
             lost_controller: false,
@@ -651,6 +656,13 @@ impl<W: SimWorkload> Cluster<W> {
             self.timeline.instant(now, "faults", &format!("no effect: rank {rank} is not running"));
             return;
         }
+        // A host is compromised for the relays it starts from now on.
+        if let Fault::CompromiseHost { host, .. } = &f
+            && self.host_named(host).is_some_and(|i| self.hosts[i].spawned)
+        {
+            self.timeline.instant(now, "faults", &format!("no effect: {host}'s relays already run"));
+            return;
+        }
         self.checker.fault(now, &f);
         self.faults.push(Injected { at: now, fault: f.clone() });
         self.carry_out(f);
@@ -720,6 +732,11 @@ impl<W: SimWorkload> Cluster<W> {
             Fault::Abort => {
                 self.world
                     .command::<ControllerNode, _>(self.controller, |c, now| c.abort(now, "launcher abort"));
+            }
+            Fault::CompromiseHost { host, attack } => {
+                if let Some(i) = self.host_named(&host) {
+                    self.compromised.insert(i, attack);
+                }
             }
             Fault::ExitRank(r) => {
                 if let Some(n) = self.rank_node(r) {
@@ -818,15 +835,27 @@ impl<W: SimWorkload> Cluster<W> {
                 let leg = relay.leg;
                 let mut cfg = relay.clone();
                 cfg.key = self.shared_key(cfg.key);
+                let target = self.compromised.get(&i).filter(|a| a.leg() == leg).map(|&a| {
+                    let foreign = (0..cfg.world_size).find(|r| !cfg.ranks.contains(r));
+                    let t = Target {
+                        key: cfg.key.clone(),
+                        host: cfg.host.clone(),
+                        ranks: cfg.ranks.clone(),
+                        foreign,
+                        model_elems: self.sc.model_elems,
+                        controller: cfg.upstream.clone(),
+                    };
+                    (a, t)
+                });
                 let Ok(relay) = Relay::new(cfg) else { return };
+                let node: Box<dyn SimNode<ClusterEvent>> = match target {
+                    Some((attack, t)) => Box::new(Tampered::new(Box::new(relay), attack, t)),
+                    None => Box::new(relay),
+                };
                 // Hosts in the simulator always use flodl's port layout.
                 let addr = listen.clone().unwrap_or_default();
-                let n = self.world.add_node(
-                    self.hosts[i].host,
-                    format!("{name}/relay-{leg:?}"),
-                    Box::new(relay),
-                    &[&addr],
-                );
+                let n =
+                    self.world.add_node(self.hosts[i].host, format!("{name}/relay-{leg:?}"), node, &[&addr]);
                 self.sources.insert(n, Source::Relay(name, leg));
             }
             HostNodeEvent::StartRank(spec) => self.start_rank(i, spec),

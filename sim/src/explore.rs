@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::attack::Attack;
 use crate::rng::{SimRng, stream};
 use crate::scenario::{
     ApplyPolicy, Backend, FailureBudget, Fault, FaultAt, FaultKind, HostSpec, Rules, Scenario, SpeedClass,
@@ -169,6 +170,8 @@ pub fn random_scenario(seed: u64) -> Scenario {
         let at = r.uniform(0.5, busy);
         let rank = r.range(0, u64::from(world)) as u32;
         let host = format!("host-{}", r.range(0, u64::from(n_hosts)));
+        // A host is compromised from the start: its relays start at formation.
+        let at = if kind == FaultKind::CompromiseHost { 0.0 } else { at };
         let fault = match kind {
             FaultKind::KillRank => Fault::KillRank(rank),
             FaultKind::WedgeRank => Fault::WedgeRank(rank),
@@ -187,11 +190,20 @@ pub fn random_scenario(seed: u64) -> Scenario {
             FaultKind::ResetHost => Fault::ResetHost(host),
             FaultKind::OperatorStart => Fault::OperatorStart,
             FaultKind::ExitRank => Fault::ExitRank(rank),
+            FaultKind::CompromiseHost => Fault::CompromiseHost {
+                host,
+                attack: Attack::ALL[r.range(0, Attack::ALL.len() as u64) as usize],
+            },
         };
         sc.faults.push(FaultAt { at_s: at, fault });
     }
     sc.faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
     sc.rules = if r.chance(0.3) { Rules::Flodl } else { Rules::Cohort };
+    // flodl 0.8 confines nothing a keyed peer sends (a compromised host's
+    // frames enter its sums): the confinement checkers hold cohort's rules.
+    if sc.rules == Rules::Flodl {
+        sc.faults.retain(|f| !matches!(f.fault, Fault::CompromiseHost { .. }));
+    }
     // The apply policy and the speed spread, drawn after everything else.
     sc.policy = [ApplyPolicy::Sync, ApplyPolicy::Cadence, ApplyPolicy::Async][r.range(0, 3) as usize];
     let spread = [1.0, 2.0, 3.0, 8.0][r.range(0, 4) as usize];

@@ -17,6 +17,7 @@
 // One module may use `unsafe`: `prefetch`, a cache hint that cannot fault.
 #![deny(unsafe_code)]
 
+pub mod attack;
 pub mod check;
 pub mod cluster;
 pub mod explore;

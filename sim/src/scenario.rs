@@ -32,6 +32,8 @@
 use std::collections::BTreeMap;
 
 use cohort_proto::join::ledger::JoinConfig;
+
+pub use crate::attack::Attack;
 /// The configuration enums a scenario states, proto's own (serde in their
 /// lowercase names).
 pub use cohort_proto::{
@@ -295,6 +297,15 @@ pub enum Fault {
     /// program may: it announces `Exiting`, closes and exits 0, and its
     /// agent reports the exit code.
     ExitRank(u32),
+    /// The host is compromised: its relays, started from now on, hold the
+    /// key and send what an honest relay never would ([`Attack`]). Under
+    /// cohort's rules only the host's own ranks may pay for it.
+    CompromiseHost {
+        /// The host.
+        host: String,
+        /// What its relay does.
+        attack: Attack,
+    },
 }
 
 /// The kinds of [`Fault`], as a scenario file names them.
@@ -324,11 +335,13 @@ pub enum FaultKind {
     OperatorStart,
     /// [`Fault::ExitRank`].
     ExitRank,
+    /// [`Fault::CompromiseHost`].
+    CompromiseHost,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::KillRank,
         FaultKind::WedgeRank,
         FaultKind::KillHost,
@@ -341,6 +354,7 @@ impl FaultKind {
         FaultKind::ResetHost,
         FaultKind::OperatorStart,
         FaultKind::ExitRank,
+        FaultKind::CompromiseHost,
     ];
 
     /// The key a scenario file gives it (`"kill_rank"`, ...).
@@ -363,6 +377,7 @@ impl FaultKind {
             FaultKind::ResetHost => "reset_host",
             FaultKind::OperatorStart => "operator_start",
             FaultKind::ExitRank => "exit_rank",
+            FaultKind::CompromiseHost => "compromise_host",
         }
     }
 }
@@ -389,6 +404,7 @@ impl Fault {
             Fault::ResetHost(_) => FaultKind::ResetHost,
             Fault::OperatorStart => FaultKind::OperatorStart,
             Fault::ExitRank(_) => FaultKind::ExitRank,
+            Fault::CompromiseHost { .. } => FaultKind::CompromiseHost,
         }
     }
 }
@@ -427,6 +443,10 @@ struct RawFault {
     reset_host: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     exit_rank: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    compromise_host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    attack: Option<Attack>,
 }
 
 impl TryFrom<RawFault> for FaultAt {
@@ -478,10 +498,16 @@ impl TryFrom<RawFault> for FaultAt {
         if let Some(n) = r.exit_rank {
             found.push(Fault::ExitRank(n));
         }
+        if let Some(host) = r.compromise_host {
+            let attack = r.attack.ok_or("compromise_host needs attack")?;
+            found.push(Fault::CompromiseHost { host, attack });
+        } else if r.attack.is_some() {
+            return Err("attack goes with compromise_host".into());
+        }
         match found.len() {
             1 => Ok(FaultAt { at_s: r.at_s, fault: found.remove(0) }),
             0 => Err("a fault needs one of kill_rank, kill_host, wedge_rank, partition_host, corrupt_link, \
-                      kill_controller, operator_start, abort, slow_rank, slow_link, reset_host, exit_rank"
+                      kill_controller, operator_start, abort, slow_rank, slow_link, reset_host, exit_rank, compromise_host"
                 .into()),
             _ => Err("a fault entry holds exactly one fault".into()),
         }
@@ -513,6 +539,10 @@ impl From<FaultAt> for RawFault {
             }
             Fault::ResetHost(h) => r.reset_host = Some(h),
             Fault::ExitRank(n) => r.exit_rank = Some(n),
+            Fault::CompromiseHost { host, attack } => {
+                r.compromise_host = Some(host);
+                r.attack = Some(attack);
+            }
         }
         r
     }
@@ -896,6 +926,7 @@ impl Scenario {
             | Fault::ResetHost(h)
             | Fault::PartitionHost { host: h, .. }
             | Fault::SlowLink { host: h, .. }
+            | Fault::CompromiseHost { host: h, .. }
                 if !self.hosts.iter().any(|x| &x.name == h) =>
             {
                 let field = fault.kind().name();

@@ -7,7 +7,7 @@ use core::time::Duration;
 
 use super::scheduler::Scheduler;
 use super::{CoordConfig, CoordinatorEvent, DeathCause, FormationFailure, Step};
-use crate::config::defaults::{COORD_FORMATION, HANDSHAKE};
+use crate::config::defaults::{COORD_FORMATION, COORD_HEARTBEAT, HANDSHAKE};
 use crate::config::{ConfigError, Rules};
 use crate::machine::{Adopt, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
@@ -32,8 +32,10 @@ struct Relay {
 /// run begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Formation {
-    /// Waiting for the relays, until `deadline`.
-    Forming { deadline: Time },
+    /// Waiting for the relays, until `deadline`; under cohort's rules the
+    /// ranks already announced hear a beacon every second from `beacon` on,
+    /// so that they outlive a formation that waits for a missing relay.
+    Forming { deadline: Time, beacon: Time },
     /// Every rank announced; the run began.
     Formed,
     /// It did not happen; nothing more is decided.
@@ -119,8 +121,10 @@ impl Coordinator {
     pub fn new(config: CoordConfig, key: MacKey, now: Time) -> Result<Self, ConfigError> {
         // A relay's hello must arrive within flodl's 10 s read timeout (not scaled).
         let hello_budget = HANDSHAKE;
-        let formation =
-            Formation::Forming { deadline: now + config.timeout_scale.scaled_secs(COORD_FORMATION) };
+        let formation = Formation::Forming {
+            deadline: now + config.timeout_scale.scaled_secs(COORD_FORMATION),
+            beacon: now,
+        };
         let sched = Scheduler::new(config)?;
         let mut c = Coordinator {
             sched,
@@ -526,8 +530,14 @@ impl Machine for Coordinator {
                 self.drop_relay(now, conn, error, false);
             }
             Input::Timeout => {
-                if matches!(self.formation, Formation::Forming { deadline } if deadline <= now) {
-                    self.formation_deadline(now);
+                if let Formation::Forming { deadline, beacon } = self.formation {
+                    if deadline <= now {
+                        self.formation_deadline(now);
+                    } else if beacon <= now && self.sched.config().rules == Rules::Cohort {
+                        self.formation = Formation::Forming { deadline, beacon: now + COORD_HEARTBEAT };
+                        let announced: Vec<u32> = self.routes.keys().copied().collect();
+                        self.send(&announced, &ControlMsgWire::CoordHeartbeat);
+                    }
                 }
                 let late: Vec<ConnId> =
                     self.hello_deadlines.iter().take_while(|(t, _)| *t <= now).map(|(_, c)| *c).collect();
@@ -547,7 +557,12 @@ impl Machine for Coordinator {
     fn poll_timeout(&self) -> Option<Time> {
         let hello = self.hello_deadlines.first().map(|(t, _)| *t);
         let forming = match self.formation {
-            Formation::Forming { deadline } => Some(deadline),
+            Formation::Forming { deadline, beacon }
+                if self.sched.config().rules == Rules::Cohort && !self.routes.is_empty() =>
+            {
+                Some(deadline.min(beacon))
+            }
+            Formation::Forming { deadline, .. } => Some(deadline),
             _ => None,
         };
         hello.into_iter().chain(forming).chain(self.sched.next_deadline()).min()

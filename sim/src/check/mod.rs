@@ -126,6 +126,10 @@ pub struct Checker {
     peek: Duration,
     /// The links' jitter, in seconds.
     jitter_s: f64,
+    /// flodl's rules: a compromised host's damage is not confined, and
+    /// reported metrics are folded unchecked.
+    flodl: bool,
+    samples_per_epoch: u64,
     facts: Facts,
     join: join::JoinCheck,
     consensus: ConsensusOracle,
@@ -141,6 +145,8 @@ impl Checker {
             v: Violations::default(),
             peek: scale.scaled_secs(defaults::PORT_PEEK),
             jitter_s: sc.jitter_us as f64 / 1e6,
+            flodl: sc.rules == crate::scenario::Rules::Flodl,
+            samples_per_epoch: sc.samples_per_epoch,
             facts: Facts {
                 start_grace: scale.scaled(Duration::from_secs(30)) + Duration::from_secs(1),
                 ..Facts::default()
@@ -216,6 +222,17 @@ impl Checker {
             Fault::ExitRank(r) => {
                 facts.ranks_faulted.entry(*r).or_insert(at);
             }
+            // Under cohort's rules a compromised host may cost its own
+            // ranks only; flodl 0.8 promises no such confinement.
+            Fault::CompromiseHost { host, .. } => {
+                facts.hosts_faulted.entry(host.clone()).or_insert(at);
+                if self.flodl {
+                    let all: Vec<u32> = facts.rank_host.keys().copied().collect();
+                    for r in all {
+                        facts.ranks_faulted.entry(r).or_insert(at);
+                    }
+                }
+            }
             Fault::OperatorStart => {}
         }
     }
@@ -262,6 +279,11 @@ impl Checker {
             _ => {}
         }
         if let (Source::Controller, ClusterEvent::Controller(ev)) = (source, e) {
+            if let ControllerNodeEvent::Coord(CoordinatorEvent::EpochAggregated { metrics }) = ev
+                && !self.flodl
+            {
+                self.metrics(t, metrics);
+            }
             self.join.event(t, ev, &self.facts, &mut self.v);
             self.deaths.event(t, ev, &self.facts, &mut self.v);
             self.coverage.event(ev);
@@ -273,6 +295,33 @@ impl Checker {
             for what in found {
                 self.v.at(t, &what);
             }
+        }
+    }
+
+    /// What every rank is sent of an epoch is in range (cohort's rules): a
+    /// finite loss, no rank credited with more samples than the epoch holds.
+    fn metrics(&mut self, t: Time, m: &cohort_proto::wire::EpochMetricsWire) {
+        let losses = m.per_rank_loss.iter().flatten().copied();
+        if !m.avg_loss.is_finite() || losses.clone().any(|l| !l.is_finite()) {
+            let per_rank: Vec<f64> = losses.collect();
+            self.v.at(
+                t,
+                &format!(
+                    "epoch {}: a non-finite loss reached every rank ({}, {per_rank:?})",
+                    m.epoch, m.avg_loss
+                ),
+            );
+        }
+        if let Some((r, n)) =
+            m.per_rank_samples.iter().enumerate().find(|(_, n)| **n > self.samples_per_epoch)
+        {
+            self.v.at(
+                t,
+                &format!(
+                    "epoch {}: rank {r} credited with {n} samples of an epoch of {}",
+                    m.epoch, self.samples_per_epoch
+                ),
+            );
         }
     }
 
