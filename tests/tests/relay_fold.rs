@@ -117,12 +117,37 @@ fn declare_dead_unblocks_the_barrier_without_a_rank_exit() {
     let MuxRecord::HostFrame { payload } = &recs[0] else { panic!() };
     let host = RoundFrame::decode(&payload.to_bytes(), &rig.key, DEFAULT_FRAME_CEILING).unwrap();
     assert_eq!((values(&host.tensors[0]), host.weight), (vec![9.0], 2.0));
-    // The dead rank's later frames are dropped; the next round is rank 1's alone.
+    // The consensus comes back; the dead rank's later frames are dropped,
+    // and the next round is rank 1's alone.
+    rig.up_send(&MuxRecord::Broadcast { payload: payload.clone() });
     rig.deposit(c[0], &frame(M, 5.0, Dtype::F32, &[100.0]));
     assert!(rig.up_records().is_empty());
     rig.deposit(c[1], &frame(M, 1.0, Dtype::F32, &[1.0]));
     let host = only_host_frame(&mut rig);
     assert_eq!((values(&host.tensors[0]), host.weight), (vec![1.0], 1.0));
+}
+
+/// A rank waits for the consensus of its frame before its next (ping-pong):
+/// a frame sent after its round shipped and before the consensus came back
+/// is a second frame, and costs that rank alone (issue 27 item 6: before,
+/// it was folded as the rank's frame of the next round, shifting its
+/// rounds).
+#[test]
+fn a_frame_before_the_consensus_of_the_last_costs_its_rank() {
+    let (mut rig, c) = RelayRig::ready(Leg::Data, &[0, 1], 2);
+    rig.deposit(c[0], &frame(M, 1.0, Dtype::F32, &[1.0]));
+    rig.deposit(c[1], &frame(M, 1.0, Dtype::F32, &[2.0]));
+    let first = only_host_frame(&mut rig);
+    assert_eq!((values(&first.tensors[0]), first.weight), (vec![3.0], 2.0));
+    rig.deposit(c[1], &frame(M, 7.0, Dtype::F32, &[70.0]));
+    assert_eq!(refused(&rig), Some((1, FoldError::DoubleDeposit { rank: 1 })));
+    assert_eq!(rig.out.closed, vec![c[1]]);
+    // After the consensus, the next round is rank 0's alone.
+    let payload = cohort_proto::wire::Payload::from(first.to_bytes(&rig.key).unwrap());
+    rig.up_send(&MuxRecord::Broadcast { payload });
+    rig.deposit(c[0], &frame(M, 2.0, Dtype::F32, &[4.0]));
+    let host = only_host_frame(&mut rig);
+    assert_eq!((values(&host.tensors[0]), host.weight), (vec![4.0], 2.0));
 }
 
 #[test]

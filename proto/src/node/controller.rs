@@ -163,7 +163,12 @@ impl Default for RunKnobs {
 impl RunKnobs {
     /// What the ranks' synthetic workload trains.
     pub fn workload(&self) -> WorkloadSpec {
-        WorkloadSpec { batch_size: self.batch_size, model_elems: self.model_elems, gamma: 1.0 }
+        WorkloadSpec {
+            batch_size: self.batch_size,
+            model_elems: self.model_elems,
+            gamma: 1.0,
+            rules: self.rules,
+        }
     }
 }
 
@@ -461,7 +466,7 @@ impl ControllerNode {
                     m.local_devices.clone(),
                 );
                 e.salt = Some(self.window.salt().to_hex());
-                e.cohort = Some(self.cfg.workload);
+                e.cohort = Some(WorkloadSpec { rules: self.cfg.run.rules, ..self.cfg.workload });
                 let spec = RelaySpec::for_envelope(&e, cpu, self.cfg.ceiling);
                 (conn, e.to_hex(), spec.to_hex())
             })

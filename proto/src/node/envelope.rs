@@ -105,12 +105,16 @@ pub struct WorkloadSpec {
     pub model_elems: u32,
     /// The mass exponent: a contribution weighs `steps^gamma`.
     pub gamma: f64,
+    /// The rules the run keeps: the hosts' data relays judge their ranks'
+    /// frames by them (a frame stalled mid-way, [`RelayConfig::rules`](crate::relay::RelayConfig::rules)).
+    #[serde(default)]
+    pub rules: crate::config::Rules,
 }
 
 impl Default for WorkloadSpec {
-    /// One-sample batches of an 8-element model, gamma 1.
+    /// One-sample batches of an 8-element model, gamma 1, cohort's rules.
     fn default() -> Self {
-        WorkloadSpec { batch_size: 1, model_elems: 8, gamma: 1.0 }
+        WorkloadSpec { batch_size: 1, model_elems: 8, gamma: 1.0, rules: crate::config::Rules::Cohort }
     }
 }
 

@@ -472,6 +472,10 @@ pub struct Seat {
     pub deposited: bool,
     /// A frame of it is being folded; `Some(true)` once bytes reached the sum.
     pub streaming: Option<bool>,
+    /// Its frame shipped in the last round and the consensus has not come
+    /// back: a rank waits for it before its next frame (ping-pong), so a
+    /// frame now is a second one.
+    pub awaiting: bool,
 }
 
 /// What to do with a frame that starts arriving.
@@ -523,13 +527,13 @@ impl Barrier {
     }
 
     /// A frame of `rank` starts: fold it, drop it (dead rank), or refuse it
-    /// (a second frame this round).
+    /// (a second frame this round, or one before the consensus of its last).
     pub fn begin(&mut self, rank: u32) -> Result<Admit, FoldError> {
         let Some(s) = self.seats.get_mut(&rank) else { return Ok(Admit::Drop) };
         if s.dead {
             return Ok(Admit::Drop);
         }
-        if s.deposited || s.streaming.is_some() {
+        if s.deposited || s.awaiting || s.streaming.is_some() {
             return Err(FoldError::DoubleDeposit { rank });
         }
         s.streaming = Some(false);
@@ -598,10 +602,19 @@ impl Barrier {
         self.seats.iter().filter(|(_, s)| s.deposited).map(|(r, _)| *r)
     }
 
-    /// Starts the next round: nobody deposited.
+    /// Starts the next round: nobody deposited, and those who did wait for
+    /// the round's consensus ([`answered`](Self::answered)).
     pub fn next_round(&mut self) {
         for s in self.seats.values_mut() {
+            s.awaiting = s.deposited;
             s.deposited = false;
+        }
+    }
+
+    /// The consensus came back: every rank may send its next frame.
+    pub fn answered(&mut self) {
+        for s in self.seats.values_mut() {
+            s.awaiting = false;
         }
     }
 }

@@ -9,7 +9,7 @@ use core::time::Duration;
 
 use super::Leg;
 use super::fold::{Admit, Barrier, FoldError, FrameFold, RoundFold};
-use crate::config::{ConfigError, defaults};
+use crate::config::{ConfigError, Rules, defaults};
 use crate::handshake::{Acceptor, AcceptorEvent, ControlHandshake, DataHandshake, HandshakeError};
 use crate::machine::{CloseCause, ConnId, DialId, Input, Machine, Outbox, Output};
 use crate::reduce::{Established, RoundSchema, judge};
@@ -52,6 +52,12 @@ pub struct RelayConfig {
     /// round takes the layout most of its ranks sent
     /// ([`judge`](crate::reduce::judge)).
     pub model: Option<RoundSchema>,
+    /// The rules the run keeps (flodl's unless a cohort controller's
+    /// envelope names cohort's): under cohort's, a data leg's rank frame
+    /// stalled mid-way costs its rank after
+    /// [`RANK_FRAME_STALL`](defaults::RANK_FRAME_STALL) rather than flodl's
+    /// [`MID_FRAME_STARVATION`](defaults::MID_FRAME_STARVATION).
+    pub rules: Rules,
 }
 
 impl RelayConfig {
@@ -73,6 +79,7 @@ impl RelayConfig {
             upstream: upstream.into(),
             ceiling: DEFAULT_FRAME_CEILING,
             model: None,
+            rules: Rules::Flodl,
         }
     }
 
@@ -433,6 +440,17 @@ const KEEP_BATCH: usize = 256 << 10;
 
 fn starvation() -> Duration {
     defaults::MID_FRAME_STARVATION
+}
+
+impl RelayConfig {
+    /// How long a local rank's blob may stop arriving mid-way before the
+    /// rank is dropped (see [`RelayConfig::rules`]).
+    fn rank_starvation(&self) -> Duration {
+        match (self.leg, self.rules) {
+            (Leg::Data, Rules::Cohort) => defaults::RANK_FRAME_STALL,
+            _ => starvation(),
+        }
+    }
 }
 
 impl Relay {
@@ -1043,7 +1061,12 @@ impl Relay {
         }
         match (self.cfg.leg, rec) {
             (Leg::Control, MuxRecord::Data { rank, payload }) => self.deliver(Some(rank), &payload),
-            (Leg::Data, MuxRecord::Broadcast { payload }) => self.deliver(None, &payload),
+            (Leg::Data, MuxRecord::Broadcast { payload }) => {
+                if let Some(leg) = self.data.as_mut() {
+                    leg.barrier.answered();
+                }
+                self.deliver(None, &payload)
+            }
             (Leg::Data, MuxRecord::Control(RelayControlMsg::DeclareDead { rank })) => {
                 if self.locals.contains_key(&rank) {
                     self.rank_dead(rank, RankDeath::Declared, false);
@@ -1139,8 +1162,9 @@ impl Relay {
             self.stop(StopReason::UpstreamStarved);
             return;
         }
+        let stall = self.cfg.rank_starvation();
         let starved: Vec<u32> =
-            self.mid_blob.iter().filter(|(_, t)| now >= **t + starvation()).map(|(r, _)| *r).collect();
+            self.mid_blob.iter().filter(|(_, t)| now >= **t + stall).map(|(r, _)| *r).collect();
         for rank in starved {
             if self.stopped {
                 return;
@@ -1231,7 +1255,7 @@ impl Machine for Relay {
             Up::Hello { deadline, .. } => Some(deadline),
             _ => None,
         };
-        let locals = self.mid_blob.values().min().map(|t| *t + starvation());
+        let locals = self.mid_blob.values().min().map(|t| *t + self.cfg.rank_starvation());
         let up = self.up_mid_since.map(|t| t + starvation());
         [self.acceptor.poll_timeout(), hello, locals, up].into_iter().flatten().min()
     }
