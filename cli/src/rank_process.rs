@@ -108,7 +108,12 @@ impl Default for RankOptions {
 impl RankOptions {
     /// The workload's sizes when the envelope names none.
     fn workload(&self) -> WorkloadSpec {
-        WorkloadSpec { batch_size: self.batch_size, model_elems: self.model_elems, gamma: 1.0 }
+        WorkloadSpec {
+            batch_size: self.batch_size,
+            model_elems: self.model_elems,
+            gamma: 1.0,
+            rules: cohort_proto::config::Rules::Cohort,
+        }
     }
 }
 
@@ -412,7 +417,12 @@ mod tests {
         let mut e = envelope();
         let opts = RankOptions { batch_size: 4, model_elems: 16, ..RankOptions::default() };
         assert_eq!(spec_for(&e, 1, &opts).unwrap().workload.map(|w| w.batch_size), Some(4));
-        e.cohort = Some(WorkloadSpec { batch_size: 8, model_elems: 32, gamma: 1.0 });
+        e.cohort = Some(WorkloadSpec {
+            batch_size: 8,
+            model_elems: 32,
+            gamma: 1.0,
+            rules: cohort_proto::config::Rules::Cohort,
+        });
         let w = spec_for(&e, 1, &opts).unwrap().workload.unwrap();
         assert_eq!((w.batch_size, w.model_elems), (8, 32));
     }

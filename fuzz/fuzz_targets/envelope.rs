@@ -19,7 +19,12 @@ fn make_seeds() -> Vec<Vec<u8>> {
     let mut e = Envelope::for_worker(("::1", 65535), 8, 3, "hostB", vec![5, 6, 7], vec![0, 1, 2]);
     e.salt = Some("5a".repeat(16));
     e.rank_resources = true;
-    e.cohort = Some(WorkloadSpec { batch_size: 32, model_elems: 1000, gamma: 0.5 });
+    e.cohort = Some(WorkloadSpec {
+        batch_size: 32,
+        model_elems: 1000,
+        gamma: 0.5,
+        rules: cohort_proto::config::Rules::Cohort,
+    });
     e.worker.arch = Some("sm_90".into());
     e.worker.gpu_ram_share = Some(0.75);
     es.push(e);

@@ -187,6 +187,11 @@ pub mod defaults {
     pub const CONSENSUS_READ: Duration = Duration::from_secs(120);
     /// A frame that stops arriving mid-way for this long is abandoned (not scaled).
     pub const MID_FRAME_STARVATION: Duration = Duration::from_secs(60);
+    /// Cohort's rules: a rank's round frame that stops arriving at its
+    /// host's data relay for this long costs that rank (not scaled, as the
+    /// handshake deadlines): a rank writes its frame from memory over
+    /// loopback, and every other host's round waits on it.
+    pub const RANK_FRAME_STALL: Duration = Duration::from_secs(10);
     /// Status request: whole request within this.
     pub const STATUS_REQUEST: Duration = Duration::from_secs(5);
     /// Status request: at most this many bytes.

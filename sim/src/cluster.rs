@@ -245,7 +245,12 @@ impl<W: SimWorkload> Cluster<W> {
         run.failure_budget = sc.max_failure;
         let advertise = ControllerAddr::parse(CONTROLLER_ADDR)
             .ok_or_else(|| ScenarioError::new("controller", "the controller's address"))?;
-        let workload = WorkloadSpec { batch_size: sc.batch_size, model_elems: sc.model_elems, gamma: 1.0 };
+        let workload = WorkloadSpec {
+            batch_size: sc.batch_size,
+            model_elems: sc.model_elems,
+            gamma: 1.0,
+            rules: sc.rules,
+        };
         let cfg = ControllerConfig::new(join, salt, trust, scale, run, advertise, workload);
         let ctrl = ControllerNode::new(cfg, Time::ZERO)
             .map_err(|e| ScenarioError::new("controller", e.to_string()))?;
@@ -881,8 +886,12 @@ impl<W: SimWorkload> Cluster<W> {
     fn start_rank(&mut self, i: usize, spec: &RankSpec) {
         let now = self.world.now();
         let r = spec.rank;
-        let own =
-            WorkloadSpec { batch_size: self.sc.batch_size, model_elems: self.sc.model_elems, gamma: 1.0 };
+        let own = WorkloadSpec {
+            batch_size: self.sc.batch_size,
+            model_elems: self.sc.model_elems,
+            gamma: 1.0,
+            rules: self.sc.rules,
+        };
         let start = RankStart {
             spec,
             workload: spec.workload.unwrap_or(own),

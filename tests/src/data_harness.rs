@@ -119,7 +119,13 @@ pub struct RelayRig {
 impl RelayRig {
     /// A relay for `ranks` of a world of `world`.
     pub fn new(leg: Leg, ranks: &[u32], world: u32) -> Self {
-        let cfg = RelayConfig::new(leg, "hostA", ranks.to_vec(), world, key(), "controller:1");
+        Self::with(RelayConfig::new(leg, "hostA", ranks.to_vec(), world, key(), "controller:1"))
+    }
+
+    /// A relay of `cfg`, keyed with [`key`] and dialing `controller:1` as
+    /// [`RelayRig::new`]'s is.
+    pub fn with(cfg: RelayConfig) -> Self {
+        let world = cfg.world_size;
         RelayRig {
             relay: Relay::new(cfg).expect("valid relay config"),
             key: key(),
@@ -194,7 +200,14 @@ impl RelayRig {
     /// A relay with every rank connected and the upstream acknowledged;
     /// returns the rank connections in rank order.
     pub fn ready(leg: Leg, ranks: &[u32], world: u32) -> (Self, Vec<ConnId>) {
-        let mut rig = RelayRig::new(leg, ranks, world);
+        Self::ready_with(RelayConfig::new(leg, "hostA", ranks.to_vec(), world, key(), "controller:1"))
+    }
+
+    /// [`RelayRig::ready`] for a relay of `cfg`.
+    pub fn ready_with(cfg: RelayConfig) -> (Self, Vec<ConnId>) {
+        let mut ranks = cfg.ranks.clone();
+        ranks.sort_unstable();
+        let mut rig = RelayRig::with(cfg);
         let conns: Vec<ConnId> = ranks.iter().map(|r| rig.accept(*r)).collect();
         rig.connect_upstream();
         rig.ack();

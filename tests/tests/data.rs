@@ -1,6 +1,7 @@
 //! The data plane, one test binary (one module per file in `data/`): the
 //! rank's data client, the relays, the controller's reduce, the whole plane on
-//! proto's in-memory net, where MAC work runs, and the frame ceiling.
+//! proto's in-memory net, where MAC work runs, the frame ceiling, and hostile
+//! frames that cost only their sender.
 
 // The root is not a `main.rs` and each file is named by `#[path]`, so that
 // proptest keeps a module's failure seeds beside its file (the
@@ -13,6 +14,8 @@ mod client;
 mod cluster;
 #[path = "data/frame_ceiling.rs"]
 mod frame_ceiling;
+#[path = "data/hostile.rs"]
+mod hostile;
 #[path = "data/macs.rs"]
 mod macs;
 #[path = "data/reduce.rs"]

@@ -132,6 +132,13 @@ struct ControllerArgs {
     /// by default cadence and async dispatch chunks from a pool, as flodl's.
     #[arg(long)]
     whole_epochs: bool,
+    /// The ranks run programs that train models of their own (`cohort
+    /// agent -- CMD`, flodl's agents with a `Trainer`), not the synthetic
+    /// workload the envelope names: each reduce round takes the layout most
+    /// hosts send, instead of holding every host frame to the synthetic
+    /// model's.
+    #[arg(long)]
+    own_model: bool,
     /// Accept joins keyed with zeros on a non-loopback bind (anyone who can
     /// reach the port can join; a loopback bind is open regardless).
     #[arg(long, conflicts_with = "pre_shared")]
@@ -512,6 +519,9 @@ fn controller(a: ControllerArgs) -> i32 {
     cfg.run_nonce = run_nonce;
     if a.whole_epochs {
         cfg.run.progressive = Some(false);
+    }
+    if a.own_model {
+        cfg.model = None;
     }
     let clock = Clock::start();
     let (sink, events) = mpsc::channel();

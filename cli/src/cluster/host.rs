@@ -164,8 +164,19 @@ impl Starter {
         });
     }
 
-    fn relay(&self, d: &mut Driver<HostNode>, cfg: RelayConfig, listen: Option<&str>) -> Result<(), String> {
+    fn relay(
+        &self,
+        d: &mut Driver<HostNode>,
+        mut cfg: RelayConfig,
+        listen: Option<&str>,
+    ) -> Result<(), String> {
         let leg = cfg.leg;
+        if self.programs.is_some() {
+            // Rank programs train models of their own, not the synthetic
+            // workload the envelope names: each round takes the layout most
+            // of the host's ranks send.
+            cfg.model = None;
+        }
         let (relay, config) = deployed_relay(cfg, self.params.config.clone()).map_err(|e| e.to_string())?;
         let mut runner = Runner::with_clock(relay, config, self.params.clock).map_err(|e| e.to_string())?;
         let at = match listen {

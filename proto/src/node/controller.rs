@@ -12,7 +12,7 @@ use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
 use crate::join::window::{JoinWindow, JoinWindowEvent, WindowParams};
 use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
-use crate::reduce::{Reduce, ReduceConfig, ReduceEvent};
+use crate::reduce::{Reduce, ReduceConfig, ReduceEvent, RoundSchema};
 use crate::rendezvous::{RendezvousConfig, RendezvousServer, RendezvousServerEvent};
 use crate::route::{PortRouter, PortRouterEvent};
 use crate::status::{StatusLimits, StatusResponder, StatusServerEvent};
@@ -40,6 +40,13 @@ pub struct ControllerConfig {
     pub advertise: ControllerAddr,
     /// What cohort's synthetic workload trains (sent in every envelope).
     pub workload: WorkloadSpec,
+    /// The layout of every round, when the controller knows what its ranks
+    /// train: by default the synthetic workload's (the envelope tells
+    /// cohort's ranks to train it). `None` when the ranks run programs with
+    /// models of their own (`cohort controller --own-model`): each round
+    /// then takes the layout most hosts agree on
+    /// ([`ReduceConfig::model`]).
+    pub model: Option<RoundSchema>,
     /// The frame ceiling of the data plane (the relays get it in their spec).
     pub ceiling: u64,
     /// A run-bound key (cohort only; `None` by default, as flodl): this
@@ -93,6 +100,7 @@ impl ControllerConfig {
             run,
             advertise,
             ceiling: derive_frame_ceiling(workload.model_bytes()),
+            model: Some(workload.schema()),
             workload,
             run_nonce: None,
             max_unauthenticated: MAX_UNAUTHENTICATED,
@@ -166,7 +174,12 @@ pub const MAX_SYNC_EVERY: u64 = crate::coord::el_che::DEFAULT_MAX_ANCHOR;
 impl RunKnobs {
     /// What the ranks' synthetic workload trains.
     pub fn workload(&self) -> WorkloadSpec {
-        WorkloadSpec { batch_size: self.batch_size, model_elems: self.model_elems, gamma: 1.0 }
+        WorkloadSpec {
+            batch_size: self.batch_size,
+            model_elems: self.model_elems,
+            gamma: 1.0,
+            rules: self.rules,
+        }
     }
 
     /// Checks every knob against the range the run can honour, first failure
@@ -477,8 +490,11 @@ impl ControllerNode {
             let mut rc = ReduceConfig::new(world_size, self.key.clone());
             rc.ceiling = self.cfg.ceiling;
             rc.rules = self.cfg.run.rules;
+            rc.model = self.cfg.model.clone();
             let mut reduce = Reduce::new(rc);
             reduce.run_macs_on(self.macs.clone());
+            reduce
+                .admit_hosts(self.window.members().map(|(_, m)| (m.host.clone(), m.ranks.clone().collect())));
             self.reduce = Some(reduce);
         }
         if self.cfg.run.backend == Backend::Nccl {
@@ -501,7 +517,7 @@ impl ControllerNode {
                     m.local_devices.clone(),
                 );
                 e.salt = Some(self.window.salt().to_hex());
-                e.cohort = Some(self.cfg.workload);
+                e.cohort = Some(WorkloadSpec { rules: self.cfg.run.rules, ..self.cfg.workload });
                 let spec = RelaySpec::for_envelope(&e, cpu, self.cfg.ceiling);
                 (conn, e.to_hex(), spec.to_hex())
             })
@@ -665,6 +681,18 @@ impl ControllerNode {
             CoordinatorEvent::RankDead { rank, .. } => {
                 if let Some(r) = self.reduce.as_mut() {
                     r.declare_dead(now, *rank);
+                }
+            }
+            // The ranks were asked for their parameters: the reduce takes
+            // host frames for the rounds of this cycle only.
+            CoordinatorEvent::CycleStarted { .. } => {
+                if let Some(r) = self.reduce.as_mut() {
+                    r.cycle_started(now);
+                }
+            }
+            CoordinatorEvent::CycleFinished { .. } => {
+                if let Some(r) = self.reduce.as_mut() {
+                    r.cycle_finished(now);
                 }
             }
             CoordinatorEvent::FormationFailed { covered, world_size, why } => {

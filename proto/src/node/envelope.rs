@@ -106,12 +106,16 @@ pub struct WorkloadSpec {
     pub model_elems: u32,
     /// The mass exponent: a contribution weighs `steps^gamma`.
     pub gamma: f64,
+    /// The rules the run keeps: the hosts' data relays judge their ranks'
+    /// frames by them (a frame stalled mid-way, [`RelayConfig::rules`](crate::relay::RelayConfig::rules)).
+    #[serde(default)]
+    pub rules: crate::config::Rules,
 }
 
 impl Default for WorkloadSpec {
-    /// One-sample batches of an 8-element model, gamma 1.
+    /// One-sample batches of an 8-element model, gamma 1, cohort's rules.
     fn default() -> Self {
-        WorkloadSpec { batch_size: 1, model_elems: 8, gamma: 1.0 }
+        WorkloadSpec { batch_size: 1, model_elems: 8, gamma: 1.0, rules: crate::config::Rules::Cohort }
     }
 }
 
@@ -126,6 +130,12 @@ pub const MAX_MODEL_ELEMS: u32 = ((u32::MAX as usize - ONE_TENSOR_FRAME_OVERHEAD
 const ONE_TENSOR_FRAME_OVERHEAD: usize = ROUND_HEADER_LEN + 2 + 4 + 8 + ROUND_FOOTER_LEN;
 
 impl WorkloadSpec {
+    /// The one round frame the synthetic workload submits each cycle: a
+    /// `Model` frame of its f32 tensor.
+    pub fn schema(&self) -> crate::reduce::RoundSchema {
+        crate::reduce::RoundSchema::model(crate::wire::Dtype::F32, &[self.model_elems])
+    }
+
     /// Bytes of the f32 model tensor (what the frame ceiling is derived from).
     pub fn model_bytes(&self) -> u64 {
         u64::from(self.model_elems) * 4

@@ -31,7 +31,7 @@ use core::fmt;
 
 use super::envelope::{ControllerAddr, Envelope, RelaySpec};
 use super::rank::RankSpec;
-use crate::config::TimeoutScale;
+use crate::config::{Rules, TimeoutScale};
 use crate::join::client::{ClientParams, JoinClient, JoinClientEvent, NotLinked};
 use crate::join::ledger::JoinOffer;
 use crate::machine::composite::{self, Composite, Part, Parts, Routed};
@@ -327,6 +327,11 @@ impl HostNode {
                 spec.upstream(),
             );
             relay.ceiling = ceiling;
+            // A cohort controller names the synthetic workload its ranks
+            // train: the data relay holds every rank's frame to its layout.
+            relay.model = env.cohort.filter(|_| leg == Leg::Data).map(|w| w.schema());
+            // A flodl controller names no rules: its relays keep flodl's.
+            relay.rules = env.cohort.map_or(Rules::Flodl, |w| w.rules);
             let listen = match (flodl, leg) {
                 (true, Leg::Control) => Some(spec.control_listen()),
                 (true, Leg::Data) => spec.data_listen(),

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use core::fmt;
 
+use super::schema::{Established, RoundSchema, judge};
 use super::sum::{Consensus, FrameLayout, LayoutCheck, RoundSum};
 use crate::config::{Rules, defaults};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
 use crate::time::Time;
 use crate::wire::{
     DEFAULT_FRAME_CEILING, FrameRecord, Holding, Inline, MUX_HEADER_LEN, MacKey, MacRunner, MuxDecoder,
-    MuxRecord, RelayControlMsg, Verify, WireError, WireResult, encode_control, reclaim,
+    MuxRecord, Payload, RelayControlMsg, Verify, WireError, WireResult, encode_control, reclaim,
 };
 
 /// The reduce's configuration (plain data).
@@ -28,12 +29,21 @@ pub struct ReduceConfig {
     /// cohort's rules (a host's end is its ranks' death) or flodl 0.8's (it
     /// stops the reduce for everyone).
     pub rules: Rules,
+    /// The round every averaging cycle asks for, when the run knows what its
+    /// ranks train (cohort's synthetic workload: one `Model` frame of the
+    /// model's tensor). Under cohort's rules every host frame is then held
+    /// to it, and each cycle ([`Reduce::cycle_started`]) asks for exactly
+    /// one round. `None` (a rank program training a model of its own): each
+    /// round takes the layout most hosts carried ([`judge`]), and a cycle
+    /// may ask for any number of rounds.
+    pub model: Option<RoundSchema>,
 }
 
 impl ReduceConfig {
-    /// A configuration with flodl's defaults (1 GiB ceiling) and cohort's rules.
+    /// A configuration with flodl's defaults (1 GiB ceiling), cohort's
+    /// rules and no known model.
     pub fn new(world_size: u32, key: MacKey) -> Self {
-        ReduceConfig { world_size, key, ceiling: DEFAULT_FRAME_CEILING, rules: Rules::Cohort }
+        ReduceConfig { world_size, key, ceiling: DEFAULT_FRAME_CEILING, rules: Rules::Cohort, model: None }
     }
 }
 
@@ -86,6 +96,16 @@ pub enum HostRefusal {
         /// The rank.
         rank: u32,
     },
+    /// Cohort's rules: the host was not admitted by the join window, or
+    /// announced other ranks than it was admitted with.
+    NotAdmitted {
+        /// The host it named.
+        host: String,
+        /// The ranks it announced.
+        ranks: Vec<u32>,
+        /// The ranks the host was admitted with, if it was.
+        admitted: Option<Vec<u32>>,
+    },
     /// The bytes did not decode (bad magic, MAC, ...).
     Wire(WireError),
     /// No `Hello` before the handshake deadline.
@@ -103,6 +123,10 @@ impl fmt::Display for HostRefusal {
                 write!(f, "relay announced rank {rank} >= world_size {world_size}")
             }
             HostRefusal::DuplicateRank { rank } => write!(f, "rank {rank} announced twice"),
+            HostRefusal::NotAdmitted { host, ranks, admitted: Some(own) } => {
+                write!(f, "host {host:?} announced ranks {ranks:?}, but it was admitted with {own:?}")
+            }
+            HostRefusal::NotAdmitted { host, .. } => write!(f, "host {host:?} was not admitted"),
             HostRefusal::Wire(e) => write!(f, "{e}"),
             HostRefusal::Timeout => f.write_str("no relay Hello before the handshake deadline"),
             HostRefusal::Closed(c) => write!(f, "connection ended before Hello ({c})"),
@@ -122,6 +146,21 @@ pub enum HostError {
     },
     /// A second host frame before the round completed.
     SecondFrame,
+    /// Cohort's rules, no known model: the round's hosts split evenly over
+    /// several layouts and no earlier round settled one, so none can be
+    /// judged; every host of the round fails.
+    LayoutSplit {
+        /// Distinct layouts in the round.
+        layouts: u32,
+    },
+    /// Cohort's rules: a host frame while no round was asked for (the
+    /// coordinator's cycles, [`Reduce::cycle_started`]).
+    Unsolicited {
+        /// Rounds completed.
+        rounds: u64,
+        /// Averaging cycles started.
+        cycles: u64,
+    },
     /// It stopped mid-record for the starvation deadline.
     Starved,
 }
@@ -135,6 +174,14 @@ impl fmt::Display for HostError {
                 "per-rank Data record (rank {rank}) on the data channel; expected a HostFrame (mixed relay/controller builds?)"
             ),
             HostError::SecondFrame => f.write_str("second HostFrame in one round"),
+            HostError::LayoutSplit { layouts } => write!(
+                f,
+                "the round's hosts split evenly over {layouts} frame layouts, none settled by an earlier round"
+            ),
+            HostError::Unsolicited { rounds, cycles } => write!(
+                f,
+                "HostFrame record with no round asked for ({rounds} rounds completed, {cycles} averaging cycles started)"
+            ),
             HostError::Starved => f.write_str("stalled mid-record"),
         }
     }
@@ -236,6 +283,17 @@ impl Host {
     }
 }
 
+/// A host frame accepted into the round.
+#[derive(Debug)]
+struct Entry {
+    conn: ConnId,
+    payload: Payload,
+    layout: FrameLayout,
+    /// Whether it is in the round's sum (else held: its layout differs from
+    /// the sum's, and the round's vote decides).
+    summed: bool,
+}
+
 /// The controller's data-channel reduce. See the [module documentation](super).
 ///
 /// ```
@@ -264,11 +322,24 @@ pub struct Reduce {
     owner: BTreeMap<u32, ConnId>,
     dead: BTreeSet<u32>,
     sum: RoundSum,
+    /// The round's host frames, in arrival order, kept until it completes:
+    /// a host that turns out to misbehave, or whose layout loses the
+    /// round's vote, leaves the round without a trace.
+    frames: Vec<Entry>,
+    /// `sum` holds a frame that has since left the round: it is summed
+    /// again from `frames` before the round completes.
+    stale: bool,
+    /// Layouts earlier rounds settled on (no known model).
+    established: Established,
+    /// The hosts the join window admitted and their ranks
+    /// ([`Reduce::admit_hosts`]).
+    admitted: Option<BTreeMap<String, Vec<u32>>>,
+    /// Averaging cycles started, and whether one is open.
+    cycles: u64,
+    cycle_open: bool,
     /// The last consensus record, whose buffer the next one reuses once
     /// every other holder dropped it.
     spare: Option<Bytes>,
-    /// Hosts whose frames are in `sum`.
-    contributors: Vec<ConnId>,
     round: u64,
     stopped: bool,
     out: Outbox<ReduceEvent>,
@@ -287,8 +358,13 @@ impl Reduce {
             owner: BTreeMap::new(),
             dead: BTreeSet::new(),
             sum: RoundSum::default(),
+            frames: Vec::new(),
+            stale: false,
+            established: Established::default(),
+            admitted: None,
+            cycles: 0,
+            cycle_open: false,
             spare: None,
-            contributors: Vec::new(),
             round: 0,
             stopped: false,
             out: Outbox::default(),
@@ -303,6 +379,40 @@ impl Reduce {
     /// hosts that join from now on.
     pub fn run_macs_on(&mut self, macs: Arc<dyn MacRunner>) {
         self.macs = macs;
+    }
+
+    /// The hosts the join window admitted and their ranks. Under cohort's
+    /// rules a data relay's hello must then name an admitted host and
+    /// announce exactly its ranks, as a control relay's must
+    /// ([`Coordinator::admit_hosts`](crate::coord::Coordinator::admit_hosts)):
+    /// a relay claiming another host's ranks is refused, and only it pays.
+    pub fn admit_hosts(&mut self, hosts: impl IntoIterator<Item = (String, Vec<u32>)>) {
+        self.admitted = Some(hosts.into_iter().collect());
+    }
+
+    /// The coordinator began an averaging cycle: every live rank was asked
+    /// for its parameters. Under cohort's rules a host frame is accepted
+    /// only for a round that was asked for: with a known model
+    /// ([`ReduceConfig::model`]) each cycle asks for one round; without one,
+    /// for any number while the cycle is open, and before the first cycle
+    /// (a rank program's start-up broadcast). Anything else costs its host
+    /// ([`HostError::Unsolicited`]) and never enters a sum.
+    pub fn cycle_started(&mut self, _now: Time) {
+        self.cycles += 1;
+        self.cycle_open = true;
+    }
+
+    /// The coordinator's averaging cycle completed (every live rank acked).
+    pub fn cycle_finished(&mut self, _now: Time) {
+        self.cycle_open = false;
+    }
+
+    /// Whether a round is asked for now (see [`Reduce::cycle_started`]).
+    fn asked(&self) -> bool {
+        match self.cfg.model {
+            Some(_) => self.round < self.cycles,
+            None => self.cycles == 0 || self.cycle_open,
+        }
     }
 
     /// Declares `rank` dead (idempotent; the coordinator or launcher saw it die).
@@ -331,7 +441,7 @@ impl Reduce {
 
     /// Host frames accepted into the current round.
     pub fn pending_frames(&self) -> u32 {
-        self.sum.frames()
+        self.frames.len() as u32
     }
 
     /// Whether the reduce stopped (every rank dead).
@@ -406,7 +516,18 @@ impl Reduce {
         if self.ends_everything(conn) {
             return self.stop(ReduceStop::HostEnded { conn });
         }
+        // A host dropped for what it sent takes its frame out of the round:
+        // whatever it sent is suspect, and it costs only itself.
+        self.withdraw(conn);
         self.drop_host(conn, RankLoss::HostFailed, true);
+    }
+
+    /// Takes `conn`'s frame out of the round.
+    fn withdraw(&mut self, conn: ConnId) {
+        if let Some(i) = self.frames.iter().position(|e| e.conn == conn) {
+            let e = self.frames.remove(i);
+            self.stale |= e.summed;
+        }
     }
 
     fn refuse(&mut self, conn: ConnId, reason: HostRefusal) {
@@ -481,17 +602,7 @@ impl Reduce {
                 if *delivered {
                     return self.fail_host(conn, HostError::SecondFrame);
                 }
-                match layout.and_then(|layout| self.sum.add(&payload, &layout)) {
-                    Ok(()) => {
-                        self.contributors.push(conn);
-                        if let Some(Host { state: HostState::Joined { delivered, .. }, .. }) =
-                            self.hosts.get_mut(&conn)
-                        {
-                            *delivered = true;
-                        }
-                    }
-                    Err(e) => self.fail_host(conn, HostError::Wire(e)),
-                }
+                self.host_frame(conn, payload, layout);
             }
             MuxRecord::Data { rank, .. } => self.fail_host(conn, HostError::DataRecord { rank }),
             MuxRecord::Control(RelayControlMsg::RankExit { rank }) => {
@@ -507,6 +618,37 @@ impl Reduce {
         }
     }
 
+    /// A verified `HostFrame` from a joined host with a live rank that has
+    /// not delivered this round: accepted into the round, or its host fails.
+    fn host_frame(&mut self, conn: ConnId, payload: Payload, layout: WireResult<FrameLayout>) {
+        let cohort = self.cfg.rules == Rules::Cohort;
+        if cohort && !self.asked() {
+            return self.fail_host(conn, HostError::Unsolicited { rounds: self.round, cycles: self.cycles });
+        }
+        let layout = match layout {
+            Ok(layout) => layout,
+            Err(e) => return self.fail_host(conn, HostError::Wire(e)),
+        };
+        if cohort
+            && let Some(model) = &self.cfg.model
+            && let Err(e) = model.check(layout.kind, layout.layout(), "the run's model")
+        {
+            return self.fail_host(conn, HostError::Wire(e));
+        }
+        // Summed now if it agrees with the round's sum (always with a known
+        // model; under flodl's rules a disagreement ends the reduce, as in
+        // flodl); otherwise held for the round's vote.
+        let summed =
+            !cohort || self.cfg.model.is_some() || self.sum.check(layout.kind, layout.layout()).is_ok();
+        if summed && let Err(e) = self.sum.add(&payload, &layout) {
+            return self.fail_host(conn, HostError::Wire(e));
+        }
+        self.frames.push(Entry { conn, payload, layout, summed });
+        if let Some(Host { state: HostState::Joined { delivered, .. }, .. }) = self.hosts.get_mut(&conn) {
+            *delivered = true;
+        }
+    }
+
     fn hello(&mut self, conn: ConnId, rec: MuxRecord) {
         let MuxRecord::Control(RelayControlMsg::Hello { host, ranks, .. }) = rec else {
             return self.refuse(conn, HostRefusal::NotHello { kind: rec.kind_name() });
@@ -514,12 +656,17 @@ impl Reduce {
         if ranks.is_empty() {
             return self.refuse(conn, HostRefusal::NoRanks);
         }
+        if let Some(&rank) = ranks.iter().find(|&&r| r >= self.cfg.world_size) {
+            return self.refuse(conn, HostRefusal::RankOutOfRange { rank, world_size: self.cfg.world_size });
+        }
+        if let Some(admitted) = self.admitted.as_ref().filter(|_| self.cfg.rules == Rules::Cohort)
+            && admitted.get(&host) != Some(&ranks)
+        {
+            let admitted = admitted.get(&host).cloned();
+            return self.refuse(conn, HostRefusal::NotAdmitted { host, ranks, admitted });
+        }
         let mut seen = BTreeSet::new();
         for &rank in &ranks {
-            if rank >= self.cfg.world_size {
-                return self
-                    .refuse(conn, HostRefusal::RankOutOfRange { rank, world_size: self.cfg.world_size });
-            }
             if !seen.insert(rank) || self.owner.contains_key(&rank) {
                 return self.refuse(conn, HostRefusal::DuplicateRank { rank });
             }
@@ -558,17 +705,40 @@ impl Reduce {
         {
             return;
         }
-        let mut recipients = Vec::new();
-        for (conn, host) in &self.hosts {
-            let HostState::Joined { ranks, delivered } = &host.state else { continue };
-            if ranks.iter().all(|r| self.dead.contains(r)) {
-                continue;
-            }
-            if !*delivered {
+        let waiting = self.hosts.values().any(|host| {
+            matches!(&host.state, HostState::Joined { ranks, delivered: false }
+                if ranks.iter().any(|r| !self.dead.contains(r)))
+        });
+        if waiting || self.frames.is_empty() {
+            return;
+        }
+        if self.cfg.rules == Rules::Cohort && self.cfg.model.is_none() {
+            self.judge_round();
+            if self.stopped {
                 return;
             }
-            recipients.push(*conn);
+            if self.dead.len() as u64 >= u64::from(self.cfg.world_size) {
+                return self.stop(ReduceStop::AllDead);
+            }
         }
+        if self.stale {
+            // A frame left the round after it was summed: the round is
+            // summed again from the frames still in it.
+            self.stale = false;
+            self.sum = RoundSum::default();
+            for e in &mut self.frames {
+                // The same layouts summed once already.
+                e.summed = self.sum.add(&e.payload, &e.layout).is_ok();
+            }
+        }
+        let recipients: Vec<ConnId> = self
+            .hosts
+            .iter()
+            .filter(|(_, host)| {
+                matches!(&host.state, HostState::Joined { ranks, .. } if ranks.iter().any(|r| !self.dead.contains(r)))
+            })
+            .map(|(conn, _)| *conn)
+            .collect();
         if recipients.is_empty() || self.sum.frames() == 0 {
             return;
         }
@@ -590,14 +760,55 @@ impl Reduce {
                 *delivered = false;
             }
         }
+        if let Some(first) = self.frames.first().filter(|_| self.cfg.model.is_none()) {
+            self.established.note(first.layout.kind, first.layout.layout());
+        }
+        let contributors = self.frames.drain(..).map(|e| e.conn).collect();
         self.out.event(ReduceEvent::Consensus {
             round: self.round,
             consensus,
             frame,
             recipients: recipients.len() as u32,
-            contributors: core::mem::take(&mut self.contributors),
+            contributors,
         });
         self.round += 1;
+    }
+
+    /// No known model: the round takes the layout most of its hosts sent
+    /// ([`judge`]); the hosts whose frames carry another layout fail, and
+    /// leave the round.
+    fn judge_round(&mut self) {
+        let mut groups: Vec<(RoundSchema, u32)> = Vec::new();
+        for e in &self.frames {
+            match groups.iter_mut().find(|(s, _)| s.matches(e.layout.kind, e.layout.layout())) {
+                Some((_, n)) => *n += 1,
+                None => groups.push((e.layout.schema(), 1)),
+            }
+        }
+        if groups.len() < 2 {
+            return;
+        }
+        let votes: Vec<(&RoundSchema, u32)> = groups.iter().map(|(s, n)| (s, *n)).collect();
+        let winner = judge(&votes, &self.established);
+        let hosts = self.frames.len();
+        let losers: Vec<(ConnId, HostError)> = self
+            .frames
+            .iter()
+            .filter_map(|e| {
+                let error = match winner {
+                    Some(w) => {
+                        let (schema, n) = &groups[w];
+                        let against = format!("the layout {n} of the round's {hosts} hosts sent");
+                        HostError::Wire(schema.check(e.layout.kind, e.layout.layout(), &against).err()?)
+                    }
+                    None => HostError::LayoutSplit { layouts: groups.len() as u32 },
+                };
+                Some((e.conn, error))
+            })
+            .collect();
+        for (conn, error) in losers {
+            self.fail_host(conn, error);
+        }
     }
 
     fn stop(&mut self, why: ReduceStop) {

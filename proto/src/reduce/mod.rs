@@ -34,10 +34,12 @@
 
 mod machine;
 mod mass;
+mod schema;
 mod sum;
 
 pub use machine::{HostError, HostRefusal, RankLoss, Reduce, ReduceConfig, ReduceEvent, ReduceStop};
 pub use mass::{gamma_mass, is_realized, mover_mass};
+pub use schema::{ESTABLISHED_KEPT, Established, RoundSchema, judge};
 pub use sum::{
     Consensus, ConsensusTensor, FrameLayout, LaidTensor, LayoutCheck, RoundSum, reduce_frames, sum_frames,
     verify_layout,

@@ -18,6 +18,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::mass::is_realized;
+use super::schema::RoundSchema;
 use crate::wire::{
     Dtype, FrameRecord, FrameType, HeldFrame, Inline, MUX_HEADER_LEN, MacKey, MacRunner, MuxRecord, Payload,
     Problem, RoundDecoder, RoundFrame, RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, Verify,
@@ -47,6 +48,18 @@ pub struct FrameLayout {
     pub weight: f64,
     /// Its tensors in order.
     pub tensors: Vec<LaidTensor>,
+}
+
+impl FrameLayout {
+    /// Each tensor's dtype and shape, in order.
+    pub fn layout(&self) -> impl ExactSizeIterator<Item = (Dtype, &[u32])> + Clone {
+        self.tensors.iter().map(|t| (t.dtype, t.shape.as_slice()))
+    }
+
+    /// Its [`RoundSchema`].
+    pub fn schema(&self) -> RoundSchema {
+        RoundSchema::of(self.kind, self.layout())
+    }
 }
 
 #[derive(Debug, Default)]

@@ -14,9 +14,12 @@
 //!   signalling NaN in a bf16 tensor, which the wire's bf16 encoder quiets);
 //! - an elided (`nbytes = 0`) tensor folds as zeros: it adds nothing, and a
 //!   tensor every deposit elided ships elided;
-//! - kind and tensor count are pinned by the round's first frame header,
-//!   each tensor's dtype and shape by the first header of that tensor; any
-//!   disagreement is a [`WireError`] naming the tensor and field.
+//! - a frame is judged against the layout the run established: with a known
+//!   model ([`FoldSink`]'s `expect`), any disagreement is a [`WireError`]
+//!   naming the tensor and field, and costs that frame's rank; without one,
+//!   the first header pins the fold's layout, and a frame that disagrees is
+//!   *held* (read and verified, never folded, its layout recorded) for the
+//!   round's vote ([`judge`](crate::reduce::judge)).
 //!
 //! Interleaved streams are fine: each stream delivers a tensor's elements in
 //! order from 0, so a per-tensor frontier (elements written so far) splits
@@ -26,24 +29,31 @@
 //!
 //! Bytes fold before the frame's MAC is checked (that is what makes the fold
 //! zero-copy). The [`Barrier`] therefore tracks whether an unfinished frame
-//! has already touched the sum: such a frame must finish and verify, or the
-//! round is lost ([`FoldError::PartialDeposit`], [`FoldError::Frame`]), and
-//! the relay stops rather than ship a polluted sum.
+//! has already touched the sum. A frame that touched it and then fails (a
+//! bad MAC, a layout that turns out wrong, a rank lost mid-frame) leaves the
+//! sum polluted: the relay then sums the round again from the bytes of the
+//! frames that stay in it ([`RoundFold::rebuild`]), which it kept as they
+//! were read, and only the failed frame's rank pays.
 
 use std::collections::BTreeMap;
 
 use bytes::BytesMut;
 use core::fmt;
 
+use bytes::Bytes;
+
+use crate::reduce::RoundSchema;
 use crate::wire::{
-    Dtype, FrameRecord, FrameType, MUX_HEADER_LEN, MacKey, MacRunner, Problem, RoundKind, RoundSink,
-    RoundWriter, TensorMeta, WireError, WireResult, add_le, extend_f32_le, round_frame_len,
+    Dtype, FrameRecord, FrameType, MUX_HEADER_LEN, MacKey, MacRunner, Problem, ROUND_FOOTER_LEN,
+    RoundDecoder, RoundKind, RoundSink, RoundWriter, TensorMeta, Verify, WireError, WireResult, add_le,
+    extend_f32_le, round_frame_len,
 };
 
-/// Why a round could not be folded. Every variant stops the relay.
+/// Why a rank's frame was refused (it costs that rank alone), or why the
+/// host frame could not be written (a bug: the relay stops).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FoldError {
-    /// A rank's frame failed to parse, verify, or match the round's schema.
+    /// A rank's frame failed to parse, verify, or match the round's layout.
     Frame {
         /// The rank whose frame it was.
         rank: u32,
@@ -55,11 +65,13 @@ pub enum FoldError {
         /// The rank.
         rank: u32,
     },
-    /// A rank's connection ended (or starved) after part of its frame was
-    /// already folded: the sum can no longer be made exact.
-    PartialDeposit {
+    /// No known model: the round's ranks split evenly over several layouts
+    /// and no earlier round settled one, so none can be judged.
+    LayoutSplit {
         /// The rank.
         rank: u32,
+        /// Distinct layouts in the round.
+        layouts: u32,
     },
     /// The host frame could not be encoded (a sum left incomplete; a bug).
     Encode(WireError),
@@ -73,10 +85,10 @@ impl fmt::Display for FoldError {
                 f,
                 "relay fold: rank {rank} deposited twice in one round (ping-pong violated; stream desynced)"
             ),
-            FoldError::PartialDeposit { rank } => write!(
+            FoldError::LayoutSplit { rank, layouts } => write!(
                 f,
-                "relay fold: rank {rank} was lost mid-frame after part of its frame was folded; \
-                 the round's sum cannot be made exact"
+                "relay fold: rank {rank}: the round's ranks split evenly over {layouts} frame layouts, \
+                 none settled by an earlier round"
             ),
             FoldError::Encode(e) => write!(f, "relay fold: host frame encode: {e}"),
         }
@@ -152,7 +164,7 @@ impl TensorAcc {
 ///     let bytes = f.to_bytes(&key).unwrap();
 ///     let mut one = FrameFold::default();
 ///     let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
-///     let (_, done) = dec.feed(&bytes, &key, &mut fold.sink(&mut one)).unwrap();
+///     let (_, done) = dec.feed(&bytes, &key, &mut fold.sink(&mut one, None)).unwrap();
 ///     fold.commit(done.unwrap().weight);
 /// }
 /// let mut out = BytesMut::new();
@@ -174,12 +186,16 @@ pub struct RoundFold {
 }
 
 /// What the fold tracks of one in-flight frame: whether its bytes already
-/// reached the sum (then the frame must finish and verify, or the round is
-/// lost).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// reached the sum (then, should the frame fail, the sum is polluted), and
+/// whether it is held out of the sum for its layout.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct FrameFold {
     /// Whether any of its tensor bytes were folded into the sum.
     pub touched: bool,
+    /// No known model: the frame's layout differs from the one the fold
+    /// pinned, so the rest of it is read without being folded; its layout
+    /// so far, for the round's vote.
+    pub held: Option<Box<RoundSchema>>,
 }
 
 impl RoundFold {
@@ -188,9 +204,60 @@ impl RoundFold {
         Self::default()
     }
 
-    /// A sink folding one frame's parts into this round.
-    pub fn sink<'a>(&'a mut self, frame: &'a mut FrameFold) -> FoldSink<'a> {
-        FoldSink { fold: self, frame }
+    /// A sink folding one frame's parts into this round, judging it against
+    /// `expect` (the run's known model) if given, else holding a frame whose
+    /// layout differs from the round's first ([`FrameFold::held`]).
+    pub fn sink<'a>(&'a mut self, frame: &'a mut FrameFold, expect: Option<&'a RoundSchema>) -> FoldSink<'a> {
+        FoldSink { fold: self, frame, expect }
+    }
+
+    /// The layout the fold pinned: its kind and each pinned tensor's dtype
+    /// and shape (`None` before any frame header).
+    pub fn layout(&self) -> Option<(RoundKind, impl ExactSizeIterator<Item = (Dtype, &[u32])> + Clone)> {
+        let (kind, _) = self.head?;
+        let tensors =
+            self.tensors[..self.pinned].iter().map(|t| (t.dtype.unwrap_or(Dtype::F32), t.shape.as_slice()));
+        Some((kind, tensors))
+    }
+
+    /// Sums the round again from the frames that stay in it: each one's
+    /// kept bytes (everything before its footer, as
+    /// [`RoundDecoder::take_kept`] hands them over) and its mass, in order.
+    /// Every one of them verified and carries one layout; a bad one is an
+    /// error (a bug), the fold then empty.
+    pub fn rebuild<'a>(
+        &mut self,
+        key: &MacKey,
+        ceiling: u64,
+        frames: impl IntoIterator<Item = (&'a [Bytes], f64)>,
+    ) -> WireResult<()> {
+        self.reset();
+        let mut dec = RoundDecoder::new(ceiling);
+        dec.set_verify(Verify::ByCaller);
+        for (kept, weight) in frames {
+            let mut one = FrameFold::default();
+            let mut done = None;
+            // Its footer verified as it was read; the caller's verifier takes any.
+            for piece in kept.iter().map(|b| &b[..]).chain([&[0u8; ROUND_FOOTER_LEN][..]]) {
+                let mut piece = piece;
+                while !piece.is_empty() {
+                    let (used, d) = dec.feed(piece, key, &mut self.sink(&mut one, None))?;
+                    piece = &piece[used..];
+                    done = done.or(d);
+                }
+            }
+            if done.is_none() || one.held.is_some() {
+                self.reset();
+                dec.reset();
+                return Err(WireError::new(
+                    FrameType::RoundFrame,
+                    "footer",
+                    Problem::Invalid("a kept frame did not sum again as it did".into()),
+                ));
+            }
+            self.commit(weight);
+        }
+        Ok(())
     }
 
     /// Records a frame the decoder finished and verified, with its `weight`.
@@ -292,56 +359,75 @@ impl RoundFold {
 pub struct FoldSink<'a> {
     fold: &'a mut RoundFold,
     frame: &'a mut FrameFold,
+    /// The run's known model, if any.
+    expect: Option<&'a RoundSchema>,
 }
+
+/// What [`RoundSchema`]'s checks call the run's known model.
+const MODEL: &str = "the run's model";
 
 fn differs(field: &'static str, index: Option<u32>, what: String) -> WireError {
     WireError { frame: FrameType::RoundFrame, field, index, problem: Problem::Invalid(what) }
 }
 
+impl FoldSink<'_> {
+    /// The frame's layout differs from the fold's from tensor `index` on
+    /// (no known model): the rest of it is held out of the sum.
+    fn hold(&mut self, kind: RoundKind, index: usize) -> &mut RoundSchema {
+        let pinned = &self.fold.tensors[..index.min(self.fold.pinned)];
+        let tensors = pinned.iter().map(|t| (t.dtype.unwrap_or(Dtype::F32), t.shape.clone())).collect();
+        self.frame.held.insert(Box::new(RoundSchema { kind, tensors }))
+    }
+}
+
 impl RoundSink for FoldSink<'_> {
     fn header(&mut self, kind: RoundKind, _weight: f64, n_tensors: u32) -> WireResult<()> {
+        if let Some(model) = self.expect {
+            model.check_header(kind, n_tensors, MODEL)?;
+        }
         match self.fold.head {
             None => {
                 self.fold.head = Some((kind, n_tensors));
                 Ok(())
             }
-            Some((k, _)) if k != kind => Err(differs(
-                "kind",
-                None,
-                format!("{} differs from the round's first frame ({})", kind.name(), k.name()),
-            )),
-            Some((_, n)) if n != n_tensors => Err(differs(
-                "n_tensors",
-                None,
-                format!("{n_tensors} tensors; the round's first frame carries {n}"),
-            )),
+            Some((k, n)) if k != kind || n != n_tensors => match self.expect {
+                // Unreachable: every folded frame matched the model.
+                Some(_) => {
+                    Err(differs("kind", None, "the fold's layout differs from the run's model".into()))
+                }
+                None => {
+                    self.hold(kind, 0);
+                    Ok(())
+                }
+            },
             Some(_) => Ok(()),
         }
     }
 
     fn tensor(&mut self, index: u32, meta: &TensorMeta) -> WireResult<()> {
+        if let Some(model) = self.expect {
+            model.check_tensor(index, meta.dtype, &meta.shape, MODEL)?;
+        }
+        if let Some(held) = self.frame.held.as_mut() {
+            held.tensors.push((meta.dtype, meta.shape.clone()));
+            return Ok(());
+        }
         let i = index as usize;
         let fold = &mut *self.fold;
         if i < fold.pinned {
             let t = &fold.tensors[i];
-            if t.dtype != Some(meta.dtype) {
-                return Err(differs(
-                    "dtype",
-                    Some(index),
-                    format!(
-                        "{} differs from the round's first frame ({}); ranks disagree on the wire dtype",
-                        dtype_name(meta.dtype),
-                        t.dtype.map_or("none", dtype_name)
-                    ),
-                ));
+            if t.dtype == Some(meta.dtype) && t.shape == meta.shape {
+                return Ok(());
             }
-            if t.shape != meta.shape {
+            let kind = fold.head.map_or(RoundKind::Model, |(k, _)| k);
+            if self.expect.is_some() {
                 return Err(differs(
                     "shape",
                     Some(index),
-                    format!("{:?} differs from the round's first frame ({:?})", meta.shape, t.shape),
+                    "the fold's layout differs from the run's model".into(),
                 ));
             }
+            self.hold(kind, i).tensors.push((meta.dtype, meta.shape.clone()));
             return Ok(());
         }
         if i != fold.pinned {
@@ -360,6 +446,9 @@ impl RoundSink for FoldSink<'_> {
     }
 
     fn data(&mut self, index: u32, elem_offset: u64, bytes: &[u8]) -> WireResult<()> {
+        if self.frame.held.is_some() {
+            return Ok(());
+        }
         self.frame.touched = true;
         let t = self
             .fold
@@ -374,13 +463,6 @@ impl RoundSink for FoldSink<'_> {
     }
 }
 
-fn dtype_name(d: Dtype) -> &'static str {
-    match d {
-        Dtype::F32 => "f32",
-        Dtype::Bf16 => "bf16",
-    }
-}
-
 /// Where one local rank stands in the current round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Seat {
@@ -390,6 +472,10 @@ pub struct Seat {
     pub deposited: bool,
     /// A frame of it is being folded; `Some(true)` once bytes reached the sum.
     pub streaming: Option<bool>,
+    /// Its frame shipped in the last round and the consensus has not come
+    /// back: a rank waits for it before its next frame (ping-pong), so a
+    /// frame now is a second one.
+    pub awaiting: bool,
 }
 
 /// What to do with a frame that starts arriving.
@@ -411,7 +497,7 @@ pub enum Admit {
 /// b.touched(3);
 /// b.deposited(3);
 /// assert!(!b.complete());
-/// assert_eq!(b.mark_dead(4, false), Ok(true)); // newly dead
+/// assert!(b.mark_dead(4)); // newly dead
 /// assert!(b.complete());
 /// ```
 #[derive(Debug, Clone)]
@@ -441,13 +527,13 @@ impl Barrier {
     }
 
     /// A frame of `rank` starts: fold it, drop it (dead rank), or refuse it
-    /// (a second frame this round).
+    /// (a second frame this round, or one before the consensus of its last).
     pub fn begin(&mut self, rank: u32) -> Result<Admit, FoldError> {
         let Some(s) = self.seats.get_mut(&rank) else { return Ok(Admit::Drop) };
         if s.dead {
             return Ok(Admit::Drop);
         }
-        if s.deposited || s.streaming.is_some() {
+        if s.deposited || s.awaiting || s.streaming.is_some() {
             return Err(FoldError::DoubleDeposit { rank });
         }
         s.streaming = Some(false);
@@ -471,23 +557,23 @@ impl Barrier {
         }
     }
 
-    /// `rank` is dead. `connection_lost`: its stream can deliver nothing more.
-    ///
-    /// Returns whether the death is new. An untouched in-flight frame is
-    /// abandoned; a touched one must still finish (a live connection) or the
-    /// round is lost ([`FoldError::PartialDeposit`], connection gone).
-    pub fn mark_dead(&mut self, rank: u32, connection_lost: bool) -> Result<bool, FoldError> {
-        let Some(s) = self.seats.get_mut(&rank) else { return Ok(false) };
+    /// `rank` is dead; a frame of it in flight is abandoned (check
+    /// [`streaming`](Self::streaming) first: a frame that touched the sum
+    /// leaves it polluted). A frame it deposited stays. Returns whether the
+    /// death is new.
+    pub fn mark_dead(&mut self, rank: u32) -> bool {
+        let Some(s) = self.seats.get_mut(&rank) else { return false };
         let new = !s.dead;
         s.dead = true;
-        match s.streaming {
-            Some(true) if connection_lost => Err(FoldError::PartialDeposit { rank }),
-            Some(true) => Ok(new),
-            Some(false) => {
-                s.streaming = None;
-                Ok(new)
-            }
-            None => Ok(new),
+        s.streaming = None;
+        new
+    }
+
+    /// Takes `rank`'s deposit out of the round (its rank misbehaved, or its
+    /// layout lost the round's vote).
+    pub fn withdraw(&mut self, rank: u32) {
+        if let Some(s) = self.seats.get_mut(&rank) {
+            s.deposited = false;
         }
     }
 
@@ -496,9 +582,9 @@ impl Barrier {
         self.seats.get(&rank).and_then(|s| s.streaming)
     }
 
-    /// Every rank is dead or deposited, and no folded frame is unfinished.
+    /// Every rank is dead or deposited.
     pub fn complete(&self) -> bool {
-        self.seats.values().all(|s| s.deposited || (s.dead && s.streaming.is_none()))
+        self.seats.values().all(|s| s.deposited || s.dead)
     }
 
     /// Whether any rank has a frame in flight (folded or not).
@@ -506,9 +592,9 @@ impl Barrier {
         self.seats.values().any(|s| s.streaming.is_some())
     }
 
-    /// Every rank is dead (and nothing is mid-fold).
+    /// Every rank is dead.
     pub fn all_dead(&self) -> bool {
-        self.seats.values().all(|s| s.dead && s.streaming.is_none())
+        self.seats.values().all(|s| s.dead)
     }
 
     /// Ranks whose frames are committed this round, ascending.
@@ -516,10 +602,19 @@ impl Barrier {
         self.seats.iter().filter(|(_, s)| s.deposited).map(|(r, _)| *r)
     }
 
-    /// Starts the next round: nobody deposited.
+    /// Starts the next round: nobody deposited, and those who did wait for
+    /// the round's consensus ([`answered`](Self::answered)).
     pub fn next_round(&mut self) {
         for s in self.seats.values_mut() {
+            s.awaiting = s.deposited;
             s.deposited = false;
+        }
+    }
+
+    /// The consensus came back: every rank may send its next frame.
+    pub fn answered(&mut self) {
+        for s in self.seats.values_mut() {
+            s.awaiting = false;
         }
     }
 }
@@ -563,27 +658,21 @@ mod tests {
         assert_eq!(b.begin(1), Ok(Admit::Fold));
         assert_eq!(b.begin(1), Err(FoldError::DoubleDeposit { rank: 1 }));
         b.touched(1);
-        // Declared dead mid-fold with bytes in: must still finish.
-        assert_eq!(b.mark_dead(1, false), Ok(true));
+        assert_eq!(b.streaming(1), Some(true));
+        // Dead mid-fold: its frame is abandoned at once.
+        assert!(b.mark_dead(1));
+        assert_eq!(b.streaming(1), None);
         assert!(!b.complete());
-        b.deposited(1);
-        assert_eq!(b.mark_dead(2, false), Ok(true));
+        b.begin(2).unwrap();
+        b.deposited(2);
         assert!(b.complete());
-        assert_eq!(b.mark_dead(2, false), Ok(false), "idempotent");
+        assert!(!b.mark_dead(1), "idempotent");
+        b.withdraw(2);
+        assert_eq!(b.depositors().count(), 0);
         // Dead ranks' frames are dropped.
         b.next_round();
+        assert!(b.mark_dead(2));
         assert_eq!(b.begin(2), Ok(Admit::Drop));
         assert!(b.all_dead());
-    }
-
-    #[test]
-    fn lost_mid_fold_is_a_partial_deposit() {
-        let mut b = Barrier::new(&[5]);
-        b.begin(5).unwrap();
-        assert_eq!(b.mark_dead(5, true), Ok(true), "untouched: just abandoned");
-        let mut b = Barrier::new(&[5]);
-        b.begin(5).unwrap();
-        b.touched(5);
-        assert_eq!(b.mark_dead(5, true), Err(FoldError::PartialDeposit { rank: 5 }));
     }
 }

@@ -9,9 +9,10 @@ use core::time::Duration;
 
 use super::Leg;
 use super::fold::{Admit, Barrier, FoldError, FrameFold, RoundFold};
-use crate::config::{ConfigError, defaults};
+use crate::config::{ConfigError, Rules, defaults};
 use crate::handshake::{Acceptor, AcceptorEvent, ControlHandshake, DataHandshake, HandshakeError};
 use crate::machine::{CloseCause, ConnId, DialId, Input, Machine, Outbox, Output};
+use crate::reduce::{Established, RoundSchema, judge};
 use crate::time::Time;
 use crate::wire::{
     CONTROL_HEADER_LEN, DEFAULT_FRAME_CEILING, FrameType, Inline, LenDecoder, LenStep, MAX_CONTROL_PAYLOAD,
@@ -44,6 +45,19 @@ pub struct RelayConfig {
     /// ([`RelayConfig::leg_ceiling`]). (The handshake deadlines are flodl's
     /// fixed 10 s: no timeout scale.)
     pub ceiling: u64,
+    /// Data leg: the layout every rank's frame must carry, when the run
+    /// knows its model (a cohort controller's envelope names the synthetic
+    /// workload): a frame that differs costs its rank alone. `None` (a
+    /// flodl controller, or rank programs with models of their own): each
+    /// round takes the layout most of its ranks sent
+    /// ([`judge`](crate::reduce::judge)).
+    pub model: Option<RoundSchema>,
+    /// The rules the run keeps (flodl's unless a cohort controller's
+    /// envelope names cohort's): under cohort's, a data leg's rank frame
+    /// stalled mid-way costs its rank after
+    /// [`RANK_FRAME_STALL`](defaults::RANK_FRAME_STALL) rather than flodl's
+    /// [`MID_FRAME_STARVATION`](defaults::MID_FRAME_STARVATION).
+    pub rules: Rules,
 }
 
 impl RelayConfig {
@@ -64,6 +78,8 @@ impl RelayConfig {
             key,
             upstream: upstream.into(),
             ceiling: DEFAULT_FRAME_CEILING,
+            model: None,
+            rules: Rules::Flodl,
         }
     }
 
@@ -132,6 +148,10 @@ pub enum RankDeath {
     Starved,
     /// The controller declared it dead (`DeclareDead`).
     Declared,
+    /// Its round frame was refused (it did not parse or verify, it broke
+    /// the round's layout, or it was a second frame in one round); the
+    /// round goes on without anything it sent.
+    Frame(FoldError),
 }
 
 /// Why the relay stopped.
@@ -263,6 +283,17 @@ struct Local {
     dec: RoundDecoder,
     frame: FrameFold,
     mode: Mode,
+    /// Its frame of this round, verified: its mass, its bytes as read (to
+    /// sum the round again without another frame), and its layout if it
+    /// was held out of the sum.
+    deposit: Option<Deposit>,
+}
+
+#[derive(Debug)]
+struct Deposit {
+    weight: f64,
+    kept: Vec<Bytes>,
+    held: Option<Box<RoundSchema>>,
 }
 
 #[derive(Debug)]
@@ -323,51 +354,25 @@ impl Acc {
 struct DataLeg {
     fold: RoundFold,
     barrier: Barrier,
+    /// The fold holds bytes of a frame no longer in the round (refused, or
+    /// abandoned mid-frame): the round is summed again before it ships.
+    polluted: bool,
+    /// Layouts earlier rounds settled on (no known model).
+    established: Established,
     /// The last host frame shipped. Once the driver has written and dropped
     /// its copies, its buffer is reused for the next one (no fresh
     /// model-sized allocation, no page faults, each round).
     spare: Option<Bytes>,
 }
 
-/// A completed round's host frame.
-#[derive(Debug)]
-struct Shipped {
-    /// The signed `HostFrame` record (header, then the frame).
-    bytes: Bytes,
-    deposits: u32,
-    ranks: Vec<u32>,
-    weight: f64,
-}
-
-impl DataLeg {
-    /// Ships the round if it is complete: the signed host frame, or nothing
-    /// when nobody deposited.
-    fn try_complete(&mut self, key: &MacKey, macs: &dyn MacRunner) -> Result<Option<Shipped>, FoldError> {
-        if !self.barrier.complete() {
-            return Ok(None);
-        }
-        let shipped = if self.fold.deposits() == 0 {
-            None
-        } else {
-            let mut out = reclaim(self.spare.take());
-            self.fold.encode_record(key, macs, &mut out).map_err(FoldError::Encode)?;
-            let bytes = out.freeze();
-            self.spare = Some(bytes.clone());
-            let ranks = self.barrier.depositors().collect();
-            Some(Shipped { bytes, deposits: self.fold.deposits(), ranks, weight: self.fold.weight() })
-        };
-        self.fold.reset();
-        self.barrier.next_round();
-        Ok(shipped)
-    }
-}
-
 /// What feeding a rank's bytes into the fold ran into.
 enum FeedError {
     /// The loopback framing is broken: the rank is lost.
     Stream(WireError),
-    /// The round is lost: the relay stops.
-    Fold(FoldError),
+    /// Its round frame is refused: the rank is lost.
+    Frame(FoldError),
+    /// The host frame could not be written: the relay stops.
+    Stop(FoldError),
 }
 
 /// One relay channel for one host. See the [module documentation](super).
@@ -429,8 +434,23 @@ fn conn_index(by_conn: &[(ConnId, u32)], conn: ConnId) -> Result<usize, usize> {
     by_conn.binary_search_by_key(&conn, |(c, _)| *c)
 }
 
+/// The data leg's MAC batch when MAC work runs inline: a rank's frame is
+/// gathered (and kept) this much at a time, hashed while in cache.
+const KEEP_BATCH: usize = 256 << 10;
+
 fn starvation() -> Duration {
     defaults::MID_FRAME_STARVATION
+}
+
+impl RelayConfig {
+    /// How long a local rank's blob may stop arriving mid-way before the
+    /// rank is dropped (see [`RelayConfig::rules`]).
+    fn rank_starvation(&self) -> Duration {
+        match (self.leg, self.rules) {
+            (Leg::Data, Rules::Cohort) => defaults::RANK_FRAME_STALL,
+            _ => starvation(),
+        }
+    }
 }
 
 impl Relay {
@@ -472,6 +492,7 @@ impl Relay {
                     dec: RoundDecoder::new(cfg.ceiling),
                     frame: FrameFold::default(),
                     mode: Mode::Idle,
+                    deposit: None,
                 };
                 (*r, local)
             })
@@ -479,9 +500,11 @@ impl Relay {
         let data = (cfg.leg == Leg::Data).then(|| DataLeg {
             fold: RoundFold::new(),
             barrier: Barrier::new(&cfg.ranks),
+            polluted: false,
+            established: Established::default(),
             spare: None,
         });
-        Ok(Relay {
+        let mut relay = Relay {
             up_dec: MuxDecoder::new(blob_ceiling),
             acceptor,
             handshaking: BTreeSet::new(),
@@ -498,7 +521,9 @@ impl Relay {
             out: Outbox::default(),
             macs: Arc::new(Inline),
             cfg,
-        })
+        };
+        relay.run_macs_on(Arc::new(Inline));
+        Ok(relay)
     }
 
     /// Runs the relay's MAC work (verifying its ranks' frames, signing the
@@ -509,9 +534,13 @@ impl Relay {
     /// relay's outputs are the same on every runner. Takes effect from each
     /// rank's next frame.
     pub fn run_macs_on(&mut self, macs: Arc<dyn MacRunner>) {
-        let verify = Verify::on(&*macs);
+        // Each frame's bytes are kept as they are gathered for its MAC until
+        // the round ships, so a frame that fails after it reached the sum
+        // costs its rank alone: the round is summed again without it.
+        let verify = Verify::InBatches(macs.batch().max(KEEP_BATCH));
         for local in self.locals.values_mut() {
             local.dec.set_verify(verify);
+            local.dec.set_keep(true);
         }
         self.macs = macs;
     }
@@ -659,13 +688,30 @@ impl Relay {
         }
         match result {
             Ok(()) => self.stop_if_all_gone(),
-            Err(FeedError::Stream(e)) => {
-                if let Some(conn) = local.conn {
-                    self.out.close(conn);
-                }
-                self.rank_dead(rank, RankDeath::Stream(e), true);
-            }
-            Err(FeedError::Fold(e)) => self.stop(StopReason::Fold(e)),
+            Err(FeedError::Stream(e)) => self.refuse_rank(rank, RankDeath::Stream(e)),
+            Err(FeedError::Frame(e)) => self.refuse_rank(rank, RankDeath::Frame(e)),
+            Err(FeedError::Stop(e)) => self.stop(StopReason::Fold(e)),
+        }
+    }
+
+    /// `rank` sent what it must not: its connection closes, it is dead, and
+    /// nothing it sent this round stays in it.
+    fn refuse_rank(&mut self, rank: u32, cause: RankDeath) {
+        if let Some(conn) = self.locals.get(&rank).and_then(|l| l.conn) {
+            self.out.close(conn);
+        }
+        self.withdraw(rank);
+        self.rank_dead(rank, cause, true);
+    }
+
+    /// Takes `rank`'s deposit out of the round (data leg).
+    fn withdraw(&mut self, rank: u32) {
+        let (Some(local), Some(leg)) = (self.locals.get_mut(&rank), self.data.as_mut()) else { return };
+        if let Some(d) = local.deposit.take() {
+            // A held frame never reached the sum.
+            leg.polluted |= d.held.is_none();
+            local.dec.recycle(d.kept);
+            leg.barrier.withdraw(rank);
         }
     }
 
@@ -702,10 +748,10 @@ impl Relay {
             };
             let (n, step) = local.len.step(&bytes[used..]).map_err(FeedError::Stream)?;
             used += n;
-            let frame_err = |error| FeedError::Fold(FoldError::Frame { rank, error });
+            let frame_err = |error| FeedError::Frame(FoldError::Frame { rank, error });
             match step {
                 Some(LenStep::Start(_)) => {
-                    local.mode = match leg.barrier.begin(rank).map_err(FeedError::Fold)? {
+                    local.mode = match leg.barrier.begin(rank).map_err(FeedError::Frame)? {
                         Admit::Fold => Mode::Fold,
                         Admit::Drop => Mode::Skip,
                     };
@@ -717,21 +763,27 @@ impl Relay {
                         else {
                             return Ok(());
                         };
-                        let mut sink = leg.fold.sink(&mut local.frame);
-                        let (u, done) = local.dec.feed(b, &key, &mut sink).map_err(frame_err)?;
-                        self.stats.bytes_in += u as u64;
+                        let mut sink = leg.fold.sink(&mut local.frame, self.cfg.model.as_ref());
+                        let fed = local.dec.feed(b, &key, &mut sink);
                         if local.frame.touched {
                             leg.barrier.touched(rank);
                         }
+                        let (u, done) = fed.map_err(frame_err)?;
+                        self.stats.bytes_in += u as u64;
                         b = &b[u..];
                         if let Some(done) = done {
                             if !b.is_empty() {
                                 return Err(frame_err(trailing(b.len())));
                             }
-                            leg.fold.commit(done.weight);
+                            let held = local.frame.held.take();
+                            if held.is_none() {
+                                leg.fold.commit(done.weight);
+                            }
+                            let kept = local.dec.take_kept();
+                            local.deposit = Some(Deposit { weight: done.weight, kept, held });
                             leg.barrier.deposited(rank);
                             local.mode = Mode::Done;
-                            self.complete_round().map_err(FeedError::Fold)?;
+                            self.complete_round().map_err(FeedError::Stop)?;
                             break;
                         }
                         if b.is_empty() {
@@ -759,22 +811,114 @@ impl Relay {
         }
     }
 
-    /// Ships the round if it is complete (data leg).
+    /// Ships the round if it is complete (data leg): every local rank
+    /// deposited or is dead. Without a known model the round first takes
+    /// the layout most of its ranks sent, and the others are refused; a
+    /// round whose sum holds bytes of a frame no longer in it is summed
+    /// again from the kept bytes of the frames that are.
     fn complete_round(&mut self) -> Result<(), FoldError> {
+        let Some(leg) = self.data.as_ref() else { return Ok(()) };
+        if !leg.barrier.complete() {
+            return Ok(());
+        }
+        for (rank, why) in self.judge_round() {
+            self.withdraw(rank);
+            if let Some(conn) = self.locals.get(&rank).and_then(|l| l.conn) {
+                self.out.close(conn);
+            }
+            self.kill_rank(rank, RankDeath::Frame(why), true);
+        }
         let Some(leg) = self.data.as_mut() else { return Ok(()) };
-        let Some(shipped) = leg.try_complete(&self.cfg.key, &*self.macs)? else { return Ok(()) };
+        let deposits: Vec<u32> = leg.barrier.depositors().collect();
+        if leg.polluted || self.locals.values().any(|l| l.deposit.as_ref().is_some_and(|d| d.held.is_some()))
+        {
+            let frames = deposits.iter().filter_map(|r| self.locals.get(r)?.deposit.as_ref());
+            let frames = frames.map(|d| (d.kept.as_slice(), d.weight));
+            if let Err(error) = leg.fold.rebuild(&self.cfg.key, self.cfg.ceiling, frames) {
+                let rank = deposits.first().copied().unwrap_or_default();
+                return Err(FoldError::Frame { rank, error });
+            }
+        }
+        leg.polluted = false;
+        if self.cfg.model.is_none()
+            && let Some((kind, tensors)) = leg.fold.layout()
+        {
+            leg.established.note(kind, tensors);
+        }
+        let shipped = if leg.fold.deposits() == 0 {
+            None
+        } else {
+            let mut out = reclaim(leg.spare.take());
+            leg.fold.encode_record(&self.cfg.key, &*self.macs, &mut out).map_err(FoldError::Encode)?;
+            let bytes = out.freeze();
+            leg.spare = Some(bytes.clone());
+            Some((bytes, leg.fold.deposits(), leg.fold.weight()))
+        };
+        leg.fold.reset();
+        leg.barrier.next_round();
+        for local in self.locals.values_mut() {
+            if let Some(d) = local.deposit.take() {
+                local.dec.recycle(d.kept);
+            }
+        }
+        let Some((bytes, deposits_n, weight)) = shipped else { return Ok(()) };
         // The whole signed record, written and signed in one pass.
-        let len = shipped.bytes.len() - crate::wire::MUX_HEADER_LEN;
-        self.up_send(shipped.bytes);
+        let len = bytes.len() - crate::wire::MUX_HEADER_LEN;
+        self.up_send(bytes);
         self.out.event(RelayEvent::HostFrameShipped {
             round: self.stats.rounds,
-            deposits: shipped.deposits,
-            ranks: shipped.ranks,
-            weight: shipped.weight,
+            deposits: deposits_n,
+            ranks: deposits,
+            weight,
             bytes: len,
         });
         self.stats.rounds += 1;
         Ok(())
+    }
+
+    /// No known model, a complete round: the ranks whose frames carry
+    /// another layout than the one most of its ranks sent ([`judge`]), and
+    /// why. Empty when they all agree.
+    fn judge_round(&self) -> Vec<(u32, FoldError)> {
+        let Some(leg) = self.data.as_ref().filter(|_| self.cfg.model.is_none()) else { return Vec::new() };
+        let deposits: Vec<(u32, &Deposit)> = leg
+            .barrier
+            .depositors()
+            .filter_map(|r| Some((r, self.locals.get(&r)?.deposit.as_ref()?)))
+            .collect();
+        if deposits.iter().all(|(_, d)| d.held.is_none()) {
+            return Vec::new();
+        }
+        // The fold's layout (every frame not held), then each held one's.
+        let summed = leg.fold.layout().map(|(kind, t)| RoundSchema::of(kind, t));
+        let mut groups: Vec<(RoundSchema, u32)> = Vec::new();
+        for (_, d) in &deposits {
+            let Some(schema) = d.held.as_deref().or(summed.as_ref()) else { continue };
+            match groups.iter_mut().find(|(s, _)| s == schema) {
+                Some((_, n)) => *n += 1,
+                None => groups.push((schema.clone(), 1)),
+            }
+        }
+        let votes: Vec<(&RoundSchema, u32)> = groups.iter().map(|(s, n)| (s, *n)).collect();
+        let winner = judge(&votes, &leg.established);
+        let ranks = deposits.len();
+        deposits
+            .iter()
+            .filter_map(|(rank, d)| {
+                let schema = d.held.as_deref().or(summed.as_ref())?;
+                let Some(w) = winner else {
+                    return Some((
+                        *rank,
+                        FoldError::LayoutSplit { rank: *rank, layouts: groups.len() as u32 },
+                    ));
+                };
+                let (won, n) = &groups[w];
+                let against = format!("the layout {n} of the round's {ranks} ranks sent");
+                let tensors = schema.tensors.iter().map(|(d, s)| (*d, s.as_slice()));
+                let error = won.check(schema.kind, tensors, &against).err()?;
+                Some((*rank, FoldError::Frame { rank: *rank, error }))
+            })
+            .collect()
     }
 
     /// The admitted rank on `conn`, if any.
@@ -782,9 +926,24 @@ impl Relay {
         Some(self.by_conn[conn_index(&self.by_conn, conn).ok()?].1)
     }
 
-    /// Marks `rank` dead (`lost`: its connection is gone or abandoned).
+    /// Marks `rank` dead (`lost`: its connection is gone or abandoned), and
+    /// ships the round if that completed it.
     fn rank_dead(&mut self, rank: u32, cause: RankDeath, lost: bool) {
-        let Some(local) = self.locals.get_mut(&rank) else { return };
+        if !self.kill_rank(rank, cause, lost) {
+            return;
+        }
+        if let Err(e) = self.complete_round() {
+            self.stop(StopReason::Fold(e));
+            return;
+        }
+        self.stop_if_all_gone();
+    }
+
+    /// Marks `rank` dead: a frame of it in flight is abandoned (a frame it
+    /// deposited stays), `RankExit` goes upstream unless the controller
+    /// declared it. Returns whether the rank is this host's.
+    fn kill_rank(&mut self, rank: u32, cause: RankDeath, lost: bool) -> bool {
+        let Some(local) = self.locals.get_mut(&rank) else { return false };
         if lost && let Some(conn) = local.conn.take() {
             if let Ok(i) = conn_index(&self.by_conn, conn) {
                 self.by_conn.remove(i);
@@ -794,18 +953,19 @@ impl Relay {
         let new = !local.dead;
         local.dead = true;
         if let Some(leg) = self.data.as_mut() {
-            if let Err(e) = leg.barrier.mark_dead(rank, lost) {
-                self.stop(StopReason::Fold(e));
-                return;
-            }
-            if leg.barrier.streaming(rank).is_none() && local.mode == Mode::Fold {
-                // Its frame had not reached the sum: drop the rest of it, and
-                // forget any schema it pinned if no frame made it in.
+            if let Some(touched) = leg.barrier.streaming(rank) {
+                // Its frame never finished: dropped, and if its bytes reached
+                // the sum the round is summed again without them.
+                leg.polluted |= touched;
                 local.mode = Mode::Skip;
+                local.frame = FrameFold::default();
                 local.dec.reset();
-                if leg.fold.deposits() == 0 && !leg.barrier.any_streaming() {
-                    leg.fold.reset();
-                }
+            }
+            leg.barrier.mark_dead(rank);
+            if leg.fold.deposits() == 0 && !leg.barrier.any_streaming() {
+                // Nothing made it in: forget any layout its frame pinned.
+                leg.fold.reset();
+                leg.polluted = false;
             }
         }
         if new {
@@ -814,11 +974,7 @@ impl Relay {
             }
             self.out.event(RelayEvent::RankDead { rank, cause });
         }
-        if let Err(e) = self.complete_round() {
-            self.stop(StopReason::Fold(e));
-            return;
-        }
-        self.stop_if_all_gone();
+        true
     }
 
     /// Stops once every local rank is dead and no folded frame is unfinished.
@@ -905,7 +1061,12 @@ impl Relay {
         }
         match (self.cfg.leg, rec) {
             (Leg::Control, MuxRecord::Data { rank, payload }) => self.deliver(Some(rank), &payload),
-            (Leg::Data, MuxRecord::Broadcast { payload }) => self.deliver(None, &payload),
+            (Leg::Data, MuxRecord::Broadcast { payload }) => {
+                if let Some(leg) = self.data.as_mut() {
+                    leg.barrier.answered();
+                }
+                self.deliver(None, &payload)
+            }
             (Leg::Data, MuxRecord::Control(RelayControlMsg::DeclareDead { rank })) => {
                 if self.locals.contains_key(&rank) {
                     self.rank_dead(rank, RankDeath::Declared, false);
@@ -1001,8 +1162,9 @@ impl Relay {
             self.stop(StopReason::UpstreamStarved);
             return;
         }
+        let stall = self.cfg.rank_starvation();
         let starved: Vec<u32> =
-            self.mid_blob.iter().filter(|(_, t)| now >= **t + starvation()).map(|(r, _)| *r).collect();
+            self.mid_blob.iter().filter(|(_, t)| now >= **t + stall).map(|(r, _)| *r).collect();
         for rank in starved {
             if self.stopped {
                 return;
@@ -1093,7 +1255,7 @@ impl Machine for Relay {
             Up::Hello { deadline, .. } => Some(deadline),
             _ => None,
         };
-        let locals = self.mid_blob.values().min().map(|t| *t + starvation());
+        let locals = self.mid_blob.values().min().map(|t| *t + self.cfg.rank_starvation());
         let up = self.up_mid_since.map(|t| t + starvation());
         [self.acceptor.poll_timeout(), hello, locals, up].into_iter().flatten().min()
     }

@@ -708,6 +708,9 @@ impl Verify {
 struct Verifier {
     /// The way asked for, taken up when the next frame starts.
     how: Verify,
+    /// Whether gathered batches are kept for the caller
+    /// ([`RoundDecoder::set_keep`]), taken up when the next frame starts.
+    keep: bool,
     work: MacWork,
     /// MAC input of the current frame so far.
     macd: u64,
@@ -741,8 +744,14 @@ struct Batches {
     /// The last batch, hashing on the runner while the next is gathered,
     /// and its buffer.
     inflight: Option<(Box<dyn PendingMac>, Bytes)>,
-    /// A drained buffer for the batch after this one.
-    spare: BytesMut,
+    /// Drained buffers for the batches after this one.
+    spares: Vec<BytesMut>,
+    /// Keep each batch once hashed (in `kept`) instead of reusing its buffer.
+    keep: bool,
+    /// The current frame's batches, hashed and kept.
+    kept: Vec<Bytes>,
+    /// The last finished frame's kept batches, until the caller takes them.
+    done: Vec<Bytes>,
 }
 
 impl Verifier {
@@ -751,7 +760,10 @@ impl Verifier {
         self.macd = 0;
         match (&mut self.work, self.how) {
             (MacWork::AsRead(mac), Verify::AsRead) => *mac = Some(key.start()),
-            (MacWork::InBatches(b), Verify::InBatches(cap)) if b.cap == cap => b.mac = Some(key.start()),
+            (MacWork::InBatches(b), Verify::InBatches(cap)) if b.cap == cap => {
+                b.mac = Some(key.start());
+                b.keep = self.keep;
+            }
             (MacWork::ByCaller, Verify::ByCaller) => {}
             (work, how) => {
                 *work = match how {
@@ -761,7 +773,10 @@ impl Verifier {
                         mac: Some(key.start()),
                         staged: BytesMut::new(),
                         inflight: None,
-                        spare: BytesMut::new(),
+                        spares: Vec::new(),
+                        keep: self.keep,
+                        kept: Vec::new(),
+                        done: Vec::new(),
                     })),
                     Verify::ByCaller => MacWork::ByCaller,
                 }
@@ -806,6 +821,17 @@ impl Verifier {
         mac.map(MacState::finish) == Some(footer)
     }
 
+    /// The frame verified: its kept batches wait for the caller.
+    fn finish_frame(&mut self) {
+        if let MacWork::InBatches(b) = &mut self.work
+            && b.keep
+        {
+            let done = core::mem::take(&mut b.done);
+            b.recycle(done);
+            core::mem::swap(&mut b.done, &mut b.kept);
+        }
+    }
+
     /// Between frames: nothing gathered, nothing in flight (an abandoned
     /// frame's batch is not joined), buffers kept.
     fn reset(&mut self) {
@@ -816,6 +842,8 @@ impl Verifier {
                 b.staged.clear();
                 b.inflight = None;
                 b.mac = None;
+                let kept = core::mem::take(&mut b.kept);
+                b.recycle(kept);
             }
             MacWork::ByCaller => {}
         }
@@ -830,9 +858,13 @@ impl Batches {
             return;
         }
         self.join();
-        let next = core::mem::take(&mut self.spare);
+        let next = self.spares.pop().unwrap_or_default();
         let batch = core::mem::replace(&mut self.staged, next).freeze();
-        self.staged.reserve(self.cap);
+        if !self.keep {
+            // A kept frame's buffers grow with the bytes it brings, so a
+            // short frame holds no batch-sized buffer.
+            self.staged.reserve(self.cap);
+        }
         // Always a state here; without one the batch is dropped and the
         // footer fails.
         let Some(mac) = self.mac.take() else { return };
@@ -841,13 +873,25 @@ impl Batches {
     }
 
     /// Takes back the state of the batch in flight, if one is, and its
-    /// buffer for the batch after next.
+    /// buffer: kept, or for the batch after next.
     fn join(&mut self) {
         if let Some((pending, batch)) = self.inflight.take() {
             self.mac = Some(pending.join());
+            if self.keep {
+                self.kept.push(batch);
+            } else {
+                self.recycle(core::iter::once(batch));
+            }
+        }
+    }
+
+    /// Takes buffers back for later batches (those shared elsewhere are
+    /// dropped); at most a frame's worth are kept.
+    fn recycle(&mut self, batches: impl IntoIterator<Item = Bytes>) {
+        for batch in batches {
             if let Ok(mut buf) = batch.try_into_mut() {
                 buf.clear();
-                self.spare = buf;
+                self.spares.push(buf);
             }
         }
     }
@@ -933,6 +977,51 @@ impl RoundDecoder {
             if let MacWork::InBatches(b) = &mut d.mac.work {
                 b.start(macs);
             }
+        }
+    }
+
+    /// Keeps each frame's MAC input (every byte before its footer, in the
+    /// batches it was gathered in) for the caller, from the next frame on:
+    /// after a frame is reported done, [`take_kept`](Self::take_kept) hands
+    /// its bytes over, and [`recycle`](Self::recycle) takes the buffers back
+    /// for later frames. Only a decoder verifying [`Verify::InBatches`]
+    /// gathers; an abandoned frame's batches are reused at once.
+    ///
+    /// ```
+    /// use cohort_proto::wire::*;
+    /// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
+    /// let frame = RoundFrame { kind: RoundKind::Model, weight: 1.0, tensors: vec![] }.to_bytes(&key).unwrap();
+    /// let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
+    /// dec.set_verify(Verify::InBatches(4));
+    /// dec.set_keep(true);
+    /// let mut rest = &frame[..];
+    /// loop {
+    ///     let (used, done) = dec.feed(rest, &key, &mut NullSink).unwrap();
+    ///     rest = &rest[used..];
+    ///     if done.is_some() { break; }
+    ///     RoundDecoder::start_batches([&mut dec], &Inline);
+    /// }
+    /// let kept: Vec<u8> = dec.take_kept().iter().flat_map(|b| b.iter().copied()).collect();
+    /// assert_eq!(kept, frame[..frame.len() - ROUND_FOOTER_LEN]);
+    /// ```
+    pub fn set_keep(&mut self, keep: bool) {
+        self.mac.keep = keep;
+    }
+
+    /// The kept MAC input of the last frame reported done
+    /// ([`set_keep`](Self::set_keep)); empty if none waits.
+    pub fn take_kept(&mut self) -> Vec<Bytes> {
+        match &mut self.mac.work {
+            MacWork::InBatches(b) => core::mem::take(&mut b.done),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Takes back kept buffers the caller is done with, for later frames'
+    /// batches (those still shared elsewhere are dropped).
+    pub fn recycle(&mut self, kept: impl IntoIterator<Item = Bytes>) {
+        if let MacWork::InBatches(b) = &mut self.mac.work {
+            b.recycle(kept);
         }
     }
 
@@ -1109,6 +1198,7 @@ impl RoundDecoder {
                     if !self.mac.check(u64::from_le_bytes(b)) {
                         return Err(WireError::new(F, "footer", Problem::Mac));
                     }
+                    self.mac.finish_frame();
                     let done = RoundDone {
                         kind: self.kind,
                         weight: self.weight,

@@ -3,7 +3,9 @@
 
 use bytes::BytesMut;
 use cohort_proto::config::defaults;
-use cohort_proto::reduce::{HostError, HostRefusal, RankLoss, Reduce, ReduceConfig, ReduceEvent};
+use cohort_proto::reduce::{
+    HostError, HostRefusal, RankLoss, Reduce, ReduceConfig, ReduceEvent, RoundSchema,
+};
 use cohort_proto::testing::harness::{Outputs, drain_into};
 use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, Dtype, MUX_PROTOCOL_VERSION, MUX_RECORD_MAGIC, MacKey, MuxRecord, Payload,
@@ -24,13 +26,21 @@ struct Rig {
 
 impl Rig {
     fn new(world: u32) -> Self {
-        Rig {
-            reduce: Reduce::new(ReduceConfig::new(world, key())),
-            key: key(),
-            now: Time::ZERO,
-            out: Outputs::default(),
-            next: 10,
-        }
+        Self::with(ReduceConfig::new(world, key()))
+    }
+
+    /// A reduce whose run knows its model (every round one f32 tensor of
+    /// `shape`), round 0 asked for.
+    fn modelled(world: u32, shape: &[u32]) -> Self {
+        let mut cfg = ReduceConfig::new(world, key());
+        cfg.model = Some(RoundSchema::model(Dtype::F32, shape));
+        let mut rig = Self::with(cfg);
+        rig.reduce.cycle_started(Time::ZERO);
+        rig
+    }
+
+    fn with(cfg: ReduceConfig) -> Self {
+        Rig { reduce: Reduce::new(cfg), key: key(), now: Time::ZERO, out: Outputs::default(), next: 10 }
     }
 
     fn drain(&mut self) {
@@ -302,7 +312,8 @@ fn a_data_record_on_the_data_channel_drops_that_host() {
 #[test]
 fn a_bad_host_costs_only_its_own_connection_and_never_enters_the_sum() {
     // Host A's frame verifies at the mux layer but its round frame was signed
-    // with another salt; host B's frame arrives first and is good.
+    // with another salt, or breaks the run's model (one f32 element); host
+    // B's frame arrives first and is good.
     let other = MacKey::new(&SessionSalt::from_bytes([0xa1; 16]));
     let bad_round = Payload::from(f(&[1000.0], 1.0).to_bytes(&other).unwrap());
     let mut tampered =
@@ -332,7 +343,7 @@ fn a_bad_host_costs_only_its_own_connection_and_never_enters_the_sum() {
         ),
     ];
     for (bytes, field) in bad {
-        let mut rig = Rig::new(3);
+        let mut rig = Rig::modelled(3, &[1]);
         let a = rig.join(&[0]);
         let b = rig.join(&[1, 2]);
         rig.events();
@@ -348,8 +359,8 @@ fn a_bad_host_costs_only_its_own_connection_and_never_enters_the_sum() {
         let c = rig.consensus(b).unwrap();
         assert_eq!((values(&c.tensors[0]), c.weight), (vec![2.0], 2.0), "{field}");
     }
-    // A shape mismatch with the round's first frame is refused the same way.
-    let mut rig = Rig::new(2);
+    // A shape that breaks the run's model is refused the same way.
+    let mut rig = Rig::modelled(2, &[2]);
     let a = rig.join(&[0]);
     let b = rig.join(&[1]);
     rig.events();

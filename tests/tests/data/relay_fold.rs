@@ -2,9 +2,9 @@
 //! cases and the streaming edge cases (interleaving, deaths mid-frame,
 //! frames before the upstream is ready, starvation).
 
-use cohort_proto::reduce::sum_frames;
+use cohort_proto::reduce::{RoundSchema, sum_frames};
 use cohort_proto::relay::fold::FoldError;
-use cohort_proto::relay::{Leg, RankDeath, RelayEvent, StopReason};
+use cohort_proto::relay::{Leg, RankDeath, RelayConfig, RelayEvent, StopReason};
 use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, Dtype, MuxRecord, Payload, Problem, RelayControlMsg, RoundFrame, RoundKind,
 };
@@ -117,12 +117,37 @@ fn declare_dead_unblocks_the_barrier_without_a_rank_exit() {
     let MuxRecord::HostFrame { payload } = &recs[0] else { panic!() };
     let host = RoundFrame::decode(&payload.to_bytes(), &rig.key, DEFAULT_FRAME_CEILING).unwrap();
     assert_eq!((values(&host.tensors[0]), host.weight), (vec![9.0], 2.0));
-    // The dead rank's later frames are dropped; the next round is rank 1's alone.
+    // The consensus comes back; the dead rank's later frames are dropped,
+    // and the next round is rank 1's alone.
+    rig.up_send(&MuxRecord::Broadcast { payload: payload.clone() });
     rig.deposit(c[0], &frame(M, 5.0, Dtype::F32, &[100.0]));
     assert!(rig.up_records().is_empty());
     rig.deposit(c[1], &frame(M, 1.0, Dtype::F32, &[1.0]));
     let host = only_host_frame(&mut rig);
     assert_eq!((values(&host.tensors[0]), host.weight), (vec![1.0], 1.0));
+}
+
+/// A rank waits for the consensus of its frame before its next (ping-pong):
+/// a frame sent after its round shipped and before the consensus came back
+/// is a second frame, and costs that rank alone (issue 27 item 6: before,
+/// it was folded as the rank's frame of the next round, shifting its
+/// rounds).
+#[test]
+fn a_frame_before_the_consensus_of_the_last_costs_its_rank() {
+    let (mut rig, c) = RelayRig::ready(Leg::Data, &[0, 1], 2);
+    rig.deposit(c[0], &frame(M, 1.0, Dtype::F32, &[1.0]));
+    rig.deposit(c[1], &frame(M, 1.0, Dtype::F32, &[2.0]));
+    let first = only_host_frame(&mut rig);
+    assert_eq!((values(&first.tensors[0]), first.weight), (vec![3.0], 2.0));
+    rig.deposit(c[1], &frame(M, 7.0, Dtype::F32, &[70.0]));
+    assert_eq!(refused(&rig), Some((1, FoldError::DoubleDeposit { rank: 1 })));
+    assert_eq!(rig.out.closed, vec![c[1]]);
+    // After the consensus, the next round is rank 0's alone.
+    let payload = cohort_proto::wire::Payload::from(first.to_bytes(&rig.key).unwrap());
+    rig.up_send(&MuxRecord::Broadcast { payload });
+    rig.deposit(c[0], &frame(M, 2.0, Dtype::F32, &[4.0]));
+    let host = only_host_frame(&mut rig);
+    assert_eq!((values(&host.tensors[0]), host.weight), (vec![4.0], 2.0));
 }
 
 #[test]
@@ -211,22 +236,39 @@ fn interleaved_streams_fold_like_whole_frames() {
     }
 }
 
+/// A data relay of ranks 0 and 1 whose run knows its model: one f32 tensor of `elems`.
+fn modelled(elems: u32) -> (RelayRig, Vec<ConnId>) {
+    let mut cfg = RelayConfig::new(Leg::Data, "hostA", vec![0, 1], 2, key(), "controller:1");
+    cfg.model = Some(RoundSchema::model(Dtype::F32, &[elems]));
+    RelayRig::ready_with(cfg)
+}
+
+/// The rank refused for its frame, and the error it was refused with.
+fn refused(rig: &RelayRig) -> Option<(u32, FoldError)> {
+    rig.out.events.iter().find_map(|e| match e {
+        RelayEvent::RankDead { rank, cause: RankDeath::Frame(e) } => Some((*rank, e.clone())),
+        _ => None,
+    })
+}
+
 #[test]
 fn a_dtype_mix_is_refused_by_name() {
-    let (mut rig, c) = RelayRig::ready(Leg::Data, &[0, 1], 2);
+    let (mut rig, c) = modelled(2);
     rig.deposit(c[0], &frame(M, 1.0, Dtype::F32, &[1.0, 2.0]));
     rig.deposit(c[1], &frame(M, 1.0, Dtype::Bf16, &[1.0, 2.0]));
-    let Some(StopReason::Fold(FoldError::Frame { rank: 1, error })) = stopped(&rig) else {
+    let Some((1, FoldError::Frame { rank: 1, error })) = refused(&rig) else {
         panic!("{:?}", rig.out.events)
     };
     assert_eq!((error.field, error.index), ("dtype", Some(0)));
     assert!(error.to_string().contains("bf16") && error.to_string().contains("f32"), "{error}");
-    // Stopping closes every connection; nothing ships.
-    let mut closed = rig.out.closed.clone();
-    closed.sort();
-    assert_eq!(closed, vec![c[0], c[1], rig.up.unwrap()]);
-    assert!(host_frames(&mut rig).is_empty());
-    assert!(rig.relay.is_stopped() && rig.relay.poll_timeout().is_none());
+    // Only rank 1 pays: its connection closes, the round ships rank 0's frame.
+    assert_eq!(rig.out.closed, vec![c[1]]);
+    let recs = rig.up_records();
+    assert_eq!(recs[0], MuxRecord::Control(RelayControlMsg::RankExit { rank: 1 }));
+    let MuxRecord::HostFrame { payload } = &recs[1] else { panic!("{recs:?}") };
+    let host = RoundFrame::decode(&payload.to_bytes(), &rig.key, DEFAULT_FRAME_CEILING).unwrap();
+    assert_eq!((values(&host.tensors[0]), host.weight), (vec![1.0, 2.0], 1.0));
+    assert!(!rig.relay.is_stopped());
 }
 
 #[test]
@@ -242,13 +284,23 @@ fn schema_mismatches_are_refused_by_field() {
         (frame_of(M, 1.0, vec![tensor(Dtype::F32, &[1, 2], &[1.0, 2.0])]), "shape"),
     ];
     for (bad, field) in cases {
-        let (mut rig, c) = RelayRig::ready(Leg::Data, &[0, 1], 2);
-        rig.deposit(c[0], &base);
-        rig.deposit(c[1], &bad);
-        let Some(StopReason::Fold(FoldError::Frame { rank: 1, error })) = stopped(&rig) else {
-            panic!("{field}: {:?}", rig.out.events)
-        };
-        assert_eq!(error.field, field, "{error}");
+        // Whichever arrives first, the bad frame is the one refused.
+        for bad_first in [false, true] {
+            let (mut rig, c) = modelled(2);
+            if bad_first {
+                rig.deposit(c[1], &bad);
+                rig.deposit(c[0], &base);
+            } else {
+                rig.deposit(c[0], &base);
+                rig.deposit(c[1], &bad);
+            }
+            let Some((1, FoldError::Frame { error, .. })) = refused(&rig) else {
+                panic!("{field}: {:?}", rig.out.events)
+            };
+            assert_eq!(error.field, field, "{error}");
+            let host = only_host_frame(&mut rig);
+            assert_eq!(values(&host.tensors[0]), vec![1.0, 2.0], "{field}");
+        }
     }
 }
 
@@ -257,17 +309,28 @@ fn a_double_deposit_is_refused() {
     let (mut rig, c) = RelayRig::ready(Leg::Data, &[0, 1], 2);
     rig.deposit(c[0], &frame(M, 1.0, Dtype::F32, &[1.0]));
     rig.deposit(c[0], &frame(M, 1.0, Dtype::F32, &[2.0]));
-    assert_eq!(stopped(&rig), Some(StopReason::Fold(FoldError::DoubleDeposit { rank: 0 })));
+    assert_eq!(refused(&rig), Some((0, FoldError::DoubleDeposit { rank: 0 })));
+    // Neither of its frames is in the round: rank 1's ships alone.
+    rig.deposit(c[1], &frame(M, 3.0, Dtype::F32, &[5.0]));
+    let host = only_host_frame(&mut rig);
+    assert_eq!((values(&host.tensors[0]), host.weight), (vec![5.0], 3.0));
 }
 
 #[test]
-fn a_tampered_frame_stops_the_relay() {
+fn a_tampered_frame_costs_its_rank_alone() {
     let (mut rig, c) = RelayRig::ready(Leg::Data, &[0, 1], 2);
     let mut bytes = frame(M, 1.0, Dtype::F32, &[1.0, 2.0]).to_bytes(&rig.key).unwrap().to_vec();
     bytes[33] ^= 0x01; // a data byte (header 17 + meta 14)
     rig.rank_send(c[0], &bytes);
-    let Some(StopReason::Fold(FoldError::Frame { rank: 0, error })) = stopped(&rig) else { panic!() };
+    let Some((0, FoldError::Frame { rank: 0, error })) = refused(&rig) else {
+        panic!("{:?}", rig.out.events)
+    };
     assert_eq!((error.field, error.problem), ("footer", Problem::Mac));
+    // Its bytes had reached the sum: the round is summed again without them.
+    rig.deposit(c[1], &frame(M, 2.0, Dtype::F32, &[3.0, 4.0]));
+    let host = only_host_frame(&mut rig);
+    assert_eq!((values(&host.tensors[0]), host.weight), (vec![3.0, 4.0], 2.0));
+    assert!(!rig.relay.is_stopped());
 }
 
 #[test]
@@ -279,8 +342,10 @@ fn a_frame_must_fill_its_blob_exactly() {
     for (blob, field) in [(&long[..], "footer"), (short, "eof")] {
         let (mut rig, c) = RelayRig::ready(Leg::Data, &[0], 1);
         rig.rank_send(c[0], blob);
-        let Some(StopReason::Fold(FoldError::Frame { error, .. })) = stopped(&rig) else { panic!() };
+        let Some((0, FoldError::Frame { error, .. })) = refused(&rig) else { panic!("{:?}", rig.out.events) };
         assert_eq!(error.field, field);
+        assert!(host_frames(&mut rig).is_empty());
+        assert_eq!(stopped(&rig), Some(StopReason::AllRanksGone));
     }
 }
 
@@ -312,27 +377,30 @@ fn a_rank_lost_before_its_bytes_reach_the_sum_is_just_dead() {
 }
 
 #[test]
-fn a_rank_lost_after_its_bytes_reached_the_sum_stops_the_relay() {
+fn a_rank_lost_after_its_bytes_reached_the_sum_costs_its_frame_alone() {
     let (mut rig, c) = RelayRig::ready(Leg::Data, &[0, 1], 2);
     let a = len_framed(&frame(M, 1.0, Dtype::F32, &[7.0, 8.0]).to_bytes(&rig.key).unwrap());
     // prefix 4 + header 17 + tensor meta 14 + one element.
     rig.handle(Input::Received { conn: c[0], bytes: &a[..4 + 17 + 14 + 4] });
     rig.close(c[0], CloseCause::Eof);
-    assert_eq!(stopped(&rig), Some(StopReason::Fold(FoldError::PartialDeposit { rank: 0 })));
-    assert!(host_frames(&mut rig).is_empty(), "a polluted sum never ships");
+    assert!(stopped(&rig).is_none());
+    rig.deposit(c[1], &frame(M, 1.0, Dtype::F32, &[1.0, 1.0]));
+    let host = only_host_frame(&mut rig);
+    assert_eq!((values(&host.tensors[0]), host.weight), (vec![1.0, 1.0], 1.0), "rank 0's element is gone");
 }
 
 #[test]
-fn a_rank_declared_dead_mid_frame_finishes_its_frame_into_the_sum() {
+fn a_rank_declared_dead_mid_frame_is_dropped_at_once() {
     let (mut rig, c) = RelayRig::ready(Leg::Data, &[0, 1], 2);
     let a = len_framed(&frame(M, 1.0, Dtype::F32, &[7.0, 8.0]).to_bytes(&rig.key).unwrap());
     rig.handle(Input::Received { conn: c[0], bytes: &a[..40] });
     rig.up_send(&MuxRecord::Control(RelayControlMsg::DeclareDead { rank: 0 }));
     rig.deposit(c[1], &frame(M, 1.0, Dtype::F32, &[1.0, 1.0]));
-    assert!(host_frames(&mut rig).is_empty(), "rank 0's folded bytes must finish first");
-    rig.handle(Input::Received { conn: c[0], bytes: &a[40..] });
     let host = only_host_frame(&mut rig);
-    assert_eq!((values(&host.tensors[0]), host.weight), (vec![8.0, 9.0], 2.0));
+    assert_eq!((values(&host.tensors[0]), host.weight), (vec![1.0, 1.0], 1.0));
+    // The rest of its frame is skipped.
+    rig.handle(Input::Received { conn: c[0], bytes: &a[40..] });
+    assert!(host_frames(&mut rig).is_empty());
 }
 
 #[test]
@@ -463,15 +531,12 @@ fn bad_upstream_bytes_stop_the_relay() {
 }
 
 #[test]
-fn the_relay_stops_once_the_last_dead_rank_finishes_its_folded_frame() {
+fn the_relay_stops_once_its_last_rank_is_declared_dead_mid_frame() {
     let (mut rig, c) = RelayRig::ready(Leg::Data, &[0], 1);
     let a = len_framed(&frame(M, 2.0, Dtype::F32, &[7.0, 8.0]).to_bytes(&rig.key).unwrap());
     rig.handle(Input::Received { conn: c[0], bytes: &a[..40] });
     rig.up_send(&MuxRecord::Control(RelayControlMsg::DeclareDead { rank: 0 }));
-    assert!(!rig.relay.is_stopped(), "its folded bytes must finish first");
-    rig.handle(Input::Received { conn: c[0], bytes: &a[40..] });
-    let host = only_host_frame(&mut rig);
-    assert_eq!((values(&host.tensors[0]), host.weight), (vec![7.0, 8.0], 2.0));
+    assert!(host_frames(&mut rig).is_empty(), "an unfinished frame never ships");
     assert_eq!(stopped(&rig), Some(StopReason::AllRanksGone));
 }
 

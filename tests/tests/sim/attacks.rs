@@ -21,6 +21,20 @@ fn honest_alive(run: &Run) {
 }
 
 #[test]
+fn a_malformed_first_host_frame_costs_only_its_host() {
+    let run = attacked(Attack::BadFirstFrame);
+    assert_eq!(run.report.violations, Vec::<String>::new());
+    honest_alive(&run);
+}
+
+#[test]
+fn an_unsolicited_host_frame_costs_only_its_host_and_shifts_no_round() {
+    let run = attacked(Attack::ExtraFrame);
+    assert_eq!(run.report.violations, Vec::<String>::new());
+    honest_alive(&run);
+}
+
+#[test]
 fn a_relay_claiming_foreign_ranks_costs_only_its_host() {
     let run = attacked(Attack::ClaimRanks);
     assert_eq!(run.report.violations, Vec::<String>::new());
