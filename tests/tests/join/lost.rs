@@ -42,7 +42,7 @@ fn lose(w: &mut JoinWindow, now: Time, conn: u64) -> Outputs<JoinWindowEvent> {
 }
 
 fn accepted(d: &Outputs<JoinWindowEvent>, conn: u64) -> Option<Vec<u32>> {
-    join_msgs(&SALT, &d.sent(ConnId(conn))).into_iter().find_map(|m| match m {
+    join_msgs(&SALT, d.sent(ConnId(conn))).into_iter().find_map(|m| match m {
         JoinMsgWire::Accept { ranks, .. } => Some(ranks),
         _ => None,
     })
@@ -118,7 +118,7 @@ fn a_host_still_joined_dialing_again_never_fails_the_window() {
     join(&mut w, at(1, 0), 1, &offer("a", 1));
     for i in 0..2000u64 {
         let d = join(&mut w, at(2, i), 100 + i, &offer("a", 1));
-        let reject = join_msgs(&SALT, &d.sent(ConnId(100 + i)));
+        let reject = join_msgs(&SALT, d.sent(ConnId(100 + i)));
         assert!(matches!(&reject[..], [JoinMsgWire::Reject { reason }] if reason.contains("already joined")));
     }
     assert_eq!(w.rejected(), 0);
