@@ -1,6 +1,7 @@
 //! Deaths: a rank is declared dead only after something happened to it (or
 //! its host, or the controller, or a corrupted byte anywhere held its round
-//! back until its consensus read deadline), never twice, and a stale rank only once its
+//! back until its consensus read deadline, or a host-mate lost before their
+//! relay announced them), never twice, and a stale rank only once its
 //! silence is strictly longer than the staleness deadline and at most one
 //! heartbeat longer.
 
@@ -51,7 +52,9 @@ impl DeathCheck {
         // every waiting rank's consensus read deadline ends its data plane
         // (armed when the rank submitted, which may precede the corruption).
         let round_held = *cause == DeathCause::DataPlaneLost && facts.corrupted.is_some_and(|c| t > c);
-        if !facts.touched(t, *r) && !round_held {
+        // A relay that never had every local rank in never announced any.
+        let mate_missing = *cause == DeathCause::NotAnnounced && facts.host_mate_touched(t, *r);
+        if !facts.touched(t, *r) && !round_held && !mate_missing {
             v.at(t, &format!("rank {r} declared dead ({cause}) though nothing happened to it"));
         }
     }

@@ -110,6 +110,17 @@ impl Facts {
                     .any(|at| self.coord_started.is_none_or(|s| *at <= s) && *at <= t))
     }
 
+    /// Whether a rank sharing `r`'s host was faulted by `t`: a relay
+    /// announces its host upstream only once every local rank is in
+    /// (flodl's order), so a host-mate lost before then leaves `r`
+    /// unannounced too.
+    pub fn host_mate_touched(&self, t: Time, r: u32) -> bool {
+        let Some(host) = self.rank_host.get(&r) else { return false };
+        self.ranks_faulted
+            .iter()
+            .any(|(m, at)| *at <= t && self.rank_host.get(m) == Some(host))
+    }
+
     /// The first fault of any kind, if any happened by `t`.
     pub fn any_fault_by(&self, t: Time) -> bool {
         self.ranks_faulted.values().chain(self.hosts_faulted.values()).any(|at| *at <= t)
