@@ -948,6 +948,8 @@ impl<W: SimWorkload> Cluster<W> {
             }
             self.hosts[i].ranks = ranks;
         }
+        let now = self.world.now();
+        self.checker.world_formed(now, self.rank_host.iter().map(|(r, h)| (*r, &**h)));
     }
 
     fn controller_event(&mut self, t: Time, ev: &ControllerNodeEvent) {

@@ -349,7 +349,12 @@ impl CoverageCheck {
                 // A rank that exited cleanly is bounded alike: its agent's
                 // exit report may overtake its last batch reports.
                 let exited = self.gone.contains(&r) && !dead.contains(&r);
-                if (facts.crashed.contains(&r) || exited) && !cut_off && n > bound {
+                // A rank declared dead before it crashed (a refused report,
+                // a stale heartbeat) ran on uncounted after its declaration:
+                // whatever it ran then is not a lost report.
+                let declared = deaths.iter().find(|d| d.rank == r).map(|d| d.declared_at);
+                let crashed = facts.crashed_at(r).is_some_and(|c| declared.is_none_or(|d| c <= d));
+                if (crashed || exited) && !cut_off && n > bound {
                     v.at(
                         at,
                         &format!(

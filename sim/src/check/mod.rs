@@ -73,8 +73,13 @@ pub struct Facts {
     /// When the reduce stopped for everyone (flodl's rules: a data relay's
     /// end takes every host's data plane, and so every rank, with it).
     pub reduce_lost: Option<Time>,
-    /// Ranks whose process died.
-    pub crashed: BTreeSet<u32>,
+    /// Ranks whose process was killed, first instant.
+    pub crashed: BTreeMap<u32, Time>,
+    /// Hosts killed (every process on them), each instant: which ranks
+    /// they held is read at the end, from the world as it formed.
+    pub hosts_crashed: BTreeMap<String, Vec<Time>>,
+    /// When the world formed (no rank process runs before).
+    pub formed_at: Option<Time>,
     /// Hosts whose messages could be held back without any connection
     /// closing: partitioned, or a corrupted byte in a length the receiver
     /// then waits to fill (until a deadline, not at once).
@@ -116,9 +121,21 @@ impl Facts {
     /// unannounced too.
     pub fn host_mate_touched(&self, t: Time, r: u32) -> bool {
         let Some(host) = self.rank_host.get(&r) else { return false };
-        self.ranks_faulted
-            .iter()
-            .any(|(m, at)| *at <= t && self.rank_host.get(m) == Some(host))
+        self.ranks_faulted.iter().any(|(m, at)| *at <= t && self.rank_host.get(m) == Some(host))
+    }
+
+    /// When rank `r`'s process died, killed alone (a kill reaches the
+    /// checker only if the rank was running) or with its host after the
+    /// world formed (a host killed before holds none of the ranks it formed
+    /// with: it joined afterwards, or its place was retracted).
+    pub fn crashed_at(&self, r: u32) -> Option<Time> {
+        let formed = self.formed_at?;
+        let host = self
+            .rank_host
+            .get(&r)
+            .and_then(|h| self.hosts_crashed.get(h))
+            .and_then(|kills| kills.iter().find(|at| **at >= formed));
+        [self.crashed.get(&r), host].into_iter().flatten().min().copied()
     }
 
     /// The first fault of any kind, if any happened by `t`.
@@ -185,22 +202,28 @@ impl Checker {
         &self.v.list
     }
 
+    /// The world formed with these ranks on these hosts: the controller's
+    /// word from then on (a host retracted in the join window moved later
+    /// hosts' ranks down from what their accepts named).
+    pub fn world_formed<'a>(&mut self, at: Time, rank_host: impl IntoIterator<Item = (u32, &'a str)>) {
+        self.facts.formed_at = Some(at);
+        self.facts.rank_host = rank_host.into_iter().map(|(r, h)| (r, h.to_owned())).collect();
+    }
+
     /// A fault is being injected.
     pub fn fault(&mut self, at: Time, f: &Fault) {
         let facts = &mut self.facts;
         match f {
             Fault::KillRank(r) => {
                 facts.ranks_faulted.entry(*r).or_insert(at);
-                facts.crashed.insert(*r);
+                facts.crashed.entry(*r).or_insert(at);
             }
             Fault::WedgeRank(r) => {
                 facts.ranks_faulted.entry(*r).or_insert(at);
             }
             Fault::KillHost(h) => {
                 facts.hosts_faulted.entry(h.clone()).or_insert(at);
-                let ranks: Vec<u32> =
-                    facts.rank_host.iter().filter(|(_, x)| *x == h).map(|(r, _)| *r).collect();
-                facts.crashed.extend(ranks);
+                facts.hosts_crashed.entry(h.clone()).or_default().push(at);
             }
             Fault::PartitionHost { host: h, .. } => {
                 facts.hosts_faulted.entry(h.clone()).or_insert(at);
