@@ -27,6 +27,11 @@ fn make(o: &mut cohort_fuzz::Ops<'_>) -> Option<Relay> {
     let ranks = if c & 0x10 != 0 { vec![1] } else { vec![0, 1] };
     let mut cfg = RelayConfig::new(Leg::Data, "hostA", ranks, world, key(), "controller:7000");
     cfg.ceiling = CEILING;
+    // cohort's rules keep each rank's frame and refuse a rank alone;
+    // flodl's keep nothing and stop.
+    if c & 0x08 != 0 {
+        cfg.rules = cohort_proto::config::Rules::Cohort;
+    }
     let mut relay = Relay::new(cfg).ok()?;
     // Its ranks' MACs hashed as they stream, or gathered and batched.
     relay.run_macs_on(cohort_fuzz::batches(c >> 5));
@@ -36,7 +41,7 @@ fn make(o: &mut cohort_fuzz::Ops<'_>) -> Option<Relay> {
 #[allow(unused_variables)]
 fn make_seeds() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    for cfg in [0x00u8, 0x10, 0x02] {
+    for cfg in [0x00u8, 0x10, 0x02, 0x08, 0x18] {
         out.push(script(&[cfg], |w| {
             accept(w, true);
             accept(w, true);

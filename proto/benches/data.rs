@@ -54,8 +54,9 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use cohort_driver_core::MacPool;
+use cohort_proto::config::Rules;
 use cohort_proto::reduce::{Reduce, ReduceConfig, RoundSum};
-use cohort_proto::relay::fold::{FrameFold, RoundFold};
+use cohort_proto::relay::fold::{FrameFold, Judge, RoundFold};
 use cohort_proto::relay::{Leg, Relay, RelayConfig, UPSTREAM_DIAL};
 use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, DataHello, Dtype, Inline, MacKey, MacRunner, MacTask, MuxRecord, Payload,
@@ -100,9 +101,18 @@ fn rank_frame_of(key: &MacKey, seed: u32, bytes: usize) -> Bytes {
 }
 
 /// A data relay for ranks 0..K with every rank in and the upstream
-/// acknowledged, its MAC work on `macs`.
+/// acknowledged, its MAC work on `macs`, under flodl's rules (nothing kept).
 fn ready_relay(key: &MacKey, macs: Arc<dyn MacRunner>) -> (Relay, Vec<ConnId>) {
-    let cfg = RelayConfig::new(Leg::Data, "bench", (0..K as u32).collect(), K as u32, key.clone(), "c");
+    ready_relay_under(key, macs, Rules::Flodl)
+}
+
+/// [`ready_relay`] under `rules` (cohort's: each rank's frame kept until its
+/// round ships, so a refused one costs its rank alone).
+fn ready_relay_under(key: &MacKey, macs: Arc<dyn MacRunner>, rules: Rules) -> (Relay, Vec<ConnId>) {
+    let cfg = RelayConfig {
+        rules,
+        ..RelayConfig::new(Leg::Data, "bench", (0..K as u32).collect(), K as u32, key.clone(), "c")
+    };
     let mut relay = Relay::new(cfg).unwrap();
     relay.run_macs_on(macs);
     let t = Time::ZERO;
@@ -232,7 +242,7 @@ fn one_deposit_fold(key: &MacKey, frame: &Bytes) -> RoundFold {
     let mut fold = RoundFold::new();
     let mut one = FrameFold::default();
     let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
-    let (_, done) = dec.feed(&frame[4..], key, &mut fold.sink(&mut one, None)).unwrap();
+    let (_, done) = dec.feed(&frame[4..], key, &mut fold.sink(&mut one, Judge::Vote)).unwrap();
     fold.commit(done.unwrap().weight);
     fold
 }
@@ -538,6 +548,32 @@ fn paired_report() {
             }),
         ],
     );
+
+    // Under cohort's rules the relay keeps each rank's frame until the round
+    // ships (a copy of every byte): its price, against the same round under
+    // flodl's rules and the MAC bound, in the same run.
+    let (mut kept, kept_conns) = ready_relay_under(&key, Arc::new(Inline), Rules::Cohort);
+    assert_eq!(
+        relay_round_out(&mut kept, &kept_conns, &frames),
+        relay_round_out(&mut relay, &conns, &frames),
+        "the same host frame under both rules"
+    );
+    paired(
+        "relay round K=4 x 64 MiB f32, cohort's rules (each rank's frame kept)",
+        9,
+        &mut || {
+            black_box(relay_round(&mut kept, &kept_conns, &frames));
+        },
+        &mut [
+            ("relay_round_flodl", &mut || {
+                black_box(relay_round(&mut relay, &conns, &frames));
+            }),
+            ("sha256_all_macd", &mut || {
+                black_box(sha256_chunked(&all));
+            }),
+        ],
+    );
+    drop(kept);
 
     // The same round with the MAC work on every core, against the one-core
     // path in the same run (wall clock: the pool's threads do part of it).

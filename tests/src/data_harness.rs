@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use cohort_proto::config::Rules;
 use cohort_proto::rank::data_client::{
     Contribution, DataClient, DataClientConfig, DataClientEvent, RoundResult,
 };
@@ -116,10 +117,21 @@ pub struct RelayRig {
     next: u64,
 }
 
+/// The config of [`RelayRig::new`]'s relay: `hostA`, keyed with [`key`],
+/// dialing `controller:1`, under cohort's rules.
+pub fn relay_config(leg: Leg, ranks: &[u32], world: u32) -> RelayConfig {
+    RelayConfig {
+        rules: Rules::Cohort,
+        ..RelayConfig::new(leg, "hostA", ranks.to_vec(), world, key(), "controller:1")
+    }
+}
+
 impl RelayRig {
-    /// A relay for `ranks` of a world of `world`.
+    /// A relay for `ranks` of a world of `world`, under cohort's rules (as
+    /// a cohort controller's envelope names them): a rank's refused frame
+    /// costs that rank alone.
     pub fn new(leg: Leg, ranks: &[u32], world: u32) -> Self {
-        Self::with(RelayConfig::new(leg, "hostA", ranks.to_vec(), world, key(), "controller:1"))
+        Self::with(relay_config(leg, ranks, world))
     }
 
     /// A relay of `cfg`, keyed with [`key`] and dialing `controller:1` as
@@ -200,7 +212,7 @@ impl RelayRig {
     /// A relay with every rank connected and the upstream acknowledged;
     /// returns the rank connections in rank order.
     pub fn ready(leg: Leg, ranks: &[u32], world: u32) -> (Self, Vec<ConnId>) {
-        Self::ready_with(RelayConfig::new(leg, "hostA", ranks.to_vec(), world, key(), "controller:1"))
+        Self::ready_with(relay_config(leg, ranks, world))
     }
 
     /// [`RelayRig::ready`] for a relay of `cfg`.

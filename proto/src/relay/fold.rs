@@ -14,12 +14,13 @@
 //!   signalling NaN in a bf16 tensor, which the wire's bf16 encoder quiets);
 //! - an elided (`nbytes = 0`) tensor folds as zeros: it adds nothing, and a
 //!   tensor every deposit elided ships elided;
-//! - a frame is judged against the layout the run established: with a known
-//!   model ([`FoldSink`]'s `expect`), any disagreement is a [`WireError`]
-//!   naming the tensor and field, and costs that frame's rank; without one,
-//!   the first header pins the fold's layout, and a frame that disagrees is
-//!   *held* (read and verified, never folded, its layout recorded) for the
-//!   round's vote ([`judge`](crate::reduce::judge)).
+//! - a frame is judged ([`Judge`]) against the layout the run established:
+//!   with a known model, any disagreement is a [`WireError`] naming the
+//!   tensor and field, and costs that frame's rank; without one, the first
+//!   header pins the fold's layout, and a frame that disagrees is *held*
+//!   (read and verified, never folded, its layout recorded) for the round's
+//!   vote ([`judge`](crate::reduce::judge)), or, under flodl's rules, is an
+//!   error against the round's first frame.
 //!
 //! Interleaved streams are fine: each stream delivers a tensor's elements in
 //! order from 0, so a per-tensor frontier (elements written so far) splits
@@ -73,6 +74,12 @@ pub enum FoldError {
         /// Distinct layouts in the round.
         layouts: u32,
     },
+    /// flodl's rules: a rank's frame failed or was abandoned after its bytes
+    /// reached the sum, and nothing was kept to sum the round again.
+    PartialDeposit {
+        /// The rank.
+        rank: u32,
+    },
     /// The host frame could not be encoded (a sum left incomplete; a bug).
     Encode(WireError),
 }
@@ -89,6 +96,11 @@ impl fmt::Display for FoldError {
                 f,
                 "relay fold: rank {rank}: the round's ranks split evenly over {layouts} frame layouts, \
                  none settled by an earlier round"
+            ),
+            FoldError::PartialDeposit { rank } => write!(
+                f,
+                "relay fold: rank {rank}'s frame left the round after its bytes reached the sum \
+                 (flodl's rules keep no copy to sum the round again)"
             ),
             FoldError::Encode(e) => write!(f, "relay fold: host frame encode: {e}"),
         }
@@ -150,7 +162,7 @@ impl TensorAcc {
 ///
 /// ```
 /// use bytes::BytesMut;
-/// use cohort_proto::relay::fold::{FrameFold, RoundFold};
+/// use cohort_proto::relay::fold::{FrameFold, Judge, RoundFold};
 /// use cohort_proto::wire::*;
 /// let key = MacKey::new(&SessionSalt::from_bytes([9; 16]));
 /// let frame = |v: &[f32], w| RoundFrame {
@@ -164,7 +176,7 @@ impl TensorAcc {
 ///     let bytes = f.to_bytes(&key).unwrap();
 ///     let mut one = FrameFold::default();
 ///     let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
-///     let (_, done) = dec.feed(&bytes, &key, &mut fold.sink(&mut one, None)).unwrap();
+///     let (_, done) = dec.feed(&bytes, &key, &mut fold.sink(&mut one, Judge::Vote)).unwrap();
 ///     fold.commit(done.unwrap().weight);
 /// }
 /// let mut out = BytesMut::new();
@@ -204,11 +216,10 @@ impl RoundFold {
         Self::default()
     }
 
-    /// A sink folding one frame's parts into this round, judging it against
-    /// `expect` (the run's known model) if given, else holding a frame whose
-    /// layout differs from the round's first ([`FrameFold::held`]).
-    pub fn sink<'a>(&'a mut self, frame: &'a mut FrameFold, expect: Option<&'a RoundSchema>) -> FoldSink<'a> {
-        FoldSink { fold: self, frame, expect }
+    /// A sink folding one frame's parts into this round, judging its layout
+    /// the way `judge` says.
+    pub fn sink<'a>(&'a mut self, frame: &'a mut FrameFold, judge: Judge<'a>) -> FoldSink<'a> {
+        FoldSink { fold: self, frame, judge }
     }
 
     /// The layout the fold pinned: its kind and each pinned tensor's dtype
@@ -241,7 +252,7 @@ impl RoundFold {
             for piece in kept.iter().map(|b| &b[..]).chain([&[0u8; ROUND_FOOTER_LEN][..]]) {
                 let mut piece = piece;
                 while !piece.is_empty() {
-                    let (used, d) = dec.feed(piece, key, &mut self.sink(&mut one, None))?;
+                    let (used, d) = dec.feed(piece, key, &mut self.sink(&mut one, Judge::Vote))?;
                     piece = &piece[used..];
                     done = done.or(d);
                 }
@@ -354,13 +365,38 @@ impl RoundFold {
     }
 }
 
+/// How a [`FoldSink`] judges a frame's layout.
+#[derive(Debug, Clone, Copy)]
+pub enum Judge<'a> {
+    /// Against the run's known model: a frame that differs is an error.
+    Model(&'a RoundSchema),
+    /// No known model: a frame that differs from the round's first is held
+    /// out of the sum ([`FrameFold::held`]) for the round's vote.
+    Vote,
+    /// flodl's: a frame that differs from the round's first is an error.
+    First,
+}
+
+impl<'a> Judge<'a> {
+    /// The known model's judgement if there is one, else `otherwise`.
+    pub fn model_or(model: Option<&'a RoundSchema>, otherwise: Judge<'a>) -> Self {
+        model.map_or(otherwise, Judge::Model)
+    }
+
+    fn model(self) -> Option<&'a RoundSchema> {
+        match self {
+            Judge::Model(m) => Some(m),
+            Judge::Vote | Judge::First => None,
+        }
+    }
+}
+
 /// A [`RoundSink`] folding one frame into a [`RoundFold`].
 #[derive(Debug)]
 pub struct FoldSink<'a> {
     fold: &'a mut RoundFold,
     frame: &'a mut FrameFold,
-    /// The run's known model, if any.
-    expect: Option<&'a RoundSchema>,
+    judge: Judge<'a>,
 }
 
 /// What [`RoundSchema`]'s checks call the run's known model.
@@ -370,9 +406,12 @@ fn differs(field: &'static str, index: Option<u32>, what: String) -> WireError {
     WireError { frame: FrameType::RoundFrame, field, index, problem: Problem::Invalid(what) }
 }
 
+/// What [`Judge::First`]'s errors call the layout a frame is held to.
+const FIRST: &str = "the round's first frame";
+
 impl FoldSink<'_> {
     /// The frame's layout differs from the fold's from tensor `index` on
-    /// (no known model): the rest of it is held out of the sum.
+    /// (no known model, [`Judge::Vote`]): the rest of it is held out of the sum.
     fn hold(&mut self, kind: RoundKind, index: usize) -> &mut RoundSchema {
         let pinned = &self.fold.tensors[..index.min(self.fold.pinned)];
         let tensors = pinned.iter().map(|t| (t.dtype.unwrap_or(Dtype::F32), t.shape.clone())).collect();
@@ -382,7 +421,7 @@ impl FoldSink<'_> {
 
 impl RoundSink for FoldSink<'_> {
     fn header(&mut self, kind: RoundKind, _weight: f64, n_tensors: u32) -> WireResult<()> {
-        if let Some(model) = self.expect {
+        if let Some(model) = self.judge.model() {
             model.check_header(kind, n_tensors, MODEL)?;
         }
         match self.fold.head {
@@ -390,14 +429,20 @@ impl RoundSink for FoldSink<'_> {
                 self.fold.head = Some((kind, n_tensors));
                 Ok(())
             }
-            Some((k, n)) if k != kind || n != n_tensors => match self.expect {
+            Some((k, n)) if k != kind || n != n_tensors => match self.judge {
                 // Unreachable: every folded frame matched the model.
-                Some(_) => {
+                Judge::Model(_) => {
                     Err(differs("kind", None, "the fold's layout differs from the run's model".into()))
                 }
-                None => {
+                Judge::Vote => {
                     self.hold(kind, 0);
                     Ok(())
+                }
+                Judge::First if k != kind => {
+                    Err(differs("kind", None, format!("{kind:?}, not {k:?} as {FIRST}")))
+                }
+                Judge::First => {
+                    Err(differs("n_tensors", None, format!("{n_tensors} tensors, not {n} as {FIRST}")))
                 }
             },
             Some(_) => Ok(()),
@@ -405,7 +450,7 @@ impl RoundSink for FoldSink<'_> {
     }
 
     fn tensor(&mut self, index: u32, meta: &TensorMeta) -> WireResult<()> {
-        if let Some(model) = self.expect {
+        if let Some(model) = self.judge.model() {
             model.check_tensor(index, meta.dtype, &meta.shape, MODEL)?;
         }
         if let Some(held) = self.frame.held.as_mut() {
@@ -420,12 +465,28 @@ impl RoundSink for FoldSink<'_> {
                 return Ok(());
             }
             let kind = fold.head.map_or(RoundKind::Model, |(k, _)| k);
-            if self.expect.is_some() {
-                return Err(differs(
-                    "shape",
-                    Some(index),
-                    "the fold's layout differs from the run's model".into(),
-                ));
+            match self.judge {
+                Judge::Model(_) => {
+                    return Err(differs(
+                        "shape",
+                        Some(index),
+                        "the fold's layout differs from the run's model".into(),
+                    ));
+                }
+                Judge::First => {
+                    return Err(differs(
+                        "shape",
+                        Some(index),
+                        format!(
+                            "{:?} {:?}, not {:?} {:?} as {FIRST}",
+                            meta.dtype,
+                            meta.shape,
+                            t.dtype.unwrap_or(Dtype::F32),
+                            t.shape
+                        ),
+                    ));
+                }
+                Judge::Vote => {}
             }
             self.hold(kind, i).tensors.push((meta.dtype, meta.shape.clone()));
             return Ok(());

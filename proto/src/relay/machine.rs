@@ -8,7 +8,7 @@ use core::fmt;
 use core::time::Duration;
 
 use super::Leg;
-use super::fold::{Admit, Barrier, FoldError, FrameFold, RoundFold};
+use super::fold::{Admit, Barrier, FoldError, FrameFold, Judge, RoundFold};
 use crate::config::{ConfigError, Rules, defaults};
 use crate::handshake::{Acceptor, AcceptorEvent, ControlHandshake, DataHandshake, HandshakeError};
 use crate::machine::{CloseCause, ConnId, DialId, Input, Machine, Outbox, Output};
@@ -354,9 +354,10 @@ impl Acc {
 struct DataLeg {
     fold: RoundFold,
     barrier: Barrier,
-    /// The fold holds bytes of a frame no longer in the round (refused, or
-    /// abandoned mid-frame): the round is summed again before it ships.
-    polluted: bool,
+    /// The fold holds bytes of this rank's frame, no longer in the round
+    /// (refused, or abandoned mid-frame): the round is summed again before it
+    /// ships (cohort's rules), or the relay stops (flodl's).
+    polluted: Option<u32>,
     /// Layouts earlier rounds settled on (no known model).
     established: Established,
     /// The last host frame shipped. Once the driver has written and dropped
@@ -443,6 +444,21 @@ fn starvation() -> Duration {
 }
 
 impl RelayConfig {
+    /// Whether a rank's refused frame costs that rank alone (cohort's rules,
+    /// data leg): each rank's frame is kept as read until its round ships,
+    /// so the round can be summed again without it. Under flodl's rules
+    /// nothing is kept, a frame is judged against the round's first, and
+    /// the relay stops on a refused frame, as flodl's does (a flodl
+    /// controller's reduce stops for everyone at that rank's exit anyway).
+    fn confines(&self) -> bool {
+        self.leg == Leg::Data && self.rules == Rules::Cohort
+    }
+
+    /// How a rank's frame's layout is judged (see [`RelayConfig::confines`]).
+    fn judge(&self) -> Judge<'_> {
+        Judge::model_or(self.model.as_ref(), if self.confines() { Judge::Vote } else { Judge::First })
+    }
+
     /// How long a local rank's blob may stop arriving mid-way before the
     /// rank is dropped (see [`RelayConfig::rules`]).
     fn rank_starvation(&self) -> Duration {
@@ -500,7 +516,7 @@ impl Relay {
         let data = (cfg.leg == Leg::Data).then(|| DataLeg {
             fold: RoundFold::new(),
             barrier: Barrier::new(&cfg.ranks),
-            polluted: false,
+            polluted: None,
             established: Established::default(),
             spare: None,
         });
@@ -534,13 +550,15 @@ impl Relay {
     /// relay's outputs are the same on every runner. Takes effect from each
     /// rank's next frame.
     pub fn run_macs_on(&mut self, macs: Arc<dyn MacRunner>) {
-        // Each frame's bytes are kept as they are gathered for its MAC until
-        // the round ships, so a frame that fails after it reached the sum
-        // costs its rank alone: the round is summed again without it.
-        let verify = Verify::InBatches(macs.batch().max(KEEP_BATCH));
+        // Under cohort's rules each frame's bytes are kept as they are
+        // gathered for its MAC until the round ships, so a frame that fails
+        // after it reached the sum costs its rank alone: the round is summed
+        // again without it. That costs a copy of every byte (docs/PERF.md).
+        let keep = self.cfg.confines();
+        let verify = if keep { Verify::InBatches(macs.batch().max(KEEP_BATCH)) } else { Verify::on(&*macs) };
         for local in self.locals.values_mut() {
             local.dec.set_verify(verify);
-            local.dec.set_keep(true);
+            local.dec.set_keep(keep);
         }
         self.macs = macs;
     }
@@ -689,8 +707,8 @@ impl Relay {
         match result {
             Ok(()) => self.stop_if_all_gone(),
             Err(FeedError::Stream(e)) => self.refuse_rank(rank, RankDeath::Stream(e)),
-            Err(FeedError::Frame(e)) => self.refuse_rank(rank, RankDeath::Frame(e)),
-            Err(FeedError::Stop(e)) => self.stop(StopReason::Fold(e)),
+            Err(FeedError::Frame(e)) if self.cfg.confines() => self.refuse_rank(rank, RankDeath::Frame(e)),
+            Err(FeedError::Frame(e) | FeedError::Stop(e)) => self.stop(StopReason::Fold(e)),
         }
     }
 
@@ -709,7 +727,9 @@ impl Relay {
         let (Some(local), Some(leg)) = (self.locals.get_mut(&rank), self.data.as_mut()) else { return };
         if let Some(d) = local.deposit.take() {
             // A held frame never reached the sum.
-            leg.polluted |= d.held.is_none();
+            if d.held.is_none() {
+                leg.polluted.get_or_insert(rank);
+            }
             local.dec.recycle(d.kept);
             leg.barrier.withdraw(rank);
         }
@@ -763,7 +783,7 @@ impl Relay {
                         else {
                             return Ok(());
                         };
-                        let mut sink = leg.fold.sink(&mut local.frame, self.cfg.model.as_ref());
+                        let mut sink = leg.fold.sink(&mut local.frame, self.cfg.judge());
                         let fed = local.dec.feed(b, &key, &mut sink);
                         if local.frame.touched {
                             leg.barrier.touched(rank);
@@ -830,7 +850,13 @@ impl Relay {
         }
         let Some(leg) = self.data.as_mut() else { return Ok(()) };
         let deposits: Vec<u32> = leg.barrier.depositors().collect();
-        if leg.polluted || self.locals.values().any(|l| l.deposit.as_ref().is_some_and(|d| d.held.is_some()))
+        if let Some(rank) = leg.polluted
+            && !self.cfg.confines()
+        {
+            return Err(FoldError::PartialDeposit { rank });
+        }
+        if leg.polluted.is_some()
+            || self.locals.values().any(|l| l.deposit.as_ref().is_some_and(|d| d.held.is_some()))
         {
             let frames = deposits.iter().filter_map(|r| self.locals.get(r)?.deposit.as_ref());
             let frames = frames.map(|d| (d.kept.as_slice(), d.weight));
@@ -839,7 +865,7 @@ impl Relay {
                 return Err(FoldError::Frame { rank, error });
             }
         }
-        leg.polluted = false;
+        leg.polluted = None;
         if self.cfg.model.is_none()
             && let Some((kind, tensors)) = leg.fold.layout()
         {
@@ -856,6 +882,11 @@ impl Relay {
         };
         leg.fold.reset();
         leg.barrier.next_round();
+        if !self.cfg.confines() {
+            // flodl's relay takes a rank's next frame at once, into the next
+            // round, without waiting for this round's consensus.
+            leg.barrier.answered();
+        }
         for local in self.locals.values_mut() {
             if let Some(d) = local.deposit.take() {
                 local.dec.recycle(d.kept);
@@ -932,6 +963,14 @@ impl Relay {
         if !self.kill_rank(rank, cause, lost) {
             return;
         }
+        // flodl's rules: a frame abandoned after it reached the sum loses the
+        // round at once.
+        if let Some(rank) = self.data.as_ref().and_then(|l| l.polluted)
+            && !self.cfg.confines()
+        {
+            self.stop(StopReason::Fold(FoldError::PartialDeposit { rank }));
+            return;
+        }
         if let Err(e) = self.complete_round() {
             self.stop(StopReason::Fold(e));
             return;
@@ -956,7 +995,9 @@ impl Relay {
             if let Some(touched) = leg.barrier.streaming(rank) {
                 // Its frame never finished: dropped, and if its bytes reached
                 // the sum the round is summed again without them.
-                leg.polluted |= touched;
+                if touched {
+                    leg.polluted.get_or_insert(rank);
+                }
                 local.mode = Mode::Skip;
                 local.frame = FrameFold::default();
                 local.dec.reset();
@@ -965,7 +1006,7 @@ impl Relay {
             if leg.fold.deposits() == 0 && !leg.barrier.any_streaming() {
                 // Nothing made it in: forget any layout its frame pinned.
                 leg.fold.reset();
-                leg.polluted = false;
+                leg.polluted = None;
             }
         }
         if new {

@@ -2,6 +2,7 @@
 //! cases and the streaming edge cases (interleaving, deaths mid-frame,
 //! frames before the upstream is ready, starvation).
 
+use cohort_proto::config::Rules;
 use cohort_proto::reduce::{RoundSchema, sum_frames};
 use cohort_proto::relay::fold::FoldError;
 use cohort_proto::relay::{Leg, RankDeath, RelayConfig, RelayEvent, StopReason};
@@ -238,7 +239,7 @@ fn interleaved_streams_fold_like_whole_frames() {
 
 /// A data relay of ranks 0 and 1 whose run knows its model: one f32 tensor of `elems`.
 fn modelled(elems: u32) -> (RelayRig, Vec<ConnId>) {
-    let mut cfg = RelayConfig::new(Leg::Data, "hostA", vec![0, 1], 2, key(), "controller:1");
+    let mut cfg = relay_config(Leg::Data, &[0, 1], 2);
     cfg.model = Some(RoundSchema::model(Dtype::F32, &[elems]));
     RelayRig::ready_with(cfg)
 }
@@ -484,9 +485,15 @@ fn several_rounds_with_broadcasts_between() {
     assert_eq!(rig.relay.stats().rounds, 4);
 }
 
+/// A data relay of ranks 0 and 1 under flodl's rules (a flodl controller's
+/// envelope names none).
+fn flodls() -> (RelayRig, Vec<ConnId>) {
+    RelayRig::ready_with(RelayConfig { rules: Rules::Flodl, ..relay_config(Leg::Data, &[0, 1], 2) })
+}
+
 #[test]
-fn a_rank_starving_mid_frame_is_dead_at_sixty_seconds() {
-    let (mut rig, c) = RelayRig::ready(Leg::Data, &[0, 1], 2);
+fn under_flodls_rules_a_rank_starving_mid_frame_is_dead_at_sixty_seconds() {
+    let (mut rig, c) = flodls();
     let a = len_framed(&frame(M, 1.0, Dtype::F32, &[7.0]).to_bytes(&rig.key).unwrap());
     rig.now = Time::from_secs(5);
     rig.handle(Input::Received { conn: c[0], bytes: &a[..10] });
@@ -551,4 +558,71 @@ fn an_abandoned_frame_pins_no_schema() {
     rig.deposit(c[1], &frame(M, 1.0, Dtype::F32, &[5.0]));
     let host = only_host_frame(&mut rig);
     assert_eq!((host.kind, values(&host.tensors[0])), (M, vec![5.0]));
+}
+
+/// docs/DIFFERENCES.md: under flodl's rules a rank's refused frame stops the
+/// relay (every rank of the host is lost), and nothing is kept to sum the
+/// round again.
+#[test]
+fn under_flodls_rules_a_tampered_frame_stops_the_relay() {
+    let (mut rig, c) = flodls();
+    let mut bytes = frame(M, 1.0, Dtype::F32, &[1.0, 2.0]).to_bytes(&rig.key).unwrap().to_vec();
+    bytes[33] ^= 0x01; // a data byte (header 17 + meta 14)
+    rig.rank_send(c[0], &bytes);
+    let Some(StopReason::Fold(FoldError::Frame { rank: 0, error })) = stopped(&rig) else {
+        panic!("{:?}", rig.out.events)
+    };
+    assert_eq!((error.field, error.problem), ("footer", Problem::Mac));
+    assert!(rig.relay.is_stopped());
+    assert!(refused(&rig).is_none(), "no rank is refused alone: {:?}", rig.out.events);
+}
+
+/// docs/DIFFERENCES.md: under flodl's rules a frame whose layout differs from
+/// the round's first stops the relay, whichever rank sent it.
+#[test]
+fn under_flodls_rules_a_frame_unlike_the_rounds_first_stops_the_relay() {
+    let (mut rig, c) = flodls();
+    rig.deposit(c[0], &frame(M, 1.0, Dtype::F32, &[1.0, 2.0]));
+    rig.deposit(c[1], &frame(M, 1.0, Dtype::F32, &[1.0, 2.0, 3.0]));
+    let Some(StopReason::Fold(FoldError::Frame { rank: 1, error })) = stopped(&rig) else {
+        panic!("{:?}", rig.out.events)
+    };
+    assert_eq!((error.field, error.index), ("shape", Some(0)));
+    assert!(error.to_string().contains("the round's first frame"), "{error}");
+}
+
+/// docs/DIFFERENCES.md: under flodl's rules a rank lost mid-frame after its
+/// bytes reached the sum loses the round: the relay stops at once.
+#[test]
+fn under_flodls_rules_a_rank_lost_mid_frame_after_it_reached_the_sum_stops_the_relay() {
+    // Rank 1's frame is in the sum when rank 0's, half folded, is lost.
+    let (mut rig, c) = flodls();
+    let a = len_framed(&frame(M, 1.0, Dtype::F32, &[7.0, 8.0]).to_bytes(&rig.key).unwrap());
+    rig.deposit(c[1], &frame(M, 2.0, Dtype::F32, &[3.0, 4.0]));
+    rig.handle(Input::Received { conn: c[0], bytes: &a[..a.len() - 10] });
+    rig.handle(Input::Closed { conn: c[0], cause: CloseCause::Reset, unsent: 0 });
+    assert_eq!(stopped(&rig), Some(StopReason::Fold(FoldError::PartialDeposit { rank: 0 })));
+    // Under cohort's rules only that rank is lost, and rank 1's frame ships.
+    let (mut rig, c) = RelayRig::ready(Leg::Data, &[0, 1], 2);
+    rig.deposit(c[1], &frame(M, 2.0, Dtype::F32, &[3.0, 4.0]));
+    rig.handle(Input::Received { conn: c[0], bytes: &a[..a.len() - 10] });
+    rig.handle(Input::Closed { conn: c[0], cause: CloseCause::Reset, unsent: 0 });
+    assert_eq!(stopped(&rig), None);
+    let host = only_host_frame(&mut rig);
+    assert_eq!((values(&host.tensors[0]), host.weight), (vec![3.0, 4.0], 2.0));
+}
+
+/// docs/DIFFERENCES.md: under flodl's rules a rank's frame sent before its
+/// round's consensus came back is folded into the next round.
+#[test]
+fn under_flodls_rules_a_frame_before_the_consensus_goes_into_the_next_round() {
+    let (mut rig, c) = flodls();
+    rig.deposit(c[0], &frame(M, 1.0, Dtype::F32, &[1.0]));
+    rig.deposit(c[1], &frame(M, 1.0, Dtype::F32, &[2.0]));
+    assert_eq!(values(&only_host_frame(&mut rig).tensors[0]), vec![3.0]);
+    rig.deposit(c[1], &frame(M, 7.0, Dtype::F32, &[70.0]));
+    assert!(refused(&rig).is_none() && stopped(&rig).is_none(), "{:?}", rig.out.events);
+    rig.deposit(c[0], &frame(M, 2.0, Dtype::F32, &[4.0]));
+    let host = only_host_frame(&mut rig);
+    assert_eq!((values(&host.tensors[0]), host.weight), (vec![74.0], 9.0));
 }
