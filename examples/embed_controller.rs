@@ -49,9 +49,10 @@ use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::join::ledger::{JoinConfig, TrustMode};
 use cohort_proto::join::window::JoinWindowEvent;
 use cohort_proto::node::controller::{
-    ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome, RunKnobs,
+    ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome,
 };
 use cohort_proto::node::envelope::ControllerAddr;
+use cohort_proto::node::knobs::RunKnobs;
 use mio::{Events, Poll};
 
 /// After `Finished`, how long to wait for the ranks to leave before stopping anyway.

@@ -27,7 +27,8 @@
 //! use cohort_driver_tokio::{Clock, Config, Node, NodeEvent};
 //! use cohort_proto::config::TimeoutScale;
 //! use cohort_proto::join::ledger::{JoinConfig, TrustMode};
-//! use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerNode, RunKnobs};
+//! use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerNode};
+//! use cohort_proto::node::knobs::RunKnobs;
 //! use cohort_proto::node::envelope::ControllerAddr;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

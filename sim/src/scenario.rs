@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 
 use cohort_proto::display::Thousands;
 use cohort_proto::join::ledger::JoinConfig;
-use cohort_proto::node::controller::RunKnobs;
+use cohort_proto::node::knobs::RunKnobs;
 
 pub use crate::attack::Attack;
 

@@ -14,10 +14,11 @@ use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::join::{JoinConfig, JoinOffer, TrustMode};
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::{
-    ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome, RunKnobs,
+    ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome,
 };
 use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RelayListen};
+use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
 use cohort_proto::node::rank::{RankNode, RankNodeEvent, RankSpec};
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};

@@ -21,9 +21,10 @@ use cohort_proto::config::{ConfigError, Rules, TimeoutScale};
 use cohort_proto::coord::Backend;
 use cohort_proto::join::client::JoinClientEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome, RunKnobs};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome};
 use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::node::host::{HostNodeEvent, RelayListen};
+use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::wire::{RunNonce, SessionSalt};
 
 /// cohort: the control plane of an elastic distributed-training cluster,

@@ -19,8 +19,9 @@ use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome, RunKnobs};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome};
 use cohort_proto::node::envelope::ControllerAddr;
+use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
 use cohort_proto::status::StatusServerEvent;
 

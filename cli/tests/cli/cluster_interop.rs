@@ -25,10 +25,11 @@ use cohort_driver_tokio::{Tokio, tokio};
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::ledger::{JoinConfig, JoinOffer, StartMode, TrustMode};
 use cohort_proto::node::controller::{
-    ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome, RunKnobs,
+    ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome,
 };
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
 use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RelayListen};
+use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::node::oracle::ConsensusOracle;
 use cohort_proto::node::rank::{RankNode, RankNodeEvent};
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};

@@ -9,8 +9,8 @@ use std::time::Duration;
 use cohort::cluster::demo::{self, DemoOptions, Kill};
 use cohort::cluster::{ClusterEvent, Source, http};
 use cohort_proto::coord::{CoordinatorEvent, DeathCause};
-use cohort_proto::node::controller::RunKnobs;
 use cohort_proto::node::controller::{ControllerNodeEvent, ControllerOutcome};
+use cohort_proto::node::knobs::RunKnobs;
 
 /// A short run: 2 hosts x 2 ranks, 2 epochs of 400 samples in 5 ms
 /// batches (about half a second per epoch), rank 2 killed 0.25 s in.

@@ -22,7 +22,8 @@ use cohort_proto::ConnId;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::join::window::JoinWindowEvent;
-use cohort_proto::node::controller::{ControllerNodeEvent, ControllerOutcome, RunKnobs};
+use cohort_proto::node::controller::{ControllerNodeEvent, ControllerOutcome};
+use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::wire::SessionSalt;
 

@@ -8,8 +8,9 @@ use cohort::cluster::host::{HostParams, MioHost};
 use cohort_driver_mio::Clock;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, RunKnobs};
+use cohort_proto::node::controller::ControllerConfig;
 use cohort_proto::node::envelope::ControllerAddr;
+use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::wire::SessionSalt;
 
 /// A controller's configuration for 4 ranks (auto start once all joined)

@@ -11,7 +11,8 @@
 //! - [`rank::RankNode`]: one rank: control client, data client or NCCL
 //!   bootstrap, and any [`workload::Workload`] (the synthetic
 //!   [`trainer::Trainer`], or a real training loop).
-//! - [`envelope`]: what `WorldFormed` carries, in flodl 0.8's shapes.
+//! - [`envelope`]: what `WorldFormed` carries, in flodl 0.8's shapes;
+//!   [`knobs`]: the run as an operator states it, and its one range check.
 //! - [`cluster`]: the event vocabulary every harness speaks; [`oracle`]:
 //!   every consensus in those events checked against the exact weighted
 //!   mean of its contributions.
@@ -20,6 +21,7 @@ pub mod cluster;
 pub mod controller;
 pub mod envelope;
 pub mod host;
+pub mod knobs;
 pub mod oracle;
 pub mod rank;
 pub mod trainer;

@@ -24,7 +24,7 @@ use proptest::prelude::*;
 
 use crate::config::{Rules, TimeoutScale};
 use crate::join::ledger::{JoinConfig, JoinOffer, StartMode};
-use crate::node::controller::RunKnobs;
+use crate::node::knobs::RunKnobs;
 use crate::reduce::ReduceConfig;
 use crate::relay::{Leg, RelayConfig};
 use crate::wire::{MacKey, SessionSalt};

@@ -9,9 +9,10 @@
 
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::{JoinConfig, JoinOffer, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerNode, RunKnobs};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNode};
 use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RelayListen};
+use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::relay::{Leg, Relay, RelayConfig, RelayEvent};
 use cohort_proto::wire::{DEFAULT_FRAME_CEILING, DataHello, SessionSalt, derive_frame_ceiling};
 use cohort_proto::{ConnId, DialId, Input, Machine, Output, Peer, Time};

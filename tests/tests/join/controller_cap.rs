@@ -5,8 +5,9 @@
 
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::{JoinConfig, JoinWindowEvent, TrustMode};
-use cohort_proto::node::controller::{ControllerConfig, ControllerNode, ControllerNodeEvent, RunKnobs};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNode, ControllerNodeEvent};
 use cohort_proto::node::envelope::ControllerAddr;
+use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::wire::SessionSalt;
 use cohort_proto::{ConnId, Input, Machine, Output, Peer, Time};
 use cohort_tests::join_harness::{dial_bytes, offer};
