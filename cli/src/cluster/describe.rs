@@ -453,21 +453,66 @@ fn drop_reason(e: &ClusterEvent) -> Option<(&'static str, Option<ConnId>)> {
     })
 }
 
-/// One node's connection drops in the interval under way.
+/// The status answer an event reports, by its status line; `None` for
+/// any other event. Anyone who reaches the port may ask, so a flood of
+/// requests is summarised as drops are.
+fn status_answer(e: &ClusterEvent) -> Option<String> {
+    match e {
+        ClusterEvent::Controller(ControllerNodeEvent::Status(StatusServerEvent::Answered {
+            reply, ..
+        })) => Some(reply.to_string()),
+        _ => None,
+    }
+}
+
+/// One node's connection drops and status answers in the interval under
+/// way.
 #[derive(Debug)]
 struct Drops {
-    /// When the interval began (its first drop).
+    /// When the interval began (its first drop or answer).
     since: Time,
     /// Drops by reason.
     counts: BTreeMap<&'static str, u64>,
     /// Whether some drop was counted without a line of its own.
     held: bool,
+    /// Status answers by status line.
+    answers: BTreeMap<String, u64>,
+    /// Whether some answer was counted without a line of its own.
+    answers_held: bool,
     /// Connections evicted this interval: their part's drop that follows
     /// is the same connection, counted once.
     evicted: BTreeSet<ConnId>,
 }
 
 impl Drops {
+    fn new(since: Time) -> Self {
+        Drops {
+            since,
+            counts: BTreeMap::new(),
+            held: false,
+            answers: BTreeMap::new(),
+            answers_held: false,
+            evicted: BTreeSet::new(),
+        }
+    }
+
+    /// The interval's line of status answers by status line.
+    fn answers_summary(&self) -> Line {
+        let total: u64 = self.answers.values().sum();
+        let parts: Vec<String> =
+            self.answers.iter().map(|(st, n)| format!("{} {st}", Thousands(*n))).collect();
+        line(
+            Level::Info,
+            "status_answered",
+            format!(
+                "answered {} status requests in {} s: {}",
+                Thousands(total),
+                DROP_SUMMARY_INTERVAL.as_secs(),
+                parts.join(", ")
+            ),
+        )
+    }
+
     fn summary(&self) -> Line {
         let total: u64 = self.counts.values().sum();
         let mut by: Vec<(&&str, &u64)> = self.counts.iter().collect();
@@ -493,7 +538,7 @@ impl Drops {
 /// reason in an interval of [`DROP_SUMMARY_INTERVAL`] is written at once,
 /// the rest are counted, and the interval ends with one line of counts by
 /// reason, so a flood of connections writes a line every 10 s, not one per
-/// connection. `--json` output is not summarised: each event is data.
+/// connection. Status answers are gathered the same way, by status line. `--json` output is not summarised: each event is data.
 ///
 /// ```
 /// use cohort::cluster::describe::{Level, Narrator};
@@ -533,16 +578,22 @@ impl Narrator {
     pub fn to_log(&mut self, s: &Stamped, l: &Line) -> Vec<(String, Line)> {
         let mut out = self.flush(s.at);
         let node = s.source.to_string();
+        if let Some(status) = status_answer(&s.event) {
+            let d = self.drops.entry(node.clone()).or_insert_with(|| Drops::new(s.at));
+            let n = d.answers.entry(status).or_default();
+            *n += 1;
+            if *n == 1 {
+                out.push((node, l.clone()));
+            } else {
+                d.answers_held = true;
+            }
+            return out;
+        }
         let Some((why, conn)) = drop_reason(&s.event) else {
             out.push((node, l.clone()));
             return out;
         };
-        let d = self.drops.entry(node.clone()).or_insert_with(|| Drops {
-            since: s.at,
-            counts: BTreeMap::new(),
-            held: false,
-            evicted: BTreeSet::new(),
-        });
+        let d = self.drops.entry(node.clone()).or_insert_with(|| Drops::new(s.at));
         let evicted = matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Evicted { .. }));
         if !evicted && conn.is_some_and(|c| d.evicted.remove(&c)) {
             // The part's end of a connection already counted as evicted.
@@ -574,10 +625,12 @@ impl Narrator {
             .collect();
         let mut out = Vec::new();
         for node in ended {
-            if let Some(d) = self.drops.remove(&node)
-                && d.held
-            {
-                out.push((node, d.summary()));
+            let Some(d) = self.drops.remove(&node) else { continue };
+            if d.held {
+                out.push((node.clone(), d.summary()));
+            }
+            if d.answers_held {
+                out.push((node, d.answers_summary()));
             }
         }
         out
@@ -919,6 +972,32 @@ mod tests {
         assert_eq!(again.len(), 1);
         // Other events are never held back, and a lone drop needs no summary.
         assert_eq!(feed(&mut n, at(20_001, host_lost())).len(), 1);
+        assert!(n.flush(Time::MAX).is_empty());
+    }
+
+    #[test]
+    fn a_flood_of_status_requests_writes_a_summary_per_interval_not_a_line_per_request() {
+        use cohort_proto::status::Reply;
+        let mut n = Narrator::default();
+        let mut logged: Vec<(String, Line)> = Vec::new();
+        // 10 s of status requests, 5 ms apart: 1,990 answered `200 OK`, 10 `404`.
+        for i in 0..2000u64 {
+            let reply = if i % 200 == 199 { Reply::NotFound } else { Reply::State };
+            let ev = ControllerNodeEvent::Status(StatusServerEvent::Answered { conn: ConnId(i), reply });
+            let s = at(i * 5, ev);
+            let l = n.describe(&s);
+            logged.extend(n.to_log(&s, &l));
+        }
+        // The first answer of each status line is written at once.
+        let texts: Vec<&str> = logged.iter().map(|(_, l)| l.text.as_str()).collect();
+        assert_eq!(texts, vec!["HTTP conn#0: 200 OK", "HTTP conn#199: 404 Not Found"], "{logged:?}");
+        let summary = n.flush(Time::from_secs(10));
+        assert_eq!(summary.len(), 1);
+        assert_eq!((summary[0].1.level, summary[0].1.kind), (Level::Info, "status_answered"));
+        assert_eq!(
+            summary[0].1.text,
+            "answered 2,000 status requests in 10 s: 1,990 200 OK, 10 404 Not Found"
+        );
         assert!(n.flush(Time::MAX).is_empty());
     }
 
