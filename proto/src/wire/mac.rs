@@ -23,8 +23,7 @@ type HmacSha256 = Hmac<Sha256>;
 ///
 /// Holds the SHA-256 states after absorbing the key XOR ipad and key XOR
 /// opad blocks, so every MAC starts two compressions in. Clones share one
-/// copy of the states: a process (or a simulated world) of many machines
-/// reads one cache line for every MAC, not one per machine.
+/// copy of the states.
 ///
 /// ```
 /// use cohort_proto::wire::{MacKey, SessionSalt, mac64};
@@ -41,9 +40,8 @@ pub struct MacKey {
     states: Arc<KeyStates>,
 }
 
-/// The keyed inner and outer states, in one cache line.
+/// The keyed inner and outer states.
 #[derive(Clone, Copy, PartialEq, Eq)]
-#[repr(C, align(64))]
 struct KeyStates {
     inner: [u32; 8],
     outer: [u32; 8],
