@@ -2,8 +2,23 @@
 //! module per file in `cli/`); `hostile_port` stays a binary of its own, as
 //! it measures the whole process's peak memory.
 
+use std::process::Child;
+
 #[path = "common/mod.rs"]
 mod common;
+
+/// Kills a child the test no longer waits for, however the test ends (a
+/// failed assertion included).
+struct Reap(Option<Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
 
 #[path = "cli/agent_program.rs"]
 mod agent_program;

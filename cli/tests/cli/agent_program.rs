@@ -3,6 +3,7 @@
 //! `cohort rank` (it reads flodl's envelope, so no libtorch is needed),
 //! behind a shell that first writes the environment it was given.
 
+use crate::Reap;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -15,18 +16,6 @@ use std::time::{Duration, Instant};
 const PATIENCE: Duration = Duration::from_secs(60);
 
 const COHORT: &str = env!("CARGO_BIN_EXE_cohort");
-
-/// Kills a child the test no longer waits for (on a failed assertion).
-struct Reap(Option<Child>);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 impl Reap {
     fn wait(&mut self) -> std::process::ExitStatus {

@@ -2,9 +2,10 @@
 //! loopback: a controller in manual-start mode, two agents, `status` and
 //! `start` from the operator, and the run to its end.
 
+use crate::Reap;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -19,18 +20,6 @@ fn cohort(args: &[&str]) -> Command {
 
 fn run(args: &[&str]) -> Output {
     cohort(args).output().expect("run cohort")
-}
-
-/// Kills a child the test no longer waits for (on a failed assertion).
-struct Reap(Option<Child>);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 #[test]

@@ -3,24 +3,15 @@
 //! attempts and warns at most once every ten seconds, not once per
 //! arrival; once descriptors free up it accepts and answers again.
 
+use crate::Reap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 /// A safety net against a hung test, not a synchronisation device.
 const PATIENCE: Duration = Duration::from_secs(30);
-
-/// Kills the controller when the test ends, however it ends.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// `GET /state.json` on a fresh connection: the status code.
 fn status_code(addr: SocketAddr) -> Option<u32> {
@@ -49,7 +40,7 @@ fn an_exhausted_listener_pauses_warns_once_and_recovers() {
         .spawn()
         .expect("prlimit cohort controller");
     let stderr = child.stderr.take().expect("piped stderr");
-    let _reap = Reap(child);
+    let _reap = Reap(Some(child));
     let (tx, lines) = mpsc::channel::<String>();
     std::thread::spawn(move || {
         for l in BufReader::new(stderr).lines().map_while(Result::ok) {
