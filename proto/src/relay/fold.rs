@@ -564,12 +564,23 @@ pub enum Admit {
 #[derive(Debug, Clone)]
 pub struct Barrier {
     seats: BTreeMap<u32, Seat>,
+    /// A rank waits for its round's consensus before its next frame
+    /// (ping-pong); without it (flodl's relay) an early frame goes into the
+    /// next round.
+    ping_pong: bool,
 }
 
 impl Barrier {
-    /// A barrier over `ranks`, all alive.
+    /// A barrier over `ranks`, all alive, each rank waiting for its round's
+    /// consensus before its next frame.
     pub fn new(ranks: &[u32]) -> Self {
-        Barrier { seats: ranks.iter().map(|r| (*r, Seat::default())).collect() }
+        Barrier { seats: ranks.iter().map(|r| (*r, Seat::default())).collect(), ping_pong: true }
+    }
+
+    /// A barrier over `ranks` that takes a rank's next frame as soon as its
+    /// round is complete, into the next round (flodl's relay).
+    pub fn taking_early_frames(ranks: &[u32]) -> Self {
+        Barrier { ping_pong: false, ..Barrier::new(ranks) }
     }
 
     /// A rank's seat.
@@ -667,7 +678,7 @@ impl Barrier {
     /// the round's consensus ([`answered`](Self::answered)).
     pub fn next_round(&mut self) {
         for s in self.seats.values_mut() {
-            s.awaiting = s.deposited;
+            s.awaiting = s.deposited && self.ping_pong;
             s.deposited = false;
         }
     }

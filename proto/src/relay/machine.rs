@@ -515,7 +515,13 @@ impl Relay {
             .collect();
         let data = (cfg.leg == Leg::Data).then(|| DataLeg {
             fold: RoundFold::new(),
-            barrier: Barrier::new(&cfg.ranks),
+            // flodl's relay takes a rank's next frame at once, into the next
+            // round, without waiting for the round's consensus.
+            barrier: if cfg.confines() {
+                Barrier::new(&cfg.ranks)
+            } else {
+                Barrier::taking_early_frames(&cfg.ranks)
+            },
             polluted: None,
             established: Established::default(),
             spare: None,
@@ -838,6 +844,13 @@ impl Relay {
     /// again from the kept bytes of the frames that are.
     fn complete_round(&mut self) -> Result<(), FoldError> {
         let Some(leg) = self.data.as_ref() else { return Ok(()) };
+        // flodl's rules keep nothing to sum again: a frame abandoned after
+        // it reached the sum loses the round at once.
+        if let Some(rank) = leg.polluted
+            && !self.cfg.confines()
+        {
+            return Err(FoldError::PartialDeposit { rank });
+        }
         if !leg.barrier.complete() {
             return Ok(());
         }
@@ -850,11 +863,6 @@ impl Relay {
         }
         let Some(leg) = self.data.as_mut() else { return Ok(()) };
         let deposits: Vec<u32> = leg.barrier.depositors().collect();
-        if let Some(rank) = leg.polluted
-            && !self.cfg.confines()
-        {
-            return Err(FoldError::PartialDeposit { rank });
-        }
         if leg.polluted.is_some()
             || self.locals.values().any(|l| l.deposit.as_ref().is_some_and(|d| d.held.is_some()))
         {
@@ -882,11 +890,6 @@ impl Relay {
         };
         leg.fold.reset();
         leg.barrier.next_round();
-        if !self.cfg.confines() {
-            // flodl's relay takes a rank's next frame at once, into the next
-            // round, without waiting for this round's consensus.
-            leg.barrier.answered();
-        }
         for local in self.locals.values_mut() {
             if let Some(d) = local.deposit.take() {
                 local.dec.recycle(d.kept);
@@ -961,14 +964,6 @@ impl Relay {
     /// ships the round if that completed it.
     fn rank_dead(&mut self, rank: u32, cause: RankDeath, lost: bool) {
         if !self.kill_rank(rank, cause, lost) {
-            return;
-        }
-        // flodl's rules: a frame abandoned after it reached the sum loses the
-        // round at once.
-        if let Some(rank) = self.data.as_ref().and_then(|l| l.polluted)
-            && !self.cfg.confines()
-        {
-            self.stop(StopReason::Fold(FoldError::PartialDeposit { rank }));
             return;
         }
         if let Err(e) = self.complete_round() {
