@@ -643,10 +643,9 @@ fn agent(a: AgentArgs) -> i32 {
         if stop.load(Ordering::SeqCst) && !stopping {
             stopping = true;
             tracing::warn!("stopping: the ranks still running are told to stop, their exits reported");
-            if host.programs().is_none_or(|p| p.running().is_empty()) {
+            if host.terminate_programs() == 0 {
                 break 1;
             }
-            host.terminate_programs();
             worst = 1;
         }
         let s = match events.recv_timeout(Duration::from_millis(100)) {

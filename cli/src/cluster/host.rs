@@ -106,7 +106,7 @@ impl HostParams {
         }
     }
 
-    fn host_config(&self) -> HostConfig {
+    pub(crate) fn host_config(&self) -> HostConfig {
         let devices = (0..self.ranks.min(256)).map(|d| d as u8).collect();
         let mut offer = JoinOffer::new(self.name.clone(), devices, self.dataset_sig);
         offer.model_sig = self.model_sig;
@@ -331,10 +331,9 @@ impl MioHost {
 
     /// Forwards SIGTERM to every rank program still running, then SIGKILL
     /// after the grace period; their exits are reported as they are reaped.
-    pub fn terminate_programs(&self) {
-        if let Some(p) = &self.programs {
-            p.terminate(self.grace);
-        }
+    /// Returns how many were running; no program starts after it.
+    pub fn terminate_programs(&self) -> usize {
+        self.programs.as_ref().map_or(0, |p| p.terminate(self.grace))
     }
 
     /// Whether the world formed and the host started its relays.

@@ -125,6 +125,9 @@ struct Children {
     running: BTreeMap<u32, Running>,
     /// Ranks started so far (running or ended).
     started: usize,
+    /// Set by the first SIGTERM to the programs: no program starts after it
+    /// (one would miss the signal and outlive the agent).
+    stopping: bool,
 }
 
 /// The rank programs of one host. See the [module documentation](self).
@@ -181,21 +184,29 @@ impl ProgramRanks {
             cmd.env_remove(k);
         }
         let r = spec.rank;
-        let mut child = cmd.spawn().map_err(|e| format!("rank {r}: starting {prog:?}: {e}"))?;
-        let prefix = format!("[{}:{}:r{r}] ", self.host, spec.local_rank);
-        if let Some(out) = child.stdout.take() {
-            forward_lines(out, prefix.clone(), false);
-        }
-        if let Some(err) = child.stderr.take() {
-            forward_lines(err, prefix, true);
-        }
-        self.note(r, format!("rank program started: pid {} ({})", child.id(), self.argv.join(" ")));
-        let report = RankReport::new(agent, self.sink.clone(), r, self.clock);
-        {
+        // Spawned and registered under one lock, and announced only then: a
+        // SIGTERM to the agent either comes first (nothing starts) or finds
+        // the program in `running`.
+        let pid = {
             let mut c = lock(&self.children);
+            if c.stopping {
+                return Err(format!("rank {r}: not started, the agent is stopping"));
+            }
+            let mut child = cmd.spawn().map_err(|e| format!("rank {r}: starting {prog:?}: {e}"))?;
+            let prefix = format!("[{}:{}:r{r}] ", self.host, spec.local_rank);
+            if let Some(out) = child.stdout.take() {
+                forward_lines(out, prefix.clone(), false);
+            }
+            if let Some(err) = child.stderr.take() {
+                forward_lines(err, prefix, true);
+            }
+            let pid = child.id();
+            let report = RankReport::new(agent, self.sink.clone(), r, self.clock);
             c.running.insert(r, Running { child, report });
             c.started += 1;
-        }
+            pid
+        };
+        self.note(r, format!("rank program started: pid {pid} ({})", self.argv.join(" ")));
         self.ensure_supervisor();
         Ok(())
     }
@@ -225,9 +236,13 @@ impl ProgramRanks {
     }
 
     /// Sends `signal` to every running program's process group (under the
-    /// lock the supervisor reaps under, so never to a reaped pid).
+    /// lock the supervisor reaps under, so never to a reaped pid); from the
+    /// first SIGTERM on, no program starts.
     fn signal_all(&self, signal: Signal) -> usize {
-        let c = lock(&self.children);
+        let mut c = lock(&self.children);
+        if signal == Signal::TERM {
+            c.stopping = true;
+        }
         for (rank, r) in &c.running {
             if let Err(e) = kill_process_group(Pid::from_child(&r.child), signal) {
                 tracing::warn!(rank, "signalling the rank program: {e}");
@@ -237,12 +252,13 @@ impl ProgramRanks {
     }
 
     /// Stops every program still running: SIGTERM, then SIGKILL to those
-    /// still running after `grace`; returns when all were reaped (their
-    /// ends reported) or 5 s after the SIGKILL.
-    pub fn terminate(&self, grace: Duration) {
+    /// still running after `grace`; returns how many were running, when all
+    /// were reaped (their ends reported) or 5 s after the SIGKILL. No
+    /// program starts after it.
+    pub fn terminate(&self, grace: Duration) -> usize {
         let n = self.signal_all(Signal::TERM);
         if n == 0 {
-            return;
+            return 0;
         }
         tracing::info!("sent SIGTERM to {n} rank program(s); SIGKILL in {grace:?} if still running");
         if !self.wait_all(grace) {
@@ -250,6 +266,7 @@ impl ProgramRanks {
             tracing::warn!("sent SIGKILL to {left} rank program(s) still running after {grace:?}");
             self.wait_all(Duration::from_secs(5));
         }
+        n
     }
 
     /// Bounded wait until no program runs (the supervisor reaps them).
@@ -353,5 +370,53 @@ mod tests {
         assert_eq!(end_of(status_of("kill -KILL $$")), RankEnd::Killed);
         assert_eq!(end_of(status_of("kill -TERM $$")), RankEnd::Exited(143));
         assert_eq!(RankEnd::Killed.code(), 137);
+    }
+
+    fn spec(rank: u32) -> RankSpec {
+        RankSpec {
+            host: "h".into(),
+            rank,
+            local_rank: rank,
+            world_size: 2,
+            salt: cohort_proto::wire::SessionSalt::ZERO,
+            controller: "127.0.0.1:9".into(),
+            control_addr: "127.0.0.1:13".into(),
+            data_addr: None,
+            ceiling: 1 << 20,
+            dataset_sig: [0; 32],
+            model_sig: [0; 32],
+            timeout_scale: cohort_proto::config::TimeoutScale::ONE,
+            workload: None,
+            envelope_hex: String::new(),
+        }
+    }
+
+    /// A SIGTERM to the agent that races a rank's start either comes first
+    /// (the rank never starts) or finds the rank running: no program is
+    /// left behind, unsignalled, by an agent that stops.
+    #[test]
+    fn no_program_starts_once_the_agent_is_stopping() {
+        use super::super::host::HostParams;
+        use cohort_driver_mio::Runner;
+        let p = HostParams::new("h", 2, "127.0.0.1:9", cohort_proto::config::TimeoutScale::ONE);
+        let host = HostNode::new(p.host_config(), p.clock.now());
+        let runner = Runner::with_clock(host, p.config.clone(), p.clock).unwrap();
+        let (sink, events) = std::sync::mpsc::channel();
+        let argv = ["sh", "-c", "exec sleep 30"].map(String::from).to_vec();
+        let ranks = ProgramRanks::new(argv, "h".into(), sink, p.clock);
+        ranks.start(&spec(0), 2, runner.remote()).unwrap();
+        // Announced only once it is running, so a stop finds it.
+        let pid = ranks.pid(0).expect("running once started");
+        let note = events.recv().unwrap();
+        assert!(
+            matches!(&note.event, ClusterEvent::Note(n) if n == &format!("rank program started: pid {pid} (sh -c exec sleep 30)")),
+            "{note:?}"
+        );
+        assert_eq!(ranks.terminate(Duration::from_secs(5)), 1);
+        assert!(ranks.running().is_empty());
+        let refused = ranks.start(&spec(1), 2, runner.remote()).unwrap_err();
+        assert_eq!(refused, "rank 1: not started, the agent is stopping");
+        assert_eq!(ranks.pid(1), None);
+        ranks.shutdown();
     }
 }

@@ -198,7 +198,7 @@ fn the_agent_runs_the_users_program_as_every_rank_to_the_end() {
 fn a_rank_program_killed_mid_run_is_reported_with_its_exit_code() {
     let port = free_port_with_relays();
     let dir = scratch("killed");
-    let (mut ctl, ctl_lines) = controller(port, 2, 3, 400);
+    let (mut ctl, ctl_lines) = controller(port, 2, 3, 200);
     let mut seen = Vec::new();
     let (mut agent, agent_lines) = agent(port, "hostA", 2, &dir, "10");
     let mut out = Vec::new();
@@ -245,8 +245,9 @@ fn on_sigterm_the_agent_stops_its_programs_term_then_kill_and_reports_them() {
     let port = free_port_with_relays();
     let (ctl, ctl_lines) = controller(port, 2, 1, 40);
     // Programs that never train: local rank 0 dies of SIGTERM, local rank 1
-    // ignores it and dies of the SIGKILL that follows the grace.
-    let script = r#"if [ "$LOCAL_RANK" = 1 ]; then trap "" TERM; fi; while :; do sleep 1; done"#;
+    // ignores it and dies of the SIGKILL that follows the grace. Each says
+    // `ready` once its trap is set, so the SIGTERM cannot come before it.
+    let script = r#"if [ "$LOCAL_RANK" = 1 ]; then trap "" TERM; fi; echo ready; while :; do sleep 1; done"#;
     let mut agent = Reap(Some(
         Command::new(COHORT)
             .args(["agent", "--connect", &format!("127.0.0.1:{port}"), "--host", "hostA", "--ranks", "2"])
@@ -259,9 +260,7 @@ fn on_sigterm_the_agent_stops_its_programs_term_then_kill_and_reports_them() {
     let agent_lines = lines_of(agent.0.as_mut().unwrap());
     let mut out = Vec::new();
     for r in 0..2 {
-        wait_line(&agent_lines, &mut out, "both programs started", |l| {
-            l.contains(&format!(r#""node":"rank {r}""#)) && l.contains("rank program started")
-        });
+        wait_line(&agent_lines, &mut out, "both programs ready", |l| l == format!("[hostA:{r}:r{r}] ready"));
     }
     let pid = agent.0.as_ref().unwrap().id().to_string();
     let t0 = Instant::now();
