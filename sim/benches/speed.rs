@@ -3,7 +3,7 @@
 //! from 64 to 1024 ranks (8 ranks per host). Peak memory is the process's
 //! high-water mark (VmHWM) after each size, so run sizes ascending.
 //!
-//! `cargo bench -p cohort-sim --bench speed [-- [whole-epoch] [secs=N] [model=N] [per-host=N] RANKS...]`
+//! `cargo bench -p cohort-sim --bench speed [-- [whole-epoch] [flodl-rules] [secs=N] [model=N] [per-host=N] RANKS...]`
 
 use std::time::Instant;
 
@@ -49,6 +49,8 @@ fn main() {
     // model and the host count cost (Scenario::validate's memory estimate).
     let model: Option<u32> = args.iter().find_map(|a| a.strip_prefix("model=")?.parse().ok());
     let per_host: u32 = args.iter().find_map(|a| a.strip_prefix("per-host=")?.parse().ok()).unwrap_or(8);
+    // `flodl-rules`: the run under flodl 0.8's rules (default: cohort's).
+    let flodl_rules = args.iter().any(|a| a == "flodl-rules");
     let sizes: Vec<u32> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() { vec![64, 128, 256, 512, 1024] } else { sizes };
     println!(
@@ -86,6 +88,9 @@ fn main() {
         }
         if whole_epoch {
             sc.progressive = Some(false);
+        }
+        if flodl_rules {
+            sc.rules = cohort_proto::config::Rules::Flodl;
         }
         let cluster = Cluster::new(sc, 1).expect("scenario");
         let (t, c) = (Instant::now(), cpu_s());
