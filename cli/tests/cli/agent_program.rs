@@ -259,8 +259,13 @@ fn on_sigterm_the_agent_stops_its_programs_term_then_kill_and_reports_them() {
     ));
     let agent_lines = lines_of(agent.0.as_mut().unwrap());
     let mut out = Vec::new();
-    for r in 0..2 {
-        wait_line(&agent_lines, &mut out, "both programs ready", |l| l == format!("[hostA:{r}:r{r}] ready"));
+    // The two programs print in either order.
+    let mut ready = [false; 2];
+    while ready != [true; 2] {
+        let l = wait_line(&agent_lines, &mut out, "both programs ready", |l| l.ends_with("] ready"));
+        for (r, seen) in ready.iter_mut().enumerate() {
+            *seen |= l == format!("[hostA:{r}:r{r}] ready");
+        }
     }
     let pid = agent.0.as_ref().unwrap().id().to_string();
     let t0 = Instant::now();
