@@ -225,11 +225,6 @@ impl ProgramRanks {
             .ok();
     }
 
-    /// The ranks whose programs are still running.
-    pub fn running(&self) -> Vec<u32> {
-        lock(&self.children).running.keys().copied().collect()
-    }
-
     /// The process id of `rank`'s program, while it runs.
     pub fn pid(&self, rank: u32) -> Option<u32> {
         lock(&self.children).running.get(&rank).map(|r| r.child.id())
@@ -413,7 +408,7 @@ mod tests {
             "{note:?}"
         );
         assert_eq!(ranks.terminate(Duration::from_secs(5)), 1);
-        assert!(ranks.running().is_empty());
+        assert_eq!(ranks.pid(0), None, "reaped by the time terminate returns");
         let refused = ranks.start(&spec(1), 2, runner.remote()).unwrap_err();
         assert_eq!(refused, "rank 1: not started, the agent is stopping");
         assert_eq!(ranks.pid(1), None);
