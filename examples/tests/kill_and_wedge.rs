@@ -3,14 +3,16 @@
 //! jitter (and bandwidth high enough that no frame takes a nanosecond to
 //! send), every instant is a sum of latencies and deadlines:
 //!
-//! - rank 1 is killed at 10 s: its host's agent (its parent process) sees it
-//!   at once and reports exit code 137 up its link, 1 ms away;
+//! - rank 1 is killed at 10 s: its host's control relay sees its loopback
+//!   connection end one loopback hop later (10 us) and reports its
+//!   `RankExit` upstream, 1 ms away; its agent, which looks for its children
+//!   only every 20 ms, tells later;
 //! - rank 2 is wedged at 12 s: it stops sending, its sockets stay open, and
 //!   it is declared stale 30 s and 1 ns after the coordinator last heard it.
 
 use cohort_proto::coord::DeathCause;
 use cohort_sim::scenario::Fault;
-use cohort_sim::{Cluster, Outcome, Scenario};
+use cohort_sim::{Cluster, LinkSpec, Outcome, Scenario};
 use core::time::Duration;
 
 #[test]
@@ -29,8 +31,8 @@ fn a_killed_and_a_wedged_rank_are_declared_at_their_exact_instants() {
     assert_eq!(report.violations, Vec::<String>::new());
 
     let killed = report.death(1).unwrap();
-    assert_eq!(killed.cause, DeathCause::ProcessExited { code: 137 });
-    assert_eq!(killed.detection(), Some(Duration::from_millis(1)));
+    assert_eq!(killed.cause, DeathCause::RelayRankExit);
+    assert_eq!(killed.detection(), Some(LinkSpec::LOOPBACK.latency + Duration::from_millis(1)));
 
     let wedged = report.death(2).unwrap();
     let DeathCause::Stale { last_heard } = wedged.cause else { panic!("{:?}", wedged.cause) };

@@ -49,7 +49,7 @@ use cohort_proto::node::controller::{
     ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome,
 };
 use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
-use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RelayListen};
+use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RelayListen, reap_every};
 use cohort_proto::node::rank::RankSpec;
 use cohort_proto::node::rank::{RankNode, RankNodeEvent};
 use cohort_proto::node::trainer::Trainer;
@@ -85,14 +85,18 @@ enum Act {
     HostJoins(usize),
     Fault(usize),
     RunFor,
+    /// A rank's agent finds its process ended, at its next reap poll.
+    Reaped(u32, RankEnd),
 }
 
 #[derive(Debug)]
 struct HostRt {
     name: Arc<str>,
     host: HostId,
-    /// The host's agent, once it joined.
+    /// The host's agent, once it joined, and the instant it started (its
+    /// reap polls run from there).
     agent: Option<NodeId>,
+    started: Time,
     /// Its ranks: its accept's, then the formed world's.
     ranks: Vec<u32>,
     batch_ms: f64,
@@ -264,6 +268,7 @@ impl<W: SimWorkload> Cluster<W> {
                 name: Arc::from(h.name.as_str()),
                 host,
                 agent: None,
+                started: Time::ZERO,
                 ranks: Vec::new(),
                 batch_ms: class.batch_ms,
                 spread: class.spread,
@@ -615,7 +620,19 @@ impl<W: SimWorkload> Cluster<W> {
         self.hosts.iter().position(|h| h.ranks.contains(&r))
     }
 
+    /// Rank `r`'s process ended now: its agent, its parent, finds it at its
+    /// next reap poll ([`reap_every`]) and reports it then.
     fn rank_ended(&mut self, r: u32, end: RankEnd) {
+        let Some(i) = self.host_of(r) else { return };
+        let every = (reap_every(self.sc.rules).as_nanos() as u64).max(1);
+        let since = self.world.now().as_nanos().saturating_sub(self.hosts[i].started.as_nanos());
+        let at =
+            Time::from_nanos(self.hosts[i].started.as_nanos().saturating_add((since / every + 1) * every));
+        let pos = self.next_act + self.acts[self.next_act..].partition_point(|(t, _)| *t <= at);
+        self.acts.insert(pos, (at, Act::Reaped(r, end)));
+    }
+
+    fn reaped(&mut self, r: u32, end: RankEnd) {
         if let Some(agent) = self.host_of(r).and_then(|i| self.hosts[i].agent) {
             // A host whose link is gone cannot report: nothing to do then.
             self.world.command::<HostNode, _>(agent, |h, now| {
@@ -639,6 +656,7 @@ impl<W: SimWorkload> Cluster<W> {
                 let n = self.world.add_node(self.hosts[i].host, format!("{name}/agent"), Box::new(node), &[]);
                 self.sources.insert(n, Source::Host(name));
                 self.hosts[i].agent = Some(n);
+                self.hosts[i].started = now;
             }
             Act::RunFor => {
                 self.timeline.instant(now, "controller", "run_for reached: graceful stop");
@@ -648,6 +666,7 @@ impl<W: SimWorkload> Cluster<W> {
                 let f = self.sc.faults[i].fault.clone();
                 self.fault(f);
             }
+            Act::Reaped(r, end) => self.reaped(r, end),
         }
     }
 

@@ -503,6 +503,25 @@ impl NetCluster {
         out
     }
 
+    /// When the reduce stopped, if it did.
+    pub fn stopped_reduce(&self) -> Option<Time> {
+        self.log.iter().find_map(|(t, _, e)| match e {
+            ClusterEvent::Controller(ControllerNodeEvent::Reduce(
+                cohort_proto::reduce::ReduceEvent::Stopped(_),
+            )) => Some(*t),
+            _ => None,
+        })
+    }
+
+    /// Under flodl's rules, the ranks lost by the time every host had left,
+    /// if the run ended that way.
+    pub fn every_host_left(&self) -> Option<u32> {
+        self.log.iter().find_map(|(_, _, e)| match e {
+            ClusterEvent::Controller(ControllerNodeEvent::EveryHostLeft { lost }) => Some(*lost),
+            _ => None,
+        })
+    }
+
     /// What the reduce said of the data relays it refused or failed, and when.
     pub fn host_refusals(&self) -> Vec<(Time, String)> {
         use cohort_proto::reduce::ReduceEvent;

@@ -636,7 +636,7 @@ fn agent(a: AgentArgs) -> i32 {
         ),
         None => tracing::info!("agent {} joining {} with {} ranks", a.host, a.connect, a.ranks),
     }
-    let (mut ranks, mut exits, mut worst) = (0usize, 0usize, 0i32);
+    let mut worst = 0i32;
     let mut stopping = false;
     let mut narrator = Narrator::default();
     let code = loop {
@@ -658,10 +658,6 @@ fn agent(a: AgentArgs) -> i32 {
         };
         show(&mut narrator, &s, a.common.json);
         match (&s.source, &s.event) {
-            (
-                Source::Host(_),
-                ClusterEvent::Host(HostNodeEvent::Agent(JoinClientEvent::Admitted { ranks: r, .. })),
-            ) => ranks = r.len(),
             (Source::Host(_), ClusterEvent::Host(HostNodeEvent::Agent(JoinClientEvent::Failed(_)))) => {
                 break 1;
             }
@@ -675,14 +671,10 @@ fn agent(a: AgentArgs) -> i32 {
                 tracing::error!("{n}");
                 break 1;
             }
-            (Source::Rank(_), ClusterEvent::RankExit { code }) => {
-                exits += 1;
-                if *code != 0 {
-                    worst = 1;
-                }
-                if ranks > 0 && exits >= ranks {
-                    break worst;
-                }
+            // Every rank ended: the agent left (its exit reports flushed
+            // before its link closes).
+            (Source::Host(_), ClusterEvent::Host(HostNodeEvent::Finished { failed })) => {
+                break if *failed > 0 { 1 } else { worst };
             }
             _ => {}
         }

@@ -88,6 +88,14 @@ pub fn describe(s: &Stamped) -> Line {
                 format!("reported rank {rank}'s exit code {code} to the controller"),
             ),
             HostNodeEvent::Refused(why) => line(Warn, "host_refused", format!("cannot take part: {why}")),
+            HostNodeEvent::Finished { failed: 0 } => {
+                line(Info, "host_finished", "every rank ended cleanly: the agent leaves")
+            }
+            HostNodeEvent::Finished { failed } => line(
+                Warn,
+                "host_finished",
+                format!("every rank ended, {failed} with a non-zero code: the agent leaves"),
+            ),
         },
         ClusterEvent::Operator(e) => match e {
             StatusClientEvent::Answer(a) => {
@@ -303,6 +311,14 @@ fn controller(e: &ControllerNodeEvent) -> Line {
         ControllerNodeEvent::Started { world_size } => {
             line(Info, "started", format!("training started: world of {world_size} ranks"))
         }
+        ControllerNodeEvent::EveryHostLeft { lost } => line(
+            Info,
+            "every_host_left",
+            format!(
+                "every host left before the run ended: over, as flodl's launcher ends with its hosts ({lost} {} lost)",
+                if *lost == 1 { "rank" } else { "ranks" }
+            ),
+        ),
         ControllerNodeEvent::Finished(ControllerOutcome::Done) => {
             line(Info, "finished", "run finished: done")
         }
@@ -698,6 +714,7 @@ pub fn data(s: &Stamped) -> Option<serde_json::Value> {
                 RunEnd::Done => json!({ "end": "done" }),
                 RunEnd::Saved(r) => json!({ "end": "saved", "reason": r.to_string() }),
             },
+            ControllerNodeEvent::EveryHostLeft { lost } => json!({ "lost": lost }),
             ControllerNodeEvent::Finished(ControllerOutcome::Done) => json!({ "outcome": "done" }),
             ControllerNodeEvent::Finished(ControllerOutcome::Failed(r)) => {
                 json!({ "outcome": "failed", "reason": r })

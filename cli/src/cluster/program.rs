@@ -38,8 +38,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cohort_driver_mio::{Clock, Remote};
+use cohort_proto::config::Rules;
 use cohort_proto::node::envelope::ControllerAddr;
-use cohort_proto::node::host::{HostNode, RankEnd};
+use cohort_proto::node::host::{HostNode, RankEnd, reap_every};
 use cohort_proto::node::rank::RankSpec;
 use rustix::process::{Pid, Signal, kill_process_group};
 
@@ -56,7 +57,7 @@ pub const ROLE_VARS: [&str; 3] =
 const REMAPPING_MASKS: [&str; 2] = ["ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"];
 
 /// How often the supervisor looks for exited children.
-const REAP_EVERY: Duration = Duration::from_millis(20);
+const REAP_EVERY: Duration = reap_every(Rules::Cohort);
 
 /// The environment a rank child gets on top of the agent's: `spec`'s rank
 /// on a host of `local_world` ranks. See the [module documentation](self).

@@ -48,6 +48,7 @@ enum Report {
     Deaths(Vec<(u32, DeathCause)>),
     Exited { rank: u32, code: i32 },
     HostLost(Vec<u32>),
+    DataLegLost(u32),
 }
 
 /// Frames up to this size are copied behind their record header (one write);
@@ -196,6 +197,11 @@ impl Coordinator {
         self.report(now, Report::Exited { rank, code });
     }
 
+    /// A rank's data leg ended (see [`Scheduler::data_leg_lost`]).
+    pub fn data_leg_lost(&mut self, now: Time, rank: u32) {
+        self.report(now, Report::DataLegLost(rank));
+    }
+
     /// A host's join link ended: its ranks are dead.
     pub fn host_lost(&mut self, now: Time, ranks: &[u32]) {
         self.report(now, Report::HostLost(ranks.to_vec()));
@@ -214,6 +220,7 @@ impl Coordinator {
             Report::Deaths(d) => self.sched.report_deaths(now, &d),
             Report::Exited { rank, code } => self.sched.rank_exited(now, rank, code),
             Report::HostLost(ranks) => self.sched.host_lost(now, &ranks),
+            Report::DataLegLost(rank) => self.sched.data_leg_lost(now, rank),
         }
         self.pump();
     }

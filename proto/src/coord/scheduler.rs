@@ -136,6 +136,13 @@ struct Chunks {
 /// The schedule id of the final eval (flodl's sentinel).
 const FINAL_EVAL_ID: u64 = u64::MAX;
 
+/// How long a rank whose data leg ended stays alive waiting for its control
+/// leg's word (cohort's rules): a clean exit closes both legs at once, and
+/// its `Exiting` crosses the control relay while the data relay reports the
+/// loopback's end, so either may arrive first. Past this, it is a death
+/// ([`DeathCause::DataPlaneLost`]).
+pub const DATA_LOSS_SETTLE: Duration = Duration::from_millis(10);
+
 /// The coordinator's decision core: a pure state struct fed with
 /// `(now, rank, message)` and commands, producing [`Step`]s.
 ///
@@ -225,6 +232,8 @@ pub struct Scheduler {
     /// A chunk's metrics arrived since the window gate last looked: it
     /// looks at the next input (flodl takes metrics after its gate).
     gate_deferred: Option<Time>,
+    /// Ranks whose data leg ended, and when that becomes their death.
+    data_lost: BTreeMap<u32, Time>,
     cycles: u64,
     version: u64,
     global_step: u64,
@@ -293,6 +302,7 @@ impl Scheduler {
             }),
             max_overshoot: cfg.max_overshoot.unwrap_or(OVERSHOOT_INITIAL),
             gate_deferred: None,
+            data_lost: BTreeMap::new(),
             cycles: 0,
             version: 0,
             global_step: 0,
@@ -442,6 +452,7 @@ impl Scheduler {
             self.nccl.as_ref().map(Rendezvous::deadline),
             self.cycle_since().map(|t| t + self.cfg.stall_ceiling() + ns),
             self.gate_deferred,
+            self.data_lost.values().min().copied(),
         ]
         .into_iter()
         .flatten()
@@ -518,6 +529,20 @@ impl Scheduler {
             .collect();
         if !stale.is_empty() {
             self.deaths(now, &stale);
+        }
+        if !self.data_lost.is_empty() {
+            let live = &self.live;
+            self.data_lost.retain(|r, _| live.is_alive(*r));
+            let due: Vec<(u32, DeathCause)> = self
+                .data_lost
+                .iter()
+                .filter(|(_, at)| **at <= now)
+                .map(|(r, _)| (*r, DeathCause::DataPlaneLost))
+                .collect();
+            if !due.is_empty() {
+                self.data_lost.retain(|_, at| *at > now);
+                self.deaths(now, &due);
+            }
         }
         if self.running() && self.nccl.as_ref().is_some_and(|rv| rv.timed_out(now)) {
             self.nccl_retry(now, AskAbandoned::TimedOut);
@@ -721,6 +746,16 @@ impl Scheduler {
             self.exit(now, rank);
         } else {
             self.deaths(now, &[(rank, DeathCause::ProcessExited { code })]);
+        }
+    }
+
+    /// `rank`'s data leg ended (its relay's `RankExit` on the data
+    /// channel): a death [`DATA_LOSS_SETTLE`] from now unless its control
+    /// leg says otherwise first (a clean exit, or a death of its own).
+    pub fn data_leg_lost(&mut self, now: Time, rank: u32) {
+        self.catch_up(now);
+        if self.accepts(rank) && self.live.is_alive(rank) {
+            self.data_lost.entry(rank).or_insert(now + DATA_LOSS_SETTLE);
         }
     }
 

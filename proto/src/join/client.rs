@@ -188,6 +188,8 @@ pub enum LinkEnd {
     Closed(CloseCause),
     /// A frame failed to verify or decode; the link was closed.
     Wire(WireError),
+    /// This host left: every rank it ran had ended ([`JoinClient::leave`]).
+    Left,
 }
 
 impl fmt::Display for LinkEnd {
@@ -196,6 +198,7 @@ impl fmt::Display for LinkEnd {
             LinkEnd::Aborted { reason } => write!(f, "controller aborted the run: {reason}"),
             LinkEnd::Closed(c) => write!(f, "controller closed the host link ({c})"),
             LinkEnd::Wire(e) => write!(f, "host link error: {e}"),
+            LinkEnd::Left => f.write_str("the host left: every rank it ran has ended"),
         }
     }
 }
@@ -321,6 +324,17 @@ impl JoinClient {
         encode_frame(key, &JoinMsgWire::RankExited { rank, code }, &mut b).map_err(|_| NotLinked)?;
         self.out.transmit(conn, b.freeze());
         Ok(())
+    }
+
+    /// The host is done, every rank it ran having ended: the link closes
+    /// after the exit reports already queued, as an agent process's exit
+    /// closes it (flodl's agent shuts its link once its last child is
+    /// reaped; the controller takes that end as the host leaving). A no-op
+    /// unless the link is up.
+    pub fn leave(&mut self) {
+        if self.state == State::Linked {
+            self.finish(JoinClientEvent::LinkEnded(LinkEnd::Left), true);
+        }
     }
 
     /// The session salt, once admitted.

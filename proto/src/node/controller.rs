@@ -7,12 +7,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::config::{ConfigError, Rules, TimeoutScale};
-use crate::coord::{Backend, CoordConfig, Coordinator, CoordinatorEvent, DeathCause, RunEnd};
+use crate::coord::{Backend, CoordConfig, Coordinator, CoordinatorEvent, DeathCause, RunEnd, SaveReason};
 use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
 use crate::join::window::{JoinWindow, JoinWindowEvent, WindowParams};
 use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
 use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
-use crate::reduce::{Reduce, ReduceConfig, ReduceEvent, RoundSchema};
+use crate::reduce::{RankLoss, Reduce, ReduceConfig, ReduceEvent, RoundSchema};
 use crate::rendezvous::{RendezvousConfig, RendezvousServer, RendezvousServerEvent};
 use crate::route::{PortRouter, PortRouterEvent};
 use crate::status::{StatusLimits, StatusResponder, StatusServerEvent};
@@ -168,6 +168,14 @@ pub enum ControllerNodeEvent {
     Started {
         /// Its size.
         world_size: u32,
+    },
+    /// Under flodl's rules, every admitted host's link ended before the run
+    /// did: the run is over (flodl's launcher ends once its hosts' links
+    /// have), done unless every rank was lost or training never began;
+    /// `lost` ranks had been declared dead.
+    EveryHostLeft {
+        /// Ranks declared dead by then.
+        lost: u32,
     },
     /// The run ended.
     Finished(ControllerOutcome),
@@ -355,6 +363,29 @@ impl ControllerNode {
         }
     }
 
+    /// A host's link ended under flodl's rules: the last one ends the run.
+    /// flodl's launcher ends when its hosts' links have: whatever the
+    /// coordinator still waits for, nobody is left to do it. Its verdict
+    /// fails only when every rank was lost (a run the failure budget ended
+    /// has already finished), or, cohort's word, when training never began.
+    fn host_left(&mut self) {
+        let Some(c) = self.coord.as_ref() else { return };
+        if self.outcome.is_some() || self.window.members().any(|(conn, _)| self.window.is_linked(conn)) {
+            return;
+        }
+        let lost = c.scheduler().liveness().dead_count();
+        let world = c.scheduler().config().world_size;
+        let forming = c.is_forming();
+        self.out.event(ControllerNodeEvent::EveryHostLeft { lost });
+        self.finish(if forming {
+            ControllerOutcome::Failed("every host left before the relays covered the world".into())
+        } else if lost >= world {
+            ControllerOutcome::Failed(SaveReason::AllRanksLost.to_string())
+        } else {
+            ControllerOutcome::Done
+        });
+    }
+
     fn formed(&mut self, now: Time, world_size: u32) {
         let mut run = self.cfg.run.clone();
         run.world_size = world_size;
@@ -506,10 +537,15 @@ impl ControllerNode {
                     if let ReduceEvent::HostJoined { conn, .. } = &e {
                         self.authenticated(*conn);
                     }
-                    if let ReduceEvent::RankDead { rank, .. } = &e
+                    // A rank's loopback end may tell before the `Exiting` its
+                    // control leg carries: the coordinator waits for that word.
+                    if let ReduceEvent::RankDead { rank, cause } = &e
                         && let Some(c) = self.coord.as_mut()
                     {
-                        c.report_deaths(now, &[(*rank, DeathCause::DataPlaneLost)]);
+                        match cause {
+                            RankLoss::RankExit => c.data_leg_lost(now, *rank),
+                            _ => c.report_deaths(now, &[(*rank, DeathCause::DataPlaneLost)]),
+                        }
                     }
                     self.out.event(ControllerNodeEvent::Reduce(e));
                 }
@@ -538,9 +574,11 @@ impl ControllerNode {
                     c.rank_exited(now, *rank, *code);
                 }
             }
-            // flodl's launcher takes a host link's end for nothing: its
-            // ranks go stale instead.
-            JoinWindowEvent::HostLost { ranks, .. } if self.cfg.run.rules == Rules::Cohort => {
+            // flodl's launcher takes a host link's end for nothing (its
+            // ranks go stale instead), until the last one: then the run is
+            // over.
+            JoinWindowEvent::HostLost { .. } if self.cfg.run.rules == Rules::Flodl => self.host_left(),
+            JoinWindowEvent::HostLost { ranks, .. } => {
                 let ranks: Vec<u32> = ranks.clone().collect();
                 if let Some(c) = self.coord.as_mut() {
                     c.host_lost(now, &ranks);

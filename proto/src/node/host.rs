@@ -40,6 +40,24 @@ use crate::relay::{Leg, RelayConfig};
 use crate::time::Time;
 use crate::wire::{DEFAULT_FRAME_CEILING, MacKey, SessionSalt};
 
+/// How often an agent looks for its rank processes' ends: `cohort agent`
+/// every 20 ms, flodl 0.8's agent every 50 ms. A rank's end reaches the
+/// controller through its agent only after that poll, so the rank's relay,
+/// which sees its sockets close at once, usually tells first. The
+/// simulator's agents poll at these periods, from the instant they start.
+///
+/// ```
+/// use cohort_proto::config::Rules;
+/// use cohort_proto::node::host::reap_every;
+/// assert_eq!(reap_every(Rules::Flodl).as_millis(), 50);
+/// ```
+pub const fn reap_every(rules: Rules) -> core::time::Duration {
+    match rules {
+        Rules::Cohort => core::time::Duration::from_millis(20),
+        Rules::Flodl => core::time::Duration::from_millis(50),
+    }
+}
+
 /// Where a host's relays listen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RelayListen {
@@ -141,6 +159,13 @@ pub enum HostNodeEvent {
     },
     /// The world formed but this host cannot take part (why).
     Refused(String),
+    /// Every rank this host started has ended, `failed` of them with a
+    /// non-zero code: the agent left (its link closes after the exit
+    /// reports), and a harness ends the agent's process.
+    Finished {
+        /// How many ranks ended with a non-zero code.
+        failed: u32,
+    },
 }
 
 /// A relay's address was reported for a host that does not wait for one.
@@ -163,6 +188,8 @@ struct Formed {
     awaiting: BTreeSet<Leg>,
     /// The world's ranks of this host (the envelope's), in local order.
     world_ranks: Vec<u32>,
+    /// Each of those ranks' exit code, once it ended.
+    ended: Vec<Option<i32>>,
 }
 
 /// A worker host. See the [module documentation](self).
@@ -256,20 +283,33 @@ impl HostNode {
     /// its exit code goes up the host link under the rank the accept named
     /// for it, as flodl's agent reports it (the controller maps it back to
     /// the world's rank when a host retracted before formation moved this
-    /// host's ranks down). `NotLinked` when the link is not up or `rank`
-    /// is not one this host runs.
+    /// host's ranks down). Once every rank of the host has ended, the host
+    /// is [`HostNodeEvent::Finished`] and its agent leaves. `NotLinked` when
+    /// the link is not up (the end still counts) or `rank` is not one this
+    /// host runs.
     pub fn rank_ended(&mut self, now: Time, rank: u32, end: RankEnd) -> Result<(), NotLinked> {
         let code = end.code();
-        let accepted = self
-            .formed
-            .as_ref()
-            .and_then(|f| f.world_ranks.iter().position(|r| *r == rank))
-            .and_then(|i| self.agent.ranks().get(i).copied())
-            .ok_or(NotLinked)?;
-        self.agent.report_rank_exit(accepted, code)?;
+        let f = self.formed.as_mut().ok_or(NotLinked)?;
+        let i = f.world_ranks.iter().position(|r| *r == rank).ok_or(NotLinked)?;
+        if f.ended[i].is_some() {
+            return Ok(());
+        }
+        f.ended[i] = Some(code);
+        let last = f.ended.iter().all(Option::is_some);
+        let failed = f.ended.iter().filter(|c| c.is_some_and(|c| c != 0)).count() as u32;
+        let accepted = self.agent.ranks().get(i).copied().ok_or(NotLinked);
+        let reported = accepted.and_then(|a| self.agent.report_rank_exit(a, code));
         self.pump(now);
-        self.out.event(HostNodeEvent::ExitReported { rank, code });
-        Ok(())
+        if reported.is_ok() {
+            self.out.event(HostNodeEvent::ExitReported { rank, code });
+        }
+        if last {
+            // After the report: the link closes once it is flushed.
+            self.agent.leave();
+            self.pump(now);
+            self.out.event(HostNodeEvent::Finished { failed });
+        }
+        reported
     }
 
     fn release_ranks(&mut self) {
@@ -365,7 +405,8 @@ impl HostNode {
             })
             .collect();
         let world_ranks = env.worker.ranks.clone();
-        self.formed = Some(Formed { ranks, awaiting, world_ranks });
+        let ended = vec![None; world_ranks.len()];
+        self.formed = Some(Formed { ranks, awaiting, world_ranks, ended });
         self.release_ranks();
         Ok(())
     }

@@ -8,7 +8,7 @@
 //! flodl's rank does before its control handshake, and dials the control
 //! relay once it holds the unique id.
 
-use crate::config::TimeoutScale;
+use crate::config::{Rules, TimeoutScale};
 use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
 use crate::machine::{Input, Machine, Outbox, Output};
 use crate::rank::control_client::{ControlClient, ControlClientConfig, ControlClientEvent};
@@ -63,6 +63,11 @@ pub struct RankConfig {
     pub ceiling: u64,
     /// The network timeout scale.
     pub timeout_scale: TimeoutScale,
+    /// The controller's rules (the envelope's; flodl's under a flodl
+    /// controller). Under flodl's, a failed averaging round ends the rank as
+    /// flodl 0.8's rank ends: as if told `Shutdown` (it announces `Exiting`
+    /// and exits 0), not as a failure (docs/DIFFERENCES.md).
+    pub rules: Rules,
 }
 
 /// One rank to start: everything its process is given.
@@ -130,6 +135,7 @@ impl RankSpec {
             nccl,
             ceiling: self.ceiling,
             timeout_scale: self.timeout_scale,
+            rules: self.workload.map_or(Rules::Flodl, |w| w.rules),
         }
     }
 }
@@ -220,7 +226,7 @@ impl RankNodeEvent {
 ///
 /// ```
 /// # #[cfg(feature = "testing")] {
-/// use cohort_proto::config::TimeoutScale;
+/// use cohort_proto::config::{Rules, TimeoutScale};
 /// use cohort_proto::node::rank::{RankConfig, RankNode};
 /// use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 /// use cohort_proto::testing::harness::Harness;
@@ -230,7 +236,7 @@ impl RankNodeEvent {
 /// let cfg = RankConfig {
 ///     rank: 1, world_size: 2, key: MacKey::new(&SessionSalt::from_bytes([3; 16])), model_sig: [0; 32],
 ///     control_addr: "127.0.0.1:7075".into(), data_addr: Some("127.0.0.1:7074".into()), nccl: None,
-///     ceiling: DEFAULT_FRAME_CEILING, timeout_scale: TimeoutScale::ONE,
+///     ceiling: DEFAULT_FRAME_CEILING, timeout_scale: TimeoutScale::ONE, rules: Rules::Cohort,
 /// };
 /// let trainer = Trainer::new(WorkloadConfig::new(1, 20.0, 7));
 /// let mut rank = Harness::new(RankNode::new(cfg, trainer, Time::ZERO));
@@ -259,6 +265,9 @@ pub struct RankNode<W> {
     /// The data leg failed: at this instant, for this reason, the rank
     /// exits unless its control leg ends first; training stopped.
     data_lost: Option<(Time, String)>,
+    /// Under flodl's rules, the data leg failed while no round was in
+    /// flight: the next round the rank starts ends it instead.
+    data_gone: bool,
     ended: bool,
     /// It ended by [`RankNode::exit`]: a clean exit, whatever the workload did.
     left_early: bool,
@@ -316,6 +325,7 @@ impl<W: Workload> RankNode<W> {
             rounds_submitted: 0,
             rounds_done: 0,
             data_lost: None,
+            data_gone: false,
             ended: false,
             left_early: false,
             out: Outbox::default(),
@@ -421,6 +431,9 @@ impl<W: Workload> RankNode<W> {
     }
 
     fn submit(&mut self, now: Time, mass: f64, values: Vec<f32>) {
+        if self.data_gone {
+            return self.shut_down_by_data(now);
+        }
         let Some(data) = self.data.as_mut() else {
             // No CPU data plane: a contribution has nowhere to go.
             return self.fail_data(now, "a contribution was submitted without a CPU data plane".into());
@@ -433,6 +446,7 @@ impl<W: Workload> RankNode<W> {
                 self.rounds_submitted += 1;
             }
             Err(SubmitError::NotConnected) => self.pending_submit = Some((mass, values)),
+            Err(_) if self.cfg.rules == Rules::Flodl => self.shut_down_by_data(now),
             Err(e) => {
                 self.close_control();
                 self.end(RankNodeEvent::DataFailed { reason: format!("submit: {e}") });
@@ -441,9 +455,33 @@ impl<W: Workload> RankNode<W> {
     }
 
     fn fail_data(&mut self, now: Time, reason: String) {
-        if !self.ended && self.data_lost.is_none() {
+        if self.ended {
+            return;
+        }
+        if self.cfg.rules == Rules::Flodl {
+            // flodl's rank learns of it from the round it is in, or from
+            // the next one it starts.
+            let in_round = self.rounds_submitted > self.rounds_done || self.pending_submit.is_some();
+            self.data_gone = true;
+            if in_round {
+                self.shut_down_by_data(now);
+            }
+            return;
+        }
+        if self.data_lost.is_none() {
             self.data_lost = Some((now + DATA_LOSS_GRACE, reason));
         }
+    }
+
+    /// flodl 0.8's rank, its averaging round failed, wakes its trainer with
+    /// a `Shutdown` of its own making: it drains, announces `Exiting` and
+    /// exits 0, and the coordinator latches a clean exit.
+    fn shut_down_by_data(&mut self, now: Time) {
+        self.pending_submit = None;
+        self.workload.on_command(now, &ControlMsgWire::Shutdown, &mut self.actions);
+        self.act(now);
+        // A workload that does not leave on `Shutdown` leaves all the same.
+        self.exit(now);
     }
 
     fn end(&mut self, why: RankNodeEvent) {

@@ -46,6 +46,9 @@ pub struct CoverageCheck {
     /// them; what was not handed out, nobody was asked to process.
     remainders: BTreeMap<u64, Vec<(u64, u64)>>,
     handed: BTreeMap<u64, Vec<(u64, u64)>>,
+    /// Per epoch, under flodl's rules: what ranks that exited cleanly kept
+    /// of it (flodl only latches an exit; nobody is asked for that work).
+    kept_by_exited: BTreeMap<u64, Vec<(u64, u64)>>,
     /// Ranks dead or exited so far.
     gone: BTreeSet<u32>,
     /// Per epoch, under flodl's rules: the partitions planned for ranks
@@ -68,6 +71,7 @@ impl CoverageCheck {
             known_at_death: BTreeMap::new(),
             remainders: BTreeMap::new(),
             handed: BTreeMap::new(),
+            kept_by_exited: BTreeMap::new(),
             gone: BTreeSet::new(),
             planned_for_gone: BTreeMap::new(),
             chunked: BTreeSet::new(),
@@ -90,7 +94,10 @@ impl CoverageCheck {
                 CoordinatorEvent::RankDead { rank, epoch: Some(e), processed, remainder, .. }
                 | CoordinatorEvent::RankExited { rank, epoch: Some(e), processed, remainder },
             ) => {
-                self.remainders.entry(*e).or_default().extend(remainder.iter().map(|s| (s.offset, s.size)));
+                let exited = matches!(ev, ControllerNodeEvent::Coord(CoordinatorEvent::RankExited { .. }));
+                let books =
+                    if exited && self.flodl { &mut self.kept_by_exited } else { &mut self.remainders };
+                books.entry(*e).or_default().extend(remainder.iter().map(|s| (s.offset, s.size)));
                 let mut left = *processed;
                 let mut known = Vec::new();
                 for &(off, len) in self.assigned.get(&(*e, *rank)).map(Vec::as_slice).unwrap_or(&[]) {
@@ -263,6 +270,7 @@ impl CoverageCheck {
             let strict = !(self.flodl && self.remainders.contains_key(&epoch));
             let mut excused = self.unhanded(epoch);
             excused.extend(self.planned_for_gone.get(&epoch).into_iter().flatten().copied());
+            excused.extend(self.kept_by_exited.get(&epoch).into_iter().flatten().copied());
             if self.chunked.contains(&epoch) {
                 let whole = samples / self.batch_size.max(1) * self.batch_size.max(1);
                 excused.push((whole, samples - whole));

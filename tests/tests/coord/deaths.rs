@@ -6,10 +6,12 @@
 
 use cohort_proto::Time;
 use cohort_proto::coord::{
-    Backend, CoordConfig, CoordinatorEvent, DeathCause, Role, RoleMove, RolePolicy, Scheduler, Segment, Step,
+    Backend, CoordConfig, CoordinatorEvent, DATA_LOSS_SETTLE, DeathCause, Role, RoleMove, RolePolicy,
+    Scheduler, Segment, Step,
 };
-use cohort_proto::wire::ControlMsgWire;
+use cohort_proto::wire::{ControlMsgWire, TimingMsgWire};
 use cohort_tests::coord_harness::*;
+use core::time::Duration;
 
 fn started(cfg: CoordConfig) -> Scheduler {
     let mut s = Scheduler::new(cfg).unwrap();
@@ -281,4 +283,45 @@ fn every_sample_is_assigned_to_a_rank_that_processes_it_whatever_dies() {
         let missing = (0..50).filter(|s| !w.processed[&e].contains_key(s)).count();
         assert!(missing <= 4 + 2, "epoch {e}: {missing} samples unprocessed");
     }
+}
+
+/// A rank's data leg ended (its relay's `RankExit` on the data channel) a
+/// moment before its control leg's `Exiting` arrived: under cohort's rules
+/// that is a clean exit, not a death. Before, the data leg's end was a
+/// death at once (`DataPlaneLost`), and a rank that returned early counted
+/// against the failure budget whenever its data relay told first.
+#[test]
+fn a_data_leg_end_then_exiting_within_the_settle_is_an_exit_not_a_death() {
+    let mut s = started(CoordConfig::new(3, 1, 30, 1));
+    let t = Time::from_secs(1);
+    s.data_leg_lost(t, 2);
+    assert!(deaths(&drain(&mut s)).is_empty(), "not yet a death");
+    assert_eq!(s.next_deadline(), Some(t + DATA_LOSS_SETTLE), "the settle is a deadline");
+    s.on_timing(t + ms(1), 2, TimingMsgWire::Exiting { rank: 2 });
+    let st = drain(&mut s);
+    assert!(events(&st).iter().any(|e| matches!(e, CoordinatorEvent::RankExited { rank: 2, .. })));
+    s.tick(t + DATA_LOSS_SETTLE + ms(1));
+    assert!(deaths(&drain(&mut s)).is_empty(), "an exit is not a death");
+    assert_eq!(s.liveness().dead_count(), 0);
+}
+
+/// With no word from its control leg, the data leg's end is a death
+/// exactly `DATA_LOSS_SETTLE` later.
+#[test]
+fn a_data_leg_end_with_no_word_is_a_death_when_the_settle_ends() {
+    let mut s = started(CoordConfig::new(3, 1, 30, 1));
+    let t = Time::from_secs(1);
+    s.data_leg_lost(t, 2);
+    drain(&mut s);
+    s.tick(t + DATA_LOSS_SETTLE - Duration::from_nanos(1));
+    assert!(deaths(&drain(&mut s)).is_empty(), "alive until the settle ends");
+    s.tick(t + DATA_LOSS_SETTLE);
+    let st = drain(&mut s);
+    assert_eq!(deaths(&st), vec![2]);
+    assert!(
+        events(&st).iter().any(|e| matches!(
+            e,
+            CoordinatorEvent::RankDead { rank: 2, cause: DeathCause::DataPlaneLost, .. }
+        ))
+    );
 }
