@@ -18,7 +18,7 @@ use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::Time;
 use cohort_proto::config::{ConfigError, Rules, TimeoutScale};
-use cohort_proto::coord::Backend;
+use cohort_proto::coord::{ApplyPolicy, Backend};
 use cohort_proto::join::client::JoinClientEvent;
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome};
@@ -129,10 +129,19 @@ struct ControllerArgs {
     /// Address to listen on (its one port serves every channel and HTTP).
     #[arg(long)]
     bind: SocketAddr,
+    /// When a window closes and how work is sized (flodl's `ApplyPolicy`):
+    /// sync splits each epoch equally and averages after every step;
+    /// cadence (flodl's default) and async size work by each rank's speed.
+    #[arg(long, value_enum, default_value_t = ApplyPolicy::Cadence)]
+    policy: ApplyPolicy,
     /// Whole-epoch plans under every policy (flodl's `progressive(false)`);
     /// by default cadence and async dispatch chunks from a pool, as flodl's.
     #[arg(long)]
     whole_epochs: bool,
+    /// Ask the checkpoint rank to save the model every N epochs (flodl's
+    /// `checkpoint_every`, a coordinator setting in a cluster).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    checkpoint_every: Option<u64>,
     /// The ranks run programs that train models of their own (`cohort
     /// agent -- CMD`, flodl's agents with a `Trainer`), not the synthetic
     /// workload the envelope names: each reduce round takes the layout most
@@ -518,6 +527,8 @@ fn controller(a: ControllerArgs) -> i32 {
         Err(e) => return fail(&flag_error(&e)),
     };
     cfg.run_nonce = run_nonce;
+    cfg.run.policy = a.policy;
+    cfg.run.checkpoint_every = a.checkpoint_every;
     if a.whole_epochs {
         cfg.run.progressive = Some(false);
     }

@@ -67,6 +67,7 @@ const CONTROLLER_SPEC: Spec = Spec {
         "total-samples",
         "batch-size",
         "anchor",
+        "checkpoint-every",
         "formation-timeout",
         "heartbeat-timeout",
         "timeout-scale",
@@ -150,7 +151,7 @@ USAGE:
                         [--open | --token HEX32] [--start auto|manual|hybrid]
                         [--tunnel-only] [--backend cpu|nccl|none]
                         [--policy sync|cadence|async] [--epochs N]
-                        [--total-samples N] [--batch-size N] [--anchor N]
+                        [--total-samples N] [--batch-size N] [--anchor N] [--checkpoint-every N]
                         [--formation-timeout S] [--heartbeat-timeout S]
                         [--timeout-scale X]
   flodl-peer agent --controller HOST:PORT --host NAME
@@ -337,6 +338,7 @@ fn controller(p: &Parsed) -> Result<(), String> {
     let total_samples: usize = p.get_or("total-samples", 64)?;
     let batch_size: usize = p.get_or("batch-size", 8)?;
     let anchor: usize = p.get_or("anchor", 10)?;
+    let checkpoint_every: Option<usize> = p.get("checkpoint-every")?;
     let formation_timeout: Option<u64> = p.get("formation-timeout")?;
     let heartbeat_timeout: Option<u64> = p.get("heartbeat-timeout")?;
 
@@ -385,6 +387,9 @@ fn controller(p: &Parsed) -> Result<(), String> {
                     .num_epochs(epochs);
             if let Some(s) = formation_timeout {
                 config = config.formation_timeout_secs(s);
+            }
+            if let Some(n) = checkpoint_every {
+                config = config.checkpoint_every(n);
             }
             if let Some(s) = heartbeat_timeout {
                 config = config.heartbeat_timeout_secs(s);
