@@ -19,7 +19,7 @@ use cohort_driver_mio::{Clock, Config};
 use cohort_proto::Time;
 use cohort_proto::config::{ConfigError, Rules, TimeoutScale};
 use cohort_proto::coord::{ApplyPolicy, Backend};
-use cohort_proto::join::client::JoinClientEvent;
+use cohort_proto::join::client::{JoinClientEvent, LinkEnd};
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome};
 use cohort_proto::node::envelope::ControllerAddr;
@@ -224,7 +224,9 @@ Rank programs (`-- CMD ARGS`):
   controller as it exits (a signal as 128 + signal; 137 for SIGKILL); nothing
   is restarted. On SIGTERM or SIGINT the agent sends SIGTERM to every child
   still running, SIGKILL after --grace-secs, reports their exits and ends; a
-  second SIGINT ends the agent at once.";
+  second SIGINT ends the agent at once. When the controller goes away, the
+  children still running get --grace-secs to end by themselves, then the
+  same SIGTERM and SIGKILL.";
 
 #[derive(Debug, Args)]
 struct AgentArgs {
@@ -251,7 +253,7 @@ struct AgentArgs {
     #[arg(long, value_enum)]
     relay_ports: Option<RelayPorts>,
     /// Seconds a rank program has between SIGTERM and SIGKILL when the
-    /// agent stops.
+    /// agent stops, and to end by itself once the controller is gone.
     #[arg(long, default_value = "5", value_parser = args::seconds)]
     grace_secs: Duration,
     /// The program each rank runs (after `--`), with its arguments; without
@@ -649,11 +651,25 @@ fn agent(a: AgentArgs) -> i32 {
     }
     let mut worst = 0i32;
     let mut stopping = false;
+    // When the controller went away with rank programs still running: they
+    // have a grace to end by themselves, then are stopped.
+    let mut orphaned: Option<Instant> = None;
     let mut narrator = Narrator::default();
     let code = loop {
         if stop.load(Ordering::SeqCst) && !stopping {
             stopping = true;
             tracing::warn!("stopping: the ranks still running are told to stop, their exits reported");
+            if host.terminate_programs() == 0 {
+                break 1;
+            }
+            worst = 1;
+        }
+        if orphaned.is_some_and(|at| Instant::now() >= at) && !stopping {
+            stopping = true;
+            tracing::warn!(
+                "the controller is gone and rank programs still run {:?} later: they are told to stop",
+                a.grace_secs
+            );
             if host.terminate_programs() == 0 {
                 break 1;
             }
@@ -676,6 +692,11 @@ fn agent(a: AgentArgs) -> i32 {
                 if !host.is_spawned() =>
             {
                 break 1;
+            }
+            (Source::Host(_), ClusterEvent::Host(HostNodeEvent::Agent(JoinClientEvent::LinkEnded(end))))
+                if !matches!(end, LinkEnd::Left) =>
+            {
+                orphaned = Some(Instant::now() + a.grace_secs);
             }
             (Source::Host(_), ClusterEvent::Host(HostNodeEvent::Refused(_))) => break 1,
             (Source::Host(_), ClusterEvent::Note(n)) if n.starts_with("could not start") => {

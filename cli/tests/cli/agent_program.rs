@@ -283,3 +283,47 @@ fn on_sigterm_the_agent_stops_its_programs_term_then_kill_and_reports_them() {
     assert!(t0.elapsed() >= Duration::from_secs(1), "{:?}", t0.elapsed());
     drop(ctl);
 }
+
+/// The controller dies while the rank programs run (here: programs that
+/// never end, local rank 1 deaf to SIGTERM). They get `--grace-secs` to end
+/// by themselves, then SIGTERM, then SIGKILL after another grace, and the
+/// agent exits 1. Before, the agent waited for them forever: a wedged rank
+/// (SIGSTOP) outlived its run and kept its agent alive.
+#[test]
+fn once_the_controller_is_gone_the_programs_get_a_grace_then_term_then_kill() {
+    let port = free_port_with_relays();
+    let (mut ctl, _ctl_lines) = controller(port, 2, 1, 40);
+    let script = r#"if [ "$LOCAL_RANK" = 1 ]; then trap "" TERM; fi; echo ready; while :; do sleep 1; done"#;
+    let mut agent = Reap(Some(
+        Command::new(COHORT)
+            .args(["agent", "--connect", &format!("127.0.0.1:{port}"), "--host", "hostA", "--ranks", "2"])
+            .args(["--timeout-scale", "0.2", "--grace-secs", "1", "--json", "--", "sh", "-c", script])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("agent"),
+    ));
+    let agent_lines = lines_of(agent.0.as_mut().unwrap());
+    let mut out = Vec::new();
+    let mut ready = [false; 2];
+    while ready != [true; 2] {
+        let l = wait_line(&agent_lines, &mut out, "both programs ready", |l| l.ends_with("] ready"));
+        for (r, seen) in ready.iter_mut().enumerate() {
+            *seen |= l == format!("[hostA:{r}:r{r}] ready");
+        }
+    }
+    let t0 = Instant::now();
+    let controller = ctl.0.take().map(|mut c| {
+        c.kill().expect("kill the controller");
+        c.wait().expect("reap the controller")
+    });
+    assert!(controller.is_some());
+    wait_line(&agent_lines, &mut out, "rank 0's SIGTERM", |l| l.contains("reported as exit code 143"));
+    let termed = t0.elapsed();
+    wait_line(&agent_lines, &mut out, "rank 1's SIGKILL", |l| l.contains("reported as exit code 137"));
+    let killed = t0.elapsed();
+    let status = agent.wait();
+    assert_eq!(status.code(), Some(1), "{out:#?}");
+    assert!(termed >= Duration::from_secs(1), "the programs had their grace first: SIGTERM after {termed:?}");
+    assert!(killed >= Duration::from_secs(2), "SIGKILL a grace after SIGTERM: {killed:?}");
+}
