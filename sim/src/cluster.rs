@@ -719,7 +719,7 @@ impl<W: SimWorkload> Cluster<W> {
             Fault::KillRank(r) => {
                 if let Some(n) = self.rank_node(r) {
                     self.world.crash(n);
-                    // Its agent is its parent process: it sees the kill.
+                    // Its agent, its parent process, finds it at its next reap poll.
                     self.rank_ended(r, RankEnd::Killed);
                 }
             }
@@ -836,7 +836,7 @@ impl<W: SimWorkload> Cluster<W> {
                     self.timeline.instant(t, &format!("rank {r}"), reason);
                 }
                 // The rank's process exits with the code the rank gives; its
-                // agent, its parent, reports it.
+                // agent, its parent, reports it after its next reap poll.
                 if ev.ends_the_rank() {
                     let code = self.world.machine::<SimRank<W>>(n).and_then(SimRank::exit_code);
                     self.rank_ended(*r, RankEnd::from_code(code));
