@@ -799,6 +799,7 @@ impl Scenario {
             sync_every: self.sync_every,
             model_elems: self.model_elems,
             rules: self.rules,
+            backend: self.backend,
         }
     }
 

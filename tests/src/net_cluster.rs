@@ -255,6 +255,7 @@ impl Plan {
                 sync_every: 5,
                 model_elems: 8,
                 rules,
+                ..RunKnobs::default()
             },
             lies: BTreeMap::new(),
             rank_lie: None,

@@ -109,6 +109,11 @@ struct RunArgs {
     /// Whose rules where cohort and flodl 0.8 differ.
     #[arg(long, value_enum, default_value_t = Rules::Cohort)]
     rules: Rules,
+    /// The data plane. Under nccl the controller runs the bootstrap
+    /// rendezvous and re-rendezvous survivors after a death, and no reduce;
+    /// the relay spec names no data channel, so agents start none.
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
 }
 
 impl RunArgs {
@@ -120,6 +125,7 @@ impl RunArgs {
             sync_every: self.sync_every,
             model_elems: self.model_elems,
             rules: self.rules,
+            backend: self.backend,
         }
     }
 }
@@ -488,6 +494,7 @@ fn controller(a: ControllerArgs) -> i32 {
         max_join_timeout_secs: a.max_join_timeout_secs,
         open_admission: a.open_admission,
         start_mode: a.start,
+        // Set from the knobs' backend by `ControllerConfig::from_knobs`.
         nccl_backend: false,
     };
     let trust = if a.pre_shared {

@@ -7,6 +7,12 @@
 //! Every consensus is checked against the exact weighted mean of what was
 //! folded into it (proto's [`ConsensusOracle`], the simulator's consensus
 //! check), and every rank's copy against it.
+//!
+//! On the NCCL plane (`--backend nccl`) the ranks open with the bootstrap
+//! rendezvous instead of a data relay, and the dead rank's survivors get a
+//! new NCCL session; proto's [`NcclOracle`] (the simulator's NCCL check)
+//! checks that every rank holds the same unique id and every session as the
+//! coordinator issued it.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -17,11 +23,12 @@ use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::coord::CoordinatorEvent;
+use cohort_proto::coord::{Backend, CoordinatorEvent};
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome};
 use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::node::knobs::RunKnobs;
+use cohort_proto::node::nccl_oracle::{NcclOracle, NcclSummary};
 use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
 use cohort_proto::status::StatusServerEvent;
 
@@ -164,18 +171,23 @@ pub struct DemoReport {
     pub status_answers: u64,
     /// The consensus check.
     pub check: CheckSummary,
+    /// The NCCL plane's check, when the run averaged over NCCL.
+    pub nccl: Option<NcclSummary>,
     /// Wall time, start to teardown.
     pub wall: Duration,
 }
 
 impl DemoReport {
-    /// The demo's verdict: the run finished `Done`, at least one round was
-    /// reduced, and every round and every rank's copy matched.
+    /// The demo's verdict: the run finished `Done`, and on the CPU plane at
+    /// least one round was reduced and every round and every rank's copy
+    /// matched; on the NCCL plane the bootstrap rendezvous completed, every
+    /// rank of the world got its unique id, and every id and session matched.
     pub fn ok(&self) -> bool {
-        self.outcome == Some(ControllerOutcome::Done)
-            && self.check.ok()
-            && self.check.rounds > 0
-            && self.check.rounds_checked == self.check.rounds
+        let plane = match &self.nccl {
+            None => self.check.rounds > 0 && self.check.rounds_checked == self.check.rounds,
+            Some(n) => n.ok() && n.completed && n.ready == self.world_size,
+        };
+        self.outcome == Some(ControllerOutcome::Done) && self.check.ok() && plane
     }
 
     /// The summary, as lines for a human.
@@ -194,12 +206,28 @@ impl DemoReport {
             format!("world               {} ranks", self.world_size),
             format!("formation           {} after the controller started", secs(self.formation)),
             format!("training            {} ({} epochs)", secs(self.training), self.epochs),
-            format!("rounds              {} reduced", self.check.rounds),
-            format!(
-                "consensus checks    {}/{} rounds equal the exact weighted mean; {} rank copies equal the reduced values",
-                self.check.rounds_checked, self.check.rounds, self.check.deliveries_checked
-            ),
         ];
+        match &self.nccl {
+            None => out.extend([
+                format!("rounds              {} reduced", self.check.rounds),
+                format!(
+                    "consensus checks    {}/{} rounds equal the exact weighted mean; {} rank copies equal the reduced values",
+                    self.check.rounds_checked, self.check.rounds, self.check.deliveries_checked
+                ),
+            ]),
+            Some(n) => out.extend([
+                format!(
+                    "nccl rendezvous     {}; {} of {} ranks hold one unique id",
+                    if n.completed { "completed" } else { "did not complete" },
+                    n.ready,
+                    self.world_size
+                ),
+                format!(
+                    "nccl sessions       {} re-rendezvous issued; {} rank deliveries as issued",
+                    n.sessions, n.deliveries_checked
+                ),
+            ]),
+        }
         match (&self.kill, &self.kill_skipped) {
             (Some(k), _) => {
                 out.push(format!("killed              rank {} at {:.3} s", k.rank, k.at.as_secs_f64()));
@@ -215,7 +243,10 @@ impl DemoReport {
         }
         let plural = if self.status_answers == 1 { "" } else { "s" };
         out.push(format!("state.json served   {} time{plural}", self.status_answers));
-        out.extend(self.check.violations.iter().map(|v| format!("VIOLATION           {v}")));
+        let nccl_violations = self.nccl.iter().flat_map(|n| &n.violations);
+        out.extend(
+            self.check.violations.iter().chain(nccl_violations).map(|v| format!("VIOLATION           {v}")),
+        );
         out.push(format!("wall time           {:.3} s", self.wall.as_secs_f64()));
         out.push(format!("verdict             {}", if self.ok() { "PASS" } else { "FAIL" }));
         out
@@ -237,6 +268,13 @@ impl DemoReport {
             "rounds": self.check.rounds,
             "rounds_checked": self.check.rounds_checked,
             "deliveries_checked": self.check.deliveries_checked,
+            "nccl": self.nccl.as_ref().map(|n| serde_json::json!({
+                "completed": n.completed,
+                "ready": n.ready,
+                "sessions": n.sessions,
+                "deliveries_checked": n.deliveries_checked,
+                "violations": n.violations,
+            })),
             "killed_rank": self.kill.as_ref().map(|k| k.rank),
             "killed_at_s": self.kill.as_ref().map(|k| k.at.as_secs_f64()),
             "detection_delay_s": self.kill.as_ref().and_then(|k| k.detected.as_ref()).map(|(d, _)| d.as_secs_f64()),
@@ -365,14 +403,20 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
     }
     let mut watch = Watch::default();
     let mut check = ConsensusOracle::default();
+    let mut nccl = NcclOracle::default();
     let mut kill_skipped = None;
     let mut pending_kill = opts.kill;
     let mut gave_up = None;
-    let mut handle = |s: Stamped, watch: &mut Watch, check: &mut ConsensusOracle| {
+    let mut handle = |s: Stamped, watch: &mut Watch, check: &mut ConsensusOracle, nccl: &mut NcclOracle| {
         let found = check.observe(&s.source, &s.event);
         let all = &check.summary().violations;
         for v in &all[all.len() - found..] {
             tracing::error!(what = %v, "consensus check");
+        }
+        let found = nccl.observe(&s.source, &s.event);
+        let all = &nccl.summary().violations;
+        for v in &all[all.len() - found..] {
+            tracing::error!(what = %v, "NCCL check");
         }
         watch.observe(&s);
         on_event(&s);
@@ -421,7 +465,7 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
             .filter(|_| pending_kill.is_some())
             .map_or(Duration::from_millis(250), |t| t.saturating_since(now).min(Duration::from_millis(250)));
         match events.recv_timeout(wait) {
-            Ok(s) => handle(s, &mut watch, &mut check),
+            Ok(s) => handle(s, &mut watch, &mut check, &mut nccl),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
@@ -431,7 +475,7 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
     shutdown_all([controller]);
     drop(sink);
     while let Ok(s) = events.try_recv() {
-        handle(s, &mut watch, &mut check);
+        handle(s, &mut watch, &mut check, &mut nccl);
     }
     let mut summary = check.finish();
     if let Some(g) = gave_up {
@@ -451,6 +495,7 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
         kill_skipped,
         status_answers: watch.status_answers,
         check: summary,
+        nccl: (opts.knobs.backend == Backend::Nccl).then(|| nccl.finish()),
         wall: started.elapsed(),
     })
 }

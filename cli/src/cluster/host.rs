@@ -266,13 +266,16 @@ impl RankReport {
     pub(super) fn ended(&mut self, at: Time, end: RankEnd) {
         let Some((agent, sink)) = self.to.take() else { return };
         let r = self.rank;
-        let _ = agent.with(move |h, now| {
-            let _ = h.rank_ended(now, r, end);
-        });
+        // The sink first: once the agent hears of its last rank's end it
+        // finishes, and the agent program stops reading the sink at that
+        // event, so an exit sent after it could be lost.
         let _ = sink.send(Stamped {
             at,
             source: Source::Rank(r),
             event: ClusterEvent::RankExit { code: end.code() },
+        });
+        let _ = agent.with(move |h, now| {
+            let _ = h.rank_ended(now, r, end);
         });
     }
 }
@@ -352,16 +355,17 @@ impl MioHost {
         let Some(node) = lock(&self.nodes).ranks.remove(&rank) else { return false };
         let was_running = !node.is_finished();
         node.kill();
-        let _ = self.agent.remote().with(move |h, now| {
-            let _ = h.rank_ended(now, rank, RankEnd::Killed);
-        });
         let note = if was_running { "killed" } else { "killed (it had already ended)" };
         let at = self.clock.now();
         let send = |event| {
             let _ = self.sink.send(Stamped { at, source: Source::Rank(rank), event });
         };
         send(ClusterEvent::Note(note.into()));
+        // Before the agent hears of it, as in `RankReport::ended`.
         send(ClusterEvent::RankExit { code: RankEnd::Killed.code() });
+        let _ = self.agent.remote().with(move |h, now| {
+            let _ = h.rank_ended(now, rank, RankEnd::Killed);
+        });
         true
     }
 

@@ -10,7 +10,11 @@ use cohort::cluster::demo::{self, DemoOptions, Kill};
 use cohort::cluster::{ClusterEvent, Source, http};
 use cohort_proto::coord::{CoordinatorEvent, DeathCause};
 use cohort_proto::node::controller::{ControllerNodeEvent, ControllerOutcome};
+use cohort_proto::node::host::HostNodeEvent;
 use cohort_proto::node::knobs::RunKnobs;
+use cohort_proto::node::rank::RankNodeEvent;
+use cohort_proto::relay::Leg;
+use cohort_proto::wire::ControlMsgWire;
 
 /// A short run: 2 hosts x 2 ranks, 2 epochs of 400 samples in 5 ms
 /// batches (about half a second per epoch), rank 2 killed 0.25 s in.
@@ -132,4 +136,48 @@ fn cohort_demo_program_exits_zero_with_its_summary() {
     assert_eq!(summary["outcome"], "done");
     assert_eq!(summary["killed_rank"], 1);
     assert_eq!(summary["rounds"], summary["rounds_checked"]);
+}
+
+/// `cohort controller --backend nccl`'s plane on real sockets: the demo's
+/// controller (the same `ControllerConfig::from_knobs` the program uses)
+/// runs the bootstrap rendezvous and no reduce, the agents start no data
+/// relay, every rank holds one unique id, the killed rank's three survivors
+/// each get the new session as issued, and the run ends `Done`.
+#[test]
+fn on_the_nccl_plane_the_world_rendezvous_loses_a_rank_re_rendezvous_and_finishes() {
+    let mut opts = quick();
+    opts.knobs.backend = cohort_proto::coord::Backend::Nccl;
+    let (mut data_relays, mut issued, mut shutdowns) = (0, Vec::new(), 0);
+    let report = demo::run(&opts, |s| match (&s.source, &s.event) {
+        (
+            Source::Controller,
+            ClusterEvent::Controller(ControllerNodeEvent::Coord(CoordinatorEvent::NcclSessionIssued {
+                survivors,
+                ..
+            })),
+        ) => issued.push(survivors.clone()),
+        (Source::Host(_), ClusterEvent::Host(HostNodeEvent::StartRelay { relay, .. })) => {
+            data_relays += usize::from(relay.leg == Leg::Data);
+        }
+        (Source::Rank(_), ClusterEvent::Rank(RankNodeEvent::Command(ControlMsgWire::Shutdown))) => {
+            shutdowns += 1
+        }
+        _ => {}
+    })
+    .expect("demo runs");
+    let text = report.lines().join("\n");
+    assert!(report.ok(), "{text}");
+    assert_eq!(report.outcome, Some(ControllerOutcome::Done));
+    assert_eq!(data_relays, 0, "{text}");
+    assert_eq!(report.check.rounds, 0, "no reduce on the NCCL plane");
+    let nccl = report.nccl.expect("an NCCL summary");
+    assert!(nccl.completed, "{text}");
+    assert_eq!(nccl.ready, 4);
+    assert_eq!(issued, [vec![0, 1, 3]], "{text}");
+    assert_eq!((nccl.sessions, nccl.deliveries_checked), (1, 3), "{text}");
+    assert_eq!(shutdowns, 3, "the three survivors are told Shutdown");
+    assert!(
+        text.contains("nccl sessions       1 re-rendezvous issued; 3 rank deliveries as issued"),
+        "{text}"
+    );
 }

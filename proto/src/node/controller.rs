@@ -111,8 +111,9 @@ impl ControllerConfig {
 }
 
 impl ControllerConfig {
-    /// A controller on the CPU data plane for `knobs`, every value checked
+    /// A controller for `knobs` on their data plane, every value checked
     /// (the join window's knobs, then the run's by [`RunKnobs::validate`]).
+    /// The join window's `nccl_backend` follows the knobs' backend.
     pub fn from_knobs(
         join: JoinConfig,
         salt: SessionSalt,
@@ -121,13 +122,14 @@ impl ControllerConfig {
         advertise: ControllerAddr,
         knobs: &RunKnobs,
     ) -> Result<Self, ConfigError> {
-        let join = JoinConfig { nccl_backend: false, ..join };
+        let join = JoinConfig { nccl_backend: knobs.backend == Backend::Nccl, ..join };
         join.validate()?;
         knobs.validate()?;
         let mut run = CoordConfig::new(1, knobs.epochs, knobs.samples_per_epoch, knobs.batch_size);
         run.sync_every = Some(knobs.sync_every);
         run.timeout_scale = timeout_scale;
         run.rules = knobs.rules;
+        run.backend = knobs.backend;
         run.validate()?;
         Ok(ControllerConfig::new(join, salt, trust, timeout_scale, run, advertise, knobs.workload()))
     }

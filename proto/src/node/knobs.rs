@@ -3,6 +3,7 @@
 //! drivers' tests, the simulator's scenarios) goes through.
 
 use crate::config::{ConfigError, Rules};
+use crate::coord::Backend;
 
 use super::envelope::WorkloadSpec;
 
@@ -12,6 +13,7 @@ use super::envelope::WorkloadSpec;
 ///
 /// ```
 /// use cohort_proto::config::TimeoutScale;
+/// use cohort_proto::coord::Backend;
 /// use cohort_proto::join::{JoinConfig, TrustMode};
 /// use cohort_proto::node::controller::ControllerConfig;
 /// use cohort_proto::node::knobs::RunKnobs;
@@ -24,7 +26,13 @@ use super::envelope::WorkloadSpec;
 /// let cfg = ControllerConfig::from_knobs(join, SessionSalt::from_bytes([1; 16]), TrustMode::PreShared,
 ///                                        TimeoutScale::ONE, at, &knobs).unwrap();
 /// assert_eq!(cfg.run.epochs, knobs.epochs);
-/// assert!(!cfg.join.nccl_backend); // the synthetic workload reduces on the CPU plane
+/// assert!(!cfg.join.nccl_backend); // the CPU plane unless the knobs say NCCL
+///
+/// let nccl = RunKnobs { backend: Backend::Nccl, ..knobs };
+/// let cfg = ControllerConfig::from_knobs(JoinConfig::default(), SessionSalt::from_bytes([1; 16]),
+///                                        TrustMode::PreShared, TimeoutScale::ONE,
+///                                        ControllerAddr::parse("127.0.0.1:7070").unwrap(), &nccl).unwrap();
+/// assert!(cfg.join.nccl_backend && cfg.run.backend == Backend::Nccl);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunKnobs {
@@ -41,11 +49,15 @@ pub struct RunKnobs {
     /// Whose rules where cohort and flodl 0.8 differ (the join window's and
     /// the coordinator's and reduce's alike).
     pub rules: Rules,
+    /// The data plane: the controller's CPU reduce, or NCCL among the ranks
+    /// (the controller then runs the bootstrap rendezvous and re-rendezvous
+    /// survivors after a death, and no reduce).
+    pub backend: Backend,
 }
 
 impl Default for RunKnobs {
     /// A short run: 3 epochs of 400 one-sample batches, a round every 10
-    /// batches, a 256-element model, cohort's rules.
+    /// batches, a 256-element model, cohort's rules, the CPU plane.
     fn default() -> Self {
         RunKnobs {
             epochs: 3,
@@ -54,6 +66,7 @@ impl Default for RunKnobs {
             sync_every: 10,
             model_elems: 256,
             rules: Rules::Cohort,
+            backend: Backend::Cpu,
         }
     }
 }

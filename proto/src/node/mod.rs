@@ -15,13 +15,15 @@
 //!   [`knobs`]: the run as an operator states it, and its one range check.
 //! - [`cluster`]: the event vocabulary every harness speaks; [`oracle`]:
 //!   every consensus in those events checked against the exact weighted
-//!   mean of its contributions.
+//!   mean of its contributions; [`nccl_oracle`]: the NCCL plane's unique ids
+//!   and re-rendezvous sessions checked against what was issued.
 
 pub mod cluster;
 pub mod controller;
 pub mod envelope;
 pub mod host;
 pub mod knobs;
+pub mod nccl_oracle;
 pub mod oracle;
 pub mod rank;
 pub mod trainer;

@@ -95,6 +95,7 @@ pub fn run_knobs() -> impl Strategy<Value = RunKnobs> {
             sync_every,
             model_elems,
             rules,
+            backend: crate::coord::Backend::Cpu,
         },
     )
 }

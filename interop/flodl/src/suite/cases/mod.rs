@@ -63,6 +63,13 @@ pub static ALL: &[Case] = &[
         run: train::cohort_ranks_flodl_nccl,
     },
     Case {
+        name: "flodl-agent-cohort-nccl",
+        about: "`cohort controller --backend nccl`: flodl's agent starts a relay with no data channel and \
+                `cohort rank --backend nccl` children, which rendezvous with cohort's server, to the end",
+        bench: false,
+        run: train::flodl_agent_cohort_nccl_controller,
+    },
+    Case {
         name: "rank-host-check",
         about: "`cohort rank` refuses an envelope meant for another host, as flodl's ranks do: exit 1, \
                 reported by flodl's agent to the controller",

@@ -53,6 +53,50 @@ pub fn flodl_agent_cohort_controller(ctx: &mut Ctx) -> Result<(), String> {
     Ok(())
 }
 
+/// `cohort controller --backend nccl`: flodl's agent starts its relay with
+/// no data channel and its `cohort rank --backend nccl` children, which
+/// rendezvous with cohort's server and average by SyncNow cycles.
+pub fn flodl_agent_cohort_nccl_controller(ctx: &mut Ctx) -> Result<(), String> {
+    let port = free_port(&[])?;
+    let mut ctl = train(port, 2).cohort(ctx, &ctx.at("controller"), &["--backend", "nccl"])?;
+    let mut rank = ranks();
+    rank.extend(["--backend".to_string(), "nccl".to_string()]);
+    let at = format!("127.0.0.1:{port}");
+    let mut a = flodl_agent(
+        ctx,
+        &ctx.at("agent"),
+        Host { name: "hostA", devices: 2, at: &at, scale: SCALE },
+        &[],
+        &rank,
+    )?;
+    let (arc, stall) = a.proc.wait_run(60, 8, &[&a.out]);
+    no_stall(stall)?;
+    let crc = ctl.proc.wait(30);
+    let spec = a.err.first_of(|l| crate::suite::flodl::relay_child(l).map(|(_, spec)| spec));
+    ensure!(
+        spec.is_some_and(|s| s["data_channel"] == false),
+        "cohort's relay spec still names a data channel"
+    );
+    ensure!(
+        ctl.out.any(|e| e.event == "rendezvous" && e.text.starts_with("Completed")),
+        "cohort controller: the bootstrap rendezvous never completed"
+    );
+    let uids: Vec<String> =
+        a.out.with_events(|es| es.iter().filter_map(|e| e.str("uid").map(String::from)).collect());
+    ensure!(
+        uids.len() == 2 && uids[0] == uids[1],
+        "the ranks do not hold one NCCL unique id from cohort's rendezvous: {uids:?}"
+    );
+    run_check(&ctx.dir, &Expect { min_rounds: 0, ..expect(&[0, 1]) }, &[&a.out])?;
+    let syncs = a.out.commands().iter().filter(|(_, m)| matches!(m, ControlMsgWire::SyncNow)).count();
+    ensure!(syncs >= 2, "cohort's coordinator ran no SyncNow cycle");
+    cohort_controller_finished(&ctl.out, 2, 1)?;
+    ensure!(arc == End::Exit(0), "flodl agent exit status {arc}: {}", failed_line(&a.err));
+    ensure!(finished_cleanly(&a.err, "hostA"), "flodl agent: no clean finish");
+    ensure!(crc == End::Exit(0), "cohort controller exit status {crc}");
+    Ok(())
+}
+
 pub fn cohort_agent_flodl_controller(ctx: &mut Ctx) -> Result<(), String> {
     let port = free_port(&[])?;
     let token = fresh_token()?;
