@@ -332,6 +332,33 @@ impl NetCluster {
         None
     }
 
+    /// Runs on after the run's end, until nothing is left to happen or
+    /// `until` (the hosts leaving, their links closing).
+    pub fn run_out(&mut self, until: Time) {
+        while self.net.next_instant().is_some_and(|t| t <= until) {
+            self.net.step();
+            self.settle();
+        }
+    }
+
+    /// When the controller said every host had left after the run ended
+    /// (flodl's rules), each time it did.
+    pub fn hosts_gone(&self) -> Vec<Time> {
+        self.log
+            .iter()
+            .filter_map(|(t, _, e)| {
+                matches!(e, ClusterEvent::Controller(ControllerNodeEvent::HostsGone)).then_some(*t)
+            })
+            .collect()
+    }
+
+    /// When the run finished, if it did.
+    pub fn finished_at(&self) -> Option<Time> {
+        self.log.iter().find_map(|(t, _, e)| {
+            matches!(e, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))).then_some(*t)
+        })
+    }
+
     /// How the run ended, if it did.
     pub fn outcome(&self) -> Option<ControllerOutcome> {
         self.log.iter().find_map(|(_, _, e)| match e {

@@ -194,7 +194,9 @@ struct ControllerArgs {
     #[arg(long)]
     advertise: Option<String>,
     /// After the run ends, keep serving this many seconds (so agents hear
-    /// the end and state.json shows it).
+    /// the end and state.json shows it). Under --rules flodl the linger
+    /// starts once every host has left, as flodl's launcher exits only
+    /// then (a host whose agent never leaves keeps it waiting).
     #[arg(long, default_value = "2", value_parser = args::seconds)]
     linger_secs: Duration,
     #[command(flatten)]
@@ -561,19 +563,29 @@ fn controller(a: ControllerArgs) -> i32 {
         tracing::info!("session salt {} (pass it to every agent with --salt)", salt.to_hex());
     }
     let linger = a.linger_secs;
+    // flodl's launcher exits only once every host's link has closed.
+    let mut hosts_gone = a.run.rules != Rules::Flodl;
     let mut ended: Option<(Instant, ControllerOutcome)> = None;
     let mut narrator = Narrator::default();
     loop {
-        if ended.as_ref().is_some_and(|(t, _)| t.elapsed() >= linger) {
+        if hosts_gone && ended.as_ref().is_some_and(|(t, _)| t.elapsed() >= linger) {
             break;
         }
         match events.recv_timeout(Duration::from_millis(100)) {
             Ok(s) => {
                 show(&mut narrator, &s, a.common.json);
-                if let ClusterEvent::Controller(ControllerNodeEvent::Finished(o)) = &s.event
-                    && ended.is_none()
-                {
-                    ended = Some((Instant::now(), o.clone()));
+                match &s.event {
+                    ClusterEvent::Controller(ControllerNodeEvent::Finished(o)) if ended.is_none() => {
+                        ended = Some((Instant::now(), o.clone()));
+                    }
+                    ClusterEvent::Controller(
+                        ControllerNodeEvent::HostsGone | ControllerNodeEvent::EveryHostLeft { .. },
+                    ) => {
+                        hosts_gone = true;
+                        // The linger counts from here.
+                        ended = ended.map(|(_, o)| (Instant::now(), o));
+                    }
+                    _ => {}
                 }
             }
             Err(RecvTimeoutError::Timeout) => flush(&mut narrator, clock.now()),

@@ -319,6 +319,9 @@ fn controller(e: &ControllerNodeEvent) -> Line {
                 if *lost == 1 { "rank" } else { "ranks" }
             ),
         ),
+        ControllerNodeEvent::HostsGone => {
+            line(Info, "hosts_gone", "every host left after the run ended (flodl's launcher exits only now)")
+        }
         ControllerNodeEvent::Finished(ControllerOutcome::Done) => {
             line(Info, "finished", "run finished: done")
         }

@@ -6,7 +6,10 @@
 //! data set the program builds itself (Gaussian blobs, one per class, from
 //! a fixed seed: every process builds the same samples) through
 //! `Trainer::builder(..)` on flodl's CPU averaging plane
-//! (`ElCheConfig::cpu_sync()`, i.e. `ApplyPolicy::Sync` + `AverageBackend::Cpu`).
+//! (`ElCheConfig::cpu_sync()`, i.e. `ApplyPolicy::Sync` + `AverageBackend::Cpu`),
+//! or with `--backend nccl` on its NCCL plane (`ElCheConfig::nccl_sync()`),
+//! which needs CUDA devices: on a CPU-only machine it shows how far flodl's
+//! NCCL rank path gets.
 //!
 //! Run by a worker agent (flodl's or `cohort agent -- ...`), the process is
 //! one rank of the cluster: flodl reads the envelope from the environment,
@@ -59,6 +62,8 @@ struct Opts {
     seed: u64,
     checkpoint_every: Option<usize>,
     checkpoint_dir: Option<PathBuf>,
+    /// Average over NCCL (`ElCheConfig::nccl_sync()`) instead of the CPU plane.
+    nccl: bool,
 }
 
 impl Default for Opts {
@@ -75,12 +80,14 @@ impl Default for Opts {
             seed: 7,
             checkpoint_every: None,
             checkpoint_dir: None,
+            nccl: false,
         }
     }
 }
 
 const USAGE: &str = "usage: flodl-rank [--samples N] [--features N] [--classes N] [--hidden N] \
-[--batch-size N] [--epochs N] [--lr X] [--momentum X] [--seed N] [--checkpoint-every N] [--checkpoint-dir DIR]";
+[--batch-size N] [--epochs N] [--lr X] [--momentum X] [--seed N] [--checkpoint-every N] [--checkpoint-dir DIR] \
+[--backend cpu|nccl]";
 
 fn parse(args: &[String]) -> std::result::Result<Opts, String> {
     fn num<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> std::result::Result<T, String> {
@@ -102,6 +109,13 @@ fn parse(args: &[String]) -> std::result::Result<Opts, String> {
             "--seed" => o.seed = num(a, it.next())?,
             "--checkpoint-every" => o.checkpoint_every = Some(num(a, it.next())?),
             "--checkpoint-dir" => o.checkpoint_dir = Some(PathBuf::from(num::<String>(a, it.next())?)),
+            "--backend" => {
+                o.nccl = match num::<String>(a, it.next())?.as_str() {
+                    "cpu" => false,
+                    "nccl" => true,
+                    other => return Err(format!("--backend {other:?}: cpu or nccl")),
+                }
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -309,7 +323,7 @@ fn run(o: Opts) -> Result<()> {
     .dataset(Arc::clone(&data) as Arc<dyn BatchDataSet>)
     .batch_size(o.batch_size)
     .num_epochs(o.epochs)
-    .elche(ElCheConfig::cpu_sync())
+    .elche(if o.nccl { ElCheConfig::nccl_sync() } else { ElCheConfig::cpu_sync() })
     .epoch_fn(move |epoch, worker| {
         if epoch == 0 {
             return;
@@ -388,14 +402,15 @@ mod tests {
 
     #[test]
     fn flags_parse_and_bad_values_are_refused() {
-        let o = parse(&args("--samples 100 --batch-size 10 --checkpoint-every 2")).unwrap();
-        assert_eq!((o.samples, o.batch_size, o.checkpoint_every), (100, 10, Some(2)));
+        let o = parse(&args("--samples 100 --batch-size 10 --checkpoint-every 2 --backend nccl")).unwrap();
+        assert_eq!((o.samples, o.batch_size, o.checkpoint_every, o.nccl), (100, 10, Some(2), true));
         for bad in [
             "--samples 0",
             "--classes 1",
             "--lr 0",
             "--momentum 1",
             "--checkpoint-every 0",
+            "--backend gpu",
             "--epochs",
             "--x 1",
         ] {

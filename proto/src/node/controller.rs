@@ -179,6 +179,12 @@ pub enum ControllerNodeEvent {
         /// Ranks declared dead by then.
         lost: u32,
     },
+    /// Under flodl's rules, the last admitted host's link ended after the
+    /// run did. flodl's launcher exits only then: a host whose agent never
+    /// leaves (its rank wedged) keeps it waiting. The `cohort` program
+    /// under `--rules flodl` waits for this event (or
+    /// [`ControllerNodeEvent::EveryHostLeft`]) before its linger.
+    HostsGone,
     /// The run ended.
     Finished(ControllerOutcome),
     /// A connection that had not authenticated within the grace was closed
@@ -372,8 +378,11 @@ impl ControllerNode {
     /// has already finished), or, cohort's word, when training never began.
     fn host_left(&mut self) {
         let Some(c) = self.coord.as_ref() else { return };
-        if self.outcome.is_some() || self.window.members().any(|(conn, _)| self.window.is_linked(conn)) {
+        if self.window.members().any(|(conn, _)| self.window.is_linked(conn)) {
             return;
+        }
+        if self.outcome.is_some() {
+            return self.out.event(ControllerNodeEvent::HostsGone);
         }
         let lost = c.scheduler().liveness().dead_count();
         let world = c.scheduler().config().world_size;

@@ -235,3 +235,27 @@ fn item6_under_flodls_rules_a_bad_mac_ends_the_reduce() {
     assert!(c.every_host_left().is_some(), "the run ended with its hosts");
     assert!(c.finish().ok());
 }
+
+/// Under flodl's rules the controller says when its last host left after
+/// the run ended (`HostsGone`): flodl's launcher exits only then, and the
+/// `cohort` program under `--rules flodl` waits for it before its linger.
+/// Under cohort's rules there is no such wait. (A wedged rank's agent never
+/// leaves, so flodl hangs there: `scripts/real-ranks-smoke --case
+/// rank-wedged-flodl-rules`.)
+#[test]
+fn under_flodls_rules_the_controller_says_when_every_host_left_after_the_run() {
+    for rules in [Rules::Flodl, Rules::Cohort] {
+        let mut c = NetCluster::new(Plan::two_hosts(rules));
+        assert_eq!(c.run(UNTIL), Some(ControllerOutcome::Done), "{rules:?}");
+        let finished = c.finished_at().expect("finished");
+        c.run_out(UNTIL);
+        let gone = c.hosts_gone();
+        match rules {
+            Rules::Flodl => {
+                assert_eq!(gone.len(), 1, "{gone:?}");
+                assert!(gone[0] >= finished, "{gone:?} before the end at {finished}");
+            }
+            Rules::Cohort => assert_eq!(gone, [], "cohort's rules have no such wait"),
+        }
+    }
+}
