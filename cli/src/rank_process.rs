@@ -55,6 +55,7 @@ use cohort_proto::node::envelope::{Envelope, RELAY_CONTROL_OFFSET, RelaySpec, Wo
 use cohort_proto::node::host::RankEnd;
 use cohort_proto::node::rank::{RankNode, RankNodeEvent, RankSpec};
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
+use cohort_proto::node::workload::Workload;
 use cohort_proto::rendezvous::UID_BYTES;
 use cohort_proto::wire::{SessionSalt, derive_frame_ceiling};
 
@@ -278,7 +279,17 @@ pub fn spec_from_env(opts: &RankOptions) -> Result<RankSpec, StartError> {
 /// (stdout). Returns the process's exit code: the rank's, or 1 when it
 /// cannot start (an unreadable envelope, as a flodl rank exits).
 pub fn main(opts: &RankOptions, json: bool) -> i32 {
-    let spec = match spec_from_env(opts) {
+    main_with(opts, json, |spec| synthetic(spec, opts))
+}
+
+/// [`main`] with the workload `make` builds for the rank: a training
+/// program of your own runs as a cohort rank under any worker agent (flodl's
+/// or `cohort agent -- PROGRAM`), reading the envelope as a flodl rank does.
+/// `make` may also state what the envelope does not carry, such as the
+/// model signature its control hello presents (`RankSpec::model_sig`,
+/// which a coordinator compares across the world at formation).
+pub fn main_with<W: Workload>(opts: &RankOptions, json: bool, make: impl FnOnce(&mut RankSpec) -> W) -> i32 {
+    let mut spec = match spec_from_env(opts) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!("cohort rank: {e}");
@@ -290,7 +301,8 @@ pub fn main(opts: &RankOptions, json: bool) -> i32 {
         }
     };
     let mut narrator = Narrator::default();
-    let ran = run(&spec, opts, |s| {
+    let workload = make(&mut spec);
+    let ran = run(&spec, workload, |s| {
         let line = narrator.describe(s);
         log_line(s, &line);
         if json {
@@ -308,14 +320,25 @@ pub fn main(opts: &RankOptions, json: bool) -> i32 {
     }
 }
 
-/// Runs the rank of `spec` until it ends; every event goes to `on_event`
-/// (then its exit as [`ClusterEvent::RankExit`]). Returns the exit code.
-pub fn run(spec: &RankSpec, opts: &RankOptions, mut on_event: impl FnMut(&Stamped)) -> Result<i32, String> {
-    let clock = Clock::start();
+/// The synthetic workload `cohort rank` trains: the envelope's sizes, else
+/// the options'.
+pub fn synthetic(spec: &RankSpec, opts: &RankOptions) -> Trainer {
     let r = spec.rank;
     let w = spec.workload.unwrap_or_else(|| opts.workload());
     let seed = 0x5eed ^ u64::from(r);
-    let workload = Trainer::new(WorkloadConfig::for_rank(r, &w, opts.batch_ms, opts.spread, seed));
+    Trainer::new(WorkloadConfig::for_rank(r, &w, opts.batch_ms, opts.spread, seed))
+}
+
+/// Runs the rank of `spec` with `workload` until it ends; every event goes
+/// to `on_event` (then its exit as [`ClusterEvent::RankExit`]). Returns the
+/// exit code.
+pub fn run<W: Workload>(
+    spec: &RankSpec,
+    workload: W,
+    mut on_event: impl FnMut(&Stamped),
+) -> Result<i32, String> {
+    let clock = Clock::start();
+    let r = spec.rank;
     let mut uid = [0u8; UID_BYTES];
     getrandom::fill(&mut uid).map_err(|e| format!("no OS randomness for an NCCL id: {e}"))?;
     let node = RankNode::new(spec.rank_config(uid), workload, clock.now());

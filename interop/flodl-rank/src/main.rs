@@ -42,6 +42,9 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
+mod blobs;
+
+use blobs::{BlobSpec, Blobs};
 use flodl::{
     BatchDataSet, Device, ElCheConfig, FlowBuilder, Graph, Linear, Module, ReLU, Result, SGD, Tensor,
     TensorError, Trainer, Variable, cross_entropy_loss, manual_seed, no_grad,
@@ -88,6 +91,12 @@ impl Default for Opts {
 const USAGE: &str = "usage: flodl-rank [--samples N] [--features N] [--classes N] [--hidden N] \
 [--batch-size N] [--epochs N] [--lr X] [--momentum X] [--seed N] [--checkpoint-every N] [--checkpoint-dir DIR] \
 [--backend cpu|nccl]";
+
+impl Opts {
+    fn blobs(&self) -> BlobSpec {
+        BlobSpec { samples: self.samples, features: self.features, classes: self.classes, seed: self.seed }
+    }
+}
 
 fn parse(args: &[String]) -> std::result::Result<Opts, String> {
     fn num<T: std::str::FromStr>(flag: &str, v: Option<&String>) -> std::result::Result<T, String> {
@@ -138,60 +147,7 @@ fn parse(args: &[String]) -> std::result::Result<Opts, String> {
     Ok(o)
 }
 
-/// SplitMix64: the data set's one deterministic stream.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Standard normal (Box-Muller).
-    fn normal(&mut self) -> f64 {
-        let u = self.unit().max(f64::MIN_POSITIVE);
-        let v = self.unit();
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
-}
-
-/// Gaussian blobs: class `c`'s centre is a random point at distance 4 from
-/// the origin; a sample is its centre plus unit noise. Labels cycle through
-/// the classes, so every class holds a third of the samples.
-struct Blobs {
-    features: usize,
-    x: Vec<f32>,
-    y: Vec<i64>,
-}
-
 impl Blobs {
-    fn new(o: &Opts) -> Blobs {
-        let mut rng = SplitMix(o.seed ^ 0x0da7_a5e7);
-        let centres: Vec<Vec<f64>> = (0..o.classes)
-            .map(|_| {
-                let v: Vec<f64> = (0..o.features).map(|_| rng.normal()).collect();
-                let norm = v.iter().map(|a| a * a).sum::<f64>().sqrt().max(1e-9);
-                v.iter().map(|a| 4.0 * a / norm).collect()
-            })
-            .collect();
-        let mut x = Vec::with_capacity(o.samples * o.features);
-        let mut y = Vec::with_capacity(o.samples);
-        for i in 0..o.samples {
-            let c = i % o.classes;
-            x.extend(centres[c].iter().map(|m| (m + rng.normal()) as f32));
-            y.push(c as i64);
-        }
-        Blobs { features: o.features, x, y }
-    }
-
     fn tensors(&self, indices: &[usize]) -> Result<Vec<Tensor>> {
         let mut x = Vec::with_capacity(indices.len() * self.features);
         let mut y = Vec::with_capacity(indices.len());
@@ -291,15 +247,27 @@ fn mean(xs: &[f64]) -> Option<f64> {
 }
 
 fn run(o: Opts) -> Result<()> {
-    let data = Arc::new(Blobs::new(&o));
+    let data = Arc::new(Blobs::new(&o.blobs()));
     let (rank, world_size, device) = cluster_rank().unwrap_or((0, 1, "Cpu".to_string()));
     let probe = mlp(&o, Device::CPU)?;
     let params: usize = probe.parameters().iter().map(|p| p.variable.data().numel() as usize).sum();
+    // What flodl's model signature hashes (names, dtypes, shapes in
+    // `parameters()` order): a cohort rank training this model in the same
+    // world must present the same signature.
+    let manifest: Vec<serde_json::Value> = probe
+        .parameters()
+        .iter()
+        .map(|p| {
+            let d = p.variable.data();
+            serde_json::json!({ "name": p.name, "dtype": format!("{:?}", d.dtype()), "dtype_code": d.dtype() as i32, "shape": d.shape() })
+        })
+        .collect();
     let (l0, a0) = evaluate(&probe, &data)?;
     drop(probe);
     emit(serde_json::json!({
         "event": "start", "rank": rank, "world_size": world_size, "device": device,
         "params": params, "samples": data.len(), "initial_loss": l0, "initial_accuracy": a0,
+        "manifest": manifest,
     }));
 
     // Every batch loss this rank computes, in order.
@@ -421,13 +389,13 @@ mod tests {
     #[test]
     fn the_data_set_is_the_same_in_every_process_and_balanced() {
         let o = Opts { samples: 300, ..Opts::default() };
-        let (a, b) = (Blobs::new(&o), Blobs::new(&o));
+        let (a, b) = (Blobs::new(&o.blobs()), Blobs::new(&o.blobs()));
         assert_eq!(a.x, b.x);
         assert_eq!(a.y, b.y);
         assert_eq!(a.x.len(), 300 * o.features);
         for c in 0..3 {
             assert_eq!(a.y.iter().filter(|&&y| y == c).count(), 100);
         }
-        assert!(Blobs::new(&Opts { seed: 8, ..o.clone() }).x != a.x);
+        assert!(Blobs::new(&Opts { seed: 8, ..o.clone() }.blobs()).x != a.x);
     }
 }

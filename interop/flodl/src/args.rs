@@ -60,6 +60,34 @@ pub fn parse(spec: Spec, args: &[String]) -> Result<Parsed, String> {
     Ok(out)
 }
 
+/// `args` with its bare arguments moved behind a `--`, in order, so that
+/// a subcommand taking `[OPTIONS] ITEM...` (its spec `trailing`) reads
+/// them as its trailing list; options may come before, between or after
+/// them. Arguments already behind a `--` stay there, after the others.
+pub fn positionals_last(spec: Spec, args: &[String]) -> Vec<String> {
+    let (mut options, mut items) = (Vec::new(), Vec::new());
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--" {
+            items.extend(it.by_ref().cloned());
+            break;
+        }
+        match arg.strip_prefix("--") {
+            Some(name) if spec.values.contains(&name) => {
+                options.push(arg.clone());
+                options.extend(it.next().cloned());
+            }
+            Some(_) => options.push(arg.clone()),
+            None => items.push(arg.clone()),
+        }
+    }
+    if !items.is_empty() {
+        options.push("--".to_string());
+        options.extend(items);
+    }
+    options
+}
+
 impl Parsed {
     pub fn flag(&self, name: &str) -> bool {
         self.flags.contains(&name)
@@ -135,6 +163,20 @@ mod tests {
         assert_eq!(p.str("host"), Some("h"));
         assert!(p.flag("open"));
         assert_eq!(p.trailing, strings(&["a", "--port"]));
+    }
+
+    #[test]
+    fn bare_arguments_become_the_trailing_list() {
+        let args = strings(&["a", "--port", "9", "b", "--open", "--host=h", "c", "--", "d", "--port"]);
+        let moved = positionals_last(SPEC, &args);
+        assert_eq!(
+            moved,
+            strings(&["--port", "9", "--open", "--host=h", "--", "a", "b", "c", "d", "--port"])
+        );
+        let p = parse(SPEC, &moved).unwrap();
+        assert_eq!((p.str("port"), p.flag("open")), (Some("9"), true));
+        assert_eq!(p.trailing, strings(&["a", "b", "c", "d", "--port"]));
+        assert_eq!(positionals_last(SPEC, &strings(&["--open"])), strings(&["--open"]));
     }
 
     #[test]

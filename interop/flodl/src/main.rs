@@ -23,6 +23,7 @@ mod args;
 mod bench;
 mod check;
 mod ffi_stubs;
+mod frames;
 mod hex;
 mod http;
 mod http_diff;
@@ -142,6 +143,10 @@ const HTTP_DIFF_SPEC: Spec = Spec { values: &[], flags: &[], trailing: true };
 const TAP_SPEC: Spec =
     Spec { values: &["listen", "to", "dump-dir", "max-conns"], flags: &[], trailing: false };
 
+/// `frames-check [--salt HEX] [--json] DIR...`: the directories are its
+/// trailing list (given bare, they are moved behind a `--`).
+const FRAMES_CHECK_SPEC: Spec = Spec { values: &["salt"], flags: &["json"], trailing: true };
+
 const USAGE: &str = "\
 flodl-peer: run real flodl 0.8 control-plane roles (no libtorch)
 
@@ -179,6 +184,11 @@ USAGE:
                                  (flodl's controller reduce against cohort's)
   flodl-peer free-port [--span N] [--attempts N]
   flodl-peer tap --listen ADDR:PORT --to HOST:PORT --dump-dir DIR [--max-conns N]
+  flodl-peer frames-check [--salt HEX32] [--json] DIR...
+                                 (taps' dumps: every data leg's consensus is the
+                                  exact reduce of the captured host frames and the
+                                  same on every leg; exit 1 on a violation, 2 on
+                                  an undecodable capture)
   flodl-peer decode [HEX]        (hex-encoded JSON -> pretty JSON; stdin if no arg)
   flodl-peer http --addr HOST:PORT --request 'GET / HTTP/1.1\\r\\n\\r\\n' [--wait-ms MS]
                                  (one raw HTTP exchange, printed verbatim)
@@ -229,6 +239,17 @@ fn main() -> ExitCode {
     if cmd == "suite" {
         return suite::main(rest);
     }
+    if cmd == "frames-check" {
+        // Its own exit statuses: 1 a violation, 2 usage or undecodable input.
+        let args = args::positionals_last(FRAMES_CHECK_SPEC, rest);
+        return match parse_then(FRAMES_CHECK_SPEC, &args, frames::run) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(f) => {
+                eprintln!("flodl-peer frames-check: FAILED: {}", f.msg);
+                ExitCode::from(f.code)
+            }
+        };
+    }
     let who = format!("flodl-peer {cmd}");
     let role_result = match cmd.as_str() {
         "controller" => parse_then(CONTROLLER_SPEC, rest, controller),
@@ -264,7 +285,11 @@ fn main() -> ExitCode {
     finish(&who, role_result)
 }
 
-fn parse_then(spec: Spec, args: &[String], run: fn(&Parsed) -> Result<(), String>) -> Result<(), String> {
+fn parse_then<E: From<String>>(
+    spec: Spec,
+    args: &[String],
+    run: fn(&Parsed) -> Result<(), E>,
+) -> Result<(), E> {
     let parsed = args::parse(spec, args)?;
     run(&parsed)
 }

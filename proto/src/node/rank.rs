@@ -18,10 +18,20 @@ use crate::rank::data_client::{
 use crate::rank::rendezvous_client::{RendezvousClient, RendezvousClientConfig, RendezvousClientEvent};
 use crate::rendezvous::UID_BYTES;
 use crate::time::{Time, earliest};
-use crate::wire::{ControlMsgWire, Dtype, MacKey, SessionSalt};
+use crate::wire::{ControlMsgWire, Dtype, MacKey, RoundKind, SessionSalt};
 
 use super::envelope::WorkloadSpec;
 use super::workload::{Action, Workload};
+
+/// One round a workload asked for ([`Action::Submit`] or [`Action::Round`]).
+#[derive(Debug)]
+struct Round {
+    kind: RoundKind,
+    weight: f64,
+    scale: f32,
+    shapes: Vec<Vec<u32>>,
+    values: Vec<f32>,
+}
 
 /// After its data leg fails, a rank waits this long for its control leg's
 /// verdict before exiting with the data failure: when the controller dies,
@@ -259,7 +269,7 @@ pub struct RankNode<W> {
     workload: W,
     actions: Vec<Action>,
     /// A submission that waits for the data leg.
-    pending_submit: Option<(f64, Vec<f32>)>,
+    pending_submit: Option<Round>,
     rounds_submitted: u64,
     rounds_done: u64,
     /// The data leg failed: at this instant, for this reason, the rank
@@ -404,9 +414,19 @@ impl<W: Workload> RankNode<W> {
     fn act(&mut self, now: Time) {
         let mut actions = core::mem::take(&mut self.actions);
         for a in actions.drain(..) {
-            if let Action::Submit { mass, values } = a {
-                self.submit(now, mass, values);
-                continue;
+            match a {
+                Action::Submit { mass, values } => {
+                    let shapes = vec![vec![values.len() as u32]];
+                    let round =
+                        Round { kind: RoundKind::Model, weight: mass, scale: mass as f32, shapes, values };
+                    self.submit(now, round);
+                    continue;
+                }
+                Action::Round { kind, weight, scale, shapes, values } => {
+                    self.submit(now, Round { kind, weight, scale, shapes, values });
+                    continue;
+                }
+                _ => {}
             }
             let Some(control) = self.control.as_mut() else { continue };
             // A send can only fail once the control client has ended; the
@@ -423,14 +443,14 @@ impl<W: Workload> RankNode<W> {
                     self.end(RankNodeEvent::Exited);
                     Ok(())
                 }
-                Action::Submit { .. } => Ok(()),
+                Action::Submit { .. } | Action::Round { .. } => Ok(()),
             };
         }
         // Keep the buffer's allocation for the next call.
         self.actions = actions;
     }
 
-    fn submit(&mut self, now: Time, mass: f64, values: Vec<f32>) {
+    fn submit(&mut self, now: Time, round: Round) {
         if self.data_gone {
             return self.shut_down_by_data(now);
         }
@@ -438,14 +458,40 @@ impl<W: Workload> RankNode<W> {
             // No CPU data plane: a contribution has nowhere to go.
             return self.fail_data(now, "a contribution was submitted without a CPU data plane".into());
         };
-        let shape = [values.len() as u32];
-        let views = [TensorView::new(&shape, &values)];
-        match data.submit_round(now, &Contribution::model(mass, Dtype::F32, &views)) {
+        let mut views = Vec::with_capacity(round.shapes.len());
+        let mut rest = round.values.as_slice();
+        for shape in &round.shapes {
+            let n = shape.iter().map(|&d| d as usize).product::<usize>();
+            let Some((mine, after)) = rest.split_at_checked(n) else { break };
+            views.push(TensorView::new(shape, mine));
+            rest = after;
+        }
+        if views.len() != round.shapes.len() || !rest.is_empty() {
+            let n: usize =
+                round.shapes.iter().map(|s| s.iter().map(|&d| d as usize).product::<usize>()).sum();
+            let reason =
+                format!("the workload's round holds {} values for shapes of {n}", round.values.len());
+            self.close_control();
+            return self.end(RankNodeEvent::DataFailed { reason });
+        }
+        let c = Contribution {
+            kind: round.kind,
+            dtype: Dtype::F32,
+            weight: round.weight,
+            scale: round.scale,
+            tensors: &views,
+        };
+        match data.submit_round(now, &c) {
             Ok(()) => {
+                drop(views);
+                let (mass, values) = (round.weight, round.values);
                 self.out.event(RankNodeEvent::Submitted { round: self.rounds_submitted, mass, values });
                 self.rounds_submitted += 1;
             }
-            Err(SubmitError::NotConnected) => self.pending_submit = Some((mass, values)),
+            Err(SubmitError::NotConnected) => {
+                drop(views);
+                self.pending_submit = Some(round);
+            }
             Err(_) if self.cfg.rules == Rules::Flodl => self.shut_down_by_data(now),
             Err(e) => {
                 self.close_control();
@@ -579,13 +625,17 @@ impl<W: Workload> RankNode<W> {
             DataClientEvent::Connected => {
                 self.connected.1 = true;
                 self.legs_connected();
-                if let Some((mass, values)) = self.pending_submit.take() {
-                    self.submit(now, mass, values);
+                if let Some(round) = self.pending_submit.take() {
+                    self.submit(now, round);
                 }
             }
             DataClientEvent::Consensus(result) => {
                 let (weight, keep_local) = (result.weight, result.keep_local);
-                let values = result.tensors.into_iter().next().map(|t| t.values).unwrap_or_default();
+                let mut tensors = result.tensors.into_iter();
+                let mut values = tensors.next().map(|t| t.values).unwrap_or_default();
+                for t in tensors {
+                    values.extend_from_slice(&t.values);
+                }
                 // The workload reads the values before they move into the event
                 // (its actions run after the event): no copy.
                 let live = !self.ended;

@@ -50,7 +50,7 @@
 //! ```
 
 use crate::time::Time;
-use crate::wire::{ControlMsgWire, MetricsMsgWire, TimingMsgWire};
+use crate::wire::{ControlMsgWire, MetricsMsgWire, RoundKind, TimingMsgWire};
 
 /// What a workload asks its rank to do.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,6 +76,28 @@ pub enum Action {
         /// The values, before scaling.
         values: Vec<f32>,
     },
+    /// Submit one round of the CPU data plane laid out as the workload
+    /// wants it, as flodl's rank lays out its rounds: the model's tensors
+    /// each with its shape, `Control` rounds (summed, not averaged: flodl's
+    /// per-rank count gather and its start-up broadcast of rank 0's
+    /// parameters) beside `Model` ones. `values` holds every tensor's values
+    /// in order, row-major; each is multiplied by `scale` on the wire, and a
+    /// `scale` of 0 sends the whole frame elided (its schema, no payload).
+    /// The consensus comes back to [`Workload::on_consensus`] laid out the
+    /// same way; a `Control` round's always (its sum), a `Model` round's
+    /// unless its summed weight was 0.
+    Round {
+        /// `Model` (averaged by weight) or `Control` (summed).
+        kind: RoundKind,
+        /// The weight the frame carries.
+        weight: f64,
+        /// The factor applied to every value as it is encoded.
+        scale: f32,
+        /// Each tensor's shape.
+        shapes: Vec<Vec<u32>>,
+        /// Every tensor's values, in order.
+        values: Vec<f32>,
+    },
     /// Leave: announce `Exiting`, then close.
     Exit,
 }
@@ -94,8 +116,9 @@ pub trait Workload {
     /// running plan loses its samples.
     fn on_command(&mut self, now: Time, msg: &ControlMsgWire, out: &mut Vec<Action>);
 
-    /// The consensus of the last contribution arrived; `None` when its mass
-    /// was 0 and the workload keeps its own state.
+    /// The consensus of the last contribution arrived (every tensor's values
+    /// in order); `None` when it was a `Model` round of mass 0 and the
+    /// workload keeps its own state.
     fn on_consensus(&mut self, now: Time, values: Option<&[f32]>, out: &mut Vec<Action>);
 
     /// The instant [`Workload::next_wake`] named has come.
