@@ -11,7 +11,7 @@
 //! 0.8's rank-side rounds exactly, so its frames line up with a flodl
 //! rank's in every round of the reduce:
 //!
-//! 1. before training, flodl's start-up broadcast: one `Control` round of
+//! 1. first thing, flodl's start-up broadcast: one `Control` round of
 //!    weight 0, rank 0 sending its parameters and every other rank the
 //!    same layout elided; everyone loads the sum (rank 0's parameters);
 //! 2. at each `RequestParams`, the per-rank count gather: a `Control`
@@ -494,11 +494,6 @@ impl Mlp {
 
 impl Workload for Mlp {
     fn on_command(&mut self, now: Time, msg: &ControlMsgWire, out: &mut Vec<Action>) {
-        if self.phase == Phase::Start
-            && !matches!(msg, ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. })
-        {
-            self.broadcast(out);
-        }
         match msg {
             ControlMsgWire::StartEpoch(p) => {
                 self.plan(now, p.epoch, p.partition_offset, p.partition_size, out)
@@ -584,6 +579,12 @@ impl Workload for Mlp {
     }
 
     fn on_wake(&mut self, now: Time, out: &mut Vec<Action>) {
+        // The start-up broadcast goes first thing, as a flodl rank sends it
+        // before its worker exists: flodl's ranks wait in it for every
+        // rank's frame before anything else.
+        if self.phase == Phase::Start {
+            return self.broadcast(out);
+        }
         if self.due.take_if(|t| *t <= now).is_none() {
             return;
         }
@@ -592,6 +593,9 @@ impl Workload for Mlp {
     }
 
     fn next_wake(&self) -> Option<Time> {
+        if self.phase == Phase::Start {
+            return Some(Time::ZERO);
+        }
         self.due
     }
 
@@ -612,6 +616,11 @@ fn main() -> ExitCode {
     let spec =
         BlobSpec { samples: opts.samples, features: opts.features, classes: opts.classes, seed: opts.seed };
     let data = Arc::new(Blobs::new(&spec));
+    // The rank's own log lines (the cohort rank's events) on stderr, at
+    // `RUST_LOG` (default info); stdout carries the JSON lines.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let rank_opts = RankOptions::default();
     let code = main_with(&rank_opts, false, |spec| {
         let m = Mlp::new(spec.rank, spec.world_size, opts, Arc::clone(&data));
@@ -692,6 +701,8 @@ mod tests {
         let mut m = Mlp::new(1, 2, o, data);
         let t = Time::ZERO;
         let mut out = Vec::new();
+        assert_eq!(m.next_wake(), Some(t), "the broadcast is due at once");
+        m.on_wake(t, &mut out);
         let plan = cohort_proto::wire::EpochPlanWire { epoch: 0, partition_offset: 0, partition_size: 40 };
         m.on_command(t, &ControlMsgWire::StartEpoch(plan), &mut out);
         let r = rounds(&out);
