@@ -610,8 +610,8 @@ const BF16_ULP: f64 = 1.0 / 128.0;
 /// ranks' contributions from `hosts` hosts, an element whose summands
 /// have `scale = Σ_h |value_h| / W` (`W` the divisor, 1 if none).
 ///
-/// The rule is cohort's own consensus oracle's (`ConsensusOracle::check_round`
-/// in `proto/src/node/oracle.rs`, private there, so mirrored):
+/// The rule is cohort's own consensus oracle's, called from there
+/// (`cohort_proto::node::oracle::consensus_tolerance`):
 /// `(ranks + hosts + 4) · 4 · ε_f32 · scale`, with `scale` floored at
 /// 1e-30. The oracle's `scale` is the largest |value| of the round's
 /// unscaled contributions; here it is per element, `Σ_h |value_h| / W`,
@@ -628,7 +628,7 @@ const BF16_ULP: f64 = 1.0 / 128.0;
 /// also rounded to bf16 once on the wire: one bf16 ulp (`2^-7 · scale`)
 /// more.
 pub fn tolerance(ranks: usize, hosts: usize, dtype: Dtype, scale: f64) -> f64 {
-    let f32_part = (ranks as f64 + hosts as f64 + 4.0) * 4.0 * f64::from(f32::EPSILON) * scale.max(1e-30);
+    let f32_part = cohort_proto::node::oracle::consensus_tolerance(ranks, hosts, scale);
     match dtype {
         Dtype::F32 => f32_part,
         Dtype::Bf16 => f32_part + BF16_ULP * scale,

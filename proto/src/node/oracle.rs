@@ -65,6 +65,22 @@ struct Delivery {
     values: Vec<f32>,
 }
 
+/// How far a consensus element may stand from the exact (f64) weighted mean
+/// of `ranks` ranks' contributions folded in `hosts` host frames, each
+/// contribution's magnitude at most `scale`: f32 accumulation, a few ulps
+/// per term, `(ranks + hosts + 4) * 4 * f32::EPSILON * scale` (`scale`
+/// floored at 1e-30). The one rule of every consensus check: this oracle,
+/// and the interop harness's check of captured frames.
+///
+/// ```
+/// use cohort_proto::node::oracle::consensus_tolerance;
+/// let tol = consensus_tolerance(4, 2, 1.0);
+/// assert!(tol > 1e-5 && tol < 1e-4);
+/// ```
+pub fn consensus_tolerance(ranks: usize, hosts: usize, scale: f64) -> f64 {
+    (ranks as f64 + hosts as f64 + 4.0) * 4.0 * f64::from(f32::EPSILON) * scale.max(1e-30)
+}
+
 /// Watches a cluster's events and checks every consensus.
 #[derive(Debug, Default)]
 pub struct ConsensusOracle {
@@ -312,11 +328,7 @@ impl ConsensusOracle {
                 sum.len()
             ));
         }
-        // f32 accumulation over n ranks in h host frames: a few ulps per term.
-        let tol = (ranks.len() as f64 + r.contributors.len() as f64 + 4.0)
-            * 4.0
-            * f64::from(f32::EPSILON)
-            * scale.max(1e-30);
+        let tol = consensus_tolerance(ranks.len(), r.contributors.len(), scale);
         for (i, (g, s)) in got.iter().zip(&sum).enumerate() {
             let want = s / mass;
             if (f64::from(*g) - want).abs() > tol {
