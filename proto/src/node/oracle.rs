@@ -74,8 +74,9 @@ struct Delivery {
 ///
 /// ```
 /// use cohort_proto::node::oracle::consensus_tolerance;
+/// // 4 ranks in 2 host frames, contributions up to 1.0 in magnitude.
 /// let tol = consensus_tolerance(4, 2, 1.0);
-/// assert!(tol > 1e-5 && tol < 1e-4);
+/// assert_eq!(tol, 40.0 * f64::from(f32::EPSILON)); // about 4.8e-6
 /// ```
 pub fn consensus_tolerance(ranks: usize, hosts: usize, scale: f64) -> f64 {
     (ranks as f64 + hosts as f64 + 4.0) * 4.0 * f64::from(f32::EPSILON) * scale.max(1e-30)
