@@ -25,3 +25,23 @@ impl fmt::Display for Thousands {
         Ok(())
     }
 }
+
+/// A count and its noun, the noun plural unless the count is 1 (`"1
+/// host"`, `"2 hosts"`, `"1,024 ranks"`): every log line and summary that
+/// counts things writes them this way.
+///
+/// ```
+/// use cohort_proto::display::Count;
+/// assert_eq!(Count(1, "host").to_string(), "1 host");
+/// assert_eq!(Count(0, "rank").to_string(), "0 ranks");
+/// assert_eq!(Count(4096, "rank").to_string(), "4,096 ranks");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count(pub u64, pub &'static str);
+
+impl fmt::Display for Count {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = if self.0 == 1 { "" } else { "s" };
+        write!(f, "{} {}{s}", Thousands(self.0), self.1)
+    }
+}

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
+use cohort_proto::display::Count;
 use cohort_sim::explore::random_scenario;
 use cohort_sim::shrink::{caught, fails_as, failure_kind};
 use cohort_sim::{Cluster, Report, Scenario};
@@ -29,6 +30,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Play one scenario (or a default healthy cluster) and summarise it.
+    #[command(allow_negative_numbers = true)]
     Run {
         /// A scenario file (JSON; see the README and examples/scenarios/).
         /// A file saved with --save carries its seed and replays exactly.
@@ -66,6 +68,7 @@ enum Cmd {
     /// Play a random scenario per seed (VOPR-style, each seed drawing its
     /// own fault mix and network) on both cores; list every failing seed
     /// with the command that replays it.
+    #[command(allow_negative_numbers = true)]
     Explore {
         /// How many seeds.
         #[arg(long, default_value_t = 100)]
@@ -85,6 +88,7 @@ enum Cmd {
     },
     /// Reduce a failing scenario file (fewer hosts, ranks, faults, epochs,
     /// samples) while it still fails the same way under its seed.
+    #[command(allow_negative_numbers = true)]
     Shrink {
         /// The failing scenario (as saved by --save or --save-failing).
         #[arg(value_name = "FILE")]
@@ -211,12 +215,12 @@ fn shrink(path: &Path, seed: Option<u64>, out: Option<PathBuf>) -> i32 {
     println!("  fails as:  {kind}");
     let size = |c: &Scenario| {
         format!(
-            "{} hosts, {} ranks, {} faults, {} epochs, {} samples per epoch",
-            c.hosts.len(),
-            c.world_size(),
-            c.faults.len(),
-            c.epochs,
-            c.samples_per_epoch
+            "{}, {}, {}, {}, {} per epoch",
+            Count(c.hosts.len() as u64, "host"),
+            Count(u64::from(c.world_size()), "rank"),
+            Count(c.faults.len() as u64, "fault"),
+            Count(c.epochs, "epoch"),
+            Count(c.samples_per_epoch, "sample")
         )
     };
     println!("  from:      {}", size(&sc));
@@ -232,7 +236,8 @@ fn usage(msg: &str) -> i32 {
 
 fn summary(sc: &Scenario, r: &Report, wall_s: f64) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "cohort-sim: seed {}, {} hosts, {} ranks", r.seed, sc.hosts.len(), sc.world_size());
+    let (hosts, ranks) = (Count(sc.hosts.len() as u64, "host"), Count(u64::from(sc.world_size()), "rank"));
+    let _ = writeln!(out, "cohort-sim: seed {}, {hosts}, {ranks}", r.seed);
     let _ = writeln!(out, "\ntimeline (virtual seconds):");
     for e in r.timeline.entries().iter().filter(|e| e.span.is_none()) {
         let _ = writeln!(out, "  {:>10.3}  {:<12} {}", e.at.as_secs_f64(), e.track, e.what);

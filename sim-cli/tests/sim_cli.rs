@@ -200,3 +200,18 @@ fn the_simulator_refuses_the_run_knobs_the_cohort_program_refuses() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn counts_of_one_are_singular() {
+    let (code, out, err) = sim(&["run", "--hosts", "1", "--ranks-per-host", "1", "--epochs", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("cohort-sim: seed 1, 1 host, 1 rank\n"), "{out}");
+}
+
+#[test]
+fn a_negative_number_is_refused_by_its_flag() {
+    let (code, _, err) = sim(&["run", "--hosts", "-1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!err.contains("unexpected argument"), "{err}");
+    assert!(err.contains("--hosts") && err.contains("-1"), "{err}");
+}

@@ -844,8 +844,19 @@ impl Scenario {
     /// assert_eq!(e.field, "bandwidth_gbps");
     /// ```
     pub fn from_json(text: &str) -> Result<Scenario, ScenarioError> {
-        let sc: Scenario =
-            serde_json::from_str(text).map_err(|e| ScenarioError::new("scenario", e.to_string()))?;
+        if text.trim().is_empty() {
+            return Err(ScenarioError::new(
+                "scenario",
+                "the file is empty: a scenario is a JSON object (see examples/scenarios/)",
+            ));
+        }
+        // The error names the field it is about, as `hosts[0].ranks`.
+        let sc: Scenario = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(text))
+            .map_err(|e| {
+                let path = e.path().to_string();
+                let field = if path == "." { "scenario".to_owned() } else { path };
+                ScenarioError::new(&field, e.into_inner().to_string())
+            })?;
         sc.validate()?;
         Ok(sc)
     }
@@ -887,7 +898,11 @@ impl Scenario {
             if let Some(s) = &h.speed
                 && !self.speed_classes.contains_key(s)
             {
-                return err(&at("speed"), &format!("unknown class {s:?}"));
+                let known: Vec<&str> = self.speed_classes.keys().map(String::as_str).collect();
+                return err(
+                    &at("speed"),
+                    &format!("unknown class {s:?}; the classes are {}", known.join(", ")),
+                );
             }
         }
         for (name, c) in &self.speed_classes {

@@ -19,6 +19,7 @@ use cohort_driver_mio::{Clock, Config};
 use cohort_proto::Time;
 use cohort_proto::config::{ConfigError, Rules, TimeoutScale};
 use cohort_proto::coord::{ApplyPolicy, Backend};
+use cohort_proto::display::Count;
 use cohort_proto::join::client::{JoinClientEvent, LinkEnd};
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome};
@@ -44,18 +45,21 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Run a controller: the join window, status endpoint, coordinator and
-    /// reduce behind one port, until the run ends.
+    /// reduce (or, with --backend nccl, the NCCL rendezvous) behind one port,
+    /// until the run ends.
+    #[command(allow_negative_numbers = true)]
     Controller(ControllerArgs),
     /// Run a worker host: join the controller, then run the host's relays
     /// and its K ranks until they exit: the synthetic workload, or your own
     /// program per rank (`cohort agent ... -- CMD ARGS`, as `torchrun
     /// --nproc-per-node K` and flodl's agent run theirs).
-    #[command(after_long_help = AGENT_PROGRAM_HELP)]
+    #[command(after_long_help = AGENT_PROGRAM_HELP, allow_negative_numbers = true)]
     Agent(AgentArgs),
     /// Run one rank as a child of a worker agent (flodl 0.8's or any that
     /// sets FLODL_INTERNAL_CLUSTER_JSON and FLODL_INTERNAL_LOCAL_RANK): the
     /// synthetic workload, through the host's relay at the controller's
     /// port + 5 (control) and + 4 (data). Exits 0 after a clean shutdown.
+    #[command(allow_negative_numbers = true)]
     Rank(RankArgs),
     /// Print a controller's state.json.
     Status {
@@ -72,6 +76,7 @@ enum Cmd {
     },
     /// Run a whole cluster on loopback: form it, train, kill a rank
     /// mid-epoch, check every consensus, summarise.
+    #[command(allow_negative_numbers = true)]
     Demo(DemoArgs),
     /// Decode captured frames to JSON, or encode JSON to frames.
     #[command(subcommand)]
@@ -610,7 +615,7 @@ fn agent(a: AgentArgs) -> i32 {
         Err(e) => return fail(&e),
     };
     if a.ranks == 0 || a.ranks > 256 {
-        return fail("--ranks must be 1 to 256");
+        return fail(&format!("--ranks: {} is out of range: allowed 1..=256", a.ranks));
     }
     let workload =
         RunKnobs { batch_size: a.batch_size, model_elems: a.model_elems, ..RunKnobs::default() }.workload();
@@ -661,12 +666,17 @@ fn agent(a: AgentArgs) -> i32 {
     };
     match a.program.first() {
         Some(cmd) => tracing::info!(
-            "agent {} joining {} with {} ranks, each running {cmd}",
+            "agent {} joining {} with {}, each running {cmd}",
             a.host,
             a.connect,
-            a.ranks
+            Count(u64::from(a.ranks), "rank")
         ),
-        None => tracing::info!("agent {} joining {} with {} ranks", a.host, a.connect, a.ranks),
+        None => tracing::info!(
+            "agent {} joining {} with {}",
+            a.host,
+            a.connect,
+            Count(u64::from(a.ranks), "rank")
+        ),
     }
     let mut worst = 0i32;
     let mut stopping = false;

@@ -18,7 +18,7 @@
 //! ```
 
 use cohort_proto::coord::{CoordinatorEvent, DeathCause, MetricValue, RunEnd};
-use cohort_proto::display::Thousands;
+use cohort_proto::display::{Count, Thousands};
 use cohort_proto::join::AdmitError;
 use cohort_proto::join::client::{ClientFailure, JoinClientEvent};
 use cohort_proto::join::window::{JoinWindowEvent, RejectReason};
@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use cohort_proto::{ConnId, Time};
 use core::time::Duration;
 
-use super::{ClusterEvent, Stamped};
+use super::{ClusterEvent, Source, Stamped};
 
 /// How much an event matters to a human watching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -169,8 +169,11 @@ pub fn describe(s: &Stamped) -> Line {
         ClusterEvent::RankExit { code } => {
             line(Info, "rank_exit", format!("process ended with exit code {code}, reported to its agent"))
         }
+        // A worker host's dials are to its controller: an operator sees each
+        // failed attempt and its cause (a relay's or rank's dials to its
+        // host's loopback listeners retry as a matter of course).
         ClusterEvent::DialRetry { attempt, attempts, error } => line(
-            Debug,
+            if matches!(s.source, Source::Host(_)) { Info } else { Debug },
             "dial_retry",
             format!("connect attempt {attempt}/{attempts} failed ({error}); retrying"),
         ),
@@ -194,8 +197,10 @@ fn agent(e: &JoinClientEvent) -> Line {
                 Info,
                 "world_formed",
                 format!(
-                    "world formed: {} ranks on {} hosts, this host's ranks {:?}",
-                    env.world_size, env.num_workers, env.worker.ranks
+                    "world formed: {} on {}, this host's ranks {:?}",
+                    Count(u64::from(env.world_size), "rank"),
+                    Count(u64::from(env.num_workers), "host"),
+                    env.worker.ranks
                 ),
             ),
             Err(e) => {

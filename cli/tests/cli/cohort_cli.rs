@@ -199,3 +199,57 @@ fn bad_run_knobs_are_refused_at_start_up_with_flag_value_and_range() {
         assert!(!err.contains("listening"), "{args:?}: the controller started: {err}");
     }
 }
+
+#[test]
+fn a_negative_number_is_refused_by_its_flag_not_taken_for_an_unknown_argument() {
+    // Once "unexpected argument '-1' found": now the flag and the value.
+    for (args, flag) in [
+        (&["controller", "--bind", "127.0.0.1:0", "--timeout-scale", "-1"][..], "--timeout-scale"),
+        (
+            &["agent", "--connect", "127.0.0.1:9", "--host", "a", "--timeout-scale", "-1"][..],
+            "--timeout-scale",
+        ),
+        (&["demo", "--batch-ms", "-1"][..], "--batch-ms"),
+        (&["controller", "--bind", "127.0.0.1:0", "--epochs", "-1"][..], "--epochs"),
+    ] {
+        let out = run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+        assert!(err.contains(flag) && err.contains("-1"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn agent_ranks_out_of_range_echo_the_value_and_the_range() {
+    let out = run(&["agent", "--connect", "127.0.0.1:9", "--host", "a", "--ranks", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--ranks: 0 is out of range: allowed 1..=256"), "{err}");
+}
+
+#[test]
+fn an_unreachable_controller_is_reported_at_info_with_each_attempt_and_its_cause() {
+    // A port nothing listens on (bound, then released).
+    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let mut agent = cohort(&["agent", "--connect", &format!("127.0.0.1:{port}"), "--host", "a"]);
+    agent.env("RUST_LOG", "info").stderr(Stdio::piped()).stdout(Stdio::null());
+    let mut child = Reap(Some(agent.spawn().expect("start cohort agent")));
+    let stderr = child.0.as_mut().and_then(|c| c.stderr.take()).expect("stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let first = loop {
+        let line = rx.recv_timeout(PATIENCE).expect("a line about the failed connect within the patience");
+        if line.contains("connect attempt") {
+            break line;
+        }
+    };
+    assert!(first.contains("INFO"), "{first}");
+    assert!(first.contains("connect attempt 1/") && first.contains("refused"), "{first}");
+}

@@ -84,7 +84,8 @@ fn every_bad_value_is_refused_naming_its_field() {
         (r#"{"hosts": [{"name": "", "ranks": 1}]}"#, "hosts[].name"),
         (r#"{"hosts": [{"name": "a", "ranks": 1}, {"name": "a", "ranks": 1}]}"#, "hosts[].name"),
         (r#"{"hosts": [{"name": "a", "ranks": 1, "speed": "warp"}]}"#, "hosts[a].speed"),
-        (r#"{"hosts": [{"name": "a", "ranks": 1}], "nonsense": 1}"#, "scenario"),
+        // An unknown field is named by its own path.
+        (r#"{"hosts": [{"name": "a", "ranks": 1}], "nonsense": 1}"#, "nonsense"),
     ];
     for (text, field) in hosts {
         assert_eq!(field_of(text), field, "{text}");
@@ -165,4 +166,18 @@ fn a_scenario_file_round_trips() {
         let sc = cohort_sim::explore::random_scenario(seed);
         assert_eq!(Scenario::from_json(&sc.to_json()).unwrap(), sc, "seed {seed}");
     }
+}
+
+#[test]
+fn a_wrong_type_names_its_path_an_empty_file_says_so_and_an_unknown_class_lists_the_known() {
+    // Once "scenario: invalid type: string \"two\", expected u32 at line 1 column 42".
+    let e = Scenario::from_json(r#"{"hosts": [{"name": "a", "ranks": "two"}]}"#).unwrap_err();
+    assert_eq!(e.field, "hosts[0].ranks", "{e}");
+    assert!(e.problem.contains("expected u32"), "{e}");
+    // Once "EOF while parsing a value at line 1 column 0".
+    let e = Scenario::from_json("  \n").unwrap_err();
+    assert!(e.problem.starts_with("the file is empty"), "{e}");
+    let e = Scenario::from_json(r#"{"hosts": [{"name": "a", "ranks": 1, "speed": "warp"}]}"#).unwrap_err();
+    assert_eq!(e.field, "hosts[a].speed", "{e}");
+    assert!(e.problem.contains("the classes are fast, medium, slow"), "{e}");
 }
