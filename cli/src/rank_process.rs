@@ -369,8 +369,8 @@ pub fn run<W: Workload>(
                     ended |= e.ends_the_rank();
                     emit(at, ClusterEvent::Rank(e));
                 }
-                NodeEvent::DialRetry { attempt, attempts, error, .. } => {
-                    emit(at, ClusterEvent::DialRetry { attempt, attempts, error: error.to_string() })
+                NodeEvent::ConnectFailed { attempt, attempts, error, .. } => {
+                    emit(at, ClusterEvent::ConnectFailed { attempt, attempts, error: error.to_string() })
                 }
             }
         }

@@ -562,17 +562,17 @@ impl<M: Machine, I: Io> Engine<M, I> {
             self.io.abandon(attempt);
         }
         tracing::debug!(dial = ?d.dial, addr = %d.addr, attempt = d.attempts, error = %err, "connect attempt failed");
+        self.events.push_back(NodeEvent::ConnectFailed {
+            dial: d.dial,
+            attempt: d.attempts,
+            attempts: self.config.connect_attempts.max(1),
+            error: err.kind(),
+        });
         if d.attempts >= self.config.connect_attempts.max(1) {
             let dial = d.dial;
             self.remove(slot);
             self.reports.push_back(Report::DialFailed { dial });
         } else {
-            self.events.push_back(NodeEvent::DialRetry {
-                dial: d.dial,
-                attempt: d.attempts,
-                attempts: self.config.connect_attempts,
-                error: err.kind(),
-            });
             d.deadline = now + self.config.connect_backoff;
             self.timers.arm(&mut d.armed, d.deadline, (slot, d.uid));
         }

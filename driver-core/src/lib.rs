@@ -70,9 +70,11 @@ impl std::error::Error for Stopped {}
 pub enum NodeEvent<E> {
     /// An event of the machine.
     Machine(E),
-    /// A connect attempt of a dial failed and another will follow after the
-    /// backoff (the last failure is the machine's `DialFailed` instead).
-    DialRetry {
+    /// A connect attempt of a dial failed: another follows after the
+    /// backoff, or, when `attempt == attempts`, the dial is over and the
+    /// machine's `DialFailed` follows (the machine sees no cause; this event
+    /// carries it).
+    ConnectFailed {
         /// The machine's name for the dial.
         dial: DialId,
         /// The attempt that failed (1-based).
@@ -89,7 +91,7 @@ impl<E> NodeEvent<E> {
     pub fn machine(self) -> Option<E> {
         match self {
             NodeEvent::Machine(e) => Some(e),
-            NodeEvent::DialRetry { .. } => None,
+            NodeEvent::ConnectFailed { .. } => None,
         }
     }
 }

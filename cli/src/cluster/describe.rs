@@ -172,9 +172,14 @@ pub fn describe(s: &Stamped) -> Line {
         // A worker host's dials are to its controller: an operator sees each
         // failed attempt and its cause (a relay's or rank's dials to its
         // host's loopback listeners retry as a matter of course).
-        ClusterEvent::DialRetry { attempt, attempts, error } => line(
+        ClusterEvent::ConnectFailed { attempt, attempts, error } if attempt >= attempts => line(
+            if matches!(s.source, Source::Host(_)) { Warn } else { Debug },
+            "connect_failed",
+            format!("connect attempt {attempt}/{attempts} failed ({error}): giving up"),
+        ),
+        ClusterEvent::ConnectFailed { attempt, attempts, error } => line(
             if matches!(s.source, Source::Host(_)) { Info } else { Debug },
-            "dial_retry",
+            "connect_failed",
             format!("connect attempt {attempt}/{attempts} failed ({error}); retrying"),
         ),
         ClusterEvent::Listening { addr } => {

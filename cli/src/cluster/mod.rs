@@ -52,8 +52,8 @@ pub fn forward<E>(
 ) {
     let event = match e {
         NodeEvent::Machine(e) => wrap(e),
-        NodeEvent::DialRetry { attempt, attempts, error, .. } => {
-            ClusterEvent::DialRetry { attempt, attempts, error: error.to_string() }
+        NodeEvent::ConnectFailed { attempt, attempts, error, .. } => {
+            ClusterEvent::ConnectFailed { attempt, attempts, error: error.to_string() }
         }
     };
     // A launcher that stopped listening does not stop the node.

@@ -232,7 +232,8 @@ fn agent_ranks_out_of_range_echo_the_value_and_the_range() {
 fn an_unreachable_controller_is_reported_at_info_with_each_attempt_and_its_cause() {
     // A port nothing listens on (bound, then released).
     let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
-    let mut agent = cohort(&["agent", "--connect", &format!("127.0.0.1:{port}"), "--host", "a"]);
+    let at = format!("127.0.0.1:{port}");
+    let mut agent = cohort(&["agent", "--connect", &at, "--host", "a", "--timeout-scale", "0.1"]);
     agent.env("RUST_LOG", "info").stderr(Stdio::piped()).stdout(Stdio::null());
     let mut child = Reap(Some(agent.spawn().expect("start cohort agent")));
     let stderr = child.0.as_mut().and_then(|c| c.stderr.take()).expect("stderr");
@@ -252,4 +253,17 @@ fn an_unreachable_controller_is_reported_at_info_with_each_attempt_and_its_cause
     };
     assert!(first.contains("INFO"), "{first}");
     assert!(first.contains("connect attempt 1/") && first.contains("refused"), "{first}");
+    // The last attempt's cause too, before the join's own failure.
+    let last = loop {
+        let line = rx.recv_timeout(PATIENCE).expect("the last attempt within the patience");
+        if line.contains("giving up") {
+            break line;
+        }
+    };
+    assert!(
+        last.contains("WARN") && last.contains("connect attempt 6/6 failed (connection refused)"),
+        "{last}"
+    );
+    let code = child.0.take().map(|mut c| c.wait().expect("the agent ends")).and_then(|s| s.code());
+    assert_eq!(code, Some(1));
 }

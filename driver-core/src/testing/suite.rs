@@ -109,7 +109,7 @@ pub fn dial_retries_until_a_listener_appears<D: TestDriver>() {
     let mut node = D::spawn(Probe::new(), quick(), false);
     node.with(move |p, _| p.dial(DialId(7), addr.to_string()));
     match node.next_event() {
-        NodeEvent::DialRetry { dial, attempt, attempts, error } => {
+        NodeEvent::ConnectFailed { dial, attempt, attempts, error } => {
             assert_eq!((dial, attempt, attempts), (DialId(7), 1, 50));
             assert_eq!(error, ErrorKind::ConnectionRefused);
         }
@@ -139,7 +139,7 @@ pub fn dial_fails_after_the_budget<D: TestDriver>() {
     let mut retries = Vec::new();
     loop {
         match node.next_event() {
-            NodeEvent::DialRetry { attempt, attempts, .. } => retries.push((attempt, attempts)),
+            NodeEvent::ConnectFailed { attempt, attempts, .. } => retries.push((attempt, attempts)),
             NodeEvent::Machine(ProbeEvent::DialFailed { dial }) => {
                 assert_eq!(dial, DialId(1));
                 break;
@@ -147,7 +147,9 @@ pub fn dial_fails_after_the_budget<D: TestDriver>() {
             other => panic!("unexpected {other:?}"),
         }
     }
-    assert_eq!(retries, [(1, 3), (2, 3)]);
+    // Every failed attempt, the last one's cause too, then the machine's
+    // DialFailed.
+    assert_eq!(retries, [(1, 3), (2, 3), (3, 3)]);
 }
 
 /// An address that does not resolve costs attempts like a refusal.
@@ -157,7 +159,7 @@ pub fn unresolvable_names_spend_the_budget_too<D: TestDriver>() {
     node.with(|p, _| p.dial(DialId(3), "not an address"));
     assert!(matches!(
         node.next_event(),
-        NodeEvent::DialRetry { dial: DialId(3), attempt: 1, attempts: 2, .. }
+        NodeEvent::ConnectFailed { dial: DialId(3), attempt: 1, attempts: 2, .. }
     ));
     assert_eq!(node.expect(|e| Some(e.clone())), ProbeEvent::DialFailed { dial: DialId(3) });
 }

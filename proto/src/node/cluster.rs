@@ -73,8 +73,9 @@ pub enum ClusterEvent {
         /// The exit code (137: killed).
         code: i32,
     },
-    /// A connect attempt failed; another follows after the backoff.
-    DialRetry {
+    /// A connect attempt failed; another follows after the backoff, unless
+    /// it was the last (`attempt == attempts`).
+    ConnectFailed {
         /// The attempt that failed (1-based).
         attempt: u32,
         /// Attempts in the budget.
