@@ -45,3 +45,31 @@ impl fmt::Display for Count {
         write!(f, "{} {}{s}", Thousands(self.0), self.1)
     }
 }
+
+/// A per-rank list for a line a person reads: in full up to 16 values,
+/// else its count, range and median, so a window of a 4,096-rank world is
+/// one short line.
+///
+/// ```
+/// use cohort_proto::display::PerRank;
+/// assert_eq!(PerRank(&[3u64, 1, 2]).to_string(), "[3, 1, 2]");
+/// let many: Vec<u64> = (0..100).collect();
+/// assert_eq!(PerRank(&many).to_string(), "100 values in 0..=99, median 50");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerRank<'a>(pub &'a [u64]);
+
+/// Most values [`PerRank`] writes out in full.
+pub const PER_RANK_IN_FULL: usize = 16;
+
+impl fmt::Display for PerRank<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.len() <= PER_RANK_IN_FULL {
+            return write!(f, "{:?}", self.0);
+        }
+        let mut sorted = self.0.to_vec();
+        sorted.sort_unstable();
+        let (lo, hi, median) = (sorted[0], sorted[sorted.len() - 1], sorted[sorted.len() / 2]);
+        write!(f, "{} values in {lo}..={hi}, median {median}", Thousands(self.0.len() as u64))
+    }
+}

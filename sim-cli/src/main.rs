@@ -4,13 +4,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use cohort_proto::display::Count;
 use cohort_sim::explore::random_scenario;
 use cohort_sim::shrink::{caught, fails_as, failure_kind};
-use cohort_sim::{Cluster, Report, Scenario};
+use cohort_sim::{Cluster, Outcome, Report, Scenario};
 
 /// The simulator allocates and frees a buffer or two per event; mimalloc's
 /// thread-local pages make that cheaper than the system allocator's
@@ -174,6 +174,22 @@ fn run(file: Option<PathBuf>, seed: Option<u64>, random: bool, a: RunArgs) -> i3
         return usage(&e);
     }
     let wall = Instant::now();
+    let mut cluster = cluster;
+    // Progress on stderr while a long run plays (drawn only on a terminal):
+    // epochs aggregated, virtual time, an ETA. Playing in steps changes
+    // nothing: a run played in pieces is the run played whole.
+    let bar = indicatif::ProgressBar::new(sc.epochs);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} epochs  {msg}  {elapsed_precise}  ETA {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    while !cluster.run_for(Duration::from_secs(PROGRESS_EVERY_S)) {
+        bar.set_position(cluster.epochs_completed());
+        bar.set_message(format!("{:.0} s virtual", cluster.now().as_secs_f64()));
+    }
+    bar.finish_and_clear();
     let mut report = cluster.finish();
     report.replay = Some(replay);
     if let Some(path) = a.trace {
@@ -187,7 +203,22 @@ fn run(file: Option<PathBuf>, seed: Option<u64>, random: bool, a: RunArgs) -> i3
     } else {
         summary(&sc, &report, wall.elapsed().as_secs_f64());
     }
-    if report.violations.is_empty() { 0 } else { 1 }
+    exit_code(&report)
+}
+
+/// Virtual seconds played between two updates of `run`'s progress bar.
+const PROGRESS_EVERY_S: u64 = 10;
+
+/// `run`'s exit code: 0 when the run ended done with every invariant held,
+/// 1 on a violation, 3 when it held every invariant but did not end done
+/// (failed, the controller lost, a hang as flodl's): a script can tell a
+/// broken cohort (1) from a cluster that fails as the scenario has it (3).
+fn exit_code(r: &Report) -> i32 {
+    match (&r.outcome, r.violations.is_empty()) {
+        (_, false) => 1,
+        (Outcome::Done, true) => 0,
+        (_, true) => 3,
+    }
 }
 
 fn shrink(path: &Path, seed: Option<u64>, out: Option<PathBuf>) -> i32 {

@@ -215,3 +215,32 @@ fn a_negative_number_is_refused_by_its_flag() {
     assert!(!err.contains("unexpected argument"), "{err}");
     assert!(err.contains("--hosts") && err.contains("-1"), "{err}");
 }
+
+#[test]
+fn a_run_that_does_not_end_done_exits_3_and_a_bad_file_2() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let failing = format!("{dir}/../examples/scenarios/partition-and-host-loss.json");
+    let (code, out, err) = sim(&["run", &failing]);
+    assert_eq!(code, 3, "{out}{err}");
+    let (code, out, err) = sim(&["run", &format!("{dir}/../examples/scenarios/healthy.json")]);
+    assert_eq!(code, 0, "{out}{err}");
+    // A quorum that can never be met: the join window fails, the program says so.
+    let path = std::env::temp_dir().join(format!("cohort-sim-quorum-{}.json", std::process::id()));
+    std::fs::write(&path, r#"{"hosts": [{"name": "a", "ranks": 1}], "join": {"min_rank_start": 4, "join_timeout_secs": 5, "max_join_timeout_secs": 5}}"#)
+        .unwrap();
+    let (code, out, err) = sim(&["run", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(code, 3, "{out}{err}");
+    let (code, _, err) = sim(&["run", "/nonexistent/scenario.json"]);
+    assert_eq!(code, 2, "{err}");
+}
+
+#[test]
+fn a_large_worlds_per_rank_lists_are_summarised() {
+    // Once one 8,261-character window line per window at 256 x 8.
+    let (code, out, err) = sim(&["run", "--hosts", "16", "--ranks-per-host", "4", "--epochs", "1"]);
+    assert_eq!(code, 0, "{err}");
+    let longest = out.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 200, "a line of {longest} characters:\n{out}");
+    assert!(out.contains("batches 64 values in "), "{out}");
+}

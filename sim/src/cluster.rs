@@ -41,6 +41,7 @@ use std::sync::Arc;
 use cohort_proto::Time;
 use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::coord::{CoordConfig, CoordinatorEvent, RunEnd, Scheduler};
+use cohort_proto::display::PerRank;
 use cohort_proto::join::client::JoinClientEvent;
 use cohort_proto::join::ledger::{JoinOffer, Ledger, TrustMode};
 use cohort_proto::join::window::JoinWindowEvent;
@@ -477,6 +478,11 @@ impl<W: SimWorkload> Cluster<W> {
     /// When the world formed, if it did.
     pub fn formed_at(&self) -> Option<Time> {
         self.formed_at
+    }
+
+    /// Epochs the controller aggregated so far.
+    pub fn epochs_completed(&self) -> u64 {
+        self.epochs_completed
     }
 
     /// The simulated world, read-only (its nodes, processes, hosts, clock).
@@ -1004,7 +1010,7 @@ impl<W: SimWorkload> Cluster<W> {
                 version, steps, idle_ms, ..
             }) => {
                 let idle: f64 = idle_ms.iter().sum();
-                let msg = format!("window {version}: batches {steps:?}, idle {idle:.1} ms");
+                let msg = format!("window {version}: batches {}, idle {idle:.1} ms", PerRank(steps));
                 self.timeline.instant(t, "controller", &msg);
                 self.windows.push(Window {
                     at_s: t.as_secs_f64(),
