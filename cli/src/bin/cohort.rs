@@ -435,14 +435,29 @@ fn fail(what: &str) -> i32 {
 
 /// A refused knob in the words of the flag that set it
 /// (`--batch-size: 500 is out of range: ...`).
+/// The join window's and the run's configuration fields as the command
+/// line names them, where the two differ (longest field first, so that
+/// `max_join_timeout` is not read as `join_timeout`).
+const FIELD_FLAGS: &[(&str, &str)] = &[
+    ("max_join_timeout_secs", "--max-join-timeout-secs"),
+    ("max_join_timeout", "--max-join-timeout-secs"),
+    ("join_timeout_secs", "--join-timeout-secs"),
+    ("join_timeout", "--join-timeout-secs"),
+    ("min_rank_start", "--min-ranks"),
+    ("target_ranks", "--target-ranks"),
+    ("`start: manual`", "`--start manual`"),
+    ("start_mode", "--start"),
+];
+
+/// A configuration error in the command line's words: the flag, then the
+/// reason with every field it names written as its flag.
 fn flag_error(e: &ConfigError) -> String {
-    let flag = match e.field {
-        "min_rank_start" => "min-ranks",
-        "max_join_timeout" => "max-join-timeout-secs",
-        "start_mode" => "start",
-        other => return format!("--{}: {}", other.replace('_', "-"), e.reason),
-    };
-    format!("--{flag}: {}", e.reason)
+    let flag = FIELD_FLAGS
+        .iter()
+        .find(|(field, _)| *field == e.field)
+        .map_or_else(|| format!("--{}", e.field.replace('_', "-")), |(_, flag)| (*flag).to_owned());
+    let reason = FIELD_FLAGS.iter().fold(e.reason.clone(), |r, (field, flag)| r.replace(field, flag));
+    format!("{flag}: {reason}")
 }
 
 fn scale_of(raw: f64) -> Result<TimeoutScale, String> {

@@ -267,3 +267,27 @@ fn an_unreachable_controller_is_reported_at_info_with_each_attempt_and_its_cause
     let code = child.0.take().map(|mut c| c.wait().expect("the agent ends")).and_then(|s| s.code());
     assert_eq!(code, Some(1));
 }
+
+#[test]
+fn join_window_errors_name_flags_not_configuration_fields() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--target-ranks", "1", "--min-ranks", "4"],
+            "--target-ranks: --target-ranks (1) is below --min-ranks (4)",
+        ),
+        (
+            &["--join-timeout-secs", "100", "--max-join-timeout-secs", "50"],
+            "--max-join-timeout-secs: --max-join-timeout-secs (50s) is shorter than --join-timeout-secs (100s)",
+        ),
+        (&["--start", "manual", "--target-ranks", "2"], "--start: `--start manual` with --target-ranks"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["controller", "--bind", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("min_rank_start") && !err.contains("target_ranks"), "{args:?}: {err}");
+    }
+}
