@@ -1,7 +1,7 @@
 //! The data leg's fold: one round's f32 accumulator and its barrier.
 //!
 //! Pure: no connections, no time. The relay machine streams each rank's
-//! round frame through a [`RoundDecoder`](crate::wire::RoundDecoder) whose
+//! round frame through a [`RoundDecoder`] whose
 //! sink is a [`FoldSink`], so tensor bytes fold straight from the received
 //! slices into the accumulator as they arrive. Nothing is buffered per frame.
 //!
