@@ -1019,9 +1019,7 @@ impl<W: SimWorkload> Cluster<W> {
                     idle_ms: idle_ms.clone(),
                 });
             }
-            ControllerNodeEvent::Coord(
-                CoordinatorEvent::PlanIssued { epoch, .. } | CoordinatorEvent::ChunkIssued { epoch, .. },
-            ) => {
+            ControllerNodeEvent::Coord(CoordinatorEvent::EpochStarted { epoch }) => {
                 self.timeline.begin_epoch(t, *epoch);
             }
             ControllerNodeEvent::Coord(CoordinatorEvent::Ended(end)) => {

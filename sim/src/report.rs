@@ -96,10 +96,9 @@ impl Timeline {
         self.entries.push(Entry { at, track: track.to_owned(), what: what.to_owned(), span: None });
     }
 
-    /// An epoch's plans went out: the previous epoch's span closes.
+    /// An epoch started (its first work went out: `EpochStarted`): the
+    /// previous epoch's span closes.
     pub fn begin_epoch(&mut self, at: Time, epoch: u64) {
-        // Chunk-pool dispatch begins an epoch with its first chunk (a later
-        // epoch's chunks may come first under async).
         if self.epoch_open.is_some_and(|(e, _)| e >= epoch) {
             return;
         }

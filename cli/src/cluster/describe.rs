@@ -391,6 +391,9 @@ fn coord(c: &CoordinatorEvent) -> Line {
                 ),
             )
         }
+        CoordinatorEvent::EpochStarted { epoch } => {
+            line(Info, "epoch_started", format!("epoch {epoch} started: its first work went out"))
+        }
         CoordinatorEvent::PlanIssued { epoch, plans, calibrated, .. } => {
             let sizes: Vec<u64> = plans.iter().map(|p| p.partition_size).collect();
             let how = if *calibrated { "by measured throughput" } else { "equal" };

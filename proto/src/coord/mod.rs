@@ -481,9 +481,19 @@ pub enum CoordinatorEvent {
         /// Its unprocessed segments, in walk order.
         remainder: Vec<Segment>,
     },
-    /// An epoch's plans went out: `plans[r]` is rank `r`'s partition (dead or
-    /// exited ranks get an empty one). The live ranks' partitions tile
-    /// `0..epoch_samples` in rank order.
+    /// The first work of `epoch` went out, under either dispatch (before
+    /// its `PlanIssued`, or before its first `ChunkIssued`; under async
+    /// chunk-pool dispatch a rank may stream into an epoch before the one in
+    /// progress completes). Once per epoch, in order: the one event a test
+    /// or a dashboard matches for "epoch `e` started".
+    EpochStarted {
+        /// The epoch.
+        epoch: u64,
+    },
+    /// An epoch's plans went out (whole-epoch dispatch): `plans[r]` is rank
+    /// `r`'s partition (dead or exited ranks get an empty one). The live
+    /// ranks' partitions tile `0..epoch_samples` in rank order. Under
+    /// chunk-pool dispatch an epoch's work goes out as `ChunkIssued`.
     PlanIssued {
         /// The epoch.
         epoch: u64,
@@ -495,8 +505,9 @@ pub enum CoordinatorEvent {
         via: PlanCarrier,
     },
     /// A chunk of an epoch went to a rank (chunk-pool dispatch): by
-    /// `StartEpoch`, or folded into an `Update`. An epoch's first chunks are
-    /// also reported as its [`CoordinatorEvent::PlanIssued`].
+    /// `StartEpoch`, or folded into an `Update`. There is no `PlanIssued`
+    /// under this dispatch; [`CoordinatorEvent::EpochStarted`] marks an
+    /// epoch's first chunk.
     ChunkIssued {
         /// The epoch.
         epoch: u64,

@@ -239,6 +239,8 @@ pub struct Scheduler {
     global_step: u64,
     /// Reports refused for an out-of-range value, by field (cohort's rules).
     refused: BTreeMap<&'static str, u64>,
+    /// The latest epoch whose first work went out (`EpochStarted`).
+    started: Option<u64>,
     out: VecDeque<Step>,
 }
 
@@ -307,6 +309,7 @@ impl Scheduler {
             version: 0,
             global_step: 0,
             refused: BTreeMap::new(),
+            started: None,
             out: VecDeque::new(),
             cfg,
         })
@@ -798,6 +801,15 @@ impl Scheduler {
 
     fn event(&mut self, e: CoordinatorEvent) {
         self.out.push_back(Step::Event(e));
+    }
+
+    /// `EpochStarted` the first time work of `epoch` goes out, whatever the
+    /// dispatch.
+    fn epoch_started(&mut self, epoch: u64) {
+        if self.started.is_none_or(|e| epoch > e) {
+            self.started = Some(epoch);
+            self.event(CoordinatorEvent::EpochStarted { epoch });
+        }
     }
 
     fn bad(&mut self, rank: u32, error: WireError) {
@@ -1398,6 +1410,7 @@ impl Scheduler {
             reports: EpochReports::new(self.cfg.world_size),
             aggregated: false,
         });
+        self.epoch_started(epoch);
         self.event(CoordinatorEvent::PlanIssued { epoch, plans: plans.clone(), calibrated, via });
         self.recount();
         if via == PlanCarrier::StartEpoch {
@@ -2034,6 +2047,7 @@ impl Scheduler {
                 .push(seg),
         }
         self.gates_dirty |= drained;
+        self.epoch_started(epoch);
         self.event(CoordinatorEvent::ChunkIssued { epoch, rank, segment: seg, reclaimed, via });
         let plan = EpochPlanWire { epoch, partition_offset: seg.offset, partition_size: seg.size };
         self.resatisfy(rank);

@@ -367,3 +367,42 @@ fn an_nccl_world_that_forms_late_keeps_its_rendezvous_open() {
         .collect();
     assert!(uids.iter().all(|u| u.len() == 128 && *u == uids[0]));
 }
+
+/// `EpochStarted` marks each epoch once, in order, under either dispatch:
+/// right before its `PlanIssued` (whole-epoch) or its first `ChunkIssued`
+/// (chunk-pool), so a test matches "epoch e started" at one level.
+#[test]
+fn every_epoch_starts_once_in_order_under_either_dispatch() {
+    for progressive in [false, true] {
+        let run = play(Scenario { progressive: Some(progressive), ..exact(2, 2, 3) }, 7);
+        run.assert_clean("done");
+        let coord: Vec<(cohort_proto::Time, &CoordinatorEvent)> = run
+            .controller()
+            .filter_map(|(t, e)| match e {
+                ControllerNodeEvent::Coord(c) => Some((t, c)),
+                _ => None,
+            })
+            .collect();
+        let started: Vec<u64> = coord
+            .iter()
+            .filter_map(|(_, e)| match e {
+                CoordinatorEvent::EpochStarted { epoch } => Some(*epoch),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(started, [0, 1, 2], "progressive {progressive}");
+        for epoch in 0..3 {
+            let first_work = coord.iter().position(|(_, e)| match e {
+                CoordinatorEvent::PlanIssued { epoch: e, .. }
+                | CoordinatorEvent::ChunkIssued { epoch: e, .. } => *e == epoch,
+                _ => false,
+            });
+            let start = coord
+                .iter()
+                .position(|(_, e)| matches!(e, CoordinatorEvent::EpochStarted { epoch: e } if *e == epoch));
+            assert_eq!(start.map(|s| s + 1), first_work, "progressive {progressive}, epoch {epoch}");
+        }
+        let plans = coord.iter().filter(|(_, e)| matches!(e, CoordinatorEvent::PlanIssued { .. })).count();
+        assert_eq!(plans == 0, progressive, "PlanIssued only under whole-epoch dispatch");
+    }
+}
