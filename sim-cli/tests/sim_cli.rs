@@ -26,6 +26,7 @@ fn run_json_reports_every_field() {
         "world_size",
         "deaths",
         "epochs_completed",
+        "coverage",
         "violations",
         "trace_hash",
     ] {
@@ -33,6 +34,14 @@ fn run_json_reports_every_field() {
     }
     assert_eq!(v["seed"], 5);
     assert_eq!(v["outcome"], "done");
+    // The one epoch's coverage: every sample processed once.
+    let c = &v["coverage"][0];
+    assert_eq!((c["epoch"].as_u64(), c["twice"].as_u64()), (Some(0), Some(0)), "{c}");
+    assert_eq!(
+        c["processed"].as_u64().zip(c["dropped"].as_u64()).map(|(p, d)| p + d),
+        c["samples"].as_u64(),
+        "{c}"
+    );
     assert_eq!(v["world_size"], 4);
     assert_eq!(v["epochs_completed"], 1);
     assert_eq!(v["trace_hash"].as_str().unwrap().len(), 32);

@@ -63,11 +63,12 @@ use core::time::Duration;
 
 use crate::attack::{Attack, Tampered, Target};
 use crate::check::Checker;
+use crate::check::coverage::coverage_by_epoch;
 use crate::log::EventLog;
 use crate::node::SimNode;
 use crate::report::{Death, Injected, Outcome, RankReport, Report, Timeline, Window};
 use crate::rng::{SimRng, stream};
-use crate::scenario::{Fault, Scenario, ScenarioError};
+use crate::scenario::{Backend, Fault, Scenario, ScenarioError};
 use crate::workload::{RankStart, SimWorkload};
 use crate::world::{HostId, LinkSpec, NetConfig, NodeId, Process, World};
 
@@ -1096,6 +1097,12 @@ impl<W: SimWorkload> Cluster<W> {
             deaths: self.deaths.clone(),
             faults: core::mem::take(&mut self.faults),
             epochs_completed: self.epochs_completed,
+            // Under NCCL the data plane is not the simulator's to see.
+            coverage: if self.sc.backend == Backend::Nccl {
+                Vec::new()
+            } else {
+                coverage_by_epoch(self.sc.samples_per_epoch, self.epochs_completed, &work)
+            },
             violations: self.checker.violations().to_vec(),
             trace_hash: self.world.trace_hash(),
             events: self.events_seen,

@@ -12,6 +12,7 @@ use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 
+use crate::check::coverage::EpochCoverage;
 use crate::log::EventLog;
 use crate::scenario::Fault;
 use crate::world::Process;
@@ -260,6 +261,8 @@ pub struct Report {
     pub faults: Vec<Injected>,
     /// Epochs whose metrics were aggregated.
     pub epochs_completed: u64,
+    /// Each completed epoch's sample coverage (empty on the NCCL plane).
+    pub coverage: Vec<EpochCoverage>,
     /// Invariant violations (empty for a correct run).
     pub violations: Vec<String>,
     /// The fingerprint of everything that happened.
@@ -301,7 +304,7 @@ impl Report {
 
 impl Serialize for Report {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("Report", 18)?;
+        let mut st = s.serialize_struct("Report", 19)?;
         st.serialize_field("seed", &self.seed)?;
         st.serialize_field("outcome", if self.outcome.is_done() { "done" } else { "failed" })?;
         st.serialize_field("reason", &self.outcome.reason())?;
@@ -311,6 +314,7 @@ impl Serialize for Report {
         st.serialize_field("deaths", &self.deaths)?;
         st.serialize_field("faults", &self.faults)?;
         st.serialize_field("epochs_completed", &self.epochs_completed)?;
+        st.serialize_field("coverage", &self.coverage)?;
         st.serialize_field("violations", &self.violations)?;
         st.serialize_field("trace_hash", &self.trace_hash)?;
         st.serialize_field("events", &self.events)?;

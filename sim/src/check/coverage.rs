@@ -29,6 +29,76 @@ pub struct RankWork {
 use crate::report::Death;
 use crate::scenario::{Backend, Rules, Scenario};
 
+/// One epoch's sample coverage, as the ranks' work shows it: of its
+/// `samples`, how many some rank processed, how many more than one did, and
+/// how many were only dropped (tails shorter than a batch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EpochCoverage {
+    /// The epoch.
+    pub epoch: u64,
+    /// Samples in the epoch.
+    pub samples: u64,
+    /// Samples at least one rank processed.
+    pub processed: u64,
+    /// Samples more than one rank processed.
+    pub twice: u64,
+    /// Samples no rank processed and some rank dropped.
+    pub dropped: u64,
+}
+
+/// Every epoch's coverage among the first `epochs`, from what the ranks
+/// did (`work`): a sweep over each epoch's runs.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use cohort_sim::check::coverage::{RankWork, coverage_by_epoch};
+/// let mut work = BTreeMap::new();
+/// work.insert(0, RankWork { processed: vec![(0, 0, 6)], dropped: vec![(0, 6, 2)] });
+/// work.insert(1, RankWork { processed: vec![(0, 4, 2)], dropped: vec![] });
+/// let c = coverage_by_epoch(10, 1, &work);
+/// assert_eq!((c[0].processed, c[0].twice, c[0].dropped), (6, 2, 2));
+/// ```
+pub fn coverage_by_epoch(samples: u64, epochs: u64, work: &BTreeMap<u32, RankWork>) -> Vec<EpochCoverage> {
+    (0..epochs)
+        .map(|epoch| {
+            // +1 / -1 at each run's edges: processed runs count toward the
+            // depth, dropped ones mark a flag.
+            let mut edges: Vec<(u64, i64, i64)> = Vec::new();
+            for w in work.values() {
+                for &(e, first, n) in &w.processed {
+                    if e == epoch && n > 0 {
+                        edges.extend([(first, 1, 0), (first + n, -1, 0)]);
+                    }
+                }
+                for &(e, first, n) in &w.dropped {
+                    if e == epoch && n > 0 {
+                        edges.extend([(first, 0, 1), (first + n, 0, -1)]);
+                    }
+                }
+            }
+            edges.sort_unstable();
+            let mut c = EpochCoverage { epoch, samples, ..EpochCoverage::default() };
+            let (mut depth, mut drops, mut last) = (0i64, 0i64, 0u64);
+            for (pos, dp, dd) in edges {
+                let span = pos.min(samples).saturating_sub(last.min(samples));
+                if depth > 0 {
+                    c.processed += span;
+                }
+                if depth > 1 {
+                    c.twice += span;
+                }
+                if depth == 0 && drops > 0 {
+                    c.dropped += span;
+                }
+                depth += dp;
+                drops += dd;
+                last = pos;
+            }
+            c
+        })
+        .collect()
+}
+
 /// The coverage checks.
 #[derive(Debug)]
 pub struct CoverageCheck {

@@ -406,3 +406,25 @@ fn every_epoch_starts_once_in_order_under_either_dispatch() {
         assert_eq!(plans == 0, progressive, "PlanIssued only under whole-epoch dispatch");
     }
 }
+
+/// The report's per-epoch coverage: a healthy run processes every sample of
+/// every epoch once; after a crash, at most the crashed rank's unreported
+/// batches are processed twice (the coverage check's bound, two batches).
+#[test]
+fn the_report_carries_each_epochs_coverage() {
+    let run = play(exact(2, 2, 2), 3);
+    run.assert_clean("done");
+    let c = &run.report.coverage;
+    assert_eq!(c.len(), 2);
+    for e in c {
+        assert_eq!((e.samples, e.processed + e.dropped, e.twice), (e.samples, e.samples, 0), "{e:?}");
+    }
+    let run = play(with(exact(2, 2, 2), 10.0, Fault::KillRank(1)), 3);
+    run.assert_clean("done");
+    let c = &run.report.coverage;
+    assert_eq!(c.len(), 2);
+    for e in c {
+        assert_eq!(e.processed + e.dropped, e.samples, "{e:?}");
+        assert!(e.twice <= 2, "{e:?}");
+    }
+}
