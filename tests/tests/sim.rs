@@ -24,3 +24,5 @@ mod rules_flodl_timing;
 mod scenarios;
 #[path = "sim/schedule.rs"]
 mod schedule;
+#[path = "sim/timing_model.rs"]
+mod timing_model;
