@@ -889,7 +889,7 @@ impl Scenario {
                 return err("hosts[].name", &format!("duplicate name {:?}", h.name));
             }
             if h.ranks == 0 || h.ranks > 256 {
-                return err(&at("ranks"), "1..=256");
+                return err(&at("ranks"), &format!("{} is out of range: allowed 1..=256", h.ranks));
             }
             seconds(&at("join_at_s"), h.join_at_s, false)?;
             if h.libtorch.as_ref().is_some_and(|l| l.len() > 255) {

@@ -291,3 +291,11 @@ fn join_window_errors_name_flags_not_configuration_fields() {
         assert!(!err.contains("min_rank_start") && !err.contains("target_ranks"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn cohort_help_points_at_the_simulator() {
+    let out = run(&["--help"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text.contains("cohort-sim"), "{text}");
+}

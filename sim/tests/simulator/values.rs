@@ -181,3 +181,9 @@ fn a_wrong_type_names_its_path_an_empty_file_says_so_and_an_unknown_class_lists_
     assert_eq!(e.field, "hosts[a].speed", "{e}");
     assert!(e.problem.contains("the classes are fast, medium, slow"), "{e}");
 }
+
+#[test]
+fn a_host_of_too_many_ranks_echoes_the_value() {
+    let e = Scenario::from_json(r#"{"hosts": [{"name": "a", "ranks": 300}]}"#).unwrap_err();
+    assert_eq!(e.to_string(), "hosts[a].ranks: 300 is out of range: allowed 1..=256");
+}
