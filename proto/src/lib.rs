@@ -20,6 +20,47 @@
 //!   few wired together, on a virtual clock), proptest strategies for the
 //!   configurations, the consensus oracle and the join window's reference
 //!   verdict.
+//!
+//! # Quick start
+//!
+//! Every machine is driven the same way ([`machine`]): feed it an [`Input`]
+//! with [`Machine::handle`], drain [`Machine::poll`] and carry out each
+//! [`Output`], and wake it at [`Machine::poll_timeout`]. A rank's
+//! data-channel dialer, driven by hand through a whole handshake:
+//!
+//! ```
+//! use cohort_proto::handshake::{DataHandshake, Dialer, DialerEvent, HANDSHAKE_DIAL, Handshake};
+//! use cohort_proto::{ConnId, Input, Machine, Output, Time};
+//! use core::time::Duration;
+//!
+//! // Born asking its driver for a connection.
+//! let kind = DataHandshake { world_size: 2 };
+//! let mut rank = Dialer::new(kind, 1, "relay:7074", None, Duration::from_secs(10), Time::ZERO);
+//! let dial = Output::Dial { dial: HANDSHAKE_DIAL, addr: "relay:7074".to_string() };
+//! assert_eq!(rank.poll(Time::ZERO), Some(dial));
+//! assert_eq!(rank.poll(Time::ZERO), None);
+//!
+//! // Connected at 1 ms: it sends its hello and arms the ack deadline.
+//! let t = Time::from_millis(1);
+//! rank.handle(t, Input::Connected { dial: HANDSHAKE_DIAL, conn: ConnId(1) });
+//! let Some(Output::Transmit { conn: ConnId(1), bytes: hello }) = rank.poll(t) else { panic!() };
+//! assert_eq!(hello.len(), DataHandshake::HELLO_LEN);
+//! assert_eq!(rank.poll_timeout(), Some(t + Duration::from_secs(10)));
+//!
+//! // The relay's ack arrives at 2 ms: the connection is the caller's now.
+//! let t = Time::from_millis(2);
+//! rank.handle(t, Input::Received { conn: ConnId(1), bytes: &kind.ack() });
+//! let established = DialerEvent::Established { conn: ConnId(1), leftover: bytes::Bytes::new() };
+//! assert_eq!(rank.poll(t), Some(Output::Event(established)));
+//! assert_eq!(rank.poll_timeout(), None);
+//! ```
+//!
+//! With the `testing` feature, `testing::harness::Harness` does that
+//! driving for one machine on a virtual clock, and `testing::net::Net` wires
+//! a few machines together in memory. The `node` compositions are what a
+//! whole cluster runs: [`node::knobs::RunKnobs`] states a run and
+//! [`node::controller::ControllerConfig::from_knobs`] turns it into the
+//! controller's configuration.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

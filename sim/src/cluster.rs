@@ -107,6 +107,25 @@ struct HostRt {
 }
 
 /// A scenario, playing. See the [module documentation](self).
+///
+/// Played step by step: to an instant, looked into, then to its end.
+///
+/// ```
+/// use cohort_proto::Time;
+/// use cohort_sim::{Cluster, Outcome, Scenario};
+/// use core::time::Duration;
+///
+/// let sc = Scenario::builder().hosts(2, 1).epochs(1).exact_links(Duration::from_millis(1)).build().unwrap();
+/// let mut cluster = Cluster::new(sc, 1).unwrap();
+/// let over = cluster.run_until(Time::from_secs(2));
+/// assert_eq!((over, cluster.now()), (false, Time::from_secs(2)));
+/// assert!(cluster.formed_at().unwrap() < Time::from_secs(1));
+/// assert_eq!(cluster.ledger().unwrap().joined_ranks(), 2);
+/// assert!(cluster.rank(1).is_some() && cluster.rank(2).is_none());
+/// assert_eq!(cluster.host("host-0").map(|_| ()), Some(()));
+/// let report = cluster.finish();
+/// assert_eq!((report.outcome, report.epochs_completed), (Outcome::Done, 1));
+/// ```
 pub struct Cluster<W: SimWorkload = Trainer> {
     world: World<ClusterEvent>,
     make_workload: MakeWorkload<W>,

@@ -243,6 +243,25 @@ pub struct Window {
 }
 
 /// The summary of one run.
+///
+/// A run that never formed (one rank, a quorum of two), and its JSON form:
+///
+/// ```
+/// use cohort_proto::Time;
+/// use cohort_sim::{Cluster, Scenario};
+///
+/// let sc = Scenario::builder().host("a", 1).quorum(2).build().unwrap();
+/// let report = Cluster::new(sc, 7).unwrap().finish();
+/// assert!(!report.outcome.is_done());
+/// let reason = report.outcome.reason().unwrap();
+/// assert!(reason.starts_with("quorum not met: 1/2 ranks joined"), "{reason}");
+/// assert_eq!((report.formed_at, report.world_size), (None, 0));
+/// assert_eq!(report.ended_at, Time::from_secs(600)); // the join window's hard cap
+/// assert_eq!((report.deaths.len(), report.violations.len()), (0, 0));
+/// let json = report.to_json();
+/// assert_eq!(json["outcome"], "failed");
+/// assert_eq!(json["reason"], reason);
+/// ```
 #[derive(Debug, Clone)]
 pub struct Report {
     /// The root seed.

@@ -254,6 +254,20 @@ pub struct FaultAt {
 }
 
 /// What can go wrong (or be done) at an instant.
+///
+/// ```
+/// use cohort_sim::scenario::{Fault, FaultAt};
+/// use core::time::Duration;
+///
+/// let cut = Fault::partition("host-1", Duration::from_secs(3));
+/// assert_eq!(cut, Fault::PartitionHost { host: "host-1".into(), for_s: 3.0 });
+/// assert_eq!((cut.kind().name(), cut.lasts_s()), ("partition_host", 3.0));
+/// // Over at once (the rank stays dead).
+/// assert_eq!(Fault::KillRank(2).lasts_s(), 0.0);
+/// // A scenario file states the same fault flat, with its instant.
+/// let at: FaultAt = serde_json::from_str(r#"{"at_s": 5, "partition_host": "host-1", "for_s": 3}"#).unwrap();
+/// assert_eq!(at, FaultAt::at(Duration::from_secs(5), cut));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub enum Fault {
     /// The rank's process exits non-zero; its agent sees it.
@@ -583,6 +597,26 @@ impl Fault {
 /// A [`Scenario`] stated from Rust, times as `Duration`s. It starts from
 /// the file format's defaults with no host; [`ScenarioBuilder::build`]
 /// validates it.
+///
+/// ```
+/// use cohort_sim::scenario::{Fault, Scenario};
+/// use core::time::Duration;
+///
+/// let sc = Scenario::builder()
+///     .host("a", 2)
+///     .host_joining("b", 2, Duration::from_secs(3))
+///     .quorum(2) // forms with 2 ranks at least
+///     .target(4) // closes the window early once all 4 joined
+///     .fault(Duration::from_secs(10), Fault::partition("b", Duration::from_secs(2)))
+///     .build()
+///     .unwrap();
+/// assert_eq!((sc.world_size(), sc.join.min_rank_start, sc.join.target_ranks), (4, 2, Some(4)));
+/// assert_eq!(sc.faults[0].fault, Fault::PartitionHost { host: "b".into(), for_s: 2.0 });
+///
+/// // `build` validates: a fault names a rank or a host of the world.
+/// let e = Scenario::builder().host("a", 1).fault(Duration::ZERO, Fault::KillRank(5)).build().unwrap_err();
+/// assert_eq!(e.to_string(), "faults[0].kill_rank: rank 5 is outside the world of 1");
+/// ```
 #[derive(Debug, Clone)]
 pub struct ScenarioBuilder {
     sc: Scenario,

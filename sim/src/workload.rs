@@ -14,6 +14,31 @@ use cohort_proto::node::workload::Workload;
 pub use crate::check::coverage::RankWork;
 
 /// A workload the simulator can run and check.
+///
+/// Rank 0 made a straggler from its start ([`SimWorkload::slow_down`]), and
+/// each rank's [`SimWorkload::work`] read at the end: the faster rank took on
+/// more of the epoch, and no sample was lost.
+///
+/// ```
+/// use cohort_sim::{Cluster, Scenario, SimWorkload};
+/// use core::time::Duration;
+///
+/// let sc = Scenario::builder().hosts(1, 2).epochs(1).exact_links(Duration::from_millis(1)).build().unwrap();
+/// let mut cluster = Cluster::with_workload(sc, 7, |start| {
+///     let mut trainer = start.trainer();
+///     if start.spec.rank == 0 {
+///         SimWorkload::slow_down(&mut trainer, 2.0);
+///     }
+///     trainer
+/// })
+/// .unwrap();
+/// while !cluster.run_for(Duration::from_secs(1)) {}
+/// let samples = |r| -> u64 {
+///     cluster.rank(r).unwrap().workload().work().processed.iter().map(|run| run.2).sum()
+/// };
+/// assert_eq!(samples(0) + samples(1), cluster.scenario().samples_per_epoch);
+/// assert!(samples(0) < samples(1));
+/// ```
 pub trait SimWorkload: Workload + 'static {
     /// What the rank processed and dropped so far, as `(epoch, first
     /// sample, count)` runs: the coverage check reads it at the end.

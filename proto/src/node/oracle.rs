@@ -83,6 +83,25 @@ pub fn consensus_tolerance(ranks: usize, hosts: usize, scale: f64) -> f64 {
 }
 
 /// Watches a cluster's events and checks every consensus.
+///
+/// A rank's copy of a round the controller never reduced is named at once (a
+/// [`ConsensusOracle::causal`] oracle checks each copy as it arrives), and
+/// events it has no use for are ignored:
+///
+/// ```
+/// use cohort_proto::node::cluster::{ClusterEvent, Source};
+/// use cohort_proto::node::oracle::ConsensusOracle;
+/// use cohort_proto::node::rank::RankNodeEvent;
+///
+/// let mut oracle = ConsensusOracle::causal();
+/// let copy = RankNodeEvent::Consensus { round: 0, weight: 1.0, keep_local: false, values: vec![0.5] };
+/// assert_eq!(oracle.observe(&Source::Rank(2), &ClusterEvent::Rank(copy)), 1);
+/// assert_eq!(oracle.observe(&Source::Rank(2), &ClusterEvent::Rank(RankNodeEvent::Exited)), 0);
+/// let summary = oracle.finish();
+/// assert_eq!((summary.rounds, summary.deliveries_checked), (0, 1));
+/// assert_eq!(summary.violations, ["rank 2 received a consensus for round 0 that was never reduced"]);
+/// assert!(!summary.ok());
+/// ```
 #[derive(Debug, Default)]
 pub struct ConsensusOracle {
     host_of: BTreeMap<ConnId, String>,

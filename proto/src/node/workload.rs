@@ -106,6 +106,37 @@ pub enum Action {
 ///
 /// Every method may push actions onto `out`; the rank carries them out in
 /// order, after the call returns.
+///
+/// Driven as its rank drives it: a command, then a wake-up at each instant it
+/// names. proto's synthetic [`Trainer`](super::trainer::Trainer), given a plan
+/// of three one-sample batches, then told to shut down:
+///
+/// ```
+/// use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
+/// use cohort_proto::node::workload::{Action, Workload};
+/// use cohort_proto::wire::{ControlMsgWire, EpochPlanWire};
+/// use cohort_proto::Time;
+///
+/// fn run(w: &mut dyn Workload, msg: &ControlMsgWire) -> Vec<Action> {
+///     let mut out = Vec::new();
+///     w.on_command(Time::ZERO, msg, &mut out);
+///     while let Some(t) = w.next_wake() {
+///         w.on_wake(t, &mut out);
+///     }
+///     out
+/// }
+/// let mut trainer = Trainer::new(WorkloadConfig::new(0, 10.0, 1));
+/// let plan = EpochPlanWire { epoch: 0, partition_offset: 0, partition_size: 3 };
+/// let out = run(&mut trainer, &ControlMsgWire::StartEpoch(plan));
+/// let steps: Vec<u64> = out
+///     .iter()
+///     .filter_map(|a| if let Action::Batch { step_count, .. } = a { Some(*step_count) } else { None })
+///     .collect();
+/// assert_eq!(steps, [1, 2, 3]);
+/// assert!(matches!(out.last(), Some(Action::Metrics(m)) if m.samples_processed == 3));
+/// assert_eq!(run(&mut trainer, &ControlMsgWire::Shutdown), [Action::Exit]);
+/// assert!(trainer.finished());
+/// ```
 pub trait Workload {
     /// A coordinator command (every one but the heartbeat beacon).
     ///

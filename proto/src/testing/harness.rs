@@ -158,6 +158,28 @@ const SAME_INSTANT_LIMIT: u32 = 100_000;
 /// timeout up to the instant, each at its own instant, in order).
 /// Connection ids are handed out from 1 up, or chosen by the test through
 /// [`Harness::handle`].
+///
+/// A dialer whose peer never answers: its hello goes out on connect, and at
+/// the ack deadline it closes the connection and reports the timeout.
+///
+/// ```
+/// use cohort_proto::handshake::{DataHandshake, Dialer, DialerEvent, HANDSHAKE_DIAL};
+/// use cohort_proto::handshake::{Handshake, HandshakeError};
+/// use cohort_proto::testing::harness::Harness;
+/// use cohort_proto::Time;
+/// use core::time::Duration;
+///
+/// let kind = DataHandshake { world_size: 2 };
+/// let mut h = Harness::new(Dialer::new(kind, 1, "relay:1", None, Duration::from_secs(10), Time::ZERO));
+/// assert_eq!(h.dials(), [(HANDSHAKE_DIAL, "relay:1".to_string())]);
+/// let conn = h.connect(HANDSHAKE_DIAL);
+/// assert_eq!(h.sent(conn).len(), DataHandshake::HELLO_LEN);
+/// assert_eq!(h.next_timeout(), Some(Time::from_secs(10)));
+/// h.advance(Duration::from_secs(30));
+/// assert_eq!(h.events(), [DialerEvent::Failed(HandshakeError::Timeout)]);
+/// assert!(h.is_closed(conn));
+/// assert_eq!(h.now(), Time::from_secs(30));
+/// ```
 #[derive(Debug)]
 pub struct Harness<M: Machine> {
     machine: M,

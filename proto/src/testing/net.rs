@@ -147,6 +147,25 @@ const SAME_INSTANT_LIMIT: u64 = 10_000_000;
 
 /// A few machines wired together in memory. See the [module
 /// documentation](self).
+///
+/// A dial to an address nobody listens at fails after one latency:
+///
+/// ```
+/// use cohort_proto::handshake::{DataHandshake, Dialer, DialerEvent, HandshakeError};
+/// use cohort_proto::testing::net::Net;
+/// use cohort_proto::Time;
+/// use core::time::Duration;
+///
+/// let mut net: Net<DialerEvent> = Net::with_latency(Duration::from_millis(5));
+/// let kind = DataHandshake { world_size: 2 };
+/// let dialer = Dialer::new(kind, 0, "nobody:7074", None, Duration::from_secs(10), net.now());
+/// let rank = net.add("gpu-a", dialer, &[]);
+/// net.run_until(Time::from_secs(1));
+/// let failed = DialerEvent::Failed(HandshakeError::Unreachable);
+/// assert_eq!(net.events(), [(Time::from_millis(5), rank, failed)]);
+/// assert_eq!(net.now(), Time::from_secs(1));
+/// assert!(net.connections(rank).is_empty());
+/// ```
 pub struct Net<E> {
     now: Time,
     latency: Duration,
