@@ -46,7 +46,7 @@ use blobs::{BlobSpec, Blobs, SplitMix};
 use cohort::rank_process::{RankOptions, main_with};
 use cohort_proto::Time;
 use cohort_proto::node::trainer::divergence;
-use cohort_proto::node::workload::{Action, Workload};
+use cohort_proto::node::workload::{Action, Round, Workload};
 use cohort_proto::wire::{ControlMsgWire, MetricsMsgWire, RoundKind, TimingMsgWire};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -278,7 +278,8 @@ enum Phase {
     Throttled,
     /// The count gather is in flight, with the steps it reported.
     Gather(u64),
-    /// The parameter round is in flight, with the parameters it sent.
+    /// The parameter round is in flight; the parameters stay those it sent
+    /// (nothing trains meanwhile).
     Average,
 }
 
@@ -302,8 +303,6 @@ pub struct Mlp {
     plan_open: bool,
     /// This plan's batches, samples and summed loss, for its metrics.
     unreported: (u64, u64, f64),
-    /// The pre-average parameters of the round in flight (its divergence).
-    sent: Vec<f32>,
     steps: u64,
     steps_since_avg: u64,
     batch_losses: Vec<f64>,
@@ -343,7 +342,6 @@ impl Mlp {
             work: VecDeque::new(),
             plan_open: false,
             unreported: (0, 0, 0.0),
-            sent: Vec::new(),
             steps: 0,
             steps_since_avg: 0,
             batch_losses: Vec::new(),
@@ -363,13 +361,8 @@ impl Mlp {
         let root = self.rank == 0;
         let values = if root { self.params.clone() } else { vec![0.0; self.params.len()] };
         let scale = if root { 1.0 } else { 0.0 };
-        out.push(Action::Round {
-            kind: RoundKind::Control,
-            weight: 0.0,
-            scale,
-            shapes: self.layout.shapes(),
-            values,
-        });
+        let shapes = self.layout.shapes();
+        out.push(Action::Round(Round { kind: RoundKind::Control, weight: 0.0, scale, shapes, values }));
         self.phase = Phase::Broadcast;
     }
 
@@ -380,7 +373,13 @@ impl Mlp {
             *slot = self.steps_since_avg as f32;
         }
         let shapes = vec![vec![self.world_size]];
-        out.push(Action::Round { kind: RoundKind::Control, weight: 0.0, scale: 1.0, shapes, values: counts });
+        out.push(Action::Round(Round {
+            kind: RoundKind::Control,
+            weight: 0.0,
+            scale: 1.0,
+            shapes,
+            values: counts,
+        }));
         self.phase = Phase::Gather(self.steps_since_avg);
     }
 
@@ -546,16 +545,11 @@ impl Workload for Mlp {
             Phase::Gather(n) => {
                 let total: f64 = values.unwrap_or_default().iter().map(|&c| f64::from(c)).sum();
                 if total > 0.0 {
-                    self.sent = self.params.clone();
-                    let (w, scale) = (n as f64, n as f32);
-                    let shapes = self.layout.shapes();
-                    out.push(Action::Round {
-                        kind: RoundKind::Model,
-                        weight: w,
-                        scale,
-                        shapes,
-                        values: self.sent.clone(),
-                    });
+                    // Nothing trains while the round is in flight: the
+                    // parameters stay what was sent, for the divergence.
+                    let (weight, scale, shapes) = (n as f64, n as f32, self.layout.shapes());
+                    let values = self.params.clone();
+                    out.push(Action::Round(Round { kind: RoundKind::Model, weight, scale, shapes, values }));
                     self.phase = Phase::Average;
                     return;
                 }
@@ -565,7 +559,7 @@ impl Workload for Mlp {
             }
             Phase::Average => {
                 let post = values.filter(|v| v.len() == self.params.len());
-                let (div, post_norm, pre_norm) = divergence(&self.sent, post.unwrap_or(&self.sent));
+                let (div, post_norm, pre_norm) = divergence(&self.params, post.unwrap_or(&self.params));
                 if let Some(v) = post {
                     self.params.copy_from_slice(v);
                 }
@@ -684,7 +678,7 @@ mod tests {
     fn rounds(out: &[Action]) -> Vec<Sent> {
         out.iter()
             .filter_map(|a| match a {
-                Action::Round { kind, weight, scale, shapes, values } => {
+                Action::Round(Round { kind, weight, scale, shapes, values }) => {
                     Some((*kind, *weight, *scale, shapes.clone(), values.clone()))
                 }
                 _ => None,

@@ -362,7 +362,7 @@ fn ups(rank: u32, actions: Vec<Action>, queue: &mut VecDeque<(u32, Up)>, reduce:
             Action::Metrics(m) => queue.push_back((rank, Up::Metrics(m))),
             Action::Submit { mass, values } => reduce.pending[rank as usize] = Some((mass, values)),
             // The synthetic trainer submits only whole-model rounds.
-            Action::Round { .. } => unreachable!("the Trainer asks for no laid-out rounds"),
+            Action::Round(_) => unreachable!("the Trainer asks for no laid-out rounds"),
             Action::Exit => queue.push_back((rank, Up::Timing(TimingMsgWire::Exiting { rank: me }))),
         }
     }

@@ -18,20 +18,10 @@ use crate::rank::data_client::{
 use crate::rank::rendezvous_client::{RendezvousClient, RendezvousClientConfig, RendezvousClientEvent};
 use crate::rendezvous::UID_BYTES;
 use crate::time::{Time, earliest};
-use crate::wire::{ControlMsgWire, Dtype, MacKey, RoundKind, SessionSalt};
+use crate::wire::{ControlMsgWire, Dtype, MacKey, SessionSalt};
 
 use super::envelope::WorkloadSpec;
-use super::workload::{Action, Workload};
-
-/// One round a workload asked for ([`Action::Submit`] or [`Action::Round`]).
-#[derive(Debug)]
-struct Round {
-    kind: RoundKind,
-    weight: f64,
-    scale: f32,
-    shapes: Vec<Vec<u32>>,
-    values: Vec<f32>,
-}
+use super::workload::{Action, Round, Workload};
 
 /// After its data leg fails, a rank waits this long for its control leg's
 /// verdict before exiting with the data failure: when the controller dies,
@@ -416,14 +406,11 @@ impl<W: Workload> RankNode<W> {
         for a in actions.drain(..) {
             match a {
                 Action::Submit { mass, values } => {
-                    let shapes = vec![vec![values.len() as u32]];
-                    let round =
-                        Round { kind: RoundKind::Model, weight: mass, scale: mass as f32, shapes, values };
-                    self.submit(now, round);
+                    self.submit(now, Round::model(mass, values));
                     continue;
                 }
-                Action::Round { kind, weight, scale, shapes, values } => {
-                    self.submit(now, Round { kind, weight, scale, shapes, values });
+                Action::Round(round) => {
+                    self.submit(now, round);
                     continue;
                 }
                 _ => {}
@@ -443,7 +430,7 @@ impl<W: Workload> RankNode<W> {
                     self.end(RankNodeEvent::Exited);
                     Ok(())
                 }
-                Action::Submit { .. } | Action::Round { .. } => Ok(()),
+                Action::Submit { .. } | Action::Round(_) => Ok(()),
             };
         }
         // Keep the buffer's allocation for the next call.

@@ -76,30 +76,42 @@ pub enum Action {
         /// The values, before scaling.
         values: Vec<f32>,
     },
-    /// Submit one round of the CPU data plane laid out as the workload
-    /// wants it, as flodl's rank lays out its rounds: the model's tensors
-    /// each with its shape, `Control` rounds (summed, not averaged: flodl's
-    /// per-rank count gather and its start-up broadcast of rank 0's
-    /// parameters) beside `Model` ones. `values` holds every tensor's values
-    /// in order, row-major; each is multiplied by `scale` on the wire, and a
-    /// `scale` of 0 sends the whole frame elided (its schema, no payload).
-    /// The consensus comes back to [`Workload::on_consensus`] laid out the
-    /// same way; a `Control` round's always (its sum), a `Model` round's
-    /// unless its summed weight was 0.
-    Round {
-        /// `Model` (averaged by weight) or `Control` (summed).
-        kind: RoundKind,
-        /// The weight the frame carries.
-        weight: f64,
-        /// The factor applied to every value as it is encoded.
-        scale: f32,
-        /// Each tensor's shape.
-        shapes: Vec<Vec<u32>>,
-        /// Every tensor's values, in order.
-        values: Vec<f32>,
-    },
+    /// Submit one round laid out as the workload wants it ([`Round`]).
+    Round(Round),
     /// Leave: announce `Exiting`, then close.
     Exit,
+}
+
+/// One round of the CPU data plane laid out as the workload wants it, as
+/// flodl's rank lays out its rounds: the model's tensors each with its
+/// shape, `Control` rounds (summed, not averaged: flodl's per-rank count
+/// gather and its start-up broadcast of rank 0's parameters) beside `Model`
+/// ones. `values` holds every tensor's values in order, row-major; each is
+/// multiplied by `scale` on the wire, and a `scale` of 0 sends the whole
+/// frame elided (its schema, no payload). The consensus comes back to
+/// [`Workload::on_consensus`] laid out the same way; a `Control` round's
+/// always (its sum), a `Model` round's unless its summed weight was 0.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Round {
+    /// `Model` (averaged by weight) or `Control` (summed).
+    pub kind: RoundKind,
+    /// The weight the frame carries.
+    pub weight: f64,
+    /// The factor applied to every value as it is encoded.
+    pub scale: f32,
+    /// Each tensor's shape.
+    pub shapes: Vec<Vec<u32>>,
+    /// Every tensor's values, in order.
+    pub values: Vec<f32>,
+}
+
+impl Round {
+    /// What [`Action::Submit`] sends: one flat `Model` tensor pre-scaled by
+    /// `mass`, which the frame carries.
+    pub fn model(mass: f64, values: Vec<f32>) -> Round {
+        let shapes = vec![vec![values.len() as u32]];
+        Round { kind: RoundKind::Model, weight: mass, scale: mass as f32, shapes, values }
+    }
 }
 
 /// A rank's training loop, driven by its [`RankNode`](super::rank::RankNode).

@@ -4,8 +4,8 @@ use cohort_proto::wire::ControlMsgWire;
 
 use crate::check::Expect;
 use crate::suite::cluster::{
-    BATCH, EPOCHS, Host, SAMPLES, SCALE, Train, agent, cohort_controller_finished, exit_reported, expect,
-    failed_line, finished_cleanly, flodl_agent, free_port, fresh_token, rank_args, ranks, run_check,
+    Agent, BATCH, EPOCHS, Host, SAMPLES, SCALE, Train, agent, cohort_controller_finished, exit_reported,
+    expect, failed_line, finished_cleanly, flodl_agent, free_port, fresh_token, rank_args, ranks, run_check,
 };
 use crate::suite::proc::{Cmd, End, Proc};
 use crate::suite::{Ctx, ensure};
@@ -72,28 +72,36 @@ pub fn flodl_agent_cohort_nccl_controller(ctx: &mut Ctx) -> Result<(), String> {
     let (arc, stall) = a.proc.wait_run(60, 8, &[&a.out]);
     no_stall(stall)?;
     let crc = ctl.proc.wait(30);
-    let spec = a.err.first_of(|l| crate::suite::flodl::relay_child(l).map(|(_, spec)| spec));
-    ensure!(
-        spec.is_some_and(|s| s["data_channel"] == false),
-        "cohort's relay spec still names a data channel"
-    );
     ensure!(
         ctl.out.any(|e| e.event == "rendezvous" && e.text.starts_with("Completed")),
         "cohort controller: the bootstrap rendezvous never completed"
+    );
+    nccl_plane(&a, "cohort")?;
+    run_check(&ctx.dir, &Expect { min_rounds: 0, ..expect(&[0, 1]) }, &[&a.out])?;
+    cohort_controller_finished(&ctl.out, 2, 1)?;
+    ensure!(arc == End::Exit(0), "flodl agent exit status {arc}: {}", failed_line(&a.err));
+    ensure!(finished_cleanly(&a.err, "hostA"), "flodl agent: no clean finish");
+    ensure!(crc == End::Exit(0), "cohort controller exit status {crc}");
+    Ok(())
+}
+
+/// The NCCL plane as a flodl agent's two cohort ranks saw it under
+/// `whose` controller: a relay spec naming no data channel, one unique id
+/// from the rendezvous for both ranks, at least two SyncNow cycles.
+fn nccl_plane(a: &Agent, whose: &str) -> Result<(), String> {
+    let spec = a.err.first_of(|l| crate::suite::flodl::relay_child(l).map(|(_, spec)| spec));
+    ensure!(
+        spec.is_some_and(|s| s["data_channel"] == false),
+        "{whose}'s relay spec still names a data channel"
     );
     let uids: Vec<String> =
         a.out.with_events(|es| es.iter().filter_map(|e| e.str("uid").map(String::from)).collect());
     ensure!(
         uids.len() == 2 && uids[0] == uids[1],
-        "the ranks do not hold one NCCL unique id from cohort's rendezvous: {uids:?}"
+        "the ranks do not hold one NCCL unique id from {whose}'s rendezvous: {uids:?}"
     );
-    run_check(&ctx.dir, &Expect { min_rounds: 0, ..expect(&[0, 1]) }, &[&a.out])?;
     let syncs = a.out.commands().iter().filter(|(_, m)| matches!(m, ControlMsgWire::SyncNow)).count();
-    ensure!(syncs >= 2, "cohort's coordinator ran no SyncNow cycle");
-    cohort_controller_finished(&ctl.out, 2, 1)?;
-    ensure!(arc == End::Exit(0), "flodl agent exit status {arc}: {}", failed_line(&a.err));
-    ensure!(finished_cleanly(&a.err, "hostA"), "flodl agent: no clean finish");
-    ensure!(crc == End::Exit(0), "cohort controller exit status {crc}");
+    ensure!(syncs >= 2, "{whose}'s coordinator ran no SyncNow cycle");
     Ok(())
 }
 
@@ -295,25 +303,10 @@ pub fn cohort_ranks_flodl_nccl(ctx: &mut Ctx) -> Result<(), String> {
         ctl.err.has(&format!("rendezvous server up on port {port} (world_size=2")),
         "flodl controller: no NCCL rendezvous server"
     );
-    let spec = a.err.first_of(|l| crate::suite::flodl::relay_child(l).map(|(_, spec)| spec));
-    ensure!(
-        spec.is_some_and(|s| s["data_channel"] == false),
-        "flodl's relay spec still names a data channel"
-    );
-    let uids: Vec<String> =
-        a.out.with_events(|es| es.iter().filter_map(|e| e.str("uid").map(String::from)).collect());
-    let mut distinct = uids.clone();
-    distinct.sort();
-    distinct.dedup();
-    ensure!(
-        distinct.len() == 1 && uids.len() == 2,
-        "the ranks do not hold one NCCL unique id from flodl's rendezvous: {uids:?}"
-    );
+    nccl_plane(&a, "flodl")?;
     no_stall(stall)?;
     let crc = ctl.proc.wait(30);
     run_check(&ctx.dir, &Expect { min_rounds: 0, ..expect(&[0, 1]) }, &[&a.out])?;
-    let syncs = a.out.commands().iter().filter(|(_, m)| matches!(m, ControlMsgWire::SyncNow)).count();
-    ensure!(syncs >= 2, "flodl's coordinator ran no SyncNow cycle");
     ensure!(arc == End::Exit(0), "flodl agent exit status {arc}: {}", failed_line(&a.err));
     ensure!(
         finished_cleanly(&a.err, "hostA"),
