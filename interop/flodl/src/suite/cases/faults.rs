@@ -161,9 +161,10 @@ pub fn rank_killed_flodl_coordinator(ctx: &mut Ctx) -> Result<(), String> {
 /// (SIGKILL) while a round is half folded there: rank 3 (B) is stopped
 /// (SIGSTOP) after the round's RequestParams reached it and before it
 /// submitted, rank 2 (B) submits, so B's relay holds one deposit of a round
-/// it cannot complete; then the relay dies. flodl's agent kills B's ranks
-/// and reports them; B's ranks are dead, the round completes with host A's
-/// frame alone, A finishes both epochs with every consensus exact.
+/// it cannot complete; then the relay dies. B's ranks end (flodl's agent
+/// kills them, or they exit first on their relay's end) and are reported;
+/// they are dead, the round completes with host A's frame alone, A finishes
+/// both epochs with every consensus exact.
 pub fn relay_killed_cohort_controller(ctx: &mut Ctx) -> Result<(), String> {
     let port = free_port(&[])?;
     let tport = free_port(&[port])?;
@@ -254,9 +255,15 @@ pub fn relay_killed_cohort_controller(ctx: &mut Ctx) -> Result<(), String> {
         ..Expect::default()
     };
     run_check(&ctx.dir, &x, &[&a.out, &b.out])?;
+    // flodl's agent polls its children every 50 ms, and cohort's ranks end
+    // at once when their relay's legs close: a race decides whether the
+    // agent finds the dead relay with its ranks still running (it tears its
+    // host down and exits 1) or finds the ranks' exits first (it finishes
+    // DEGRADED and exits 0). Either way host B's ranks are gone.
+    let torn_down = b.err.has("relay died with 2 rank child(ren) still running");
     ensure!(
-        b.err.has("relay died with 2 rank child(ren) still running"),
-        "flodl agent B did not tear its host down"
+        torn_down || b.err.has("finished DEGRADED"),
+        "flodl agent B neither tore its host down nor finished DEGRADED"
     );
     for r in 2..4 {
         ensure!(declared_dead(&ctl.out, r), "cohort controller never declared rank {r} dead");
@@ -267,7 +274,8 @@ pub fn relay_killed_cohort_controller(ctx: &mut Ctx) -> Result<(), String> {
     );
     cohort_controller_finished(&ctl.out, 4, 2)?;
     ensure!(arc == End::Exit(0), "flodl agent A exit status {arc}");
-    ensure!(brc == End::Exit(1), "flodl agent B exit status {brc} (1 expected: its relay died)");
+    let want = End::Exit(if torn_down { 1 } else { 0 });
+    ensure!(brc == want, "flodl agent B exit status {brc} ({want} expected)");
     ensure!(crc == End::Exit(0), "cohort controller exit status {crc}");
     Ok(())
 }
