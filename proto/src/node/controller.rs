@@ -135,6 +135,191 @@ impl ControllerConfig {
     }
 }
 
+impl ControllerConfig {
+    /// A builder with defaults a user can run at once: the join window's
+    /// defaults, [`RunKnobs::default`]'s short run, flodl's timeouts.
+    /// Only the salt and the advertised address have no default (proto
+    /// draws no randomness and binds nothing): give them, or let a driver's
+    /// `spawn_controller` bind a port and draw a salt from the OS.
+    ///
+    /// ```
+    /// use cohort_proto::node::controller::ControllerConfig;
+    /// use cohort_proto::node::envelope::ControllerAddr;
+    /// use cohort_proto::wire::SessionSalt;
+    /// use cohort_proto::join::TrustMode;
+    ///
+    /// let cfg = ControllerConfig::builder()
+    ///     .ranks(4)
+    ///     .epochs(2)
+    ///     .salt(SessionSalt::from_bytes([7; 16]))
+    ///     .advertise(ControllerAddr::parse("127.0.0.1:7070").unwrap())
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!((cfg.join.min_rank_start, cfg.join.target_ranks), (4, Some(4)));
+    /// assert_eq!(cfg.run.epochs, 2);
+    /// assert_eq!(cfg.trust, TrustMode::OpenLoopback); // a loopback controller admits without the salt
+    ///
+    /// // A missing salt is named, with what to do about it.
+    /// let e = ControllerConfig::builder().advertise(ControllerAddr::parse("10.0.0.1:7070").unwrap()).build();
+    /// assert_eq!(e.unwrap_err().field, "salt");
+    /// ```
+    pub fn builder() -> ControllerBuilder {
+        ControllerBuilder::default()
+    }
+}
+
+/// Builds a [`ControllerConfig`] one setting at a time: see
+/// [`ControllerConfig::builder`]. Every value is checked once, by
+/// [`ControllerBuilder::build`] (through [`ControllerConfig::from_knobs`]).
+#[derive(Debug, Clone)]
+pub struct ControllerBuilder {
+    join: JoinConfig,
+    knobs: RunKnobs,
+    timeout_scale: TimeoutScale,
+    salt: Option<SessionSalt>,
+    trust: Option<TrustMode>,
+    advertise: Option<ControllerAddr>,
+}
+
+impl Default for ControllerBuilder {
+    fn default() -> Self {
+        ControllerBuilder {
+            join: JoinConfig::default(),
+            knobs: RunKnobs::default(),
+            timeout_scale: TimeoutScale::ONE,
+            salt: None,
+            trust: None,
+            advertise: None,
+        }
+    }
+}
+
+impl ControllerBuilder {
+    /// The world is `n` ranks: the quorum, and the window closes as soon as
+    /// they are in.
+    pub fn ranks(mut self, n: usize) -> Self {
+        self.join.min_rank_start = n;
+        self.join.target_ranks = Some(n);
+        self
+    }
+
+    /// The join window's knobs, whole (replaces what [`Self::ranks`] set).
+    pub fn join(mut self, join: JoinConfig) -> Self {
+        self.join = join;
+        self
+    }
+
+    /// The run's knobs, whole (replaces what the per-knob setters set).
+    pub fn knobs(mut self, knobs: RunKnobs) -> Self {
+        self.knobs = knobs;
+        self
+    }
+
+    /// Epochs to train.
+    pub fn epochs(mut self, epochs: u64) -> Self {
+        self.knobs.epochs = epochs;
+        self
+    }
+
+    /// Samples in one epoch.
+    pub fn samples_per_epoch(mut self, samples: u64) -> Self {
+        self.knobs.samples_per_epoch = samples;
+        self
+    }
+
+    /// Samples per batch.
+    pub fn batch_size(mut self, batch_size: u64) -> Self {
+        self.knobs.batch_size = batch_size;
+        self
+    }
+
+    /// Batches between averaging rounds.
+    pub fn sync_every(mut self, batches: u64) -> Self {
+        self.knobs.sync_every = batches;
+        self
+    }
+
+    /// Elements of the synthetic model tensor.
+    pub fn model_elems(mut self, elems: u32) -> Self {
+        self.knobs.model_elems = elems;
+        self
+    }
+
+    /// Whose rules where cohort and flodl 0.8 differ.
+    pub fn rules(mut self, rules: Rules) -> Self {
+        self.knobs.rules = rules;
+        self
+    }
+
+    /// The data plane (the controller's CPU reduce, or NCCL among the ranks).
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.knobs.backend = backend;
+        self
+    }
+
+    /// The network timeout scale (flodl's `FLODL_NET_TIMEOUT_SCALE`).
+    pub fn timeout_scale(mut self, scale: TimeoutScale) -> Self {
+        self.timeout_scale = scale;
+        self
+    }
+
+    /// The session salt (draw one with [`SessionSalt::generate`] from a
+    /// cryptographic RNG).
+    pub fn salt(mut self, salt: SessionSalt) -> Self {
+        self.salt = Some(salt);
+        self
+    }
+
+    /// How pre-admission join frames are keyed; by default
+    /// [`TrustMode::resolve`] on whether the advertised host is loopback.
+    pub fn trust(mut self, trust: TrustMode) -> Self {
+        self.trust = Some(trust);
+        self
+    }
+
+    /// Where workers reach the controller (every envelope names it).
+    pub fn advertise(mut self, at: ControllerAddr) -> Self {
+        self.advertise = Some(at);
+        self
+    }
+
+    /// Whether a salt was given.
+    pub fn has_salt(&self) -> bool {
+        self.salt.is_some()
+    }
+
+    /// Whether an advertised address was given.
+    pub fn has_advertise(&self) -> bool {
+        self.advertise.is_some()
+    }
+
+    /// The network timeout scale set so far.
+    pub fn get_timeout_scale(&self) -> TimeoutScale {
+        self.timeout_scale
+    }
+
+    /// The configuration, every value checked; the error names the setting
+    /// at fault (a missing salt or address too).
+    pub fn build(self) -> Result<ControllerConfig, ConfigError> {
+        let salt = self.salt.ok_or_else(|| {
+            ConfigError::new(
+                "salt",
+                "none given: pass one drawn with SessionSalt::generate, or start the controller with a driver's spawn_controller, which draws one from the OS",
+            )
+        })?;
+        let advertise = self.advertise.ok_or_else(|| {
+            ConfigError::new(
+                "advertise",
+                "none given: the address workers dial (a driver's spawn_controller uses the port it binds)",
+            )
+        })?;
+        let loopback = advertise.host == "localhost"
+            || advertise.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        let trust = self.trust.unwrap_or_else(|| TrustMode::resolve(&self.join, loopback));
+        ControllerConfig::from_knobs(self.join, salt, trust, self.timeout_scale, advertise, &self.knobs)
+    }
+}
+
 /// How the run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControllerOutcome {
