@@ -58,26 +58,17 @@ impl EventLog {
 
     /// The coordinator's events.
     pub fn coord(&self) -> impl Iterator<Item = (Time, &CoordinatorEvent)> + '_ {
-        self.controller().filter_map(|(t, e)| match e {
-            ControllerNodeEvent::Coord(c) => Some((t, c)),
-            _ => None,
-        })
+        self.controller().filter_map(|(t, e)| Some((t, e.coord()?)))
     }
 
     /// The join window's events.
     pub fn join(&self) -> impl Iterator<Item = (Time, &JoinWindowEvent)> + '_ {
-        self.controller().filter_map(|(t, e)| match e {
-            ControllerNodeEvent::Join(j) => Some((t, j)),
-            _ => None,
-        })
+        self.controller().filter_map(|(t, e)| Some((t, e.join()?)))
     }
 
     /// The controller's reduce's events.
     pub fn reduce(&self) -> impl Iterator<Item = (Time, &ReduceEvent)> + '_ {
-        self.controller().filter_map(|(t, e)| match e {
-            ControllerNodeEvent::Reduce(r) => Some((t, r)),
-            _ => None,
-        })
+        self.controller().filter_map(|(t, e)| Some((t, e.reduce()?)))
     }
 
     /// Global rank `rank`'s events.

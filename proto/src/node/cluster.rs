@@ -20,6 +20,9 @@ use core::fmt;
 use super::controller::ControllerNodeEvent;
 use super::host::HostNodeEvent;
 use super::rank::RankNodeEvent;
+use crate::coord::CoordinatorEvent;
+use crate::join::window::JoinWindowEvent;
+use crate::reduce::ReduceEvent;
 use crate::relay::{Leg, RelayEvent};
 use crate::status::StatusClientEvent;
 use crate::time::Time;
@@ -106,6 +109,65 @@ from_event!(HostNodeEvent, Host);
 from_event!(RelayEvent, Relay);
 from_event!(RankNodeEvent, Rank);
 from_event!(StatusClientEvent, Operator);
+
+impl ClusterEvent {
+    /// The controller's event, if this is one.
+    pub fn controller(&self) -> Option<&ControllerNodeEvent> {
+        match self {
+            ClusterEvent::Controller(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The coordinator's event, if this is one: one call for what nests
+    /// two deep (`ClusterEvent::Controller(ControllerNodeEvent::Coord(..))`).
+    ///
+    /// ```
+    /// use cohort_proto::coord::CoordinatorEvent;
+    /// use cohort_proto::node::cluster::ClusterEvent;
+    /// use cohort_proto::node::controller::ControllerNodeEvent;
+    /// let e = ClusterEvent::from(ControllerNodeEvent::Coord(CoordinatorEvent::EpochStarted { epoch: 0 }));
+    /// assert!(matches!(e.coord(), Some(CoordinatorEvent::EpochStarted { epoch: 0 })));
+    /// assert!(ClusterEvent::Note("x".into()).coord().is_none());
+    /// ```
+    pub fn coord(&self) -> Option<&CoordinatorEvent> {
+        self.controller().and_then(ControllerNodeEvent::coord)
+    }
+
+    /// The join window's event, if this is one.
+    pub fn join(&self) -> Option<&JoinWindowEvent> {
+        self.controller().and_then(ControllerNodeEvent::join)
+    }
+
+    /// The controller's reduce's event, if this is one.
+    pub fn reduce(&self) -> Option<&ReduceEvent> {
+        self.controller().and_then(ControllerNodeEvent::reduce)
+    }
+
+    /// A host agent's event, if this is one.
+    pub fn host(&self) -> Option<&HostNodeEvent> {
+        match self {
+            ClusterEvent::Host(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// A relay's event, if this is one.
+    pub fn relay(&self) -> Option<&RelayEvent> {
+        match self {
+            ClusterEvent::Relay(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// A rank's event, if this is one.
+    pub fn rank(&self) -> Option<&RankNodeEvent> {
+        match self {
+            ClusterEvent::Rank(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// An event, where it came from and when.
 #[derive(Debug, Clone, PartialEq)]

@@ -382,6 +382,56 @@ pub enum ControllerNodeEvent {
     },
 }
 
+impl ControllerNodeEvent {
+    /// The coordinator's event, if this is one: match one level, not two.
+    ///
+    /// ```
+    /// use cohort_proto::coord::CoordinatorEvent;
+    /// use cohort_proto::node::controller::ControllerNodeEvent;
+    /// let e = ControllerNodeEvent::Coord(CoordinatorEvent::EpochStarted { epoch: 1 });
+    /// assert!(matches!(e.coord(), Some(CoordinatorEvent::EpochStarted { epoch: 1 })));
+    /// assert!(ControllerNodeEvent::HostsGone.coord().is_none());
+    /// ```
+    pub fn coord(&self) -> Option<&CoordinatorEvent> {
+        match self {
+            ControllerNodeEvent::Coord(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The join window's event, if this is one.
+    pub fn join(&self) -> Option<&JoinWindowEvent> {
+        match self {
+            ControllerNodeEvent::Join(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The reduce's event, if this is one.
+    pub fn reduce(&self) -> Option<&ReduceEvent> {
+        match self {
+            ControllerNodeEvent::Reduce(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The rendezvous' event, if this is one.
+    pub fn rendezvous(&self) -> Option<&RendezvousServerEvent> {
+        match self {
+            ControllerNodeEvent::Rendezvous(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// How the run ended, if this is its end.
+    pub fn finished(&self) -> Option<&ControllerOutcome> {
+        match self {
+            ControllerNodeEvent::Finished(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
 /// A controller's parts, behind its one port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ControllerPart {

@@ -336,12 +336,14 @@ impl<M: Machine> Harness<M> {
         self.out.is_closed(conn)
     }
 
-    /// The machine's events so far.
+    /// The machine's events so far: they accumulate across steps until
+    /// taken. To assert on what one step did, [`Harness::take_events`]
+    /// before it and after it.
     pub fn events(&self) -> &[M::Event] {
         &self.out.events
     }
 
-    /// Takes the machine's events so far.
+    /// Takes the machine's events so far (the next step's start from none).
     pub fn take_events(&mut self) -> Vec<M::Event> {
         self.out.take_events()
     }
