@@ -45,6 +45,26 @@ impl Time {
         Time(ms.saturating_mul(1_000_000))
     }
 
+    /// The instant `d` after the origin (what a driver computes from its
+    /// start: `Time::after(started.elapsed())`; what a scenario's fault at
+    /// `d` happens at).
+    ///
+    /// ```
+    /// use cohort_proto::Time;
+    /// use core::time::Duration;
+    /// let t = Time::after(Duration::from_millis(1500));
+    /// assert_eq!(t, Time::from_millis(1500));
+    /// assert_eq!(t.since_origin(), Duration::from_millis(1500));
+    /// ```
+    pub fn after(d: Duration) -> Self {
+        Time::ZERO.saturating_add(d)
+    }
+
+    /// The time since the origin, as a `Duration`.
+    pub const fn since_origin(self) -> Duration {
+        Duration::from_nanos(self.0)
+    }
+
     /// Nanoseconds since the origin.
     pub const fn as_nanos(self) -> u64 {
         self.0

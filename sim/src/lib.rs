@@ -71,9 +71,12 @@ pub mod workload;
 pub mod world;
 
 pub use cluster::{Cluster, SimRank};
+/// proto's types a simulation test names most: an instant, and why a rank
+/// was declared dead.
+pub use cohort_proto::{Time, coord::DeathCause};
 pub use log::EventLog;
 pub use node::SimNode;
 pub use report::{Death, Injected, Outcome, RankReport, Report};
-pub use scenario::{Scenario, ScenarioBuilder, ScenarioError};
+pub use scenario::{Fault, Scenario, ScenarioBuilder, ScenarioError};
 pub use workload::{RankStart, SimWorkload};
 pub use world::{HostId, LinkSpec, NetConfig, NodeId, Process, World};

@@ -751,7 +751,33 @@ impl ScenarioBuilder {
     }
 
     /// Links of exactly `latency` one way, no jitter: every instant of the
-    /// run is then an exact sum of latencies and deadlines.
+    /// run is then an exact sum of latencies and deadlines (and of bytes
+    /// over bandwidth: raise the bandwidth to drop those too). The costs are
+    /// docs/GUIDE.md's "simulator's clock" tables.
+    ///
+    /// ```
+    /// use cohort_sim::{Cluster, DeathCause, Fault, Scenario, Time};
+    /// use core::time::Duration;
+    ///
+    /// const L: Duration = Duration::from_millis(1);
+    /// const LOOPBACK: Duration = Duration::from_micros(10);
+    /// let sc = Scenario::builder()
+    ///     .hosts(2, 2) // joining at 0 s and 0.5 s
+    ///     .epochs(2)
+    ///     .exact_links(L)
+    ///     .bandwidth_gbps(1e9) // no time on the wire
+    ///     .fault(Duration::from_secs(5), Fault::KillRank(1))
+    ///     .build()
+    ///     .unwrap();
+    /// let report = Cluster::new(sc, 1).unwrap().finish();
+    /// // The last hello lands 3 L after its host joins (SYN, SYN-ACK, hello).
+    /// assert_eq!(report.formed_at, Some(Time::from_millis(503)));
+    /// // The kill closes the rank's sockets; its relay sees EOF over loopback
+    /// // and reports it upstream, one link away.
+    /// let death = report.death(1).unwrap();
+    /// assert_eq!((death.declared_at, death.cause), (Time::from_secs(5) + LOOPBACK + L, DeathCause::RelayRankExit));
+    /// assert_eq!(death.detection(), Some(LOOPBACK + L));
+    /// ```
     pub fn exact_links(self, latency: Duration) -> Self {
         self.links(latency, Duration::ZERO)
     }
