@@ -62,6 +62,13 @@ impl fmt::Display for ConnId {
 pub struct DialId(pub u32);
 
 /// What the driver knows about the far end of an accepted connection.
+///
+/// A driver fills it from the accepted socket's peer address
+/// (`addr.ip().is_loopback()`). Two rules read it: a relay serves only
+/// ranks on its own host (a remote one is refused, `NotLoopback`), and the
+/// status endpoint's `POST /start` asks a remote operator for the start
+/// token. Admission does not: whether the join window admits without the
+/// salt follows the controller's own bind address (`TrustMode::resolve`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct Peer {
     /// The peer's address is a loopback address (127.0.0.0/8, ::1).
