@@ -89,8 +89,7 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     let (sink, _host_events) = mpsc::channel();
     let mut hosts = Vec::new();
     for i in 0..2 {
-        let mut p = HostParams::new(format!("host-{i}"), 2, at.to_string(), scale);
-        p.clock = clock;
+        let p = HostParams::new(format!("host-{i}"), 2, at.to_string()).timeout_scale(scale).clock(clock);
         hosts.push(MioHost::spawn(p, sink.clone())?);
     }
 

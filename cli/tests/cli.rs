@@ -32,5 +32,7 @@ mod cohort_demo;
 mod connection_cap;
 #[path = "cli/descriptor_exhaustion.rs"]
 mod descriptor_exhaustion;
+#[path = "cli/metrics.rs"]
+mod metrics;
 #[path = "cli/wire_cli.rs"]
 mod wire_cli;

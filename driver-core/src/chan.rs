@@ -126,15 +126,31 @@ impl<T> Drop for Receiver<T> {
     }
 }
 
-/// Opens once, for good, waking everybody waiting: a task's end.
+/// Opens once, for good, waking everybody waiting: a task's or a
+/// thread's end. A node task opens its handles' latch when it ends; the mio
+/// driver's node threads open one as they end, so a waiter on either needs
+/// no runtime (it parks with [`block_on`](crate::node::block_on), or
+/// awaits on any executor).
+///
+/// ```
+/// use cohort_driver_core::node::{Latch, block_on};
+/// use std::sync::Arc;
+///
+/// let done = Arc::new(Latch::default());
+/// let opener = done.clone();
+/// let worker = std::thread::spawn(move || opener.open());
+/// block_on(done.opened());
+/// assert!(done.is_open());
+/// worker.join().unwrap();
+/// ```
 #[derive(Debug, Default)]
-pub(crate) struct Latch {
+pub struct Latch {
     state: Mutex<(bool, Vec<Waker>)>,
 }
 
 impl Latch {
     /// Opens the latch (idempotent).
-    pub(crate) fn open(&self) {
+    pub fn open(&self) {
         let waiting = {
             let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             s.0 = true;
@@ -143,8 +159,13 @@ impl Latch {
         waiting.into_iter().for_each(Waker::wake);
     }
 
+    /// Whether it has opened.
+    pub fn is_open(&self) -> bool {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).0
+    }
+
     /// Ready once open; Pending registers `cx`'s waker.
-    pub(crate) fn poll_open(&self, cx: &mut Context<'_>) -> Poll<()> {
+    pub fn poll_open(&self, cx: &mut Context<'_>) -> Poll<()> {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if s.0 {
             return Poll::Ready(());
@@ -156,7 +177,7 @@ impl Latch {
     }
 
     /// Waits until open.
-    pub(crate) async fn opened(&self) {
+    pub async fn opened(&self) {
         std::future::poll_fn(|cx| self.poll_open(cx)).await
     }
 }

@@ -16,19 +16,30 @@
 //!   outbound [`queue::OutQueue`]; the [`timers::Timers`] heap; the
 //!   [`listener::Listener`]'s accept retry; what a node reports
 //!   ([`NodeEvent`]) or answers once stopped ([`Stopped`]);
+//! - [`host`]: a whole worker host (proto's `HostNode` agent, the relays
+//!   and ranks it asks for, the ranks running cohort's synthetic trainer,
+//!   the user's `Workload` or the user's program) on any driver that
+//!   implements [`host::Spawn`], its events as `Stamped` on an
+//!   [`host::EventSink`] ([`host::cluster_events`] for an async stream);
+//! - [`controller`]: what every driver's one-call controller shares
+//!   ([`controller::bind_controller`], [`controller::deployed_controller`]);
 //! - `testing` (feature `testing`): the drivers' shared test harness and
 //!   the one driver test suite every driver runs.
 //!
 //! The mio driver implements [`engine::Io`] on mio tokens; the smol and
-//! tokio drivers implement [`node::Runtime`].
+//! tokio drivers implement [`node::Runtime`]. Each implements
+//! [`host::Spawn`] and offers `spawn_host` and `spawn_controller` on it.
 #![forbid(unsafe_code)]
 
 mod chan;
 pub mod clock;
 pub mod config;
+pub mod controller;
 pub mod engine;
+pub mod host;
 pub mod listener;
 pub mod macs;
+pub mod metrics;
 pub mod node;
 pub mod queue;
 mod ready;

@@ -7,7 +7,12 @@
 //! [`Node::into_task`] (a [`NodeTask`] future for any executor that drives
 //! the runtime's reactor). The application keeps a [`NodeHandle`] to run
 //! commands on the machine, shut the node down or kill it, and reads the
-//! node's [`Events`] (a `Stream`, or [`Events::recv`]).
+//! node's [`Events`] (a `Stream`, or [`Events::recv`]). A node may instead
+//! hand every event to a [`Hook`] run inside its task, with the machine
+//! ([`Node::spawn_with_hook`], [`Node::into_task_with_hook`]): what the
+//! hook does to the machine is carried out before the next event, and it
+//! can end the node cleanly. The worker host (`crate::host`) answers its
+//! agent's and ranks' events so.
 //!
 //! The task owns the [`Engine`], the listener and one timer. Each engine
 //! slot has its own waker feeding one ready list; a socket that would block
@@ -22,6 +27,7 @@ use std::future::Future;
 use std::io::{self, IoSlice};
 use std::marker::PhantomData;
 use std::net::{SocketAddr, TcpListener};
+use std::ops::ControlFlow;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
@@ -29,7 +35,8 @@ use std::time::{Duration, Instant};
 
 use cohort_proto::{Machine, Time};
 
-use crate::chan::{self, Latch};
+use crate::chan;
+pub use crate::chan::Latch;
 use crate::engine::{Connect, Drained, Engine, Io, Occupant, attempt_addr};
 use crate::listener::Listener;
 use crate::ready::{KeyWaker, ReadySet};
@@ -103,7 +110,34 @@ pub trait Runtime: 'static {
 /// The ready-list key of the listener (slots use their index).
 const LISTENER: usize = usize::MAX;
 
-type Job<M> = Box<dyn FnOnce(&mut M, Time) + Send>;
+/// A command for a machine, run inside its node with the current time.
+pub type Job<M> = Box<dyn FnOnce(&mut M, Time) + Send>;
+
+/// What a node does with each of its events when it runs with a hook
+/// instead of an [`Events`] stream: called inside the node's own loop, in
+/// order, with the machine and the current time. Whatever it does to the
+/// machine is carried out (settled) before the next event, as a command
+/// is; `Break` starts a clean shutdown (flush, FIN, linger), as
+/// [`NodeHandle::shutdown`] does.
+///
+/// A relay's hook that passes its events on and ends the node once the
+/// relay stopped:
+///
+/// ```
+/// use std::ops::ControlFlow;
+/// use cohort_driver_core::NodeEvent;
+/// use cohort_driver_core::node::Hook;
+/// use cohort_proto::relay::{Relay, RelayEvent};
+///
+/// let (tx, rx) = std::sync::mpsc::channel();
+/// let hook: Hook<Relay> = Box::new(move |_relay, _now, event| {
+///     let stopped = matches!(event, NodeEvent::Machine(RelayEvent::Stopped(_)));
+///     let _ = tx.send(event);
+///     if stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+/// });
+/// # drop((hook, rx));
+/// ```
+pub type Hook<M> = Box<dyn FnMut(&mut M, Time, NodeEvent<<M as Machine>::Event>) -> ControlFlow<()> + Send>;
 
 enum Command<M> {
     Run(Job<M>),
@@ -180,19 +214,43 @@ where
     /// The node as a future to run on an executor of the caller's choice
     /// (one that drives `R`'s reactor), with its handle and event stream.
     pub fn into_task(self) -> (NodeTask<M, R>, NodeHandle<M>, Events<M::Event>) {
-        let (cmd_tx, cmd_rx) = chan::unbounded();
         let (ev_tx, ev_rx) = chan::unbounded();
+        let (task, handle) = self.task(Some(ev_tx), None);
+        (task, handle, Events { rx: ev_rx })
+    }
+
+    /// Starts the node on the runtime's executor with `hook` run on each of
+    /// its events inside the task, instead of an [`Events`] stream (see
+    /// [`Hook`]).
+    pub fn spawn_with_hook(self, hook: Hook<M>) -> NodeHandle<M> {
+        let (task, handle) = self.into_task_with_hook(hook);
+        R::spawn(task);
+        handle
+    }
+
+    /// [`Node::into_task`] with `hook` run on each event inside the task
+    /// instead of an [`Events`] stream (see [`Hook`]).
+    pub fn into_task_with_hook(self, hook: Hook<M>) -> (NodeTask<M, R>, NodeHandle<M>) {
+        self.task(None, Some(hook))
+    }
+
+    fn task(
+        self,
+        events: Option<chan::Sender<NodeEvent<M::Event>>>,
+        hook: Option<Hook<M>>,
+    ) -> (NodeTask<M, R>, NodeHandle<M>) {
+        let (cmd_tx, cmd_rx) = chan::unbounded();
         let done = Arc::new(Latch::default());
         let local_addr = self.core.local_addr();
         let task = NodeTask {
             core: Some(Box::new(self.core)),
             commands: cmd_rx,
-            events: Some(ev_tx),
+            events,
+            hook,
             done: done.clone(),
             stopping: false,
         };
-        let handle = NodeHandle { tx: cmd_tx, done, local_addr };
-        (task, handle, Events { rx: ev_rx })
+        (task, NodeHandle { tx: cmd_tx, done, local_addr })
     }
 }
 
@@ -348,6 +406,8 @@ pub struct NodeTask<M: Machine, R: Runtime> {
     core: Option<Box<Core<M, R>>>,
     commands: chan::Receiver<Command<M>>,
     events: Option<chan::Sender<NodeEvent<M::Event>>>,
+    /// Run on each event instead of sending it to `events`.
+    hook: Option<Hook<M>>,
     done: Arc<Latch>,
     stopping: bool,
 }
@@ -364,6 +424,7 @@ impl<M: Machine, R: Runtime> NodeTask<M, R> {
     fn finish(&mut self) -> Poll<()> {
         self.core = None;
         self.events = None;
+        self.hook = None;
         self.done.open();
         Poll::Ready(())
     }
@@ -371,8 +432,11 @@ impl<M: Machine, R: Runtime> NodeTask<M, R> {
 
 impl<M: Machine, R: Runtime> Drop for NodeTask<M, R> {
     fn drop(&mut self) {
-        // An executor that drops the task unfinished ends the node as a kill.
+        // An executor that drops the task unfinished ends the node as a kill
+        // (while unwinding, if the machine or the hook panicked: the hook
+        // sees it as it is dropped).
         self.core = None;
+        self.hook = None;
         self.done.open();
     }
 }
@@ -401,8 +465,18 @@ impl<M: Machine, R: Runtime> NodeTask<M, R> {
             core.serve_ready();
             core.fire_timers();
             while let Some(e) = core.engine.poll_event() {
-                // Nobody listening is fine: the node keeps serving its peers.
-                if let Some(events) = &self.events {
+                if let Some(hook) = &mut self.hook {
+                    let now = core.clock.now();
+                    let flow = hook(core.engine.machine_mut(), now, e);
+                    if !core.engine.is_shutting_down() {
+                        core.engine.settle(now);
+                    }
+                    if flow.is_break() {
+                        self.stopping = true;
+                        core.begin_shutdown();
+                    }
+                } else if let Some(events) = &self.events {
+                    // Nobody listening is fine: the node keeps serving its peers.
                     let _ = events.send(e);
                 }
             }

@@ -32,6 +32,12 @@ pub struct Mio;
 impl TestDriver for Mio {
     const NAME: &'static str = "mio";
 
+    type Spawner = crate::Spawner;
+
+    fn spawner() -> crate::Spawner {
+        crate::Spawner
+    }
+
     fn spawn<M>(machine: M, config: Config, listen: bool) -> ThreadNode<M>
     where
         M: Machine + Send + 'static,

@@ -26,6 +26,13 @@ pub struct SmolThread;
 impl TestDriver for SmolThread {
     const NAME: &'static str = "smol";
 
+    /// Hosts' nodes are tasks on smol's global executor.
+    type Spawner = crate::Spawner;
+
+    fn spawner() -> crate::Spawner {
+        crate::Spawner
+    }
+
     fn spawn<M>(machine: M, config: Config, listen: bool) -> ThreadNode<M>
     where
         M: Machine + Send + 'static,

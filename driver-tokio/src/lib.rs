@@ -12,63 +12,113 @@
 //!   cleanly or kill it;
 //! - [`Events`]: the node's events, `events.recv().await` or as a
 //!   `futures_core::Stream`;
+//! - a whole worker host in one call, [`spawn_host`] ([`WorkerHost`]: the
+//!   agent, its relays and its ranks, a task each; the ranks run cohort's
+//!   synthetic trainer, your `Workload` or your program, see
+//!   [`HostParams`]), and a whole controller, [`spawn_controller`]
+//!   ([`host`]); [`Spawner`] is this driver's
+//!   `cohort_driver_core::host::Spawn`;
 //! - [`Clock`], [`Config`]: as in every cohort driver;
 //! - `testing` (feature `testing`): `testing::TokioThread`, the driver's
 //!   half of the shared test harness.
 //!
 //! The runtime needs tokio's `net`, `rt` and `time` features (enabled
-//! here); any flavour works, current-thread or multi-thread. Semantics are
-//! the shared engine's, as in the mio and smol drivers; all three
-//! interoperate byte for byte.
+//! here, with `macros` and `rt-multi-thread`); any flavour works,
+//! current-thread or multi-thread. The [`tokio`] it is built on is
+//! re-exported, so a program needs no tokio dependency of its own:
+//! `#[cohort_driver_tokio::tokio::main(crate = "cohort_driver_tokio::tokio")]`
+//! starts a runtime (the `crate` argument tells the macro where tokio is).
+//! Semantics are the shared engine's, as in the mio and smol drivers; all
+//! three interoperate byte for byte.
 //!
-//! A controller on tokio, whole (its events printed until the run ends):
+//! A controller and two worker hosts of two ranks each, on loopback, run
+//! to the end:
 //!
 //! ```
-//! use cohort_driver_tokio::{Clock, Config, Node, NodeEvent};
+//! use cohort_driver_tokio::{HostParams, NodeEvent, spawn_controller, spawn_host};
 //! use cohort_proto::config::TimeoutScale;
-//! use cohort_proto::join::ledger::{JoinConfig, TrustMode};
-//! use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerNode};
-//! use cohort_proto::node::knobs::RunKnobs;
+//! use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome};
+//!
+//! #[cohort_driver_tokio::tokio::main(crate = "cohort_driver_tokio::tokio")]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let scale = TimeoutScale::new(0.1)?;
+//!     let run = ControllerConfig::builder().ranks(4).epochs(1).samples_per_epoch(200).timeout_scale(scale);
+//!     let (controller, mut events) = spawn_controller(run, "127.0.0.1:0".parse()?)?;
+//!     let at = controller.local_addr().expect("it listens").to_string();
+//!     let host = |name: &str| HostParams::new(name, 2, &at).timeout_scale(scale).batch_ms(2.0);
+//!     let (a, _a_events) = spawn_host(host("host-a"))?;
+//!     let (b, _b_events) = spawn_host(host("host-b"))?;
+//!     let outcome = loop {
+//!         match events.recv().await.expect("the controller runs") {
+//!             NodeEvent::Machine(ControllerNodeEvent::Finished(outcome)) => break outcome,
+//!             _ => {}
+//!         }
+//!     };
+//!     assert_eq!(outcome, ControllerOutcome::Done);
+//!     a.stop().await;
+//!     b.stop().await;
+//!     controller.shutdown().await;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! A controller on a node of your own (a listener you bound, a salt you
+//! chose, a runtime you built), with the hosts of the example above:
+//!
+//! ```
+//! use cohort_driver_tokio::{Clock, Config, HostParams, Node, NodeEvent, spawn_host};
+//! use cohort_proto::config::TimeoutScale;
+//! use cohort_proto::node::controller::{ControllerConfig, ControllerNode, ControllerNodeEvent};
 //! use cohort_proto::node::envelope::ControllerAddr;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! let runtime = cohort_driver_tokio::tokio::runtime::Builder::new_current_thread().enable_all().build()?;
 //! let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-//! let at = listener.local_addr()?;
-//! let join = JoinConfig { min_rank_start: 4, ..JoinConfig::default() };
-//! let trust = TrustMode::resolve(&join, at.ip().is_loopback());
-//! let advertise = ControllerAddr { host: at.ip().to_string(), port: at.port() };
+//! let at = listener.local_addr()?.to_string();
 //! let scale = TimeoutScale::new(0.1)?;
-//! let knobs = RunKnobs { epochs: 2, samples_per_epoch: 400, batch_size: 1, sync_every: 5, model_elems: 128, ..RunKnobs::default() };
-//! let salt = cohort_driver_core::os_salt()?;
-//! let cfg = ControllerConfig::from_knobs(join, salt, trust, scale, advertise, &knobs)?;
+//! let cfg = ControllerConfig::builder()
+//!     .ranks(2)
+//!     .epochs(1)
+//!     .samples_per_epoch(100)
+//!     .timeout_scale(scale)
+//!     .salt(cohort_driver_tokio::os_salt()?)
+//!     .advertise(ControllerAddr::parse(&at).expect("host:port"))
+//!     .build()?;
 //! let clock = Clock::start();
 //! let mut node = Node::with_clock(ControllerNode::new(cfg, clock.now())?, Config::scaled(scale), clock);
 //! node.adopt_listener(listener)?;
-//! runtime.block_on(async {
+//! let finished = runtime.block_on(async {
 //!     let (controller, mut events) = node.spawn();
-//!     # controller.with(|c, now| c.abort(now, "example")).await?;
+//!     let (host, _) = spawn_host(HostParams::new("host-a", 2, &at).timeout_scale(scale).batch_ms(2.0))?;
+//!     let mut finished = None;
 //!     while let Some(event) = events.recv().await {
-//!         println!("{event:?}");
-//!         if let NodeEvent::Machine(ControllerNodeEvent::Finished(_)) = event {
+//!         if let NodeEvent::Machine(ControllerNodeEvent::Finished(outcome)) = event {
+//!             finished = Some(outcome);
 //!             break;
 //!         }
 //!     }
-//!     // The run is over: keep serving until the final frames are out, then stop cleanly.
+//!     // The run is over: stop the host, then the controller, cleanly.
+//!     host.stop().await;
 //!     controller.shutdown().await;
-//!     Ok::<(), cohort_driver_tokio::Stopped>(())
+//!     Ok::<_, std::io::Error>(finished)
 //! })?;
+//! assert_eq!(finished, Some(cohort_proto::node::controller::ControllerOutcome::Done));
 //! # Ok(())
 //! # }
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod host;
 mod runtime;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use cohort_driver_core::host::{
+    ClusterEvents, ClusterSink, EventSink, HostParams, RankWork, cluster_events,
+};
 pub use cohort_driver_core::node::{Events, NodeHandle};
-pub use cohort_driver_core::{Clock, Config, NodeEvent, Stopped, clock, config};
+pub use cohort_driver_core::{Clock, Config, NodeEvent, Stopped, clock, config, os_salt};
+pub use host::{Spawner, WorkerHost, spawn_controller, spawn_host};
 pub use runtime::Tokio;
 /// The tokio this driver is built on (to build a runtime without naming
 /// tokio as a dependency of one's own).

@@ -4,6 +4,8 @@
 //! tokio's reactor itself, as a process of its own would). The machines,
 //! helpers and the suite itself are `cohort_driver_core::testing`'s.
 
+use std::sync::OnceLock;
+
 use cohort_driver_core::Config;
 use cohort_driver_core::testing::{TestDriver, ThreadNode};
 use cohort_proto::Machine;
@@ -26,6 +28,23 @@ pub struct TokioThread;
 
 impl TestDriver for TokioThread {
     const NAME: &'static str = "tokio";
+
+    /// Hosts' nodes are tasks on one multi-thread runtime of the test
+    /// process's, made on first use.
+    type Spawner = crate::Spawner;
+
+    fn spawner() -> crate::Spawner {
+        static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+        let runtime = RUNTIME.get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("cohort-test")
+                .enable_all()
+                .build()
+                .expect("a tokio runtime")
+        });
+        crate::Spawner::new(runtime.handle().clone())
+    }
 
     fn spawn<M>(machine: M, config: Config, listen: bool) -> ThreadNode<M>
     where

@@ -65,6 +65,29 @@ fn a_node_built_outside_the_runtime_runs_on_it_through_its_task() {
     assert!(client.is_finished() && server.is_finished());
 }
 
+/// A host's lifecycle is a `Send` future a tokio task can own: its agent
+/// (dialing a controller that is not there) stops cleanly from a spawned
+/// task, and a rank it never started is not killed.
+#[test]
+fn a_worker_host_is_stopped_from_a_spawned_task() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let nobody = cohort_driver_core::testing::free_addr();
+    let stopped = runtime.block_on(async move {
+        let params = cohort_driver_tokio::HostParams::new("h", 2, nobody.to_string()).config(quick());
+        let (host, _events) = cohort_driver_tokio::spawn_host(params).unwrap();
+        tokio::spawn(async move {
+            let killed = host.kill_rank(0).await;
+            let spawned = host.is_spawned();
+            let agent = host.agent().clone();
+            host.stop().await;
+            (killed, spawned, agent.is_finished())
+        })
+        .await
+        .unwrap()
+    });
+    assert_eq!(stopped, (false, false, true));
+}
+
 fn bytes_of(b: &'static [u8]) -> bytes::Bytes {
     bytes::Bytes::from_static(b)
 }

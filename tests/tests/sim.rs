@@ -14,6 +14,8 @@ mod attacks;
 mod examples;
 #[path = "sim/exits.rs"]
 mod exits;
+#[path = "sim/metrics.rs"]
+mod metrics;
 #[path = "sim/quorum.rs"]
 mod quorum;
 #[path = "sim/regressions.rs"]

@@ -160,6 +160,12 @@ struct ControllerArgs {
     /// model's.
     #[arg(long)]
     own_model: bool,
+    /// Serve `GET /metrics` on the status port, in the Prometheus text
+    /// format (cohort only; flodl 0.8 has no /metrics, and without this
+    /// flag the path is answered 404 as any unknown one). Readable by
+    /// anyone who can reach the port, as state.json is.
+    #[arg(long)]
+    metrics: bool,
     /// Accept joins keyed with zeros on a non-loopback bind (anyone who can
     /// reach the port can join; a loopback bind is open regardless).
     #[arg(long, conflicts_with = "pre_shared")]
@@ -566,6 +572,9 @@ fn controller(a: ControllerArgs) -> i32 {
     if a.own_model {
         cfg.model = None;
     }
+    if a.metrics {
+        cfg.metrics = Some(cohort_driver_core::metrics::prometheus());
+    }
     let clock = Clock::start();
     let (sink, events) = mpsc::channel();
     let node = match spawn_controller(cfg, listener, Config::scaled(scale), clock, sink) {
@@ -574,6 +583,9 @@ fn controller(a: ControllerArgs) -> i32 {
     };
     let addr = node.addr().map_or_else(|| a.bind.to_string(), |x| x.to_string());
     tracing::info!("controller listening on {addr} ({trust:?}); state: curl http://{addr}/state.json");
+    if a.metrics {
+        tracing::info!("metrics: curl http://{addr}/metrics");
+    }
     if a.common.json {
         // Readiness for a program reading stdout: the port takes dials now.
         let listening = ClusterEvent::Listening { addr: addr.clone() };
@@ -638,7 +650,7 @@ fn agent(a: AgentArgs) -> i32 {
         return fail(&flag_error(&e));
     }
     let (sink, events) = mpsc::channel();
-    let mut p = HostParams::new(a.host.clone(), a.ranks, a.connect.clone(), scale);
+    let mut p = HostParams::new(a.host.clone(), a.ranks, a.connect.clone()).timeout_scale(scale);
     p.pre_shared = pre_shared;
     p.batch_ms = a.batch_ms;
     p.dataset_sig = a.dataset_sig.unwrap_or([0; 32]);
@@ -661,8 +673,7 @@ fn agent(a: AgentArgs) -> i32 {
         (None | Some(RelayPorts::Ephemeral), true) => RelayListen::Ephemeral,
         (Some(RelayPorts::Flodl), _) | (None, false) => RelayListen::Flodl,
     };
-    p.program = a.program.clone();
-    p.grace = a.grace_secs;
+    p = p.program(a.program.clone()).grace(a.grace_secs);
     // SIGTERM or SIGINT: stop the ranks and report their exits; a second
     // SIGINT ends the process at once.
     let stop = Arc::new(AtomicBool::new(false));
@@ -673,7 +684,7 @@ fn agent(a: AgentArgs) -> i32 {
             return fail(&format!("installing the signal handlers: {e}"));
         }
     }
-    p.workload = workload;
+    p.synthetic = workload;
     let clock = p.clock;
     let host = match MioHost::spawn(p, sink) {
         Ok(h) => h,

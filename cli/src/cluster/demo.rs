@@ -8,6 +8,10 @@
 //! folded into it (proto's [`ConsensusOracle`], the simulator's consensus
 //! check), and every rank's copy against it.
 //!
+//! The controller serves `GET /metrics` (cohort's Prometheus metrics,
+//! rendered by [`cohort_driver_core::metrics`]); the launcher scrapes it
+//! once at the run's end, before the teardown ([`DemoReport::metrics`]).
+//!
 //! On the NCCL plane (`--backend nccl`) the ranks open with the bootstrap
 //! rendezvous instead of a data relay, and the dead rank's survivors get a
 //! new NCCL session; proto's [`NcclOracle`] (the simulator's NCCL check)
@@ -30,10 +34,10 @@ use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::node::nccl_oracle::{NcclOracle, NcclSummary};
 use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
-use cohort_proto::status::StatusServerEvent;
+use cohort_proto::status::{Reply, StatusServerEvent};
 
 use super::host::{HostParams, MioHost, stop_all};
-use super::{ClusterEvent, Sink, Source, Stamped, shutdown_all, spawn_controller};
+use super::{ClusterEvent, Sink, Source, Stamped, http, shutdown_all, spawn_controller};
 
 /// How long after the run's end the launcher waits for every rank to exit.
 pub const EXIT_GRACE: Duration = Duration::from_secs(10);
@@ -169,6 +173,9 @@ pub struct DemoReport {
     pub kill_skipped: Option<String>,
     /// `state.json` requests answered while it ran.
     pub status_answers: u64,
+    /// The controller's `GET /metrics` body, scraped at the run's end
+    /// (Prometheus text), or why the scrape failed.
+    pub metrics: Result<String, String>,
     /// The consensus check.
     pub check: CheckSummary,
     /// The NCCL plane's check, when the run averaged over NCCL.
@@ -243,6 +250,13 @@ impl DemoReport {
         }
         let plural = if self.status_answers == 1 { "" } else { "s" };
         out.push(format!("state.json served   {} time{plural}", self.status_answers));
+        out.push(match &self.metrics {
+            Ok(text) => format!(
+                "metrics             {} samples scraped from GET /metrics at the end",
+                metric_samples(text)
+            ),
+            Err(e) => format!("metrics             scrape failed: {e}"),
+        });
         let nccl_violations = self.nccl.iter().flat_map(|n| &n.violations);
         out.extend(
             self.check.violations.iter().chain(nccl_violations).map(|v| format!("VIOLATION           {v}")),
@@ -282,6 +296,7 @@ impl DemoReport {
             "redistributed": self.kill.as_ref().map(|k| k.redistributed.clone()),
             "kill_skipped": self.kill_skipped,
             "status_answers": self.status_answers,
+            "metrics_samples": self.metrics.as_ref().ok().map(|t| metric_samples(t)),
             "violations": self.check.violations,
             "wall_s": self.wall.as_secs_f64(),
             "ok": self.ok(),
@@ -312,7 +327,9 @@ impl Watch {
                 ControllerNodeEvent::Finished(o) if self.finished.is_none() => {
                     self.finished = Some((s.at, o.clone()))
                 }
-                ControllerNodeEvent::Status(StatusServerEvent::Answered { .. }) => self.status_answers += 1,
+                ControllerNodeEvent::Status(StatusServerEvent::Answered { reply: Reply::State, .. }) => {
+                    self.status_answers += 1
+                }
                 ControllerNodeEvent::Coord(CoordinatorEvent::EpochAggregated { metrics }) => {
                     self.epochs = self.epochs.max(metrics.epoch + 1);
                 }
@@ -348,6 +365,12 @@ impl Watch {
     fn over(&self) -> bool {
         self.finished.is_some() && self.exited.len() as u32 >= self.world_size
     }
+}
+
+/// Samples in a Prometheus text body: its lines that are neither comments
+/// nor blank.
+fn metric_samples(text: &str) -> usize {
+    text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')).count()
 }
 
 fn note(sink: &Sink, clock: Clock, text: String) {
@@ -386,6 +409,7 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
     // `ExtendPartition` slices: whole-epoch dispatch (the cadence default is
     // chunk-pool dispatch, where a dead rank's chunks go back to the pool).
     cfg.run.progressive = Some(false);
+    cfg.metrics = Some(cohort_driver_core::metrics::prometheus());
     let controller = spawn_controller(cfg, listener, config.clone(), clock, sink.clone())
         .map_err(|e| format!("controller on {addr}: {e}"))?;
     let listening = ClusterEvent::Listening { addr: addr.to_string() };
@@ -393,12 +417,13 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
     let pre_shared = (trust == TrustMode::PreShared).then_some(salt);
     let mut hosts = Vec::new();
     for i in 0..opts.hosts {
-        let mut p = HostParams::new(format!("host-{i}"), opts.ranks_per_host, addr.to_string(), opts.scale);
+        let mut p = HostParams::new(format!("host-{i}"), opts.ranks_per_host, addr.to_string())
+            .timeout_scale(opts.scale)
+            .batch_ms(opts.batch_ms)
+            .synthetic(opts.knobs.workload())
+            .config(config.clone())
+            .clock(clock);
         p.pre_shared = pre_shared;
-        p.batch_ms = opts.batch_ms;
-        p.workload = opts.knobs.workload();
-        p.config = config.clone();
-        p.clock = clock;
         hosts.push(MioHost::spawn(p, sink.clone()).map_err(|e| format!("host-{i}: {e}"))?);
     }
     let mut watch = Watch::default();
@@ -470,6 +495,10 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
+    // What an operator's scraper would read last.
+    let metrics = http::request(&addr.to_string(), "GET", "/metrics", Duration::from_secs(5))
+        .map_err(|e| e.to_string())
+        .and_then(|a| if a.status == 200 { Ok(a.body) } else { Err(format!("HTTP {}", a.status)) });
     note(&sink, clock, "tearing the cluster down".into());
     stop_all(hosts);
     shutdown_all([controller]);
@@ -494,6 +523,7 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
         kill: watch.kill,
         kill_skipped,
         status_answers: watch.status_answers,
+        metrics,
         check: summary,
         nccl: (opts.knobs.backend == Backend::Nccl).then(|| nccl.finish()),
         wall: started.elapsed(),

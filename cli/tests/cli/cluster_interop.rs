@@ -9,350 +9,169 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::ops::ControlFlow;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use cohort::cluster::host::{HostParams, MioHost, stop_all};
-use cohort::cluster::{
-    ClusterEvent, NodeThread, Sink, Source, Stamped, forward, shutdown_all, spawn_controller,
-};
-use cohort_driver_core::node::{Events, Node, NodeHandle, Runtime, block_on};
-use cohort_driver_core::{Clock, Config, NodeEvent, os_salt};
-use cohort_driver_smol::Smol;
-use cohort_driver_tokio::{Tokio, tokio};
+use cohort_driver_core::controller::{bind_controller, deployed_controller};
+use cohort_driver_core::host::{Hook, HostParams, NodeCtl, Spawn, WorkerHost, forward};
+use cohort_driver_core::node::block_on;
+use cohort_driver_core::{Clock, Config};
+use cohort_driver_tokio::tokio::runtime::{Builder, Runtime};
 use cohort_proto::config::TimeoutScale;
-use cohort_proto::join::ledger::{JoinConfig, JoinOffer, StartMode, TrustMode};
-use cohort_proto::node::controller::{
-    ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome,
-};
-use cohort_proto::node::envelope::{ControllerAddr, WorkloadSpec};
-use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RelayListen};
-use cohort_proto::node::knobs::RunKnobs;
+use cohort_proto::node::cluster::{ClusterEvent, Source, Stamped};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome};
+use cohort_proto::node::envelope::WorkloadSpec;
 use cohort_proto::node::oracle::ConsensusOracle;
-use cohort_proto::node::rank::{RankNode, RankNodeEvent};
-use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
+use cohort_proto::node::rank::RankNodeEvent;
 use cohort_proto::reduce::ReduceEvent;
-use cohort_proto::relay::{Leg, Relay, RelayEvent};
+use cohort_proto::relay::{Leg, RelayEvent};
 
 /// A safety net against a hung test, not a synchronisation device.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// Where a tree of async nodes runs: `root` (which spawns the rest with
-/// [`Runtime::spawn`]) on smol's global executor, or on a current-thread
-/// tokio runtime on a thread of its own, as a tokio process would.
-trait Exec: Runtime {
+/// A driver the cluster's nodes run on: where they start, and how their
+/// (async) shutdown runs on its runtime.
+trait Driver: Sized {
+    type Spawner: Spawn;
     const NAME: &'static str;
-    fn run(root: impl Future<Output = ()> + Send + 'static) -> Option<JoinHandle<()>>;
+    fn start() -> (Self, Self::Spawner);
+    /// Runs `stop` to its end on the driver's runtime, then lets it go.
+    fn finish(self, stop: impl Future<Output = ()> + Send + 'static);
 }
 
-impl Exec for Smol {
+/// Each node a thread of its own: nothing to run a shutdown on.
+struct Mio;
+impl Driver for Mio {
+    type Spawner = cohort_driver_mio::Spawner;
+    const NAME: &'static str = "mio";
+    fn start() -> (Self, Self::Spawner) {
+        (Mio, cohort_driver_mio::Spawner)
+    }
+    fn finish(self, stop: impl Future<Output = ()> + Send + 'static) {
+        block_on(stop);
+    }
+}
+
+/// Each node a task on smol's global executor.
+struct Smol;
+impl Driver for Smol {
+    type Spawner = cohort_driver_smol::Spawner;
     const NAME: &'static str = "smol";
-    fn run(root: impl Future<Output = ()> + Send + 'static) -> Option<JoinHandle<()>> {
-        smol::spawn(root).detach();
-        None
+    fn start() -> (Self, Self::Spawner) {
+        (Smol, cohort_driver_smol::Spawner)
+    }
+    fn finish(self, stop: impl Future<Output = ()> + Send + 'static) {
+        smol::block_on(smol::spawn(stop));
     }
 }
 
-impl Exec for Tokio {
+/// Each node a task of a tokio runtime whose one worker is a thread of its own.
+struct Tokio(Runtime);
+impl Driver for Tokio {
+    type Spawner = cohort_driver_tokio::Spawner;
     const NAME: &'static str = "tokio";
-    fn run(root: impl Future<Output = ()> + Send + 'static) -> Option<JoinHandle<()>> {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        Some(std::thread::spawn(move || runtime.block_on(root)))
+    fn start() -> (Self, Self::Spawner) {
+        let runtime = Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let spawner = cohort_driver_tokio::Spawner::new(runtime.handle().clone());
+        (Tokio(runtime), spawner)
+    }
+    fn finish(self, stop: impl Future<Output = ()> + Send + 'static) {
+        self.0.block_on(stop);
     }
 }
-
-/// Forwards an async node's events to the cluster's sink, tagged, until
-/// the node stops.
-async fn forward_all<E>(
-    mut events: Events<E>,
-    sink: Sink,
-    clock: Clock,
-    source: Source,
-    wrap: fn(E) -> ClusterEvent,
-) {
-    while let Some(e) = events.recv().await {
-        forward(&sink, clock.now(), &source, e, wrap);
-    }
-}
-
-fn send(sink: &Sink, clock: Clock, source: &Source, event: ClusterEvent) {
-    let _ = sink.send(Stamped { at: clock.now(), source: source.clone(), event });
-}
-
-/// A worker host on an async driver: proto's `HostNode`, whose relays and
-/// ranks are tasks of the same runtime (the mio host does the same with
-/// threads).
-struct AsyncHost {
-    agent: NodeHandle<HostNode>,
-    relays: Arc<Mutex<Vec<NodeHandle<Relay>>>>,
-    ranks: Arc<Mutex<Vec<NodeHandle<RankNode<Trainer>>>>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl AsyncHost {
-    fn spawn<R: Exec>(
-        name: &str,
-        ranks: u32,
-        controller: String,
-        scale: TimeoutScale,
-        clock: Clock,
-        sink: Sink,
-    ) -> AsyncHost {
-        let offer = JoinOffer::new(name, (0..ranks as u8).collect(), [0; 32]);
-        let cfg = HostConfig::new(offer, controller, None, scale, RelayListen::Ephemeral);
-        let node = Node::<_, R>::with_clock(HostNode::new(cfg, clock.now()), Config::scaled(scale), clock);
-        let (task, handle, mut events) = node.into_task();
-        let (relays, rank_nodes) = (Arc::<Mutex<Vec<_>>>::default(), Arc::<Mutex<Vec<_>>>::default());
-        let (agent, started_relays, started_ranks, name) =
-            (handle.clone(), relays.clone(), rank_nodes.clone(), name.to_owned());
-        let root = async move {
-            R::spawn(task);
-            let source = Source::Host(name.as_str().into());
-            // Ends once the agent has stopped.
-            while let Some(e) = events.recv().await {
-                let NodeEvent::Machine(e) = e else { continue };
-                send(&sink, clock, &source, ClusterEvent::Host(e.clone()));
-                match e {
-                    HostNodeEvent::StartRelay { relay, listen: None } => {
-                        let leg = relay.leg;
-                        let mut node = Node::<_, R>::with_clock(
-                            Relay::new(relay).unwrap(),
-                            Config::scaled(scale),
-                            clock,
-                        );
-                        let addr =
-                            node.listen(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).unwrap().to_string();
-                        let (h, ev) = node.spawn();
-                        let source = Source::Relay(name.as_str().into(), leg);
-                        R::spawn(forward_all(ev, sink.clone(), clock, source, ClusterEvent::Relay));
-                        started_relays.lock().unwrap().push(h);
-                        agent
-                            .with(move |host, now| host.relay_listening(now, leg, &addr))
-                            .await
-                            .unwrap()
-                            .unwrap();
-                    }
-                    HostNodeEvent::StartRank(spec) => {
-                        let r = spec.rank;
-                        let w = WorkloadConfig::for_rank(
-                            r,
-                            &spec.workload.unwrap_or_default(),
-                            5.0,
-                            0.2,
-                            u64::from(r),
-                        );
-                        let rank = RankNode::new(spec.rank_config([0; 128]), Trainer::new(w), clock.now());
-                        let (h, mut ev) =
-                            Node::<_, R>::with_clock(rank, Config::scaled(scale), clock).spawn();
-                        started_ranks.lock().unwrap().push(h.clone());
-                        let (agent, sink) = (agent.clone(), sink.clone());
-                        R::spawn(async move {
-                            while let Some(e) = ev.recv().await {
-                                let ends = matches!(&e, NodeEvent::Machine(ev) if ev.ends_the_rank());
-                                forward(&sink, clock.now(), &Source::Rank(r), e, ClusterEvent::Rank);
-                                if ends {
-                                    // The rank process exits; its agent reports it.
-                                    let end =
-                                        RankEnd::from_code(h.with(|m, _| m.exit_code()).await.ok().flatten());
-                                    let _ = agent.send(move |a, now| {
-                                        let _ = a.rank_ended(now, r, end);
-                                    });
-                                    send(
-                                        &sink,
-                                        clock,
-                                        &Source::Rank(r),
-                                        ClusterEvent::RankExit { code: end.code() },
-                                    );
-                                    h.shutdown().await;
-                                    break;
-                                }
-                            }
-                        });
-                    }
-                    _ => {}
-                }
-            }
-        };
-        let thread = R::run(root);
-        AsyncHost { agent: handle, relays, ranks: rank_nodes, thread }
-    }
-
-    fn stop(self) {
-        let ranks: Vec<_> = std::mem::take(&mut *self.ranks.lock().unwrap());
-        let relays: Vec<_> = std::mem::take(&mut *self.relays.lock().unwrap());
-        block_on(async {
-            for h in ranks {
-                h.shutdown().await;
-            }
-            for h in relays {
-                h.shutdown().await;
-            }
-            self.agent.shutdown().await;
-        });
-        if let Some(t) = self.thread {
-            t.join().unwrap();
-        }
-    }
-}
-
-fn collect_until(rx: &Receiver<Stamped>, events: &mut Vec<Stamped>, done: impl Fn(&[Stamped]) -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done(events) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        events.push(rx.recv_timeout(left).expect("the cluster went quiet before the run ended"));
-    }
-}
-
-/// A running controller: on mio (the `cohort` program's own), or on an
-/// async driver.
-enum Controller {
-    Mio(NodeThread<ControllerNode>),
-    Async { handle: NodeHandle<ControllerNode>, thread: Option<JoinHandle<()>> },
-}
-
-impl Controller {
-    fn on_mio(
-        cfg: ControllerConfig,
-        listener: std::net::TcpListener,
-        scale: TimeoutScale,
-        clock: Clock,
-        sink: Sink,
-    ) -> Controller {
-        Controller::Mio(spawn_controller(cfg, listener, Config::scaled(scale), clock, sink).unwrap())
-    }
-
-    /// The controller as an async process would run it: the node a task,
-    /// its events forwarded as they come.
-    fn on_async<R: Exec>(
-        cfg: ControllerConfig,
-        listener: std::net::TcpListener,
-        scale: TimeoutScale,
-        clock: Clock,
-        sink: Sink,
-    ) -> Controller {
-        let machine = ControllerNode::new(cfg, clock.now()).unwrap();
-        let mut node = Node::<_, R>::with_clock(machine, Config::scaled(scale), clock);
-        node.adopt_listener(listener).unwrap();
-        let (task, handle, events) = node.into_task();
-        let thread = R::run(async move {
-            R::spawn(task);
-            forward_all(events, sink, clock, Source::Controller, ClusterEvent::Controller).await;
-        });
-        Controller::Async { handle, thread }
-    }
-
-    fn stop(self) {
-        match self {
-            Controller::Mio(node) => shutdown_all([node]),
-            Controller::Async { handle, thread } => {
-                block_on(handle.shutdown());
-                if let Some(t) = thread {
-                    t.join().unwrap();
-                }
-            }
-        }
-    }
-}
-
-type SpawnController = fn(ControllerConfig, std::net::TcpListener, TimeoutScale, Clock, Sink) -> Controller;
 
 #[test]
 fn controller_on_tokio_hosts_on_smol_and_mio_agree_on_every_round() {
-    cluster_agrees_on_every_round::<Smol>(Controller::on_async::<Tokio>);
+    cluster_agrees_on_every_round::<Tokio, Smol>();
 }
 
 #[test]
 fn controller_on_mio_hosts_on_smol_and_mio_agree_on_every_round() {
-    cluster_agrees_on_every_round::<Smol>(Controller::on_mio);
+    cluster_agrees_on_every_round::<Mio, Smol>();
 }
 
 #[test]
 fn controller_on_smol_hosts_on_tokio_and_mio_agree_on_every_round() {
-    cluster_agrees_on_every_round::<Tokio>(Controller::on_async::<Smol>);
+    cluster_agrees_on_every_round::<Smol, Tokio>();
 }
 
-/// The cluster with its controller started by `controller`, one host on
-/// the async driver `H` and one on mio.
-fn cluster_agrees_on_every_round<H: Exec>(controller: SpawnController) {
+/// The cluster with its controller on the driver `C`, one host on the
+/// async driver `H` and one on mio.
+fn cluster_agrees_on_every_round<C: Driver, H: Driver>() {
     let scale = TimeoutScale::new(0.1).unwrap();
-    let join = JoinConfig {
-        min_rank_start: 4,
-        target_ranks: Some(4),
-        start_mode: StartMode::Auto,
-        ..JoinConfig::default()
-    };
-    let listener = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).unwrap();
-    let at = listener.local_addr().unwrap();
+    let builder = ControllerConfig::builder()
+        .ranks(4)
+        .epochs(2)
+        .samples_per_epoch(400)
+        .batch_size(1)
+        .sync_every(5)
+        .model_elems(128)
+        .timeout_scale(scale);
     // A loopback bind admits openly: both agents get the salt in their accept.
-    let trust = TrustMode::resolve(&join, true);
-    let knobs = RunKnobs {
-        epochs: 2,
-        samples_per_epoch: 400,
-        batch_size: 1,
-        sync_every: 5,
-        model_elems: 128,
-        ..RunKnobs::default()
-    };
-    let advertise = ControllerAddr { host: at.ip().to_string(), port: at.port() };
-    let mut cfg =
-        ControllerConfig::from_knobs(join, os_salt().unwrap(), trust, scale, advertise, &knobs).unwrap();
+    let (mut cfg, listener) = bind_controller(builder, SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).unwrap();
     // Whole-epoch dispatch keeps the round count this test expects (chunked
     // cadence grows its windows, so fewer rounds).
     cfg.run.progressive = Some(false);
+    let addr = listener.local_addr().unwrap().to_string();
     // One time line for every node of every driver.
     let clock = Clock::start();
     let (sink, rx) = mpsc::channel();
-    let controller = controller(cfg, listener, scale, clock, sink.clone());
-    let addr = at.to_string();
 
-    let async_name = format!("{}-host", H::NAME);
-    let async_host = AsyncHost::spawn::<H>(&async_name, 2, addr.clone(), scale, clock, sink.clone());
-    let mut p = HostParams::new("mio-host", 2, addr, scale);
-    p.batch_ms = 5.0;
-    p.workload = WorkloadSpec { model_elems: 128, ..WorkloadSpec::default() };
-    p.clock = clock;
-    let mio_host = MioHost::spawn(p, sink.clone()).unwrap();
-
-    let mut events = Vec::new();
-    collect_until(&rx, &mut events, |all| {
-        all.iter().any(|s| matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))))
-            && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count() == 4
+    let (c, on_c) = C::start();
+    let (node, config) = deployed_controller(cfg, Config::scaled(scale), clock.now()).unwrap();
+    let to = sink.clone();
+    let hook: Hook<_> = Box::new(move |_, now, e| {
+        forward(&to, now, &Source::Controller, e, ClusterEvent::Controller);
+        ControlFlow::Continue(())
     });
-    stop_all(vec![mio_host]);
-    async_host.stop();
-    controller.stop();
+    let controller = on_c.spawn("controller", node, config, clock, Some(listener), hook).unwrap();
+
+    let params = |name: &str| {
+        HostParams::new(name, 2, addr.clone())
+            .timeout_scale(scale)
+            .batch_ms(5.0)
+            .synthetic(WorkloadSpec { model_elems: 128, ..WorkloadSpec::default() })
+            .clock(clock)
+    };
+    let async_name = format!("{}-host", H::NAME);
+    let (h, on_h) = H::start();
+    let async_host = WorkerHost::spawn(on_h, params(&async_name), sink.clone()).unwrap();
+    let mio_host = cohort_driver_mio::WorkerHost::spawn(params("mio-host"), sink.clone()).unwrap();
+
+    let mut events: Vec<Stamped> = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    while !(events.iter().any(|s| s.event.controller().and_then(ControllerNodeEvent::finished).is_some())
+        && events.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count() == 4)
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        events.push(rx.recv_timeout(left).expect("the cluster went quiet before the run ended"));
+    }
+    mio_host.stop();
+    h.finish(async_host.stop());
+    c.finish(async move { controller.shutdown().await });
     drop(sink);
     events.extend(rx.try_iter());
 
-    let finished = events.iter().find_map(|s| match &s.event {
-        ClusterEvent::Controller(ControllerNodeEvent::Finished(o)) => Some(o.clone()),
-        _ => None,
-    });
-    assert_eq!(finished, Some(ControllerOutcome::Done));
+    let finished = events.iter().find_map(|s| s.event.controller().and_then(ControllerNodeEvent::finished));
+    assert_eq!(finished, Some(&ControllerOutcome::Done));
 
     // Both hosts took part in the data plane, each through its own relay.
-    let joined: Vec<String> = events
+    let joined: Vec<&str> = events
         .iter()
-        .filter_map(|s| match &s.event {
-            ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::HostJoined {
-                host, ..
-            })) => Some(host.clone()),
+        .filter_map(|s| match s.event.reduce() {
+            Some(ReduceEvent::HostJoined { host, .. }) => Some(host.as_str()),
             _ => None,
         })
         .collect();
     assert_eq!(joined.len(), 2, "{joined:?}");
-    assert!(joined.contains(&async_name) && joined.contains(&"mio-host".to_owned()), "{joined:?}");
+    assert!(joined.contains(&async_name.as_str()) && joined.contains(&"mio-host"), "{joined:?}");
     for host in [async_name.as_str(), "mio-host"] {
         let shipped = events
             .iter()
             .filter(|s| {
                 matches!(&s.source, Source::Relay(h, Leg::Data) if &**h == host)
-                    && matches!(
-                        s.event,
-                        ClusterEvent::Relay(RelayEvent::HostFrameShipped { deposits: 2, .. })
-                    )
+                    && matches!(s.event.relay(), Some(RelayEvent::HostFrameShipped { deposits: 2, .. }))
             })
             .count();
         assert!(shipped > 0, "{host} shipped no host frame of both its ranks");
@@ -373,8 +192,8 @@ fn cluster_agrees_on_every_round<H: Exec>(controller: SpawnController) {
     // Every round reached all four ranks, bit-identical.
     let mut per_round: BTreeMap<u64, BTreeMap<u32, Vec<u32>>> = BTreeMap::new();
     for s in &events {
-        if let (Source::Rank(r), ClusterEvent::Rank(RankNodeEvent::Consensus { round, values, .. })) =
-            (&s.source, &s.event)
+        if let (Source::Rank(r), Some(RankNodeEvent::Consensus { round, values, .. })) =
+            (&s.source, s.event.rank())
         {
             per_round.entry(*round).or_default().insert(*r, values.iter().map(|v| v.to_bits()).collect());
         }

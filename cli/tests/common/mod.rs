@@ -44,10 +44,11 @@ pub fn two_hosts(
 ) -> Vec<MioHost> {
     (0..2)
         .map(|i| {
-            let mut p = HostParams::new(format!("host-{i}"), 2, addr.to_string(), scale);
-            p.pre_shared = Some(salt);
-            p.batch_ms = 5.0;
-            p.clock = clock;
+            let p = HostParams::new(format!("host-{i}"), 2, addr.to_string())
+                .timeout_scale(scale)
+                .pre_shared(salt)
+                .batch_ms(5.0)
+                .clock(clock);
             MioHost::spawn(p, sink.clone()).unwrap()
         })
         .collect()

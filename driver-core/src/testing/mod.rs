@@ -58,6 +58,14 @@ pub trait TestDriver {
     /// The driver's name, for messages.
     const NAME: &'static str;
 
+    /// How the driver starts a worker host's nodes (and the suite's
+    /// controllers).
+    type Spawner: crate::host::Spawn;
+
+    /// The driver's [`Spawn`](crate::host::Spawn), for the suite's whole
+    /// clusters.
+    fn spawner() -> Self::Spawner;
+
     /// Starts `machine` with `config` on a thread of its own, listening on
     /// a loopback port if `listen`.
     ///
@@ -338,7 +346,9 @@ macro_rules! driver_suite {
             a_pinger_plays_rounds_off_an_echo,
             bytes_cross_both_ways_intact,
             round_frames_verify_as_they_stream_in,
-            host_frame_records_verify_on_the_mac_pool
+            host_frame_records_verify_on_the_mac_pool,
+            a_controller_and_two_hosts_run_to_the_end,
+            a_killed_rank_is_declared_dead_and_the_survivors_finish
         );
     };
     (@each $driver:ty; $($name:ident),* $(,)?) => {

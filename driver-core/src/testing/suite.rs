@@ -28,6 +28,10 @@ use super::{
 };
 use crate::{Config, NodeEvent};
 
+pub use cluster::{
+    a_controller_and_two_hosts_run_to_the_end, a_killed_rank_is_declared_dead_and_the_survivors_finish,
+};
+
 fn control_kind() -> ControlHandshake {
     ControlHandshake { key: MacKey::new(&SessionSalt::from_bytes([7; 16])), world_size: 4 }
 }
@@ -470,6 +474,14 @@ pub fn host_frame_records_verify_on_the_mac_pool<D: TestDriver>() {
 pub mod interop {
     use super::*;
 
+    /// A cluster across three drivers: the controller on `C`'s, a host of
+    /// the synthetic trainer on `A`'s, a host of the user's workload on
+    /// `B`'s, run to the end with every check of
+    /// [`a_controller_and_two_hosts_run_to_the_end`](super::a_controller_and_two_hosts_run_to_the_end).
+    pub fn a_cluster_across_three_drivers<C: TestDriver, A: TestDriver, B: TestDriver>() {
+        super::cluster::a_cluster_runs_to_the_end(&C::spawner(), &A::spawner(), &B::spawner());
+    }
+
     /// A control handshake: an `A` rank dials a `B` relay.
     pub fn control_handshake<A: TestDriver, B: TestDriver>() {
         let kind = ControlHandshake { key: key(), world_size: 8 };
@@ -590,5 +602,393 @@ pub mod interop {
             });
             assert_eq!(got, len as u64);
         }
+    }
+}
+
+/// Whole clusters on real sockets: a controller and two worker hosts
+/// (`crate::host`), each node started by a driver's
+/// [`Spawn`](crate::host::Spawn), every event on one [`ClusterEvents`]
+/// stream that the test reads (and proto's consensus oracle checks).
+mod cluster {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::net::SocketAddr;
+    use std::ops::ControlFlow;
+    use std::sync::{Arc, Mutex};
+
+    use cohort_proto::Time;
+    use cohort_proto::config::TimeoutScale;
+    use cohort_proto::coord::CoordinatorEvent;
+    use cohort_proto::join::window::JoinWindowEvent;
+    use cohort_proto::node::cluster::{ClusterEvent, Source, Stamped};
+    use cohort_proto::node::controller::{
+        ControllerBuilder, ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome,
+    };
+    use cohort_proto::node::host::HostNodeEvent;
+    use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
+    use cohort_proto::node::rank::RankNodeEvent;
+    use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
+    use cohort_proto::node::workload::{Action, Workload};
+    use cohort_proto::wire::ControlMsgWire;
+
+    use super::super::{PATIENCE, TestDriver};
+    use crate::controller::{bind_controller, deployed_controller};
+    use crate::host::{
+        ClusterEvents, ClusterSink, EventSink, HostParams, NodeCtl, Spawn, WorkerHost, cluster_events,
+        forward, stop_all,
+    };
+    use crate::node::{block_on, block_on_timeout};
+    use crate::{Clock, Config};
+
+    /// Ranks in every test world: two hosts of two.
+    const WORLD: usize = 4;
+
+    fn scale() -> TimeoutScale {
+        TimeoutScale::new(0.1).expect("a valid scale")
+    }
+
+    /// A short run: 2 epochs of 400 one-sample batches, a round every 5
+    /// batches, a 64-element model.
+    fn run() -> ControllerBuilder {
+        ControllerConfig::builder()
+            .ranks(WORLD)
+            .epochs(2)
+            .samples_per_epoch(400)
+            .sync_every(5)
+            .model_elems(64)
+            .timeout_scale(scale())
+    }
+
+    /// The user's workload of the tests: the synthetic trainer, counting
+    /// every consensus it is handed, per rank.
+    struct Counted {
+        inner: Trainer,
+        rank: u32,
+        seen: Arc<Mutex<BTreeMap<u32, u64>>>,
+    }
+
+    impl Workload for Counted {
+        fn on_command(&mut self, now: Time, msg: &ControlMsgWire, out: &mut Vec<Action>) {
+            self.inner.on_command(now, msg, out);
+        }
+        fn on_consensus(&mut self, now: Time, values: Option<&[f32]>, out: &mut Vec<Action>) {
+            *self.seen.lock().expect("not poisoned").entry(self.rank).or_default() += 1;
+            self.inner.on_consensus(now, values, out);
+        }
+        fn on_wake(&mut self, now: Time, out: &mut Vec<Action>) {
+            self.inner.on_wake(now, out);
+        }
+        fn next_wake(&self) -> Option<Time> {
+            self.inner.next_wake()
+        }
+        fn finished(&self) -> bool {
+            self.inner.finished()
+        }
+    }
+
+    /// A controller on `spawner`'s driver, its events going to `sink` as
+    /// [`Source::Controller`]'s; returns it and the address it listens at.
+    fn controller<S: Spawn>(
+        spawner: &S,
+        builder: ControllerBuilder,
+        clock: Clock,
+        sink: ClusterSink,
+    ) -> (S::Handle<ControllerNode>, SocketAddr) {
+        let (cfg, listener) = bind_controller(builder, "127.0.0.1:0".parse().expect("an address"))
+            .expect("a controller's port and configuration");
+        let addr = listener.local_addr().expect("its address");
+        let (node, config) =
+            deployed_controller(cfg, Config::scaled(scale()), clock.now()).expect("a controller");
+        // Says once when the machine first tells its driver it can stop.
+        let mut said = false;
+        let hook: crate::host::Hook<ControllerNode> = Box::new(move |m, now, e| {
+            forward(&sink, now, &Source::Controller, e, ClusterEvent::Controller);
+            if !said && m.can_stop() {
+                said = true;
+                sink.send(Stamped {
+                    at: now,
+                    source: Source::Controller,
+                    event: ClusterEvent::Note(CAN_STOP.into()),
+                });
+            }
+            ControlFlow::Continue(())
+        });
+        let node = spawner.spawn("controller", node, config, clock, Some(listener), hook).expect("spawn");
+        (node, addr)
+    }
+
+    /// A host of two ranks on `spawner`'s driver: the synthetic trainer,
+    /// or (with `seen`) the user's [`Counted`] workload.
+    fn host<S: Spawn>(
+        spawner: &S,
+        name: &str,
+        addr: SocketAddr,
+        clock: Clock,
+        sink: &ClusterSink,
+        seen: Option<&Arc<Mutex<BTreeMap<u32, u64>>>>,
+    ) -> WorkerHost<S> {
+        let mut p =
+            HostParams::new(name, 2, addr.to_string()).timeout_scale(scale()).batch_ms(5.0).clock(clock);
+        if let Some(seen) = seen {
+            let seen = seen.clone();
+            p = p.workload(move |spec| Counted {
+                inner: Trainer::new(WorkloadConfig::for_rank(
+                    spec.rank,
+                    &spec.workload.expect("cohort's controller names the model"),
+                    5.0,
+                    0.2,
+                    u64::from(spec.rank),
+                )),
+                rank: spec.rank,
+                seen: seen.clone(),
+            });
+        }
+        WorkerHost::spawn(spawner.clone(), p, sink.clone()).expect("a worker host")
+    }
+
+    /// Every event of a cluster, as it arrives.
+    /// The controller hook's note when `ControllerNode::can_stop` first holds.
+    const CAN_STOP: &str = "the controller can stop";
+
+    struct Seen {
+        events: ClusterEvents,
+        all: Vec<Stamped>,
+    }
+
+    impl Seen {
+        /// The controller said it could stop once, after the run's end and
+        /// after a survivor's exit came back (the survivors exit on the
+        /// `Shutdown` the run's end sends, so not before), and every rank's
+        /// end reached it.
+        fn assert_can_stop_after_every_end(&self) {
+            let controller = |s: &&Stamped| s.source == Source::Controller;
+            let notes: Vec<usize> = (0..self.all.len())
+                .filter(|&i| matches!(&self.all[i].event, ClusterEvent::Note(n) if n == CAN_STOP))
+                .collect();
+            assert_eq!(notes.len(), 1, "said once");
+            let finished =
+                self.all.iter().position(|s| s.event.controller().and_then(|e| e.finished()).is_some());
+            assert!(finished.is_some_and(|f| f < notes[0]), "after the run's end");
+            let dead: BTreeSet<u32> = self
+                .all
+                .iter()
+                .filter(controller)
+                .filter_map(|s| match s.event.coord() {
+                    Some(CoordinatorEvent::RankDead { rank, .. }) => Some(*rank),
+                    _ => None,
+                })
+                .collect();
+            let exited = |s: &Stamped| match s.event.join() {
+                Some(JoinWindowEvent::RankExited { rank, .. }) => Some(*rank),
+                _ => None,
+            };
+            let survivor_exit = self.all.iter().position(|s| exited(s).is_some_and(|r| !dead.contains(&r)));
+            assert!(survivor_exit.is_some_and(|x| x < notes[0]), "not before a survivor's exit came back");
+            let ended: BTreeSet<u32> =
+                self.all.iter().filter(controller).filter_map(exited).chain(dead).collect();
+            assert_eq!(ended, (0..WORLD as u32).collect(), "every rank's end reached the controller");
+        }
+
+        /// Reads events until `done` holds for all of them so far.
+        ///
+        /// # Panics
+        /// If no event arrives within [`PATIENCE`], or the stream ends.
+        fn until(&mut self, what: &str, done: impl Fn(&[Stamped]) -> bool) {
+            while !done(&self.all) {
+                match block_on_timeout(self.events.recv(), PATIENCE) {
+                    Some(Some(s)) => self.all.push(s),
+                    Some(None) => panic!("the cluster's event stream ended before {what}"),
+                    None => panic!(
+                        "no event within {PATIENCE:?} while waiting for {what}; last: {:?}",
+                        self.all.last()
+                    ),
+                }
+            }
+        }
+
+        /// Whatever is still queued.
+        fn drain(&mut self) {
+            while let Some(s) = self.events.try_next() {
+                self.all.push(s);
+            }
+        }
+
+        fn outcome(&self) -> Option<ControllerOutcome> {
+            self.all.iter().find_map(|s| match &s.event {
+                ClusterEvent::Controller(ControllerNodeEvent::Finished(o)) => Some(o.clone()),
+                _ => None,
+            })
+        }
+
+        /// Every rank's exit codes, in order of report.
+        fn exits(&self) -> BTreeMap<u32, Vec<i32>> {
+            let mut exits: BTreeMap<u32, Vec<i32>> = BTreeMap::new();
+            for s in &self.all {
+                if let (Source::Rank(r), ClusterEvent::RankExit { code }) = (&s.source, &s.event) {
+                    exits.entry(*r).or_default().push(*code);
+                }
+            }
+            exits
+        }
+
+        /// The ranks each host was asked to start.
+        fn started(&self) -> BTreeMap<String, Vec<u32>> {
+            let mut started: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+            for s in &self.all {
+                if let (Source::Host(h), ClusterEvent::Host(HostNodeEvent::StartRank(spec))) =
+                    (&s.source, &s.event)
+                {
+                    started.entry(h.to_string()).or_default().push(spec.rank);
+                }
+            }
+            started
+        }
+
+        /// How many ranks failed, per host that left.
+        fn failed(&self) -> BTreeMap<String, u32> {
+            self.all
+                .iter()
+                .filter_map(|s| match (&s.source, &s.event) {
+                    (Source::Host(h), ClusterEvent::Host(HostNodeEvent::Finished { failed })) => {
+                        Some((h.to_string(), *failed))
+                    }
+                    _ => None,
+                })
+                .collect()
+        }
+
+        /// Consensus events per rank.
+        fn consensus(&self) -> BTreeMap<u32, u64> {
+            let mut n: BTreeMap<u32, u64> = BTreeMap::new();
+            for s in &self.all {
+                if let (Source::Rank(r), ClusterEvent::Rank(RankNodeEvent::Consensus { .. })) =
+                    (&s.source, &s.event)
+                {
+                    *n.entry(*r).or_default() += 1;
+                }
+            }
+            n
+        }
+
+        /// What proto's consensus oracle says of every round.
+        fn oracle(&self) -> CheckSummary {
+            let mut oracle = ConsensusOracle::default();
+            for s in &self.all {
+                oracle.observe(&s.source, &s.event);
+            }
+            oracle.finish()
+        }
+    }
+
+    /// A controller on `C`'s driver and two hosts of two ranks, one on
+    /// `A`'s running the synthetic trainer, one on `B`'s running the user's
+    /// workload, run to the end: the run is done, all four ranks exit 0,
+    /// both hosts leave with nothing failed, the user's workload was handed
+    /// every consensus its ranks received, and every round is the exact
+    /// weighted mean of its contributions (proto's oracle).
+    pub(super) fn a_cluster_runs_to_the_end<C: Spawn, A: Spawn, B: Spawn>(c: &C, a: &A, b: &B) {
+        let clock = Clock::start();
+        let (sink, events) = cluster_events();
+        let (controller, addr) = controller(c, run(), clock, sink.clone());
+        let seen_by_workload = Arc::new(Mutex::new(BTreeMap::new()));
+        let synthetic = host(a, "host-a", addr, clock, &sink, None);
+        let own = host(b, "host-b", addr, clock, &sink, Some(&seen_by_workload));
+        let mut seen = Seen { events, all: Vec::new() };
+        seen.until("the run's end, every rank's exit and both hosts' leaving", |all| {
+            all.iter().any(|s| matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))))
+                && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count() == WORLD
+                && all
+                    .iter()
+                    .filter(|s| matches!(s.event, ClusterEvent::Host(HostNodeEvent::Finished { .. })))
+                    .count()
+                    == 2
+                && all.iter().any(|s| matches!(&s.event, ClusterEvent::Note(n) if n == CAN_STOP))
+        });
+        assert_eq!(synthetic.ranks().len() + own.ranks().len(), WORLD);
+        block_on(stop_all(vec![synthetic]));
+        block_on(stop_all(vec![own]));
+        block_on(controller.shutdown());
+        seen.drain();
+
+        assert_eq!(seen.outcome(), Some(ControllerOutcome::Done));
+        let started = seen.started();
+        assert_eq!(started.values().map(Vec::len).collect::<Vec<_>>(), [2, 2], "{started:?}");
+        let exits = seen.exits();
+        assert_eq!(exits, (0..WORLD as u32).map(|r| (r, vec![0])).collect(), "every rank exits 0, once");
+        assert_eq!(seen.failed(), BTreeMap::from([("host-a".to_owned(), 0), ("host-b".to_owned(), 0)]));
+        // The user's workload saw every consensus its ranks received, and
+        // only its own ranks ran it.
+        let consensus = seen.consensus();
+        let own_ranks = &started["host-b"];
+        let want: BTreeMap<u32, u64> = own_ranks.iter().map(|r| (*r, consensus[r])).collect();
+        assert!(want.values().all(|n| *n > 0), "{want:?}");
+        assert_eq!(*seen_by_workload.lock().unwrap(), want);
+        let check = seen.oracle();
+        assert!(check.ok(), "{:?}", check.violations);
+        assert!(check.rounds > 0 && check.rounds_checked == check.rounds, "{check:?}");
+        assert_eq!(check.deliveries_checked, consensus.values().sum::<u64>(), "{check:?}");
+        seen.assert_can_stop_after_every_end();
+        drop(sink);
+    }
+
+    /// [`a_cluster_runs_to_the_end`] with every node on `D`'s driver.
+    pub fn a_controller_and_two_hosts_run_to_the_end<D: TestDriver>() {
+        let s = D::spawner();
+        a_cluster_runs_to_the_end(&s, &s, &s);
+    }
+
+    /// A rank killed by its host mid-run ([`WorkerHost::kill_rank`]): the
+    /// sink hears it exit with 137, the controller declares it (and only
+    /// it) dead, once, and the run finishes done with the three survivors,
+    /// who exit 0.
+    pub fn a_killed_rank_is_declared_dead_and_the_survivors_finish<D: TestDriver>() {
+        let s = D::spawner();
+        let clock = Clock::start();
+        let (sink, events) = cluster_events();
+        let (controller, addr) = controller(&s, run(), clock, sink.clone());
+        let hosts =
+            vec![host(&s, "host-a", addr, clock, &sink, None), host(&s, "host-b", addr, clock, &sink, None)];
+        let mut seen = Seen { events, all: Vec::new() };
+        // Mid-run: once a first consensus has reached a rank.
+        seen.until("a first consensus", |all| {
+            all.iter().any(|s| matches!(s.event, ClusterEvent::Rank(RankNodeEvent::Consensus { .. })))
+        });
+        let victim = hosts[1].ranks()[0];
+        assert!(block_on(hosts[1].kill_rank(victim)), "rank {victim} runs on host-b");
+        assert!(!block_on(hosts[0].kill_rank(victim)), "not on host-a");
+        assert!(!hosts[1].ranks().contains(&victim));
+        seen.until("the run's end, every rank's exit and both hosts' leaving", |all| {
+            all.iter().any(|s| matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))))
+                && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count() == WORLD
+                && all
+                    .iter()
+                    .filter(|s| matches!(s.event, ClusterEvent::Host(HostNodeEvent::Finished { .. })))
+                    .count()
+                    == 2
+                && all.iter().any(|s| matches!(&s.event, ClusterEvent::Note(n) if n == CAN_STOP))
+        });
+        block_on(stop_all(hosts));
+        block_on(controller.shutdown());
+        seen.drain();
+
+        assert_eq!(seen.outcome(), Some(ControllerOutcome::Done));
+        let dead: Vec<u32> = seen
+            .all
+            .iter()
+            .filter_map(|s| match s.event.coord() {
+                Some(CoordinatorEvent::RankDead { rank, .. }) => Some(*rank),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dead, [victim], "only the killed rank is declared dead, once");
+        let exits = seen.exits();
+        let want: BTreeMap<u32, Vec<i32>> =
+            (0..WORLD as u32).map(|r| (r, vec![if r == victim { 137 } else { 0 }])).collect();
+        assert_eq!(exits, want);
+        // Its agent heard of it: host-b left with one rank failed.
+        assert_eq!(seen.failed(), BTreeMap::from([("host-a".to_owned(), 0), ("host-b".to_owned(), 1)]));
+        let check = seen.oracle();
+        assert!(check.ok(), "{:?}", check.violations);
+        seen.assert_can_stop_after_every_end();
+        drop(sink);
     }
 }

@@ -20,3 +20,11 @@ mod tokio_to_smol {
 mod smol_to_tokio {
     cohort_driver_core::interop_suite!(super::SmolThread, super::TokioThread);
 }
+
+/// The controller on tokio, a synthetic host on mio and a host of the
+/// user's workload on smol: one cluster, run to the end, every round exact.
+#[test]
+fn a_cluster_across_three_drivers() {
+    cohort_driver_core::testing::suite::interop::a_cluster_across_three_drivers::<TokioThread, Mio, SmolThread>(
+    );
+}

@@ -291,6 +291,47 @@ pub enum DeathCause {
     NotAnnounced,
 }
 
+impl DeathCause {
+    /// Every cause's label, in [`DeathCause::index`] order: what `/metrics`
+    /// labels a death with (`cohort_rank_deaths_total{cause=...}`).
+    pub const LABELS: [&'static str; 9] = [
+        "stale",
+        "process_exited",
+        "host_lost",
+        "relay_rank_exit",
+        "relay_lost",
+        "data_plane_lost",
+        "bad_report",
+        "frame_too_large",
+        "not_announced",
+    ];
+
+    /// The cause's position in [`DeathCause::LABELS`].
+    pub fn index(&self) -> usize {
+        match self {
+            DeathCause::Stale { .. } => 0,
+            DeathCause::ProcessExited { .. } => 1,
+            DeathCause::HostLost => 2,
+            DeathCause::RelayRankExit => 3,
+            DeathCause::RelayLost => 4,
+            DeathCause::DataPlaneLost => 5,
+            DeathCause::BadReport { .. } => 6,
+            DeathCause::FrameTooLarge { .. } => 7,
+            DeathCause::NotAnnounced => 8,
+        }
+    }
+
+    /// The cause's label, without its details.
+    ///
+    /// ```
+    /// use cohort_proto::coord::DeathCause;
+    /// assert_eq!(DeathCause::ProcessExited { code: 137 }.label(), "process_exited");
+    /// ```
+    pub fn label(&self) -> &'static str {
+        Self::LABELS[self.index()]
+    }
+}
+
 impl fmt::Display for DeathCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -20,6 +20,7 @@ use super::roles::{Intents, Role, Roles, cadence_due, next_untried};
 use super::{CoordConfig, CoordinatorEvent, DeathCause, PlanCarrier, RoleMove, RunEnd, Step};
 use crate::config::defaults::COORD_HEARTBEAT;
 use crate::config::{ConfigError, Rules};
+use crate::status::metrics::{DETECTION_DELAY_BOUNDS, Histogram};
 use crate::time::Time;
 use crate::wire::{
     ControlMsgWire, EpochPlanWire, FrameType, IntentKind, Message, MetricsMsgWire, Problem, TimingMsgWire,
@@ -241,6 +242,10 @@ pub struct Scheduler {
     refused: BTreeMap<&'static str, u64>,
     /// The latest epoch whose first work went out (`EpochStarted`).
     started: Option<u64>,
+    /// Deaths declared, by cause ([`DeathCause::index`]).
+    deaths_by_cause: [u64; DeathCause::LABELS.len()],
+    /// Each death's delay from the rank's last message (`/metrics`).
+    detection_delay: Histogram,
     out: VecDeque<Step>,
 }
 
@@ -310,6 +315,8 @@ impl Scheduler {
             global_step: 0,
             refused: BTreeMap::new(),
             started: None,
+            deaths_by_cause: [0; DeathCause::LABELS.len()],
+            detection_delay: Histogram::new(DETECTION_DELAY_BOUNDS),
             out: VecDeque::new(),
             cfg,
         })
@@ -358,6 +365,44 @@ impl Scheduler {
     /// The averaged-parameter version (cycles completed).
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Averaging cycles started (`CycleStarted` events so far).
+    pub fn cycles_started(&self) -> u64 {
+        self.cycles
+    }
+
+    /// Deaths declared so far, by cause: `[i]` counts the deaths whose
+    /// [`DeathCause::index`] is `i` ([`DeathCause::LABELS`] names them).
+    pub fn deaths_by_cause(&self) -> &[u64; DeathCause::LABELS.len()] {
+        &self.deaths_by_cause
+    }
+
+    /// Each death's detection delay: from the last message heard from the
+    /// rank (or the run's start) to its declaration. Deaths declared before
+    /// the run began are not in it.
+    pub fn detection_delay(&self) -> &Histogram {
+        &self.detection_delay
+    }
+
+    /// Samples processed so far in the epoch in progress (or the last
+    /// completed): under whole-epoch dispatch what the ranks' batch reports
+    /// say they processed of their assignments, under chunk-pool dispatch
+    /// the samples of the chunks they completed; every sample once the epoch
+    /// aggregated. 0 before the first epoch.
+    pub fn epoch_samples_done(&self) -> u64 {
+        let Some(ep) = &self.epoch else { return 0 };
+        let world = self.cfg.world_size;
+        let done = match &self.chunks {
+            Some(ch) => match ch.pools.get(&ep.epoch) {
+                Some(pool) => (0..world).map(|r| pool.completed(r)).sum(),
+                None if ch.last_aggregated.is_some_and(|e| e >= ep.epoch) => self.cfg.epoch_samples,
+                None => 0,
+            },
+            None if ep.aggregated => self.cfg.epoch_samples,
+            None => (0..world).map(|r| self.processed(ep, r)).sum(),
+        };
+        done.min(self.cfg.epoch_samples)
     }
 
     /// Steps taken by all ranks, as of the last cycle.
@@ -884,7 +929,19 @@ impl Scheduler {
     fn deaths(&mut self, now: Time, list: &[(u32, DeathCause)]) {
         let mut any = false;
         for &(r, cause) in list {
-            any |= self.leave(r, Leaving::Died(cause));
+            // Before the run began nobody was listening for the rank yet:
+            // such a death has no detection delay.
+            let heard = match self.live.get(r) {
+                Some(Life::Alive { last_heard }) if self.running() => Some(last_heard),
+                _ => None,
+            };
+            if self.leave(r, Leaving::Died(cause)) {
+                any = true;
+                self.deaths_by_cause[cause.index()] += 1;
+                if let Some(t) = heard {
+                    self.detection_delay.observe(now.saturating_since(t));
+                }
+            }
         }
         if any {
             self.after_leaving(now);

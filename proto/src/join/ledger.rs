@@ -30,7 +30,9 @@ use core::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{ConfigError, Rules, TimeoutScale, defaults};
-use crate::wire::{JoinMsgWire, SessionSalt};
+use bytes::BytesMut;
+
+use crate::wire::{Channel, JoinMsgWire, MacKey, SessionSalt, WireError, encode_frame};
 
 /// Who closes the join window once quorum is met.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -64,23 +66,37 @@ impl fmt::Display for StartMode {
 
 /// The quorum knobs of a join window (flodl's `JoinConfig`). Times are whole
 /// seconds before the network timeout scale is applied.
+///
+/// The defaults are flodl 0.8's: a quorum of 1, a 300 s window, a 600 s cap,
+/// no target, `Auto` start, pre-shared keys off a loopback bind, and the
+/// NCCL plane's checks on (`nccl_backend: true`, flodl's default data plane;
+/// [`ControllerConfig::from_knobs`](crate::node::controller::ControllerConfig::from_knobs)
+/// sets it from the run's backend).
+///
+/// ```
+/// use cohort_proto::join::{JoinConfig, StartMode};
+/// let d = JoinConfig::default();
+/// assert_eq!((d.min_rank_start, d.join_timeout_secs, d.max_join_timeout_secs), (1, 300, 600));
+/// assert_eq!((d.target_ranks, d.start_mode, d.open_admission, d.nccl_backend), (None, StartMode::Auto, false, true));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JoinConfig {
-    /// The quorum, in ranks: the world never forms below it.
+    /// The quorum, in ranks: the world never forms below it (default 1).
     pub min_rank_start: usize,
     /// The join window (default 300 s). Quorum reached early does not close it.
     pub join_timeout_secs: u64,
-    /// Close the moment this many ranks are in (not in `Manual` mode).
+    /// Close the moment this many ranks are in (not in `Manual` mode;
+    /// default none).
     pub target_ranks: Option<usize>,
     /// The hard cap (default 600 s): quorum unmet by then fails the window.
     pub max_join_timeout_secs: u64,
     /// Accept joins keyed with zeros on a non-loopback bind (an explicit,
-    /// warned choice; a loopback bind is open regardless).
+    /// warned choice; a loopback bind is open regardless; default off).
     pub open_admission: bool,
-    /// Who closes the window once quorum is met.
+    /// Who closes the window once quorum is met (default `Auto`).
     pub start_mode: StartMode,
     /// The data plane is NCCL/RCCL: refuse a cohort mixing GPU vendors or
-    /// NCCL major.minor versions.
+    /// NCCL major.minor versions (default on, as flodl's).
     pub nccl_backend: bool,
 }
 
@@ -317,6 +333,32 @@ impl JoinOffer {
             nccl_version: self.nccl_version,
             model_sig: self.model_sig,
         }
+    }
+
+    /// The first bytes an agent sends on a new join connection: the join
+    /// channel's magic, then this offer's hello as a frame keyed with `key`
+    /// (the session salt, or [`SessionSalt::ZERO`] under open admission).
+    /// What a test feeds a join window or a controller as one peer's hello.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")] {
+    /// use cohort_proto::join::{JoinConfig, JoinOffer, JoinWindow, JoinWindowEvent, TrustMode, WindowParams};
+    /// use cohort_proto::testing::harness::Harness;
+    /// use cohort_proto::wire::SessionSalt;
+    /// use cohort_proto::{Peer, Time};
+    ///
+    /// let salt = SessionSalt::from_bytes([9; 16]);
+    /// let config = JoinConfig { target_ranks: Some(2), ..JoinConfig::default() };
+    /// let mut w = Harness::new(JoinWindow::new(WindowParams::new(config, salt, TrustMode::PreShared), Time::ZERO).unwrap());
+    /// let conn = w.accept(Peer::REMOTE);
+    /// w.receive(conn, &JoinOffer::new("gpu-a", vec![0, 1], [0; 32]).hello_bytes(&salt).unwrap());
+    /// assert!(w.events().iter().any(|e| matches!(e, JoinWindowEvent::Formed { world_size: 2, .. })));
+    /// # }
+    /// ```
+    pub fn hello_bytes(&self, key: &SessionSalt) -> Result<Vec<u8>, WireError> {
+        let mut b = BytesMut::from(&Channel::Join.magic_bytes()[..]);
+        encode_frame(&MacKey::new(key), &self.to_hello(), &mut b)?;
+        Ok(b.to_vec())
     }
 
     /// The offer a wire hello carries; `None` for any other join message.

@@ -128,6 +128,15 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
+    /// The ledger's refusal, if the hello was refused on its merits (a
+    /// duplicate host, a signature mismatch, ...): one level to match.
+    pub fn admission(&self) -> Option<&AdmitError> {
+        match self {
+            RejectReason::Admission(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// Whether the dial's frame verified under the join key before it was
     /// refused: only such a peer holds the key (under a pre-shared salt),
     /// so only its refusals count toward [`defaults::MAX_REJECTED_JOINS`]

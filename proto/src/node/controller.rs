@@ -15,7 +15,13 @@ use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, 
 use crate::reduce::{RankLoss, Reduce, ReduceConfig, ReduceEvent, RoundSchema};
 use crate::rendezvous::{RendezvousConfig, RendezvousServer, RendezvousServerEvent};
 use crate::route::{PortRouter, PortRouterEvent};
-use crate::status::{StatusLimits, StatusResponder, StatusServerEvent};
+use crate::status::metrics::{
+    DETECTION_DELAY_BOUNDS, Histogram, MetricsRenderer, MetricsSnapshot, REFUSAL_REASONS,
+    ROUND_LATENCY_BOUNDS, refusal_index,
+};
+use crate::status::{
+    StartGate, StartSwitch, StatusBackend, StatusLimits, StatusResponder, StatusServerEvent,
+};
 use crate::time::Time;
 use crate::wire::{Channel, Inline, MacKey, MacRunner, RunNonce, SessionSalt, derive_frame_ceiling};
 
@@ -65,6 +71,12 @@ pub struct ControllerConfig {
     /// accepts a burst of connections before it reads any, so a real peer's
     /// hello may not have been read yet when the next ones arrive.
     pub unauthenticated_grace: core::time::Duration,
+    /// Serves `GET /metrics` on the status endpoint, rendered by this
+    /// (cohort only; `None` by default, as flodl 0.8, which has no
+    /// `/metrics`: the path is then answered 404 as any unknown one). The
+    /// driver layer injects the renderer (cohort-driver-core's
+    /// `metrics::prometheus()`); see [`crate::status::metrics`].
+    pub metrics: Option<Arc<dyn MetricsRenderer>>,
 }
 
 /// The default cap on connections that have not authenticated. A real peer
@@ -106,6 +118,7 @@ impl ControllerConfig {
             run_nonce: None,
             max_unauthenticated: MAX_UNAUTHENTICATED,
             unauthenticated_grace: UNAUTHENTICATED_GRACE,
+            metrics: None,
         }
     }
 }
@@ -179,6 +192,7 @@ pub struct ControllerBuilder {
     salt: Option<SessionSalt>,
     trust: Option<TrustMode>,
     advertise: Option<ControllerAddr>,
+    metrics: Option<Arc<dyn MetricsRenderer>>,
 }
 
 impl Default for ControllerBuilder {
@@ -190,6 +204,7 @@ impl Default for ControllerBuilder {
             salt: None,
             trust: None,
             advertise: None,
+            metrics: None,
         }
     }
 }
@@ -283,6 +298,13 @@ impl ControllerBuilder {
         self
     }
 
+    /// Serves `GET /metrics`, rendered by `renderer`
+    /// ([`ControllerConfig::metrics`]; off by default).
+    pub fn metrics(mut self, renderer: Arc<dyn MetricsRenderer>) -> Self {
+        self.metrics = Some(renderer);
+        self
+    }
+
     /// Whether a salt was given.
     pub fn has_salt(&self) -> bool {
         self.salt.is_some()
@@ -316,7 +338,10 @@ impl ControllerBuilder {
         let loopback = advertise.host == "localhost"
             || advertise.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
         let trust = self.trust.unwrap_or_else(|| TrustMode::resolve(&self.join, loopback));
-        ControllerConfig::from_knobs(self.join, salt, trust, self.timeout_scale, advertise, &self.knobs)
+        let mut cfg =
+            ControllerConfig::from_knobs(self.join, salt, trust, self.timeout_scale, advertise, &self.knobs)?;
+        cfg.metrics = self.metrics;
+        Ok(cfg)
     }
 }
 
@@ -423,6 +448,14 @@ impl ControllerNodeEvent {
         }
     }
 
+    /// The world's size, if this is the run's start (the world formed).
+    pub fn started(&self) -> Option<u32> {
+        match self {
+            ControllerNodeEvent::Started { world_size } => Some(*world_size),
+            _ => None,
+        }
+    }
+
     /// How the run ended, if this is its end.
     pub fn finished(&self) -> Option<&ControllerOutcome> {
         match self {
@@ -516,6 +549,116 @@ pub struct ControllerNode {
     out: Outbox<ControllerNodeEvent>,
     /// Where the reduce's MAC work runs ([`ControllerNode::run_macs_on`]).
     macs: Arc<dyn MacRunner>,
+    /// The counters behind `/metrics`.
+    tally: Tally,
+    /// The world's size, once formed.
+    world: Option<u32>,
+    /// Ranks whose end is known: their agent reported their exit, the
+    /// coordinator declared them dead, or their host's link ended.
+    ended: BTreeSet<u32>,
+}
+
+/// `/metrics`' label of each part's channel, by [`Part::number`]: the
+/// router's bytes are those of connections it has not routed (yet).
+const CHANNELS: [&str; 6] = ["unrouted", "join", "status", "control", "data", "rendezvous"];
+
+/// The controller's own counters behind `/metrics`: integer adds where the
+/// bytes, refusals and rounds pass; nothing allocates after construction.
+#[derive(Debug)]
+struct Tally {
+    /// Bytes received, by part ([`CHANNELS`]).
+    bytes_in: [u64; CHANNELS.len()],
+    /// Bytes queued for sending, by part.
+    bytes_out: [u64; CHANNELS.len()],
+    /// The join window's refusals ([`REFUSAL_REASONS`]).
+    refusals: [u64; REFUSAL_REASONS.len()],
+    /// Rounds the reduce completed.
+    rounds: u64,
+    /// When the round in progress was first asked for.
+    round_open: Option<Time>,
+    round_latency: Histogram,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally {
+            bytes_in: [0; CHANNELS.len()],
+            bytes_out: [0; CHANNELS.len()],
+            refusals: [0; REFUSAL_REASONS.len()],
+            rounds: 0,
+            round_open: None,
+            round_latency: Histogram::new(ROUND_LATENCY_BOUNDS),
+        }
+    }
+}
+
+/// Labels zipped with their counts.
+fn labelled(labels: &[&'static str], counts: &[u64]) -> Vec<(&'static str, u64)> {
+    labels.iter().copied().zip(counts.iter().copied()).collect()
+}
+
+/// The controller's numbers at `now`, read from its parts and its tally.
+fn gather(window: &JoinWindow, coord: Option<&Coordinator>, tally: &Tally, now: Time) -> MetricsSnapshot {
+    let sched = coord.map(Coordinator::scheduler);
+    let cfg = sched.map(|s| s.config());
+    let el_che = sched.and_then(|s| s.el_che());
+    let no_deaths = [0; DeathCause::LABELS.len()];
+    MetricsSnapshot {
+        world_size: cfg.map_or(0, |c| c.world_size),
+        live_ranks: sched.map_or(0, |s| s.liveness().alive_count()),
+        joined_ranks: window.ledger().joined_ranks() as u32,
+        phase: window.phase(now),
+        deaths: labelled(&DeathCause::LABELS, sched.map_or(&no_deaths, |s| s.deaths_by_cause())),
+        detection_delay: sched
+            .map_or_else(|| Histogram::new(DETECTION_DELAY_BOUNDS), |s| s.detection_delay().clone()),
+        rounds: tally.rounds,
+        round_latency: tally.round_latency.clone(),
+        bytes_in: labelled(&CHANNELS, &tally.bytes_in),
+        bytes_out: labelled(&CHANNELS, &tally.bytes_out),
+        join_refusals: labelled(&REFUSAL_REASONS, &tally.refusals),
+        epoch: sched.and_then(|s| s.current_epoch()),
+        epochs: cfg.map_or(0, |c| c.epochs),
+        epoch_samples_done: sched.map_or(0, |s| s.epoch_samples_done()),
+        epoch_samples: cfg.map_or(0, |c| c.epoch_samples),
+        cycles_started: sched.map_or(0, |s| s.cycles_started()),
+        cycles_completed: sched.map_or(0, |s| s.version()),
+        anchor: el_che.map(|e| e.anchor()),
+        anchor_rank: el_che.and_then(|e| e.anchor_rank()),
+        batch_counts: el_che.map(|e| e.batch_counts().to_vec()).unwrap_or_default(),
+    }
+}
+
+/// The status endpoint's backend inside the controller: the join window
+/// (`state.json`, the start switch, unchanged), and the parts `/metrics`
+/// reads when a renderer is set.
+struct StatusView<'a> {
+    window: &'a mut JoinWindow,
+    metrics: Option<&'a dyn MetricsRenderer>,
+    coord: Option<&'a Coordinator>,
+    tally: &'a Tally,
+}
+
+impl StatusBackend for StatusView<'_> {
+    fn state_json(&self, now: Time) -> Option<String> {
+        self.window.state_json(now)
+    }
+
+    fn start_switch(&self) -> Option<StartSwitch> {
+        self.window.start_switch()
+    }
+
+    fn start_gate(&self, now: Time) -> Option<StartGate> {
+        self.window.start_gate(now)
+    }
+
+    fn arm_start(&mut self, now: Time) {
+        self.window.arm_start(now);
+    }
+
+    fn metrics_text(&self, now: Time) -> Option<String> {
+        let renderer = self.metrics?;
+        Some(renderer.render(&gather(self.window, self.coord, self.tally, now)))
+    }
 }
 
 impl ControllerNode {
@@ -523,6 +666,18 @@ impl ControllerNode {
     /// inline; call before the world forms.
     pub fn run_macs_on(&mut self, macs: Arc<dyn MacRunner>) {
         self.macs = macs;
+    }
+
+    /// Serves `GET /metrics` from now on, rendered by `renderer` (cohort
+    /// only; what [`ControllerConfig::metrics`] sets at construction).
+    pub fn serve_metrics(&mut self, renderer: Arc<dyn MetricsRenderer>) {
+        self.cfg.metrics = Some(renderer);
+    }
+
+    /// The numbers `GET /metrics` renders, as of `now` (counted whether
+    /// or not metrics are served).
+    pub fn metrics_snapshot(&self, now: Time) -> MetricsSnapshot {
+        gather(&self.window, self.coord.as_ref(), &self.tally, now)
     }
 
     /// A controller whose join window opens at `now`.
@@ -547,6 +702,9 @@ impl ControllerNode {
             outcome: None,
             out: Outbox::default(),
             macs: Arc::new(Inline),
+            tally: Tally::default(),
+            world: None,
+            ended: BTreeSet::new(),
             cfg,
         };
         Ok(node)
@@ -565,6 +723,17 @@ impl ControllerNode {
     /// How the run ended, once it did.
     pub fn outcome(&self) -> Option<&ControllerOutcome> {
         self.outcome.as_ref()
+    }
+
+    /// Whether a driver can stop the controller now without cutting anyone
+    /// off: the run ended, and every rank's end is known (its agent
+    /// reported its exit, it was declared dead, or its host's link ended),
+    /// so the coordinator's last `Shutdown` was delivered to every rank
+    /// still listening. A run that ended before the world formed can stop
+    /// at once. Until then keep driving it (with a grace period of your own
+    /// for agents that never report).
+    pub fn can_stop(&self) -> bool {
+        self.outcome.is_some() && self.world.is_none_or(|w| self.ended.len() >= w as usize)
     }
 
     /// The operator's start as a command ([`JoinWindow::operator_start`]): arms the
@@ -633,6 +802,7 @@ impl ControllerNode {
     }
 
     fn formed(&mut self, now: Time, world_size: u32) {
+        self.world = Some(world_size);
         let mut run = self.cfg.run.clone();
         run.world_size = world_size;
         run.device_indices = (0..world_size).map(|r| (r % 256) as u8).collect();
@@ -652,6 +822,8 @@ impl ControllerNode {
             reduce.run_macs_on(self.macs.clone());
             reduce
                 .admit_hosts(self.window.members().map(|(_, m)| (m.host.clone(), m.ranks.clone().collect())));
+            // A rank program may send rounds before the first cycle.
+            self.tally.round_open = reduce.round_asked().then_some(now);
             self.reduce = Some(reduce);
         }
         if self.cfg.run.backend == Backend::Nccl {
@@ -688,13 +860,32 @@ impl ControllerNode {
     }
 
     fn routed(&mut self, now: Time, conn: ConnId, peer: Peer, channel: Channel, first: &[u8]) {
+        // What the router read of this connection (the magic and `first`;
+        // for HTTP, `first` holds the magic) counts for its channel now.
+        let read = (first.len() + if channel == Channel::Http { 0 } else { 4 }) as u64;
+        let to = match channel {
+            Channel::Join => ControllerPart::Join,
+            Channel::Http => ControllerPart::Status,
+            Channel::Control => ControllerPart::Coord,
+            Channel::Data => ControllerPart::Reduce,
+            Channel::Rendezvous => ControllerPart::Rendezvous,
+        };
+        let router = ControllerPart::Router.number() as usize;
+        self.tally.bytes_in[router] = self.tally.bytes_in[router].saturating_sub(read);
+        self.tally.bytes_in[to.number() as usize] += read;
         let part = match channel {
             Channel::Join => {
                 self.window.adopt(now, conn, peer, first);
                 ControllerPart::Join
             }
             Channel::Http => {
-                self.status.adopt_with(now, conn, peer, first, &mut self.window);
+                let mut view = StatusView {
+                    window: &mut self.window,
+                    metrics: self.cfg.metrics.as_deref(),
+                    coord: self.coord.as_ref(),
+                    tally: &self.tally,
+                };
+                self.status.adopt_with(now, conn, peer, first, &mut view);
                 ControllerPart::Status
             }
             Channel::Control => match self.coord.as_mut() {
@@ -736,8 +927,12 @@ impl ControllerNode {
 
     /// Carries a part's I/O output out (moved, never copied); returns its event.
     fn pass<E>(&mut self, part: ControllerPart, o: Output<E>) -> Option<E> {
-        if let Output::Close { conn } = o {
-            self.authenticated(conn);
+        match &o {
+            Output::Close { conn } => self.authenticated(*conn),
+            Output::Transmit { bytes, .. } => {
+                self.tally.bytes_out[part.number() as usize] += bytes.len() as u64
+            }
+            _ => {}
         }
         self.parts.pass(part, o, &mut self.out)
     }
@@ -783,6 +978,15 @@ impl ControllerNode {
                     if let ReduceEvent::HostJoined { conn, .. } = &e {
                         self.authenticated(*conn);
                     }
+                    if let ReduceEvent::Consensus { .. } = &e {
+                        let t = &mut self.tally;
+                        t.rounds += 1;
+                        if let Some(open) = t.round_open.take() {
+                            t.round_latency.observe(now.saturating_since(open));
+                        }
+                        // A cycle that asks for several rounds opens the next at once.
+                        t.round_open = self.reduce.as_ref().is_some_and(Reduce::round_asked).then_some(now);
+                    }
                     // A rank's loopback end may tell before the `Exiting` its
                     // control leg carries: the coordinator waits for that word.
                     if let ReduceEvent::RankDead { rank, cause } = &e
@@ -811,11 +1015,13 @@ impl ControllerNode {
     fn join_event(&mut self, now: Time, e: &JoinWindowEvent) {
         match e {
             JoinWindowEvent::Admitted { conn, .. } => self.authenticated(*conn),
+            JoinWindowEvent::Rejected { reason, .. } => self.tally.refusals[refusal_index(reason)] += 1,
             JoinWindowEvent::Formed { world_size, .. } => self.formed(now, *world_size as u32),
             JoinWindowEvent::Failed { failure, .. } if self.coord.is_none() => {
                 self.finish(ControllerOutcome::Failed(failure.to_string()));
             }
             JoinWindowEvent::RankExited { rank, code, .. } => {
+                self.ended.insert(*rank);
                 if let Some(c) = self.coord.as_mut() {
                     c.rank_exited(now, *rank, *code);
                 }
@@ -823,8 +1029,12 @@ impl ControllerNode {
             // flodl's launcher takes a host link's end for nothing (its
             // ranks go stale instead), until the last one: then the run is
             // over.
-            JoinWindowEvent::HostLost { .. } if self.cfg.run.rules == Rules::Flodl => self.host_left(),
+            JoinWindowEvent::HostLost { ranks, .. } if self.cfg.run.rules == Rules::Flodl => {
+                self.ended.extend(ranks.clone());
+                self.host_left();
+            }
             JoinWindowEvent::HostLost { ranks, .. } => {
+                self.ended.extend(ranks.clone());
                 let ranks: Vec<u32> = ranks.clone().collect();
                 if let Some(c) = self.coord.as_mut() {
                     c.host_lost(now, &ranks);
@@ -843,6 +1053,7 @@ impl ControllerNode {
         match e {
             CoordinatorEvent::RelayJoined { conn, .. } => self.authenticated(*conn),
             CoordinatorEvent::RankDead { rank, .. } => {
+                self.ended.insert(*rank);
                 if let Some(r) = self.reduce.as_mut() {
                     r.declare_dead(now, *rank);
                 }
@@ -852,6 +1063,11 @@ impl ControllerNode {
             CoordinatorEvent::CycleStarted { .. } => {
                 if let Some(r) = self.reduce.as_mut() {
                     r.cycle_started(now);
+                    // The round this cycle asks for opens now, unless one is
+                    // under way (host frames already in it).
+                    if r.pending_frames() == 0 {
+                        self.tally.round_open = r.round_asked().then_some(now);
+                    }
                 }
             }
             CoordinatorEvent::CycleFinished { .. } => {
@@ -910,7 +1126,15 @@ impl Composite for ControllerNode {
         match part {
             ControllerPart::Router => self.router.handle(now, input),
             ControllerPart::Join => self.window.handle(now, input),
-            ControllerPart::Status => self.status.handle_with(now, input, &mut self.window),
+            ControllerPart::Status => {
+                let mut view = StatusView {
+                    window: &mut self.window,
+                    metrics: self.cfg.metrics.as_deref(),
+                    coord: self.coord.as_ref(),
+                    tally: &self.tally,
+                };
+                self.status.handle_with(now, input, &mut view);
+            }
             ControllerPart::Coord => handle_opt(self.coord.as_mut(), now, input),
             ControllerPart::Reduce => handle_opt(self.reduce.as_mut(), now, input),
             ControllerPart::Rendezvous => handle_opt(self.rendezvous.as_mut(), now, input),
@@ -942,7 +1166,12 @@ impl Machine for ControllerNode {
                 self.parts.own(conn, ControllerPart::Router);
                 self.router.handle(now, Input::Accepted { conn, peer });
             }
-            Routed::Part(part, input) => self.part_handle(now, part, input),
+            Routed::Part(part, input) => {
+                if let Input::Received { bytes, .. } = &input {
+                    self.tally.bytes_in[part.number() as usize] += bytes.len() as u64;
+                }
+                self.part_handle(now, part, input)
+            }
             Routed::Timeout => composite::wake(self, now),
             Routed::Unowned => {}
         }
@@ -955,5 +1184,175 @@ impl Machine for ControllerNode {
 
     fn poll_timeout(&self) -> Option<Time> {
         composite::next_timeout(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::defaults;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn controller(metrics: Option<Arc<dyn MetricsRenderer>>) -> ControllerNode {
+        let mut cfg = ControllerConfig::builder()
+            .ranks(2)
+            .salt(SessionSalt::from_bytes([3; 16]))
+            .advertise(ControllerAddr::parse("127.0.0.1:7070").expect("address"))
+            .build()
+            .expect("config");
+        cfg.metrics = metrics;
+        ControllerNode::new(cfg, Time::ZERO).expect("controller")
+    }
+
+    /// What the controller sent on `conn`, and whether it closed it.
+    fn drain(c: &mut ControllerNode, conn: ConnId, now: Time) -> (Vec<u8>, bool) {
+        let (mut sent, mut closed) = (Vec::new(), false);
+        while let Some(o) = c.poll(now) {
+            match o {
+                Output::Transmit { conn: to, bytes } if to == conn => sent.extend_from_slice(&bytes),
+                Output::Close { conn: to } if to == conn => closed = true,
+                _ => {}
+            }
+        }
+        (sent, closed)
+    }
+
+    /// `request` on a new loopback connection at `now`, in pieces of
+    /// `piece` bytes (until the controller closes it): the answer.
+    fn ask(c: &mut ControllerNode, conn: u64, now: Time, request: &[u8], piece: usize) -> (Vec<u8>, bool) {
+        let conn = ConnId(conn);
+        c.handle(now, Input::Accepted { conn, peer: Peer::LOOPBACK });
+        let (mut sent, mut closed) = drain(c, conn, now);
+        for bytes in request.chunks(piece) {
+            if closed {
+                break;
+            }
+            c.handle(now, Input::Received { conn, bytes });
+            let (more, done) = drain(c, conn, now);
+            sent.extend(more);
+            closed = done;
+        }
+        (sent, closed)
+    }
+
+    fn status_line(answer: &[u8]) -> &str {
+        let end = answer.windows(2).position(|w| w == b"\r\n").unwrap_or(answer.len());
+        core::str::from_utf8(&answer[..end]).expect("ASCII status line")
+    }
+
+    fn body(answer: &[u8]) -> &[u8] {
+        let head = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("end of head");
+        &answer[head + 4..]
+    }
+
+    #[test]
+    fn state_json_is_the_same_bytes_with_metrics_on_and_metrics_off_answers_as_an_unknown_path() {
+        let renderer: Arc<dyn MetricsRenderer> =
+            Arc::new(|s: &MetricsSnapshot| format!("joined {}", s.joined_ranks));
+        let (mut off, mut on) = (controller(None), controller(Some(renderer)));
+        let t = Time::from_secs(1);
+        let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: c\r\n\r\n").into_bytes();
+        // A scrape first: reading the metrics changes nothing state.json says.
+        let (scraped, _) = ask(&mut on, 1, t, &get("/metrics"), usize::MAX);
+        assert_eq!(status_line(&scraped), "HTTP/1.1 200 OK");
+        for (i, path) in ["/state.json", "/"].into_iter().enumerate() {
+            let conn = 2 + i as u64;
+            let (a, b) = (
+                ask(&mut off, conn, t, &get(path), usize::MAX),
+                ask(&mut on, conn, t, &get(path), usize::MAX),
+            );
+            assert_eq!(status_line(&a.0), "HTTP/1.1 200 OK");
+            assert_eq!(a, b, "{path}: {}\n{}", String::from_utf8_lossy(&a.0), String::from_utf8_lossy(&b.0));
+        }
+        // Off: `/metrics` is any unknown path, byte for byte.
+        let (metrics, closed) = ask(&mut off, 10, t, &get("/metrics"), usize::MAX);
+        let (unknown, _) = ask(&mut off, 11, t, &get("/no-such-path"), usize::MAX);
+        assert!(closed);
+        assert_eq!(status_line(&metrics), "HTTP/1.1 404 Not Found");
+        assert_eq!(metrics, unknown);
+    }
+
+    #[test]
+    fn metrics_answer_the_renderer_s_text_over_the_snapshot_as_prometheus_text() {
+        let renderer: Arc<dyn MetricsRenderer> = Arc::new(|s: &MetricsSnapshot| {
+            let status = |v: &[(&str, u64)]| v.iter().find(|(c, _)| *c == "status").map_or(0, |(_, n)| *n);
+            format!(
+                "world {} phase {} in {} out {}",
+                s.world_size,
+                s.phase.as_str(),
+                status(&s.bytes_in),
+                status(&s.bytes_out)
+            )
+        });
+        let mut c = controller(None);
+        c.serve_metrics(renderer);
+        let t = Time::from_secs(1);
+        let first = b"GET /state.json HTTP/1.1\r\n\r\n";
+        let (answer, _) = ask(&mut c, 1, t, first, 7);
+        let scrape = b"GET /metrics?x=1 HTTP/1.1\r\n\r\n";
+        let (metrics, closed) = ask(&mut c, 2, t, scrape, usize::MAX);
+        assert!(closed);
+        assert_eq!(status_line(&metrics), "HTTP/1.1 200 OK");
+        let head = core::str::from_utf8(&metrics[..metrics.len() - body(&metrics).len()]).expect("head");
+        assert!(head.contains("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"), "{head}");
+        // Both requests' bytes (this one's included: it was read before it
+        // was answered), the first answer's.
+        let expected =
+            format!("world 0 phase waiting in {} out {}", first.len() + scrape.len(), answer.len());
+        assert_eq!(body(&metrics), expected.as_bytes());
+        assert_eq!(head.matches("Content-Length: ").count(), 1);
+        assert!(head.contains(&format!("Content-Length: {}\r\n", expected.len())));
+        // Bytes the router could not route count as unrouted.
+        ask(&mut c, 3, t, b"\x01\x02\x03\x04junk", usize::MAX);
+        let s = c.metrics_snapshot(t);
+        assert_eq!(s.bytes_in[0], ("unrouted", 8));
+        assert_eq!(s.bytes_in[2], ("status", (first.len() + scrape.len()) as u64));
+        assert_eq!(s.bytes_out[2], ("status", (answer.len() + metrics.len()) as u64));
+    }
+
+    #[test]
+    fn a_huge_or_malformed_metrics_request_is_bounded_as_any_status_request() {
+        let renders = Arc::new(AtomicUsize::new(0));
+        let counted = renders.clone();
+        let renderer: Arc<dyn MetricsRenderer> = Arc::new(move |_: &MetricsSnapshot| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            "ok".to_string()
+        });
+        let mut c = controller(Some(renderer));
+        let t = Time::from_secs(1);
+        let limit = defaults::STATUS_REQUEST_BYTES;
+        // A request line of a mebibyte: answered once the limit is read (in
+        // one read or in small ones), the rest never looked at; the path it
+        // names is not /metrics.
+        let mut huge = b"GET /metrics".to_vec();
+        huge.resize(1 << 20, b'A');
+        for (conn, piece) in [(1, usize::MAX), (2, 1000)] {
+            let (answer, closed) = ask(&mut c, conn, t, &huge, piece);
+            assert!(closed, "piece {piece}");
+            assert_eq!(status_line(&answer), "HTTP/1.1 404 Not Found", "piece {piece}");
+        }
+        assert_eq!(
+            c.metrics_snapshot(t).bytes_in[2],
+            ("status", ((1 << 20) + limit.div_ceil(1000) * 1000) as u64)
+        );
+        // No method and target: 400. Not UTF-8: its own path, 404.
+        let (answer, _) = ask(&mut c, 3, t, b"GET \r\n\r\n", usize::MAX);
+        assert_eq!(status_line(&answer), "HTTP/1.1 400 Bad Request");
+        let (answer, _) = ask(&mut c, 4, t, b"GET /metrics\xff\xfe HTTP/1.1\r\n\r\n", usize::MAX);
+        assert_eq!(status_line(&answer), "HTTP/1.1 404 Not Found");
+        // A request line that never ends: 408 at the deadline, not before.
+        let (answer, closed) = ask(&mut c, 5, t, b"GET /metr", usize::MAX);
+        assert!(answer.is_empty() && !closed);
+        let deadline = t + StatusLimits::default().request_timeout;
+        assert_eq!(c.poll_timeout(), Some(deadline));
+        c.handle(deadline, Input::Timeout);
+        let (answer, closed) = drain(&mut c, ConnId(5), deadline);
+        assert!(closed);
+        assert_eq!(status_line(&answer), "HTTP/1.1 408 Request Timeout");
+        assert_eq!(renders.load(Ordering::SeqCst), 0, "no hostile request reached the renderer");
+        // A well-formed scrape still renders, once.
+        let (answer, _) = ask(&mut c, 6, deadline, b"GET /metrics HTTP/1.1\r\n\r\n", usize::MAX);
+        assert_eq!((status_line(&answer), body(&answer)), ("HTTP/1.1 200 OK", &b"ok"[..]));
+        assert_eq!(renders.load(Ordering::SeqCst), 1);
     }
 }

@@ -407,7 +407,13 @@ impl Reduce {
         self.cycle_open = false;
     }
 
-    /// Whether a round is asked for now (see [`Reduce::cycle_started`]).
+    /// Whether a round is asked for now (see [`Reduce::cycle_started`]):
+    /// a host frame arriving now would be accepted into it. The
+    /// controller's `/metrics` times a round from when it is asked for.
+    pub fn round_asked(&self) -> bool {
+        self.asked()
+    }
+
     fn asked(&self) -> bool {
         match self.cfg.model {
             Some(_) => self.round < self.cycles,

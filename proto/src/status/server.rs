@@ -12,8 +12,11 @@
 //! in this order: 409 with no start switch or in `Auto` mode; 403 for a
 //! non-loopback peer without `?token=<salt hex>`; 503 with no snapshot yet;
 //! 409 outside `Waiting`/`Staging`; 409 `quorum not met: j/m`; otherwise the
-//! switch is armed and the answer is 200 `{"armed":true,...}`. Other paths get
-//! 404.
+//! switch is armed and the answer is 200 `{"armed":true,...}`. `GET /metrics`
+//! (cohort only, off by default) answers 200 with the backend's
+//! [`StatusBackend::metrics_text`] in the Prometheus text format; a backend
+//! without metrics answers it 404, as any other path, byte for byte.
+//! Other paths get 404.
 //!
 //! ```
 //! use cohort_proto::status::*;
@@ -86,6 +89,14 @@ pub trait StatusBackend {
     fn start_gate(&self, now: Time) -> Option<StartGate>;
     /// Arms the operator start. The backend's own verdict stays the authority.
     fn arm_start(&mut self, now: Time);
+    /// The `GET /metrics` body, in the Prometheus text exposition format
+    /// ([`METRICS_CONTENT_TYPE`](super::METRICS_CONTENT_TYPE)); `None` (the
+    /// default, and flodl's) when metrics are off: the path is then answered
+    /// as any unknown one.
+    fn metrics_text(&self, now: Time) -> Option<String> {
+        let _ = now;
+        None
+    }
 }
 
 /// Request limits.
@@ -119,6 +130,8 @@ impl StatusLimits {
 pub enum Reply {
     /// 200: the snapshot.
     State,
+    /// 200: the metrics, in the Prometheus text format (cohort only).
+    Metrics,
     /// 503: no snapshot yet.
     NoState,
     /// 200: `POST /start` armed the switch.
@@ -155,7 +168,7 @@ impl Reply {
     /// The HTTP status code.
     pub fn status(self) -> u16 {
         match self {
-            Reply::State | Reply::Armed { .. } => 200,
+            Reply::State | Reply::Metrics | Reply::Armed { .. } => 200,
             Reply::BadRequest => 400,
             Reply::Forbidden => 403,
             Reply::NotFound => 404,
@@ -177,10 +190,11 @@ impl Reply {
         }
     }
 
-    /// The JSON body (the snapshot itself for [`Reply::State`]).
+    /// The JSON body (the snapshot itself for [`Reply::State`], the
+    /// metrics text for [`Reply::Metrics`]).
     fn body(self, state: Option<String>) -> String {
         match self {
-            Reply::State => state.unwrap_or_default(),
+            Reply::State | Reply::Metrics => state.unwrap_or_default(),
             Reply::NoState => r#"{"error":"no membership state yet"}"#.to_string(),
             Reply::Armed { joined_ranks, min_rank_start } => {
                 format!(r#"{{"armed":true,"joined_ranks":{joined_ranks},"min_rank_start":{min_rank_start}}}"#)
@@ -201,8 +215,12 @@ impl Reply {
     /// The whole response.
     fn render(self, state: Option<String>) -> Bytes {
         let body = self.body(state);
+        let content_type = match self {
+            Reply::Metrics => super::METRICS_CONTENT_TYPE,
+            _ => "application/json",
+        };
         Bytes::from(format!(
-            "HTTP/1.1 {}\r\nContent-Type: application/json\r\nCache-Control: no-cache\r\n\
+            "HTTP/1.1 {}\r\nContent-Type: {content_type}\r\nCache-Control: no-cache\r\n\
              Access-Control-Allow-Origin: *\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
             self.status_line(),
             body.len()
@@ -255,8 +273,9 @@ fn same_token(presented: &str, salt: &SessionSalt) -> bool {
 }
 
 /// The decision for one request: the pure heart of the responder. Returns
-/// the reply and, for [`Reply::State`], the snapshot JSON. Arms the backend's
-/// start switch only when the reply is [`Reply::Armed`].
+/// the reply and, for [`Reply::State`], the snapshot JSON (for
+/// [`Reply::Metrics`], the metrics text). Arms the backend's start switch
+/// only when the reply is [`Reply::Armed`].
 pub fn decide<B: StatusBackend + ?Sized>(
     req: Request<'_>,
     peer: Peer,
@@ -269,6 +288,10 @@ pub fn decide<B: StatusBackend + ?Sized>(
             None => (Reply::NoState, None),
         },
         ("POST", "/start") => (start(req, peer, backend, now), None),
+        ("GET", "/metrics") => match backend.metrics_text(now) {
+            Some(text) => (Reply::Metrics, Some(text)),
+            None => (Reply::NotFound, None),
+        },
         _ => (Reply::NotFound, None),
     }
 }

@@ -25,8 +25,9 @@
 //! `[host:device:rRANK] ` (stdout to stdout, stderr to stderr), as flodl's
 //! agent does. When a child exits, its exit code goes up the join link
 //! (a signal's death as `128 + signal`, 137 for SIGKILL); nothing is ever
-//! restarted. [`ProgramRanks::terminate`] forwards SIGTERM to every child
-//! still running, then SIGKILL after a grace period.
+//! restarted. The host's `terminate_programs` (and its `stop`) forwards
+//! SIGTERM to every child still running, then SIGKILL after a grace period
+//! ([`HostParams::grace`](super::HostParams::grace)).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -37,15 +38,19 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cohort_driver_mio::{Clock, Remote};
 use cohort_proto::config::Rules;
+use cohort_proto::node::cluster::{ClusterEvent, Source, Stamped};
 use cohort_proto::node::envelope::ControllerAddr;
-use cohort_proto::node::host::{HostNode, RankEnd, reap_every};
+use cohort_proto::node::host::{RankEnd, reap_every};
 use cohort_proto::node::rank::RankSpec;
 use rustix::process::{Pid, Signal, kill_process_group};
 
-use super::host::RankReport;
-use super::{ClusterEvent, Sink, Source, Stamped};
+use super::events::{EventSink, note};
+use super::{RankReport, ToAgent};
+use crate::Clock;
+
+/// Where the programs' events go.
+type Sink = Arc<dyn EventSink>;
 
 /// flodl's role variables a rank child must not inherit: with one of them
 /// set, a flodl program would start as a launcher, agent or relay.
@@ -63,12 +68,20 @@ const REAP_EVERY: Duration = reap_every(Rules::Cohort);
 /// on a host of `local_world` ranks. See the [module documentation](self).
 ///
 /// ```
-/// use cohort::cluster::program::child_env;
+/// use cohort_driver_core::host::program::child_env;
+/// use cohort_proto::config::TimeoutScale;
 /// use cohort_proto::node::envelope::Envelope;
-/// use cohort::rank_process::{RankOptions, spec_for};
+/// use cohort_proto::node::rank::RankSpec;
+/// use cohort_proto::wire::SessionSalt;
 ///
+/// // Rank 3 of 4, the second of host gpu-b's two.
 /// let env = Envelope::for_worker(("127.0.0.1", 7000), 4, 2, "gpu-b", vec![2, 3], vec![0, 1]);
-/// let spec = spec_for(&env, 1, &RankOptions::default()).unwrap();
+/// let spec = RankSpec {
+///     host: "gpu-b".into(), rank: 3, local_rank: 1, world_size: 4, salt: SessionSalt::ZERO,
+///     controller: "127.0.0.1:7000".into(), control_addr: "127.0.0.1:7005".into(),
+///     data_addr: Some("127.0.0.1:7004".into()), ceiling: 1 << 20, dataset_sig: [0; 32],
+///     model_sig: [0; 32], timeout_scale: TimeoutScale::ONE, workload: None, envelope_hex: env.to_hex(),
+/// };
 /// let vars: std::collections::BTreeMap<_, _> = child_env(&spec, 2).into_iter().collect();
 /// assert_eq!(vars["RANK"], "3");
 /// assert_eq!(vars["LOCAL_RANK"], "1");
@@ -132,7 +145,6 @@ struct Children {
 }
 
 /// The rank programs of one host. See the [module documentation](self).
-#[derive(Debug)]
 pub struct ProgramRanks {
     argv: Vec<String>,
     host: String,
@@ -143,6 +155,15 @@ pub struct ProgramRanks {
     clock: Clock,
 }
 
+impl std::fmt::Debug for ProgramRanks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProgramRanks")
+            .field("argv", &self.argv)
+            .field("host", &self.host)
+            .finish_non_exhaustive()
+    }
+}
+
 fn lock(c: &Mutex<Children>) -> MutexGuard<'_, Children> {
     c.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -150,7 +171,7 @@ fn lock(c: &Mutex<Children>) -> MutexGuard<'_, Children> {
 impl ProgramRanks {
     /// Rank programs running `argv` (not empty) for host `host`; their
     /// events go to `sink`.
-    pub fn new(argv: Vec<String>, host: String, sink: Sink, clock: Clock) -> ProgramRanks {
+    pub(crate) fn new(argv: Vec<String>, host: String, sink: Sink, clock: Clock) -> ProgramRanks {
         ProgramRanks {
             argv,
             host,
@@ -163,16 +184,12 @@ impl ProgramRanks {
     }
 
     fn note(&self, rank: u32, text: String) {
-        let _ = self.sink.send(Stamped {
-            at: self.clock.now(),
-            source: Source::Rank(rank),
-            event: ClusterEvent::Note(text),
-        });
+        note(&*self.sink, self.clock.now(), &Source::Rank(rank), text);
     }
 
     /// Starts `spec`'s rank on a host of `local_world` ranks; its end is
     /// reported to `agent`. An error names what failed to start.
-    pub fn start(&self, spec: &RankSpec, local_world: usize, agent: Remote<HostNode>) -> Result<(), String> {
+    pub(crate) fn start(&self, spec: &RankSpec, local_world: usize, agent: ToAgent) -> Result<(), String> {
         let (prog, args) = self.argv.split_first().ok_or("no rank program given")?;
         let mut cmd = Command::new(prog);
         cmd.args(args)
@@ -250,8 +267,8 @@ impl ProgramRanks {
     /// Stops every program still running: SIGTERM, then SIGKILL to those
     /// still running after `grace`; returns how many were running, when all
     /// were reaped (their ends reported) or 5 s after the SIGKILL. No
-    /// program starts after it.
-    pub fn terminate(&self, grace: Duration) -> usize {
+    /// program starts after it. Blocks (the host runs it on a thread).
+    pub(crate) fn terminate(&self, grace: Duration) -> usize {
         let n = self.signal_all(Signal::TERM);
         if n == 0 {
             return 0;
@@ -279,8 +296,9 @@ impl ProgramRanks {
         }
     }
 
-    /// Stops the supervisor (after [`terminate`](Self::terminate)).
-    pub fn shutdown(&self) {
+    /// Stops the supervisor (after [`terminate`](Self::terminate)); waits
+    /// for its current pass.
+    pub(crate) fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
         let handle = self.supervisor.lock().unwrap_or_else(PoisonError::into_inner).take();
         if let Some(h) = handle {
@@ -311,7 +329,7 @@ fn supervise(children: &Mutex<Children>, stop: &AtomicBool, sink: &Sink, clock: 
         }
         for (rank, mut r, end, why) in ended {
             let at = clock.now();
-            let _ = sink.send(Stamped {
+            sink.send(Stamped {
                 at,
                 source: Source::Rank(rank),
                 event: ClusterEvent::Note(format!(
@@ -392,15 +410,12 @@ mod tests {
     /// left behind, unsignalled, by an agent that stops.
     #[test]
     fn no_program_starts_once_the_agent_is_stopping() {
-        use super::super::host::HostParams;
-        use cohort_driver_mio::Runner;
-        let p = HostParams::new("h", 2, "127.0.0.1:9", cohort_proto::config::TimeoutScale::ONE);
-        let host = HostNode::new(p.host_config(), p.clock.now());
-        let runner = Runner::with_clock(host, p.config.clone(), p.clock).unwrap();
+        let clock = Clock::start();
         let (sink, events) = std::sync::mpsc::channel();
+        let (jobs, to_agent) = ToAgent::recording();
         let argv = ["sh", "-c", "exec sleep 30"].map(String::from).to_vec();
-        let ranks = ProgramRanks::new(argv, "h".into(), sink, p.clock);
-        ranks.start(&spec(0), 2, runner.remote()).unwrap();
+        let ranks = ProgramRanks::new(argv, "h".into(), Arc::new(sink), clock);
+        ranks.start(&spec(0), 2, to_agent.clone()).unwrap();
         // Announced only once it is running, so a stop finds it.
         let pid = ranks.pid(0).expect("running once started");
         let note = events.recv().unwrap();
@@ -410,9 +425,16 @@ mod tests {
         );
         assert_eq!(ranks.terminate(Duration::from_secs(5)), 1);
         assert_eq!(ranks.pid(0), None, "reaped by the time terminate returns");
-        let refused = ranks.start(&spec(1), 2, runner.remote()).unwrap_err();
+        let refused = ranks.start(&spec(1), 2, to_agent).unwrap_err();
         assert_eq!(refused, "rank 1: not started, the agent is stopping");
         assert_eq!(ranks.pid(1), None);
+        // The supervisor's last pass has reported every end once it stopped.
         ranks.shutdown();
+        // Its end went to the sink (a note, then the exit, SIGTERM's 128 +
+        // 15), and to the agent once.
+        let rest: Vec<_> = events.try_iter().map(|s| (s.source, s.event)).collect();
+        assert_eq!(rest.last(), Some(&(Source::Rank(0), ClusterEvent::RankExit { code: 143 })), "{rest:?}");
+        assert_eq!(rest.len(), 2, "{rest:?}");
+        assert_eq!(jobs.lock().unwrap().len(), 1);
     }
 }
