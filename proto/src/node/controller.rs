@@ -498,6 +498,12 @@ impl Part for ControllerPart {
 
 /// The controller node.
 ///
+/// It only accepts: every connection comes to its one port, so it never
+/// asks its driver for a dial (`Output::Dial`). Each epoch's end is its
+/// coordinator's `CoordinatorEvent::EpochAggregated` (with the epoch's
+/// metrics); the run's end is [`ControllerNodeEvent::Finished`], after
+/// which [`ControllerNode::can_stop`] says when the driver may stop.
+///
 /// A controller and one worker host wired together in memory: the host's
 /// agent joins, the world forms the instant the target is met, and the host
 /// is told to start its relays.
