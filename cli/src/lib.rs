@@ -3,6 +3,8 @@
 //! - [`cluster`]: whole nodes on real sockets (mio), one thread per node:
 //!   the controller, worker hosts and the local demo cluster;
 //! - [`wire_tool`]: `cohort wire`, the frame inspector;
+//! - [`replay_tool`]: `cohort replay`, a controller's flight recording
+//!   replayed decision for decision;
 //! - [`args`]: the checked parsers of the values typed to `cohort`.
 //!
 //! The embeddable pieces live in the libraries: the protocol in
@@ -14,4 +16,5 @@
 pub mod args;
 pub mod cluster;
 pub mod rank_process;
+pub mod replay_tool;
 pub mod wire_tool;

@@ -34,5 +34,7 @@ mod connection_cap;
 mod descriptor_exhaustion;
 #[path = "cli/metrics.rs"]
 mod metrics;
+#[path = "cli/replay.rs"]
+mod replay;
 #[path = "cli/wire_cli.rs"]
 mod wire_cli;

@@ -92,6 +92,14 @@
 //! - connections beyond the engine's capacity ([`Engine::alloc`] says
 //!   `None`) are closed at once, unseen by the machine; dials beyond it
 //!   fail.
+//!
+//! # Recording
+//!
+//! Every input the machine takes and every drain of its outputs passes
+//! through the engine, so a flight recording is made here, for every
+//! driver: [`Engine::record`] installs a [`Recorder`] (see
+//! [`crate::record`]). Each event also carries the instant of the drain
+//! that produced it ([`Engine::event_at`]), the instant a replay gives it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -102,6 +110,7 @@ use bytes::Bytes;
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 
 use crate::queue::OutQueue;
+use crate::record::{Recorder, Tap, as_debug};
 use crate::timers::Timers;
 use crate::{Config, NodeEvent};
 
@@ -292,9 +301,22 @@ pub struct Engine<M: Machine, I: Io> {
     timers: Timers<TimerKey>,
     reports: VecDeque<Report>,
     dirty: Vec<usize>,
-    events: VecDeque<NodeEvent<M::Event>>,
+    /// Each event with the instant of the drain that produced it.
+    events: VecDeque<(Time, NodeEvent<M::Event>)>,
+    /// The instant of the event last taken.
+    event_at: Time,
     read_buf: Box<[u8]>,
     shutting_down: bool,
+    /// The flight recording, if one is made.
+    tap: Option<Tap<M::Event>>,
+}
+
+/// Feeds `input` to `machine` at `now`, recording it first when recording.
+fn feed<M: Machine>(machine: &mut M, tap: &mut Option<Tap<M::Event>>, now: Time, input: Input<'_>) {
+    if let Some(t) = tap {
+        t.input(now, &input);
+    }
+    machine.handle(now, input);
 }
 
 impl<M: Machine, I: Io> fmt::Debug for Engine<M, I> {
@@ -325,9 +347,30 @@ impl<M: Machine, I: Io> Engine<M, I> {
             reports: VecDeque::new(),
             dirty: Vec::new(),
             events: VecDeque::new(),
+            event_at: Time::ZERO,
             read_buf,
             shutting_down: false,
+            tap: None,
         }
+    }
+
+    /// Records every input the machine takes from now on, every drain of
+    /// its outputs (a digest), every command run through
+    /// [`Engine::machine_mut`] (a marker: a closure cannot be recorded)
+    /// and the clean stop, to `recorder` ([`crate::record`]). Install it
+    /// before the first [`Engine::settle`], so that the recording starts
+    /// where the machine did. Replaces a recorder installed before (which
+    /// is flushed as it is dropped).
+    pub fn record(&mut self, recorder: Recorder)
+    where
+        M::Event: fmt::Debug,
+    {
+        self.tap = Some(Tap::new(recorder, as_debug::<M::Event>));
+    }
+
+    /// Whether a recording is being made.
+    pub fn is_recording(&self) -> bool {
+        self.tap.is_some()
     }
 
     /// The machine.
@@ -336,7 +379,11 @@ impl<M: Machine, I: Io> Engine<M, I> {
     }
 
     /// The machine, to run a command on (call [`Engine::settle`] after).
+    /// When recording, this writes a command marker: a replay stops there.
     pub fn machine_mut(&mut self) -> &mut M {
+        if let Some(t) = &mut self.tap {
+            t.command();
+        }
         &mut self.machine
     }
 
@@ -379,7 +426,17 @@ impl<M: Machine, I: Io> Engine<M, I> {
 
     /// The next event, oldest first.
     pub fn poll_event(&mut self) -> Option<NodeEvent<M::Event>> {
-        self.events.pop_front()
+        let (at, e) = self.events.pop_front()?;
+        self.event_at = at;
+        Some(e)
+    }
+
+    /// The instant of the event last taken with [`Engine::poll_event`]:
+    /// the `now` of the drain that produced it (of the engine's own report,
+    /// for a `ConnectFailed`), which is the instant a replay of a recording
+    /// gives it.
+    pub fn event_at(&self) -> Time {
+        self.event_at
     }
 
     /// The earliest of the machine's timer (unless shutting down) and the
@@ -396,7 +453,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
             self.timer_due(slot, uid, at, now);
         }
         if !self.shutting_down && self.machine.poll_timeout().is_some_and(|t| t <= now) {
-            self.machine.handle(now, Input::Timeout);
+            feed(&mut self.machine, &mut self.tap, now, Input::Timeout);
         }
         self.settle(now);
     }
@@ -411,6 +468,9 @@ impl<M: Machine, I: Io> Engine<M, I> {
         // Carry out what the machine already asked for, then stop listening to it.
         self.settle(now);
         self.shutting_down = true;
+        if let Some(t) = self.tap.take() {
+            t.stop(now);
+        }
         self.reports.clear();
         for slot in 0..self.slots.len() {
             match &self.slots[slot] {
@@ -434,12 +494,18 @@ impl<M: Machine, I: Io> Engine<M, I> {
             while !self.shutting_down
                 && let Some(out) = self.machine.poll(now)
             {
+                if let Some(t) = &mut self.tap {
+                    t.output(&out);
+                }
                 match out {
                     Output::Transmit { conn, bytes } => self.transmit(conn, bytes, now),
                     Output::Dial { dial, addr } => self.start_dial(dial, addr, now),
                     Output::Close { conn } => self.close_requested(conn, now),
-                    Output::Event(e) => self.events.push_back(NodeEvent::Machine(e)),
+                    Output::Event(e) => self.events.push_back((now, NodeEvent::Machine(e))),
                 }
+            }
+            if let Some(t) = &mut self.tap {
+                t.drained(now, self.machine.poll_timeout());
             }
             while let Some(slot) = self.dirty.pop() {
                 if let Some(Some(Entry::Conn(c))) = self.slots.get_mut(slot) {
@@ -456,7 +522,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
                 Report::DialFailed { dial } => Input::DialFailed { dial },
                 Report::Closed { conn, cause, unsent } => Input::Closed { conn, cause, unsent },
             };
-            self.machine.handle(now, input);
+            feed(&mut self.machine, &mut self.tap, now, input);
         }
     }
 
@@ -562,12 +628,15 @@ impl<M: Machine, I: Io> Engine<M, I> {
             self.io.abandon(attempt);
         }
         tracing::debug!(dial = ?d.dial, addr = %d.addr, attempt = d.attempts, error = %err, "connect attempt failed");
-        self.events.push_back(NodeEvent::ConnectFailed {
-            dial: d.dial,
-            attempt: d.attempts,
-            attempts: self.config.connect_attempts.max(1),
-            error: err.kind(),
-        });
+        self.events.push_back((
+            now,
+            NodeEvent::ConnectFailed {
+                dial: d.dial,
+                attempt: d.attempts,
+                attempts: self.config.connect_attempts.max(1),
+                error: err.kind(),
+            },
+        ));
         if d.attempts >= self.config.connect_attempts.max(1) {
             let dial = d.dial;
             self.remove(slot);
@@ -587,7 +656,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
         tracing::trace!(%conn, %addr, "accepted");
         let peer = Peer { loopback: addr.ip().to_canonical().is_loopback() };
         if !self.shutting_down {
-            self.machine.handle(now, Input::Accepted { conn, peer });
+            feed(&mut self.machine, &mut self.tap, now, Input::Accepted { conn, peer });
             self.settle(now);
         }
         conn
@@ -671,7 +740,8 @@ impl<M: Machine, I: Io> Engine<M, I> {
                 }
                 Ok(n) => {
                     if c.state == ConnState::Open {
-                        self.machine.handle(now, Input::Received { conn: id, bytes: &self.read_buf[..n] });
+                        let input = Input::Received { conn: id, bytes: &self.read_buf[..n] };
+                        feed(&mut self.machine, &mut self.tap, now, input);
                         self.settle(now);
                     }
                     budget = budget.saturating_sub(n);

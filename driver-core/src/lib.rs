@@ -23,6 +23,9 @@
 //!   [`host::EventSink`] ([`host::cluster_events`] for an async stream);
 //! - [`controller`]: what every driver's one-call controller shares
 //!   ([`controller::bind_controller`], [`controller::deployed_controller`]);
+//! - [`record`]: flight recordings, made by the engine for every driver
+//!   ([`engine::Engine::record`]), read back and replayed
+//!   ([`record::replay`], `cohort replay`);
 //! - `testing` (feature `testing`): the drivers' shared test harness and
 //!   the one driver test suite every driver runs.
 //!
@@ -43,6 +46,7 @@ pub mod metrics;
 pub mod node;
 pub mod queue;
 mod ready;
+pub mod record;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod timers;

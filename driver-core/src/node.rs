@@ -197,6 +197,16 @@ where
         self.core.local_addr()
     }
 
+    /// Records the machine's inputs from its start (a flight recording,
+    /// [`crate::record`]); commands are recorded as markers a replay stops
+    /// at (a [`Hook`] runs as one after every event).
+    pub fn record(&mut self, recorder: crate::record::Recorder)
+    where
+        M::Event: fmt::Debug,
+    {
+        self.core.engine.record(recorder);
+    }
+
     /// Runs `f` on the machine before the node starts (outputs are carried
     /// out once it runs).
     pub fn with<T>(&mut self, f: impl FnOnce(&mut M, Time) -> T) -> T {

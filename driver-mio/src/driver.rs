@@ -59,6 +59,7 @@ use mio::{Interest, Registry, Token};
 
 use cohort_driver_core::engine::{Connect, Drained, Engine, Io, Occupant, attempt_addr};
 use cohort_driver_core::listener::Listener;
+use cohort_driver_core::record::Recorder;
 use cohort_driver_core::{Clock, Config, NodeEvent};
 
 /// The mio tokens a driver may use: `start` for its listener, the rest for
@@ -296,6 +297,17 @@ impl<M: Machine> Driver<M> {
         self.engine.machine()
     }
 
+    /// Records the machine's inputs from now on (a flight recording,
+    /// `cohort_driver_core::record`): install it before the driver first
+    /// runs, so the recording starts where the machine did. Commands run
+    /// with [`Driver::with`] are recorded as markers a replay stops at.
+    pub fn record(&mut self, recorder: Recorder)
+    where
+        M::Event: std::fmt::Debug,
+    {
+        self.engine.record(recorder);
+    }
+
     /// Runs a command on the machine (`f` gets the machine and the current
     /// time), then carries out what it asked for. Ignored after
     /// [`Driver::begin_shutdown`] except for its return value.
@@ -312,6 +324,13 @@ impl<M: Machine> Driver<M> {
     /// feeds the driver: the queue is unbounded.
     pub fn poll_event(&mut self) -> Option<NodeEvent<M::Event>> {
         self.engine.poll_event()
+    }
+
+    /// The instant the event last taken with [`Driver::poll_event`]
+    /// happened at: the `now` the machine produced it at (the instant a
+    /// replay of a recording gives it), a little before [`Driver::now`].
+    pub fn event_at(&self) -> Time {
+        self.engine.event_at()
     }
 
     /// Connections (open or closing) and dials in progress.

@@ -7,10 +7,12 @@
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::ops::ControlFlow;
+use std::path::Path;
 
 use cohort_driver_core::controller::{bind_controller, deployed_controller};
 use cohort_driver_core::host::{self, ClusterEvents, EventSink, HostParams, cluster_events, forward};
 use cohort_driver_core::node::{Events, block_on, events};
+use cohort_driver_core::record::Recorder;
 use cohort_driver_core::{Clock, Config};
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::{
@@ -146,11 +148,46 @@ pub fn spawn_controller_on(
     clock: Clock,
     sink: impl EventSink,
 ) -> io::Result<NodeThread<ControllerNode>> {
-    let (node, config) = deployed_controller(cfg, config, clock.now())?;
+    start_controller_on(cfg, listener, config, clock, sink, None)
+}
+
+/// [`spawn_controller_on`], recording the controller to a new file at
+/// `record` (`cohort_driver_core::record`: its configuration as built,
+/// salt and nonce included, then every input it takes; as secret as the
+/// salt). The `cohort` program's `controller --record` and `demo --record`.
+///
+/// # Errors
+/// As [`spawn_controller_on`], or if the file cannot be created.
+pub fn spawn_recorded_controller_on(
+    cfg: ControllerConfig,
+    listener: TcpListener,
+    config: Config,
+    clock: Clock,
+    sink: impl EventSink,
+    record: &Path,
+) -> io::Result<NodeThread<ControllerNode>> {
+    start_controller_on(cfg, listener, config, clock, sink, Some(record))
+}
+
+fn start_controller_on(
+    cfg: ControllerConfig,
+    listener: TcpListener,
+    config: Config,
+    clock: Clock,
+    sink: impl EventSink,
+    record: Option<&Path>,
+) -> io::Result<NodeThread<ControllerNode>> {
+    let built_at = clock.now();
+    let recorder = record.map(|path| Recorder::controller(path, &cfg, built_at)).transpose()?;
+    let (node, config) = deployed_controller(cfg, config, built_at)?;
     let mut runner = Runner::with_clock(node, config, clock)?;
     runner.driver().adopt_listener(listener)?;
+    if let Some(r) = recorder {
+        runner.driver().record(r);
+    }
     NodeThread::spawn("controller", runner, move |d, e| {
-        forward(&sink, d.now(), &Source::Controller, e, ClusterEvent::Controller);
+        // Stamped with the instant the controller produced it (a replay's).
+        forward(&sink, d.event_at(), &Source::Controller, e, ClusterEvent::Controller);
         ControlFlow::Continue(())
     })
 }

@@ -59,6 +59,8 @@ pub use cohort_driver_core::host::{
 pub use cohort_driver_core::node::{Events, block_on};
 pub use cohort_driver_core::{Clock, Config, NodeEvent, clock, config, os_salt};
 pub use driver::{Driver, TokenRange};
-pub use host::{WorkerHost, spawn_controller, spawn_controller_on, spawn_host, stop_all};
+pub use host::{
+    WorkerHost, spawn_controller, spawn_controller_on, spawn_host, spawn_recorded_controller_on, stop_all,
+};
 pub use runner::{Remote, Runner, Stopped};
 pub use thread::{NodeThread, Spawner, shutdown_all};

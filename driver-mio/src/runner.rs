@@ -210,6 +210,11 @@ impl<M: Machine> Remote<M> {
         let _ = self.send(Command::Shutdown);
     }
 
+    /// Wakes the node's loop for one turn, running nothing.
+    pub(crate) fn wake(&self) {
+        let _ = self.waker.wake();
+    }
+
     fn send(&self, cmd: Command<M>) -> Result<(), Stopped> {
         self.tx.send(cmd).map_err(|_| Stopped)?;
         self.waker.wake().map_err(|_| Stopped)

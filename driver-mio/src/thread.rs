@@ -157,10 +157,11 @@ impl<M: Machine> NodeThread<M> {
     }
 
     /// Throws the crash switch and wakes the loop so it sees it (it may
-    /// already have ended).
+    /// already have ended). A wake, not a command: nothing runs on the
+    /// machine (a recording gets no command marker).
     fn switch_off(&self) {
         self.kill.store(true, Ordering::Release);
-        let _ = self.remote.with(|_, _| {});
+        self.remote.wake();
     }
 
     fn take_thread(&self) -> Option<JoinHandle<io::Result<()>>> {

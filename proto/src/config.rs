@@ -46,7 +46,8 @@ impl std::error::Error for ConfigError {}
 /// assert!(TimeoutScale::parse("nan").is_err());
 /// assert_eq!(TimeoutScale::default().get(), 1.0);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "f64", into = "f64")]
 pub struct TimeoutScale(f64);
 
 impl TimeoutScale {
@@ -97,6 +98,21 @@ impl TimeoutScale {
     pub fn scaled_secs(self, base: Duration) -> Duration {
         let secs = (base.as_secs_f64() * self.0).ceil().max(1.0);
         Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
+    }
+}
+
+/// A recorded scale is checked as a configured one ([`TimeoutScale::new`]).
+impl TryFrom<f64> for TimeoutScale {
+    type Error = ConfigError;
+
+    fn try_from(factor: f64) -> Result<Self, ConfigError> {
+        TimeoutScale::new(factor)
+    }
+}
+
+impl From<TimeoutScale> for f64 {
+    fn from(scale: TimeoutScale) -> f64 {
+        scale.0
     }
 }
 

@@ -21,7 +21,9 @@ use core::time::Duration;
 /// assert_eq!(t - Time::from_secs(30), Duration::from_millis(1));
 /// assert_eq!(Time::ZERO - t, Duration::ZERO); // saturating
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct Time(u64);
 
 impl Time {

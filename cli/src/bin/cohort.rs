@@ -1,6 +1,7 @@
 //! `cohort`: cohort's command-line program.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -11,8 +12,11 @@ use cohort::args;
 use cohort::cluster::demo::{self, DemoOptions, Kill};
 use cohort::cluster::describe::{Narrator, json_line, json_of, log_node};
 use cohort::cluster::host::{HostParams, MioHost};
-use cohort::cluster::{ClusterEvent, Source, Stamped, http, shutdown_all, spawn_controller};
+use cohort::cluster::{
+    ClusterEvent, Source, Stamped, http, shutdown_all, spawn_controller, spawn_recorded_controller,
+};
 use cohort::rank_process::{self, RankOptions};
+use cohort::replay_tool;
 use cohort::wire_tool::{self, WireCmd};
 use cohort_driver_core::os_salt;
 use cohort_driver_mio::{Clock, Config};
@@ -81,6 +85,28 @@ enum Cmd {
     /// Decode captured frames to JSON, or encode JSON to frames.
     #[command(subcommand)]
     Wire(WireCmd),
+    /// Replay a controller's flight recording (`controller --record`,
+    /// `demo --record`) decision for decision: rebuild the controller from
+    /// the recording, feed it every recorded input at its instant, check
+    /// every output against the recorded digest, and print its timeline as
+    /// the live controller printed its events, then a summary.
+    ///
+    /// Exit status: 0 all matched; 1 at the first divergence (its entry,
+    /// byte offset, instant and input, and what the replay produced); 2 the
+    /// file is unreadable (the byte offset and what was expected there); 3
+    /// at a command run on the controller through its driver (a closure: not
+    /// recordable, the replay stops there).
+    Replay(ReplayArgs),
+}
+
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    /// The recording.
+    file: PathBuf,
+    /// One JSON object per event (the live `--json` lines), then the summary
+    /// as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -204,6 +230,13 @@ struct ControllerArgs {
     /// address it joined at).
     #[arg(long)]
     advertise: Option<String>,
+    /// Record the controller's every input to FILE (a flight recording) for
+    /// `cohort replay FILE`. The file holds the configuration, the session
+    /// salt and run nonce included, and every byte received: it is as
+    /// secret as the salt (created readable by its owner only; see
+    /// docs/SECURITY.md).
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
     /// After the run ends, keep serving this many seconds (so agents hear
     /// the end and state.json shows it). Under --rules flodl the linger
     /// starts once every host has left, as flodl's launcher exits only
@@ -382,13 +415,17 @@ struct DemoArgs {
     /// Write one JSON object per event to stdout, then the summary as JSON.
     #[arg(long)]
     json: bool,
+    /// Record the controller to DIR/controller.rec (a flight recording for
+    /// `cohort replay`; as secret as the run's salt, docs/SECURITY.md).
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
     #[command(flatten)]
     run: RunArgs,
 }
 
 fn main() {
     let cli = Cli::parse();
-    if !matches!(cli.cmd, Cmd::Wire(_)) {
+    if !matches!(cli.cmd, Cmd::Wire(_) | Cmd::Replay(_)) {
         init_tracing();
     }
     let code = match cli.cmd {
@@ -418,6 +455,7 @@ fn main() {
         Cmd::Start { addr, token } => start(&addr, token.as_deref()),
         Cmd::Demo(a) => run_demo(a),
         Cmd::Wire(w) => wire_tool::run(w),
+        Cmd::Replay(r) => replay_tool::run(&r.file, r.json),
     };
     std::process::exit(code);
 }
@@ -577,10 +615,19 @@ fn controller(a: ControllerArgs) -> i32 {
     }
     let clock = Clock::start();
     let (sink, events) = mpsc::channel();
-    let node = match spawn_controller(cfg, listener, Config::scaled(scale), clock, sink) {
-        Ok(n) => n,
-        Err(e) => return fail(&format!("listening on {}: {e}", a.bind)),
+    let spawned = match &a.record {
+        Some(path) => spawn_recorded_controller(cfg, listener, Config::scaled(scale), clock, sink, path)
+            .map_err(|e| format!("recording to {}: {e}", path.display())),
+        None => spawn_controller(cfg, listener, Config::scaled(scale), clock, sink)
+            .map_err(|e| format!("listening on {}: {e}", a.bind)),
     };
+    let node = match spawned {
+        Ok(n) => n,
+        Err(e) => return fail(&e),
+    };
+    if let Some(path) = &a.record {
+        tracing::info!("recording to {} (as secret as the salt): cohort replay {0}", path.display());
+    }
     let addr = node.addr().map_or_else(|| a.bind.to_string(), |x| x.to_string());
     tracing::info!("controller listening on {addr} ({trust:?}); state: curl http://{addr}/state.json");
     if a.metrics {
@@ -819,6 +866,7 @@ fn run_demo(a: DemoArgs) -> i32 {
         scale,
         bind: a.bind,
         deadline: a.deadline_secs,
+        record: a.record,
     };
     if let Err(e) = opts.validate() {
         return fail(&e);

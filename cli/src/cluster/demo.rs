@@ -12,6 +12,10 @@
 //! rendered by [`cohort_driver_core::metrics`]); the launcher scrapes it
 //! once at the run's end, before the teardown ([`DemoReport::metrics`]).
 //!
+//! With `record` set (`cohort demo --record DIR`) the controller's flight
+//! recording is written to `DIR/controller.rec` ([`RECORDING`]), for
+//! `cohort replay`.
+//!
 //! On the NCCL plane (`--backend nccl`) the ranks open with the bootstrap
 //! rendezvous instead of a data relay, and the dead rank's survivors get a
 //! new NCCL session; proto's [`NcclOracle`] (the simulator's NCCL check)
@@ -20,6 +24,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -37,7 +42,12 @@ use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
 use cohort_proto::status::{Reply, StatusServerEvent};
 
 use super::host::{HostParams, MioHost, stop_all};
-use super::{ClusterEvent, Sink, Source, Stamped, http, shutdown_all, spawn_controller};
+use super::{
+    ClusterEvent, Sink, Source, Stamped, http, shutdown_all, spawn_controller, spawn_recorded_controller,
+};
+
+/// The controller's recording's name in the `record` directory.
+pub const RECORDING: &str = "controller.rec";
 
 /// How long after the run's end the launcher waits for every rank to exit.
 pub const EXIT_GRACE: Duration = Duration::from_secs(10);
@@ -70,6 +80,9 @@ pub struct DemoOptions {
     pub bind: SocketAddr,
     /// Give up if the run has not ended by then.
     pub deadline: Duration,
+    /// Record the controller to [`RECORDING`] in this directory (made if
+    /// missing).
+    pub record: Option<PathBuf>,
 }
 
 impl Default for DemoOptions {
@@ -85,6 +98,7 @@ impl Default for DemoOptions {
             scale: TimeoutScale::new(0.1).unwrap_or_default(),
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             deadline: Duration::from_secs(120),
+            record: None,
         }
     }
 }
@@ -180,6 +194,8 @@ pub struct DemoReport {
     pub check: CheckSummary,
     /// The NCCL plane's check, when the run averaged over NCCL.
     pub nccl: Option<NcclSummary>,
+    /// The controller's recording and its size once flushed, when one was made.
+    pub recording: Option<(PathBuf, u64)>,
     /// Wall time, start to teardown.
     pub wall: Duration,
 }
@@ -261,6 +277,13 @@ impl DemoReport {
         out.extend(
             self.check.violations.iter().chain(nccl_violations).map(|v| format!("VIOLATION           {v}")),
         );
+        if let Some((path, bytes)) = &self.recording {
+            out.push(format!(
+                "recording           {} ({} bytes; cohort replay {0})",
+                path.display(),
+                cohort_proto::display::Thousands(*bytes)
+            ));
+        }
         out.push(format!("wall time           {:.3} s", self.wall.as_secs_f64()));
         out.push(format!("verdict             {}", if self.ok() { "PASS" } else { "FAIL" }));
         out
@@ -298,6 +321,8 @@ impl DemoReport {
             "status_answers": self.status_answers,
             "metrics_samples": self.metrics.as_ref().ok().map(|t| metric_samples(t)),
             "violations": self.check.violations,
+            "recording": self.recording.as_ref().map(|(p, _)| p.display().to_string()),
+            "recording_bytes": self.recording.as_ref().map(|(_, b)| *b),
             "wall_s": self.wall.as_secs_f64(),
             "ok": self.ok(),
         })
@@ -410,8 +435,19 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
     // chunk-pool dispatch, where a dead rank's chunks go back to the pool).
     cfg.run.progressive = Some(false);
     cfg.metrics = Some(cohort_driver_core::metrics::prometheus());
-    let controller = spawn_controller(cfg, listener, config.clone(), clock, sink.clone())
-        .map_err(|e| format!("controller on {addr}: {e}"))?;
+    let recording = match &opts.record {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| format!("--record {}: {e}", dir.display()))?;
+            Some(dir.join(RECORDING))
+        }
+        None => None,
+    };
+    let controller = match &recording {
+        Some(path) => spawn_recorded_controller(cfg, listener, config.clone(), clock, sink.clone(), path)
+            .map_err(|e| format!("controller on {addr}, recorded to {}: {e}", path.display()))?,
+        None => spawn_controller(cfg, listener, config.clone(), clock, sink.clone())
+            .map_err(|e| format!("controller on {addr}: {e}"))?,
+    };
     let listening = ClusterEvent::Listening { addr: addr.to_string() };
     let _ = sink.send(Stamped { at: clock.now(), source: Source::Controller, event: listening });
     let pre_shared = (trust == TrustMode::PreShared).then_some(salt);
@@ -526,6 +562,11 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
         metrics,
         check: summary,
         nccl: (opts.knobs.backend == Backend::Nccl).then(|| nccl.finish()),
+        // Flushed by the controller's clean stop.
+        recording: recording.map(|p| {
+            let bytes = std::fs::metadata(&p).map_or(0, |m| m.len());
+            (p, bytes)
+        }),
         wall: started.elapsed(),
     })
 }

@@ -29,7 +29,10 @@ pub mod http;
 use std::sync::mpsc::Sender;
 
 pub use cohort_driver_core::host::{forward, program};
-pub use cohort_driver_mio::{NodeThread, shutdown_all, spawn_controller_on as spawn_controller};
+pub use cohort_driver_mio::{
+    NodeThread, shutdown_all, spawn_controller_on as spawn_controller,
+    spawn_recorded_controller_on as spawn_recorded_controller,
+};
 pub use cohort_proto::node::cluster::{ClusterEvent, Source, Stamped};
 
 /// Where a cluster's nodes send their events (one merged, ordered-per-node stream).

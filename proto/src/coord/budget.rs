@@ -113,6 +113,36 @@ impl<'de> serde::Deserialize<'de> for FailureBudget {
     }
 }
 
+/// A budget as a recording holds it (`#[serde(with = "budget::exact")]`
+/// on an `Option<FailureBudget>`): the variant and its value as they are,
+/// for formats that are not self-describing (bincode), where the text form
+/// above cannot be read back.
+pub(crate) mod exact {
+    use super::FailureBudget;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    enum Exact {
+        Absolute(u32),
+        Percent(f64),
+    }
+
+    pub(crate) fn serialize<S: Serializer>(b: &Option<FailureBudget>, s: S) -> Result<S::Ok, S::Error> {
+        b.map(|b| match b {
+            FailureBudget::Absolute(n) => Exact::Absolute(n),
+            FailureBudget::Percent(p) => Exact::Percent(p),
+        })
+        .serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<FailureBudget>, D::Error> {
+        Ok(Option::<Exact>::deserialize(d)?.map(|e| match e {
+            Exact::Absolute(n) => FailureBudget::Absolute(n),
+            Exact::Percent(p) => FailureBudget::Percent(p),
+        }))
+    }
+}
+
 /// A plain decimal `digits` (no exponent) with its point moved `by` places
 /// right (left if negative), as text.
 fn shift_point(digits: &str, by: i32) -> String {

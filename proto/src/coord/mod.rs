@@ -64,7 +64,7 @@ use el_che::ElCheConfig;
 /// assert!(cfg.validate().is_ok());
 /// assert!(CoordConfig::new(0, 2, 30, 1).validate().is_err());
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CoordConfig {
     /// Ranks in the world (frozen at formation).
     pub world_size: u32,
@@ -79,6 +79,7 @@ pub struct CoordConfig {
     /// Ranks on the controller's own host (preferred NCCL id generators).
     pub local_ranks: BTreeSet<u32>,
     /// The failure budget (`None`: only the backend's hard limits apply).
+    #[serde(with = "budget::exact")]
     pub failure_budget: Option<FailureBudget>,
     /// The network timeout scale (stretches staleness and the stall ceiling).
     pub timeout_scale: TimeoutScale,

@@ -48,7 +48,7 @@ impl ApplyPolicy {
 
 /// ElChe's knobs beyond the anchor, each `None` meaning flodl's default for
 /// the mode (see [`ElCheConfig`](super::el_che::ElCheConfig)).
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct ElCheTuning {
     /// Anchor ceiling.
     pub max_anchor: Option<u64>,

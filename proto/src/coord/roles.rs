@@ -31,7 +31,7 @@ impl fmt::Display for Role {
 }
 
 /// How the coordinator elects role holders.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum RolePolicy {
     /// The live rank with the lowest smoothed ms per batch (uncalibrated
     /// ranks last, ties to the lower rank): at the start that is rank 0.

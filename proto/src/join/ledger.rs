@@ -79,7 +79,7 @@ impl fmt::Display for StartMode {
 /// assert_eq!((d.min_rank_start, d.join_timeout_secs, d.max_join_timeout_secs), (1, 300, 600));
 /// assert_eq!((d.target_ranks, d.start_mode, d.open_admission, d.nccl_backend), (None, StartMode::Auto, false, true));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JoinConfig {
     /// The quorum, in ranks: the world never forms below it (default 1).
     pub min_rank_start: usize,
@@ -177,7 +177,7 @@ impl JoinConfig {
 }
 
 /// How pre-admission join frames are keyed, and why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TrustMode {
     /// The session salt is pre-shared: hellos must be keyed with it, and the
     /// accept never carries it.

@@ -29,11 +29,19 @@ use super::envelope::{ControllerAddr, Envelope, RelaySpec, WorkloadSpec};
 use super::knobs::RunKnobs;
 
 /// The controller's configuration.
-#[derive(Debug, Clone)]
+///
+/// It is plain data with a serde form (a flight recording's header holds
+/// it as bincode, `cohort_driver_core::record`), the session salt and the
+/// run nonce included: whatever holds it is as secret as the salt. The
+/// injected [`ControllerConfig::metrics`] renderer is code, not data: it is
+/// skipped (`None` when read back); a recording says separately whether it
+/// was on.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ControllerConfig {
     /// The join window's knobs.
     pub join: JoinConfig,
     /// The session salt.
+    #[serde(with = "salt_bytes")]
     pub salt: SessionSalt,
     /// How pre-admission join frames are keyed.
     pub trust: TrustMode,
@@ -60,6 +68,7 @@ pub struct ControllerConfig {
     /// run's nonce, announced on every join connection; every frame of the
     /// run is then keyed with the pre-shared salt bound to it, so a
     /// recording of another run under the same salt verifies nowhere.
+    #[serde(with = "nonce_bytes")]
     pub run_nonce: Option<RunNonce>,
     /// Most connections that have not authenticated (routed or not, their
     /// hello not yet verified, or on the status endpoint) kept past
@@ -75,8 +84,42 @@ pub struct ControllerConfig {
     /// (cohort only; `None` by default, as flodl 0.8, which has no
     /// `/metrics`: the path is then answered 404 as any unknown one). The
     /// driver layer injects the renderer (cohort-driver-core's
-    /// `metrics::prometheus()`); see [`crate::status::metrics`].
+    /// `metrics::prometheus()`); see [`crate::status::metrics`]. Not part
+    /// of the serde form (`None` when read back).
+    #[serde(skip)]
     pub metrics: Option<Arc<dyn MetricsRenderer>>,
+}
+
+/// A session salt as its 16 bytes, for [`ControllerConfig`]'s serde form.
+mod salt_bytes {
+    use crate::wire::{SESSION_SALT_BYTES, SessionSalt};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(salt: &SessionSalt, s: S) -> Result<S::Ok, S::Error> {
+        salt.as_bytes().serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SessionSalt, D::Error> {
+        <[u8; SESSION_SALT_BYTES]>::deserialize(d).map(SessionSalt::from_bytes)
+    }
+}
+
+/// A run nonce as its encoding (tag and bytes), for [`ControllerConfig`]'s
+/// serde form: read back through [`RunNonce::decode`], tag checked.
+mod nonce_bytes {
+    use crate::wire::RunNonce;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(nonce: &Option<RunNonce>, s: S) -> Result<S::Ok, S::Error> {
+        nonce.map(|n| n.encode()).serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RunNonce>, D::Error> {
+        match Option::<[u8; RunNonce::LEN]>::deserialize(d)? {
+            None => Ok(None),
+            Some(raw) => RunNonce::decode(&raw).map(Some).map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 /// The default cap on connections that have not authenticated. A real peer
@@ -1239,6 +1282,72 @@ mod tests {
             closed = done;
         }
         (sent, closed)
+    }
+
+    #[test]
+    fn a_configuration_reads_back_from_bincode_and_json_whole_but_its_renderer() {
+        use crate::coord::el_che::{GuardChoice, MsfGuard};
+        use crate::coord::{ApplyPolicy, FailureBudget, RolePolicy};
+        use crate::join::StartMode;
+        use crate::wire::{Dtype, RoundKind};
+        let join = JoinConfig {
+            min_rank_start: 3,
+            join_timeout_secs: 17,
+            target_ranks: Some(5),
+            max_join_timeout_secs: 40,
+            open_admission: true,
+            start_mode: StartMode::Auto,
+            nccl_backend: false,
+        };
+        let knobs = RunKnobs { epochs: 4, model_elems: 12, ..RunKnobs::default() };
+        let at = ControllerAddr::parse("10.1.2.3:7070").expect("address");
+        let scale = TimeoutScale::new(0.35).expect("scale");
+        let salt = SessionSalt::from_bytes(core::array::from_fn(|i| i as u8 * 7));
+        let mut cfg = ControllerConfig::from_knobs(join, salt, TrustMode::OpenExplicit, scale, at, &knobs)
+            .expect("config");
+        cfg.run_nonce = Some(RunNonce::from_bytes([0xa5; 16]));
+        cfg.run.failure_budget = Some(FailureBudget::Percent(0.869274408469204));
+        cfg.run.policy = ApplyPolicy::Async;
+        cfg.run.role_policy = RolePolicy::Rank(2);
+        cfg.run.partition_ratios = Some(vec![0.25, 0.75, 1.0 / 3.0]);
+        cfg.run.local_ranks = [0, 4].into();
+        cfg.run.model_sig = Some([9; 32]);
+        cfg.run.el_che.overhead_target = Some(0.07);
+        cfg.run.el_che.guard = Some(GuardChoice::Msf(MsfGuard::default().with_alpha(0.8).without_nudge()));
+        cfg.model = Some(RoundSchema {
+            kind: RoundKind::Control,
+            tensors: vec![(Dtype::Bf16, vec![3, 4]), (Dtype::F32, vec![])],
+        });
+        cfg.unauthenticated_grace = core::time::Duration::from_nanos(1_234_567_891);
+        cfg.metrics = Some(Arc::new(|_: &MetricsSnapshot| String::new()));
+        // Everything but the renderer, as `Debug` shows it (the salt and
+        // the nonce included).
+        let shown = |c: &ControllerConfig| format!("{:?}", ControllerConfig { metrics: None, ..c.clone() });
+        let config = bincode::config::standard();
+        let bytes = bincode::serde::encode_to_vec(&cfg, config).expect("encodes");
+        let (back, used): (ControllerConfig, usize) =
+            bincode::serde::decode_from_slice(&bytes, config).expect("decodes");
+        assert_eq!(used, bytes.len());
+        assert_eq!(shown(&back), shown(&cfg));
+        assert_eq!(back.salt.as_bytes(), cfg.salt.as_bytes());
+        assert!(back.metrics.is_none(), "the renderer is code: not recorded");
+        // JSON too (where every number is finite: JSON has no infinity, and
+        // a guard without its nudge holds one).
+        cfg.run.el_che.guard = Some(GuardChoice::Trend { threshold: Some(0.3) });
+        let json = serde_json::to_string(&cfg).expect("json");
+        let back: ControllerConfig = serde_json::from_str(&json).expect("json reads back");
+        assert_eq!(shown(&back), shown(&cfg));
+        assert_eq!(back.salt.as_bytes(), cfg.salt.as_bytes());
+        // A recorded scale is checked as a configured one.
+        let bad = json.replace("\"timeout_scale\":0.35", "\"timeout_scale\":0.01");
+        assert_ne!(bad, json);
+        let e = serde_json::from_str::<ControllerConfig>(&bad).unwrap_err();
+        assert!(e.to_string().contains("timeout scale"), "{e}");
+        // A nonce whose tag is not `CRUN` is refused.
+        let mut raw = bytes.clone();
+        let tag = raw.windows(4).position(|w| w == RunNonce::TAG).expect("the nonce's tag");
+        raw[tag] ^= 0xff;
+        assert!(bincode::serde::decode_from_slice::<ControllerConfig, _>(&raw, config).is_err());
     }
 
     fn status_line(answer: &[u8]) -> &str {

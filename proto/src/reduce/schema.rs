@@ -28,12 +28,30 @@ use crate::wire::{Dtype, FrameType, Problem, RoundKind, WireError, WireResult};
 /// assert_eq!((e.field, e.index), ("dtype", Some(0)));
 /// assert!(e.to_string().contains("the run's model"), "{e}");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct RoundSchema {
     /// Model or Control.
+    #[serde(with = "kind_tag")]
     pub kind: RoundKind,
     /// Each tensor's dtype and shape, in order.
     pub tensors: Vec<(Dtype, Vec<u32>)>,
+}
+
+/// A round kind as its wire tag, for [`RoundSchema`]'s serde form.
+mod kind_tag {
+    use crate::wire::RoundKind;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(kind: &RoundKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u8(kind.tag())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<RoundKind, D::Error> {
+        let tag = u8::deserialize(d)?;
+        RoundKind::from_tag(tag).ok_or_else(|| {
+            serde::de::Error::custom(format!("round kind {tag}: expected 0 (Model) or 1 (Control)"))
+        })
+    }
 }
 
 fn differs(field: &'static str, index: Option<u32>, what: String) -> WireError {

@@ -53,7 +53,7 @@ impl ElCheMode {
 }
 
 /// Which convergence guard judges the ranks' divergence.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum GuardChoice {
     /// The trend rule (flodl's default). `threshold: None` takes
     /// [`default_trend_threshold`] of the configured EASGD alpha.

@@ -150,7 +150,7 @@ impl TrendGuard {
 }
 
 /// One observation of the across-reduce rate estimator.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LambdaSample {
     /// The worst delta of this reduce.
     pub d_raw: f64,
@@ -166,7 +166,7 @@ pub struct LambdaSample {
 
 /// The across-reduce divergence growth rate, smoothed: an EMA of
 /// `ln(d_t / d_{t-1}) / k_max`, bias-corrected like Adam's moments.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LambdaEstimator {
     prev: Option<f64>,
     ema: f64,
@@ -220,7 +220,7 @@ impl LambdaEstimator {
 /// a soft threshold for a run of reduces, `NudgeDown` once it stays above a
 /// hard one. Each threshold has its own run counter, reset when it fires;
 /// the hard one wins when both fire.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MsfGuard {
     estimator: LambdaEstimator,
     suppress_threshold: f64,

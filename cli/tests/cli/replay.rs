@@ -1,0 +1,247 @@
+//! Flight recordings as a user makes and reads them: `cohort demo --record
+//! DIR` records its controller, and `cohort replay DIR/controller.rec`
+//! replays it decision for decision, printing the same timeline the live
+//! controller printed; a recording with one byte of a received frame
+//! changed diverges at that input, a cut one is refused at the cut, and a
+//! command run on the controller stops the replay.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use cohort_driver_core::record::{Entry, Located, Reader, Recorded, Recorder};
+use cohort_driver_mio::{Clock, Config, Runner};
+use cohort_proto::node::controller::{ControllerConfig, ControllerNode};
+use cohort_proto::node::envelope::ControllerAddr;
+use cohort_proto::wire::SessionSalt;
+use serde_json::Value;
+
+/// A directory of this test's own, empty.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cohort-replay-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("a scratch directory");
+    d
+}
+
+fn cohort(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run cohort")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn json_lines(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not a JSON line: {l}")))
+        .collect()
+}
+
+/// The controller's events among `lines` (not the launcher's `listening`).
+fn controller_events(lines: &[Value]) -> Vec<Value> {
+    lines.iter().filter(|l| l["node"] == "controller" && l["event"] != "listening").cloned().collect()
+}
+
+/// The demo's short run (as `cohort_demo`'s), recorded to `dir`, its
+/// `--json` lines.
+fn recorded_demo(dir: &Path) -> Vec<Value> {
+    let dir = dir.to_str().expect("a UTF-8 path");
+    let out = cohort(&[
+        "demo",
+        "--epochs",
+        "2",
+        "--samples-per-epoch",
+        "400",
+        "--batch-ms",
+        "5",
+        "--kill-rank-at",
+        "0.25",
+        "--json",
+        "--record",
+        dir,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    json_lines(&out)
+}
+
+fn entries(path: &Path) -> Vec<Located> {
+    Reader::open(path).expect("a recording").collect::<Result<_, _>>().expect("whole entries")
+}
+
+#[test]
+fn a_recorded_demo_replays_with_no_divergence_and_prints_the_live_controllers_timeline() {
+    let dir = scratch("demo");
+    let live = recorded_demo(&dir);
+    let summary = live.last().expect("the demo's summary");
+    assert_eq!(summary["ok"], true, "{summary}");
+    assert_eq!(summary["killed_rank"], 1, "the demo killed a rank mid-run: {summary}");
+    let rec = dir.join("controller.rec");
+    assert_eq!(summary["recording"], rec.display().to_string());
+    assert_eq!(summary["recording_bytes"], std::fs::metadata(&rec).expect("the recording").len());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&rec).expect("the recording").permissions().mode();
+        assert_eq!(mode & 0o077, 0, "as secret as the salt: {mode:o}");
+    }
+
+    let out = cohort(&["replay", rec.to_str().expect("UTF-8"), "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let lines = json_lines(&out);
+    let replay = &lines.last().expect("the replay's summary")["replay"];
+    assert_eq!(replay["divergences"], 0, "{replay}");
+    assert!(replay["inputs"].as_u64().expect("inputs") > 100, "{replay}");
+    assert!(replay["outputs"].as_u64().expect("outputs") > 100, "{replay}");
+    assert!(replay["stopped_at"].is_number(), "the demo stops its controller cleanly: {replay}");
+    assert_eq!(replay["bytes"], summary["recording_bytes"], "every byte read: {replay}");
+    // The replay's timeline is the live controller's, line for line: each
+    // event's kind, instant, level, text and facts.
+    let (want, got) = (controller_events(&live), controller_events(&lines));
+    assert_eq!(got.len(), lines.len() - 1, "only the controller's events, then the summary");
+    let kinds = |v: &[Value]| v.iter().map(|l| (l["t"].clone(), l["event"].clone())).collect::<Vec<_>>();
+    assert_eq!(kinds(&got), kinds(&want));
+    assert_eq!(got, want);
+    for kind in ["started", "rank_dead", "partition_extended", "epoch_aggregated", "finished"] {
+        assert!(got.iter().any(|l| l["event"] == kind), "no {kind} in the replay");
+    }
+
+    // For a human: the same events with their instants, and the summary.
+    let out = cohort(&["replay", rec.to_str().expect("UTF-8")]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary_line = format!(
+        "replayed {} inputs, {} outputs checked, 0 divergences",
+        cohort_proto::display::Thousands(replay["inputs"].as_u64().unwrap_or(0)),
+        cohort_proto::display::Thousands(replay["outputs"].as_u64().unwrap_or(0)),
+    );
+    assert!(stdout.contains(&summary_line), "{summary_line}\n{}", text(&out));
+    let dead = want.iter().find(|l| l["event"] == "rank_dead").expect("a death");
+    let dead_line = format!(
+        "{:>12.6}s  WARN           controller | {}",
+        dead["t"].as_f64().unwrap_or(0.0),
+        dead["text"].as_str().unwrap_or("")
+    );
+    assert!(stdout.contains(&dead_line), "{dead_line}\n{}", text(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn one_flipped_byte_of_a_received_frame_diverges_at_that_entry_and_a_cut_file_is_refused_at_the_cut() {
+    let dir = scratch("broken");
+    recorded_demo(&dir);
+    let rec = dir.join("controller.rec");
+    let file = std::fs::read(&rec).expect("the recording");
+    let all = entries(&rec);
+
+    // The first bytes the controller received (a joining agent's channel
+    // magic), with their first byte flipped.
+    let received = all
+        .iter()
+        .find(|l| matches!(&l.entry, Entry::Input { input: Recorded::Received { .. }, .. }))
+        .expect("a Received entry");
+    let Entry::Input { at, input: Recorded::Received { bytes, .. } } = &received.entry else {
+        unreachable!()
+    };
+    // The bytes end their entry.
+    let first = (received.offset + received.len) as usize - bytes.0.len();
+    assert_eq!(&file[first..first + bytes.0.len()], &bytes.0[..]);
+    let mut flipped = file.clone();
+    flipped[first] ^= 0xff;
+    let bad = dir.join("flipped.rec");
+    std::fs::write(&bad, &flipped).expect("write");
+    let out = cohort(&["replay", bad.to_str().expect("UTF-8")]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let named = format!(
+        "divergence after entry {} (byte {}, t={:.6} s): Received {{ ",
+        received.index,
+        received.offset,
+        (at.as_nanos() / 1_000) as f64 / 1e6
+    );
+    assert!(stderr.contains(&named), "{named}\n{}", text(&out));
+    assert!(stderr.contains("the replay produced:"), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(", 1 divergence\n"), "{}", text(&out));
+    // The same, as JSON.
+    let out = cohort(&["replay", bad.to_str().expect("UTF-8"), "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let lines = json_lines(&out);
+    let d = &lines.last().expect("a summary")["replay"]["divergence"];
+    assert_eq!(d["after"]["entry"], received.index, "{d}");
+    assert_eq!(d["after"]["offset"], received.offset, "{d}");
+    assert_eq!(d["entry"], received.index + 1, "the drain that followed it: {d}");
+
+    // Cut in an entry well into the run (in its length, then in its body):
+    // refused at that entry's offset, exit 2, after the entries before it
+    // replayed.
+    let victim = &all[all.len() / 2];
+    let body = victim.len - 4;
+    for (cut, named) in [
+        (3, format!("byte {}: entry {}'s length: truncated", victim.offset, victim.index)),
+        (
+            4 + body / 2,
+            format!(
+                "byte {}: entry {} ({body} bytes after its length): truncated: the file ends {} of {} bytes in",
+                victim.offset,
+                victim.index,
+                4 + body / 2,
+                victim.len
+            ),
+        ),
+    ] {
+        let short = dir.join("cut.rec");
+        std::fs::write(&short, &file[..victim.offset as usize + cut as usize]).expect("write");
+        let out = cohort(&["replay", short.to_str().expect("UTF-8"), "--json"]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(&named), "{named}\n{}", text(&out));
+        let lines = json_lines(&out);
+        let summary = &lines.last().expect("a summary")["replay"];
+        assert_eq!(summary["entries"], victim.index, "{summary}");
+        assert_eq!(summary["error"]["offset"], victim.offset, "{summary}");
+    }
+    // Not a recording at all.
+    let out = cohort(&["replay", rec.parent().expect("dir").to_str().expect("UTF-8")]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_command_run_on_a_recorded_controller_stops_the_replay_there() {
+    let dir = scratch("command");
+    let rec = dir.join("controller.rec");
+    let cfg = ControllerConfig::builder()
+        .ranks(2)
+        .salt(SessionSalt::from_bytes([6; 16]))
+        .advertise(ControllerAddr::parse("127.0.0.1:9").expect("address"))
+        .build()
+        .expect("config");
+    let clock = Clock::start();
+    let built_at = clock.now();
+    let recorder = Recorder::controller(&rec, &cfg, built_at).expect("a recording");
+    let node = ControllerNode::new(cfg, built_at).expect("a controller");
+    let mut runner = Runner::with_clock(node, Config::default(), clock).expect("a runner");
+    runner.driver().record(recorder);
+    runner.turn(Some(std::time::Duration::ZERO)).expect("a turn");
+    // The operator's start, as a program embedding the driver runs it.
+    runner.driver().with(|c, now| c.operator_start(now));
+    runner.shutdown().expect("a clean stop");
+    drop(runner);
+    let all = entries(&rec);
+    let marker = all.iter().find(|l| matches!(l.entry, Entry::Command { .. })).expect("a command marker");
+    assert!(matches!(all.last().map(|l| &l.entry), Some(Entry::Stop { .. })), "{all:?}");
+    let out = cohort(&["replay", rec.to_str().expect("UTF-8")]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let named = format!("entry {} (byte {}, t=", marker.index, marker.offset);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&named) && stderr.contains("a command was run"), "{named}\n{}", text(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}

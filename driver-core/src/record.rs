@@ -1,0 +1,1724 @@
+//! Flight recordings: every input a machine took, in order and at its
+//! instant, written at the driver boundary, so that a run can be replayed
+//! decision for decision ([`replay`]; the `cohort replay` program).
+//!
+//! A cohort machine's every decision is a pure function of the bytes and
+//! instants handed in. The [`Engine`](crate::engine::Engine) is where every
+//! driver hands them in, so the recording is made there, once for every
+//! driver: [`Engine::record`](crate::engine::Engine::record) installs a
+//! [`Recorder`] (one `Option` check at each place the engine feeds or
+//! drains the machine when none is installed).
+//!
+//! # What is recorded
+//!
+//! - every input the machine took, with its instant: `Accepted{conn,
+//!   peer}`, `Connected{dial, conn}`, `DialFailed{dial}`,
+//!   `Received{conn, bytes}` (the bytes whole), `Closed{conn, cause,
+//!   unsent}`, `Timeout`;
+//! - after each input, where the engine drained the machine's outputs and
+//!   at which instant, with a digest of what it drained: the count and a
+//!   64-bit hash of every `Transmit{conn, bytes}`, `Dial{dial, addr}` and
+//!   `Close{conn}` in order, and of each event's `Debug` text ([`Digest`]);
+//!   and the machine's `poll_timeout` after the drain (when it asked to be
+//!   woken: a timer input missed shows there). A drain that yields nothing
+//!   after nothing was fed is not written;
+//! - a marker for each command run on the machine through the driver
+//!   ([`Engine::machine_mut`](crate::engine::Engine::machine_mut), a
+//!   driver's `with`): a closure cannot be recorded, so a replay stops
+//!   there and says so;
+//! - the clean stop ([`Engine::begin_shutdown`](crate::engine::Engine::begin_shutdown)):
+//!   the machine hears nothing after it. A recording that ends without it
+//!   is of a node that was killed or crashed.
+//!
+//! # The file
+//!
+//! ```text
+//! file    = magic "COHORTFR" (8 bytes) | version u16 LE (1) | header length u32 LE | header | entry*
+//! header  = bincode 2 (standard: varint integers, little endian) of [`Header`]:
+//!           node kind ("controller"), payload mode, the instant the machine was
+//!           built at, whether `/metrics` was served, the writer's version, and
+//!           the node's configuration as bincode (a `ControllerConfig`)
+//! entry   = length u32 LE | bincode 2 of an [`Entry`]
+//! ```
+//!
+//! Lengths are bounded before anything is allocated for them (a header at
+//! most [`MAX_HEADER_BYTES`], an entry at most [`MAX_ENTRY_BYTES`], above
+//! any driver's read chunk), and buffers grow only with bytes actually
+//! read. A file cut anywhere reads back as its whole entries, then a
+//! [`RecordError`] naming the byte offset and what was expected there
+//! (unless it was cut exactly between two entries: that is a clean end).
+//!
+//! **Payload mode.** This version has one: [`PayloadMode::Whole`], every
+//! `Received` carries its bytes whole. (Digests of large payloads in place
+//! of the bytes are future work.)
+//!
+//! **The digest** is std's `DefaultHasher` with fixed keys
+//! (`BuildHasherDefault<DefaultHasher>`): fast, and stable within one
+//! build, but std does not promise the algorithm across Rust releases. A
+//! recording is meant to be replayed by the `cohort` it came from (the
+//! header names the writer's version); a different build may report every
+//! digest as a divergence.
+//!
+//! **Secrecy.** The header holds the node's configuration, the session
+//! salt and run nonce included, and the entries every byte received: a
+//! recording is as secret as the salt. [`Recorder::create`] makes the file
+//! readable by its owner only (on unix).
+//!
+//! **Cost.** Nothing when no recorder is installed. With one, each input is
+//! copied into a buffered file (flushed at least once a second of the
+//! node's time, at the clean stop and when the recorder is dropped; a
+//! process killed outright loses what was not flushed), and each event's
+//! `Debug` text is hashed as it is formatted (no allocation, but the text
+//! of an event that carries a large model is long).
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher};
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use cohort_proto::node::controller::{ControllerConfig, ControllerNode};
+use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The first 8 bytes of every recording.
+pub const MAGIC: [u8; 8] = *b"COHORTFR";
+
+/// The format version this module writes and reads.
+pub const VERSION: u16 = 1;
+
+/// The largest header a reader accepts.
+pub const MAX_HEADER_BYTES: u32 = 1 << 20;
+
+/// The largest entry a reader accepts (and a recorder writes): well above
+/// the largest `Received` a driver makes (`Config::read_chunk`, 1 MiB by
+/// default).
+pub const MAX_ENTRY_BYTES: u32 = 16 << 20;
+
+/// Bytes before the header: magic, version, header length.
+const PREFIX: u64 = 8 + 2 + 4;
+
+/// How much of the node's time may pass between two flushes.
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+fn writing() -> impl bincode::config::Config {
+    bincode::config::standard()
+}
+
+/// The node a recording is of (what its header's configuration is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeKind {
+    /// A `ControllerNode`; the configuration is a `ControllerConfig`.
+    Controller,
+}
+
+impl fmt::Display for NodeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NodeKind::Controller => "controller",
+        })
+    }
+}
+
+/// How `Received` bytes are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PayloadMode {
+    /// Whole: every byte received (the only mode of this version).
+    Whole,
+}
+
+/// A recording's header: what a replay needs to rebuild the machine.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    /// The node.
+    pub node: NodeKind,
+    /// How `Received` bytes are kept.
+    pub payload: PayloadMode,
+    /// The instant the machine was built at (its constructor's `now`).
+    pub built_at: Time,
+    /// Whether the node served `GET /metrics` (its renderer is code, not
+    /// part of the configuration: a replay reinstalls cohort's own).
+    pub metrics: bool,
+    /// What wrote it (`cohort-driver-core` and its version).
+    pub writer: String,
+    /// The node's configuration as bincode (secret: it holds the salt).
+    pub config: Vec<u8>,
+}
+
+impl fmt::Debug for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The configuration holds the salt: its size only.
+        f.debug_struct("Header")
+            .field("node", &self.node)
+            .field("payload", &self.payload)
+            .field("built_at", &self.built_at)
+            .field("metrics", &self.metrics)
+            .field("writer", &self.writer)
+            .field("config", &format_args!("{} bytes", self.config.len()))
+            .finish()
+    }
+}
+
+/// What wrote a recording: this crate and its version.
+pub fn writer() -> String {
+    format!("cohort-driver-core {}", env!("CARGO_PKG_VERSION"))
+}
+
+impl Header {
+    /// The header of a controller's recording: its configuration as it was
+    /// built, at `built_at`. Whether it serves `/metrics` is read from the
+    /// configuration.
+    ///
+    /// # Errors
+    /// If the configuration cannot be encoded (it always can).
+    pub fn controller(cfg: &ControllerConfig, built_at: Time) -> io::Result<Header> {
+        let config = bincode::serde::encode_to_vec(cfg, writing()).map_err(io::Error::other)?;
+        Ok(Header {
+            node: NodeKind::Controller,
+            payload: PayloadMode::Whole,
+            built_at,
+            metrics: cfg.metrics.is_some(),
+            writer: writer(),
+            config,
+        })
+    }
+
+    /// The controller's configuration, as recorded, its `/metrics`
+    /// renderer reinstalled (cohort's, [`crate::metrics::prometheus`]) if
+    /// it was on.
+    ///
+    /// # Errors
+    /// If this is not a controller's recording, or its configuration does
+    /// not decode (the error names the header's offset).
+    pub fn controller_config(&self) -> Result<ControllerConfig, RecordError> {
+        let at = |problem| RecordError {
+            offset: PREFIX,
+            expected: "the controller's configuration".into(),
+            problem,
+        };
+        if self.node != NodeKind::Controller {
+            return Err(at(Problem::Unsupported(format!(
+                "a recording of a {}, not a controller",
+                self.node
+            ))));
+        }
+        let limit = bincode::config::standard().with_limit::<{ MAX_HEADER_BYTES as usize }>();
+        let (mut cfg, used): (ControllerConfig, usize) =
+            bincode::serde::decode_from_slice(&self.config, limit)
+                .map_err(|e| at(Problem::Malformed(e.to_string())))?;
+        if used != self.config.len() {
+            return Err(at(Problem::Malformed(format!("{} bytes after it", self.config.len() - used))));
+        }
+        if self.metrics {
+            cfg.metrics = Some(crate::metrics::prometheus());
+        }
+        Ok(cfg)
+    }
+
+    /// The controller as the recorded one was built: the same
+    /// configuration at the same instant (its MAC work inline: a machine's
+    /// outputs are the same on every MAC runner).
+    ///
+    /// # Errors
+    /// As [`Header::controller_config`], or if the configuration is refused.
+    pub fn controller_node(&self) -> Result<ControllerNode, RecordError> {
+        let cfg = self.controller_config()?;
+        ControllerNode::new(cfg, self.built_at).map_err(|e| RecordError {
+            offset: PREFIX,
+            expected: "the controller's configuration".into(),
+            problem: Problem::Unsupported(format!("refused by ControllerNode::new: {e}")),
+        })
+    }
+}
+
+/// Bytes received, as a recording keeps them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Payload<'a>(pub Cow<'a, [u8]>);
+
+impl fmt::Debug for Payload<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} bytes", self.0.len())
+    }
+}
+
+impl Serialize for Payload<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // In bincode: the length, then the bytes (one copy).
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Payload<'_> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Bytes;
+        impl<'de> serde::de::Visitor<'de> for Bytes {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                // Read as a sequence (bincode writes bytes as a length and
+                // the bytes, as a sequence of u8): the buffer grows with the
+                // bytes there are, never with the length a file claims.
+                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64 << 10));
+                while let Some(b) = seq.next_element::<u8>()? {
+                    v.push(b);
+                }
+                Ok(v)
+            }
+        }
+        d.deserialize_seq(Bytes).map(|v| Payload(Cow::Owned(v)))
+    }
+}
+
+/// Why a connection ended, as recorded ([`CloseCause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub enum Cause {
+    Eof,
+    Reset,
+    Error,
+    WriteStall,
+}
+
+impl From<CloseCause> for Cause {
+    fn from(c: CloseCause) -> Self {
+        match c {
+            CloseCause::Eof => Cause::Eof,
+            CloseCause::Reset => Cause::Reset,
+            CloseCause::Error => Cause::Error,
+            CloseCause::WriteStall => Cause::WriteStall,
+        }
+    }
+}
+
+impl From<Cause> for CloseCause {
+    fn from(c: Cause) -> Self {
+        match c {
+            Cause::Eof => CloseCause::Eof,
+            Cause::Reset => CloseCause::Reset,
+            Cause::Error => CloseCause::Error,
+            Cause::WriteStall => CloseCause::WriteStall,
+        }
+    }
+}
+
+/// One input, as recorded ([`Input`]; connection and dial ids as numbers).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Recorded<'a> {
+    /// `Input::Accepted`.
+    Accepted {
+        /// The connection.
+        conn: u64,
+        /// Whether the peer was on loopback.
+        loopback: bool,
+    },
+    /// `Input::Connected`.
+    Connected {
+        /// The machine's dial.
+        dial: u32,
+        /// The connection.
+        conn: u64,
+    },
+    /// `Input::DialFailed`.
+    DialFailed {
+        /// The machine's dial.
+        dial: u32,
+    },
+    /// `Input::Received` (its bytes last: they end the entry).
+    Received {
+        /// The connection.
+        conn: u64,
+        /// The bytes.
+        bytes: Payload<'a>,
+    },
+    /// `Input::Closed`.
+    Closed {
+        /// The connection.
+        conn: u64,
+        /// Why.
+        cause: Cause,
+        /// Queued bytes never written.
+        unsent: u64,
+    },
+    /// `Input::Timeout`.
+    Timeout,
+}
+
+impl<'a> Recorded<'a> {
+    /// `input`, as recorded (borrowing its bytes).
+    pub fn of(input: &Input<'a>) -> Self {
+        match *input {
+            Input::Accepted { conn, peer } => Recorded::Accepted { conn: conn.0, loopback: peer.loopback },
+            Input::Connected { dial, conn } => Recorded::Connected { dial: dial.0, conn: conn.0 },
+            Input::DialFailed { dial } => Recorded::DialFailed { dial: dial.0 },
+            Input::Received { conn, bytes } => {
+                Recorded::Received { conn: conn.0, bytes: Payload(Cow::Borrowed(bytes)) }
+            }
+            Input::Closed { conn, cause, unsent } => {
+                Recorded::Closed { conn: conn.0, cause: cause.into(), unsent: unsent as u64 }
+            }
+            Input::Timeout => Recorded::Timeout,
+        }
+    }
+
+    /// The input to feed again.
+    pub fn input(&self) -> Input<'_> {
+        match self {
+            Recorded::Accepted { conn, loopback } => {
+                Input::Accepted { conn: ConnId(*conn), peer: Peer { loopback: *loopback } }
+            }
+            Recorded::Connected { dial, conn } => {
+                Input::Connected { dial: DialId(*dial), conn: ConnId(*conn) }
+            }
+            Recorded::DialFailed { dial } => Input::DialFailed { dial: DialId(*dial) },
+            Recorded::Received { conn, bytes } => Input::Received { conn: ConnId(*conn), bytes: &bytes.0 },
+            Recorded::Closed { conn, cause, unsent } => Input::Closed {
+                conn: ConnId(*conn),
+                cause: (*cause).into(),
+                unsent: usize::try_from(*unsent).unwrap_or(usize::MAX),
+            },
+            Recorded::Timeout => Input::Timeout,
+        }
+    }
+}
+
+impl fmt::Display for Recorded<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Recorded::Accepted { conn, loopback } => {
+                write!(
+                    f,
+                    "Accepted {{ {}, {} }}",
+                    ConnId(*conn),
+                    if *loopback { "loopback" } else { "remote" }
+                )
+            }
+            Recorded::Connected { dial, conn } => write!(f, "Connected {{ dial {dial}, {} }}", ConnId(*conn)),
+            Recorded::DialFailed { dial } => write!(f, "DialFailed {{ dial {dial} }}"),
+            Recorded::Received { conn, bytes } => {
+                write!(f, "Received {{ {}, {} bytes }}", ConnId(*conn), bytes.0.len())
+            }
+            Recorded::Closed { conn, cause, unsent } => write!(
+                f,
+                "Closed {{ {}, {}, {unsent} bytes unsent }}",
+                ConnId(*conn),
+                CloseCause::from(*cause)
+            ),
+            Recorded::Timeout => f.write_str("Timeout"),
+        }
+    }
+}
+
+/// One entry of a recording.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Entry<'a> {
+    /// The machine took `input` at `at`.
+    Input {
+        /// The instant.
+        at: Time,
+        /// The input.
+        input: Recorded<'a>,
+    },
+    /// The engine drained the machine at `at`: `count` outputs, whose
+    /// [`Digest`] is `digest`, after which the machine asked to be woken
+    /// at `wake` (its `poll_timeout`: the one output that is not polled).
+    Outputs {
+        /// The instant.
+        at: Time,
+        /// Outputs drained.
+        count: u32,
+        /// Their digest.
+        digest: u64,
+        /// The machine's `poll_timeout` after the drain.
+        wake: Option<Time>,
+    },
+    /// A command ran on the machine through the driver (not recordable).
+    Command {
+        /// The instant of the drain that followed it.
+        at: Time,
+    },
+    /// The node began a clean stop: the machine hears nothing more.
+    Stop {
+        /// The instant.
+        at: Time,
+    },
+}
+
+impl Entry<'_> {
+    /// The entry's instant.
+    pub fn at(&self) -> Time {
+        match self {
+            Entry::Input { at, .. }
+            | Entry::Outputs { at, .. }
+            | Entry::Command { at }
+            | Entry::Stop { at } => *at,
+        }
+    }
+}
+
+/// The digest of a drain's outputs: their count, and a 64-bit hash of
+/// each in order (its kind, connection or dial, and bytes or address; an
+/// event's `Debug` text). See the [module documentation](self) for the
+/// hash's stability.
+#[derive(Debug, Clone)]
+pub struct Digest {
+    hasher: DefaultHasher,
+    count: u32,
+}
+
+impl Default for Digest {
+    fn default() -> Self {
+        Digest { hasher: BuildHasherDefault::<DefaultHasher>::default().build_hasher(), count: 0 }
+    }
+}
+
+/// `Debug` text streamed into a hasher.
+struct HashWriter<'a>(&'a mut DefaultHasher);
+
+impl fmt::Write for HashWriter<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.write(s.as_bytes());
+        Ok(())
+    }
+}
+
+impl Digest {
+    /// Adds one output; `event` shows an event as the machine's `Debug`.
+    pub fn add<E>(&mut self, out: &Output<E>, event: fn(&E) -> &dyn fmt::Debug) {
+        self.count = self.count.saturating_add(1);
+        let h = &mut self.hasher;
+        match out {
+            Output::Transmit { conn, bytes } => {
+                h.write_u8(0);
+                h.write_u64(conn.0);
+                h.write_usize(bytes.len());
+                h.write(bytes);
+            }
+            Output::Dial { dial, addr } => {
+                h.write_u8(1);
+                h.write_u32(dial.0);
+                h.write_usize(addr.len());
+                h.write(addr.as_bytes());
+            }
+            Output::Close { conn } => {
+                h.write_u8(2);
+                h.write_u64(conn.0);
+            }
+            Output::Event(e) => {
+                h.write_u8(3);
+                // Writing into a hasher cannot fail.
+                let _ = fmt::write(&mut HashWriter(h), format_args!("{:?}", event(e)));
+                h.write_u8(0xff);
+            }
+        }
+    }
+
+    /// The count and hash so far.
+    pub fn finish(&self) -> (u32, u64) {
+        (self.count, self.hasher.finish())
+    }
+}
+
+/// An event as `&dyn Debug` (what [`Digest::add`] takes).
+pub fn as_debug<E: fmt::Debug>(e: &E) -> &dyn fmt::Debug {
+    e
+}
+
+/// Writes a recording: the header, then the entries an
+/// [`Engine`](crate::engine::Engine) hands it once installed with
+/// [`Engine::record`](crate::engine::Engine::record). Buffered; flushed at
+/// least once a second of the node's time, at the clean stop, and when
+/// dropped. A write that fails is logged once and ends the recording (the
+/// node goes on).
+pub struct Recorder {
+    out: Box<dyn Write + Send>,
+    scratch: Vec<u8>,
+    bytes: u64,
+    entries: u64,
+    digest: Digest,
+    /// An input or command awaits its drain's entry.
+    owed: bool,
+    /// A command ran: its marker goes out with the next instant.
+    command: bool,
+    last_at: Time,
+    flushed_at: Time,
+    failed: bool,
+}
+
+impl fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recorder")
+            .field("entries", &self.entries)
+            .field("bytes", &self.bytes)
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Recorder {
+    /// A recording to a new file at `path` (replacing one there; on unix
+    /// readable and writable by its owner only), starting with `header`.
+    ///
+    /// # Errors
+    /// If the file cannot be created or the header written.
+    pub fn create(path: &Path, header: &Header) -> io::Result<Recorder> {
+        let mut open = OpenOptions::new();
+        open.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+        let file = open.open(path)?;
+        Recorder::new(BufWriter::with_capacity(64 << 10, file), header)
+    }
+
+    /// A recording to `out` (buffer it yourself), starting with `header`.
+    ///
+    /// # Errors
+    /// If the header cannot be written.
+    pub fn new(out: impl Write + Send + 'static, header: &Header) -> io::Result<Recorder> {
+        let mut out: Box<dyn Write + Send> = Box::new(out);
+        let head = bincode::serde::encode_to_vec(header, writing()).map_err(io::Error::other)?;
+        let len = u32::try_from(head.len()).ok().filter(|&l| l <= MAX_HEADER_BYTES).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a {}-byte header is over the bound", head.len()),
+            )
+        })?;
+        out.write_all(&MAGIC)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        out.write_all(&len.to_le_bytes())?;
+        out.write_all(&head)?;
+        Ok(Recorder {
+            out,
+            scratch: Vec::new(),
+            bytes: PREFIX + u64::from(len),
+            entries: 0,
+            digest: Digest::default(),
+            owed: false,
+            command: false,
+            last_at: header.built_at,
+            flushed_at: header.built_at,
+            failed: false,
+        })
+    }
+
+    /// A controller's recording to a new file at `path` ([`Recorder::create`]
+    /// with [`Header::controller`]).
+    ///
+    /// # Errors
+    /// If the file cannot be created or the header written.
+    pub fn controller(path: &Path, cfg: &ControllerConfig, built_at: Time) -> io::Result<Recorder> {
+        Recorder::create(path, &Header::controller(cfg, built_at)?)
+    }
+
+    /// Entries written so far.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Bytes written so far (header included).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether a write failed (the recording ended there).
+    pub fn failed(&self) -> bool {
+        self.failed
+    }
+
+    /// Writes what is buffered.
+    ///
+    /// # Errors
+    /// The writer's.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
+    fn write(&mut self, entry: &Entry<'_>) {
+        if self.failed {
+            return;
+        }
+        self.scratch.clear();
+        if let Err(e) = bincode::serde::encode_into_std_write(entry, &mut self.scratch, writing()) {
+            return self.fail(&io::Error::other(e));
+        }
+        let Some(len) = u32::try_from(self.scratch.len()).ok().filter(|&l| l <= MAX_ENTRY_BYTES) else {
+            let why = format!(
+                "a {}-byte entry is over the format's bound of {MAX_ENTRY_BYTES}",
+                self.scratch.len()
+            );
+            return self.fail(&io::Error::new(io::ErrorKind::InvalidInput, why));
+        };
+        let written = self.out.write_all(&len.to_le_bytes()).and_then(|()| self.out.write_all(&self.scratch));
+        match written {
+            Ok(()) => {
+                self.bytes += 4 + u64::from(len);
+                self.entries += 1;
+            }
+            Err(e) => self.fail(&e),
+        }
+    }
+
+    fn fail(&mut self, e: &io::Error) {
+        tracing::error!(error = %e, entries = self.entries, "the flight recording failed: it ends here");
+        self.failed = true;
+    }
+
+    /// The marker of a command that ran, at the first instant known after it.
+    fn command_marker(&mut self, at: Time) {
+        if std::mem::take(&mut self.command) {
+            self.write(&Entry::Command { at });
+        }
+    }
+
+    /// The machine takes `input` at `at`.
+    pub(crate) fn input(&mut self, at: Time, input: &Input<'_>) {
+        self.command_marker(at);
+        self.write(&Entry::Input { at, input: Recorded::of(input) });
+        self.owed = true;
+        self.last_at = at;
+    }
+
+    /// A command is about to run on the machine.
+    pub(crate) fn command(&mut self) {
+        self.command = true;
+        self.owed = true;
+    }
+
+    /// The engine drained the outputs added since the last drain, at `at`;
+    /// the machine then wants waking at `wake`.
+    pub(crate) fn drained(&mut self, at: Time, wake: Option<Time>) {
+        self.command_marker(at);
+        let (count, digest) = std::mem::take(&mut self.digest).finish();
+        let owed = std::mem::take(&mut self.owed);
+        if count > 0 || owed {
+            self.write(&Entry::Outputs { at, count, digest, wake });
+        }
+        self.last_at = at;
+        if at.saturating_since(self.flushed_at) >= FLUSH_EVERY {
+            self.flushed_at = at;
+            if let Err(e) = self.out.flush() {
+                self.fail(&e);
+            }
+        }
+    }
+
+    /// The node stops cleanly at `at`: the last entry.
+    pub(crate) fn stop(mut self, at: Time) {
+        self.command_marker(at);
+        self.write(&Entry::Stop { at });
+        // Dropped: flushed.
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        let at = self.last_at;
+        self.command_marker(at);
+        if !self.failed
+            && let Err(e) = self.out.flush()
+        {
+            tracing::error!(error = %e, "the flight recording's last bytes could not be written");
+        }
+    }
+}
+
+/// What an engine holds while recording: the recorder, and how to show its
+/// machine's events to the digest.
+pub(crate) struct Tap<E> {
+    rec: Recorder,
+    event: fn(&E) -> &dyn fmt::Debug,
+}
+
+impl<E> Tap<E> {
+    pub(crate) fn new(rec: Recorder, event: fn(&E) -> &dyn fmt::Debug) -> Self {
+        Tap { rec, event }
+    }
+
+    pub(crate) fn input(&mut self, at: Time, input: &Input<'_>) {
+        self.rec.input(at, input);
+    }
+
+    pub(crate) fn output(&mut self, out: &Output<E>) {
+        if !self.rec.failed {
+            self.rec.digest.add(out, self.event);
+        }
+    }
+
+    pub(crate) fn drained(&mut self, at: Time, wake: Option<Time>) {
+        self.rec.drained(at, wake);
+    }
+
+    pub(crate) fn command(&mut self) {
+        self.rec.command();
+    }
+
+    pub(crate) fn stop(self, at: Time) {
+        self.rec.stop(at);
+    }
+}
+
+/// A recording that cannot be read, at `offset`.
+#[derive(Debug)]
+pub struct RecordError {
+    /// The byte offset in the file where what was expected starts.
+    pub offset: u64,
+    /// What was expected there (`"entry 17's length"`).
+    pub expected: String,
+    /// What was wrong.
+    pub problem: Problem,
+}
+
+/// What was wrong with a recording.
+#[derive(Debug)]
+pub enum Problem {
+    /// The file ends `have` bytes into what was expected.
+    Truncated {
+        /// Bytes there were.
+        have: u64,
+        /// Bytes it needed.
+        need: u64,
+    },
+    /// Not a cohort recording.
+    BadMagic,
+    /// A format version this build does not read.
+    Version(u16),
+    /// A length over the format's bound.
+    TooLong {
+        /// The length given.
+        len: u64,
+        /// The bound.
+        max: u64,
+    },
+    /// The bytes do not decode as what was expected.
+    Malformed(String),
+    /// Well formed, but not something this build replays.
+    Unsupported(String),
+    /// Reading failed.
+    Io(io::Error),
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::Truncated { have, need } => {
+                write!(f, "truncated: the file ends {have} of {need} bytes in")
+            }
+            Problem::BadMagic => {
+                write!(f, "not a cohort recording (its first bytes are not {:?})", "COHORTFR")
+            }
+            Problem::Version(v) => write!(f, "format version {v}; this build reads version {VERSION}"),
+            Problem::TooLong { len, max } => write!(f, "a length of {len} bytes, over the bound of {max}"),
+            Problem::Malformed(why) => write!(f, "malformed: {why}"),
+            Problem::Unsupported(why) => f.write_str(why),
+            Problem::Io(e) => write!(f, "read failed: {e}"),
+        }
+    }
+}
+
+impl fmt::Display for RecordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "byte {}: {}: {}", self.offset, self.expected, self.problem)
+    }
+}
+
+impl std::error::Error for RecordError {}
+
+/// One entry read back, where it lies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located {
+    /// Its index (0 for the first entry).
+    pub index: u64,
+    /// The byte offset of its length prefix.
+    pub offset: u64,
+    /// Its bytes in the file, length prefix included.
+    pub len: u64,
+    /// The entry.
+    pub entry: Entry<'static>,
+}
+
+/// Reads a recording: its [`Header`], then its entries in order
+/// ([`Reader::next_entry`], or as an iterator that ends after the first
+/// error). Never panics on any input; every length is bounded before
+/// anything is allocated for it.
+#[derive(Debug)]
+pub struct Reader<R> {
+    r: R,
+    header: Header,
+    offset: u64,
+    index: u64,
+    buf: Vec<u8>,
+    done: bool,
+}
+
+impl Reader<BufReader<File>> {
+    /// Opens the recording at `path` and reads its header.
+    ///
+    /// # Errors
+    /// If the file cannot be opened, or its header cannot be read.
+    pub fn open(path: &Path) -> Result<Self, RecordError> {
+        let file = File::open(path).map_err(|e| RecordError {
+            offset: 0,
+            expected: format!("a recording at {}", path.display()),
+            problem: Problem::Io(e),
+        })?;
+        Reader::new(BufReader::with_capacity(64 << 10, file))
+    }
+}
+
+/// Reads up to `n` bytes into `buf` (cleared first), growing it only with
+/// the bytes read: how many there were.
+fn read_up_to(r: &mut impl Read, buf: &mut Vec<u8>, n: u64) -> io::Result<u64> {
+    buf.clear();
+    let mut limited = r.take(n);
+    loop {
+        match limited.read_to_end(buf) {
+            Ok(_) => return Ok(buf.len() as u64),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl<R: Read> Reader<R> {
+    /// Reads the header from `r`.
+    ///
+    /// # Errors
+    /// A [`RecordError`] naming the offset: a bad magic or version, a
+    /// header over [`MAX_HEADER_BYTES`], a truncated or malformed header.
+    pub fn new(mut r: R) -> Result<Self, RecordError> {
+        let mut buf = Vec::new();
+        let exactly = |r: &mut R, buf: &mut Vec<u8>, offset: u64, n: u64, what: &str| {
+            let have = read_up_to(r, buf, n).map_err(|e| RecordError {
+                offset,
+                expected: what.to_owned(),
+                problem: Problem::Io(e),
+            })?;
+            if have < n {
+                return Err(RecordError {
+                    offset,
+                    expected: what.to_owned(),
+                    problem: Problem::Truncated { have, need: n },
+                });
+            }
+            Ok(())
+        };
+        exactly(&mut r, &mut buf, 0, 8, "the magic \"COHORTFR\"")?;
+        if buf[..] != MAGIC {
+            return Err(RecordError {
+                offset: 0,
+                expected: "the magic \"COHORTFR\"".into(),
+                problem: Problem::BadMagic,
+            });
+        }
+        exactly(&mut r, &mut buf, 8, 2, "the format version")?;
+        let version = u16::from_le_bytes([buf[0], buf[1]]);
+        if version != VERSION {
+            return Err(RecordError {
+                offset: 8,
+                expected: "the format version".into(),
+                problem: Problem::Version(version),
+            });
+        }
+        exactly(&mut r, &mut buf, 10, 4, "the header's length")?;
+        let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        if len > MAX_HEADER_BYTES {
+            return Err(RecordError {
+                offset: 10,
+                expected: "the header's length".into(),
+                problem: Problem::TooLong { len: u64::from(len), max: u64::from(MAX_HEADER_BYTES) },
+            });
+        }
+        exactly(&mut r, &mut buf, PREFIX, u64::from(len), "the header")?;
+        let limit = bincode::config::standard().with_limit::<{ MAX_HEADER_BYTES as usize }>();
+        let malformed = |why: String| RecordError {
+            offset: PREFIX,
+            expected: "the header".into(),
+            problem: Problem::Malformed(why),
+        };
+        let (header, used): (Header, usize) =
+            bincode::serde::decode_from_slice(&buf, limit).map_err(|e| malformed(e.to_string()))?;
+        if used != buf.len() {
+            return Err(malformed(format!("{} bytes after it", buf.len() - used)));
+        }
+        if header.payload != PayloadMode::Whole {
+            return Err(RecordError {
+                offset: PREFIX,
+                expected: "the header".into(),
+                problem: Problem::Unsupported(format!("payload mode {:?}", header.payload)),
+            });
+        }
+        Ok(Reader { r, header, offset: PREFIX + u64::from(len), index: 0, buf, done: false })
+    }
+
+    /// The header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Bytes read so far (the offset of the next entry).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The next entry, or `None` at the end of the file (which must fall
+    /// between two entries).
+    ///
+    /// # Errors
+    /// A [`RecordError`] naming the entry's offset: truncated, a length
+    /// over [`MAX_ENTRY_BYTES`], or bytes that are not an entry.
+    pub fn next_entry(&mut self) -> Result<Option<Located>, RecordError> {
+        let (index, offset) = (self.index, self.offset);
+        let at = |expected: String, problem| RecordError { offset, expected, problem };
+        let have = read_up_to(&mut self.r, &mut self.buf, 4)
+            .map_err(|e| at(format!("entry {index}'s length"), Problem::Io(e)))?;
+        if have == 0 {
+            return Ok(None);
+        }
+        if have < 4 {
+            return Err(at(format!("entry {index}'s length"), Problem::Truncated { have, need: 4 }));
+        }
+        let len = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
+        if len > MAX_ENTRY_BYTES {
+            return Err(at(
+                format!("entry {index}'s length"),
+                Problem::TooLong { len: u64::from(len), max: u64::from(MAX_ENTRY_BYTES) },
+            ));
+        }
+        let what = || format!("entry {index} ({len} bytes after its length)");
+        let have =
+            read_up_to(&mut self.r, &mut self.buf, u64::from(len)).map_err(|e| at(what(), Problem::Io(e)))?;
+        if have < u64::from(len) {
+            return Err(at(what(), Problem::Truncated { have: 4 + have, need: 4 + u64::from(len) }));
+        }
+        let limit = bincode::config::standard().with_limit::<{ MAX_ENTRY_BYTES as usize }>();
+        let (entry, used): (Entry<'static>, usize) = bincode::serde::decode_from_slice(&self.buf, limit)
+            .map_err(|e| at(what(), Problem::Malformed(e.to_string())))?;
+        if used != self.buf.len() {
+            return Err(at(
+                what(),
+                Problem::Malformed(format!("{} bytes after the entry", self.buf.len() - used)),
+            ));
+        }
+        self.index += 1;
+        self.offset += 4 + u64::from(len);
+        Ok(Some(Located { index, offset, len: 4 + u64::from(len), entry }))
+    }
+}
+
+impl<R: Read> Iterator for Reader<R> {
+    type Item = Result<Located, RecordError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.next_entry() {
+            Ok(Some(e)) => Some(Ok(e)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// What a replay went through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Entries read.
+    pub entries: u64,
+    /// Inputs fed.
+    pub inputs: u64,
+    /// Drains compared.
+    pub drains: u64,
+    /// Outputs checked (every output of every drain compared).
+    pub outputs: u64,
+    /// Bytes of the file read.
+    pub bytes: u64,
+    /// When the node stopped cleanly, if the recording says it did (a
+    /// recording of a killed node ends without).
+    pub stopped: Option<Time>,
+}
+
+/// An input a replay fed, where it lies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fed {
+    /// Its entry's index.
+    pub index: u64,
+    /// Its entry's byte offset.
+    pub offset: u64,
+    /// Its instant.
+    pub at: Time,
+    /// The input, described.
+    pub input: String,
+}
+
+/// One drain of a machine's outputs, as compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drain {
+    /// Outputs drained.
+    pub count: u32,
+    /// Their [`Digest`].
+    pub digest: u64,
+    /// The machine's `poll_timeout` after the drain.
+    pub wake: Option<Time>,
+}
+
+impl fmt::Display for Drain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} outputs (digest {:016x}), then a wake ", self.count, self.digest)?;
+        match self.wake {
+            Some(t) => Secs(t).fmt(f),
+            None => f.write_str("never"),
+        }
+    }
+}
+
+/// Where a replay's outputs differ from the recording's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Divergence {
+    /// The drain's entry index.
+    pub index: u64,
+    /// Its byte offset.
+    pub offset: u64,
+    /// Its instant.
+    pub at: Time,
+    /// The input the drain followed (`None`: the machine's first outputs).
+    pub after: Option<Fed>,
+    /// What the recording drained there.
+    pub recorded: Drain,
+    /// What the replay drained.
+    pub replayed: Drain,
+    /// What the replay produced there, described (an event's `Debug` text
+    /// cut at [`DESCRIBED`] characters).
+    pub produced: Vec<String>,
+    /// What matched before it.
+    pub so_far: Replayed,
+}
+
+/// An instant in seconds, to the microsecond, as the programs print them.
+struct Secs(Time);
+
+impl fmt::Display for Secs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "t={:.6} s", (self.0.as_nanos() / 1_000) as f64 / 1e6)
+    }
+}
+
+impl fmt::Display for Divergence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.after {
+            Some(i) => write!(
+                f,
+                "divergence after entry {} (byte {}, {}): {}",
+                i.index,
+                i.offset,
+                Secs(i.at),
+                i.input
+            )?,
+            None => write!(f, "divergence in the machine's first outputs")?,
+        }
+        write!(
+            f,
+            "\n  entry {} (byte {}, {}): the recording drained {}; the replay {}",
+            self.index,
+            self.offset,
+            Secs(self.at),
+            self.recorded,
+            self.replayed
+        )?;
+        write!(f, "\n  the replay produced:")?;
+        if self.produced.is_empty() {
+            write!(f, " nothing")?;
+        }
+        for p in &self.produced {
+            write!(f, "\n    {p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a replay stopped short.
+#[derive(Debug)]
+pub enum ReplayError {
+    /// The recording cannot be read further.
+    Record {
+        /// Why.
+        error: RecordError,
+        /// What matched before it.
+        so_far: Replayed,
+    },
+    /// The machine's outputs differ from the recording's.
+    Diverged(Box<Divergence>),
+    /// A command ran on the machine here: a closure, not recorded.
+    Command {
+        /// The marker's entry index.
+        index: u64,
+        /// Its byte offset.
+        offset: u64,
+        /// Its instant.
+        at: Time,
+        /// What matched before it.
+        so_far: Replayed,
+    },
+}
+
+impl fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplayError::Record { error, .. } => write!(f, "the recording is unreadable at {error}"),
+            ReplayError::Diverged(d) => d.fmt(f),
+            ReplayError::Command { index, offset, at, so_far } => write!(
+                f,
+                "entry {index} (byte {offset}, {}): a command was run on the machine through the driver \
+                 (Engine::machine_mut); a closure is not recorded, so the replay stops here \
+                 ({} inputs and {} outputs before it matched)",
+                Secs(*at),
+                so_far.inputs,
+                so_far.outputs
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ReplayError {}
+
+impl ReplayError {
+    /// What matched before the replay stopped.
+    pub fn so_far(&self) -> Replayed {
+        match self {
+            ReplayError::Record { so_far, .. } | ReplayError::Command { so_far, .. } => *so_far,
+            ReplayError::Diverged(d) => d.so_far,
+        }
+    }
+}
+
+/// How much of an output's description a divergence report keeps (an
+/// event that carries a model is long).
+pub const DESCRIBED: usize = 240;
+
+/// The connections and dials a replay has seen, to refuse an input no
+/// driver could have given (a recording is hostile input, and a machine
+/// is owed a driver that keeps the convention).
+#[derive(Debug, Default)]
+struct Book {
+    /// Every connection id used.
+    seen: BTreeSet<u64>,
+    /// Connections the machine may hear from: accepted or connected, not
+    /// reported closed, not closed by the machine.
+    open: BTreeSet<u64>,
+    /// Connections the machine may still hear `Closed` of.
+    closable: BTreeSet<u64>,
+    /// Dials asked for and not yet answered, by id (a count each).
+    dials: BTreeMap<u32, u32>,
+}
+
+impl Book {
+    fn fresh(&mut self, conn: u64) -> Result<(), String> {
+        if self.seen.insert(conn) {
+            self.open.insert(conn);
+            self.closable.insert(conn);
+            Ok(())
+        } else {
+            Err(format!("{} was already used", ConnId(conn)))
+        }
+    }
+
+    fn answer(&mut self, dial: u32) -> Result<(), String> {
+        match self.dials.get_mut(&dial) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                self.dials.remove(&dial);
+            }
+            None => return Err(format!("dial {dial} was not asked for")),
+        }
+        Ok(())
+    }
+
+    /// Checks `input` and books it.
+    fn take(&mut self, input: &Recorded<'_>) -> Result<(), String> {
+        match input {
+            Recorded::Accepted { conn, .. } => self.fresh(*conn),
+            Recorded::Connected { dial, conn } => {
+                self.answer(*dial)?;
+                self.fresh(*conn)
+            }
+            Recorded::DialFailed { dial } => self.answer(*dial),
+            Recorded::Received { conn, .. } if !self.open.contains(conn) => {
+                Err(format!("bytes on {}, which is not open", ConnId(*conn)))
+            }
+            Recorded::Closed { conn, .. } if !self.closable.remove(conn) => {
+                Err(format!("{} closed, which is not open", ConnId(*conn)))
+            }
+            Recorded::Closed { conn, .. } => {
+                self.open.remove(conn);
+                Ok(())
+            }
+            Recorded::Received { .. } | Recorded::Timeout => Ok(()),
+        }
+    }
+
+    /// Books what the machine asked for.
+    fn output<E>(&mut self, out: &Output<E>) {
+        match out {
+            // The engine may still report it closed (an end it had queued).
+            Output::Close { conn } => {
+                self.open.remove(&conn.0);
+            }
+            Output::Dial { dial, .. } => *self.dials.entry(dial.0).or_default() += 1,
+            Output::Transmit { .. } | Output::Event(_) => {}
+        }
+    }
+}
+
+/// One output described for a divergence report.
+fn describe<E: fmt::Debug>(out: &Output<E>) -> String {
+    match out {
+        Output::Transmit { conn, bytes } => format!("transmit {conn}: {} bytes", bytes.len()),
+        Output::Dial { dial, addr } => format!("dial {} to {addr}", dial.0),
+        Output::Close { conn } => format!("close {conn}"),
+        Output::Event(e) => {
+            let mut text = format!("event {e:?}");
+            if let Some((cut, _)) = text.char_indices().nth(DESCRIBED) {
+                text.truncate(cut);
+                text.push_str(" ...");
+            }
+            text
+        }
+    }
+}
+
+/// Replays the rest of `reader` into `machine` (built as the header says:
+/// [`Header::controller_node`]): feeds every recorded input at its
+/// instant, drains the machine wherever the recording did, and compares
+/// each drain's [`Digest`]. Each event of a drain that matched goes to
+/// `on_event` with its instant, in order.
+///
+/// # Errors
+/// The first divergence (the drain's entry, and the input before it), a
+/// command marker, or a [`RecordError`].
+pub fn replay<M, R>(
+    machine: &mut M,
+    reader: &mut Reader<R>,
+    mut on_event: impl FnMut(Time, &M::Event),
+) -> Result<Replayed, ReplayError>
+where
+    M: Machine,
+    M::Event: fmt::Debug,
+    R: Read,
+{
+    let mut done = Replayed::default();
+    let mut book = Book::default();
+    let mut after: Option<Fed> = None;
+    let mut outputs: Vec<Output<M::Event>> = Vec::new();
+    let unreadable = |error, so_far| ReplayError::Record { error, so_far };
+    while let Some(Located { index, offset, entry, .. }) =
+        reader.next_entry().map_err(|e| unreadable(e, done))?
+    {
+        done.entries += 1;
+        done.bytes = reader.offset();
+        match entry {
+            Entry::Input { at, input } => {
+                if let Err(why) = book.take(&input) {
+                    let error = RecordError {
+                        offset,
+                        expected: format!("entry {index}, an input a driver could give"),
+                        problem: Problem::Malformed(why),
+                    };
+                    return Err(unreadable(error, done));
+                }
+                machine.handle(at, input.input());
+                done.inputs += 1;
+                after = Some(Fed { index, offset, at, input: input.to_string() });
+            }
+            Entry::Outputs { at, count, digest, wake } => {
+                let mut d = Digest::default();
+                outputs.clear();
+                while let Some(out) = machine.poll(at) {
+                    d.add(&out, as_debug::<M::Event>);
+                    book.output(&out);
+                    outputs.push(out);
+                }
+                let (n, h) = d.finish();
+                let replayed = Drain { count: n, digest: h, wake: machine.poll_timeout() };
+                let recorded = Drain { count, digest, wake };
+                if replayed != recorded {
+                    return Err(ReplayError::Diverged(Box::new(Divergence {
+                        index,
+                        offset,
+                        at,
+                        after,
+                        recorded,
+                        replayed,
+                        produced: outputs.iter().map(describe).collect(),
+                        so_far: done,
+                    })));
+                }
+                done.drains += 1;
+                done.outputs += u64::from(count);
+                for out in &outputs {
+                    if let Output::Event(e) = out {
+                        on_event(at, e);
+                    }
+                }
+            }
+            Entry::Command { at } => {
+                return Err(ReplayError::Command { index, offset, at, so_far: done });
+            }
+            Entry::Stop { at } => {
+                done.stopped = Some(at);
+                if let Some(more) = reader.next_entry().map_err(|e| unreadable(e, done))? {
+                    let error = RecordError {
+                        offset: more.offset,
+                        expected: "the end of the file, after the stop".into(),
+                        problem: Problem::Malformed(format!("entry {} follows the stop", more.index)),
+                    };
+                    return Err(unreadable(error, done));
+                }
+                break;
+            }
+        }
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex, PoisonError};
+
+    /// A writer tests read back.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Shared {
+        fn bytes(&self) -> Vec<u8> {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        }
+    }
+
+    fn header() -> Header {
+        Header {
+            node: NodeKind::Controller,
+            payload: PayloadMode::Whole,
+            built_at: Time::from_millis(3),
+            metrics: true,
+            writer: writer(),
+            config: vec![1, 2, 3],
+        }
+    }
+
+    /// A small recording: a connection accepted, bytes in, bytes and an
+    /// event out, a timer, a command, a close, the stop.
+    fn small() -> (Vec<u8>, Vec<Entry<'static>>) {
+        let out = Shared::default();
+        let mut tap: Tap<String> =
+            Tap::new(Recorder::new(out.clone(), &header()).unwrap(), as_debug::<String>);
+        let t = Time::from_millis;
+        let conn = ConnId(7);
+        tap.input(t(10), &Input::Accepted { conn, peer: Peer::LOOPBACK });
+        tap.drained(t(10), Some(t(40)));
+        tap.input(t(11), &Input::Received { conn, bytes: b"hello, recorder" });
+        tap.output(&Output::Transmit { conn, bytes: bytes::Bytes::from_static(b"ok") });
+        tap.output(&Output::Event("greeted".to_owned()));
+        tap.drained(t(11), Some(t(40)));
+        // A drain with nothing fed and nothing out is not written.
+        tap.drained(t(12), Some(t(40)));
+        tap.input(t(20), &Input::Timeout);
+        tap.drained(t(20), Some(t(40)));
+        tap.command();
+        tap.output(&Output::Close { conn });
+        tap.drained(t(21), Some(t(40)));
+        tap.input(t(22), &Input::Closed { conn: ConnId(9), cause: CloseCause::Reset, unsent: 5 });
+        tap.drained(t(22), Some(t(40)));
+        tap.stop(t(30));
+        let mut d = Digest::default();
+        d.add(
+            &Output::<String>::Transmit { conn, bytes: bytes::Bytes::from_static(b"ok") },
+            as_debug::<String>,
+        );
+        d.add(&Output::Event("greeted".to_owned()), as_debug::<String>);
+        let (n, h) = d.finish();
+        let empty = Digest::default().finish().1;
+        let mut close = Digest::default();
+        close.add(&Output::<String>::Close { conn }, as_debug::<String>);
+        let want = vec![
+            Entry::Input { at: t(10), input: Recorded::Accepted { conn: 7, loopback: true } },
+            Entry::Outputs { at: t(10), count: 0, digest: empty, wake: Some(t(40)) },
+            Entry::Input {
+                at: t(11),
+                input: Recorded::Received {
+                    conn: 7,
+                    bytes: Payload(Cow::Owned(b"hello, recorder".to_vec())),
+                },
+            },
+            Entry::Outputs { at: t(11), count: n, digest: h, wake: Some(t(40)) },
+            Entry::Input { at: t(20), input: Recorded::Timeout },
+            Entry::Outputs { at: t(20), count: 0, digest: empty, wake: Some(t(40)) },
+            Entry::Command { at: t(21) },
+            Entry::Outputs { at: t(21), count: 1, digest: close.finish().1, wake: Some(t(40)) },
+            Entry::Input { at: t(22), input: Recorded::Closed { conn: 9, cause: Cause::Reset, unsent: 5 } },
+            Entry::Outputs { at: t(22), count: 0, digest: empty, wake: Some(t(40)) },
+            Entry::Stop { at: t(30) },
+        ];
+        (out.bytes(), want)
+    }
+
+    #[test]
+    fn a_recording_reads_back_entry_for_entry() {
+        let (file, want) = small();
+        let mut r = Reader::new(&file[..]).unwrap();
+        assert_eq!(*r.header(), header());
+        let got: Vec<Located> = r.by_ref().collect::<Result<_, _>>().unwrap();
+        assert_eq!(got.iter().map(|l| l.entry.clone()).collect::<Vec<_>>(), want);
+        // Offsets and lengths tile the file after the header.
+        let mut at = got[0].offset;
+        for (i, l) in got.iter().enumerate() {
+            assert_eq!((l.index, l.offset), (i as u64, at));
+            at += l.len;
+        }
+        assert_eq!(at, file.len() as u64);
+        assert_eq!(r.offset(), file.len() as u64);
+        // The Received bytes end their entry, as they were read.
+        let recv = &got[2];
+        let end = (recv.offset + recv.len) as usize;
+        assert_eq!(&file[end - 15..end], b"hello, recorder");
+        // Each input gives back what was fed.
+        let Entry::Input { input, .. } = &got[8].entry else { panic!("an input") };
+        assert_eq!(input.input(), Input::Closed { conn: ConnId(9), cause: CloseCause::Reset, unsent: 5 });
+        assert_eq!(input.to_string(), "Closed { conn#9, connection reset, 5 bytes unsent }");
+    }
+
+    #[test]
+    fn a_recording_cut_at_any_byte_reads_its_whole_entries_then_names_the_cut() {
+        let (file, want) = small();
+        let header_end = Reader::new(&file[..]).unwrap().offset() as usize;
+        let boundaries: Vec<usize> = {
+            let r = Reader::new(&file[..]).unwrap();
+            std::iter::once(header_end)
+                .chain(r.map(|l| l.map(|l| (l.offset + l.len) as usize).unwrap()))
+                .collect()
+        };
+        for cut in 0..file.len() {
+            let bytes = &file[..cut];
+            let mut r = match Reader::new(bytes) {
+                Ok(r) => r,
+                Err(e) => {
+                    assert!(cut < header_end, "cut {cut}: the header is whole: {e}");
+                    assert!(e.offset <= cut as u64, "cut {cut}: {e}");
+                    assert!(matches!(e.problem, Problem::Truncated { .. }), "cut {cut}: {e}");
+                    continue;
+                }
+            };
+            let mut n = 0;
+            let end = loop {
+                match r.next_entry() {
+                    Ok(Some(l)) => {
+                        assert_eq!(l.entry, want[n], "cut {cut}");
+                        n += 1;
+                    }
+                    Ok(None) => break None,
+                    Err(e) => break Some(e),
+                }
+            };
+            match end {
+                None => assert_eq!(boundaries[n], cut, "cut {cut}: a clean end only between entries"),
+                Some(e) => {
+                    assert!(!boundaries.contains(&cut), "cut {cut} is a boundary: {e}");
+                    assert!(e.offset <= cut as u64 && e.offset == boundaries[n] as u64, "cut {cut}: {e}");
+                    assert!(matches!(e.problem, Problem::Truncated { .. }), "cut {cut}: {e}");
+                    assert!(e.to_string().starts_with(&format!("byte {}: entry {n}", e.offset)), "{e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_flipped_length_is_a_typed_error_not_an_allocation() {
+        let (file, _) = small();
+        let first = Reader::new(&file[..]).unwrap().offset() as usize;
+        // The first entry's length, made huge: refused by its bound.
+        let mut bad = file.clone();
+        bad[first + 3] ^= 0x80;
+        let e = Reader::new(&bad[..]).unwrap().next_entry().unwrap_err();
+        assert_eq!(e.offset, first as u64);
+        assert!(
+            matches!(e.problem, Problem::TooLong { max, .. } if max == u64::from(MAX_ENTRY_BYTES)),
+            "{e}"
+        );
+        // Under the bound but past the file's end: truncated, named.
+        let mut bad = file.clone();
+        bad[first + 2] ^= 0x01;
+        let e = Reader::new(&bad[..]).unwrap().next_entry().unwrap_err();
+        assert_eq!(e.offset, first as u64);
+        assert!(matches!(e.problem, Problem::Truncated { .. }), "{e}");
+        // The header's length.
+        let mut bad = file.clone();
+        bad[13] = 0xff;
+        let e = Reader::new(&bad[..]).unwrap_err();
+        assert!(e.offset == 10 && matches!(e.problem, Problem::TooLong { .. }), "{e}");
+        // Magic and version.
+        let mut bad = file.clone();
+        bad[0] = b'X';
+        assert!(matches!(Reader::new(&bad[..]).unwrap_err().problem, Problem::BadMagic));
+        let mut bad = file.clone();
+        bad[8] = 9;
+        let e = Reader::new(&bad[..]).unwrap_err();
+        assert!(e.offset == 8 && matches!(e.problem, Problem::Version(9)), "{e}");
+        // A Received whose inner byte count is flipped to claim far more
+        // than the entry holds: malformed, the buffer never sized by it.
+        let mut r = Reader::new(&file[..]).unwrap();
+        let recv = r.nth(2).unwrap().unwrap();
+        let mut bad = file.clone();
+        let count_at = (recv.offset + recv.len) as usize - 15 - 1;
+        assert_eq!(bad[count_at], 15);
+        bad[count_at] = 0xfc; // a u32 follows: 4 bytes of count
+        let e = Reader::new(&bad[..]).unwrap().nth(2).unwrap().unwrap_err();
+        assert_eq!(e.offset, recv.offset);
+        assert!(matches!(e.problem, Problem::Malformed(_)), "{e}");
+    }
+
+    #[test]
+    fn every_byte_of_every_prefix_and_garbage_never_panics() {
+        let (file, _) = small();
+        for i in 0..file.len() {
+            for flip in [0x01, 0x80, 0xff] {
+                let mut bad = file.clone();
+                bad[i] ^= flip;
+                if let Ok(r) = Reader::new(&bad[..]) {
+                    for e in r {
+                        if e.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A machine that closes every connection at its first bytes.
+    #[derive(Default)]
+    struct Closer(std::collections::VecDeque<Output<String>>);
+
+    impl Machine for Closer {
+        type Event = String;
+        fn handle(&mut self, _: Time, input: Input<'_>) {
+            if let Input::Received { conn, .. } = input {
+                self.0.push_back(Output::Close { conn });
+                self.0.push_back(Output::Event(format!("closed {conn}")));
+            }
+        }
+        fn poll(&mut self, _: Time) -> Option<Output<String>> {
+            self.0.pop_front()
+        }
+        fn poll_timeout(&self) -> Option<Time> {
+            None
+        }
+    }
+
+    /// `inputs`, each followed by the drain `Closer` makes of it, replayed.
+    fn replayed(inputs: &[Input<'_>]) -> Result<(Replayed, Vec<String>), ReplayError> {
+        let out = Shared::default();
+        let mut tap: Tap<String> =
+            Tap::new(Recorder::new(out.clone(), &header()).unwrap(), as_debug::<String>);
+        let mut live = Closer::default();
+        for (i, input) in inputs.iter().enumerate() {
+            let at = Time::from_millis(i as u64);
+            tap.input(at, input);
+            live.handle(at, *input);
+            while let Some(o) = live.poll(at) {
+                tap.output(&o);
+            }
+            tap.drained(at, live.poll_timeout());
+        }
+        tap.stop(Time::from_secs(1));
+        let bytes = out.bytes();
+        let mut events = Vec::new();
+        let done = replay(&mut Closer::default(), &mut Reader::new(&bytes[..]).unwrap(), |_, e| {
+            events.push(e.clone())
+        })?;
+        Ok((done, events))
+    }
+
+    #[test]
+    fn a_replay_feeds_every_input_checks_every_drain_and_refuses_what_no_driver_gives() {
+        let (a, b) = (ConnId(1), ConnId(2));
+        let ok = [
+            Input::Accepted { conn: a, peer: Peer::REMOTE },
+            Input::Accepted { conn: b, peer: Peer::LOOPBACK },
+            Input::Received { conn: a, bytes: b"x" },
+            // An end the engine had queued before the machine's close.
+            Input::Closed { conn: a, cause: CloseCause::Eof, unsent: 0 },
+            Input::Timeout,
+            Input::Received { conn: b, bytes: b"y" },
+        ];
+        let (done, events) = replayed(&ok).unwrap();
+        assert_eq!((done.inputs, done.drains, done.outputs), (6, 6, 4));
+        assert_eq!(done.stopped, Some(Time::from_secs(1)));
+        assert_eq!(events, ["closed conn#1", "closed conn#2"]);
+        for (bad, why) in [
+            (Input::Received { conn: b, bytes: b"z" }, "bytes on conn#2, which is not open"),
+            (Input::Accepted { conn: a, peer: Peer::REMOTE }, "conn#1 was already used"),
+            (Input::Closed { conn: ConnId(9), cause: CloseCause::Reset, unsent: 0 }, "conn#9 closed"),
+            (Input::DialFailed { dial: DialId(3) }, "dial 3 was not asked for"),
+        ] {
+            let mut inputs = ok.to_vec();
+            inputs.push(bad);
+            let Err(ReplayError::Record { error, so_far }) = replayed(&inputs) else {
+                panic!("{bad:?} is refused")
+            };
+            assert!(matches!(&error.problem, Problem::Malformed(w) if w.starts_with(why)), "{error}");
+            assert_eq!(so_far.inputs, 6, "{error}");
+            assert!(error.to_string().contains("entry 12, an input a driver could give"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_controller_header_rebuilds_its_configuration_and_metrics() {
+        use cohort_proto::node::envelope::ControllerAddr;
+        use cohort_proto::wire::SessionSalt;
+        let cfg = ControllerConfig::builder()
+            .ranks(3)
+            .salt(SessionSalt::from_bytes([4; 16]))
+            .advertise(ControllerAddr::parse("127.0.0.1:9").unwrap())
+            .metrics(crate::metrics::prometheus())
+            .build()
+            .unwrap();
+        let h = Header::controller(&cfg, Time::from_millis(5)).unwrap();
+        assert!(h.metrics);
+        assert!(!format!("{h:?}").contains("[4, 4"), "the salt is not shown: {h:?}");
+        let back = h.controller_config().unwrap();
+        assert_eq!((back.join.clone(), back.run.clone()), (cfg.join.clone(), cfg.run.clone()));
+        assert_eq!(back.salt.as_bytes(), cfg.salt.as_bytes());
+        assert!(back.metrics.is_some(), "the renderer is reinstalled");
+        assert!(h.controller_node().is_ok());
+        let mut bad = h.clone();
+        bad.config.truncate(3);
+        let e = bad.controller_config().unwrap_err();
+        assert!(matches!(e.problem, Problem::Malformed(_)), "{e}");
+    }
+}
