@@ -321,8 +321,11 @@ impl ControllerBuilder {
         self
     }
 
-    /// The session salt (draw one with [`SessionSalt::generate`] from a
-    /// cryptographic RNG).
+    /// The session salt: 16 random bytes from the OS (e.g.
+    /// `getrandom::fill(&mut b)` then [`SessionSalt::from_bytes`]), or
+    /// [`SessionSalt::generate`] from any cryptographic RNG. proto draws no
+    /// randomness itself; a driver's `spawn_controller` draws one when the
+    /// builder has none.
     pub fn salt(mut self, salt: SessionSalt) -> Self {
         self.salt = Some(salt);
         self
