@@ -22,6 +22,7 @@ mod payload;
 mod recv_buf;
 mod round_frame;
 mod salt;
+pub mod seal;
 
 pub use consts::*;
 pub use control_frame::{
@@ -44,3 +45,4 @@ pub use round_frame::{
     RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, Verify, round_frame_len,
 };
 pub use salt::{RunNonce, SaltError, SessionSalt};
+pub use seal::{Opener, SealContext, SealError, SealKeys, SealSide, Sealer};
