@@ -755,10 +755,10 @@ mod cluster {
     }
 
     impl Seen {
-        /// The controller said it could stop once, after the run's end and
-        /// after a survivor's exit came back (the survivors exit on the
-        /// `Shutdown` the run's end sends, so not before), and every rank's
-        /// end reached it.
+        /// The controller said it could stop once, not before the run's end,
+        /// and every rank's end reached it. (The instant it flips is proto's
+        /// `ControllerNode::can_stop` unit test: the events of one drain
+        /// reach this hook after the machine has taken them all.)
         fn assert_can_stop_after_every_end(&self) {
             let controller = |s: &&Stamped| s.source == Source::Controller;
             let notes: Vec<usize> = (0..self.all.len())
@@ -781,8 +781,6 @@ mod cluster {
                 Some(JoinWindowEvent::RankExited { rank, .. }) => Some(*rank),
                 _ => None,
             };
-            let survivor_exit = self.all.iter().position(|s| exited(s).is_some_and(|r| !dead.contains(&r)));
-            assert!(survivor_exit.is_some_and(|x| x < notes[0]), "not before a survivor's exit came back");
             let ended: BTreeSet<u32> =
                 self.all.iter().filter(controller).filter_map(exited).chain(dead).collect();
             assert_eq!(ended, (0..WORLD as u32).collect(), "every rank's end reached the controller");

@@ -1363,6 +1363,40 @@ mod tests {
         &answer[head + 4..]
     }
 
+    /// `can_stop`: never while the run is on, and at its end only once
+    /// every rank's end is known (here, two ranks whose agent reports one
+    /// exit or both before the run ends; a run without relays ends when
+    /// their coverage times out).
+    #[test]
+    fn the_controller_can_stop_once_the_run_ended_and_every_ranks_end_is_known() {
+        use crate::join::client::join_frame;
+        use crate::join::ledger::JoinOffer;
+        use crate::wire::JoinMsgWire;
+        let salt = SessionSalt::from_bytes([3; 16]);
+        for exits in [1, 2] {
+            let mut c = controller(None);
+            let (conn, t) = (ConnId(1), Time::from_secs(1));
+            c.handle(t, Input::Accepted { conn, peer: Peer::LOOPBACK });
+            let hello =
+                JoinOffer::new("gpu-a", vec![0, 1], [0; 32]).hello_bytes(&SessionSalt::ZERO).expect("hello");
+            c.handle(t, Input::Received { conn, bytes: &hello });
+            drain(&mut c, conn, t);
+            assert!(c.coordinator().is_some(), "the world formed");
+            for rank in 0..exits {
+                let exited = join_frame(&salt, &JoinMsgWire::RankExited { rank, code: 0 }).expect("frame");
+                c.handle(t, Input::Received { conn, bytes: &exited });
+                drain(&mut c, conn, t);
+                assert!(!c.can_stop(), "the run is on ({} of 2 exits heard)", rank + 1);
+            }
+            while c.outcome().is_none() {
+                let now = c.poll_timeout().expect("a deadline");
+                c.handle(now, Input::Timeout);
+                drain(&mut c, conn, now);
+            }
+            assert_eq!(c.can_stop(), exits == 2, "the run ended with {exits} of 2 exits heard");
+        }
+    }
+
     #[test]
     fn state_json_is_the_same_bytes_with_metrics_on_and_metrics_off_answers_as_an_unknown_path() {
         let renderer: Arc<dyn MetricsRenderer> =
