@@ -47,6 +47,7 @@ pub fn bind_controller(
     if !builder.has_advertise() {
         builder = builder.advertise(ControllerAddr { host: bound.ip().to_string(), port: bound.port() });
     }
+    let mut builder = builder.bind_is_loopback(bound.ip().is_loopback());
     if !builder.has_salt() {
         let salt =
             os_salt().map_err(|e| io::Error::other(format!("no OS randomness for the session salt: {e}")))?;

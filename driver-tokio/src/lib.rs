@@ -83,6 +83,7 @@
 //!     .timeout_scale(scale)
 //!     .salt(cohort_driver_tokio::os_salt()?)
 //!     .advertise(ControllerAddr::parse(&at).expect("host:port"))
+//!     .bind_is_loopback(true) // a loopback bind admits without the salt
 //!     .build()?;
 //! let clock = Clock::start();
 //! let mut node = Node::with_clock(ControllerNode::new(cfg, clock.now())?, Config::scaled(scale), clock);

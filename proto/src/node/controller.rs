@@ -209,6 +209,7 @@ impl ControllerConfig {
     ///     .epochs(2)
     ///     .salt(SessionSalt::from_bytes([7; 16]))
     ///     .advertise(ControllerAddr::parse("127.0.0.1:7070").unwrap())
+    ///     .bind_is_loopback(true)
     ///     .build()
     ///     .unwrap();
     /// assert_eq!((cfg.join.min_rank_start, cfg.join.target_ranks), (4, Some(4)));
@@ -235,6 +236,7 @@ pub struct ControllerBuilder {
     salt: Option<SessionSalt>,
     trust: Option<TrustMode>,
     advertise: Option<ControllerAddr>,
+    bind_is_loopback: bool,
     metrics: Option<Arc<dyn MetricsRenderer>>,
 }
 
@@ -247,6 +249,7 @@ impl Default for ControllerBuilder {
             salt: None,
             trust: None,
             advertise: None,
+            bind_is_loopback: false,
             metrics: None,
         }
     }
@@ -332,7 +335,7 @@ impl ControllerBuilder {
     }
 
     /// How pre-admission join frames are keyed; by default
-    /// [`TrustMode::resolve`] on whether the advertised host is loopback.
+    /// [`TrustMode::resolve`] on [`Self::bind_is_loopback`].
     pub fn trust(mut self, trust: TrustMode) -> Self {
         self.trust = Some(trust);
         self
@@ -348,6 +351,15 @@ impl ControllerBuilder {
     /// ([`ControllerConfig::metrics`]; off by default).
     pub fn metrics(mut self, renderer: Arc<dyn MetricsRenderer>) -> Self {
         self.metrics = Some(renderer);
+        self
+    }
+
+    /// Whether the controller's listener is bound to a loopback address
+    /// (default no): with no [`Self::trust`] given, the trust mode follows
+    /// it ([`TrustMode::resolve`]). The driver that binds the port knows it
+    /// (a driver's `spawn_controller` sets it); proto reads no address.
+    pub fn bind_is_loopback(mut self, loopback: bool) -> Self {
+        self.bind_is_loopback = loopback;
         self
     }
 
@@ -381,9 +393,7 @@ impl ControllerBuilder {
                 "none given: the address workers dial (a driver's spawn_controller uses the port it binds)",
             )
         })?;
-        let loopback = advertise.host == "localhost"
-            || advertise.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-        let trust = self.trust.unwrap_or_else(|| TrustMode::resolve(&self.join, loopback));
+        let trust = self.trust.unwrap_or_else(|| TrustMode::resolve(&self.join, self.bind_is_loopback));
         let mut cfg =
             ControllerConfig::from_knobs(self.join, salt, trust, self.timeout_scale, advertise, &self.knobs)?;
         cfg.metrics = self.metrics;
@@ -1250,6 +1260,7 @@ mod tests {
             .ranks(2)
             .salt(SessionSalt::from_bytes([3; 16]))
             .advertise(ControllerAddr::parse("127.0.0.1:7070").expect("address"))
+            .bind_is_loopback(true)
             .build()
             .expect("config");
         cfg.metrics = metrics;
