@@ -45,7 +45,10 @@
 //! assert!(spec_for(&env, 2, &RankOptions::default()).is_err());
 //! ```
 
+use std::path::PathBuf;
 use std::time::Duration;
+
+use cohort_driver_core::record::{Header, NodeKind, RankRecipe, Recorder};
 
 use cohort_driver_mio::{Clock, Config, NodeEvent, Runner};
 use cohort_proto::config::TimeoutScale;
@@ -88,6 +91,9 @@ pub struct RankOptions {
     pub timeout_scale: Option<f64>,
     /// Check the resolved host name against the envelope's `worker.host`.
     pub host_check: bool,
+    /// Record the rank (a flight recording) to `rank-<r>.rec` in this
+    /// directory ([`main`], the synthetic workload, only).
+    pub record: Option<PathBuf>,
 }
 
 impl Default for RankOptions {
@@ -102,6 +108,7 @@ impl Default for RankOptions {
             spread: 0.2,
             timeout_scale: None,
             host_check: true,
+            record: None,
         }
     }
 }
@@ -279,7 +286,10 @@ pub fn spec_from_env(opts: &RankOptions) -> Result<RankSpec, StartError> {
 /// (stdout). Returns the process's exit code: the rank's, or 1 when it
 /// cannot start (an unreadable envelope, as a flodl rank exits).
 pub fn main(opts: &RankOptions, json: bool) -> i32 {
-    main_with(opts, json, |spec| synthetic(spec, opts))
+    main_recorded(opts, json, |spec| {
+        let (trainer, cfg) = synthetic_with_config(spec, opts);
+        (trainer, opts.record.clone().map(|dir| (dir, cfg)))
+    })
 }
 
 /// [`main`] with the workload `make` builds for the rank: a training
@@ -289,6 +299,17 @@ pub fn main(opts: &RankOptions, json: bool) -> i32 {
 /// model signature its control hello presents (`RankSpec::model_sig`,
 /// which a coordinator compares across the world at formation).
 pub fn main_with<W: Workload>(opts: &RankOptions, json: bool, make: impl FnOnce(&mut RankSpec) -> W) -> i32 {
+    main_recorded(opts, json, |spec| (make(spec), None))
+}
+
+/// Where a rank's recording goes and what rebuilds its workload.
+type Recipe = Option<(PathBuf, WorkloadConfig)>;
+
+fn main_recorded<W: Workload>(
+    opts: &RankOptions,
+    json: bool,
+    make: impl FnOnce(&mut RankSpec) -> (W, Recipe),
+) -> i32 {
     let mut spec = match spec_from_env(opts) {
         Ok(s) => s,
         Err(e) => {
@@ -301,8 +322,8 @@ pub fn main_with<W: Workload>(opts: &RankOptions, json: bool, make: impl FnOnce(
         }
     };
     let mut narrator = Narrator::default();
-    let workload = make(&mut spec);
-    let ran = run(&spec, workload, |s| {
+    let (workload, recipe) = make(&mut spec);
+    let ran = run_recorded(&spec, workload, recipe, |s| {
         let line = narrator.describe(s);
         log_line(s, &line);
         if json {
@@ -323,28 +344,55 @@ pub fn main_with<W: Workload>(opts: &RankOptions, json: bool, make: impl FnOnce(
 /// The synthetic workload `cohort rank` trains: the envelope's sizes, else
 /// the options'.
 pub fn synthetic(spec: &RankSpec, opts: &RankOptions) -> Trainer {
+    synthetic_with_config(spec, opts).0
+}
+
+fn synthetic_with_config(spec: &RankSpec, opts: &RankOptions) -> (Trainer, WorkloadConfig) {
     let r = spec.rank;
     let w = spec.workload.unwrap_or_else(|| opts.workload());
     let seed = 0x5eed ^ u64::from(r);
-    Trainer::new(WorkloadConfig::for_rank(r, &w, opts.batch_ms, opts.spread, seed))
+    let cfg = WorkloadConfig::for_rank(r, &w, opts.batch_ms, opts.spread, seed);
+    (Trainer::new(cfg.clone()), cfg)
 }
 
 /// Runs the rank of `spec` with `workload` until it ends; every event goes
 /// to `on_event` (then its exit as [`ClusterEvent::RankExit`]). Returns the
 /// exit code.
-pub fn run<W: Workload>(
+pub fn run<W: Workload>(spec: &RankSpec, workload: W, on_event: impl FnMut(&Stamped)) -> Result<i32, String> {
+    run_recorded(spec, workload, None, on_event)
+}
+
+/// [`run`], recorded to `rank-<r>.rec` in `recipe`'s directory when given
+/// (its workload configuration rebuilds the synthetic workload).
+fn run_recorded<W: Workload>(
     spec: &RankSpec,
     workload: W,
+    recipe: Recipe,
     mut on_event: impl FnMut(&Stamped),
 ) -> Result<i32, String> {
     let clock = Clock::start();
     let r = spec.rank;
     let mut uid = [0u8; UID_BYTES];
     getrandom::fill(&mut uid).map_err(|e| format!("no OS randomness for an NCCL id: {e}"))?;
-    let node = RankNode::new(spec.rank_config(uid), workload, clock.now());
+    let (cfg, built_at) = (spec.rank_config(uid), clock.now());
+    let recorder = match recipe {
+        Some((dir, workload)) => {
+            let path = dir.join(format!("rank-{r}.rec"));
+            let recipe = RankRecipe { config: cfg.clone(), workload };
+            let made = std::fs::create_dir_all(&dir).and_then(|()| {
+                Recorder::create(&path, &Header::new(NodeKind::Rank, &recipe, built_at, false)?)
+            });
+            Some(made.map_err(|e| format!("recording to {}: {e}", path.display()))?)
+        }
+        None => None,
+    };
+    let node = RankNode::new(cfg, workload, built_at);
     let config = Config::scaled(spec.timeout_scale).for_frame_ceiling(spec.ceiling);
     let mut runner =
         Runner::with_clock(node, config, clock).map_err(|e| format!("starting the rank's driver: {e}"))?;
+    if let Some(rec) = recorder {
+        runner.driver().record(rec);
+    }
     let source = Source::Rank(r);
     let mut emit = |at, event| on_event(&Stamped { at, source: source.clone(), event });
     emit(

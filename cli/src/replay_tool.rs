@@ -1,30 +1,35 @@
-//! `cohort replay`: a controller's flight recording (`cohort controller
-//! --record`, `cohort demo --record`) replayed decision for decision.
+//! `cohort replay`: a node's flight recording (`cohort controller
+//! --record`, `cohort agent --record`, `cohort rank --record`, `cohort demo
+//! --record`) replayed decision for decision.
 //!
-//! The controller is rebuilt from the recording's header (the same
-//! configuration, built at the same instant; the `/metrics` renderer
-//! reinstalled if it was on; MAC work inline, which gives the same outputs
-//! as any runner), every recorded input is fed at its instant, and every
-//! drain of its outputs is compared with the recorded digest
-//! (`cohort_driver_core::record`). The controller's events print as the
-//! live node printed them: one `--json` line each, byte for byte the live
-//! `--json` line, or a human line each with its instant. Then one summary
-//! line: `replayed N inputs, M outputs checked, 0 divergences`.
+//! The node (a controller, an agent, a relay or a rank) is rebuilt from the
+//! recording's header (the same configuration, built at the same instant;
+//! the `/metrics` renderer reinstalled if it was on; MAC work inline, which
+//! gives the same outputs as any runner), every recorded input and command
+//! is fed at its instant, and every drain of its outputs is compared with
+//! the recorded digest (`cohort_driver_core::record`). The node's events
+//! print as the live node printed them: one `--json` line each, byte for
+//! byte the live `--json` line, or a human line each with its instant. Then
+//! one summary line: `replayed N inputs, M outputs checked, 0 divergences`.
 //!
 //! Exit status: 0 when everything matched; 1 at the first divergence (the
 //! drain's entry, its byte offset and instant, the input it followed, and
 //! what the replay produced); 2 when the file cannot be read (the reader's
-//! error, naming the byte offset); 3 at a command marker (a command run on
-//! the controller through the driver: a closure, which a recording cannot
-//! hold).
+//! error, naming the byte offset).
 
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use cohort_driver_core::record::{self, Reader, ReplayError, Replayed};
-use cohort_proto::Time;
+use std::fs::File;
+use std::io::BufReader;
+
+use cohort_driver_core::record::{self, Header, NodeKind, Reader, RecordError, ReplayError, Replayed};
 use cohort_proto::display::Thousands;
+use cohort_proto::machine::Commanded;
+use cohort_proto::node::host::HostConfig;
+use cohort_proto::relay::RelayConfig;
+use cohort_proto::{Machine, Time};
 
 use crate::cluster::describe::{Level, Line, Narrator, json_of};
 use crate::cluster::{ClusterEvent, Source, Stamped};
@@ -66,15 +71,85 @@ pub fn run(path: &Path, json: bool) -> i32 {
             record::writer()
         );
     }
-    let mut node = match header.controller_node() {
-        Ok(n) => n,
+    let played = match header.node {
+        NodeKind::Controller => {
+            play(header.controller_node(), &mut reader, Source::Controller, ClusterEvent::Controller, json)
+        }
+        NodeKind::Agent => {
+            let host = header.config::<HostConfig>(NodeKind::Agent).map(|c| c.offer.host);
+            let source = host.map(|h| Source::Host(h.into()));
+            play_as(&header, source, Header::host_node, &mut reader, ClusterEvent::Host, json)
+        }
+        NodeKind::Relay => {
+            let cfg = header.config::<RelayConfig>(NodeKind::Relay);
+            let source = cfg.map(|c| Source::Relay(c.host.into(), c.leg));
+            play_as(&header, source, Header::relay, &mut reader, ClusterEvent::Relay, json)
+        }
+        NodeKind::Rank => {
+            let cfg = header.config::<record::RankRecipe>(NodeKind::Rank);
+            let source = cfg.map(|c| Source::Rank(c.config.rank));
+            play_as(&header, source, Header::rank_node, &mut reader, ClusterEvent::Rank, json)
+        }
+    };
+    let outcome = match played {
+        Ok(o) => o,
         Err(e) => return unreadable(path, &e),
     };
+    let wall = started.elapsed().as_secs_f64();
+    let (done, divergences) = match &outcome {
+        Ok(d) => (*d, 0),
+        Err(e @ ReplayError::Diverged(_)) => (e.so_far(), 1),
+        Err(e) => (e.so_far(), 0),
+    };
+    summary(path, &done, divergences, wall, json, &outcome);
+    match outcome {
+        Ok(_) => 0,
+        Err(ReplayError::Diverged(d)) => {
+            eprintln!("cohort replay: {}: {d}", path.display());
+            1
+        }
+        Err(ReplayError::Record { error, .. }) => unreadable(path, &error),
+    }
+}
+
+/// A recording being read.
+type Recording = Reader<BufReader<File>>;
+
+/// [`play`] a node whose source is read from its configuration.
+fn play_as<M>(
+    header: &Header,
+    source: Result<Source, RecordError>,
+    build: fn(&Header) -> Result<M, RecordError>,
+    reader: &mut Recording,
+    wrap: fn(M::Event) -> ClusterEvent,
+    json: bool,
+) -> Result<Result<Replayed, ReplayError>, RecordError>
+where
+    M: Commanded,
+    M::Event: Clone + std::fmt::Debug,
+{
+    play(build(header), reader, source?, wrap, json)
+}
+
+/// Replays `reader` into the node `built`, printing each event as the live
+/// node's `source` printed it.
+fn play<M>(
+    built: Result<M, RecordError>,
+    reader: &mut Recording,
+    source: Source,
+    wrap: fn(M::Event) -> ClusterEvent,
+    json: bool,
+) -> Result<Result<Replayed, ReplayError>, RecordError>
+where
+    M: Commanded,
+    M::Event: Clone + std::fmt::Debug,
+{
+    let mut node = built?;
     let mut narrator = Narrator::default();
     let mut last = Time::ZERO;
-    let outcome = record::replay(&mut node, &mut reader, |at, e| {
+    let outcome = record::replay(&mut node, reader, |at, e: &<M as Machine>::Event| {
         last = at;
-        let s = Stamped { at, source: Source::Controller, event: ClusterEvent::Controller(e.clone()) };
+        let s = Stamped { at, source: source.clone(), event: wrap(e.clone()) };
         let line = narrator.describe(&s);
         if json {
             emit(json_of(&s, &line));
@@ -89,25 +164,7 @@ pub fn run(path: &Path, json: bool) -> i32 {
             emit(human_line(last, &node, &l));
         }
     }
-    let wall = started.elapsed().as_secs_f64();
-    let (done, divergences) = match &outcome {
-        Ok(d) => (*d, 0),
-        Err(e @ ReplayError::Diverged(_)) => (e.so_far(), 1),
-        Err(e) => (e.so_far(), 0),
-    };
-    summary(path, &done, divergences, wall, json, &outcome);
-    match outcome {
-        Ok(_) => 0,
-        Err(ReplayError::Diverged(d)) => {
-            eprintln!("cohort replay: {}: {d}", path.display());
-            1
-        }
-        Err(e @ ReplayError::Command { .. }) => {
-            eprintln!("cohort replay: {}: {e}", path.display());
-            3
-        }
-        Err(ReplayError::Record { error, .. }) => unreadable(path, &error),
-    }
+    Ok(outcome)
 }
 
 /// A drain as JSON.
@@ -136,6 +193,7 @@ fn summary(
         let mut v = serde_json::json!({
             "file": path.display().to_string(),
             "inputs": done.inputs,
+            "commands": done.commands,
             "outputs": done.outputs,
             "drains": done.drains,
             "divergences": divergences,
@@ -158,9 +216,6 @@ fn summary(
                     "produced": d.produced,
                 });
             }
-            Err(ReplayError::Command { index, offset, at, .. }) => {
-                v["command"] = serde_json::json!({ "entry": index, "offset": offset, "t": secs(*at) });
-            }
             Err(ReplayError::Record { error, .. }) => {
                 v["error"] = serde_json::json!({ "offset": error.offset, "message": error.to_string() });
             }
@@ -171,13 +226,14 @@ fn summary(
     }
     let plural = if divergences == 1 { "divergence" } else { "divergences" };
     emit(format_args!(
-        "replayed {} inputs, {} outputs checked, {divergences} {plural}",
+        "replayed {} inputs and {} commands, {} outputs checked, {divergences} {plural}",
         Thousands(done.inputs),
+        Thousands(done.commands),
         Thousands(done.outputs)
     ));
     let end = match (outcome, done.stopped) {
-        (Ok(_), Some(t)) => format!("the controller stopped cleanly at {:.6} s", secs(t)),
-        (Ok(_), None) => "no clean stop recorded: the controller was killed or crashed".to_owned(),
+        (Ok(_), Some(t)) => format!("the node stopped cleanly at {:.6} s", secs(t)),
+        (Ok(_), None) => "no clean stop recorded: the node was killed or crashed".to_owned(),
         (Err(_), _) => "stopped short (below)".to_owned(),
     };
     emit(format_args!(

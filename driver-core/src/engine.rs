@@ -107,10 +107,11 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 
 use bytes::Bytes;
+use cohort_proto::machine::Commanded;
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 
 use crate::queue::OutQueue;
-use crate::record::{Recorder, Tap, as_debug};
+use crate::record::{Recorder, Recording};
 use crate::timers::Timers;
 use crate::{Config, NodeEvent};
 
@@ -308,13 +309,15 @@ pub struct Engine<M: Machine, I: Io> {
     read_buf: Box<[u8]>,
     shutting_down: bool,
     /// The flight recording, if one is made.
-    tap: Option<Tap<M::Event>>,
+    tap: Option<Recording<M>>,
 }
 
-/// Feeds `input` to `machine` at `now`, recording it first when recording.
-fn feed<M: Machine>(machine: &mut M, tap: &mut Option<Tap<M::Event>>, now: Time, input: Input<'_>) {
-    if let Some(t) = tap {
-        t.input(now, &input);
+/// Feeds `input` to `machine` at `now`, recording it first when recording
+/// (after the commands the machine ran before it).
+fn feed<M: Machine>(machine: &mut M, tap: &mut Option<Recording<M>>, now: Time, input: Input<'_>) {
+    if let Some(r) = tap {
+        r.commands(machine);
+        r.tap.input(now, &input);
     }
     machine.handle(now, input);
 }
@@ -354,18 +357,19 @@ impl<M: Machine, I: Io> Engine<M, I> {
         }
     }
 
-    /// Records every input the machine takes from now on, every drain of
-    /// its outputs (a digest), every command run through
-    /// [`Engine::machine_mut`] (a marker: a closure cannot be recorded)
-    /// and the clean stop, to `recorder` ([`crate::record`]). Install it
-    /// before the first [`Engine::settle`], so that the recording starts
-    /// where the machine did. Replaces a recorder installed before (which
-    /// is flushed as it is dropped).
+    /// Records every input the machine takes from now on, every command it
+    /// runs (its journal, [`Commanded`]: whoever calls its command methods,
+    /// a driver's job or a hook), every drain of its outputs (a digest) and
+    /// the clean stop, to `recorder` ([`crate::record`]). Install it before
+    /// the first [`Engine::settle`], so that the recording starts where the
+    /// machine did. Replaces a recorder installed before (which is flushed
+    /// as it is dropped).
     pub fn record(&mut self, recorder: Recorder)
     where
+        M: Commanded,
         M::Event: fmt::Debug,
     {
-        self.tap = Some(Tap::new(recorder, as_debug::<M::Event>));
+        self.tap = Some(Recording::new(&mut self.machine, recorder));
     }
 
     /// Whether a recording is being made.
@@ -379,11 +383,8 @@ impl<M: Machine, I: Io> Engine<M, I> {
     }
 
     /// The machine, to run a command on (call [`Engine::settle`] after).
-    /// When recording, this writes a command marker: a replay stops there.
+    /// When recording, the commands it runs are taken from its journal.
     pub fn machine_mut(&mut self) -> &mut M {
-        if let Some(t) = &mut self.tap {
-            t.command();
-        }
         &mut self.machine
     }
 
@@ -468,8 +469,9 @@ impl<M: Machine, I: Io> Engine<M, I> {
         // Carry out what the machine already asked for, then stop listening to it.
         self.settle(now);
         self.shutting_down = true;
-        if let Some(t) = self.tap.take() {
-            t.stop(now);
+        if let Some(mut r) = self.tap.take() {
+            r.commands(&mut self.machine);
+            r.tap.stop(now);
         }
         self.reports.clear();
         for slot in 0..self.slots.len() {
@@ -490,12 +492,15 @@ impl<M: Machine, I: Io> Engine<M, I> {
     /// Carries out the machine's outputs and feeds it the reports they
     /// cause, until both are exhausted; then writes what was queued.
     pub fn settle(&mut self, now: Time) {
+        if let Some(r) = &mut self.tap {
+            r.commands(&mut self.machine);
+        }
         loop {
             while !self.shutting_down
                 && let Some(out) = self.machine.poll(now)
             {
-                if let Some(t) = &mut self.tap {
-                    t.output(&out);
+                if let Some(r) = &mut self.tap {
+                    r.tap.output(&out);
                 }
                 match out {
                     Output::Transmit { conn, bytes } => self.transmit(conn, bytes, now),
@@ -504,8 +509,8 @@ impl<M: Machine, I: Io> Engine<M, I> {
                     Output::Event(e) => self.events.push_back((now, NodeEvent::Machine(e))),
                 }
             }
-            if let Some(t) = &mut self.tap {
-                t.drained(now, self.machine.poll_timeout());
+            if let Some(r) = &mut self.tap {
+                r.tap.drained(now, self.machine.poll_timeout());
             }
             while let Some(slot) = self.dirty.pop() {
                 if let Some(Some(Entry::Conn(c))) = self.slots.get_mut(slot) {

@@ -42,12 +42,14 @@ use std::future::Future;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::ops::ControlFlow;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::join::ledger::JoinOffer;
+use cohort_proto::machine::Commanded;
 use cohort_proto::node::cluster::{ClusterEvent, Source, Stamped};
 use cohort_proto::node::envelope::WorkloadSpec;
 use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RelayListen};
@@ -65,38 +67,75 @@ use program::ProgramRanks;
 
 use crate::chan;
 use crate::macs::deployed_relay;
-pub use crate::node::{Hook, Job};
+pub use crate::node::{Hook, Instants, Job};
+use crate::record::{Header, NodeKind, RankRecipe, Recorder};
 use crate::{Clock, Config, NodeEvent, Stopped};
 
-/// A driver's way to start one machine as a node of a worker host.
-///
-/// `spawn` starts `machine` at once, serving `listener` if given (bound by
-/// the caller, who then knows its address), on `clock`; every event of the
-/// node goes to `hook`, on the node's own loop (see [`Hook`]). The tokio,
-/// smol and mio drivers each have one (`cohort_driver_tokio::Spawner`,
-/// ...).
+/// One node for a [`Spawn`] to start.
+pub struct Launch<M: Machine> {
+    /// The node's name (a thread's name, or a log field).
+    pub name: String,
+    /// Its machine, started at once.
+    pub machine: M,
+    /// The driver's knobs.
+    pub config: Config,
+    /// Its clock.
+    pub clock: Clock,
+    /// A listener to serve, bound by the caller (who then knows its address).
+    pub listener: Option<TcpListener>,
+    /// Where every event of the node goes, on the node's own loop.
+    pub hook: Hook<M>,
+    /// A flight recording of the machine from its start ([`crate::record`]).
+    pub record: Option<Recorder>,
+}
+
+impl<M: Machine> Launch<M> {
+    /// `machine` as a node named `name`, its events to `hook`; no listener,
+    /// no recording.
+    pub fn new(name: impl Into<String>, machine: M, config: Config, clock: Clock, hook: Hook<M>) -> Self {
+        Launch { name: name.into(), machine, config, clock, listener: None, hook, record: None }
+    }
+
+    /// Serves `listener`.
+    pub fn listener(mut self, listener: TcpListener) -> Self {
+        self.listener = Some(listener);
+        self
+    }
+
+    /// Records the machine from its start, if `record` is given.
+    pub fn record(mut self, record: Option<Recorder>) -> Self {
+        self.record = record;
+        self
+    }
+}
+
+impl<M: Machine> fmt::Debug for Launch<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Launch")
+            .field("name", &self.name)
+            .field("listener", &self.listener)
+            .field("record", &self.record)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A driver's way to start one machine as a node of a worker host: every
+/// event of the node goes to the [`Launch`]'s hook, on the node's own loop
+/// (see [`Hook`]). The tokio, smol and mio drivers each have one
+/// (`cohort_driver_tokio::Spawner`, ...).
 pub trait Spawn: Clone + Send + Sync + 'static {
     /// The handle of a running node.
     type Handle<M: Machine + Send + 'static>: NodeCtl<M>;
 
-    /// Starts `machine` as a node named `name` (a thread's name, or a log
-    /// field).
+    /// Starts `launch`'s machine as a node.
     ///
     /// # Errors
     /// If the node (its poller, its thread, its listener's registration)
     /// cannot be set up.
-    fn spawn<M>(
-        &self,
-        name: &str,
-        machine: M,
-        config: Config,
-        clock: Clock,
-        listener: Option<TcpListener>,
-        hook: Hook<M>,
-    ) -> io::Result<Self::Handle<M>>
+    fn spawn<M>(&self, launch: Launch<M>) -> io::Result<Self::Handle<M>>
     where
-        M: Machine + Send + 'static,
-        M::Event: Send + 'static;
+        M: Commanded + Send + 'static,
+        M::Event: fmt::Debug + Send + 'static;
 }
 
 /// Commands a running node, whatever runs it: the handle a [`Spawn`]
@@ -273,6 +312,9 @@ pub struct HostParams {
     /// The clock every node of the host runs on (share one with the rest
     /// of a cluster in one process, for one time line).
     pub clock: Clock,
+    /// Where the host's nodes write their flight recordings
+    /// ([`HostParams::record`]), if they do.
+    pub record: Option<PathBuf>,
 }
 
 impl HostParams {
@@ -299,7 +341,32 @@ impl HostParams {
             grace: Duration::from_secs(5),
             config: None,
             clock: Clock::start(),
+            record: None,
         }
+    }
+
+    /// Records every node of the host ([`crate::record`]) into `dir`
+    /// (created if missing): the agent to `agent.rec`, each relay to
+    /// `relay-control.rec` / `relay-data.rec`, each rank that trains the
+    /// synthetic workload to `rank-<r>.rec` (a user's workload or program
+    /// is code a recording cannot rebuild). Each replays with `cohort
+    /// replay FILE`. As secret as the salt.
+    pub fn record(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.record = Some(dir.into());
+        self
+    }
+
+    /// A new recording named `<file>.rec` in the record directory, if the
+    /// host records.
+    fn recorder(
+        &self,
+        file: &str,
+        header: impl FnOnce() -> io::Result<Header>,
+    ) -> Result<Option<Recorder>, String> {
+        let Some(dir) = &self.record else { return Ok(None) };
+        let path = dir.join(format!("{file}.rec"));
+        let made = std::fs::create_dir_all(dir).and_then(|()| Recorder::create(&path, &header()?));
+        made.map(Some).map_err(|e| format!("recording to {}: {e}", path.display()))
     }
 
     /// Joins with the pre-shared session salt (the controller's; its
@@ -571,6 +638,15 @@ struct Starter<S: Spawn> {
 }
 
 impl<S: Spawn> Starter<S> {
+    /// A recording to `<record dir>/<file>.rec`, if the host records.
+    fn recorder(
+        &self,
+        file: &str,
+        header: impl FnOnce() -> io::Result<Header>,
+    ) -> Result<Option<Recorder>, String> {
+        self.params.recorder(file, header)
+    }
+
     fn note(&self, now: Time, text: String) {
         events::note(&*self.sink, now, &self.source, text);
     }
@@ -589,6 +665,7 @@ impl<S: Spawn> Starter<S> {
             // the layout most of the host's ranks send.
             cfg.model = None;
         }
+        let relay_cfg = cfg.clone();
         let (relay, config) = deployed_relay(cfg, self.params.driver_config()).map_err(|e| e.to_string())?;
         let at = match listen {
             Some(a) => a.parse().map_err(|e| format!("relay address {a:?}: {e}"))?,
@@ -599,15 +676,17 @@ impl<S: Spawn> Starter<S> {
         let source = Source::Relay(self.params.name.as_str().into(), leg);
         let sink = self.sink.clone();
         let name = source.to_string();
-        let hook: Hook<Relay> = Box::new(move |_, now, e| {
+        let hook: Hook<Relay> = Box::new(move |_, when, e| {
             let stopped = matches!(e, NodeEvent::Machine(RelayEvent::Stopped(_)));
-            forward(&*sink, now, &source, e, ClusterEvent::Relay);
+            forward(&*sink, when.event_at, &source, e, ClusterEvent::Relay);
             if stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
         });
-        let node = self
-            .spawner
-            .spawn(&name, relay, config, self.params.clock, Some(listener), hook)
-            .map_err(|e| e.to_string())?;
+        let record = self.recorder(&format!("relay-{}", format!("{leg:?}").to_lowercase()), || {
+            Header::new(NodeKind::Relay, &relay_cfg, self.params.clock.now(), false)
+        })?;
+        let launch =
+            Launch::new(name, relay, config, self.params.clock, hook).listener(listener).record(record);
+        let node = self.spawner.spawn(launch).map_err(|e| e.to_string())?;
         lock(&self.nodes).relays.push(node);
         self.note(now, format!("relay {leg:?} listening on {addr}"));
         if listen.is_none() {
@@ -619,38 +698,44 @@ impl<S: Spawn> Starter<S> {
     fn rank(&self, spec: &RankSpec) -> Result<(), String> {
         let p = &self.params;
         let mut spec = spec.clone();
-        let workload = match &p.work {
+        let (workload, synthetic) = match &p.work {
             RankWork::Program(_) => return self.program(&spec),
-            RankWork::Workload(make) => make(&mut spec),
+            RankWork::Workload(make) => (make(&mut spec), None),
             RankWork::Synthetic => {
                 let w = spec.workload.unwrap_or(p.synthetic);
                 let seed = 0x5eed ^ u64::from(spec.rank);
-                BoxedWorkload::new(Trainer::new(WorkloadConfig::for_rank(
-                    spec.rank, &w, p.batch_ms, p.spread, seed,
-                )))
+                let cfg = WorkloadConfig::for_rank(spec.rank, &w, p.batch_ms, p.spread, seed);
+                (BoxedWorkload::new(Trainer::new(cfg.clone())), Some(cfg))
             }
         };
         let r = spec.rank;
         let mut uid = [0u8; UID_BYTES];
         getrandom::fill(&mut uid).map_err(|e| format!("no OS randomness for an NCCL id: {e}"))?;
-        let node = HostRank::new(spec.rank_config(uid), workload, p.clock.now());
+        let built_at = p.clock.now();
+        let cfg = spec.rank_config(uid);
+        // Only a rank that trains cohort's own workload can be rebuilt.
+        let record = match synthetic {
+            Some(workload) => self.recorder(&format!("rank-{r}"), || {
+                Header::new(NodeKind::Rank, &RankRecipe { config: cfg.clone(), workload }, built_at, false)
+            })?,
+            None => None,
+        };
+        let node = HostRank::new(cfg, workload, built_at);
         let config = p.driver_config().for_frame_ceiling(spec.ceiling);
         let sink = self.sink.clone();
         let mut report = RankReport::new(self.agent.clone(), self.sink.clone(), r, p.clock);
-        let hook: Hook<HostRank> = Box::new(move |rank, now, e| {
+        let hook: Hook<HostRank> = Box::new(move |rank, when, e| {
             let ends = matches!(&e, NodeEvent::Machine(ev) if ev.ends_the_rank());
-            forward(&*sink, now, &Source::Rank(r), e, ClusterEvent::Rank);
+            forward(&*sink, when.event_at, &Source::Rank(r), e, ClusterEvent::Rank);
             if !ends {
                 return ControlFlow::Continue(());
             }
             // The rank process exits; its agent (its parent) reports it.
-            report.ended(now, RankEnd::from_code(rank.exit_code()));
+            report.ended(when.now, RankEnd::from_code(rank.exit_code()));
             ControlFlow::Break(())
         });
-        let node = self
-            .spawner
-            .spawn(&format!("rank-{r}"), node, config, p.clock, None, hook)
-            .map_err(|e| e.to_string())?;
+        let launch = Launch::new(format!("rank-{r}"), node, config, p.clock, hook).record(record);
+        let node = self.spawner.spawn(launch).map_err(|e| e.to_string())?;
         lock(&self.nodes).ranks.insert(r, node);
         Ok(())
     }
@@ -689,7 +774,11 @@ impl<S: Spawn> WorkerHost<S> {
     /// If the agent's node cannot be started.
     pub fn spawn(spawner: S, p: HostParams, sink: impl EventSink) -> io::Result<Self> {
         let sink: Sink = Arc::new(sink);
-        let host = HostNode::new(p.host_config(), p.clock.now());
+        let (host_cfg, built_at) = (p.host_config(), p.clock.now());
+        let record = p
+            .recorder("agent", || Header::new(NodeKind::Agent, &host_cfg, built_at, false))
+            .map_err(io::Error::other)?;
+        let host = HostNode::new(host_cfg, built_at);
         let agent = Arc::new(OnceLock::new());
         let to_agent = ToAgent::of(Arc::downgrade(&agent));
         let nodes = Arc::new(Mutex::new(Nodes::default()));
@@ -705,14 +794,15 @@ impl<S: Spawn> WorkerHost<S> {
             programs: programs.clone(),
             agent: to_agent,
         };
-        let hook: Hook<HostNode> = Box::new(move |h, now, e| {
+        let hook: Hook<HostNode> = Box::new(move |h, when, e| {
             if let NodeEvent::Machine(ev) = &e {
-                starter.event(h, now, ev);
+                starter.event(h, when.now, ev);
             }
-            forward(&*starter.sink, now, &source, e, ClusterEvent::Host);
+            forward(&*starter.sink, when.event_at, &source, e, ClusterEvent::Host);
             ControlFlow::Continue(())
         });
-        let handle = spawner.spawn(&format!("{name}/agent"), host, config, clock, None, hook)?;
+        let launch = Launch::new(format!("{name}/agent"), host, config, clock, hook).record(record);
+        let handle = spawner.spawn(launch)?;
         if agent.set(handle).is_err() {
             unreachable!("the agent's cell is set once, here");
         }

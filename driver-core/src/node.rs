@@ -115,9 +115,9 @@ pub type Job<M> = Box<dyn FnOnce(&mut M, Time) + Send>;
 
 /// What a node does with each of its events when it runs with a hook
 /// instead of an [`Events`] stream: called inside the node's own loop, in
-/// order, with the machine and the current time. Whatever it does to the
-/// machine is carried out (settled) before the next event, as a command
-/// is; `Break` starts a clean shutdown (flush, FIN, linger), as
+/// order, with the machine and the event's [`Instants`]. Whatever it does
+/// to the machine is carried out (settled) before the next event, as a
+/// command is; `Break` starts a clean shutdown (flush, FIN, linger), as
 /// [`NodeHandle::shutdown`] does.
 ///
 /// A relay's hook that passes its events on and ends the node once the
@@ -130,14 +130,25 @@ pub type Job<M> = Box<dyn FnOnce(&mut M, Time) + Send>;
 /// use cohort_proto::relay::{Relay, RelayEvent};
 ///
 /// let (tx, rx) = std::sync::mpsc::channel();
-/// let hook: Hook<Relay> = Box::new(move |_relay, _now, event| {
+/// let hook: Hook<Relay> = Box::new(move |_relay, _when, event| {
 ///     let stopped = matches!(event, NodeEvent::Machine(RelayEvent::Stopped(_)));
 ///     let _ = tx.send(event);
 ///     if stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
 /// });
 /// # drop((hook, rx));
 /// ```
-pub type Hook<M> = Box<dyn FnMut(&mut M, Time, NodeEvent<<M as Machine>::Event>) -> ControlFlow<()> + Send>;
+pub type Hook<M> =
+    Box<dyn FnMut(&mut M, Instants, NodeEvent<<M as Machine>::Event>) -> ControlFlow<()> + Send>;
+
+/// When a [`Hook`] runs for an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Instants {
+    /// The clock: the instant to run the machine's commands at.
+    pub now: Time,
+    /// The event's instant: that of the drain that produced it, which a
+    /// replay of a flight recording gives it too (stamp the event with it).
+    pub event_at: Time,
+}
 
 enum Command<M> {
     Run(Job<M>),
@@ -197,11 +208,11 @@ where
         self.core.local_addr()
     }
 
-    /// Records the machine's inputs from its start (a flight recording,
-    /// [`crate::record`]); commands are recorded as markers a replay stops
-    /// at (a [`Hook`] runs as one after every event).
+    /// Records the machine's inputs and commands from its start (a flight
+    /// recording, [`crate::record`]).
     pub fn record(&mut self, recorder: crate::record::Recorder)
     where
+        M: cohort_proto::machine::Commanded,
         M::Event: fmt::Debug,
     {
         self.core.engine.record(recorder);
@@ -477,7 +488,8 @@ impl<M: Machine, R: Runtime> NodeTask<M, R> {
             while let Some(e) = core.engine.poll_event() {
                 if let Some(hook) = &mut self.hook {
                     let now = core.clock.now();
-                    let flow = hook(core.engine.machine_mut(), now, e);
+                    let when = Instants { now, event_at: core.engine.event_at() };
+                    let flow = hook(core.engine.machine_mut(), when, e);
                     if !core.engine.is_shutting_down() {
                         core.engine.settle(now);
                     }

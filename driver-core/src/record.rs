@@ -22,10 +22,11 @@
 //!   and the machine's `poll_timeout` after the drain (when it asked to be
 //!   woken: a timer input missed shows there). A drain that yields nothing
 //!   after nothing was fed is not written;
-//! - a marker for each command run on the machine through the driver
-//!   ([`Engine::machine_mut`](crate::engine::Engine::machine_mut), a
-//!   driver's `with`): a closure cannot be recorded, so a replay stops
-//!   there and says so;
+//! - every command the machine ran, with the instant it was given, as the
+//!   machine's own value for it ([`Commanded`]): the engine takes them from
+//!   the machine's journal before each input, drain and the stop, so they
+//!   land in order, whoever ran them (a driver's `with`, a job, a hook). A
+//!   replay runs each again through [`Commanded::command`];
 //! - the clean stop ([`Engine::begin_shutdown`](crate::engine::Engine::begin_shutdown)):
 //!   the machine hears nothing after it. A recording that ends without it
 //!   is of a node that was killed or crashed.
@@ -33,11 +34,12 @@
 //! # The file
 //!
 //! ```text
-//! file    = magic "COHORTFR" (8 bytes) | version u16 LE (1) | header length u32 LE | header | entry*
+//! file    = magic "COHORTFR" (8 bytes) | version u16 LE (2) | header length u32 LE | header | entry*
 //! header  = bincode 2 (standard: varint integers, little endian) of [`Header`]:
-//!           node kind ("controller"), payload mode, the instant the machine was
-//!           built at, whether `/metrics` was served, the writer's version, and
-//!           the node's configuration as bincode (a `ControllerConfig`)
+//!           node kind (controller, agent, relay, rank), payload mode, the instant
+//!           the machine was built at, whether `/metrics` was served, the writer's
+//!           version, and the node's configuration as bincode (a `ControllerConfig`,
+//!           `HostConfig`, `RelayConfig` or [`RankRecipe`])
 //! entry   = length u32 LE | bincode 2 of an [`Entry`]
 //! ```
 //!
@@ -80,7 +82,12 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
+use cohort_proto::machine::Commanded;
 use cohort_proto::node::controller::{ControllerConfig, ControllerNode};
+use cohort_proto::node::host::HostNode;
+use cohort_proto::node::rank::{RankConfig, RankNode};
+use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
+use cohort_proto::relay::Relay;
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -88,7 +95,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub const MAGIC: [u8; 8] = *b"COHORTFR";
 
 /// The format version this module writes and reads.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 
 /// The largest header a reader accepts.
 pub const MAX_HEADER_BYTES: u32 = 1 << 20;
@@ -113,14 +120,36 @@ fn writing() -> impl bincode::config::Config {
 pub enum NodeKind {
     /// A `ControllerNode`; the configuration is a `ControllerConfig`.
     Controller,
+    /// A worker host's agent, a `HostNode`; the configuration is a
+    /// `HostConfig`.
+    Agent,
+    /// A host's relay, a `Relay`; the configuration is a `RelayConfig`.
+    Relay,
+    /// A rank training cohort's synthetic workload, a `RankNode<Trainer>`;
+    /// the configuration is a [`RankRecipe`].
+    Rank,
 }
 
 impl fmt::Display for NodeKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             NodeKind::Controller => "controller",
+            NodeKind::Agent => "agent",
+            NodeKind::Relay => "relay",
+            NodeKind::Rank => "rank",
         })
     }
+}
+
+/// What a rank's recording rebuilds it from: its configuration and its
+/// synthetic workload's (a user's own workload is code, so only ranks that
+/// train cohort's [`Trainer`] can be recorded).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RankRecipe {
+    /// The rank's configuration.
+    pub config: RankConfig,
+    /// Its workload's.
+    pub workload: WorkloadConfig,
 }
 
 /// How `Received` bytes are kept.
@@ -168,6 +197,16 @@ pub fn writer() -> String {
 }
 
 impl Header {
+    /// The header of a recording of a `node` built from `config` at
+    /// `built_at` (`metrics`: it serves `GET /metrics`).
+    ///
+    /// # Errors
+    /// If the configuration cannot be encoded (a cohort one always can).
+    pub fn new(node: NodeKind, config: &impl Serialize, built_at: Time, metrics: bool) -> io::Result<Header> {
+        let config = bincode::serde::encode_to_vec(config, writing()).map_err(io::Error::other)?;
+        Ok(Header { node, payload: PayloadMode::Whole, built_at, metrics, writer: writer(), config })
+    }
+
     /// The header of a controller's recording: its configuration as it was
     /// built, at `built_at`. Whether it serves `/metrics` is read from the
     /// configuration.
@@ -175,15 +214,63 @@ impl Header {
     /// # Errors
     /// If the configuration cannot be encoded (it always can).
     pub fn controller(cfg: &ControllerConfig, built_at: Time) -> io::Result<Header> {
-        let config = bincode::serde::encode_to_vec(cfg, writing()).map_err(io::Error::other)?;
-        Ok(Header {
-            node: NodeKind::Controller,
-            payload: PayloadMode::Whole,
-            built_at,
-            metrics: cfg.metrics.is_some(),
-            writer: writer(),
-            config,
-        })
+        Header::new(NodeKind::Controller, cfg, built_at, cfg.metrics.is_some())
+    }
+
+    /// The configuration of a recording of a `node`, as recorded.
+    ///
+    /// # Errors
+    /// If this is a recording of another kind of node, or its configuration
+    /// does not decode (the error names the header's offset).
+    pub fn config<C: serde::de::DeserializeOwned>(&self, node: NodeKind) -> Result<C, RecordError> {
+        let at = |problem| RecordError {
+            offset: PREFIX,
+            expected: format!("the {node}'s configuration"),
+            problem,
+        };
+        if self.node != node {
+            return Err(at(Problem::Unsupported(format!("a recording of a {}, not a {node}", self.node))));
+        }
+        let limit = bincode::config::standard().with_limit::<{ MAX_HEADER_BYTES as usize }>();
+        let (cfg, used): (C, usize) = bincode::serde::decode_from_slice(&self.config, limit)
+            .map_err(|e| at(Problem::Malformed(e.to_string())))?;
+        if used != self.config.len() {
+            return Err(at(Problem::Malformed(format!("{} bytes after it", self.config.len() - used))));
+        }
+        Ok(cfg)
+    }
+
+    /// The agent as the recorded one was built.
+    ///
+    /// # Errors
+    /// As [`Header::config`].
+    pub fn host_node(&self) -> Result<HostNode, RecordError> {
+        Ok(HostNode::new(self.config(NodeKind::Agent)?, self.built_at))
+    }
+
+    /// The relay as the recorded one was built (its MAC work inline).
+    ///
+    /// # Errors
+    /// As [`Header::config`], or if the configuration is refused.
+    pub fn relay(&self) -> Result<Relay, RecordError> {
+        Relay::new(self.config(NodeKind::Relay)?).map_err(|e| self.refused("Relay::new", &e))
+    }
+
+    /// The rank as the recorded one was built.
+    ///
+    /// # Errors
+    /// As [`Header::config`].
+    pub fn rank_node(&self) -> Result<RankNode<Trainer>, RecordError> {
+        let RankRecipe { config, workload } = self.config(NodeKind::Rank)?;
+        Ok(RankNode::new(config, Trainer::new(workload), self.built_at))
+    }
+
+    fn refused(&self, by: &str, e: &dyn fmt::Display) -> RecordError {
+        RecordError {
+            offset: PREFIX,
+            expected: format!("the {}'s configuration", self.node),
+            problem: Problem::Unsupported(format!("refused by {by}: {e}")),
+        }
     }
 
     /// The controller's configuration, as recorded, its `/metrics`
@@ -194,24 +281,7 @@ impl Header {
     /// If this is not a controller's recording, or its configuration does
     /// not decode (the error names the header's offset).
     pub fn controller_config(&self) -> Result<ControllerConfig, RecordError> {
-        let at = |problem| RecordError {
-            offset: PREFIX,
-            expected: "the controller's configuration".into(),
-            problem,
-        };
-        if self.node != NodeKind::Controller {
-            return Err(at(Problem::Unsupported(format!(
-                "a recording of a {}, not a controller",
-                self.node
-            ))));
-        }
-        let limit = bincode::config::standard().with_limit::<{ MAX_HEADER_BYTES as usize }>();
-        let (mut cfg, used): (ControllerConfig, usize) =
-            bincode::serde::decode_from_slice(&self.config, limit)
-                .map_err(|e| at(Problem::Malformed(e.to_string())))?;
-        if used != self.config.len() {
-            return Err(at(Problem::Malformed(format!("{} bytes after it", self.config.len() - used))));
-        }
+        let mut cfg: ControllerConfig = self.config(NodeKind::Controller)?;
         if self.metrics {
             cfg.metrics = Some(crate::metrics::prometheus());
         }
@@ -226,11 +296,7 @@ impl Header {
     /// As [`Header::controller_config`], or if the configuration is refused.
     pub fn controller_node(&self) -> Result<ControllerNode, RecordError> {
         let cfg = self.controller_config()?;
-        ControllerNode::new(cfg, self.built_at).map_err(|e| RecordError {
-            offset: PREFIX,
-            expected: "the controller's configuration".into(),
-            problem: Problem::Unsupported(format!("refused by ControllerNode::new: {e}")),
-        })
+        ControllerNode::new(cfg, self.built_at).map_err(|e| self.refused("ControllerNode::new", &e))
     }
 }
 
@@ -442,10 +508,12 @@ pub enum Entry<'a> {
         /// The machine's `poll_timeout` after the drain.
         wake: Option<Time>,
     },
-    /// A command ran on the machine through the driver (not recordable).
+    /// The machine ran a command ([`Commanded`]) at `at`.
     Command {
-        /// The instant of the drain that followed it.
+        /// The instant the command was given.
         at: Time,
+        /// The command (bincode of the machine's `Commanded::Command`).
+        command: Payload<'a>,
     },
     /// The node began a clean stop: the machine hears nothing more.
     Stop {
@@ -460,7 +528,7 @@ impl Entry<'_> {
         match self {
             Entry::Input { at, .. }
             | Entry::Outputs { at, .. }
-            | Entry::Command { at }
+            | Entry::Command { at, .. }
             | Entry::Stop { at } => *at,
         }
     }
@@ -548,8 +616,6 @@ pub struct Recorder {
     digest: Digest,
     /// An input or command awaits its drain's entry.
     owed: bool,
-    /// A command ran: its marker goes out with the next instant.
-    command: bool,
     last_at: Time,
     flushed_at: Time,
     failed: bool,
@@ -604,7 +670,6 @@ impl Recorder {
             entries: 0,
             digest: Digest::default(),
             owed: false,
-            command: false,
             last_at: header.built_at,
             flushed_at: header.built_at,
             failed: false,
@@ -673,31 +738,26 @@ impl Recorder {
         self.failed = true;
     }
 
-    /// The marker of a command that ran, at the first instant known after it.
-    fn command_marker(&mut self, at: Time) {
-        if std::mem::take(&mut self.command) {
-            self.write(&Entry::Command { at });
-        }
-    }
-
     /// The machine takes `input` at `at`.
     pub(crate) fn input(&mut self, at: Time, input: &Input<'_>) {
-        self.command_marker(at);
         self.write(&Entry::Input { at, input: Recorded::of(input) });
         self.owed = true;
         self.last_at = at;
     }
 
-    /// A command is about to run on the machine.
-    pub(crate) fn command(&mut self) {
-        self.command = true;
+    /// The machine ran `command` at `at`.
+    pub(crate) fn command(&mut self, at: Time, command: &impl Serialize) {
+        match bincode::serde::encode_to_vec(command, writing()) {
+            Ok(bytes) => self.write(&Entry::Command { at, command: Payload(Cow::Owned(bytes)) }),
+            Err(e) => self.fail(&io::Error::other(e)),
+        }
         self.owed = true;
+        self.last_at = at;
     }
 
     /// The engine drained the outputs added since the last drain, at `at`;
     /// the machine then wants waking at `wake`.
     pub(crate) fn drained(&mut self, at: Time, wake: Option<Time>) {
-        self.command_marker(at);
         let (count, digest) = std::mem::take(&mut self.digest).finish();
         let owed = std::mem::take(&mut self.owed);
         if count > 0 || owed {
@@ -714,7 +774,6 @@ impl Recorder {
 
     /// The node stops cleanly at `at`: the last entry.
     pub(crate) fn stop(mut self, at: Time) {
-        self.command_marker(at);
         self.write(&Entry::Stop { at });
         // Dropped: flushed.
     }
@@ -722,8 +781,6 @@ impl Recorder {
 
 impl Drop for Recorder {
     fn drop(&mut self) {
-        let at = self.last_at;
-        self.command_marker(at);
         if !self.failed
             && let Err(e) = self.out.flush()
         {
@@ -732,8 +789,38 @@ impl Drop for Recorder {
     }
 }
 
-/// What an engine holds while recording: the recorder, and how to show its
-/// machine's events to the digest.
+/// What an engine holds while recording: the [`Tap`], and how to take the
+/// commands its machine ran ([`Commanded`]) into it.
+pub(crate) struct Recording<M: Machine> {
+    pub(crate) tap: Tap<M::Event>,
+    journal: fn(&mut M, &mut Tap<M::Event>),
+}
+
+impl<M: Machine> Recording<M> {
+    /// A recording of `machine` to `rec`; from now on the machine keeps
+    /// its journal of commands.
+    pub(crate) fn new(machine: &mut M, rec: Recorder) -> Self
+    where
+        M: Commanded,
+        M::Event: fmt::Debug,
+    {
+        machine.journal().keep();
+        fn journal<M: Commanded>(m: &mut M, tap: &mut Tap<M::Event>) {
+            for (at, c) in m.journal().take() {
+                tap.command(at, &c);
+            }
+        }
+        Recording { tap: Tap::new(rec, as_debug::<M::Event>), journal: journal::<M> }
+    }
+
+    /// Writes the commands `machine` ran since the last entry: called
+    /// before every input, drain and the stop, so each lands in order.
+    pub(crate) fn commands(&mut self, machine: &mut M) {
+        (self.journal)(machine, &mut self.tap);
+    }
+}
+
+/// The recorder, and how to show its machine's events to the digest.
 pub(crate) struct Tap<E> {
     rec: Recorder,
     event: fn(&E) -> &dyn fmt::Debug,
@@ -758,8 +845,8 @@ impl<E> Tap<E> {
         self.rec.drained(at, wake);
     }
 
-    pub(crate) fn command(&mut self) {
-        self.rec.command();
+    pub(crate) fn command(&mut self, at: Time, command: &impl Serialize) {
+        self.rec.command(at, command);
     }
 
     pub(crate) fn stop(self, at: Time) {
@@ -1043,6 +1130,8 @@ pub struct Replayed {
     pub entries: u64,
     /// Inputs fed.
     pub inputs: u64,
+    /// Commands run.
+    pub commands: u64,
     /// Drains compared.
     pub drains: u64,
     /// Outputs checked (every output of every drain compared).
@@ -1158,23 +1247,12 @@ pub enum ReplayError {
     /// The recording cannot be read further.
     Record {
         /// Why.
-        error: RecordError,
+        error: Box<RecordError>,
         /// What matched before it.
         so_far: Replayed,
     },
     /// The machine's outputs differ from the recording's.
     Diverged(Box<Divergence>),
-    /// A command ran on the machine here: a closure, not recorded.
-    Command {
-        /// The marker's entry index.
-        index: u64,
-        /// Its byte offset.
-        offset: u64,
-        /// Its instant.
-        at: Time,
-        /// What matched before it.
-        so_far: Replayed,
-    },
 }
 
 impl fmt::Display for ReplayError {
@@ -1182,15 +1260,6 @@ impl fmt::Display for ReplayError {
         match self {
             ReplayError::Record { error, .. } => write!(f, "the recording is unreadable at {error}"),
             ReplayError::Diverged(d) => d.fmt(f),
-            ReplayError::Command { index, offset, at, so_far } => write!(
-                f,
-                "entry {index} (byte {offset}, {}): a command was run on the machine through the driver \
-                 (Engine::machine_mut); a closure is not recorded, so the replay stops here \
-                 ({} inputs and {} outputs before it matched)",
-                Secs(*at),
-                so_far.inputs,
-                so_far.outputs
-            ),
         }
     }
 }
@@ -1201,9 +1270,18 @@ impl ReplayError {
     /// What matched before the replay stopped.
     pub fn so_far(&self) -> Replayed {
         match self {
-            ReplayError::Record { so_far, .. } | ReplayError::Command { so_far, .. } => *so_far,
+            ReplayError::Record { so_far, .. } => *so_far,
             ReplayError::Diverged(d) => d.so_far,
         }
+    }
+}
+
+/// A command entry that does not decode as the machine's command.
+fn bad_command(index: u64, offset: u64, why: String) -> RecordError {
+    RecordError {
+        offset,
+        expected: format!("entry {index}, one of the machine's commands"),
+        problem: Problem::Malformed(why),
     }
 }
 
@@ -1309,15 +1387,16 @@ fn describe<E: fmt::Debug>(out: &Output<E>) -> String {
 /// `on_event` with its instant, in order.
 ///
 /// # Errors
-/// The first divergence (the drain's entry, and the input before it), a
-/// command marker, or a [`RecordError`].
+/// The first divergence (the drain's entry, and the input or command
+/// before it), or a [`RecordError`] (a command that is not the machine's
+/// among them).
 pub fn replay<M, R>(
     machine: &mut M,
     reader: &mut Reader<R>,
     mut on_event: impl FnMut(Time, &M::Event),
 ) -> Result<Replayed, ReplayError>
 where
-    M: Machine,
+    M: Commanded,
     M::Event: fmt::Debug,
     R: Read,
 {
@@ -1325,7 +1404,7 @@ where
     let mut book = Book::default();
     let mut after: Option<Fed> = None;
     let mut outputs: Vec<Output<M::Event>> = Vec::new();
-    let unreadable = |error, so_far| ReplayError::Record { error, so_far };
+    let unreadable = |error, so_far| ReplayError::Record { error: Box::new(error), so_far };
     while let Some(Located { index, offset, entry, .. }) =
         reader.next_entry().map_err(|e| unreadable(e, done))?
     {
@@ -1376,8 +1455,21 @@ where
                     }
                 }
             }
-            Entry::Command { at } => {
-                return Err(ReplayError::Command { index, offset, at, so_far: done });
+            Entry::Command { at, command } => {
+                let limit = bincode::config::standard().with_limit::<{ MAX_ENTRY_BYTES as usize }>();
+                let decoded = bincode::serde::decode_from_slice::<M::Command, _>(&command.0, limit);
+                let command = match decoded {
+                    Ok((c, used)) if used == command.0.len() => c,
+                    Ok((_, used)) => {
+                        let why = format!("{} bytes after the command", command.0.len() - used);
+                        return Err(unreadable(bad_command(index, offset, why), done));
+                    }
+                    Err(e) => return Err(unreadable(bad_command(index, offset, e.to_string()), done)),
+                };
+                let said = format!("command {command:?}");
+                machine.command(at, command);
+                done.commands += 1;
+                after = Some(Fed { index, offset, at, input: said });
             }
             Entry::Stop { at } => {
                 done.stopped = Some(at);
@@ -1450,7 +1542,7 @@ mod tests {
         tap.drained(t(12), Some(t(40)));
         tap.input(t(20), &Input::Timeout);
         tap.drained(t(20), Some(t(40)));
-        tap.command();
+        tap.command(t(21), &7u64);
         tap.output(&Output::Close { conn });
         tap.drained(t(21), Some(t(40)));
         tap.input(t(22), &Input::Closed { conn: ConnId(9), cause: CloseCause::Reset, unsent: 5 });
@@ -1479,7 +1571,7 @@ mod tests {
             Entry::Outputs { at: t(11), count: n, digest: h, wake: Some(t(40)) },
             Entry::Input { at: t(20), input: Recorded::Timeout },
             Entry::Outputs { at: t(20), count: 0, digest: empty, wake: Some(t(40)) },
-            Entry::Command { at: t(21) },
+            Entry::Command { at: t(21), command: Payload(Cow::Owned(vec![7])) },
             Entry::Outputs { at: t(21), count: 1, digest: close.finish().1, wake: Some(t(40)) },
             Entry::Input { at: t(22), input: Recorded::Closed { conn: 9, cause: Cause::Reset, unsent: 5 } },
             Entry::Outputs { at: t(22), count: 0, digest: empty, wake: Some(t(40)) },
@@ -1620,9 +1712,22 @@ mod tests {
         }
     }
 
-    /// A machine that closes every connection at its first bytes.
+    /// A machine that closes every connection at its first bytes, or when
+    /// told to (its command: the connection's number).
     #[derive(Default)]
-    struct Closer(std::collections::VecDeque<Output<String>>);
+    struct Closer(std::collections::VecDeque<Output<String>>, cohort_proto::machine::Journal<u64>);
+
+    impl Commanded for Closer {
+        type Command = u64;
+        fn command(&mut self, now: Time, conn: u64) {
+            self.1.note(now, || conn);
+            self.0.push_back(Output::Close { conn: ConnId(conn) });
+            self.0.push_back(Output::Event(format!("told to close {conn} at {now:?}")));
+        }
+        fn journal(&mut self) -> &mut cohort_proto::machine::Journal<u64> {
+            &mut self.1
+        }
+    }
 
     impl Machine for Closer {
         type Event = String;
@@ -1694,6 +1799,78 @@ mod tests {
             assert!(matches!(&error.problem, Problem::Malformed(w) if w.starts_with(why)), "{error}");
             assert_eq!(so_far.inputs, 6, "{error}");
             assert!(error.to_string().contains("entry 12, an input a driver could give"), "{error}");
+        }
+    }
+
+    /// A live `Closer` recorded as an engine records it: conn 1 accepted,
+    /// then told (a command, at 5 ms) to close it; replayed into `into`.
+    fn commanded_into<M: Commanded<Command = u64, Event = String>>(
+        into: &mut M,
+    ) -> Result<(Replayed, Vec<String>), ReplayError> {
+        let out = Shared::default();
+        let mut live = Closer::default();
+        let mut rec = Recording::new(&mut live, Recorder::new(out.clone(), &header()).unwrap());
+        let t = Time::from_millis;
+        rec.commands(&mut live);
+        rec.tap.input(t(1), &Input::Accepted { conn: ConnId(1), peer: Peer::REMOTE });
+        live.handle(t(1), Input::Accepted { conn: ConnId(1), peer: Peer::REMOTE });
+        rec.tap.drained(t(1), None);
+        live.command(t(5), 1);
+        // The engine takes the journal before it drains.
+        rec.commands(&mut live);
+        while let Some(o) = live.poll(t(6)) {
+            rec.tap.output(&o);
+        }
+        rec.tap.drained(t(6), None);
+        rec.commands(&mut live);
+        rec.tap.stop(t(7));
+        let bytes = out.bytes();
+        let entries: Vec<Entry<'_>> = Reader::new(&bytes[..]).unwrap().map(|l| l.unwrap().entry).collect();
+        assert!(
+            entries.contains(&Entry::Command { at: t(5), command: Payload(Cow::Owned(vec![1])) }),
+            "{entries:?}"
+        );
+        let mut events = Vec::new();
+        let done = replay(into, &mut Reader::new(&bytes[..]).unwrap(), |_, e| events.push(e.clone()))?;
+        Ok((done, events))
+    }
+
+    #[test]
+    fn a_command_is_recorded_from_the_machines_journal_and_run_again_by_the_replay() {
+        let (done, events) = commanded_into(&mut Closer::default()).unwrap();
+        assert_eq!((done.inputs, done.commands, done.outputs), (1, 1, 2));
+        // At the instant the live command was given, not the drain's.
+        assert_eq!(events, ["told to close 1 at 0.005000000s"]);
+        // A machine that does not take the command diverges at that drain.
+        let mut deaf = Closer::default();
+        let Err(ReplayError::Diverged(d)) = commanded_into(&mut Deaf(&mut deaf)) else {
+            panic!("a dropped command is a divergence")
+        };
+        assert_eq!((d.recorded.count, d.replayed.count), (2, 0), "{d}");
+        assert!(d.to_string().contains("command 1"), "{d}");
+    }
+
+    /// A `Closer` that ignores its commands.
+    struct Deaf<'a>(&'a mut Closer);
+
+    impl Machine for Deaf<'_> {
+        type Event = String;
+        fn handle(&mut self, now: Time, input: Input<'_>) {
+            self.0.handle(now, input);
+        }
+        fn poll(&mut self, now: Time) -> Option<Output<String>> {
+            self.0.poll(now)
+        }
+        fn poll_timeout(&self) -> Option<Time> {
+            None
+        }
+    }
+
+    impl Commanded for Deaf<'_> {
+        type Command = u64;
+        fn command(&mut self, _: Time, _: u64) {}
+        fn journal(&mut self) -> &mut cohort_proto::machine::Journal<u64> {
+            self.0.journal()
         }
     }
 

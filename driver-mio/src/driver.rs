@@ -300,9 +300,10 @@ impl<M: Machine> Driver<M> {
     /// Records the machine's inputs from now on (a flight recording,
     /// `cohort_driver_core::record`): install it before the driver first
     /// runs, so the recording starts where the machine did. Commands run
-    /// with [`Driver::with`] are recorded as markers a replay stops at.
+    /// with [`Driver::with`] are taken from the machine's journal.
     pub fn record(&mut self, recorder: Recorder)
     where
+        M: cohort_proto::machine::Commanded,
         M::Event: std::fmt::Debug,
     {
         self.engine.record(recorder);

@@ -25,16 +25,17 @@
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use cohort_driver_core::host::{Hook, Job, NodeCtl, Spawn};
-use cohort_driver_core::node::Latch;
-use cohort_driver_core::{Clock, Config, NodeEvent, Stopped};
+use cohort_driver_core::host::{Job, Launch, NodeCtl, Spawn};
+use cohort_driver_core::node::{Instants, Latch};
+use cohort_driver_core::{NodeEvent, Stopped};
 use cohort_proto::Machine;
+use cohort_proto::machine::Commanded;
 
 use crate::{Driver, Remote, Runner};
 
@@ -265,23 +266,22 @@ pub struct Spawner;
 impl Spawn for Spawner {
     type Handle<M: Machine + Send + 'static> = NodeThread<M>;
 
-    fn spawn<M>(
-        &self,
-        name: &str,
-        machine: M,
-        config: Config,
-        clock: Clock,
-        listener: Option<TcpListener>,
-        mut hook: Hook<M>,
-    ) -> io::Result<NodeThread<M>>
+    fn spawn<M>(&self, launch: Launch<M>) -> io::Result<NodeThread<M>>
     where
-        M: Machine + Send + 'static,
-        M::Event: Send + 'static,
+        M: Commanded + Send + 'static,
+        M::Event: fmt::Debug + Send + 'static,
     {
+        let Launch { name, machine, config, clock, listener, mut hook, record } = launch;
         let mut runner = Runner::with_clock(machine, config, clock)?;
+        if let Some(r) = record {
+            runner.driver().record(r);
+        }
         if let Some(l) = listener {
             runner.driver().adopt_listener(l)?;
         }
-        NodeThread::spawn(name, runner, move |d, e| d.with(|m, now| hook(m, now, e)))
+        NodeThread::spawn(&name, runner, move |d, e| {
+            let event_at = d.event_at();
+            d.with(|m, now| hook(m, Instants { now, event_at }, e))
+        })
     }
 }

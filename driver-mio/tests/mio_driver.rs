@@ -54,7 +54,7 @@ fn driver_embeds_in_a_callers_poll() {
         for e in pinger.pending() {
             match e {
                 NodeEvent::Machine(PingerEvent::Ready) => {
-                    pinger.with(|p, _| p.play(100));
+                    pinger.with(|p, now| p.play(now, 100));
                     started = true;
                 }
                 NodeEvent::Machine(PingerEvent::Done { rounds }) => {

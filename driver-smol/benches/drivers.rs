@@ -200,7 +200,7 @@ fn rtt_of<D: TestDriver>(g: &mut BenchmarkGroup<'_, WallTime>, frame: &Bytes) {
     g.bench_function(D::NAME, |b| {
         b.iter_custom(|iters| {
             let t = Instant::now();
-            pinger.with(move |p, _| p.play(iters));
+            pinger.with(move |p, now| p.play(now, iters));
             assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: iters });
             t.elapsed()
         })

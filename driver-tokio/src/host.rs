@@ -3,14 +3,16 @@
 //! on [`Spawner`]: the agent, its relays and its ranks, a task each) and
 //! [`spawn_controller`].
 
+use std::fmt;
 use std::io;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 
 use cohort_driver_core::controller::{bind_controller, deployed_controller};
-use cohort_driver_core::host::{self, ClusterEvents, Hook, HostParams, Spawn, cluster_events};
+use cohort_driver_core::host::{self, ClusterEvents, HostParams, Launch, Spawn, cluster_events};
 use cohort_driver_core::node::{Events, NodeHandle};
 use cohort_driver_core::{Clock, Config};
 use cohort_proto::Machine;
+use cohort_proto::machine::Commanded;
 use cohort_proto::node::controller::{ControllerBuilder, ControllerNode, ControllerNodeEvent};
 use tokio::runtime::Handle;
 
@@ -50,20 +52,16 @@ impl Spawner {
 impl Spawn for Spawner {
     type Handle<M: Machine + Send + 'static> = NodeHandle<M>;
 
-    fn spawn<M>(
-        &self,
-        _name: &str,
-        machine: M,
-        config: Config,
-        clock: Clock,
-        listener: Option<TcpListener>,
-        hook: Hook<M>,
-    ) -> io::Result<NodeHandle<M>>
+    fn spawn<M>(&self, launch: Launch<M>) -> io::Result<NodeHandle<M>>
     where
-        M: Machine + Send + 'static,
-        M::Event: Send + 'static,
+        M: Commanded + Send + 'static,
+        M::Event: fmt::Debug + Send + 'static,
     {
+        let Launch { machine, config, clock, listener, hook, record, .. } = launch;
         let mut node = Node::with_clock(machine, config, clock);
+        if let Some(r) = record {
+            node.record(r);
+        }
         if let Some(l) = listener {
             node.adopt_listener(l)?;
         }

@@ -25,7 +25,7 @@ fn nodes_spawn_on_a_multi_thread_runtime_beside_plain_tokio_tasks() {
         let frame = bytes_of(b"tokio frame");
         let (pinger, mut events) = Node::new(Pinger::new(addr.to_string(), frame), quick()).spawn();
         assert_eq!(events.recv().await, Some(NodeEvent::Machine(PingerEvent::Ready)));
-        pinger.send(|p, _| p.play(50)).unwrap();
+        pinger.send(|p, now| p.play(now, 50)).unwrap();
         assert_eq!(events.recv().await, Some(NodeEvent::Machine(PingerEvent::Done { rounds: 50 })));
         // A plain tokio client beside the nodes.
         let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();

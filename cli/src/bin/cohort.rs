@@ -85,17 +85,16 @@ enum Cmd {
     /// Decode captured frames to JSON, or encode JSON to frames.
     #[command(subcommand)]
     Wire(WireCmd),
-    /// Replay a controller's flight recording (`controller --record`,
-    /// `demo --record`) decision for decision: rebuild the controller from
-    /// the recording, feed it every recorded input at its instant, check
-    /// every output against the recorded digest, and print its timeline as
-    /// the live controller printed its events, then a summary.
+    /// Replay a node's flight recording (`controller --record`, `agent
+    /// --record`, `rank --record`, `demo --record`) decision for decision:
+    /// rebuild the node from the recording, feed it every recorded input
+    /// and command at its instant, check every output against the recorded
+    /// digest, and print its timeline as the live node printed its events,
+    /// then a summary.
     ///
     /// Exit status: 0 all matched; 1 at the first divergence (its entry,
     /// byte offset, instant and input, and what the replay produced); 2 the
-    /// file is unreadable (the byte offset and what was expected there); 3
-    /// at a command run on the controller through its driver (a closure: not
-    /// recordable, the replay stops there).
+    /// file is unreadable (the byte offset and what was expected there).
     Replay(ReplayArgs),
 }
 
@@ -230,12 +229,12 @@ struct ControllerArgs {
     /// address it joined at).
     #[arg(long)]
     advertise: Option<String>,
-    /// Record the controller's every input to FILE (a flight recording) for
-    /// `cohort replay FILE`. The file holds the configuration, the session
-    /// salt and run nonce included, and every byte received: it is as
-    /// secret as the salt (created readable by its owner only; see
-    /// docs/SECURITY.md).
-    #[arg(long, value_name = "FILE")]
+    /// Record the controller's every input and command to DIR/controller.rec
+    /// (a flight recording; DIR is created) for `cohort replay`. The file
+    /// holds the configuration, the session salt and run nonce included,
+    /// and every byte received: it is as secret as the salt (created
+    /// readable by its owner only; see docs/SECURITY.md).
+    #[arg(long, value_name = "DIR")]
     record: Option<PathBuf>,
     /// After the run ends, keep serving this many seconds (so agents hear
     /// the end and state.json shows it). Under --rules flodl the linger
@@ -329,6 +328,13 @@ struct AgentArgs {
     /// The run id the hello carries (hosts of one run must agree on it).
     #[arg(long)]
     run_id: Option<String>,
+    /// Record the host's every node (a flight recording each) into DIR:
+    /// the agent to agent.rec, its relays to relay-control.rec and
+    /// relay-data.rec, each rank of the synthetic workload to rank-R.rec
+    /// (a rank program records itself: `cohort rank --record`). Each
+    /// replays with `cohort replay FILE`; each is as secret as the salt.
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
     /// The controller binds its key to the run (`cohort controller
     /// --run-bound`): wait for its run nonce before the hello. Needs --salt.
     #[arg(long, requires = "salt")]
@@ -370,6 +376,10 @@ struct RankArgs {
     /// Write one JSON object per event to stdout (rounds with their values).
     #[arg(long)]
     json: bool,
+    /// Record the rank (a flight recording) to DIR/rank-R.rec, for `cohort
+    /// replay`; as secret as the salt.
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
 }
 
 /// Where a host's relays listen.
@@ -415,8 +425,10 @@ struct DemoArgs {
     /// Write one JSON object per event to stdout, then the summary as JSON.
     #[arg(long)]
     json: bool,
-    /// Record the controller to DIR/controller.rec (a flight recording for
-    /// `cohort replay`; as secret as the run's salt, docs/SECURITY.md).
+    /// Record every node (a flight recording each, for `cohort replay
+    /// FILE`): the controller to DIR/controller.rec, host i's agent, relays
+    /// and ranks to DIR/host-i/. As secret as the run's salt
+    /// (docs/SECURITY.md).
     #[arg(long, value_name = "DIR")]
     record: Option<PathBuf>,
     #[command(flatten)]
@@ -445,6 +457,7 @@ fn main() {
                         batch_ms: a.batch_ms,
                         timeout_scale: a.timeout_scale,
                         host_check: !a.no_host_check,
+                        record: a.record,
                         ..RankOptions::default()
                     },
                     a.json,
@@ -615,8 +628,10 @@ fn controller(a: ControllerArgs) -> i32 {
     }
     let clock = Clock::start();
     let (sink, events) = mpsc::channel();
-    let spawned = match &a.record {
-        Some(path) => spawn_recorded_controller(cfg, listener, Config::scaled(scale), clock, sink, path)
+    let recording = a.record.as_ref().map(|dir| dir.join("controller.rec"));
+    let spawned = match &recording {
+        Some(path) => std::fs::create_dir_all(path.parent().unwrap_or(path))
+            .and_then(|()| spawn_recorded_controller(cfg, listener, Config::scaled(scale), clock, sink, path))
             .map_err(|e| format!("recording to {}: {e}", path.display())),
         None => spawn_controller(cfg, listener, Config::scaled(scale), clock, sink)
             .map_err(|e| format!("listening on {}: {e}", a.bind)),
@@ -625,7 +640,7 @@ fn controller(a: ControllerArgs) -> i32 {
         Ok(n) => n,
         Err(e) => return fail(&e),
     };
-    if let Some(path) = &a.record {
+    if let Some(path) = &recording {
         tracing::info!("recording to {} (as secret as the salt): cohort replay {0}", path.display());
     }
     let addr = node.addr().map_or_else(|| a.bind.to_string(), |x| x.to_string());
@@ -721,6 +736,10 @@ fn agent(a: AgentArgs) -> i32 {
         (Some(RelayPorts::Flodl), _) | (None, false) => RelayListen::Flodl,
     };
     p = p.program(a.program.clone()).grace(a.grace_secs);
+    if let Some(dir) = &a.record {
+        p = p.record(dir.clone());
+        tracing::info!("recording the host's nodes into {} (as secret as the salt)", dir.display());
+    }
     // SIGTERM or SIGINT: stop the ranks and report their exits; a second
     // SIGINT ends the process at once.
     let stop = Arc::new(AtomicBool::new(false));

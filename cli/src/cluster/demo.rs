@@ -12,9 +12,10 @@
 //! rendered by [`cohort_driver_core::metrics`]); the launcher scrapes it
 //! once at the run's end, before the teardown ([`DemoReport::metrics`]).
 //!
-//! With `record` set (`cohort demo --record DIR`) the controller's flight
-//! recording is written to `DIR/controller.rec` ([`RECORDING`]), for
-//! `cohort replay`.
+//! With `record` set (`cohort demo --record DIR`) every node is recorded
+//! (a flight recording each, for `cohort replay FILE`): the controller to
+//! `DIR/controller.rec` ([`RECORDING`]), host `i`'s agent, relays and ranks
+//! to `DIR/host-i/` (`HostParams::record`).
 //!
 //! On the NCCL plane (`--backend nccl`) the ranks open with the bootstrap
 //! rendezvous instead of a data relay, and the dead rank's survivors get a
@@ -80,8 +81,8 @@ pub struct DemoOptions {
     pub bind: SocketAddr,
     /// Give up if the run has not ended by then.
     pub deadline: Duration,
-    /// Record the controller to [`RECORDING`] in this directory (made if
-    /// missing).
+    /// Record every node in this directory (made if missing): the
+    /// controller to [`RECORDING`], host `i`'s nodes to `host-i/`.
     pub record: Option<PathBuf>,
 }
 
@@ -460,6 +461,9 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
             .config(config.clone())
             .clock(clock);
         p.pre_shared = pre_shared;
+        if let Some(dir) = &opts.record {
+            p = p.record(dir.join(format!("host-{i}")));
+        }
         hosts.push(MioHost::spawn(p, sink.clone()).map_err(|e| format!("host-{i}: {e}"))?);
     }
     let mut watch = Watch::default();

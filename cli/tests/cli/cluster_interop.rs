@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use cohort_driver_core::controller::{bind_controller, deployed_controller};
-use cohort_driver_core::host::{Hook, HostParams, NodeCtl, Spawn, WorkerHost, forward};
+use cohort_driver_core::host::{Hook, HostParams, Launch, NodeCtl, Spawn, WorkerHost, forward};
 use cohort_driver_core::node::block_on;
 use cohort_driver_core::{Clock, Config};
 use cohort_driver_tokio::tokio::runtime::{Builder, Runtime};
@@ -121,11 +121,12 @@ fn cluster_agrees_on_every_round<C: Driver, H: Driver>() {
     let (c, on_c) = C::start();
     let (node, config) = deployed_controller(cfg, Config::scaled(scale), clock.now()).unwrap();
     let to = sink.clone();
-    let hook: Hook<_> = Box::new(move |_, now, e| {
-        forward(&to, now, &Source::Controller, e, ClusterEvent::Controller);
+    let hook: Hook<_> = Box::new(move |_, when, e| {
+        forward(&to, when.event_at, &Source::Controller, e, ClusterEvent::Controller);
         ControlFlow::Continue(())
     });
-    let controller = on_c.spawn("controller", node, config, clock, Some(listener), hook).unwrap();
+    let controller =
+        on_c.spawn(Launch::new("controller", node, config, clock, hook).listener(listener)).unwrap();
 
     let params = |name: &str| {
         HostParams::new(name, 2, addr.clone())

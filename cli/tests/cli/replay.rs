@@ -1,9 +1,10 @@
 //! Flight recordings as a user makes and reads them: `cohort demo --record
-//! DIR` records its controller, and `cohort replay DIR/controller.rec`
-//! replays it decision for decision, printing the same timeline the live
-//! controller printed; a recording with one byte of a received frame
-//! changed diverges at that input, a cut one is refused at the cut, and a
-//! command run on the controller stops the replay.
+//! DIR` records every node (the controller, each host's agent, relays and
+//! ranks, the one killed mid-run among them), and `cohort replay FILE`
+//! replays each decision for decision, printing the same timeline the live
+//! node printed; a recording with one byte of a received frame changed
+//! diverges at that input, a cut one is refused at the cut, and a command
+//! run on the controller is replayed at its instant.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -45,6 +46,11 @@ fn json_lines(out: &Output) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not a JSON line: {l}")))
         .collect()
+}
+
+/// The rank the demo killed, from its summary.
+fn summary_of_demo_killed(lines: &[Value]) -> u64 {
+    lines.last().and_then(|s| s["killed_rank"].as_u64()).expect("the demo killed a rank")
 }
 
 /// The controller's events among `lines` (not the launcher's `listening`).
@@ -120,7 +126,7 @@ fn a_recorded_demo_replays_with_no_divergence_and_prints_the_live_controllers_ti
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let summary_line = format!(
-        "replayed {} inputs, {} outputs checked, 0 divergences",
+        "replayed {} inputs and 0 commands, {} outputs checked, 0 divergences",
         cohort_proto::display::Thousands(replay["inputs"].as_u64().unwrap_or(0)),
         cohort_proto::display::Thousands(replay["outputs"].as_u64().unwrap_or(0)),
     );
@@ -132,6 +138,62 @@ fn a_recorded_demo_replays_with_no_divergence_and_prints_the_live_controllers_ti
         dead["text"].as_str().unwrap_or("")
     );
     assert!(stdout.contains(&dead_line), "{dead_line}\n{}", text(&out));
+
+    // Every node of every host was recorded too, and each replays with no
+    // divergence, its events those the live node reported at the same
+    // instants (the host's own notes and exit reports are not the
+    // machine's).
+    let mut files = Vec::new();
+    for host in ["host-0", "host-1"] {
+        for entry in std::fs::read_dir(dir.join(host)).expect("the host's recordings") {
+            files.push(entry.expect("an entry").path());
+        }
+    }
+    files.sort();
+    // Which host ran which ranks depends on the order they joined in.
+    let mut names: Vec<String> =
+        files.iter().map(|f| f.file_name().expect("a name").to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "agent.rec",
+            "agent.rec",
+            "rank-0.rec",
+            "rank-1.rec",
+            "rank-2.rec",
+            "rank-3.rec",
+            "relay-control.rec",
+            "relay-control.rec",
+            "relay-data.rec",
+            "relay-data.rec",
+        ]
+    );
+    for file in &files {
+        let out = cohort(&["replay", file.to_str().expect("UTF-8"), "--json"]);
+        assert!(out.status.success(), "{}: {}", file.display(), text(&out));
+        let lines = json_lines(&out);
+        let (summary, got) = lines.split_last().expect("a summary");
+        let summary = &summary["replay"];
+        assert_eq!(summary["divergences"], 0, "{summary}");
+        assert!(!got.is_empty(), "{}: no events", file.display());
+        let node = got[0]["node"].clone();
+        let not_the_machines = ["note", "rank_exit", "connect_failed"];
+        let want: Vec<Value> = live
+            .iter()
+            .filter(|l| l["node"] == node && !not_the_machines.contains(&l["event"].as_str().unwrap_or("")))
+            .cloned()
+            .collect();
+        assert_eq!(got, &want[..], "{}: the live node's events", file.display());
+        // The killed rank's recording ends where it was killed; the others
+        // stopped cleanly.
+        let killed = file.ends_with(format!("rank-{}.rec", summary_of_demo_killed(&live)));
+        assert_eq!(summary["stopped_at"].is_null(), killed, "{}: {summary}", file.display());
+        if file.ends_with("agent.rec") {
+            // Its relays' ports and its ranks' ends, as commands.
+            assert_eq!(summary["commands"], 4, "{}: {summary}", file.display());
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -215,7 +277,7 @@ fn one_flipped_byte_of_a_received_frame_diverges_at_that_entry_and_a_cut_file_is
 }
 
 #[test]
-fn a_command_run_on_a_recorded_controller_stops_the_replay_there() {
+fn a_command_run_on_a_recorded_controller_is_replayed_at_its_instant() {
     let dir = scratch("command");
     let rec = dir.join("controller.rec");
     let cfg = ControllerConfig::builder()
@@ -236,12 +298,17 @@ fn a_command_run_on_a_recorded_controller_stops_the_replay_there() {
     runner.shutdown().expect("a clean stop");
     drop(runner);
     let all = entries(&rec);
-    let marker = all.iter().find(|l| matches!(l.entry, Entry::Command { .. })).expect("a command marker");
+    let commands: Vec<_> = all.iter().filter(|l| matches!(l.entry, Entry::Command { .. })).collect();
+    assert_eq!(commands.len(), 1, "{all:?}");
     assert!(matches!(all.last().map(|l| &l.entry), Some(Entry::Stop { .. })), "{all:?}");
-    let out = cohort(&["replay", rec.to_str().expect("UTF-8")]);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
-    let named = format!("entry {} (byte {}, t=", marker.index, marker.offset);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&named) && stderr.contains("a command was run"), "{named}\n{}", text(&out));
+    let out = cohort(&["replay", rec.to_str().expect("UTF-8"), "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let lines = json_lines(&out);
+    let summary = &lines.last().expect("a summary")["replay"];
+    assert_eq!(
+        (summary["commands"].as_u64(), summary["divergences"].as_u64()),
+        (Some(1), Some(0)),
+        "{summary}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use cohort_proto::machine::Outbox;
+use cohort_proto::machine::{Commanded, Journal, NoCommand, Outbox};
 use cohort_proto::reduce::LayoutCheck;
 use cohort_proto::wire::{Holding, MacKey, MacRunner, MuxDecoder, MuxRecord, NullSink, RoundDecoder, Verify};
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
@@ -187,6 +187,19 @@ impl Machine for Probe {
 #[derive(Debug, Default)]
 pub struct Echo {
     out: Outbox<()>,
+    journal: Journal<NoCommand>,
+}
+
+impl Commanded for Echo {
+    type Command = NoCommand;
+
+    fn command(&mut self, _: Time, command: NoCommand) {
+        match command {}
+    }
+
+    fn journal(&mut self) -> &mut Journal<NoCommand> {
+        &mut self.journal
+    }
 }
 
 impl Machine for Echo {
@@ -231,6 +244,31 @@ pub struct Pinger {
     rounds: u64,
     got: usize,
     out: Outbox<PingerEvent>,
+    journal: Journal<PingerCommand>,
+}
+
+/// A [`Pinger`]'s command as a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum PingerCommand {
+    /// [`Pinger::play`].
+    Play {
+        /// Round trips.
+        rounds: u64,
+    },
+}
+
+impl Commanded for Pinger {
+    type Command = PingerCommand;
+
+    fn command(&mut self, now: Time, command: PingerCommand) {
+        match command {
+            PingerCommand::Play { rounds } => self.play(now, rounds),
+        }
+    }
+
+    fn journal(&mut self) -> &mut Journal<PingerCommand> {
+        &mut self.journal
+    }
 }
 
 impl Pinger {
@@ -238,12 +276,13 @@ impl Pinger {
     pub fn new(addr: impl Into<String>, frame: Bytes) -> Self {
         let mut out = Outbox::default();
         out.dial(DialId(0), addr);
-        Pinger { frame, conn: None, remaining: 0, rounds: 0, got: 0, out }
+        Pinger { frame, conn: None, remaining: 0, rounds: 0, got: 0, out, journal: Journal::default() }
     }
 
     /// Plays `rounds` round trips, one frame in flight at a time (reported
     /// with `Done`; at once for zero rounds). Ignored before `Ready`.
-    pub fn play(&mut self, rounds: u64) {
+    pub fn play(&mut self, now: Time, rounds: u64) {
+        self.journal.note(now, || PingerCommand::Play { rounds });
         let Some(conn) = self.conn else { return };
         if rounds == 0 {
             self.out.event(PingerEvent::Done { rounds: 0 });

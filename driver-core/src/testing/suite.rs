@@ -405,11 +405,11 @@ pub fn a_pinger_plays_rounds_off_an_echo<D: TestDriver>() {
     let frame = Bytes::from_static(b"0123456789abcdef0123456789abcdef");
     let mut pinger = D::spawn(Pinger::new(echo.addr().to_string(), frame), quick(), false);
     assert_eq!(pinger.next_machine_event(), PingerEvent::Ready);
-    pinger.with(|p, _| p.play(100));
+    pinger.with(|p, now| p.play(now, 100));
     assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: 100 });
-    pinger.with(|p, _| p.play(0));
+    pinger.with(|p, now| p.play(now, 0));
     assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: 0 });
-    pinger.with(|p, _| p.play(3));
+    pinger.with(|p, now| p.play(now, 3));
     assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: 3 });
 }
 
@@ -700,19 +700,20 @@ mod cluster {
             deployed_controller(cfg, Config::scaled(scale()), clock.now()).expect("a controller");
         // Says once when the machine first tells its driver it can stop.
         let mut said = false;
-        let hook: crate::host::Hook<ControllerNode> = Box::new(move |m, now, e| {
-            forward(&sink, now, &Source::Controller, e, ClusterEvent::Controller);
+        let hook: crate::host::Hook<ControllerNode> = Box::new(move |m, when, e| {
+            forward(&sink, when.event_at, &Source::Controller, e, ClusterEvent::Controller);
             if !said && m.can_stop() {
                 said = true;
                 sink.send(Stamped {
-                    at: now,
+                    at: when.event_at,
                     source: Source::Controller,
                     event: ClusterEvent::Note(CAN_STOP.into()),
                 });
             }
             ControlFlow::Continue(())
         });
-        let node = spawner.spawn("controller", node, config, clock, Some(listener), hook).expect("spawn");
+        let launch = crate::host::Launch::new("controller", node, config, clock, hook).listener(listener);
+        let node = spawner.spawn(launch).expect("spawn");
         (node, addr)
     }
 

@@ -286,7 +286,7 @@ pub fn classify_libtorch(label: &str) -> LibtorchClass {
 }
 
 /// One hello's admission facts, as decoded off the wire.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct JoinOffer {
     /// Host name (unique across the world).
     pub host: String,

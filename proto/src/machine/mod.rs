@@ -34,7 +34,10 @@
 //!   reported once with [`Input::Closed`], saying how many queued bytes were
 //!   never written.
 
+pub mod command;
 pub mod composite;
+
+pub use command::{Commanded, Journal, NoCommand};
 
 use bytes::Bytes;
 use core::fmt;

@@ -11,7 +11,7 @@ use crate::coord::{Backend, CoordConfig, Coordinator, CoordinatorEvent, DeathCau
 use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
 use crate::join::window::{JoinWindow, JoinWindowEvent, WindowParams};
 use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
-use crate::machine::{Adopt, CloseCause, ConnId, Input, Machine, Outbox, Output, Peer};
+use crate::machine::{Adopt, CloseCause, Commanded, ConnId, Input, Journal, Machine, Outbox, Output, Peer};
 use crate::reduce::{RankLoss, Reduce, ReduceConfig, ReduceEvent, RoundSchema};
 use crate::rendezvous::{RendezvousConfig, RendezvousServer, RendezvousServerEvent};
 use crate::route::{PortRouter, PortRouterEvent};
@@ -41,7 +41,6 @@ pub struct ControllerConfig {
     /// The join window's knobs.
     pub join: JoinConfig,
     /// The session salt.
-    #[serde(with = "salt_bytes")]
     pub salt: SessionSalt,
     /// How pre-admission join frames are keyed.
     pub trust: TrustMode,
@@ -88,20 +87,6 @@ pub struct ControllerConfig {
     /// of the serde form (`None` when read back).
     #[serde(skip)]
     pub metrics: Option<Arc<dyn MetricsRenderer>>,
-}
-
-/// A session salt as its 16 bytes, for [`ControllerConfig`]'s serde form.
-mod salt_bytes {
-    use crate::wire::{SESSION_SALT_BYTES, SessionSalt};
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(salt: &SessionSalt, s: S) -> Result<S::Ok, S::Error> {
-        salt.as_bytes().serialize(s)
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SessionSalt, D::Error> {
-        <[u8; SESSION_SALT_BYTES]>::deserialize(d).map(SessionSalt::from_bytes)
-    }
 }
 
 /// A run nonce as its encoding (tag and bytes), for [`ControllerConfig`]'s
@@ -618,6 +603,23 @@ pub struct ControllerNode {
     /// Ranks whose end is known: their agent reported their exit, the
     /// coordinator declared them dead, or their host's link ended.
     ended: BTreeSet<u32>,
+    /// The commands run, while a recording keeps them.
+    journal: Journal<ControllerCommand>,
+}
+
+/// A controller's commands as values ([`Commanded`]): each names the
+/// method of the same name.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ControllerCommand {
+    /// [`ControllerNode::operator_start`].
+    OperatorStart,
+    /// [`ControllerNode::abort`].
+    Abort {
+        /// Why.
+        reason: String,
+    },
+    /// [`ControllerNode::stop`].
+    Stop,
 }
 
 /// `/metrics`' label of each part's channel, by [`Part::number`]: the
@@ -767,6 +769,7 @@ impl ControllerNode {
             tally: Tally::default(),
             world: None,
             ended: BTreeSet::new(),
+            journal: Journal::default(),
             cfg,
         };
         Ok(node)
@@ -803,6 +806,7 @@ impl ControllerNode {
     /// `POST /start` it does not refuse below quorum: the armed switch waits
     /// for the quorum, and the window forms the instant it is met.
     pub fn operator_start(&mut self, now: Time) -> bool {
+        self.journal.note(now, || ControllerCommand::OperatorStart);
         let armed = self.window.operator_start(now);
         self.pump(now);
         armed
@@ -811,6 +815,7 @@ impl ControllerNode {
     /// The launcher aborts: the window fails (or the run stops) and every
     /// admitted worker gets `Abort`.
     pub fn abort(&mut self, now: Time, reason: &str) {
+        self.journal.note(now, || ControllerCommand::Abort { reason: reason.to_owned() });
         self.window.abort(now, reason);
         if let Some(c) = self.coord.as_mut() {
             c.stop(now);
@@ -820,6 +825,7 @@ impl ControllerNode {
 
     /// Ends the run early and gracefully (`Shutdown` to every rank).
     pub fn stop(&mut self, now: Time) {
+        self.journal.note(now, || ControllerCommand::Stop);
         if let Some(c) = self.coord.as_mut() {
             c.stop(now);
         }
@@ -1212,6 +1218,24 @@ impl Composite for ControllerNode {
             ControllerPart::Reduce => timeout_opt(self.reduce.as_ref()),
             ControllerPart::Rendezvous => timeout_opt(self.rendezvous.as_ref()),
         }
+    }
+}
+
+impl Commanded for ControllerNode {
+    type Command = ControllerCommand;
+
+    fn command(&mut self, now: Time, command: ControllerCommand) {
+        match command {
+            ControllerCommand::OperatorStart => {
+                self.operator_start(now);
+            }
+            ControllerCommand::Abort { reason } => self.abort(now, &reason),
+            ControllerCommand::Stop => self.stop(now),
+        }
+    }
+
+    fn journal(&mut self) -> &mut Journal<ControllerCommand> {
+        &mut self.journal
     }
 }
 

@@ -35,7 +35,7 @@ use crate::config::{Rules, TimeoutScale};
 use crate::join::client::{ClientParams, JoinClient, JoinClientEvent, NotLinked};
 use crate::join::ledger::JoinOffer;
 use crate::machine::composite::{self, Composite, Part, Parts, Routed};
-use crate::machine::{Input, Machine, Outbox, Output};
+use crate::machine::{Commanded, Input, Journal, Machine, Outbox, Output};
 use crate::relay::{Leg, RelayConfig};
 use crate::time::Time;
 use crate::wire::{DEFAULT_FRAME_CEILING, MacKey, SessionSalt};
@@ -59,7 +59,7 @@ pub const fn reap_every(rules: Rules) -> core::time::Duration {
 }
 
 /// Where a host's relays listen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RelayListen {
     /// flodl 0.8's layout: loopback, at the controller's port plus 5
     /// (control) and plus 4 (data). One host per machine.
@@ -70,7 +70,7 @@ pub enum RelayListen {
 }
 
 /// A worker host's configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct HostConfig {
     /// The join hello (host name, devices, signatures).
     pub offer: JoinOffer,
@@ -108,7 +108,7 @@ impl HostConfig {
 }
 
 /// How a rank's process ended, as its parent (the agent) saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RankEnd {
     /// It exited with this code (0: a clean end).
     Exited(i32),
@@ -223,6 +223,28 @@ pub struct HostNode {
     agent: JoinClient,
     formed: Option<Formed>,
     out: Outbox<HostNodeEvent>,
+    /// The commands run, while a recording keeps them.
+    journal: Journal<HostCommand>,
+}
+
+/// A host's commands as values ([`Commanded`]): each names the method of
+/// the same name.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum HostCommand {
+    /// [`HostNode::relay_listening`].
+    RelayListening {
+        /// The relay's leg.
+        leg: Leg,
+        /// Where it listens.
+        addr: String,
+    },
+    /// [`HostNode::rank_ended`].
+    RankEnded {
+        /// The rank (the world's).
+        rank: u32,
+        /// How it ended.
+        end: RankEnd,
+    },
 }
 
 /// A host's parts: its agent (the relays and ranks it starts are nodes of
@@ -247,7 +269,14 @@ impl HostNode {
             ClientParams::new(cfg.controller.clone(), cfg.offer.clone(), cfg.pre_shared, cfg.timeout_scale);
         params.run_bound = cfg.run_bound;
         let agent = JoinClient::new(params, now);
-        let mut host = HostNode { agent, cfg, parts: Parts::default(), formed: None, out: Outbox::default() };
+        let mut host = HostNode {
+            agent,
+            cfg,
+            parts: Parts::default(),
+            formed: None,
+            out: Outbox::default(),
+            journal: Journal::default(),
+        };
         host.pump(now);
         host
     }
@@ -264,6 +293,7 @@ impl HostNode {
 
     /// The harness started a relay whose port it picked: `leg` listens at `addr`.
     pub fn relay_listening(&mut self, now: Time, leg: Leg, addr: &str) -> Result<(), NotAwaited> {
+        self.journal.note(now, || HostCommand::RelayListening { leg, addr: addr.to_owned() });
         let f = self.formed.as_mut().ok_or(NotAwaited)?;
         if !f.awaiting.remove(&leg) {
             return Err(NotAwaited);
@@ -288,6 +318,7 @@ impl HostNode {
     /// the link is not up (the end still counts) or `rank` is not one this
     /// host runs.
     pub fn rank_ended(&mut self, now: Time, rank: u32, end: RankEnd) -> Result<(), NotLinked> {
+        self.journal.note(now, || HostCommand::RankEnded { rank, end });
         let code = end.code();
         let f = self.formed.as_mut().ok_or(NotLinked)?;
         let i = f.world_ranks.iter().position(|r| *r == rank).ok_or(NotLinked)?;
@@ -443,6 +474,22 @@ impl Composite for HostNode {
         match part {
             HostPart::Agent => self.agent.poll_timeout(),
         }
+    }
+}
+
+impl Commanded for HostNode {
+    type Command = HostCommand;
+
+    fn command(&mut self, now: Time, command: HostCommand) {
+        // A refusal is the live call's too: the replay drops it as it did.
+        let _ = match command {
+            HostCommand::RelayListening { leg, addr } => self.relay_listening(now, leg, &addr).map_err(drop),
+            HostCommand::RankEnded { rank, end } => self.rank_ended(now, rank, end).map_err(drop),
+        };
+    }
+
+    fn journal(&mut self) -> &mut Journal<HostCommand> {
+        &mut self.journal
     }
 }
 

@@ -10,7 +10,7 @@
 
 use crate::config::{Rules, TimeoutScale};
 use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
-use crate::machine::{Input, Machine, Outbox, Output};
+use crate::machine::{Commanded, Input, Journal, Machine, Outbox, Output};
 use crate::rank::control_client::{ControlClient, ControlClientConfig, ControlClientEvent};
 use crate::rank::data_client::{
     Contribution, DataClient, DataClientConfig, DataClientEvent, SubmitError, TensorView,
@@ -29,7 +29,7 @@ use super::workload::{Action, Round, Workload};
 pub const DATA_LOSS_GRACE: core::time::Duration = core::time::Duration::from_secs(1);
 
 /// What a rank on the NCCL plane brings to the bootstrap rendezvous.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NcclBootstrap {
     /// The controller's address.
     pub controller: String,
@@ -39,11 +39,12 @@ pub struct NcclBootstrap {
     pub dataset_sig: [u8; 32],
     /// The unique id this rank offers if it is told to generate one (the
     /// caller draws it: the machine has no randomness of its own).
+    #[serde(with = "crate::wire::byte_array")]
     pub uid: [u8; UID_BYTES],
 }
 
 /// A rank's configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RankConfig {
     /// The rank.
     pub rank: u32,
@@ -272,6 +273,17 @@ pub struct RankNode<W> {
     /// It ended by [`RankNode::exit`]: a clean exit, whatever the workload did.
     left_early: bool,
     out: Outbox<RankNodeEvent>,
+    /// The commands run, while a recording keeps them.
+    journal: Journal<RankCommand>,
+}
+
+/// A rank's commands as values ([`Commanded`]): each names the method of
+/// the same name. (What is done to its workload through
+/// [`RankNode::workload_mut`] is the workload's own business.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum RankCommand {
+    /// [`RankNode::exit`].
+    Exit,
 }
 
 /// A rank's parts.
@@ -329,6 +341,7 @@ impl<W: Workload> RankNode<W> {
             ended: false,
             left_early: false,
             out: Outbox::default(),
+            journal: Journal::default(),
             cfg,
         };
         if node.rendezvous.is_none() {
@@ -382,6 +395,7 @@ impl<W: Workload> RankNode<W> {
     /// may): it announces `Exiting`, closes its legs and ends with exit
     /// code 0. Nothing if it has already ended.
     pub fn exit(&mut self, now: Time) {
+        self.journal.note(now, || RankCommand::Exit);
         if self.ended {
             return;
         }
@@ -672,6 +686,20 @@ impl<W: Workload> Composite for RankNode<W> {
             RankPart::Data => timeout_opt(self.data.as_ref()),
             RankPart::Rendezvous => timeout_opt(self.rendezvous.as_ref()),
         }
+    }
+}
+
+impl<W: Workload> Commanded for RankNode<W> {
+    type Command = RankCommand;
+
+    fn command(&mut self, now: Time, command: RankCommand) {
+        match command {
+            RankCommand::Exit => self.exit(now),
+        }
+    }
+
+    fn journal(&mut self) -> &mut Journal<RankCommand> {
+        &mut self.journal
     }
 }
 

@@ -18,7 +18,7 @@ use crate::time::Time;
 use crate::wire::{ControlMsgWire, EpochPlanWire, MetricsMsgWire, TimingMsgWire};
 
 /// The workload's knobs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct WorkloadConfig {
     /// This rank.
     pub rank: u32,

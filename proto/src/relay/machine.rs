@@ -11,7 +11,9 @@ use super::Leg;
 use super::fold::{Admit, Barrier, FoldError, FrameFold, Judge, RoundFold};
 use crate::config::{ConfigError, Rules, defaults};
 use crate::handshake::{Acceptor, AcceptorEvent, ControlHandshake, DataHandshake, HandshakeError};
-use crate::machine::{CloseCause, ConnId, DialId, Input, Machine, Outbox, Output};
+use crate::machine::{
+    CloseCause, Commanded, ConnId, DialId, Input, Journal, Machine, NoCommand, Outbox, Output,
+};
 use crate::reduce::{Established, RoundSchema, judge};
 use crate::time::Time;
 use crate::wire::{
@@ -24,7 +26,7 @@ use crate::wire::{
 pub const UPSTREAM_DIAL: DialId = DialId(1);
 
 /// A relay's configuration (plain data).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RelayConfig {
     /// The channel served.
     pub leg: Leg,
@@ -428,6 +430,8 @@ pub struct Relay {
     out: Outbox<RelayEvent>,
     /// Where the MAC work runs ([`Relay::run_macs_on`]).
     macs: Arc<dyn MacRunner>,
+    /// A relay takes no commands: its journal stays empty.
+    journal: Journal<NoCommand>,
 }
 
 /// Where `conn` is in a relay's `by_conn`, or where it would go.
@@ -541,6 +545,7 @@ impl Relay {
             stats: RelayStats::default(),
             stopped: false,
             out: Outbox::default(),
+            journal: Journal::default(),
             macs: Arc::new(Inline),
             cfg,
         };
@@ -1219,6 +1224,18 @@ fn trailing(n: usize) -> WireError {
         "footer",
         Problem::Invalid(format!("{n} bytes follow the frame inside its length-framed blob")),
     )
+}
+
+impl Commanded for Relay {
+    type Command = NoCommand;
+
+    fn command(&mut self, _: Time, command: NoCommand) {
+        match command {}
+    }
+
+    fn journal(&mut self) -> &mut Journal<NoCommand> {
+        &mut self.journal
+    }
 }
 
 impl Machine for Relay {

@@ -35,13 +35,27 @@ type HmacSha256 = Hmac<Sha256>;
 /// st.update(b"bc");
 /// assert_eq!(st.finish(), key.mac64(b"abc"));
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "KeyStates", from = "KeyStates")]
 pub struct MacKey {
     states: Arc<KeyStates>,
 }
 
-/// The keyed inner and outer states.
-#[derive(Clone, Copy, PartialEq, Eq)]
+impl From<MacKey> for KeyStates {
+    fn from(key: MacKey) -> KeyStates {
+        *key.states
+    }
+}
+
+impl From<KeyStates> for MacKey {
+    fn from(states: KeyStates) -> MacKey {
+        MacKey { states: Arc::new(states) }
+    }
+}
+
+/// The keyed inner and outer states (a key's serde form: a configuration
+/// or snapshot that holds a key is as secret as the salt).
+#[derive(Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct KeyStates {
     inner: [u32; 8],
     outer: [u32; 8],

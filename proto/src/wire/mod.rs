@@ -7,6 +7,7 @@
 //! caller-owned buffer.
 
 mod bin;
+pub mod byte_array;
 mod consts;
 mod control_frame;
 mod dtype;
