@@ -54,12 +54,12 @@
 //! `Received` carries its bytes whole. (Digests of large payloads in place
 //! of the bytes are future work.)
 //!
-//! **The digest** is std's `DefaultHasher` with fixed keys
-//! (`BuildHasherDefault<DefaultHasher>`): fast, and stable within one
-//! build, but std does not promise the algorithm across Rust releases. A
-//! recording is meant to be replayed by the `cohort` it came from (the
-//! header names the writer's version); a different build may report every
-//! digest as a divergence.
+//! **The digest** is XXH3-64 (seed 0), a specified hash that runs near
+//! memory speed, over each output's kind, connection or dial, and bytes
+//! or address, little endian; an event's part is its `Debug` text. A
+//! recording replays in any cohort build whose machines decide the same
+//! and print their events the same (the header names the writer's
+//! version, and `cohort replay` warns when it differs).
 //!
 //! **Secrecy.** The header holds the node's configuration, the session
 //! salt and run nonce included, and the entries every byte received: a
@@ -67,17 +67,18 @@
 //! readable by its owner only (on unix).
 //!
 //! **Cost.** Nothing when no recorder is installed. With one, each input is
-//! copied into a buffered file (flushed at least once a second of the
-//! node's time, at the clean stop and when the recorder is dropped; a
-//! process killed outright loses what was not flushed), and each event's
-//! `Debug` text is hashed as it is formatted (no allocation, but the text
-//! of an event that carries a large model is long).
+//! written to a buffered file (a received chunk's bytes from where they
+//! lie; flushed at least once a second of the node's time, at the clean
+//! stop and when the recorder is dropped; a process killed outright loses
+//! what was not flushed), every output is hashed, and each event's `Debug`
+//! text is hashed as it is formatted (no allocation, but the text of an
+//! event that carries a large model is long). docs/PERF.md has the
+//! measured overhead.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::Path;
 use std::time::Duration;
@@ -88,8 +89,10 @@ use cohort_proto::node::host::HostNode;
 use cohort_proto::node::rank::{RankConfig, RankNode};
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::relay::Relay;
+use cohort_proto::wire::decode_exact;
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use xxhash_rust::xxh3::Xxh3;
 
 /// The first 8 bytes of every recording.
 pub const MAGIC: [u8; 8] = *b"COHORTFR";
@@ -231,13 +234,8 @@ impl Header {
         if self.node != node {
             return Err(at(Problem::Unsupported(format!("a recording of a {}, not a {node}", self.node))));
         }
-        let limit = bincode::config::standard().with_limit::<{ MAX_HEADER_BYTES as usize }>();
-        let (cfg, used): (C, usize) = bincode::serde::decode_from_slice(&self.config, limit)
-            .map_err(|e| at(Problem::Malformed(e.to_string())))?;
-        if used != self.config.len() {
-            return Err(at(Problem::Malformed(format!("{} bytes after it", self.config.len() - used))));
-        }
-        Ok(cfg)
+        // What decoding may claim follows the configuration's own bytes.
+        decode_exact(&self.config).map_err(|why| at(Problem::Malformed(why)))
     }
 
     /// The agent as the recorded one was built.
@@ -538,24 +536,25 @@ impl Entry<'_> {
 /// each in order (its kind, connection or dial, and bytes or address; an
 /// event's `Debug` text). See the [module documentation](self) for the
 /// hash's stability.
-#[derive(Debug, Clone)]
+#[derive(Clone, Default)]
 pub struct Digest {
-    hasher: DefaultHasher,
+    hasher: Xxh3,
     count: u32,
 }
 
-impl Default for Digest {
-    fn default() -> Self {
-        Digest { hasher: BuildHasherDefault::<DefaultHasher>::default().build_hasher(), count: 0 }
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (count, hash) = self.finish();
+        f.debug_struct("Digest").field("count", &count).field("hash", &format_args!("{hash:016x}")).finish()
     }
 }
 
 /// `Debug` text streamed into a hasher.
-struct HashWriter<'a>(&'a mut DefaultHasher);
+struct HashWriter<'a>(&'a mut Xxh3);
 
 impl fmt::Write for HashWriter<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.0.write(s.as_bytes());
+        self.0.update(s.as_bytes());
         Ok(())
     }
 }
@@ -567,33 +566,33 @@ impl Digest {
         let h = &mut self.hasher;
         match out {
             Output::Transmit { conn, bytes } => {
-                h.write_u8(0);
-                h.write_u64(conn.0);
-                h.write_usize(bytes.len());
-                h.write(bytes);
+                h.update(&[0]);
+                h.update(&conn.0.to_le_bytes());
+                h.update(&(bytes.len() as u64).to_le_bytes());
+                h.update(bytes);
             }
             Output::Dial { dial, addr } => {
-                h.write_u8(1);
-                h.write_u32(dial.0);
-                h.write_usize(addr.len());
-                h.write(addr.as_bytes());
+                h.update(&[1]);
+                h.update(&dial.0.to_le_bytes());
+                h.update(&(addr.len() as u64).to_le_bytes());
+                h.update(addr.as_bytes());
             }
             Output::Close { conn } => {
-                h.write_u8(2);
-                h.write_u64(conn.0);
+                h.update(&[2]);
+                h.update(&conn.0.to_le_bytes());
             }
             Output::Event(e) => {
-                h.write_u8(3);
+                h.update(&[3]);
                 // Writing into a hasher cannot fail.
                 let _ = fmt::write(&mut HashWriter(h), format_args!("{:?}", event(e)));
-                h.write_u8(0xff);
+                h.update(&[0xff]);
             }
         }
     }
 
     /// The count and hash so far.
     pub fn finish(&self) -> (u32, u64) {
-        (self.count, self.hasher.finish())
+        (self.count, self.hasher.digest())
     }
 }
 
@@ -709,6 +708,15 @@ impl Recorder {
     }
 
     fn write(&mut self, entry: &Entry<'_>) {
+        self.write_with(entry, &[]);
+    }
+
+    /// Writes `entry` followed by `tail`: the bytes of a payload that ends
+    /// the entry, which `entry` holds empty (its encoding ends with the
+    /// empty payload's length, a zero byte, replaced with `tail`'s). The
+    /// payload goes to the writer from where it lies, not through the
+    /// scratch buffer.
+    fn write_with(&mut self, entry: &Entry<'_>, tail: &[u8]) {
         if self.failed {
             return;
         }
@@ -716,14 +724,25 @@ impl Recorder {
         if let Err(e) = bincode::serde::encode_into_std_write(entry, &mut self.scratch, writing()) {
             return self.fail(&io::Error::other(e));
         }
-        let Some(len) = u32::try_from(self.scratch.len()).ok().filter(|&l| l <= MAX_ENTRY_BYTES) else {
-            let why = format!(
-                "a {}-byte entry is over the format's bound of {MAX_ENTRY_BYTES}",
-                self.scratch.len()
-            );
+        if !tail.is_empty() {
+            // The empty payload's length.
+            self.scratch.pop();
+            if let Err(e) =
+                bincode::serde::encode_into_std_write(tail.len() as u64, &mut self.scratch, writing())
+            {
+                return self.fail(&io::Error::other(e));
+            }
+        }
+        let whole = self.scratch.len() + tail.len();
+        let Some(len) = u32::try_from(whole).ok().filter(|&l| l <= MAX_ENTRY_BYTES) else {
+            let why = format!("a {whole}-byte entry is over the format's bound of {MAX_ENTRY_BYTES}");
             return self.fail(&io::Error::new(io::ErrorKind::InvalidInput, why));
         };
-        let written = self.out.write_all(&len.to_le_bytes()).and_then(|()| self.out.write_all(&self.scratch));
+        let written = self
+            .out
+            .write_all(&len.to_le_bytes())
+            .and_then(|()| self.out.write_all(&self.scratch))
+            .and_then(|()| self.out.write_all(tail));
         match written {
             Ok(()) => {
                 self.bytes += 4 + u64::from(len);
@@ -740,7 +759,14 @@ impl Recorder {
 
     /// The machine takes `input` at `at`.
     pub(crate) fn input(&mut self, at: Time, input: &Input<'_>) {
-        self.write(&Entry::Input { at, input: Recorded::of(input) });
+        match input {
+            // The bytes written from where they lie (one copy fewer).
+            Input::Received { conn, bytes } if !bytes.is_empty() => {
+                let empty = Recorded::Received { conn: conn.0, bytes: Payload(Cow::Borrowed(&[])) };
+                self.write_with(&Entry::Input { at, input: empty }, bytes);
+            }
+            _ => self.write(&Entry::Input { at, input: Recorded::of(input) }),
+        }
         self.owed = true;
         self.last_at = at;
     }
@@ -1456,15 +1482,10 @@ where
                 }
             }
             Entry::Command { at, command } => {
-                let limit = bincode::config::standard().with_limit::<{ MAX_ENTRY_BYTES as usize }>();
-                let decoded = bincode::serde::decode_from_slice::<M::Command, _>(&command.0, limit);
-                let command = match decoded {
-                    Ok((c, used)) if used == command.0.len() => c,
-                    Ok((_, used)) => {
-                        let why = format!("{} bytes after the command", command.0.len() - used);
-                        return Err(unreadable(bad_command(index, offset, why), done));
-                    }
-                    Err(e) => return Err(unreadable(bad_command(index, offset, e.to_string()), done)),
+                // What decoding may claim follows the command's own bytes.
+                let command = match decode_exact::<M::Command>(&command.0) {
+                    Ok(c) => c,
+                    Err(why) => return Err(unreadable(bad_command(index, offset, why), done)),
                 };
                 let said = format!("command {command:?}");
                 machine.command(at, command);

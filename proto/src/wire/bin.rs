@@ -36,7 +36,7 @@ pub(crate) fn encode_into<T: Serialize + ?Sized>(value: &T, out: &mut BytesMut) 
 /// its encoding in memory, its strings inside it) always fits; a forged
 /// length claims at most 16 times the payload, or 256 B, never 16 MiB for
 /// a 30-byte frame.
-pub(crate) fn decode_exact<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+pub fn decode_exact<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     match bytes.len() {
         0..=16 => decode_within::<T, 256>(bytes),
         17..=256 => decode_within::<T, 4096>(bytes),

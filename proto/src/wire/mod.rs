@@ -25,6 +25,7 @@ mod round_frame;
 mod salt;
 pub mod seal;
 
+pub use bin::decode_exact;
 pub use consts::*;
 pub use control_frame::{
     CONTROL_HEADER_LEN, Message, MsgKind, WireMessage, decode_frame, decode_frames, encode_frame, encode_raw,
