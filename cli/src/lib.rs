@@ -16,5 +16,6 @@
 pub mod args;
 pub mod cluster;
 pub mod rank_process;
+pub mod replay_scenario;
 pub mod replay_tool;
 pub mod wire_tool;

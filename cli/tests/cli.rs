@@ -36,5 +36,7 @@ mod descriptor_exhaustion;
 mod metrics;
 #[path = "cli/replay.rs"]
 mod replay;
+#[path = "cli/replay_scenario.rs"]
+mod replay_scenario;
 #[path = "cli/wire_cli.rs"]
 mod wire_cli;
