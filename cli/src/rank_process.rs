@@ -45,10 +45,9 @@
 //! assert!(spec_for(&env, 2, &RankOptions::default()).is_err());
 //! ```
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use cohort_driver_core::record::{Header, NodeKind, RankRecipe, Recorder};
+use cohort_driver_core::record::{Header, NodeKind, RankRecipe, RecordOptions};
 
 use cohort_driver_mio::{Clock, Config, NodeEvent, Runner};
 use cohort_proto::config::TimeoutScale;
@@ -91,9 +90,9 @@ pub struct RankOptions {
     pub timeout_scale: Option<f64>,
     /// Check the resolved host name against the envelope's `worker.host`.
     pub host_check: bool,
-    /// Record the rank (a flight recording) to `rank-<r>.rec` in this
-    /// directory ([`main`], the synthetic workload, only).
-    pub record: Option<PathBuf>,
+    /// Record the rank (a flight recording) to `rank-<r>.rec` as these
+    /// options say ([`main`], the synthetic workload, only).
+    pub record: Option<RecordOptions>,
 }
 
 impl Default for RankOptions {
@@ -303,7 +302,7 @@ pub fn main_with<W: Workload>(opts: &RankOptions, json: bool, make: impl FnOnce(
 }
 
 /// Where a rank's recording goes and what rebuilds its workload.
-type Recipe = Option<(PathBuf, WorkloadConfig)>;
+type Recipe = Option<(RecordOptions, WorkloadConfig)>;
 
 fn main_recorded<W: Workload>(
     opts: &RankOptions,
@@ -376,13 +375,11 @@ fn run_recorded<W: Workload>(
     getrandom::fill(&mut uid).map_err(|e| format!("no OS randomness for an NCCL id: {e}"))?;
     let (cfg, built_at) = (spec.rank_config(uid), clock.now());
     let recorder = match recipe {
-        Some((dir, workload)) => {
-            let path = dir.join(format!("rank-{r}.rec"));
+        Some((opts, workload)) => {
             let recipe = RankRecipe { config: cfg.clone(), workload };
-            let made = std::fs::create_dir_all(&dir).and_then(|()| {
-                Recorder::create(&path, &Header::new(NodeKind::Rank, &recipe, built_at, false)?)
-            });
-            Some(made.map_err(|e| format!("recording to {}: {e}", path.display()))?)
+            let made = Header::new(NodeKind::Rank, &recipe, built_at, false)
+                .and_then(|h| opts.recorder(&format!("rank-{r}"), h));
+            Some(made.map_err(|e| e.to_string())?)
         }
         None => None,
     };

@@ -18,13 +18,13 @@
 //! error, naming the byte offset).
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use std::fs::File;
 use std::io::BufReader;
 
-use cohort_driver_core::record::{self, Header, NodeKind, Reader, RecordError, ReplayError, Replayed};
+use cohort_driver_core::record::{self, Halt, NodeKind, Reader, RecordError, ReplayError, Replayed};
 use cohort_proto::display::Thousands;
 use cohort_proto::machine::Commanded;
 use cohort_proto::node::host::HostConfig;
@@ -55,9 +55,23 @@ pub fn human_line(at: Time, node: &str, l: &Line) -> String {
     format!("{:>12.6}s {level:>5} {node:>20} | {}", secs(at), l.text)
 }
 
-/// Replays the recording at `path`, printing the controller's timeline
-/// (`json`: one JSON line per event) and a summary; returns the exit status.
-pub fn run(path: &Path, json: bool) -> i32 {
+/// What `cohort replay` is asked.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    /// One JSON line per event, and the summary as JSON.
+    pub json: bool,
+    /// Stop after the last entry at or before this instant.
+    pub until: Option<Time>,
+    /// Write the recorded run as a simulator scenario here (a controller's
+    /// recording only; [`crate::replay_scenario`]).
+    pub scenario: Option<PathBuf>,
+}
+
+/// Replays the recording at `path`, printing the node's timeline (`json`:
+/// one JSON line per event) and a summary; returns the exit status.
+pub fn run(path: &Path, opts: &ReplayOptions) -> i32 {
+    let json = opts.json;
+    let until = opts.until.unwrap_or(Time::MAX);
     let started = Instant::now();
     let mut reader = match Reader::open(path) {
         Ok(r) => r,
@@ -71,30 +85,61 @@ pub fn run(path: &Path, json: bool) -> i32 {
             record::writer()
         );
     }
+    if opts.scenario.is_some() && header.node != NodeKind::Controller {
+        eprintln!(
+            "cohort replay: --scenario: {} is a recording of a {}, not a controller",
+            path.display(),
+            header.node
+        );
+        return 2;
+    }
+    let mut seen = Vec::new();
     let played = match header.node {
         NodeKind::Controller => {
-            play(header.controller_node(), &mut reader, Source::Controller, ClusterEvent::Controller, json)
+            let play = Play { reader: &mut reader, until, json, seen: &mut seen };
+            play.run(header.controller_node(), Source::Controller, ClusterEvent::Controller)
         }
         NodeKind::Agent => {
             let host = header.config::<HostConfig>(NodeKind::Agent).map(|c| c.offer.host);
             let source = host.map(|h| Source::Host(h.into()));
-            play_as(&header, source, Header::host_node, &mut reader, ClusterEvent::Host, json)
+            let play = Play { reader: &mut reader, until, json, seen: &mut seen };
+            source.and_then(|s| play.run(header.host_node(), s, ClusterEvent::Host))
         }
         NodeKind::Relay => {
             let cfg = header.config::<RelayConfig>(NodeKind::Relay);
             let source = cfg.map(|c| Source::Relay(c.host.into(), c.leg));
-            play_as(&header, source, Header::relay, &mut reader, ClusterEvent::Relay, json)
+            let play = Play { reader: &mut reader, until, json, seen: &mut seen };
+            source.and_then(|s| play.run(header.relay(), s, ClusterEvent::Relay))
         }
         NodeKind::Rank => {
             let cfg = header.config::<record::RankRecipe>(NodeKind::Rank);
             let source = cfg.map(|c| Source::Rank(c.config.rank));
-            play_as(&header, source, Header::rank_node, &mut reader, ClusterEvent::Rank, json)
+            let play = Play { reader: &mut reader, until, json, seen: &mut seen };
+            source.and_then(|s| play.run(header.rank_node(), s, ClusterEvent::Rank))
         }
     };
     let outcome = match played {
         Ok(o) => o,
         Err(e) => return unreadable(path, &e),
     };
+    if let Some(out) = &opts.scenario {
+        let written = header
+            .controller_config()
+            .map_err(|e| e.to_string())
+            .and_then(|cfg| crate::replay_scenario::scenario_of(&cfg, &seen))
+            .and_then(|v| serde_json::to_string_pretty(&v).map_err(|e| e.to_string()))
+            .and_then(|text| std::fs::write(out, text + "\n").map_err(|e| e.to_string()));
+        match written {
+            Ok(()) => eprintln!(
+                "cohort replay: the recorded run as a scenario: {} (cohort-sim run {0})",
+                out.display()
+            ),
+            Err(e) => {
+                eprintln!("cohort replay: --scenario {}: {e}", out.display());
+                return 2;
+            }
+        }
+    }
     let wall = started.elapsed().as_secs_f64();
     let (done, divergences) = match &outcome {
         Ok(d) => (*d, 0),
@@ -115,56 +160,52 @@ pub fn run(path: &Path, json: bool) -> i32 {
 /// A recording being read.
 type Recording = Reader<BufReader<File>>;
 
-/// [`play`] a node whose source is read from its configuration.
-fn play_as<M>(
-    header: &Header,
-    source: Result<Source, RecordError>,
-    build: fn(&Header) -> Result<M, RecordError>,
-    reader: &mut Recording,
-    wrap: fn(M::Event) -> ClusterEvent,
+/// One replay's plumbing: where it reads, when it stops, how it prints,
+/// and the events it saw (for `--scenario`).
+struct Play<'a> {
+    reader: &'a mut Recording,
+    until: Time,
     json: bool,
-) -> Result<Result<Replayed, ReplayError>, RecordError>
-where
-    M: Commanded,
-    M::Event: Clone + std::fmt::Debug,
-{
-    play(build(header), reader, source?, wrap, json)
+    seen: &'a mut Vec<Stamped>,
 }
 
-/// Replays `reader` into the node `built`, printing each event as the live
-/// node's `source` printed it.
-fn play<M>(
-    built: Result<M, RecordError>,
-    reader: &mut Recording,
-    source: Source,
-    wrap: fn(M::Event) -> ClusterEvent,
-    json: bool,
-) -> Result<Result<Replayed, ReplayError>, RecordError>
-where
-    M: Commanded,
-    M::Event: Clone + std::fmt::Debug,
-{
-    let mut node = built?;
-    let mut narrator = Narrator::default();
-    let mut last = Time::ZERO;
-    let outcome = record::replay(&mut node, reader, |at, e: &<M as Machine>::Event| {
-        last = at;
-        let s = Stamped { at, source: source.clone(), event: wrap(e.clone()) };
-        let line = narrator.describe(&s);
-        if json {
-            emit(json_of(&s, &line));
-        } else {
-            for (node, l) in narrator.to_log(&s, &line) {
-                emit(human_line(at, &node, &l));
+impl Play<'_> {
+    /// Replays into the node `built`, printing each event as the live
+    /// node's `source` printed it.
+    fn run<M>(
+        self,
+        built: Result<M, RecordError>,
+        source: Source,
+        wrap: fn(M::Event) -> ClusterEvent,
+    ) -> Result<Result<Replayed, ReplayError>, RecordError>
+    where
+        M: Commanded,
+        M::Event: Clone + std::fmt::Debug,
+    {
+        let Play { reader, until, json, seen } = self;
+        let mut node = built?;
+        let mut narrator = Narrator::default();
+        let mut last = Time::ZERO;
+        let outcome = record::replay_until(&mut node, reader, until, |at, e: &<M as Machine>::Event| {
+            last = at;
+            let s = Stamped { at, source: source.clone(), event: wrap(e.clone()) };
+            let line = narrator.describe(&s);
+            if json {
+                emit(json_of(&s, &line));
+            } else {
+                for (node, l) in narrator.to_log(&s, &line) {
+                    emit(human_line(at, &node, &l));
+                }
+            }
+            seen.push(s);
+        });
+        if !json {
+            for (node, l) in narrator.flush(Time::MAX) {
+                emit(human_line(last, &node, &l));
             }
         }
-    });
-    if !json {
-        for (node, l) in narrator.flush(Time::MAX) {
-            emit(human_line(last, &node, &l));
-        }
+        Ok(outcome)
     }
-    Ok(outcome)
 }
 
 /// A drain as JSON.
@@ -200,6 +241,10 @@ fn summary(
             "entries": done.entries,
             "bytes": done.bytes,
             "stopped_at": done.stopped.map(secs),
+            "halted": done.halted.map(|h| match h {
+                Halt::Until { index, at } => serde_json::json!({ "until": secs(at), "entry": index }),
+                Halt::Digest { index, at } => serde_json::json!({ "digest": secs(at), "entry": index }),
+            }),
             "wall_s": wall,
         });
         match outcome {
@@ -231,10 +276,11 @@ fn summary(
         Thousands(done.commands),
         Thousands(done.outputs)
     ));
-    let end = match (outcome, done.stopped) {
-        (Ok(_), Some(t)) => format!("the node stopped cleanly at {:.6} s", secs(t)),
-        (Ok(_), None) => "no clean stop recorded: the node was killed or crashed".to_owned(),
-        (Err(_), _) => "stopped short (below)".to_owned(),
+    let end = match (outcome, done.stopped, done.halted) {
+        (Ok(_), _, Some(h)) => h.to_string(),
+        (Ok(_), Some(t), None) => format!("the node stopped cleanly at {:.6} s", secs(t)),
+        (Ok(_), None, None) => "no clean stop recorded: the node was killed or crashed".to_owned(),
+        (Err(_), _, _) => "stopped short (below)".to_owned(),
     };
     emit(format_args!(
         "  {} entries, {} bytes of {}; {end}; replayed in {wall:.3} s",

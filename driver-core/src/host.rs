@@ -42,7 +42,6 @@ use std::future::Future;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
@@ -68,7 +67,7 @@ use program::ProgramRanks;
 use crate::chan;
 use crate::macs::deployed_relay;
 pub use crate::node::{Hook, Instants, Job};
-use crate::record::{Header, NodeKind, RankRecipe, Recorder};
+use crate::record::{Header, NodeKind, RankRecipe, RecordOptions, Recorder};
 use crate::{Clock, Config, NodeEvent, Stopped};
 
 /// One node for a [`Spawn`] to start.
@@ -312,9 +311,9 @@ pub struct HostParams {
     /// The clock every node of the host runs on (share one with the rest
     /// of a cluster in one process, for one time line).
     pub clock: Clock,
-    /// Where the host's nodes write their flight recordings
+    /// Where and how the host's nodes write their flight recordings
     /// ([`HostParams::record`]), if they do.
-    pub record: Option<PathBuf>,
+    pub record: Option<RecordOptions>,
 }
 
 impl HostParams {
@@ -345,28 +344,26 @@ impl HostParams {
         }
     }
 
-    /// Records every node of the host ([`crate::record`]) into `dir`
-    /// (created if missing): the agent to `agent.rec`, each relay to
-    /// `relay-control.rec` / `relay-data.rec`, each rank that trains the
-    /// synthetic workload to `rank-<r>.rec` (a user's workload or program
-    /// is code a recording cannot rebuild). Each replays with `cohort
-    /// replay FILE`. As secret as the salt.
-    pub fn record(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.record = Some(dir.into());
+    /// Records every node of the host ([`crate::record`]) into a
+    /// directory (a path, or [`RecordOptions`]; created if missing): the
+    /// agent to `agent.rec`, each relay to `relay-control.rec` /
+    /// `relay-data.rec`, each rank that trains the synthetic workload to
+    /// `rank-<r>.rec` (a user's workload or program is code a recording
+    /// cannot rebuild). Each replays with `cohort replay FILE`. As secret
+    /// as the salt.
+    pub fn record(mut self, to: impl Into<RecordOptions>) -> Self {
+        self.record = Some(to.into());
         self
     }
 
-    /// A new recording named `<file>.rec` in the record directory, if the
-    /// host records.
+    /// A new recording of the node `name`, if the host records.
     fn recorder(
         &self,
-        file: &str,
+        name: &str,
         header: impl FnOnce() -> io::Result<Header>,
     ) -> Result<Option<Recorder>, String> {
-        let Some(dir) = &self.record else { return Ok(None) };
-        let path = dir.join(format!("{file}.rec"));
-        let made = std::fs::create_dir_all(dir).and_then(|()| Recorder::create(&path, &header()?));
-        made.map(Some).map_err(|e| format!("recording to {}: {e}", path.display()))
+        let Some(opts) = &self.record else { return Ok(None) };
+        header().and_then(|h| opts.recorder(name, h)).map(Some).map_err(|e| e.to_string())
     }
 
     /// Joins with the pre-shared session salt (the controller's; its

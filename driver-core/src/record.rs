@@ -50,9 +50,16 @@
 //! [`RecordError`] naming the byte offset and what was expected there
 //! (unless it was cut exactly between two entries: that is a clean end).
 //!
-//! **Payload mode.** This version has one: [`PayloadMode::Whole`], every
-//! `Received` carries its bytes whole. (Digests of large payloads in place
-//! of the bytes are future work.)
+//! **Payload mode** (the header says which). [`PayloadMode::Whole`]: every
+//! `Received` carries its bytes whole, and a replay re-runs the machine to
+//! the end. [`PayloadMode::Digests`]: a received chunk longer than the
+//! mode's bound is kept as its length and XXH3-64 digest instead
+//! ([`Recorded::Digested`]), which keeps a data-plane node's recording
+//! small and cheap; a replay then re-runs the machine, decision for
+//! decision, up to the first such chunk and stops there ([`Halt::Digest`]),
+//! since the machine cannot be fed bytes that were not kept. Control-sized
+//! traffic (the join window, heartbeats, the coordinator's messages) stays
+//! whole under the default bound.
 //!
 //! **The digest** is XXH3-64 (seed 0), a specified hash that runs near
 //! memory speed, over each output's kind, connection or dial, and bytes
@@ -79,8 +86,9 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::path::Path;
+use std::io::{self, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
 use cohort_proto::machine::Commanded;
@@ -92,7 +100,7 @@ use cohort_proto::relay::Relay;
 use cohort_proto::wire::decode_exact;
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 /// The first 8 bytes of every recording.
 pub const MAGIC: [u8; 8] = *b"COHORTFR";
@@ -158,8 +166,76 @@ pub struct RankRecipe {
 /// How `Received` bytes are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PayloadMode {
-    /// Whole: every byte received (the only mode of this version).
+    /// Whole: every byte received.
     Whole,
+    /// A received chunk longer than `above` bytes is kept as its length and
+    /// digest; shorter ones whole.
+    Digests {
+        /// The longest chunk kept whole.
+        above: u32,
+    },
+}
+
+impl PayloadMode {
+    /// [`PayloadMode::Digests`] above 16 KiB: above every control-plane
+    /// message cohort and flodl send in a run's steady state, below a
+    /// model-sized data frame's chunks.
+    pub const DIGESTS: PayloadMode = PayloadMode::Digests { above: 16 << 10 };
+}
+
+/// Where and how a program records its nodes: each node to `<name>.rec`
+/// in a directory, its received chunks kept as [`PayloadMode`] says.
+///
+/// ```
+/// use cohort_driver_core::record::{PayloadMode, RecordOptions};
+///
+/// let opts = RecordOptions::new("/tmp/run").payload(PayloadMode::DIGESTS);
+/// assert_eq!(opts.path("controller"), std::path::Path::new("/tmp/run/controller.rec"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordOptions {
+    /// The directory (created when the first recording starts).
+    pub dir: PathBuf,
+    /// How received chunks are kept.
+    pub payload: PayloadMode,
+}
+
+impl RecordOptions {
+    /// Whole payloads into `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        RecordOptions { dir: dir.into(), payload: PayloadMode::Whole }
+    }
+
+    /// Received chunks kept as `payload` says.
+    #[must_use]
+    pub fn payload(mut self, payload: PayloadMode) -> Self {
+        self.payload = payload;
+        self
+    }
+
+    /// Where the node `name` is recorded.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.rec"))
+    }
+
+    /// Starts recording the node `name` under `header` (its payload mode
+    /// set to these options'), creating the directory if needed.
+    ///
+    /// # Errors
+    /// If the directory or the file cannot be made; the error names the
+    /// file.
+    pub fn recorder(&self, name: &str, header: Header) -> io::Result<Recorder> {
+        let path = self.path(name);
+        let named = |e: io::Error| io::Error::new(e.kind(), format!("recording to {}: {e}", path.display()));
+        std::fs::create_dir_all(&self.dir).map_err(named)?;
+        Recorder::create(&path, &header.payload(self.payload)).map_err(named)
+    }
+}
+
+impl<P: Into<PathBuf>> From<P> for RecordOptions {
+    fn from(dir: P) -> Self {
+        RecordOptions::new(dir)
+    }
 }
 
 /// A recording's header: what a replay needs to rebuild the machine.
@@ -208,6 +284,13 @@ impl Header {
     pub fn new(node: NodeKind, config: &impl Serialize, built_at: Time, metrics: bool) -> io::Result<Header> {
         let config = bincode::serde::encode_to_vec(config, writing()).map_err(io::Error::other)?;
         Ok(Header { node, payload: PayloadMode::Whole, built_at, metrics, writer: writer(), config })
+    }
+
+    /// This header with received chunks kept as `payload` says.
+    #[must_use]
+    pub fn payload(mut self, payload: PayloadMode) -> Header {
+        self.payload = payload;
+        self
     }
 
     /// The header of a controller's recording: its configuration as it was
@@ -416,6 +499,15 @@ pub enum Recorded<'a> {
     },
     /// `Input::Timeout`.
     Timeout,
+    /// `Input::Received`, its bytes kept as a digest ([`PayloadMode::Digests`]).
+    Digested {
+        /// The connection.
+        conn: u64,
+        /// How many bytes.
+        len: u64,
+        /// Their XXH3-64 (seed 0).
+        digest: u64,
+    },
 }
 
 impl<'a> Recorded<'a> {
@@ -435,9 +527,10 @@ impl<'a> Recorded<'a> {
         }
     }
 
-    /// The input to feed again.
-    pub fn input(&self) -> Input<'_> {
-        match self {
+    /// The input to feed again (`None` for a chunk kept as a digest: its
+    /// bytes are not in the recording).
+    pub fn input(&self) -> Option<Input<'_>> {
+        Some(match self {
             Recorded::Accepted { conn, loopback } => {
                 Input::Accepted { conn: ConnId(*conn), peer: Peer { loopback: *loopback } }
             }
@@ -452,7 +545,8 @@ impl<'a> Recorded<'a> {
                 unsent: usize::try_from(*unsent).unwrap_or(usize::MAX),
             },
             Recorded::Timeout => Input::Timeout,
-        }
+            Recorded::Digested { .. } => return None,
+        })
     }
 }
 
@@ -479,6 +573,9 @@ impl fmt::Display for Recorded<'_> {
                 CloseCause::from(*cause)
             ),
             Recorded::Timeout => f.write_str("Timeout"),
+            Recorded::Digested { conn, len, digest } => {
+                write!(f, "Received {{ {}, {len} bytes kept as digest {digest:016x} }}", ConnId(*conn))
+            }
         }
     }
 }
@@ -615,6 +712,8 @@ pub struct Recorder {
     digest: Digest,
     /// An input or command awaits its drain's entry.
     owed: bool,
+    /// How received chunks are kept.
+    payload: PayloadMode,
     last_at: Time,
     flushed_at: Time,
     failed: bool,
@@ -642,7 +741,7 @@ impl Recorder {
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
         let file = open.open(path)?;
-        Recorder::new(BufWriter::with_capacity(64 << 10, file), header)
+        Recorder::new(Background::new(file, path)?, header)
     }
 
     /// A recording to `out` (buffer it yourself), starting with `header`.
@@ -669,6 +768,7 @@ impl Recorder {
             entries: 0,
             digest: Digest::default(),
             owed: false,
+            payload: header.payload,
             last_at: header.built_at,
             flushed_at: header.built_at,
             failed: false,
@@ -760,6 +860,12 @@ impl Recorder {
     /// The machine takes `input` at `at`.
     pub(crate) fn input(&mut self, at: Time, input: &Input<'_>) {
         match input {
+            Input::Received { conn, bytes } if matches!(self.payload, PayloadMode::Digests { above } if bytes.len() > above as usize) =>
+            {
+                let kept =
+                    Recorded::Digested { conn: conn.0, len: bytes.len() as u64, digest: xxh3_64(bytes) };
+                self.write(&Entry::Input { at, input: kept });
+            }
             // The bytes written from where they lie (one copy fewer).
             Input::Received { conn, bytes } if !bytes.is_empty() => {
                 let empty = Recorded::Received { conn: conn.0, bytes: Payload(Cow::Borrowed(&[])) };
@@ -810,6 +916,128 @@ impl Drop for Recorder {
         if !self.failed
             && let Err(e) = self.out.flush()
         {
+            tracing::error!(error = %e, "the flight recording's last bytes could not be written");
+        }
+    }
+}
+
+/// How many bytes [`Background`] hands its thread at a time.
+const CHUNK: usize = 1 << 20;
+
+/// How many chunks may wait for the disk before the node waits too.
+const CHUNKS_IN_FLIGHT: usize = 16;
+
+/// A file written on a thread of its own: the node's thread copies each
+/// write into a chunk and hands full chunks over (the disk's time, and the
+/// kernel's copy into its page cache, are off the node's thread). At most
+/// [`CHUNKS_IN_FLIGHT`] chunks wait; past that a write waits for the
+/// disk. A write error is reported at the next write or flush; dropping it
+/// writes what is left and waits for the thread.
+struct Background {
+    chunk: Vec<u8>,
+    to_disk: Option<mpsc::SyncSender<Chunk>>,
+    /// Written chunks, back for reuse (no allocation in the steady state).
+    spare: mpsc::Receiver<Vec<u8>>,
+    error: Arc<Mutex<Option<io::Error>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+enum Chunk {
+    Bytes(Vec<u8>),
+    Flush,
+}
+
+impl Background {
+    fn new(mut file: File, path: &Path) -> io::Result<Background> {
+        let (to_disk, from_node) = mpsc::sync_channel::<Chunk>(CHUNKS_IN_FLIGHT);
+        let (to_node, spare) = mpsc::channel();
+        let error = Arc::new(Mutex::new(None));
+        let failed = Arc::clone(&error);
+        let name =
+            format!("record {}", path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into()));
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            for chunk in from_node {
+                let done = match chunk {
+                    Chunk::Bytes(mut b) => {
+                        let done = file.write_all(&b);
+                        b.clear();
+                        let _ = to_node.send(b);
+                        done
+                    }
+                    Chunk::Flush => file.flush(),
+                };
+                if let Err(e) = done {
+                    *failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                    return;
+                }
+            }
+        })?;
+        Ok(Background {
+            chunk: Vec::with_capacity(CHUNK),
+            to_disk: Some(to_disk),
+            spare,
+            error,
+            thread: Some(thread),
+        })
+    }
+
+    fn failed(&self) -> io::Result<()> {
+        match self.error.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn send(&mut self, chunk: Chunk) -> io::Result<()> {
+        let gone = || io::Error::other("the recording's writer thread ended");
+        self.to_disk.as_ref().ok_or_else(gone)?.send(chunk).map_err(|_| gone())
+    }
+
+    fn hand_over(&mut self) -> io::Result<()> {
+        if self.chunk.is_empty() {
+            return Ok(());
+        }
+        let next = self.spare.try_recv().unwrap_or_else(|_| Vec::with_capacity(CHUNK));
+        let full = std::mem::replace(&mut self.chunk, next);
+        self.send(Chunk::Bytes(full))
+    }
+}
+
+impl Write for Background {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.failed()?;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let room = CHUNK - self.chunk.len();
+            let (now, later) = rest.split_at(room.min(rest.len()));
+            self.chunk.extend_from_slice(now);
+            rest = later;
+            if self.chunk.len() == CHUNK {
+                self.hand_over()?;
+            }
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.failed()?;
+        self.hand_over()?;
+        self.send(Chunk::Flush)
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if self.hand_over().is_err() {
+            tracing::error!("the flight recording's last bytes could not be handed to its writer");
+        }
+        drop(self.to_disk.take());
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!("the flight recording's writer thread panicked");
+        }
+        if let Err(e) = self.failed() {
             tracing::error!(error = %e, "the flight recording's last bytes could not be written");
         }
     }
@@ -1063,13 +1291,6 @@ impl<R: Read> Reader<R> {
         if used != buf.len() {
             return Err(malformed(format!("{} bytes after it", buf.len() - used)));
         }
-        if header.payload != PayloadMode::Whole {
-            return Err(RecordError {
-                offset: PREFIX,
-                expected: "the header".into(),
-                problem: Problem::Unsupported(format!("payload mode {:?}", header.payload)),
-            });
-        }
         Ok(Reader { r, header, offset: PREFIX + u64::from(len), index: 0, buf, done: false })
     }
 
@@ -1167,6 +1388,43 @@ pub struct Replayed {
     /// When the node stopped cleanly, if the recording says it did (a
     /// recording of a killed node ends without).
     pub stopped: Option<Time>,
+    /// Why the replay ended before the recording did, if it did.
+    pub halted: Option<Halt>,
+}
+
+/// Why a replay ended before its recording did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Halt {
+    /// At the instant asked for ([`replay_until`]): entry `index`, the
+    /// first after it, was not replayed.
+    Until {
+        /// The first entry not replayed.
+        index: u64,
+        /// The instant asked for.
+        at: Time,
+    },
+    /// At a received chunk kept as a digest ([`PayloadMode::Digests`]):
+    /// the machine cannot be fed from entry `index` on.
+    Digest {
+        /// The entry.
+        index: u64,
+        /// Its instant.
+        at: Time,
+    },
+}
+
+impl fmt::Display for Halt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Halt::Until { index, at } => write!(f, "stopped at {} as asked, before entry {index}", Secs(*at)),
+            Halt::Digest { index, at } => write!(
+                f,
+                "stopped at entry {index} ({}): a received chunk kept as a digest (payload mode digests); \
+                 everything before it replayed",
+                Secs(*at)
+            ),
+        }
+    }
 }
 
 /// An input a replay fed, where it lies.
@@ -1362,7 +1620,9 @@ impl Book {
                 self.fresh(*conn)
             }
             Recorded::DialFailed { dial } => self.answer(*dial),
-            Recorded::Received { conn, .. } if !self.open.contains(conn) => {
+            Recorded::Received { conn, .. } | Recorded::Digested { conn, .. }
+                if !self.open.contains(conn) =>
+            {
                 Err(format!("bytes on {}, which is not open", ConnId(*conn)))
             }
             Recorded::Closed { conn, .. } if !self.closable.remove(conn) => {
@@ -1372,7 +1632,7 @@ impl Book {
                 self.open.remove(conn);
                 Ok(())
             }
-            Recorded::Received { .. } | Recorded::Timeout => Ok(()),
+            Recorded::Received { .. } | Recorded::Digested { .. } | Recorded::Timeout => Ok(()),
         }
     }
 
@@ -1419,6 +1679,25 @@ fn describe<E: fmt::Debug>(out: &Output<E>) -> String {
 pub fn replay<M, R>(
     machine: &mut M,
     reader: &mut Reader<R>,
+    on_event: impl FnMut(Time, &M::Event),
+) -> Result<Replayed, ReplayError>
+where
+    M: Commanded,
+    M::Event: fmt::Debug,
+    R: Read,
+{
+    replay_until(machine, reader, Time::MAX, on_event)
+}
+
+/// [`replay`], up to the instant `until` (inclusive): the machine is then
+/// as it was at `until` live, for a look at its books.
+///
+/// # Errors
+/// As [`replay`].
+pub fn replay_until<M, R>(
+    machine: &mut M,
+    reader: &mut Reader<R>,
+    until: Time,
     mut on_event: impl FnMut(Time, &M::Event),
 ) -> Result<Replayed, ReplayError>
 where
@@ -1434,6 +1713,14 @@ where
     while let Some(Located { index, offset, entry, .. }) =
         reader.next_entry().map_err(|e| unreadable(e, done))?
     {
+        if entry.at() > until {
+            done.halted = Some(Halt::Until { index, at: until });
+            break;
+        }
+        if let Entry::Input { at, input: Recorded::Digested { .. } } = entry {
+            done.halted = Some(Halt::Digest { index, at });
+            break;
+        }
         done.entries += 1;
         done.bytes = reader.offset();
         match entry {
@@ -1446,7 +1733,9 @@ where
                     };
                     return Err(unreadable(error, done));
                 }
-                machine.handle(at, input.input());
+                if let Some(input) = input.input() {
+                    machine.handle(at, input);
+                }
                 done.inputs += 1;
                 after = Some(Fed { index, offset, at, input: input.to_string() });
             }
@@ -1622,7 +1911,10 @@ mod tests {
         assert_eq!(&file[end - 15..end], b"hello, recorder");
         // Each input gives back what was fed.
         let Entry::Input { input, .. } = &got[8].entry else { panic!("an input") };
-        assert_eq!(input.input(), Input::Closed { conn: ConnId(9), cause: CloseCause::Reset, unsent: 5 });
+        assert_eq!(
+            input.input().unwrap(),
+            Input::Closed { conn: ConnId(9), cause: CloseCause::Reset, unsent: 5 }
+        );
         assert_eq!(input.to_string(), "Closed { conn#9, connection reset, 5 bytes unsent }");
     }
 

@@ -7,12 +7,11 @@
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::ops::ControlFlow;
-use std::path::Path;
 
 use cohort_driver_core::controller::{bind_controller, deployed_controller};
 use cohort_driver_core::host::{self, ClusterEvents, EventSink, HostParams, cluster_events, forward};
 use cohort_driver_core::node::{Events, block_on, events};
-use cohort_driver_core::record::Recorder;
+use cohort_driver_core::record::{Header, RecordOptions};
 use cohort_driver_core::{Clock, Config};
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::{
@@ -151,10 +150,11 @@ pub fn spawn_controller_on(
     start_controller_on(cfg, listener, config, clock, sink, None)
 }
 
-/// [`spawn_controller_on`], recording the controller to a new file at
-/// `record` (`cohort_driver_core::record`: its configuration as built,
-/// salt and nonce included, then every input it takes; as secret as the
-/// salt). The `cohort` program's `controller --record` and `demo --record`.
+/// [`spawn_controller_on`], recording the controller to `controller.rec`
+/// as `record` says (`cohort_driver_core::record`: its configuration as
+/// built, salt and nonce included, then every input and command it takes;
+/// as secret as the salt). The `cohort` program's `controller --record`
+/// and `demo --record`.
 ///
 /// # Errors
 /// As [`spawn_controller_on`], or if the file cannot be created.
@@ -164,7 +164,7 @@ pub fn spawn_recorded_controller_on(
     config: Config,
     clock: Clock,
     sink: impl EventSink,
-    record: &Path,
+    record: &RecordOptions,
 ) -> io::Result<NodeThread<ControllerNode>> {
     start_controller_on(cfg, listener, config, clock, sink, Some(record))
 }
@@ -175,10 +175,11 @@ fn start_controller_on(
     config: Config,
     clock: Clock,
     sink: impl EventSink,
-    record: Option<&Path>,
+    record: Option<&RecordOptions>,
 ) -> io::Result<NodeThread<ControllerNode>> {
     let built_at = clock.now();
-    let recorder = record.map(|path| Recorder::controller(path, &cfg, built_at)).transpose()?;
+    let recorder =
+        record.map(|opts| opts.recorder("controller", Header::controller(&cfg, built_at)?)).transpose()?;
     let (node, config) = deployed_controller(cfg, config, built_at)?;
     let mut runner = Runner::with_clock(node, config, clock)?;
     runner.driver().adopt_listener(listener)?;

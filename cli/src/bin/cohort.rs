@@ -19,6 +19,7 @@ use cohort::rank_process::{self, RankOptions};
 use cohort::replay_tool;
 use cohort::wire_tool::{self, WireCmd};
 use cohort_driver_core::os_salt;
+use cohort_driver_core::record::{PayloadMode, RecordOptions};
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::Time;
 use cohort_proto::config::{ConfigError, Rules, TimeoutScale};
@@ -106,6 +107,57 @@ struct ReplayArgs {
     /// as JSON.
     #[arg(long)]
     json: bool,
+    /// Stop after the last entry at or before this instant (seconds on the
+    /// recording's clock, as the timeline prints them).
+    #[arg(long, value_name = "SECS", value_parser = args::seconds)]
+    until: Option<Duration>,
+    /// Write the recorded run as a cohort-sim scenario to OUT (a
+    /// controller's recording): its hosts and their join instants, its
+    /// knobs, and the faults its deaths answered; then ask the simulator
+    /// what would have happened otherwise (`cohort-sim run OUT`).
+    #[arg(long, value_name = "OUT")]
+    scenario: Option<PathBuf>,
+}
+
+/// Where and how a program records its nodes: one place for `controller`,
+/// `agent`, `rank` and `demo`.
+#[derive(Debug, Args)]
+struct RecordArgs {
+    /// Record every node this program runs into DIR (created), a flight
+    /// recording each for `cohort replay FILE`: controller.rec; a host's
+    /// agent.rec, relay-control.rec, relay-data.rec and rank-R.rec for
+    /// each rank of the synthetic workload (the demo: each host in
+    /// DIR/host-I/). Each holds the configuration, salt included, and
+    /// every byte received: as secret as the salt (created readable by its
+    /// owner only; docs/SECURITY.md).
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
+    /// How received bytes are kept: whole (a replay re-runs the node to
+    /// the end), or digests (a chunk over 16 KiB kept as its length and
+    /// XXH3 digest: a model-sized data plane costs little to record, and a
+    /// replay re-runs the node up to the first such chunk).
+    #[arg(long, value_enum, default_value_t = RecordPayload::Whole, requires = "record")]
+    record_payload: RecordPayload,
+}
+
+/// `--record-payload`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RecordPayload {
+    /// Every byte received.
+    Whole,
+    /// Chunks over 16 KiB as their digests.
+    Digests,
+}
+
+impl RecordArgs {
+    /// The options, when recording.
+    fn options(&self) -> Option<RecordOptions> {
+        let payload = match self.record_payload {
+            RecordPayload::Whole => PayloadMode::Whole,
+            RecordPayload::Digests => PayloadMode::DIGESTS,
+        };
+        self.record.as_ref().map(|dir| RecordOptions::new(dir).payload(payload))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -229,13 +281,8 @@ struct ControllerArgs {
     /// address it joined at).
     #[arg(long)]
     advertise: Option<String>,
-    /// Record the controller's every input and command to DIR/controller.rec
-    /// (a flight recording; DIR is created) for `cohort replay`. The file
-    /// holds the configuration, the session salt and run nonce included,
-    /// and every byte received: it is as secret as the salt (created
-    /// readable by its owner only; see docs/SECURITY.md).
-    #[arg(long, value_name = "DIR")]
-    record: Option<PathBuf>,
+    #[command(flatten)]
+    record: RecordArgs,
     /// After the run ends, keep serving this many seconds (so agents hear
     /// the end and state.json shows it). Under --rules flodl the linger
     /// starts once every host has left, as flodl's launcher exits only
@@ -328,13 +375,8 @@ struct AgentArgs {
     /// The run id the hello carries (hosts of one run must agree on it).
     #[arg(long)]
     run_id: Option<String>,
-    /// Record the host's every node (a flight recording each) into DIR:
-    /// the agent to agent.rec, its relays to relay-control.rec and
-    /// relay-data.rec, each rank of the synthetic workload to rank-R.rec
-    /// (a rank program records itself: `cohort rank --record`). Each
-    /// replays with `cohort replay FILE`; each is as secret as the salt.
-    #[arg(long, value_name = "DIR")]
-    record: Option<PathBuf>,
+    #[command(flatten)]
+    record: RecordArgs,
     /// The controller binds its key to the run (`cohort controller
     /// --run-bound`): wait for its run nonce before the hello. Needs --salt.
     #[arg(long, requires = "salt")]
@@ -376,10 +418,8 @@ struct RankArgs {
     /// Write one JSON object per event to stdout (rounds with their values).
     #[arg(long)]
     json: bool,
-    /// Record the rank (a flight recording) to DIR/rank-R.rec, for `cohort
-    /// replay`; as secret as the salt.
-    #[arg(long, value_name = "DIR")]
-    record: Option<PathBuf>,
+    #[command(flatten)]
+    record: RecordArgs,
 }
 
 /// Where a host's relays listen.
@@ -425,12 +465,8 @@ struct DemoArgs {
     /// Write one JSON object per event to stdout, then the summary as JSON.
     #[arg(long)]
     json: bool,
-    /// Record every node (a flight recording each, for `cohort replay
-    /// FILE`): the controller to DIR/controller.rec, host i's agent, relays
-    /// and ranks to DIR/host-i/. As secret as the run's salt
-    /// (docs/SECURITY.md).
-    #[arg(long, value_name = "DIR")]
-    record: Option<PathBuf>,
+    #[command(flatten)]
+    record: RecordArgs,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -457,7 +493,7 @@ fn main() {
                         batch_ms: a.batch_ms,
                         timeout_scale: a.timeout_scale,
                         host_check: !a.no_host_check,
-                        record: a.record,
+                        record: a.record.options(),
                         ..RankOptions::default()
                     },
                     a.json,
@@ -468,7 +504,14 @@ fn main() {
         Cmd::Start { addr, token } => start(&addr, token.as_deref()),
         Cmd::Demo(a) => run_demo(a),
         Cmd::Wire(w) => wire_tool::run(w),
-        Cmd::Replay(r) => replay_tool::run(&r.file, r.json),
+        Cmd::Replay(r) => replay_tool::run(
+            &r.file,
+            &replay_tool::ReplayOptions {
+                json: r.json,
+                until: r.until.map(Time::after),
+                scenario: r.scenario,
+            },
+        ),
     };
     std::process::exit(code);
 }
@@ -628,11 +671,10 @@ fn controller(a: ControllerArgs) -> i32 {
     }
     let clock = Clock::start();
     let (sink, events) = mpsc::channel();
-    let recording = a.record.as_ref().map(|dir| dir.join("controller.rec"));
+    let recording = a.record.options();
     let spawned = match &recording {
-        Some(path) => std::fs::create_dir_all(path.parent().unwrap_or(path))
-            .and_then(|()| spawn_recorded_controller(cfg, listener, Config::scaled(scale), clock, sink, path))
-            .map_err(|e| format!("recording to {}: {e}", path.display())),
+        Some(opts) => spawn_recorded_controller(cfg, listener, Config::scaled(scale), clock, sink, opts)
+            .map_err(|e| e.to_string()),
         None => spawn_controller(cfg, listener, Config::scaled(scale), clock, sink)
             .map_err(|e| format!("listening on {}: {e}", a.bind)),
     };
@@ -640,7 +682,8 @@ fn controller(a: ControllerArgs) -> i32 {
         Ok(n) => n,
         Err(e) => return fail(&e),
     };
-    if let Some(path) = &recording {
+    if let Some(opts) = &recording {
+        let path = opts.path("controller");
         tracing::info!("recording to {} (as secret as the salt): cohort replay {0}", path.display());
     }
     let addr = node.addr().map_or_else(|| a.bind.to_string(), |x| x.to_string());
@@ -736,9 +779,9 @@ fn agent(a: AgentArgs) -> i32 {
         (Some(RelayPorts::Flodl), _) | (None, false) => RelayListen::Flodl,
     };
     p = p.program(a.program.clone()).grace(a.grace_secs);
-    if let Some(dir) = &a.record {
-        p = p.record(dir.clone());
-        tracing::info!("recording the host's nodes into {} (as secret as the salt)", dir.display());
+    if let Some(opts) = a.record.options() {
+        tracing::info!("recording the host's nodes into {} (as secret as the salt)", opts.dir.display());
+        p = p.record(opts);
     }
     // SIGTERM or SIGINT: stop the ranks and report their exits; a second
     // SIGINT ends the process at once.
@@ -885,7 +928,7 @@ fn run_demo(a: DemoArgs) -> i32 {
         scale,
         bind: a.bind,
         deadline: a.deadline_secs,
-        record: a.record,
+        record: a.record.options(),
     };
     if let Err(e) = opts.validate() {
         return fail(&e);

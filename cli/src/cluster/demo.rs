@@ -30,6 +30,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use cohort_driver_core::os_salt;
+use cohort_driver_core::record::RecordOptions;
 use cohort_driver_mio::{Clock, Config};
 use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
@@ -81,9 +82,10 @@ pub struct DemoOptions {
     pub bind: SocketAddr,
     /// Give up if the run has not ended by then.
     pub deadline: Duration,
-    /// Record every node in this directory (made if missing): the
-    /// controller to [`RECORDING`], host `i`'s nodes to `host-i/`.
-    pub record: Option<PathBuf>,
+    /// Record every node as these options say (the directory made if
+    /// missing): the controller to [`RECORDING`], host `i`'s nodes to
+    /// `host-i/`.
+    pub record: Option<RecordOptions>,
 }
 
 impl Default for DemoOptions {
@@ -436,16 +438,10 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
     // chunk-pool dispatch, where a dead rank's chunks go back to the pool).
     cfg.run.progressive = Some(false);
     cfg.metrics = Some(cohort_driver_core::metrics::prometheus());
-    let recording = match &opts.record {
-        Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|e| format!("--record {}: {e}", dir.display()))?;
-            Some(dir.join(RECORDING))
-        }
-        None => None,
-    };
-    let controller = match &recording {
-        Some(path) => spawn_recorded_controller(cfg, listener, config.clone(), clock, sink.clone(), path)
-            .map_err(|e| format!("controller on {addr}, recorded to {}: {e}", path.display()))?,
+    let recording = opts.record.as_ref().map(|r| r.path("controller"));
+    let controller = match &opts.record {
+        Some(rec) => spawn_recorded_controller(cfg, listener, config.clone(), clock, sink.clone(), rec)
+            .map_err(|e| format!("controller on {addr}: {e}"))?,
         None => spawn_controller(cfg, listener, config.clone(), clock, sink.clone())
             .map_err(|e| format!("controller on {addr}: {e}"))?,
     };
@@ -461,8 +457,8 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
             .config(config.clone())
             .clock(clock);
         p.pre_shared = pre_shared;
-        if let Some(dir) = &opts.record {
-            p = p.record(dir.join(format!("host-{i}")));
+        if let Some(rec) = &opts.record {
+            p = p.record(RecordOptions { dir: rec.dir.join(format!("host-{i}")), ..rec.clone() });
         }
         hosts.push(MioHost::spawn(p, sink.clone()).map_err(|e| format!("host-{i}: {e}"))?);
     }
