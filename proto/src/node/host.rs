@@ -59,7 +59,7 @@ pub const fn reap_every(rules: Rules) -> core::time::Duration {
 }
 
 /// Where a host's relays listen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RelayListen {
     /// flodl 0.8's layout: loopback, at the controller's port plus 5
     /// (control) and plus 4 (data). One host per machine.
@@ -70,7 +70,7 @@ pub enum RelayListen {
 }
 
 /// A worker host's configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct HostConfig {
     /// The join hello (host name, devices, signatures).
     pub offer: JoinOffer,
@@ -180,7 +180,7 @@ impl fmt::Display for NotAwaited {
 
 impl std::error::Error for NotAwaited {}
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Formed {
     /// The ranks to start, waiting for their relays' addresses.
     ranks: Vec<RankSpec>,
@@ -216,7 +216,7 @@ struct Formed {
 /// assert_eq!(host.machine().name(), "gpu-a");
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct HostNode {
     cfg: HostConfig,
     parts: Parts<HostPart>,
@@ -227,7 +227,7 @@ pub struct HostNode {
 
 /// A host's parts: its agent (the relays and ranks it starts are nodes of
 /// their own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum HostPart {
     /// The agent (join client).
     Agent,

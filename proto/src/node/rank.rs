@@ -29,7 +29,7 @@ use super::workload::{Action, Round, Workload};
 pub const DATA_LOSS_GRACE: core::time::Duration = core::time::Duration::from_secs(1);
 
 /// What a rank on the NCCL plane brings to the bootstrap rendezvous.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NcclBootstrap {
     /// The controller's address.
     pub controller: String,
@@ -39,11 +39,12 @@ pub struct NcclBootstrap {
     pub dataset_sig: [u8; 32],
     /// The unique id this rank offers if it is told to generate one (the
     /// caller draws it: the machine has no randomness of its own).
+    #[serde(with = "crate::machine::snapshot::byte_array")]
     pub uid: [u8; UID_BYTES],
 }
 
 /// A rank's configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RankConfig {
     /// The rank.
     pub rank: u32,
@@ -71,7 +72,7 @@ pub struct RankConfig {
 }
 
 /// One rank to start: everything its process is given.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RankSpec {
     /// The host it runs on.
     pub host: String,
@@ -247,7 +248,7 @@ impl RankNodeEvent {
 /// assert_eq!(rank.sent(conn).len(), ControlHello::LEN);
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct RankNode<W> {
     cfg: RankConfig,
     parts: Parts<RankPart>,
@@ -275,7 +276,7 @@ pub struct RankNode<W> {
 }
 
 /// A rank's parts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RankPart {
     /// The control client.
     Control,

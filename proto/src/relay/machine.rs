@@ -24,7 +24,7 @@ use crate::wire::{
 pub const UPSTREAM_DIAL: DialId = DialId(1);
 
 /// A relay's configuration (plain data).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RelayConfig {
     /// The channel served.
     pub leg: Leg,
@@ -247,7 +247,7 @@ pub enum RelayEvent {
 }
 
 /// Counters for the embedding application.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RelayStats {
     /// Host frames shipped.
     pub rounds: u64,
@@ -261,7 +261,7 @@ pub struct RelayStats {
     pub dropped_dead_rank: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Mode {
     /// Between frames.
     Idle,
@@ -273,7 +273,7 @@ enum Mode {
     Skip,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Local {
     conn: Option<ConnId>,
     admitted: bool,
@@ -289,14 +289,14 @@ struct Local {
     deposit: Option<Deposit>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Deposit {
     weight: f64,
     kept: Vec<Bytes>,
     held: Option<Box<RoundSchema>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum Up {
     /// Waiting for every local rank before dialing.
     Waiting,
@@ -311,7 +311,7 @@ enum Up {
     Gone,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum Acc {
     Control(Acceptor<ControlHandshake>),
     Data(Acceptor<DataHandshake>),
@@ -350,7 +350,7 @@ impl Acc {
 }
 
 /// The data leg's round state.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct DataLeg {
     fold: RoundFold,
     barrier: Barrier,
@@ -403,7 +403,7 @@ enum FeedError {
 /// assert_eq!(relay.sent(up)[..4], Channel::Data.magic_bytes());
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Relay {
     cfg: RelayConfig,
     acceptor: Acc,
@@ -426,7 +426,9 @@ pub struct Relay {
     stats: RelayStats,
     stopped: bool,
     out: Outbox<RelayEvent>,
-    /// Where the MAC work runs ([`Relay::run_macs_on`]).
+    /// Where the MAC work runs ([`Relay::run_macs_on`]). Not state: a
+    /// snapshot restores the inline runner.
+    #[serde(skip, default = "crate::machine::snapshot::inline_macs")]
     macs: Arc<dyn MacRunner>,
 }
 

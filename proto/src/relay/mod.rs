@@ -50,7 +50,7 @@ pub use machine::{
 use crate::wire::Channel;
 
 /// Which channel a relay serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Leg {
     /// The coordinator control channel: forward blobs untouched.
     Control,

@@ -35,13 +35,13 @@ type HmacSha256 = Hmac<Sha256>;
 /// st.update(b"bc");
 /// assert_eq!(st.finish(), key.mac64(b"abc"));
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MacKey {
     states: Arc<KeyStates>,
 }
 
 /// The keyed inner and outer states.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct KeyStates {
     inner: [u32; 8],
     outer: [u32; 8],
@@ -130,10 +130,11 @@ fn outer_tag(outer: &[u32; 8], inner_digest: &[u32; 8]) -> u64 {
 }
 
 /// An incremental `mac64` computation.
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct MacState {
     state: [u32; 8],
     outer: [u32; 8],
+    #[serde(with = "crate::machine::snapshot::byte_array")]
     buf: [u8; BLOCK],
     buf_len: usize,
     absorbed: u64,

@@ -15,7 +15,9 @@ use super::consts::SESSION_SALT_BYTES;
 /// assert!(SessionSalt::from_hex("5a5a").is_err());
 /// assert!(SessionSalt::from_hex("zz5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a").is_err());
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct SessionSalt([u8; SESSION_SALT_BYTES]);
 
 impl SessionSalt {
@@ -99,7 +101,7 @@ impl SessionSalt {
 /// assert_eq!(RunNonce::decode(&n.encode()), Ok(n));
 /// assert!(RunNonce::decode(b"CJNx0123456789abcdef").is_err());
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RunNonce([u8; SESSION_SALT_BYTES]);
 
 impl RunNonce {
