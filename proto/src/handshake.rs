@@ -62,7 +62,7 @@ pub trait Handshake {
 }
 
 /// The control channel's salted handshake (56-byte hello, 16-byte ack).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ControlHandshake {
     /// The session key.
     pub key: MacKey,
@@ -71,7 +71,7 @@ pub struct ControlHandshake {
 }
 
 /// What a rank announces on the control channel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ControlHelloFields {
     /// The rank.
     pub rank: u32,
@@ -105,7 +105,7 @@ impl Handshake for ControlHandshake {
 }
 
 /// The data channel's bare handshake (16-byte hello, 8-byte ack).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub struct DataHandshake {
     /// The world size both sides must agree on.
     pub world_size: u32,
@@ -175,7 +175,7 @@ pub enum DialerEvent {
     Failed(HandshakeError),
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum DialState {
     Dialing,
     AwaitAck { conn: ConnId, buf: RecvBuf, deadline: Time },
@@ -207,7 +207,7 @@ enum DialState {
 /// assert_eq!(established, Some(Time::from_millis(3)));
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Dialer<K: Handshake> {
     kind: K,
     fields: K::Fields,
@@ -318,7 +318,7 @@ pub enum AcceptorEvent<H> {
     },
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Pending {
     buf: RecvBuf,
     deadline: Time,
@@ -350,7 +350,7 @@ struct Pending {
 /// ]));
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Acceptor<K: Handshake> {
     kind: K,
     budget: Duration,

@@ -53,7 +53,7 @@ pub const MAX_REJECTED: u32 = 1024;
 pub const MAX_BUFFERED: usize = 4096;
 
 /// What the rendezvous knows of the world.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RendezvousConfig {
     /// Ranks in the world.
     pub world_size: u32,
@@ -180,13 +180,13 @@ pub enum RendezvousServerEvent {
     Failed(RendezvousError),
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Pending {
     buf: RecvBuf,
     deadline: Time,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Phase {
     Collecting { last_progress: Time },
     AwaitUid { deadline: Time },
@@ -205,7 +205,7 @@ enum Phase {
 /// // Strictly more than 120 s without a new rank fails it.
 /// assert_eq!(rv.poll_timeout(), Some(Time::from_secs(120) + Duration::from_nanos(1)));
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct RendezvousServer {
     cfg: RendezvousConfig,
     key: MacKey,

@@ -99,7 +99,7 @@ pub enum PortRouterEvent {
     },
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Peek {
     peer: Peer,
     head: [u8; 4],
@@ -128,7 +128,7 @@ struct Peek {
 /// assert!(matches!(router.events(), [PortRouterEvent::Dropped { reason: RouteDrop::Deadline { have: 2 }, .. }]));
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct PortRouter {
     deadline: Duration,
     pending: BTreeMap<ConnId, Peek>,

@@ -169,7 +169,7 @@ fn shift_point(digits: &str, by: i32) -> String {
 }
 
 /// Why a run stops with a save (`ShutdownWithSave{reason}`'s byte).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[repr(u8)]
 pub enum SaveReason {
     /// An orderly stop.

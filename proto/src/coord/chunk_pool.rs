@@ -43,7 +43,7 @@ pub const OVERSHOOT_CEILING: u64 = 15;
 /// assert_eq!(p.take(6, 1), Some(Segment::new(0, 4))); // reclaimed work first
 /// assert_eq!(p.remaining(), 12);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChunkPool {
     total: u64,
     /// Per rank: `(start, end)` of its reserved span; `end` moves down when
@@ -326,7 +326,7 @@ pub fn final_window_alloc(rem: u64, counts: &[u64], alive: &[bool]) -> Vec<u64> 
 
 /// An epoch's pinned final-window split and the counts it was pinned
 /// against.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FinalWindow {
     /// The epoch.
     pub epoch: u64,

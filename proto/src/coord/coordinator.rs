@@ -16,13 +16,13 @@ use crate::wire::{
     Payload, RelayControlMsg, WireError, encode_control, encode_frame, parse_exact_frame,
 };
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum RelayState {
     AwaitHello { deadline: Time },
     Ready { ranks: Vec<u32> },
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Relay {
     dec: MuxDecoder,
     state: RelayState,
@@ -30,7 +30,7 @@ struct Relay {
 
 /// The coordinator's formation: the relays announce every rank, then the
 /// run begins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Formation {
     /// Waiting for the relays, until `deadline`; under cohort's rules the
     /// ranks already announced hear a beacon every second from `beacon` on,
@@ -43,7 +43,7 @@ enum Formation {
 }
 
 /// A report about ranks that arrived before the run began.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum Report {
     Deaths(Vec<(u32, DeathCause)>),
     Exited { rank: u32, code: i32 },
@@ -92,7 +92,7 @@ const SMALL_RECORD: usize = 256;
 /// assert!(c.is_forming());
 /// assert_eq!(c.poll_timeout(), Some(Time::from_secs(60)));
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Coordinator {
     /// Whether the relays have covered the world yet.
     formation: Formation,

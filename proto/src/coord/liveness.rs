@@ -16,7 +16,7 @@ use core::time::Duration;
 use crate::time::Time;
 
 /// One rank's liveness.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Life {
     /// Alive; last heard at this instant.
     Alive {
@@ -41,7 +41,7 @@ pub enum Life {
 /// assert_eq!(l.stale(Time::from_secs(30) + Duration::from_nanos(1)).collect::<Vec<_>>(), vec![1]);
 /// assert_eq!(l.next_deadline(), Some(Time::from_secs(30) + Duration::from_nanos(1)));
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Liveness {
     ranks: Vec<Life>,
     /// The ranks still alive, ascending (kept in step with `ranks`).

@@ -21,7 +21,7 @@ pub const MAX_SCALARS: usize = 1024;
 pub const MAX_REPORTED_MS: f64 = 1e12;
 
 /// A reported value, as [`MetricFault`] names it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum MetricValue {
     /// A real value (a loss, a duration, a norm).
     Real(f64),
@@ -41,10 +41,12 @@ impl fmt::Display for MetricValue {
 /// A report refused because one of its values is out of range: which field
 /// (`metrics.avg_loss`, `batch.batch_ms`, `sync_ack.pre_norm`, ...), its
 /// value, and the range it had to be in.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MetricFault {
     /// The message and field, as `kind.field`.
-    pub field: &'static str,
+    // Spelled as a path: serde would otherwise borrow a `&str` from its input.
+    #[serde(with = "crate::machine::snapshot::static_str")]
+    pub field: &'static core::primitive::str,
     /// The value received.
     pub value: MetricValue,
     /// The range it had to be in, in words.
@@ -147,7 +149,7 @@ pub fn check_timing(msg: &TimingMsgWire, most_steps: u64) -> Result<(), MetricFa
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 struct RankSums {
     reports: u32,
     batches: u64,
@@ -161,7 +163,7 @@ struct RankSums {
 }
 
 /// One epoch's reports, accumulated per rank.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EpochReports {
     ranks: Vec<RankSums>,
 }

@@ -253,7 +253,7 @@ impl CoordConfig {
 }
 
 /// Why a rank was declared dead.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DeathCause {
     /// Not heard for strictly longer than the staleness deadline.
     Stale {
@@ -277,7 +277,9 @@ pub enum DeathCause {
     /// [`CoordinatorEvent::ReportRefused`]).
     BadReport {
         /// The field, as `kind.field`.
-        field: &'static str,
+        // Spelled as a path: serde would otherwise borrow a `&str` from its input.
+        #[serde(with = "crate::machine::snapshot::static_str")]
+        field: &'static core::primitive::str,
     },
     /// Its relay forwarded a frame of `len` bytes from it, over one control
     /// frame (cohort's rules: the frame is skipped and only this rank pays;
@@ -352,7 +354,7 @@ impl fmt::Display for DeathCause {
 }
 
 /// How an epoch plan reached the ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PlanCarrier {
     /// One `StartEpoch` per live rank.
     StartEpoch,
@@ -364,7 +366,7 @@ pub enum PlanCarrier {
 }
 
 /// Why a role moved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RoleMove {
     /// Its holder died.
     HolderDied,
@@ -375,7 +377,7 @@ pub enum RoleMove {
 }
 
 /// How a run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RunEnd {
     /// Every epoch done; `Shutdown` sent.
     Done,
@@ -384,7 +386,7 @@ pub enum RunEnd {
 }
 
 /// Why the coordinator never began the run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FormationFailure {
     /// The relays did not announce every rank within this.
     Deadline(Duration),
@@ -435,7 +437,7 @@ impl FormationFailure {
 }
 
 /// Every decision the coordinator makes, and what it saw.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum CoordinatorEvent {
     /// The run started: every rank's relay announced it; liveness clocks run
     /// from now and epoch 0 goes out.
@@ -722,7 +724,7 @@ pub enum CoordinatorEvent {
 }
 
 /// One output of the [`Scheduler`].
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Step {
     /// Send `msg` to each rank of `to` (one encoding, many recipients).
     Send {

@@ -34,7 +34,7 @@ pub fn pick_generator(
 }
 
 /// Why an ask was abandoned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AskAbandoned {
     /// The asked rank was declared dead (or left).
     Died,
@@ -43,7 +43,7 @@ pub enum AskAbandoned {
 }
 
 /// An NCCL re-rendezvous in flight.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rendezvous {
     survivors: Vec<u32>,
     asked: u32,

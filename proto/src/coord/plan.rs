@@ -9,7 +9,9 @@
 use crate::wire::EpochPlanWire;
 
 /// A contiguous run of an epoch's samples: `size` samples from `offset`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct Segment {
     /// First sample.
     pub offset: u64,
@@ -136,7 +138,7 @@ pub fn split_remainder_whole(seg: Segment, survivors: &[u32], batch: u64) -> Vec
 /// rank batching straight across segment boundaries has processed at least
 /// that much, so the remainder computed from it never omits an unprocessed
 /// sample (at worst a few processed ones are handed out again).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Assignment {
     segments: Vec<Segment>,
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use core::fmt;
 
 /// One of the three callback roles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum Role {
     /// Runs `checkpoint_fn` on `Checkpoint`.
     Checkpoint,
@@ -62,7 +62,7 @@ pub fn fastest(candidates: &[u32], smoothed: impl Fn(u32) -> Option<f64>) -> Opt
 }
 
 /// The current holder of each role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Roles {
     /// The checkpoint role.
     pub checkpoint: u32,
@@ -138,7 +138,7 @@ pub fn next_untried(live: &[u32], tried: &BTreeSet<u32>) -> Option<u32> {
 }
 
 /// User intents waiting for the next epoch boundary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Intents {
     /// An `EvalNow` arrived.
     pub eval: bool,

@@ -28,7 +28,7 @@ use crate::wire::{
 };
 
 /// Where the run is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Phase {
     /// Not started: messages refresh liveness, nothing is decided yet.
     Waiting,
@@ -47,7 +47,7 @@ enum Leaving {
     Exited,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct RankBook {
     /// Highest step count reported.
     last_step: u64,
@@ -70,7 +70,7 @@ struct RankBook {
 
 /// Running counts over the ranks that hold windows and cycles open, so a
 /// report costs O(1): the O(world) checks run only when a count reaches 0.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct Gates {
     /// Counted ranks whose window steps are short of their target.
     short: u32,
@@ -85,7 +85,7 @@ struct Gates {
     min_steps: u64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct EpochBook {
     epoch: u64,
     assigned: Vec<Assignment>,
@@ -94,21 +94,21 @@ struct EpochBook {
     aggregated: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Cycle {
     Idle,
     CpuPending { since: Time },
     NcclSettling { since: Time },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct CheckpointJob {
     version: u64,
     target: u32,
     tried: BTreeSet<u32>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct EvalJob {
     schedule_id: u64,
     epoch: u64,
@@ -116,7 +116,7 @@ struct EvalJob {
 }
 
 /// Chunk-pool dispatch's books (progressive runs only).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct Chunks {
     /// The pools of the epochs not yet aggregated, in epoch order.
     pools: BTreeMap<u64, ChunkPool>,
@@ -194,7 +194,7 @@ pub const DATA_LOSS_SETTLE: Duration = Duration::from_millis(10);
 /// assert!(steps.iter().any(|s| matches!(s, Step::Event(CoordinatorEvent::PlanIssued { epoch: 0, .. }))));
 /// assert_eq!(s.assignment(1).unwrap().segments()[0].offset, 5);
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Scheduler {
     cfg: CoordConfig,
     live: Liveness,
@@ -239,6 +239,7 @@ pub struct Scheduler {
     version: u64,
     global_step: u64,
     /// Reports refused for an out-of-range value, by field (cohort's rules).
+    #[serde(with = "crate::machine::snapshot::static_str_keys")]
     refused: BTreeMap<&'static str, u64>,
     /// The latest epoch whose first work went out (`EpochStarted`).
     started: Option<u64>,

@@ -45,7 +45,7 @@ pub const JOIN_REPLY_BUDGET: Duration = Duration::from_secs(30);
 pub const FORMATION_MARGIN: Duration = Duration::from_secs(30);
 
 /// What a join client is started with.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ClientParams {
     /// The controller's address (its single port).
     pub addr: String,
@@ -243,7 +243,7 @@ impl fmt::Display for NotLinked {
 
 impl std::error::Error for NotLinked {}
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum State {
     Dialing,
     AwaitNonce { deadline: Time },
@@ -273,7 +273,7 @@ enum State {
 /// assert_eq!(agent.events(), [JoinClientEvent::Failed(ClientFailure::Unreachable)]);
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct JoinClient {
     params: ClientParams,
     join_key: MacKey,

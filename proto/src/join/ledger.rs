@@ -224,7 +224,7 @@ impl TrustMode {
 }
 
 /// GPU vendor named by a libtorch build label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum GpuVendor {
     /// CUDA builds (`cu<N>`, `sm<N>`).
     Nvidia,
@@ -537,7 +537,7 @@ impl fmt::Display for AdmitError {
 impl std::error::Error for AdmitError {}
 
 /// Why the window formed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FormReason {
     /// The operator's start switch, with quorum, in `Manual`/`Hybrid`.
     OperatorStart,
@@ -558,7 +558,7 @@ impl fmt::Display for FormReason {
 }
 
 /// Why the verdict failed the window at the hard cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FailReason {
     /// `Manual` mode reached the cap with quorum but no operator start.
     OperatorStartNotReceived {
@@ -612,7 +612,7 @@ pub enum Verdict {
 }
 
 /// Lifecycle phase of a run, as `state.json` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClusterPhase {
     /// Window open, collecting workers.
@@ -659,7 +659,7 @@ struct Seeds {
 }
 
 /// Which coherence facts a member seeded (so retracting it unseeds them).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Seeded(u8);
 
 impl Seeded {
@@ -675,7 +675,7 @@ impl Seeded {
 }
 
 /// One admitted worker.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Member {
     /// Host name.
     pub host: String,
@@ -697,7 +697,7 @@ pub struct Member {
 
 /// The coherence facts one hello offered (the libtorch label is the
 /// member's own field).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Offered {
     dataset: [u8; 32],
     run_id: Option<String>,
@@ -770,7 +770,7 @@ impl fmt::Display for NotLatest {
 impl std::error::Error for NotLatest {}
 
 /// The pure membership state: admission, ranks, verdicts, snapshots.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Ledger {
     config: JoinConfig,
     dataset_sig: Option<[u8; 32]>,

@@ -197,7 +197,7 @@ impl fmt::Display for RejectReason {
 }
 
 /// Why the window failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum WindowFailure {
     /// The verdict failed it at the hard cap.
     Verdict(FailReason),
@@ -412,7 +412,7 @@ impl fmt::Display for Retraction {
 }
 
 /// The window's state.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum WindowState {
     /// Admitting.
     Open,
@@ -445,14 +445,14 @@ impl fmt::Display for SendError {
 
 impl std::error::Error for SendError {}
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Dial {
     buf: RecvBuf,
     deadline: Time,
     magic_pending: bool,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Link {
     member: usize,
     /// The ranks its accept named: the host reports its ranks' exits by
@@ -493,7 +493,7 @@ struct Link {
 /// assert_eq!(formed, Some(Time::from_secs(30)));
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct JoinWindow {
     ledger: Ledger,
     /// The run's salt (the pre-shared salt itself unless run-bound).

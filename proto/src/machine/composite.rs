@@ -77,7 +77,7 @@ pub enum Routed<'a, P> {
 
 /// Which part owns each connection of a composite machine: a map sorted by
 /// connection (a rank holds a few, a controller thousands).
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Parts<P> {
     owners: Vec<(ConnId, P)>,
 }

@@ -36,6 +36,9 @@
 
 pub mod command;
 pub mod composite;
+pub mod snapshot;
+
+pub use snapshot::{Snapshot, SnapshotError};
 
 pub use command::{Commanded, Journal, NoCommand};
 
@@ -45,7 +48,7 @@ use core::fmt;
 use crate::time::Time;
 
 /// A connection, named by the driver. Unique for the driver's lifetime.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ConnId(pub u64);
 
 impl fmt::Debug for ConnId {
@@ -61,7 +64,7 @@ impl fmt::Display for ConnId {
 }
 
 /// A machine's own name for one outbound dial, echoed back by the driver.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub struct DialId(pub u32);
 
 /// What the driver knows about the far end of an accepted connection.
@@ -72,7 +75,7 @@ pub struct DialId(pub u32);
 /// status endpoint's `POST /start` asks a remote operator for the start
 /// token. Admission does not: whether the join window admits without the
 /// salt follows the controller's own bind address (`TrustMode::resolve`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Peer {
     /// The peer's address is a loopback address (127.0.0.0/8, ::1).
     pub loopback: bool,
@@ -86,7 +89,7 @@ impl Peer {
 }
 
 /// Why a connection ended without the machine asking.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum CloseCause {
     /// The peer finished its side cleanly (read returned 0).
     Eof,
@@ -268,6 +271,25 @@ pub trait Adopt {
 #[derive(Debug)]
 pub struct Outbox<E> {
     queue: std::collections::VecDeque<Output<E>>,
+}
+
+/// A machine's snapshot ([`snapshot`]) is taken between drains: outputs
+/// not yet drained are not state (their events are the application's), so
+/// an outbox is written down only empty, and refused otherwise.
+impl<E> serde::Serialize for Outbox<E> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.is_empty() {
+            true => s.serialize_unit(),
+            false => Err(snapshot::in_flight()),
+        }
+    }
+}
+
+/// An outbox reads back empty (see its `Serialize`).
+impl<'de, E> serde::Deserialize<'de> for Outbox<E> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <() as serde::Deserialize>::deserialize(d).map(|()| Outbox::default())
+    }
 }
 
 impl<E> Default for Outbox<E> {

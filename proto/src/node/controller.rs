@@ -387,7 +387,7 @@ impl ControllerBuilder {
 }
 
 /// How the run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ControllerOutcome {
     /// Every epoch done (or stopped gracefully).
     Done,
@@ -507,7 +507,7 @@ impl ControllerNodeEvent {
 }
 
 /// A controller's parts, behind its one port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ControllerPart {
     /// The port router.
     Router,
@@ -578,7 +578,7 @@ impl Part for ControllerPart {
 /// assert_eq!(happened(|e| matches!(e, ClusterEvent::Host(HostNodeEvent::StartRelay { .. }))), 2);
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct ControllerNode {
     cfg: ControllerConfig,
     key: MacKey,
@@ -595,6 +595,8 @@ pub struct ControllerNode {
     outcome: Option<ControllerOutcome>,
     out: Outbox<ControllerNodeEvent>,
     /// Where the reduce's MAC work runs ([`ControllerNode::run_macs_on`]).
+    /// Not state: a snapshot restores the inline runner.
+    #[serde(skip, default = "crate::machine::snapshot::inline_macs")]
     macs: Arc<dyn MacRunner>,
     /// The counters behind `/metrics`.
     tally: Tally,
@@ -604,6 +606,7 @@ pub struct ControllerNode {
     /// coordinator declared them dead, or their host's link ended.
     ended: BTreeSet<u32>,
     /// The commands run, while a recording keeps them.
+    #[serde(skip)]
     journal: Journal<ControllerCommand>,
 }
 
@@ -628,7 +631,7 @@ const CHANNELS: [&str; 6] = ["unrouted", "join", "status", "control", "data", "r
 
 /// The controller's own counters behind `/metrics`: integer adds where the
 /// bytes, refusals and rounds pass; nothing allocates after construction.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Tally {
     /// Bytes received, by part ([`CHANNELS`]).
     bytes_in: [u64; CHANNELS.len()],

@@ -180,7 +180,7 @@ impl fmt::Display for NotAwaited {
 
 impl std::error::Error for NotAwaited {}
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Formed {
     /// The ranks to start, waiting for their relays' addresses.
     ranks: Vec<RankSpec>,
@@ -216,7 +216,7 @@ struct Formed {
 /// assert_eq!(host.machine().name(), "gpu-a");
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct HostNode {
     cfg: HostConfig,
     parts: Parts<HostPart>,
@@ -224,6 +224,7 @@ pub struct HostNode {
     formed: Option<Formed>,
     out: Outbox<HostNodeEvent>,
     /// The commands run, while a recording keeps them.
+    #[serde(skip)]
     journal: Journal<HostCommand>,
 }
 
@@ -249,7 +250,7 @@ pub enum HostCommand {
 
 /// A host's parts: its agent (the relays and ranks it starts are nodes of
 /// their own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum HostPart {
     /// The agent (join client).
     Agent,

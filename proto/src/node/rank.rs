@@ -72,7 +72,7 @@ pub struct RankConfig {
 }
 
 /// One rank to start: everything its process is given.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RankSpec {
     /// The host it runs on.
     pub host: String,
@@ -248,7 +248,7 @@ impl RankNodeEvent {
 /// assert_eq!(rank.sent(conn).len(), ControlHello::LEN);
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct RankNode<W> {
     cfg: RankConfig,
     parts: Parts<RankPart>,
@@ -274,6 +274,7 @@ pub struct RankNode<W> {
     left_early: bool,
     out: Outbox<RankNodeEvent>,
     /// The commands run, while a recording keeps them.
+    #[serde(skip)]
     journal: Journal<RankCommand>,
 }
 
@@ -287,7 +288,7 @@ pub enum RankCommand {
 }
 
 /// A rank's parts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RankPart {
     /// The control client.
     Control,

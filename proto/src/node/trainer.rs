@@ -57,7 +57,7 @@ impl WorkloadConfig {
 }
 
 /// Why the workload is not running batches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Hold {
     /// Free to run.
     Free,
@@ -71,7 +71,7 @@ pub enum Hold {
 
 /// The synthetic workload: epochs of whole batches, reported as flodl's
 /// workers report them.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Trainer {
     cfg: WorkloadConfig,
     model: Vec<f32>,

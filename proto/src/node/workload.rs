@@ -53,7 +53,7 @@ use crate::time::Time;
 use crate::wire::{ControlMsgWire, MetricsMsgWire, RoundKind, TimingMsgWire};
 
 /// What a workload asks its rank to do.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Action {
     /// Report a finished batch (`Timing::Batch`).
     Batch {
@@ -91,7 +91,7 @@ pub enum Action {
 /// frame elided (its schema, no payload). The consensus comes back to
 /// [`Workload::on_consensus`] laid out the same way; a `Control` round's
 /// always (its sum), a `Model` round's unless its summed weight was 0.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Round {
     /// `Model` (averaged by weight) or `Control` (summed).
     pub kind: RoundKind,

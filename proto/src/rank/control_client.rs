@@ -128,7 +128,7 @@ impl fmt::Display for SendError {
 impl std::error::Error for SendError {}
 
 /// The connection's state.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum State {
     Handshaking(Box<Dialer<ControlHandshake>>),
     Connected {
@@ -157,7 +157,7 @@ enum State {
 /// let mut c = ControlClient::new(cfg, Time::ZERO);
 /// assert!(matches!(c.poll(Time::ZERO), Some(Output::Dial { .. })));
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct ControlClient {
     key: MacKey,
     rank: u32,

@@ -46,7 +46,7 @@ use crate::wire::{
 };
 
 /// The client's configuration (plain data).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct DataClientConfig {
     /// This rank.
     pub rank: u32,
@@ -213,7 +213,7 @@ pub enum DataClientEvent {
     Failed(DataClientError),
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum State {
     Handshaking(Box<Dialer<DataHandshake>>),
     Ready { conn: ConnId },
@@ -221,7 +221,7 @@ enum State {
 }
 
 /// The submitted round's schema, which the consensus must match.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Submitted {
     kind: RoundKind,
     tensors: Vec<(Dtype, Vec<u32>)>,
@@ -314,7 +314,7 @@ impl RoundSink for RecvSink<'_> {
 /// assert_eq!(rank.events(), [DataClientEvent::Connected]);
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct DataClient {
     cfg: DataClientConfig,
     state: State,

@@ -40,7 +40,7 @@ pub const RENDEZVOUS_DIAL: DialId = DialId(0);
 pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the rank brings to the rendezvous.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RendezvousClientConfig {
     /// The rank's global rank.
     pub rank: u32,
@@ -53,6 +53,7 @@ pub struct RendezvousClientConfig {
     /// The controller's address.
     pub controller: String,
     /// The id this rank sends if it is told to generate one.
+    #[serde(with = "crate::wire::byte_array")]
     pub uid: [u8; UID_BYTES],
 }
 
@@ -122,7 +123,7 @@ pub enum RendezvousClientEvent {
     Failed(RendezvousFailure),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum State {
     Dialing,
     AwaitRole { deadline: Time },
@@ -155,7 +156,7 @@ enum State {
 /// assert!(matches!(rank.events(), [RendezvousClientEvent::Failed(_)]));
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct RendezvousClient {
     cfg: RendezvousClientConfig,
     state: State,

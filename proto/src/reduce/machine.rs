@@ -17,7 +17,7 @@ use crate::wire::{
 };
 
 /// The reduce's configuration (plain data).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ReduceConfig {
     /// Ranks in the world, `0..world_size`.
     pub world_size: u32,
@@ -255,13 +255,13 @@ pub enum ReduceEvent {
     Stopped(ReduceStop),
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum HostState {
     Hello { deadline: Time },
     Joined { ranks: Vec<u32>, delivered: bool },
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Host {
     state: HostState,
     dec: MuxDecoder,
@@ -284,7 +284,7 @@ impl Host {
 }
 
 /// A host frame accepted into the round.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Entry {
     conn: ConnId,
     payload: Payload,
@@ -310,7 +310,7 @@ struct Entry {
 /// assert_eq!(dec.decode(&bytes, &key).unwrap().1, Some(MuxRecord::Control(RelayControlMsg::HelloAck)));
 /// assert!(matches!(reduce.poll(Time::ZERO), Some(Output::Event(ReduceEvent::HostJoined { .. }))));
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Reduce {
     cfg: ReduceConfig,
     hosts: BTreeMap<ConnId, Host>,
@@ -343,7 +343,9 @@ pub struct Reduce {
     round: u64,
     stopped: bool,
     out: Outbox<ReduceEvent>,
-    /// Where the MAC work runs ([`Reduce::run_macs_on`]).
+    /// Where the MAC work runs ([`Reduce::run_macs_on`]). Not state: a
+    /// snapshot restores the inline runner.
+    #[serde(skip, default = "crate::machine::snapshot::inline_macs")]
     macs: Arc<dyn MacRunner>,
 }
 

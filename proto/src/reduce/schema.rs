@@ -170,7 +170,7 @@ pub const ESTABLISHED_KEPT: usize = 16;
 
 /// The layouts earlier rounds settled on, the most recent few: what breaks
 /// a tie between the layouts of a round.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Established {
     seen: VecDeque<RoundSchema>,
 }

@@ -27,7 +27,7 @@ use crate::wire::{
 use crate::wire::{add_le, extend_f32_le};
 
 /// Where one tensor of a verified frame sits in its payload.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LaidTensor {
     /// Element type.
     pub dtype: Dtype,
@@ -40,7 +40,7 @@ pub struct LaidTensor {
 }
 
 /// A verified round frame's header and tensor positions.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FrameLayout {
     /// Model or Control.
     pub kind: RoundKind,
@@ -62,7 +62,7 @@ impl FrameLayout {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct LayoutSink {
     kind: RoundKind,
     weight: f64,
@@ -132,7 +132,7 @@ pub fn verify_layout(payload: &Payload, key: &MacKey, ceiling: u64) -> WireResul
 /// let (_, layout) = check.verify_held(held, &Inline).unwrap();
 /// assert_eq!(layout.unwrap().weight, 2.0);
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct LayoutCheck {
     dec: RoundDecoder,
     sink: LayoutSink,
@@ -141,7 +141,7 @@ pub struct LayoutCheck {
     state: CheckState,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum CheckState {
     Reading,
     /// The frame verified; `after` bytes followed it.
@@ -348,7 +348,7 @@ impl Consensus {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Slot {
     dtype: Dtype,
     shape: Vec<u32>,
@@ -373,7 +373,7 @@ struct Slot {
 /// let c = sum.finish().unwrap();
 /// assert_eq!((c.weight, c.tensors[0].values.clone()), (4.0, Some(vec![2.0, 4.0])));
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct RoundSum {
     kind: Option<RoundKind>,
     slots: Vec<Slot>,

@@ -123,7 +123,7 @@ pub(crate) fn reserve_clamped(v: &mut Vec<f32>, additional: usize, limit: usize)
 }
 
 /// One tensor slot of the round: its pinned schema and its running sum.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct TensorAcc {
     dtype: Option<Dtype>,
     shape: Vec<u32>,
@@ -185,7 +185,7 @@ impl TensorAcc {
 /// assert_eq!(host.weight, 4.0);
 /// assert_eq!(&host.tensors[0].bytes[..], &frame(&[11.0, 22.0], 0.0).tensors[0].bytes[..]);
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct RoundFold {
     /// Kind and tensor count, pinned by the first frame header this round.
     head: Option<(RoundKind, u32)>,
@@ -200,7 +200,7 @@ pub struct RoundFold {
 /// What the fold tracks of one in-flight frame: whether its bytes already
 /// reached the sum (then, should the frame fail, the sum is polluted), and
 /// whether it is held out of the sum for its layout.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FrameFold {
     /// Whether any of its tensor bytes were folded into the sum.
     pub touched: bool,
@@ -525,7 +525,7 @@ impl RoundSink for FoldSink<'_> {
 }
 
 /// Where one local rank stands in the current round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Seat {
     /// Out of the barrier for good (loopback gone or declared dead).
     pub dead: bool,
@@ -561,7 +561,7 @@ pub enum Admit {
 /// assert!(b.mark_dead(4)); // newly dead
 /// assert!(b.complete());
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Barrier {
     seats: BTreeMap<u32, Seat>,
     /// A rank waits for its round's consensus before its next frame

@@ -249,7 +249,7 @@ pub enum RelayEvent {
 }
 
 /// Counters for the embedding application.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RelayStats {
     /// Host frames shipped.
     pub rounds: u64,
@@ -263,7 +263,7 @@ pub struct RelayStats {
     pub dropped_dead_rank: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Mode {
     /// Between frames.
     Idle,
@@ -275,7 +275,7 @@ enum Mode {
     Skip,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Local {
     conn: Option<ConnId>,
     admitted: bool,
@@ -291,14 +291,14 @@ struct Local {
     deposit: Option<Deposit>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Deposit {
     weight: f64,
     kept: Vec<Bytes>,
     held: Option<Box<RoundSchema>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum Up {
     /// Waiting for every local rank before dialing.
     Waiting,
@@ -313,7 +313,7 @@ enum Up {
     Gone,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum Acc {
     Control(Acceptor<ControlHandshake>),
     Data(Acceptor<DataHandshake>),
@@ -352,7 +352,7 @@ impl Acc {
 }
 
 /// The data leg's round state.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct DataLeg {
     fold: RoundFold,
     barrier: Barrier,
@@ -405,7 +405,7 @@ enum FeedError {
 /// assert_eq!(relay.sent(up)[..4], Channel::Data.magic_bytes());
 /// # }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Relay {
     cfg: RelayConfig,
     acceptor: Acc,
@@ -428,9 +428,12 @@ pub struct Relay {
     stats: RelayStats,
     stopped: bool,
     out: Outbox<RelayEvent>,
-    /// Where the MAC work runs ([`Relay::run_macs_on`]).
+    /// Where the MAC work runs ([`Relay::run_macs_on`]). Not state: a
+    /// snapshot restores the inline runner.
+    #[serde(skip, default = "crate::machine::snapshot::inline_macs")]
     macs: Arc<dyn MacRunner>,
     /// A relay takes no commands: its journal stays empty.
+    #[serde(skip)]
     journal: Journal<NoCommand>,
 }
 

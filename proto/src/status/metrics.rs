@@ -100,7 +100,8 @@ pub const DETECTION_DELAY_BOUNDS: &[Duration] = &[
 /// A histogram over fixed bucket bounds: one counter per bound, a count and
 /// a sum. Observing is a short scan of the bounds and three integer adds;
 /// nothing allocates after [`Histogram::new`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "HistogramForm")]
 pub struct Histogram {
     bounds: &'static [Duration],
     /// `counts[i]`: observations in `(bounds[i-1], bounds[i]]` (not
@@ -108,6 +109,32 @@ pub struct Histogram {
     counts: Vec<u64>,
     count: u64,
     sum: Duration,
+}
+
+/// A [`Histogram`] as a snapshot holds it: its bounds by value, read back
+/// as the one of [`ROUND_LATENCY_BOUNDS`] and [`DETECTION_DELAY_BOUNDS`]
+/// they equal, with a counter per bound.
+#[derive(serde::Deserialize)]
+struct HistogramForm {
+    bounds: Vec<Duration>,
+    counts: Vec<u64>,
+    count: u64,
+    sum: Duration,
+}
+
+impl TryFrom<HistogramForm> for Histogram {
+    type Error = String;
+
+    fn try_from(f: HistogramForm) -> Result<Self, String> {
+        let bounds = [ROUND_LATENCY_BOUNDS, DETECTION_DELAY_BOUNDS]
+            .into_iter()
+            .find(|b| *b == f.bounds.as_slice())
+            .ok_or("a histogram over bounds this build does not have")?;
+        if f.counts.len() != bounds.len() {
+            return Err("a histogram whose counters do not match its bounds".into());
+        }
+        Ok(Histogram { bounds, counts: f.counts, count: f.count, sum: f.sum })
+    }
 }
 
 impl Histogram {

@@ -100,7 +100,7 @@ pub trait StatusBackend {
 }
 
 /// Request limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StatusLimits {
     /// The request head must be complete within this long after adoption.
     pub request_timeout: Duration,
@@ -320,7 +320,7 @@ fn start<B: StatusBackend + ?Sized>(req: Request<'_>, peer: Peer, backend: &mut 
     Reply::Armed { joined_ranks, min_rank_start }
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Pending {
     peer: Peer,
     buf: Vec<u8>,
@@ -329,7 +329,7 @@ struct Pending {
 
 /// The status responder's connection state. Its calls take the backend;
 /// [`StatusServer`] bundles one with a backend into a [`Machine`].
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct StatusResponder {
     limits: StatusLimits,
     pending: BTreeMap<ConnId, Pending>,

@@ -3,7 +3,7 @@
 use core::fmt;
 
 /// The framing a decoder was reading.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, serde::Serialize, serde::Deserialize)]
 pub enum FrameType {
     /// The 4-byte channel-select magic of a cross-host dial.
     ChannelSelect,
@@ -45,7 +45,7 @@ impl fmt::Display for FrameType {
 }
 
 /// What was wrong with the field.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Problem {
     /// A magic number did not match.
     Magic {
@@ -120,12 +120,14 @@ impl fmt::Display for Problem {
 /// assert_eq!(e.to_string(),
 ///     "control frame: payload_len: 4294967296 exceeds the limit 16777216 (rejected before allocating)");
 /// ```
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct WireError {
     /// The framing.
     pub frame: FrameType,
     /// The field at fault (`magic`, `payload_len`, `tag`, `shape`, ...).
-    pub field: &'static str,
+    // Spelled as a path: serde would otherwise borrow a `&str` from its input.
+    #[serde(with = "crate::machine::snapshot::static_str")]
+    pub field: &'static core::primitive::str,
     /// For per-tensor fields of a round frame, the tensor's index.
     pub index: Option<u32>,
     /// What was wrong.

@@ -29,7 +29,7 @@ pub enum LenStep<'a> {
     End,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum State {
     Prefix { buf: [u8; 4], have: usize },
     Body { remaining: usize },
@@ -41,7 +41,7 @@ enum State {
 /// Use [`LenDecoder::decode`] to collect whole blobs, or [`LenDecoder::step`]
 /// to stream each blob's bytes into another decoder as they arrive (the
 /// relay's fold does this, so a model-sized frame is never buffered).
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct LenDecoder {
     ceiling: u64,
     state: State,

@@ -144,10 +144,11 @@ fn outer_tag(outer: &[u32; 8], inner_digest: &[u32; 8]) -> u64 {
 }
 
 /// An incremental `mac64` computation.
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct MacState {
     state: [u32; 8],
     outer: [u32; 8],
+    #[serde(with = "crate::wire::byte_array")]
     buf: [u8; BLOCK],
     buf_len: usize,
     absorbed: u64,

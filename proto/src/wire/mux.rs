@@ -326,7 +326,7 @@ pub enum MuxDecoded {
 }
 
 /// A record whose payload is still arriving (boxed: rare, and large).
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Body {
     kind: u8,
     rank: u32,
@@ -338,6 +338,7 @@ struct Body {
     held: Option<Held>,
     /// A held record's last batch, hashing on the runner while the next
     /// arrives: `mac` and `held.frame` are placeholders until it is joined.
+    #[serde(with = "crate::machine::snapshot::idle")]
     inflight: Option<Inflight>,
     /// `None` while an oversized `Data` record is skipped.
     body: Option<PayloadBuilder>,
@@ -346,7 +347,7 @@ struct Body {
 }
 
 /// A held record's two MACs and how far each has hashed its payload.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Held {
     head: [u8; 17],
     /// Payload bytes the tag has absorbed.
@@ -410,7 +411,7 @@ enum Step {
     Held(Box<HeldFrame>),
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum State {
     Header { buf: [u8; MUX_HEADER_LEN], have: usize },
     Body(Box<Body>),
@@ -438,7 +439,7 @@ impl Default for State {
 /// }
 /// assert_eq!(got, vec![rec]);
 /// ```
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct MuxDecoder {
     ceiling: u64,
     state: State,

@@ -20,7 +20,7 @@ pub const SEGMENT: usize = 64 * 1024;
 /// assert_eq!(p.len(), 3);
 /// assert_eq!(&p.to_bytes()[..], b"abc");
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Payload {
     /// The only segment, when there is exactly one (the common case: no
     /// list is allocated for it).
@@ -195,7 +195,7 @@ pub(crate) fn segment_range(segments: &[Bytes], from: usize, to: usize) -> impl 
 }
 
 /// Gathers arriving bytes into a [`Payload`], allocating only as they arrive.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct PayloadBuilder {
     done: Payload,
     tail: BytesMut,

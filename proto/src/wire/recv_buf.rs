@@ -14,7 +14,7 @@ pub const GROW_STEP: usize = 64 * 1024;
 const KEEP_CAPACITY: usize = 256 * 1024;
 
 /// A byte queue for one connection's inbound stream.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RecvBuf {
     data: Vec<u8>,
     head: usize,

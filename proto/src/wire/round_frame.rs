@@ -20,7 +20,7 @@ use super::mac::{Inline, MacKey, MacRunner, MacState, MacTask, PendingMac};
 use super::mux::{FrameRecord, MUX_HEADER_LEN, RecordSigner};
 
 /// What a round carries: model parameters (averaged) or control sums (summed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub enum RoundKind {
     /// Summed, then divided once by the summed mass.
     #[default]
@@ -57,7 +57,7 @@ impl RoundKind {
 }
 
 /// One tensor's header, validated.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct TensorMeta {
     /// Element type.
     pub dtype: Dtype,
@@ -624,7 +624,7 @@ pub struct RoundDone {
     pub wire_len: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Stage {
     Magic,
     Count,
@@ -648,7 +648,7 @@ enum Stage {
 /// a frame once its footer verifies. Only small headers are buffered (at most
 /// 8 bytes at a time, plus up to 3 bytes of a split element); a verifier
 /// that gathers batches holds up to two of them.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct RoundDecoder {
     ceiling: u64,
     stage: Stage,
@@ -673,7 +673,7 @@ pub struct RoundDecoder {
 }
 
 /// How a [`RoundDecoder`] checks a frame's MAC (its footer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Verify {
     /// Hashed as the bytes are read, on the reading thread: no copy, one
     /// core.
@@ -704,7 +704,7 @@ impl Verify {
 }
 
 /// A decoder's MAC check, in the [`Verify`] way it was set to.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct Verifier {
     /// The way asked for, taken up when the next frame starts.
     how: Verify,
@@ -717,7 +717,7 @@ struct Verifier {
 }
 
 /// A verifier's state for the way it works now.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum MacWork {
     /// The frame's MAC, fed as bytes are read (`None` between frames).
     AsRead(Option<MacState>),
@@ -733,7 +733,7 @@ impl Default for MacWork {
 }
 
 /// A batching verifier's MAC input, gathered and hashed a batch at a time.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Batches {
     /// How much is gathered per batch.
     cap: usize,
@@ -743,6 +743,7 @@ struct Batches {
     staged: BytesMut,
     /// The last batch, hashing on the runner while the next is gathered,
     /// and its buffer.
+    #[serde(with = "crate::machine::snapshot::idle")]
     inflight: Option<(Box<dyn PendingMac>, Bytes)>,
     /// Drained buffers for the batches after this one.
     spares: Vec<BytesMut>,

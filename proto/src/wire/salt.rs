@@ -101,7 +101,7 @@ impl SessionSalt {
 /// assert_eq!(RunNonce::decode(&n.encode()), Ok(n));
 /// assert!(RunNonce::decode(b"CJNx0123456789abcdef").is_err());
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RunNonce([u8; SESSION_SALT_BYTES]);
 
 impl RunNonce {

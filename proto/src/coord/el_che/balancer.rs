@@ -15,7 +15,7 @@ use super::{
 };
 
 /// What one timing did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TimingOutcome {
     /// Whether it counted as a calibration (the counts were re-derived). It
     /// does not when no rank has a reading yet, or the anchor rank has none
@@ -43,7 +43,7 @@ pub struct TimingOutcome {
 /// assert_eq!(b.batch_counts(), &[10, 25]);
 /// assert_eq!(b.phase(), Phase::Warmup);
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Balancer {
     pub(super) world: usize,
     pub(super) anchor: u64,

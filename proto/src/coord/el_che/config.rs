@@ -12,7 +12,7 @@ use super::{DEFAULT_ANCHOR, DEFAULT_MAX_ANCHOR};
 /// its batch count) and whether the anchor may grow (not under `Sync`, which
 /// has no window to amortize). The plane decides which timing scale a window
 /// may feed (see [`ElCheMode::delivered_capable`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ElCheMode {
     /// NCCL plane, tightest cadence.
     NcclSync,

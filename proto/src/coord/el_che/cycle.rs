@@ -13,7 +13,7 @@ use super::window::{DivergenceSample, DivergenceSlots, WindowLedger, WindowRepor
 use super::{ElCheError, rank_index};
 
 /// What one averaging cycle decided.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CycleDecision {
     /// What the window's timing did; `None` for a window with no positive
     /// wall (nothing was reported).
@@ -75,7 +75,7 @@ pub struct CycleDecision {
 /// assert_eq!(e.anchor_rank(), Some(0));
 /// assert_eq!(e.batch_counts(), &[10, 40]);
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ElChe {
     mode: ElCheMode,
     relax_up: bool,

@@ -7,7 +7,7 @@ use super::{GROWTH_REARM_STABLE, GROWTH_STEP_CAP, NUDGE_FACTOR_RANGE, WARMUP_GRO
 
 /// What a convergence assessment asks of the anchor, whoever produced it
 /// (the guard or the meta-controller).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum AnchorVerdict {
     /// Convergence is clean: commit the staged growth and count toward
     /// re-arming; with `relax_up`, also relax the anchor up by one.

@@ -72,7 +72,7 @@ impl DivergenceReport {
 }
 
 /// A guard's reading of one reduce.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Verdict {
     /// No concern: growth may proceed.
     Stable,
@@ -97,7 +97,7 @@ pub enum Verdict {
 /// }
 /// assert_eq!(v, Verdict::SuppressGrowth);
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrendGuard {
     threshold: f64,
     history: VecDeque<f64>,
@@ -320,7 +320,7 @@ impl MsfGuard {
 }
 
 /// The configured guard.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Guard {
     /// Every verdict `Stable`.
     Off,

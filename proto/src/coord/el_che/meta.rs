@@ -15,7 +15,7 @@ pub const LR_CLIFF_BASE_FACTOR: f64 = 0.5;
 pub const SETTLED_EPSILON: f64 = 0.10;
 
 /// The meta-controller's settings (flodl's defaults via `Default`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LrMetaConfig {
     /// Learning rates kept (the last two give the drop).
     pub lr_window: usize,
@@ -45,7 +45,7 @@ impl Default for LrMetaConfig {
 }
 
 /// The meta-controller's recommendation for one cycle.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum MetaAction {
     /// Nothing.
     Noop,
@@ -76,7 +76,7 @@ pub enum MetaAction {
 /// // A 10x LR drop with a flat anchor: the cliff watcher halves the anchor.
 /// assert_eq!(m.observe(0.01, 10, Verdict::Stable, Phase::Stable), MetaAction::NudgeDown { factor: 0.5 });
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LrMeta {
     config: LrMetaConfig,
     lrs: VecDeque<f64>,

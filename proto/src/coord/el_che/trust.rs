@@ -22,7 +22,7 @@ use super::TRUST_WINDOW;
 /// for _ in 0..5 { w.observe(0.0, 0); } // five misses in a row
 /// assert_eq!(w.smoothed(), None);
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrustWindow {
     samples: [f64; TRUST_WINDOW],
     len: usize,

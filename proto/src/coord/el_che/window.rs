@@ -77,7 +77,7 @@ impl WindowReport {
 /// assert_eq!((l.delivered_ms(0), l.delivered_batches(0)), (20.0, 2));
 /// assert_eq!(l.fill_excess_ms(0), 5.0); // 15 - 20 / 2
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct WindowLedger {
     steps: Vec<u64>,
     wall_ms: Vec<f64>,
@@ -228,7 +228,7 @@ pub struct DivergenceSample {
 }
 
 /// The ranks' divergence evidence for the reduce in flight.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DivergenceSlots {
     divergence: Vec<Option<f64>>,
     pre_norm: Vec<Option<f64>>,
