@@ -315,10 +315,13 @@ mod tests {
 
     const CONTROLLER: &str = "10.0.0.1:7070";
 
+    /// A command run on a recorded machine, to run again on the restored one.
+    type Command<M> = Rc<dyn Fn(&mut M, Time)>;
+
     /// An input as a recorder keeps it (a command included).
     enum Fed<M> {
         Input { conn: Option<ConnId>, what: Owned },
-        Command(Rc<dyn Fn(&mut M, Time)>),
+        Command(Command<M>),
     }
 
     /// [`Input`] with its bytes owned.
@@ -403,7 +406,7 @@ mod tests {
 
         /// Runs a command on the machine (logged, to run again on the restored one).
         fn command(&mut self, now: Time, f: impl Fn(&mut M, Time) + 'static) {
-            let f: Rc<dyn Fn(&mut M, Time)> = Rc::new(f);
+            let f: Command<M> = Rc::new(f);
             if self.snap.is_some() {
                 self.steps.push(Step {
                     at: now,
