@@ -62,6 +62,10 @@ pub struct ReplayOptions {
     pub json: bool,
     /// Stop after the last entry at or before this instant.
     pub until: Option<Time>,
+    /// Print the node's books where the replay stopped: its whole state, as
+    /// JSON (the form a snapshot takes: for a controller its join window
+    /// and ledger, coordinator, ElChe and reduce rounds).
+    pub books: bool,
     /// Write the recorded run as a simulator scenario here (a controller's
     /// recording only; [`crate::replay_scenario`]).
     pub scenario: Option<PathBuf>,
@@ -96,25 +100,25 @@ pub fn run(path: &Path, opts: &ReplayOptions) -> i32 {
     let mut seen = Vec::new();
     let played = match header.node {
         NodeKind::Controller => {
-            let play = Play { reader: &mut reader, until, json, seen: &mut seen };
+            let play = Play { reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
             play.run(header.controller_node(), Source::Controller, ClusterEvent::Controller)
         }
         NodeKind::Agent => {
             let host = header.config::<HostConfig>(NodeKind::Agent).map(|c| c.offer.host);
             let source = host.map(|h| Source::Host(h.into()));
-            let play = Play { reader: &mut reader, until, json, seen: &mut seen };
+            let play = Play { reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
             source.and_then(|s| play.run(header.host_node(), s, ClusterEvent::Host))
         }
         NodeKind::Relay => {
             let cfg = header.config::<RelayConfig>(NodeKind::Relay);
             let source = cfg.map(|c| Source::Relay(c.host.into(), c.leg));
-            let play = Play { reader: &mut reader, until, json, seen: &mut seen };
+            let play = Play { reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
             source.and_then(|s| play.run(header.relay(), s, ClusterEvent::Relay))
         }
         NodeKind::Rank => {
             let cfg = header.config::<record::RankRecipe>(NodeKind::Rank);
             let source = cfg.map(|c| Source::Rank(c.config.rank));
-            let play = Play { reader: &mut reader, until, json, seen: &mut seen };
+            let play = Play { reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
             source.and_then(|s| play.run(header.rank_node(), s, ClusterEvent::Rank))
         }
     };
@@ -166,6 +170,7 @@ struct Play<'a> {
     reader: &'a mut Recording,
     until: Time,
     json: bool,
+    books: bool,
     seen: &'a mut Vec<Stamped>,
 }
 
@@ -179,10 +184,10 @@ impl Play<'_> {
         wrap: fn(M::Event) -> ClusterEvent,
     ) -> Result<Result<Replayed, ReplayError>, RecordError>
     where
-        M: Commanded,
+        M: Commanded + serde::Serialize,
         M::Event: Clone + std::fmt::Debug,
     {
-        let Play { reader, until, json, seen } = self;
+        let Play { reader, until, json, books, seen } = self;
         let mut node = built?;
         let mut narrator = Narrator::default();
         let mut last = Time::ZERO;
@@ -203,6 +208,16 @@ impl Play<'_> {
             for (node, l) in narrator.flush(Time::MAX) {
                 emit(human_line(last, &node, &l));
             }
+        }
+        if books {
+            let state =
+                serde_json::to_value(&node).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }));
+            let books = serde_json::json!({ "books": { "node": source.to_string(), "state": state } });
+            emit(if json {
+                books.to_string()
+            } else {
+                serde_json::to_string_pretty(&books).unwrap_or_default()
+            });
         }
         Ok(outcome)
     }

@@ -2188,6 +2188,41 @@ mod tests {
     }
 
     #[test]
+    fn under_payload_digests_a_long_chunk_is_kept_as_its_digest_and_the_replay_halts_there() {
+        let out = Shared::default();
+        let header = header().payload(PayloadMode::Digests { above: 4 });
+        let mut tap: Tap<String> = Tap::new(Recorder::new(out.clone(), &header).unwrap(), as_debug::<String>);
+        let (conn, t) = (ConnId(1), Time::from_millis);
+        let long = b"longer than four";
+        tap.input(t(1), &Input::Accepted { conn, peer: Peer::REMOTE });
+        tap.drained(t(1), None);
+        tap.input(t(2), &Input::Received { conn, bytes: b"abcd" });
+        // What a `Closer` does with its first bytes.
+        tap.output(&Output::Close { conn });
+        tap.output(&Output::Event(format!("closed {conn}")));
+        tap.drained(t(2), None);
+        tap.input(t(3), &Input::Accepted { conn: ConnId(2), peer: Peer::REMOTE });
+        tap.drained(t(3), None);
+        tap.input(t(3), &Input::Received { conn: ConnId(2), bytes: long });
+        tap.drained(t(3), None);
+        tap.stop(t(4));
+        let bytes = out.bytes();
+        let entries: Vec<Entry<'_>> = Reader::new(&bytes[..]).unwrap().map(|l| l.unwrap().entry).collect();
+        let kept = Recorded::Digested { conn: 2, len: long.len() as u64, digest: xxh3_64(long) };
+        assert_eq!(
+            entries[2],
+            Entry::Input {
+                at: t(2),
+                input: Recorded::Received { conn: 1, bytes: Payload(Cow::Owned(b"abcd".to_vec())) }
+            }
+        );
+        assert_eq!(entries[6], Entry::Input { at: t(3), input: kept });
+        let done = replay(&mut Closer::default(), &mut Reader::new(&bytes[..]).unwrap(), |_, _| {}).unwrap();
+        assert_eq!(done.halted, Some(Halt::Digest { index: 6, at: t(3) }));
+        assert_eq!((done.inputs, done.drains, done.outputs), (3, 3, 2), "everything before it replayed");
+    }
+
+    #[test]
     fn a_controller_header_rebuilds_its_configuration_and_metrics() {
         use cohort_proto::node::envelope::ControllerAddr;
         use cohort_proto::wire::SessionSalt;

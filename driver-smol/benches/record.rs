@@ -12,7 +12,8 @@
 //!   machine 64 KiB, round-robin over the ranks, so the recorder sees every
 //!   `Received` chunk as a driver feeds it; the host frame's write upstream
 //!   is counted and dropped): `off`; `on_whole`, every input recorded with
-//!   its bytes whole; `on_sink`, the same recorder writing into
+//!   its bytes whole; `on_digests`, received chunks over 16 KiB kept as
+//!   their digests (`PayloadMode::DIGESTS`); `on_sink`, the same recorder writing into
 //!   `std::io::sink()` behind the same 64 KiB `BufWriter` (the recorder's own
 //!   CPU cost, no file system: a reference line, not the measurement).
 //! - `record_disk/*`: the file system the recordings are written to:
@@ -98,8 +99,8 @@ fn record_dir() -> PathBuf {
 }
 
 /// A fresh recording to a file at `path` (replacing one there).
-fn recorder_at(path: &Path, built_at: Time) -> Recorder {
-    Recorder::create(path, &bench_header(PayloadMode::Whole, built_at)).expect("the recording file")
+fn recorder_at(path: &Path, payload: PayloadMode, built_at: Time) -> Recorder {
+    Recorder::create(path, &bench_header(payload, built_at)).expect("the recording file")
 }
 
 /// A recording into nothing, behind the same buffer a file gets.
@@ -175,7 +176,7 @@ fn heartbeat() -> Bytes {
 fn serve_echo(record: Option<PathBuf>) -> ! {
     let mut node = Node::new(Echo::default(), Config::default());
     if let Some(path) = record {
-        node.record(recorder_at(&path, Time::ZERO));
+        node.record(recorder_at(&path, PayloadMode::Whole, Time::ZERO));
     }
     let mut echo = ThreadNode::of_node(node, true, smol::block_on);
     println!("{}", echo.addr());
@@ -218,7 +219,7 @@ impl Drop for EchoChild {
 fn pinger(addr: &str, frame: &Bytes, record: Option<&Path>) -> ThreadNode<Pinger> {
     let mut node = Node::new(Pinger::new(addr.to_owned(), frame.clone()), Config::default());
     if let Some(path) = record {
-        node.record(recorder_at(path, Time::ZERO));
+        node.record(recorder_at(path, PayloadMode::Whole, Time::ZERO));
     }
     let mut p = ThreadNode::of_node(node, false, smol::block_on);
     assert_eq!(p.next_machine_event(), PingerEvent::Ready);
@@ -386,6 +387,8 @@ impl Io for MemIo {
 enum Rec {
     Off,
     File,
+    /// To a file, received chunks over 16 KiB as their digests.
+    Digests,
     Sink,
 }
 
@@ -413,7 +416,8 @@ impl RelayRig {
         let now = clock.now();
         match rec {
             Rec::Off => {}
-            Rec::File => engine.record(recorder_at(&path, now)),
+            Rec::File => engine.record(recorder_at(&path, PayloadMode::Whole, now)),
+            Rec::Digests => engine.record(recorder_at(&path, PayloadMode::DIGESTS, now)),
             Rec::Sink => engine.record(recorder_to_sink(now)),
         }
         engine.settle(now);
@@ -444,7 +448,8 @@ impl RelayRig {
         let now = self.clock.now();
         match self.rec {
             Rec::Off => {}
-            Rec::File => self.engine.record(recorder_at(&self.path, now)),
+            Rec::File => self.engine.record(recorder_at(&self.path, PayloadMode::Whole, now)),
+            Rec::Digests => self.engine.record(recorder_at(&self.path, PayloadMode::DIGESTS, now)),
             Rec::Sink => self.engine.record(recorder_to_sink(now)),
         }
     }
@@ -527,6 +532,7 @@ struct RelayBench {
     consensus: Bytes,
     off: RelayRig,
     on_whole: RelayRig,
+    on_digests: RelayRig,
     on_sink: RelayRig,
 }
 
@@ -541,12 +547,13 @@ impl RelayBench {
         let mut b = RelayBench {
             off: RelayRig::new(Rec::Off, path.clone()),
             on_whole: RelayRig::new(Rec::File, path.clone()),
+            on_digests: RelayRig::new(Rec::Digests, dir.join("relay-digests.rec")),
             on_sink: RelayRig::new(Rec::Sink, path),
             frames,
             consensus,
         };
         // Warm each accumulator; check a recording holds every byte.
-        for rig in [&mut b.off, &mut b.on_whole, &mut b.on_sink] {
+        for rig in [&mut b.off, &mut b.on_whole, &mut b.on_digests, &mut b.on_sink] {
             rig.rounds(2, &b.frames, &b.consensus);
         }
         let up = b.off.up;
@@ -565,17 +572,20 @@ fn bench_relay(c: &mut Criterion, b: &mut RelayBench) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5));
     g.throughput(Throughput::Bytes((K * FRAME) as u64));
-    let RelayBench { frames, consensus, off, on_whole, on_sink } = b;
-    for (name, rig) in [("off", off), ("on_whole", on_whole), ("on_sink", on_sink)] {
+    let RelayBench { frames, consensus, off, on_whole, on_digests, on_sink } = b;
+    for (name, rig) in
+        [("off", off), ("on_whole", on_whole), ("on_digests", on_digests), ("on_sink", on_sink)]
+    {
         g.bench_function(name, |b| b.iter_custom(|iters| rig.rounds(iters, frames, consensus)));
     }
     g.finish();
 }
 
 fn paired_relay(b: &mut RelayBench) {
-    let RelayBench { frames, consensus, off, on_whole, on_sink } = b;
+    let RelayBench { frames, consensus, off, on_whole, on_digests, on_sink } = b;
     for (title, on) in [
         ("record_relay_k4_64mib on_whole (file) vs off, one round", &mut *on_whole),
+        ("record_relay_k4_64mib on_digests (file) vs off, one round", &mut *on_digests),
         ("record_relay_k4_64mib on_sink vs off, one round", &mut *on_sink),
     ] {
         if wanted(title) {

@@ -111,6 +111,12 @@ struct ReplayArgs {
     /// recording's clock, as the timeline prints them).
     #[arg(long, value_name = "SECS", value_parser = args::seconds)]
     until: Option<Duration>,
+    /// After the replay (at --until, or the end), print the node's books:
+    /// its whole state as JSON (a controller's join window and ledger,
+    /// coordinator, ElChe and reduce rounds; an agent's, relay's or rank's
+    /// own). Secret: it holds the session key.
+    #[arg(long)]
+    books: bool,
     /// Write the recorded run as a cohort-sim scenario to OUT (a
     /// controller's recording): its hosts and their join instants, its
     /// knobs, and the faults its deaths answered; then ask the simulator
@@ -509,6 +515,7 @@ fn main() {
             &replay_tool::ReplayOptions {
                 json: r.json,
                 until: r.until.map(Time::after),
+                books: r.books,
                 scenario: r.scenario,
             },
         ),

@@ -139,6 +139,35 @@ fn a_recorded_demo_replays_with_no_divergence_and_prints_the_live_controllers_ti
     );
     assert!(stdout.contains(&dead_line), "{dead_line}\n{}", text(&out));
 
+    // Up to the death and no further, and the controller's books there:
+    // the dead rank's end is known at the death's instant, not just before.
+    let death = dead["t"].as_f64().expect("an instant");
+    let ended_at = |t: f64| {
+        let out =
+            cohort(&["replay", rec.to_str().expect("UTF-8"), "--json", "--books", "--until", &t.to_string()]);
+        assert!(out.status.success(), "{}", text(&out));
+        let lines = json_lines(&out);
+        let summary = &lines[lines.len() - 1]["replay"];
+        assert_eq!(summary["halted"]["until"].as_f64(), Some(t), "{summary}");
+        let books = &lines[lines.len() - 2]["books"];
+        assert_eq!(books["node"], "controller", "{books}");
+        assert!(lines[..lines.len() - 2].iter().all(|l| l["t"].as_f64().is_some_and(|at| at <= t)));
+        books["state"]["ended"].clone()
+    };
+    let killed = summary_of_demo_killed(&live);
+    assert!(ended_at(death).as_array().expect("a set").contains(&Value::from(killed)), "at the death");
+    assert!(!ended_at(death - 0.001).as_array().expect("a set").contains(&Value::from(killed)), "before it");
+
+    // The recorded run as a simulator scenario: the death as its fault.
+    let scenario = dir.join("scenario.json");
+    let out =
+        cohort(&["replay", rec.to_str().expect("UTF-8"), "--scenario", scenario.to_str().expect("UTF-8")]);
+    assert!(out.status.success(), "{}", text(&out));
+    let scenario: Value =
+        serde_json::from_str(&std::fs::read_to_string(&scenario).expect("the scenario")).expect("JSON");
+    assert_eq!(scenario["faults"][0]["kill_rank"], killed, "{scenario}");
+    assert_eq!(scenario["hosts"].as_array().map(Vec::len), Some(2), "{scenario}");
+
     // Every node of every host was recorded too, and each replays with no
     // divergence, its events those the live node reported at the same
     // instants (the host's own notes and exit reports are not the
