@@ -88,6 +88,7 @@ use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
@@ -939,6 +940,8 @@ struct Background {
     /// Written chunks, back for reuse (no allocation in the steady state).
     spare: mpsc::Receiver<Vec<u8>>,
     error: Arc<Mutex<Option<io::Error>>>,
+    /// Whether `error` holds one (read on every write without a lock).
+    erred: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -952,7 +955,8 @@ impl Background {
         let (to_disk, from_node) = mpsc::sync_channel::<Chunk>(CHUNKS_IN_FLIGHT);
         let (to_node, spare) = mpsc::channel();
         let error = Arc::new(Mutex::new(None));
-        let failed = Arc::clone(&error);
+        let erred = Arc::new(AtomicBool::new(false));
+        let (failed, flag) = (Arc::clone(&error), Arc::clone(&erred));
         let name =
             format!("record {}", path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into()));
         let thread = std::thread::Builder::new().name(name).spawn(move || {
@@ -968,6 +972,7 @@ impl Background {
                 };
                 if let Err(e) = done {
                     *failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                    flag.store(true, Ordering::Release);
                     return;
                 }
             }
@@ -977,11 +982,15 @@ impl Background {
             to_disk: Some(to_disk),
             spare,
             error,
+            erred,
             thread: Some(thread),
         })
     }
 
     fn failed(&self) -> io::Result<()> {
+        if !self.erred.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match self.error.lock().unwrap_or_else(PoisonError::into_inner).take() {
             Some(e) => Err(e),
             None => Ok(()),
