@@ -139,7 +139,8 @@ fn recorded(ranks: usize, loopback: bool, metrics: bool) -> Vec<u8> {
     r.input(Input::Received { conn: ConnId(1), bytes: z });
     r.advance(5);
     r.input(Input::Accepted { conn: ConnId(2), peer: Peer::LOOPBACK });
-    let get: &[u8] = if metrics { b"GET /metrics HTTP/1.1\r\n\r\n" } else { b"GET /state.json HTTP/1.1\r\n\r\n" };
+    let get: &[u8] =
+        if metrics { b"GET /metrics HTTP/1.1\r\n\r\n" } else { b"GET /state.json HTTP/1.1\r\n\r\n" };
     r.input(Input::Received { conn: ConnId(2), bytes: get });
     r.advance(10);
     r.input(Input::Closed { conn: ConnId(2), cause: CloseCause::Eof, unsent: 0 });
