@@ -47,7 +47,8 @@
 
 use std::time::Duration;
 
-use cohort_driver_core::record::{Header, NodeKind, RankRecipe, RecordOptions};
+use cohort_driver_core::record::{Header, NodeKind, RankRecipe, RecordOptions, SnapshotFn};
+use cohort_proto::machine::Snapshot;
 
 use cohort_driver_mio::{Clock, Config, NodeEvent, Runner};
 use cohort_proto::config::TimeoutScale;
@@ -287,7 +288,8 @@ pub fn spec_from_env(opts: &RankOptions) -> Result<RankSpec, StartError> {
 pub fn main(opts: &RankOptions, json: bool) -> i32 {
     main_recorded(opts, json, |spec| {
         let (trainer, cfg) = synthetic_with_config(spec, opts);
-        (trainer, opts.record.clone().map(|dir| (dir, cfg)))
+        let snapshot: SnapshotFn<RankNode<Trainer>> = <RankNode<Trainer> as Snapshot>::snapshot;
+        (trainer, opts.record.clone().map(|dir| (dir, cfg, snapshot)))
     })
 }
 
@@ -302,12 +304,12 @@ pub fn main_with<W: Workload>(opts: &RankOptions, json: bool, make: impl FnOnce(
 }
 
 /// Where a rank's recording goes and what rebuilds its workload.
-type Recipe = Option<(RecordOptions, WorkloadConfig)>;
+type Recipe<W> = Option<(RecordOptions, WorkloadConfig, SnapshotFn<RankNode<W>>)>;
 
 fn main_recorded<W: Workload>(
     opts: &RankOptions,
     json: bool,
-    make: impl FnOnce(&mut RankSpec) -> (W, Recipe),
+    make: impl FnOnce(&mut RankSpec) -> (W, Recipe<W>),
 ) -> i32 {
     let mut spec = match spec_from_env(opts) {
         Ok(s) => s,
@@ -366,7 +368,7 @@ pub fn run<W: Workload>(spec: &RankSpec, workload: W, on_event: impl FnMut(&Stam
 fn run_recorded<W: Workload>(
     spec: &RankSpec,
     workload: W,
-    recipe: Recipe,
+    recipe: Recipe<W>,
     mut on_event: impl FnMut(&Stamped),
 ) -> Result<i32, String> {
     let clock = Clock::start();
@@ -374,21 +376,23 @@ fn run_recorded<W: Workload>(
     let mut uid = [0u8; UID_BYTES];
     getrandom::fill(&mut uid).map_err(|e| format!("no OS randomness for an NCCL id: {e}"))?;
     let (cfg, built_at) = (spec.rank_config(uid), clock.now());
-    let recorder = match recipe {
-        Some((opts, workload)) => {
+    let (recorder, snapshot) = match recipe {
+        Some((opts, workload, snapshot)) => {
             let recipe = RankRecipe { config: cfg.clone(), workload };
             let made = Header::new(NodeKind::Rank, &recipe, built_at, false)
                 .and_then(|h| opts.recorder(&format!("rank-{r}"), h));
-            Some(made.map_err(|e| e.to_string())?)
+            (Some(made.map_err(|e| e.to_string())?), Some(snapshot))
         }
-        None => None,
+        None => (None, None),
     };
     let node = RankNode::new(cfg, workload, built_at);
     let config = Config::scaled(spec.timeout_scale).for_frame_ceiling(spec.ceiling);
     let mut runner =
         Runner::with_clock(node, config, clock).map_err(|e| format!("starting the rank's driver: {e}"))?;
     if let Some(rec) = recorder {
-        runner.driver().record(rec);
+        // A synthetic rank can be written down: a bounded recording's
+        // segments start from its snapshots.
+        runner.driver().record_using(rec, snapshot);
     }
     let source = Source::Rank(r);
     let mut emit = |at, event| on_event(&Stamped { at, source: source.clone(), event });

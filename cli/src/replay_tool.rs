@@ -24,9 +24,13 @@ use std::time::Instant;
 use std::fs::File;
 use std::io::BufReader;
 
-use cohort_driver_core::record::{self, Halt, NodeKind, Reader, RecordError, ReplayError, Replayed};
+use cohort_driver_core::record::{
+    self, Entry, Halt, Located, NodeKind, Problem, Reader, RecordError, ReplayError, Replayed,
+};
 use cohort_proto::display::Thousands;
 use cohort_proto::machine::Commanded;
+use cohort_proto::machine::Snapshot;
+use cohort_proto::node::controller::ControllerNode;
 use cohort_proto::node::host::HostConfig;
 use cohort_proto::relay::RelayConfig;
 use cohort_proto::{Machine, Time};
@@ -100,26 +104,32 @@ pub fn run(path: &Path, opts: &ReplayOptions) -> i32 {
     let mut seen = Vec::new();
     let played = match header.node {
         NodeKind::Controller => {
-            let play = Play { reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
-            play.run(header.controller_node(), Source::Controller, ClusterEvent::Controller)
+            let play = Play { path, reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
+            // A restored controller serves `/metrics` again if it did.
+            let fix = |c: &mut ControllerNode, h: &record::Header| {
+                if h.metrics {
+                    c.serve_metrics(cohort_driver_core::metrics::prometheus());
+                }
+            };
+            play.run(header.controller_node(), fix, Source::Controller, ClusterEvent::Controller)
         }
         NodeKind::Agent => {
             let host = header.config::<HostConfig>(NodeKind::Agent).map(|c| c.offer.host);
             let source = host.map(|h| Source::Host(h.into()));
-            let play = Play { reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
-            source.and_then(|s| play.run(header.host_node(), s, ClusterEvent::Host))
+            let play = Play { path, reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
+            source.and_then(|s| play.run(header.host_node(), |_, _| {}, s, ClusterEvent::Host))
         }
         NodeKind::Relay => {
             let cfg = header.config::<RelayConfig>(NodeKind::Relay);
             let source = cfg.map(|c| Source::Relay(c.host.into(), c.leg));
-            let play = Play { reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
-            source.and_then(|s| play.run(header.relay(), s, ClusterEvent::Relay))
+            let play = Play { path, reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
+            source.and_then(|s| play.run(header.relay(), |_, _| {}, s, ClusterEvent::Relay))
         }
         NodeKind::Rank => {
             let cfg = header.config::<record::RankRecipe>(NodeKind::Rank);
             let source = cfg.map(|c| Source::Rank(c.config.rank));
-            let play = Play { reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
-            source.and_then(|s| play.run(header.rank_node(), s, ClusterEvent::Rank))
+            let play = Play { path, reader: &mut reader, until, json, books: opts.books, seen: &mut seen };
+            source.and_then(|s| play.run(header.rank_node(), |_, _| {}, s, ClusterEvent::Rank))
         }
     };
     let outcome = match played {
@@ -167,6 +177,7 @@ type Recording = Reader<BufReader<File>>;
 /// One replay's plumbing: where it reads, when it stops, how it prints,
 /// and the events it saw (for `--scenario`).
 struct Play<'a> {
+    path: &'a Path,
     reader: &'a mut Recording,
     until: Time,
     json: bool,
@@ -175,23 +186,37 @@ struct Play<'a> {
 }
 
 impl Play<'_> {
-    /// Replays into the node `built`, printing each event as the live
-    /// node's `source` printed it.
+    /// Replays into the node `built` (or, if the recording is a later
+    /// segment of a bounded one, the node its first entry wrote down, then
+    /// `fix`ed), printing each event as the live node's `source` printed
+    /// it, and on into the segments that follow it.
     fn run<M>(
         self,
         built: Result<M, RecordError>,
+        fix: fn(&mut M, &record::Header),
         source: Source,
         wrap: fn(M::Event) -> ClusterEvent,
     ) -> Result<Result<Replayed, ReplayError>, RecordError>
     where
-        M: Commanded + serde::Serialize,
+        M: Commanded + Snapshot + serde::Serialize,
         M::Event: Clone + std::fmt::Debug,
     {
-        let Play { reader, until, json, books, seen } = self;
-        let mut node = built?;
+        let Play { path, reader, until, json, books, seen } = self;
+        let mut node = match reader.peek()? {
+            Some(Located { entry: Entry::Snapshot { state, .. }, offset, .. }) => {
+                let mut n = M::restore(&state.0).map_err(|e| RecordError {
+                    offset: *offset,
+                    expected: "the machine's snapshot, where this segment starts".into(),
+                    problem: Problem::Malformed(e.to_string()),
+                })?;
+                fix(&mut n, reader.header());
+                n
+            }
+            _ => built?,
+        };
         let mut narrator = Narrator::default();
         let mut last = Time::ZERO;
-        let outcome = record::replay_until(&mut node, reader, until, |at, e: &<M as Machine>::Event| {
+        let mut on_event = |at, e: &<M as Machine>::Event| {
             last = at;
             let s = Stamped { at, source: source.clone(), event: wrap(e.clone()) };
             let line = narrator.describe(&s);
@@ -203,7 +228,22 @@ impl Play<'_> {
                 }
             }
             seen.push(s);
-        });
+        };
+        let mut total = Replayed::default();
+        let mut outcome = record::replay_until(&mut node, reader, until, &mut on_event);
+        let mut at = path.to_path_buf();
+        // A segment that ends without the stop goes on in the next one.
+        while let Ok(done) = &outcome
+            && done.stopped.is_none()
+            && done.halted.is_none()
+            && let Some(next) = record::next_segment(&at).filter(|n| n.exists())
+        {
+            total = sum(total, *done);
+            let mut more = Reader::open(&next)?;
+            outcome = record::replay_until(&mut node, &mut more, until, &mut on_event);
+            at = next;
+        }
+        let outcome = outcome.map(|d| sum(total, d));
         if !json {
             for (node, l) in narrator.flush(Time::MAX) {
                 emit(human_line(last, &node, &l));
@@ -220,6 +260,20 @@ impl Play<'_> {
             });
         }
         Ok(outcome)
+    }
+}
+
+/// Two segments' replays as one.
+fn sum(a: Replayed, b: Replayed) -> Replayed {
+    Replayed {
+        entries: a.entries + b.entries,
+        inputs: a.inputs + b.inputs,
+        commands: a.commands + b.commands,
+        drains: a.drains + b.drains,
+        outputs: a.outputs + b.outputs,
+        bytes: a.bytes + b.bytes,
+        stopped: b.stopped,
+        halted: b.halted,
     }
 }
 

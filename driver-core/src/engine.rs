@@ -111,7 +111,7 @@ use cohort_proto::machine::Commanded;
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 
 use crate::queue::OutQueue;
-use crate::record::{Recorder, Recording};
+use crate::record::{Recorder, Recording, SnapshotFn};
 use crate::timers::Timers;
 use crate::{Config, NodeEvent};
 
@@ -369,7 +369,19 @@ impl<M: Machine, I: Io> Engine<M, I> {
         M: Commanded,
         M::Event: fmt::Debug,
     {
-        self.tap = Some(Recording::new(&mut self.machine, recorder));
+        self.tap = Some(Recording::new(&mut self.machine, recorder, None));
+    }
+
+    /// [`Engine::record`], and a bounded recording
+    /// ([`crate::record::RecordOptions::max_bytes`]) starts each new segment
+    /// from a `snapshot` of the machine (`Some(<M as Snapshot>::snapshot)`;
+    /// without one it cannot start a new segment and grows past its bound).
+    pub fn record_using(&mut self, recorder: Recorder, snapshot: Option<SnapshotFn<M>>)
+    where
+        M: Commanded,
+        M::Event: fmt::Debug,
+    {
+        self.tap = Some(Recording::new(&mut self.machine, recorder, snapshot));
     }
 
     /// Whether a recording is being made.

@@ -67,7 +67,7 @@ use program::ProgramRanks;
 use crate::chan;
 use crate::macs::deployed_relay;
 pub use crate::node::{Hook, Instants, Job};
-use crate::record::{Header, NodeKind, RankRecipe, RecordOptions, Recorder};
+use crate::record::{Header, NodeKind, RankRecipe, RecordOptions, Recorder, SnapshotFn};
 use crate::{Clock, Config, NodeEvent, Stopped};
 
 /// One node for a [`Spawn`] to start.
@@ -86,13 +86,35 @@ pub struct Launch<M: Machine> {
     pub hook: Hook<M>,
     /// A flight recording of the machine from its start ([`crate::record`]).
     pub record: Option<Recorder>,
+    /// How to write the machine down, for a bounded recording's segments
+    /// ([`Launch::snapshots`]).
+    pub snapshot: Option<SnapshotFn<M>>,
 }
 
 impl<M: Machine> Launch<M> {
     /// `machine` as a node named `name`, its events to `hook`; no listener,
     /// no recording.
     pub fn new(name: impl Into<String>, machine: M, config: Config, clock: Clock, hook: Hook<M>) -> Self {
-        Launch { name: name.into(), machine, config, clock, listener: None, hook, record: None }
+        Launch {
+            name: name.into(),
+            machine,
+            config,
+            clock,
+            listener: None,
+            hook,
+            record: None,
+            snapshot: None,
+        }
+    }
+
+    /// A bounded recording starts each segment from a snapshot of the
+    /// machine ([`crate::record::RecordOptions::max_bytes`]).
+    pub fn snapshots(mut self) -> Self
+    where
+        M: cohort_proto::machine::Snapshot,
+    {
+        self.snapshot = Some(<M as cohort_proto::machine::Snapshot>::snapshot);
+        self
     }
 
     /// Serves `listener`.
@@ -681,8 +703,10 @@ impl<S: Spawn> Starter<S> {
         let record = self.recorder(&format!("relay-{}", format!("{leg:?}").to_lowercase()), || {
             Header::new(NodeKind::Relay, &relay_cfg, self.params.clock.now(), false)
         })?;
-        let launch =
-            Launch::new(name, relay, config, self.params.clock, hook).listener(listener).record(record);
+        let launch = Launch::new(name, relay, config, self.params.clock, hook)
+            .listener(listener)
+            .record(record)
+            .snapshots();
         let node = self.spawner.spawn(launch).map_err(|e| e.to_string())?;
         lock(&self.nodes).relays.push(node);
         self.note(now, format!("relay {leg:?} listening on {addr}"));
@@ -798,7 +822,8 @@ impl<S: Spawn> WorkerHost<S> {
             forward(&*starter.sink, when.event_at, &source, e, ClusterEvent::Host);
             ControlFlow::Continue(())
         });
-        let launch = Launch::new(format!("{name}/agent"), host, config, clock, hook).record(record);
+        let launch =
+            Launch::new(format!("{name}/agent"), host, config, clock, hook).record(record).snapshots();
         let handle = spawner.spawn(launch)?;
         if agent.set(handle).is_err() {
             unreachable!("the agent's cell is set once, here");

@@ -218,6 +218,19 @@ where
         self.core.engine.record(recorder);
     }
 
+    /// [`Node::record`], a bounded recording's segments starting from
+    /// `snapshot`s of the machine ([`crate::engine::Engine::record_using`]).
+    pub fn record_using(
+        &mut self,
+        recorder: crate::record::Recorder,
+        snapshot: Option<crate::record::SnapshotFn<M>>,
+    ) where
+        M: cohort_proto::machine::Commanded,
+        M::Event: fmt::Debug,
+    {
+        self.core.engine.record_using(recorder, snapshot);
+    }
+
     /// Runs `f` on the machine before the node starts (outputs are carried
     /// out once it runs).
     pub fn with<T>(&mut self, f: impl FnOnce(&mut M, Time) -> T) -> T {

@@ -83,7 +83,7 @@
 //! measured overhead.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, Read, Write};
@@ -92,7 +92,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
-use cohort_proto::machine::Commanded;
+use cohort_proto::machine::{Commanded, Snapshot};
 use cohort_proto::node::controller::{ControllerConfig, ControllerNode};
 use cohort_proto::node::host::HostNode;
 use cohort_proto::node::rank::{RankConfig, RankNode};
@@ -184,6 +184,10 @@ impl PayloadMode {
     pub const DIGESTS: PayloadMode = PayloadMode::Digests { above: 16 << 10 };
 }
 
+/// How a recording writes its machine down for a bounded recording's next
+/// segment: `<M as Snapshot>::snapshot` (`None` at an instant it cannot be).
+pub type SnapshotFn<M> = fn(&M) -> Option<Vec<u8>>;
+
 /// Where and how a program records its nodes: each node to `<name>.rec`
 /// in a directory, its received chunks kept as [`PayloadMode`] says.
 ///
@@ -199,12 +203,28 @@ pub struct RecordOptions {
     pub dir: PathBuf,
     /// How received chunks are kept.
     pub payload: PayloadMode,
+    /// Bound each node's recording to about this many bytes: written in
+    /// [`SEGMENTS`] segments (`<name>.000000.rec`, `<name>.000001.rec`,
+    /// ...), the oldest removed first, each after the first starting from a
+    /// snapshot of the machine so it replays on its own. `None`: one file,
+    /// `<name>.rec`, unbounded.
+    pub max_bytes: Option<u64>,
 }
 
+/// How many segments a bounded recording keeps at most (about).
+pub const SEGMENTS: u64 = 4;
+
 impl RecordOptions {
-    /// Whole payloads into `dir`.
+    /// Whole payloads into `dir`, unbounded.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        RecordOptions { dir: dir.into(), payload: PayloadMode::Whole }
+        RecordOptions { dir: dir.into(), payload: PayloadMode::Whole, max_bytes: None }
+    }
+
+    /// Bounds each recording to about `bytes` ([`RecordOptions::max_bytes`]).
+    #[must_use]
+    pub fn max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = Some(bytes);
+        self
     }
 
     /// Received chunks kept as `payload` says.
@@ -214,9 +234,33 @@ impl RecordOptions {
         self
     }
 
-    /// Where the node `name` is recorded.
+    /// Where the node `name` is recorded (its first segment, if bounded).
     pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}.rec"))
+        match self.max_bytes {
+            None => self.dir.join(format!("{name}.rec")),
+            Some(_) => segment_path(&self.dir, name, 0),
+        }
+    }
+
+    /// The oldest recording of the node `name` still on disk: the file, or
+    /// a bounded recording's oldest kept segment (where `cohort replay`
+    /// starts).
+    pub fn oldest(&self, name: &str) -> Option<PathBuf> {
+        if self.max_bytes.is_none() {
+            return Some(self.path(name)).filter(|p| p.exists());
+        }
+        let prefix = format!("{name}.");
+        std::fs::read_dir(&self.dir)
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name().and_then(|f| f.to_str()).is_some_and(|f| {
+                    f.strip_prefix(&prefix)
+                        .and_then(|rest| rest.strip_suffix(".rec"))
+                        .is_some_and(|seq| seq.len() == 6 && seq.bytes().all(|b| b.is_ascii_digit()))
+                })
+            })
+            .min()
     }
 
     /// Starts recording the node `name` under `header` (its payload mode
@@ -229,8 +273,53 @@ impl RecordOptions {
         let path = self.path(name);
         let named = |e: io::Error| io::Error::new(e.kind(), format!("recording to {}: {e}", path.display()));
         std::fs::create_dir_all(&self.dir).map_err(named)?;
-        Recorder::create(&path, &header.payload(self.payload)).map_err(named)
+        let header = header.payload(self.payload);
+        let mut rec = Recorder::create(&path, &header).map_err(named)?;
+        if let Some(max) = self.max_bytes {
+            rec.rotation = Some(Rotation {
+                dir: self.dir.clone(),
+                name: name.to_owned(),
+                header,
+                seq: 0,
+                limit: (max / SEGMENTS).max(1),
+                max,
+                start: 0,
+                kept: VecDeque::from([(path, 0)]),
+            });
+        }
+        Ok(rec)
     }
+}
+
+/// Segment `seq` of the bounded recording of `name` in `dir`.
+pub fn segment_path(dir: &Path, name: &str, seq: u64) -> PathBuf {
+    dir.join(format!("{name}.{seq:06}.rec"))
+}
+
+/// The segment after `path`'s, if `path` is a segment of a bounded
+/// recording (`<name>.NNNNNN.rec`).
+pub fn next_segment(path: &Path) -> Option<PathBuf> {
+    let file = path.file_name()?.to_str()?.strip_suffix(".rec")?;
+    let (name, seq) = file.rsplit_once('.')?;
+    let seq: u64 = seq.parse().ok().filter(|_| seq.len() == 6)?;
+    Some(segment_path(path.parent()?, name, seq + 1))
+}
+
+/// A bounded recording's segments ([`RecordOptions::max_bytes`]).
+struct Rotation {
+    dir: PathBuf,
+    name: String,
+    /// Every segment's header.
+    header: Header,
+    seq: u64,
+    /// A segment's size, past which the next one starts.
+    limit: u64,
+    max: u64,
+    /// The recorder's byte count where this segment started.
+    start: u64,
+    /// The segments on disk and their sizes, oldest first (the last is
+    /// the one being written: its size is not counted yet).
+    kept: VecDeque<(PathBuf, u64)>,
 }
 
 impl<P: Into<PathBuf>> From<P> for RecordOptions {
@@ -616,6 +705,14 @@ pub enum Entry<'a> {
         /// The instant.
         at: Time,
     },
+    /// The machine's whole state ([`Snapshot`]) where a segment of a
+    /// bounded recording starts: its first entry, after the header.
+    Snapshot {
+        /// The instant of the entry before it.
+        at: Time,
+        /// The machine's snapshot.
+        state: Payload<'a>,
+    },
 }
 
 impl Entry<'_> {
@@ -625,6 +722,7 @@ impl Entry<'_> {
             Entry::Input { at, .. }
             | Entry::Outputs { at, .. }
             | Entry::Command { at, .. }
+            | Entry::Snapshot { at, .. }
             | Entry::Stop { at } => *at,
         }
     }
@@ -715,6 +813,8 @@ pub struct Recorder {
     owed: bool,
     /// How received chunks are kept.
     payload: PayloadMode,
+    /// Segments, when bounded.
+    rotation: Option<Rotation>,
     last_at: Time,
     flushed_at: Time,
     failed: bool,
@@ -737,11 +837,7 @@ impl Recorder {
     /// # Errors
     /// If the file cannot be created or the header written.
     pub fn create(path: &Path, header: &Header) -> io::Result<Recorder> {
-        let mut open = OpenOptions::new();
-        open.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
-        let file = open.open(path)?;
+        let file = OpenOptions::new().write(true).create(true).truncate(true).mode_owner_only().open(path)?;
         Recorder::new(Background::new(file, path)?, header)
     }
 
@@ -751,21 +847,12 @@ impl Recorder {
     /// If the header cannot be written.
     pub fn new(out: impl Write + Send + 'static, header: &Header) -> io::Result<Recorder> {
         let mut out: Box<dyn Write + Send> = Box::new(out);
-        let head = bincode::serde::encode_to_vec(header, writing()).map_err(io::Error::other)?;
-        let len = u32::try_from(head.len()).ok().filter(|&l| l <= MAX_HEADER_BYTES).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a {}-byte header is over the bound", head.len()),
-            )
-        })?;
-        out.write_all(&MAGIC)?;
-        out.write_all(&VERSION.to_le_bytes())?;
-        out.write_all(&len.to_le_bytes())?;
-        out.write_all(&head)?;
+        let bytes = write_head(&mut out, header)?;
         Ok(Recorder {
             out,
             scratch: Vec::new(),
-            bytes: PREFIX + u64::from(len),
+            rotation: None,
+            bytes,
             entries: 0,
             digest: Digest::default(),
             owed: false,
@@ -774,6 +861,55 @@ impl Recorder {
             flushed_at: header.built_at,
             failed: false,
         })
+    }
+
+    /// Whether the next segment of a bounded recording is due, and the
+    /// machine may be written down here (no drain owed).
+    pub(crate) fn wants_roll(&self) -> bool {
+        !self.failed && !self.owed && self.rotation.as_ref().is_some_and(|r| self.bytes - r.start >= r.limit)
+    }
+
+    /// Ends this segment and starts the next from the machine's `state`;
+    /// removes the oldest segments while the rest are over the bound.
+    pub(crate) fn roll(&mut self, state: &[u8]) {
+        let Some(r) = self.rotation.as_mut() else { return };
+        let seq = r.seq + 1;
+        let path = segment_path(&r.dir, &r.name, seq);
+        let made = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode_owner_only()
+            .open(&path)
+            .and_then(|file| Background::new(file, &path))
+            .and_then(|w| {
+                let mut out: Box<dyn Write + Send> = Box::new(w);
+                write_head(&mut out, &r.header).map(|head| (out, head))
+            });
+        let (out, head) = match made {
+            Ok(m) => m,
+            Err(e) => return self.fail(&e),
+        };
+        // The old segment is written out and closed as it is dropped.
+        drop(std::mem::replace(&mut self.out, out));
+        if let Some(last) = r.kept.back_mut() {
+            last.1 = self.bytes - r.start;
+        }
+        r.seq = seq;
+        r.start = self.bytes;
+        r.kept.push_back((path, 0));
+        let mut total: u64 = r.kept.iter().map(|(_, b)| b).sum();
+        while r.kept.len() > 1 && total > r.max {
+            if let Some((old, bytes)) = r.kept.pop_front() {
+                total -= bytes;
+                if let Err(e) = std::fs::remove_file(&old) {
+                    tracing::warn!(error = %e, file = %old.display(), "could not remove an old segment");
+                }
+            }
+        }
+        self.bytes += head;
+        let at = self.last_at;
+        self.write(&Entry::Snapshot { at, state: Payload(Cow::Borrowed(state)) });
     }
 
     /// A controller's recording to a new file at `path` ([`Recorder::create`]
@@ -922,6 +1058,32 @@ impl Drop for Recorder {
     }
 }
 
+/// Writes a recording's magic, version and `header`; its byte count.
+fn write_head(out: &mut dyn Write, header: &Header) -> io::Result<u64> {
+    let head = bincode::serde::encode_to_vec(header, writing()).map_err(io::Error::other)?;
+    let len = u32::try_from(head.len()).ok().filter(|&l| l <= MAX_HEADER_BYTES).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, format!("a {}-byte header is over the bound", head.len()))
+    })?;
+    out.write_all(&MAGIC)?;
+    out.write_all(&VERSION.to_le_bytes())?;
+    out.write_all(&len.to_le_bytes())?;
+    out.write_all(&head)?;
+    Ok(PREFIX + u64::from(len))
+}
+
+/// Opens a recording readable and writable by its owner only (on unix).
+trait OwnerOnly {
+    fn mode_owner_only(&mut self) -> &mut Self;
+}
+
+impl OwnerOnly for OpenOptions {
+    fn mode_owner_only(&mut self) -> &mut Self {
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600);
+        self
+    }
+}
+
 /// How many bytes [`Background`] hands its thread at a time.
 const CHUNK: usize = 1 << 20;
 
@@ -1052,34 +1214,50 @@ impl Drop for Background {
     }
 }
 
+/// Takes a machine's journal into its tap (starting a segment first if due).
+type JournalFn<M> = fn(&mut M, &mut Tap<<M as Machine>::Event>, Option<SnapshotFn<M>>);
+
 /// What an engine holds while recording: the [`Tap`], and how to take the
 /// commands its machine ran ([`Commanded`]) into it.
 pub(crate) struct Recording<M: Machine> {
     pub(crate) tap: Tap<M::Event>,
-    journal: fn(&mut M, &mut Tap<M::Event>),
+    journal: JournalFn<M>,
+    /// How to write the machine down for a bounded recording's next
+    /// segment ([`Snapshot::snapshot`]), if it can be.
+    snapshot: Option<SnapshotFn<M>>,
 }
 
 impl<M: Machine> Recording<M> {
     /// A recording of `machine` to `rec`; from now on the machine keeps
     /// its journal of commands.
-    pub(crate) fn new(machine: &mut M, rec: Recorder) -> Self
+    pub(crate) fn new(machine: &mut M, rec: Recorder, snapshot: Option<SnapshotFn<M>>) -> Self
     where
         M: Commanded,
         M::Event: fmt::Debug,
     {
         machine.journal().keep();
-        fn journal<M: Commanded>(m: &mut M, tap: &mut Tap<M::Event>) {
-            for (at, c) in m.journal().take() {
+        fn journal<M: Commanded>(m: &mut M, tap: &mut Tap<M::Event>, snapshot: Option<SnapshotFn<M>>) {
+            let commands = m.journal().take();
+            // A new segment starts where nothing is owed: no command
+            // waiting to be written, no drain (its state is whole).
+            if commands.is_empty()
+                && tap.rec.wants_roll()
+                && let Some(state) = snapshot.and_then(|f| f(m))
+            {
+                tap.rec.roll(&state);
+            }
+            for (at, c) in commands {
                 tap.command(at, &c);
             }
         }
-        Recording { tap: Tap::new(rec, as_debug::<M::Event>), journal: journal::<M> }
+        Recording { tap: Tap::new(rec, as_debug::<M::Event>), journal: journal::<M>, snapshot }
     }
 
-    /// Writes the commands `machine` ran since the last entry: called
-    /// before every input, drain and the stop, so each lands in order.
+    /// Writes the commands `machine` ran since the last entry (first
+    /// starting a bounded recording's next segment, if due): called before
+    /// every input, drain and the stop, so each lands in order.
     pub(crate) fn commands(&mut self, machine: &mut M) {
-        (self.journal)(machine, &mut self.tap);
+        (self.journal)(machine, &mut self.tap, self.snapshot);
     }
 }
 
@@ -1208,6 +1386,8 @@ pub struct Reader<R> {
     index: u64,
     buf: Vec<u8>,
     done: bool,
+    /// An entry read by [`Reader::peek`] and not yet taken.
+    pending: Option<Located>,
 }
 
 impl Reader<BufReader<File>> {
@@ -1300,7 +1480,7 @@ impl<R: Read> Reader<R> {
         if used != buf.len() {
             return Err(malformed(format!("{} bytes after it", buf.len() - used)));
         }
-        Ok(Reader { r, header, offset: PREFIX + u64::from(len), index: 0, buf, done: false })
+        Ok(Reader { r, header, offset: PREFIX + u64::from(len), index: 0, buf, done: false, pending: None })
     }
 
     /// The header.
@@ -1320,6 +1500,25 @@ impl<R: Read> Reader<R> {
     /// A [`RecordError`] naming the entry's offset: truncated, a length
     /// over [`MAX_ENTRY_BYTES`], or bytes that are not an entry.
     pub fn next_entry(&mut self) -> Result<Option<Located>, RecordError> {
+        match self.pending.take() {
+            Some(p) => Ok(Some(p)),
+            None => self.read_entry(),
+        }
+    }
+
+    /// The next entry, without taking it (a bounded recording's segment
+    /// starts with the machine's [`Entry::Snapshot`]: build from it).
+    ///
+    /// # Errors
+    /// As [`Reader::next_entry`].
+    pub fn peek(&mut self) -> Result<Option<&Located>, RecordError> {
+        if self.pending.is_none() {
+            self.pending = self.read_entry()?;
+        }
+        Ok(self.pending.as_ref())
+    }
+
+    fn read_entry(&mut self) -> Result<Option<Located>, RecordError> {
         let (index, offset) = (self.index, self.offset);
         let at = |expected: String, problem| RecordError { offset, expected, problem };
         let have = read_up_to(&mut self.r, &mut self.buf, 4)
@@ -1596,9 +1795,32 @@ struct Book {
     closable: BTreeSet<u64>,
     /// Dials asked for and not yet answered, by id (a count each).
     dials: BTreeMap<u32, u32>,
+    /// The replay starts from a snapshot, mid-run: a connection or dial
+    /// first heard of was opened or asked for before it.
+    mid_run: bool,
 }
 
 impl Book {
+    /// Under [`Book::mid_run`], books what `input` shows was there before.
+    fn before(&mut self, input: &Recorded<'_>) {
+        match input {
+            Recorded::Received { conn, .. }
+            | Recorded::Digested { conn, .. }
+            | Recorded::Closed { conn, .. }
+                if self.seen.insert(*conn) =>
+            {
+                self.open.insert(*conn);
+                self.closable.insert(*conn);
+            }
+            Recorded::Connected { dial, .. } | Recorded::DialFailed { dial }
+                if !self.dials.contains_key(dial) =>
+            {
+                self.dials.insert(*dial, 1);
+            }
+            _ => {}
+        }
+    }
+
     fn fresh(&mut self, conn: u64) -> Result<(), String> {
         if self.seen.insert(conn) {
             self.open.insert(conn);
@@ -1622,6 +1844,9 @@ impl Book {
 
     /// Checks `input` and books it.
     fn take(&mut self, input: &Recorded<'_>) -> Result<(), String> {
+        if self.mid_run {
+            self.before(input);
+        }
         match input {
             Recorded::Accepted { conn, .. } => self.fresh(*conn),
             Recorded::Connected { dial, conn } => {
@@ -1691,7 +1916,7 @@ pub fn replay<M, R>(
     on_event: impl FnMut(Time, &M::Event),
 ) -> Result<Replayed, ReplayError>
 where
-    M: Commanded,
+    M: Commanded + Snapshot,
     M::Event: fmt::Debug,
     R: Read,
 {
@@ -1710,7 +1935,7 @@ pub fn replay_until<M, R>(
     mut on_event: impl FnMut(Time, &M::Event),
 ) -> Result<Replayed, ReplayError>
 where
-    M: Commanded,
+    M: Commanded + Snapshot,
     M::Event: fmt::Debug,
     R: Read,
 {
@@ -1789,6 +2014,15 @@ where
                 machine.command(at, command);
                 done.commands += 1;
                 after = Some(Fed { index, offset, at, input: said });
+            }
+            Entry::Snapshot { .. } => {
+                // Where a segment of a bounded recording starts: the caller
+                // built the machine from it (the first segment replayed), or
+                // has replayed up to it. (Not compared byte for byte: what a
+                // machine keeps while its MACs run elsewhere differs from
+                // inline, its outputs do not.) The connections and dials of
+                // before are unknown to the book.
+                book.mid_run = true;
             }
             Entry::Stop { at } => {
                 done.stopped = Some(at);
@@ -2051,6 +2285,15 @@ mod tests {
         }
     }
 
+    impl Snapshot for Closer {
+        fn snapshot(&self) -> Option<Vec<u8>> {
+            None
+        }
+        fn restore(_: &[u8]) -> Result<Self, cohort_proto::machine::SnapshotError> {
+            Err(cohort_proto::machine::SnapshotError::Decode("a test machine".into()))
+        }
+    }
+
     impl Machine for Closer {
         type Event = String;
         fn handle(&mut self, _: Time, input: Input<'_>) {
@@ -2126,12 +2369,12 @@ mod tests {
 
     /// A live `Closer` recorded as an engine records it: conn 1 accepted,
     /// then told (a command, at 5 ms) to close it; replayed into `into`.
-    fn commanded_into<M: Commanded<Command = u64, Event = String>>(
+    fn commanded_into<M: Commanded<Command = u64, Event = String> + Snapshot>(
         into: &mut M,
     ) -> Result<(Replayed, Vec<String>), ReplayError> {
         let out = Shared::default();
         let mut live = Closer::default();
-        let mut rec = Recording::new(&mut live, Recorder::new(out.clone(), &header()).unwrap());
+        let mut rec = Recording::new(&mut live, Recorder::new(out.clone(), &header()).unwrap(), None);
         let t = Time::from_millis;
         rec.commands(&mut live);
         rec.tap.input(t(1), &Input::Accepted { conn: ConnId(1), peer: Peer::REMOTE });
@@ -2185,6 +2428,15 @@ mod tests {
         }
         fn poll_timeout(&self) -> Option<Time> {
             None
+        }
+    }
+
+    impl Snapshot for Deaf<'_> {
+        fn snapshot(&self) -> Option<Vec<u8>> {
+            None
+        }
+        fn restore(_: &[u8]) -> Result<Self, cohort_proto::machine::SnapshotError> {
+            Err(cohort_proto::machine::SnapshotError::Decode("a test machine".into()))
         }
     }
 

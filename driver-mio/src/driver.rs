@@ -59,7 +59,7 @@ use mio::{Interest, Registry, Token};
 
 use cohort_driver_core::engine::{Connect, Drained, Engine, Io, Occupant, attempt_addr};
 use cohort_driver_core::listener::Listener;
-use cohort_driver_core::record::Recorder;
+use cohort_driver_core::record::{Recorder, SnapshotFn};
 use cohort_driver_core::{Clock, Config, NodeEvent};
 
 /// The mio tokens a driver may use: `start` for its listener, the rest for
@@ -307,6 +307,16 @@ impl<M: Machine> Driver<M> {
         M::Event: std::fmt::Debug,
     {
         self.engine.record(recorder);
+    }
+
+    /// [`Driver::record`], a bounded recording's segments starting from
+    /// `snapshot`s of the machine (`Engine::record_using`).
+    pub fn record_using(&mut self, recorder: Recorder, snapshot: Option<SnapshotFn<M>>)
+    where
+        M: cohort_proto::machine::Commanded,
+        M::Event: std::fmt::Debug,
+    {
+        self.engine.record_using(recorder, snapshot);
     }
 
     /// Runs a command on the machine (`f` gets the machine and the current

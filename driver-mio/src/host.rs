@@ -13,6 +13,7 @@ use cohort_driver_core::host::{self, ClusterEvents, EventSink, HostParams, clust
 use cohort_driver_core::node::{Events, block_on, events};
 use cohort_driver_core::record::{Header, RecordOptions};
 use cohort_driver_core::{Clock, Config};
+use cohort_proto::machine::Snapshot;
 use cohort_proto::node::cluster::{ClusterEvent, Source};
 use cohort_proto::node::controller::{
     ControllerBuilder, ControllerConfig, ControllerNode, ControllerNodeEvent,
@@ -184,7 +185,7 @@ fn start_controller_on(
     let mut runner = Runner::with_clock(node, config, clock)?;
     runner.driver().adopt_listener(listener)?;
     if let Some(r) = recorder {
-        runner.driver().record(r);
+        runner.driver().record_using(r, Some(<ControllerNode as Snapshot>::snapshot));
     }
     NodeThread::spawn("controller", runner, move |d, e| {
         // Stamped with the instant the controller produced it (a replay's).

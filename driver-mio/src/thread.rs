@@ -271,10 +271,10 @@ impl Spawn for Spawner {
         M: Commanded + Send + 'static,
         M::Event: fmt::Debug + Send + 'static,
     {
-        let Launch { name, machine, config, clock, listener, mut hook, record } = launch;
+        let Launch { name, machine, config, clock, listener, mut hook, record, snapshot } = launch;
         let mut runner = Runner::with_clock(machine, config, clock)?;
         if let Some(r) = record {
-            runner.driver().record(r);
+            runner.driver().record_using(r, snapshot);
         }
         if let Some(l) = listener {
             runner.driver().adopt_listener(l)?;

@@ -31,10 +31,10 @@ impl Spawn for Spawner {
         M: Commanded + Send + 'static,
         M::Event: fmt::Debug + Send + 'static,
     {
-        let Launch { machine, config, clock, listener, hook, record, .. } = launch;
+        let Launch { machine, config, clock, listener, hook, record, snapshot, .. } = launch;
         let mut node = Node::with_clock(machine, config, clock);
         if let Some(r) = record {
-            node.record(r);
+            node.record_using(r, snapshot);
         }
         if let Some(l) = listener {
             node.adopt_listener(l)?;

@@ -144,6 +144,14 @@ struct RecordArgs {
     /// replay re-runs the node up to the first such chunk).
     #[arg(long, value_enum, default_value_t = RecordPayload::Whole, requires = "record")]
     record_payload: RecordPayload,
+    /// Bound each node's recording to about BYTES: it is written in four
+    /// segments (NAME.000000.rec, NAME.000001.rec, ...), the oldest removed
+    /// first, each later one starting from a snapshot of the node, so
+    /// `cohort replay` of the oldest kept segment replays from there to the
+    /// end. A rank running inside `cohort agent` cannot be written down and
+    /// is not bounded.
+    #[arg(long, value_name = "BYTES", requires = "record")]
+    record_max_bytes: Option<u64>,
 }
 
 /// `--record-payload`.
@@ -162,7 +170,13 @@ impl RecordArgs {
             RecordPayload::Whole => PayloadMode::Whole,
             RecordPayload::Digests => PayloadMode::DIGESTS,
         };
-        self.record.as_ref().map(|dir| RecordOptions::new(dir).payload(payload))
+        self.record.as_ref().map(|dir| {
+            let opts = RecordOptions::new(dir).payload(payload);
+            match self.record_max_bytes {
+                Some(max) => opts.max_bytes(max),
+                None => opts,
+            }
+        })
     }
 }
 

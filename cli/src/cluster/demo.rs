@@ -197,7 +197,9 @@ pub struct DemoReport {
     pub check: CheckSummary,
     /// The NCCL plane's check, when the run averaged over NCCL.
     pub nccl: Option<NcclSummary>,
-    /// The controller's recording and its size once flushed, when one was made.
+    /// The controller's recording (a bounded one's oldest kept segment:
+    /// where `cohort replay` starts) and its size once flushed, when one
+    /// was made.
     pub recording: Option<(PathBuf, u64)>,
     /// Wall time, start to teardown.
     pub wall: Duration,
@@ -438,7 +440,7 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
     // chunk-pool dispatch, where a dead rank's chunks go back to the pool).
     cfg.run.progressive = Some(false);
     cfg.metrics = Some(cohort_driver_core::metrics::prometheus());
-    let recording = opts.record.as_ref().map(|r| r.path("controller"));
+    let record = opts.record.clone();
     let controller = match &opts.record {
         Some(rec) => spawn_recorded_controller(cfg, listener, config.clone(), clock, sink.clone(), rec)
             .map_err(|e| format!("controller on {addr}: {e}"))?,
@@ -563,7 +565,7 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
         check: summary,
         nccl: (opts.knobs.backend == Backend::Nccl).then(|| nccl.finish()),
         // Flushed by the controller's clean stop.
-        recording: recording.map(|p| {
+        recording: record.and_then(|r| r.oldest("controller")).map(|p| {
             let bytes = std::fs::metadata(&p).map_or(0, |m| m.len());
             (p, bytes)
         }),

@@ -308,6 +308,58 @@ fn one_flipped_byte_of_a_received_frame_diverges_at_that_entry_and_a_cut_file_is
 }
 
 #[test]
+fn a_recording_cut_by_its_size_bound_replays_from_its_first_kept_segment() {
+    let dir = scratch("bounded");
+    let out = cohort(&[
+        "demo",
+        "--epochs",
+        "2",
+        "--samples-per-epoch",
+        "400",
+        "--batch-ms",
+        "5",
+        "--kill-rank-at",
+        "0.25",
+        "--json",
+        "--record",
+        dir.to_str().expect("UTF-8"),
+        "--record-max-bytes",
+        "40000",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let live = json_lines(&out);
+    let summary = live.last().expect("the demo's summary");
+    assert_eq!(summary["ok"], true, "{summary}");
+    // The controller's first segments were removed; the oldest kept one
+    // starts from a snapshot of the controller.
+    assert!(!dir.join("controller.000000.rec").exists(), "the oldest segment is gone");
+    let first = PathBuf::from(summary["recording"].as_str().expect("a recording"));
+    let kept: Vec<_> = std::fs::read_dir(&dir)
+        .expect("the directory")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "rec"))
+        .collect();
+    let bytes: u64 = kept.iter().map(|p| std::fs::metadata(p).expect("a segment").len()).sum();
+    assert!(kept.len() >= 2 && bytes <= 40000 + 20000, "{} segments, {bytes} bytes: {kept:?}", kept.len());
+    let entries = entries(&first);
+    assert!(matches!(entries[0].entry, Entry::Snapshot { .. }), "{:?}", entries[0]);
+    // It replays from there, on through the later segments, to the clean
+    // stop, with no divergence, and its events are the live controller's
+    // last ones.
+    let out = cohort(&["replay", first.to_str().expect("UTF-8"), "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let lines = json_lines(&out);
+    let (replay, got) = lines.split_last().expect("a summary");
+    let replay = &replay["replay"];
+    assert_eq!(replay["divergences"], 0, "{replay}");
+    assert!(replay["stopped_at"].is_number(), "on to the clean stop: {replay}");
+    let want = controller_events(&live);
+    assert!(!got.is_empty() && got.len() < want.len(), "{} of {}", got.len(), want.len());
+    assert_eq!(got, &want[want.len() - got.len()..]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_command_run_on_a_recorded_controller_is_replayed_at_its_instant() {
     let dir = scratch("command");
     let rec = dir.join("controller.rec");
