@@ -521,14 +521,16 @@ impl<M: Machine, I: Io> Engine<M, I> {
                     Output::Event(e) => self.events.push_back((now, NodeEvent::Machine(e))),
                 }
             }
-            if let Some(r) = &mut self.tap {
-                r.tap.drained(now, self.machine.poll_timeout());
-            }
+            // The bytes leave before the recording notes the drain (a
+            // recorder is never on the way out); a flush only queues reports.
             while let Some(slot) = self.dirty.pop() {
                 if let Some(Some(Entry::Conn(c))) = self.slots.get_mut(slot) {
                     c.dirty = false;
                     self.flush(slot, now);
                 }
+            }
+            if let Some(r) = &mut self.tap {
+                r.tap.drained(now, self.machine.poll_timeout());
             }
             let Some(report) = self.reports.pop_front() else { break };
             if self.shutting_down {

@@ -59,7 +59,10 @@
 //! decision, up to the first such chunk and stops there ([`Halt::Digest`]),
 //! since the machine cannot be fed bytes that were not kept. Control-sized
 //! traffic (the join window, heartbeats, the coordinator's messages) stays
-//! whole under the default bound.
+//! whole under the default bound. Past a segment's first digested chunk,
+//! where every replay of it has halted, a drain's digest covers each
+//! transmit's connection and length but not its bytes (hashing a relay's
+//! 64 MiB host frame would cost the node more than any replay could use).
 //!
 //! **The digest** is XXH3-64 (seed 0), a specified hash that runs near
 //! memory speed, over each output's kind, connection or dial, and bytes
@@ -86,6 +89,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::fs::{File, OpenOptions};
+use std::hash::Hasher as _;
 use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,7 +105,7 @@ use cohort_proto::relay::Relay;
 use cohort_proto::wire::decode_exact;
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+use twox_hash::XxHash3_64;
 
 /// The first 8 bytes of every recording.
 pub const MAGIC: [u8; 8] = *b"COHORTFR";
@@ -734,7 +738,7 @@ impl Entry<'_> {
 /// hash's stability.
 #[derive(Clone, Default)]
 pub struct Digest {
-    hasher: Xxh3,
+    hasher: XxHash3_64,
     count: u32,
 }
 
@@ -746,11 +750,11 @@ impl fmt::Debug for Digest {
 }
 
 /// `Debug` text streamed into a hasher.
-struct HashWriter<'a>(&'a mut Xxh3);
+struct HashWriter<'a>(&'a mut XxHash3_64);
 
 impl fmt::Write for HashWriter<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.0.update(s.as_bytes());
+        self.0.write(s.as_bytes());
         Ok(())
     }
 }
@@ -758,37 +762,46 @@ impl fmt::Write for HashWriter<'_> {
 impl Digest {
     /// Adds one output; `event` shows an event as the machine's `Debug`.
     pub fn add<E>(&mut self, out: &Output<E>, event: fn(&E) -> &dyn fmt::Debug) {
+        self.add_kept(out, event, true);
+    }
+
+    /// [`Digest::add`], a transmit's bytes hashed only if `bytes` (past a
+    /// recording's first digested chunk no replay checks them: see the
+    /// [module documentation](self)).
+    fn add_kept<E>(&mut self, out: &Output<E>, event: fn(&E) -> &dyn fmt::Debug, bytes: bool) {
         self.count = self.count.saturating_add(1);
         let h = &mut self.hasher;
         match out {
-            Output::Transmit { conn, bytes } => {
-                h.update(&[0]);
-                h.update(&conn.0.to_le_bytes());
-                h.update(&(bytes.len() as u64).to_le_bytes());
-                h.update(bytes);
+            Output::Transmit { conn, bytes: sent } => {
+                h.write(&[0]);
+                h.write(&conn.0.to_le_bytes());
+                h.write(&(sent.len() as u64).to_le_bytes());
+                if bytes {
+                    h.write(sent);
+                }
             }
             Output::Dial { dial, addr } => {
-                h.update(&[1]);
-                h.update(&dial.0.to_le_bytes());
-                h.update(&(addr.len() as u64).to_le_bytes());
-                h.update(addr.as_bytes());
+                h.write(&[1]);
+                h.write(&dial.0.to_le_bytes());
+                h.write(&(addr.len() as u64).to_le_bytes());
+                h.write(addr.as_bytes());
             }
             Output::Close { conn } => {
-                h.update(&[2]);
-                h.update(&conn.0.to_le_bytes());
+                h.write(&[2]);
+                h.write(&conn.0.to_le_bytes());
             }
             Output::Event(e) => {
-                h.update(&[3]);
+                h.write(&[3]);
                 // Writing into a hasher cannot fail.
                 let _ = fmt::write(&mut HashWriter(h), format_args!("{:?}", event(e)));
-                h.update(&[0xff]);
+                h.write(&[0xff]);
             }
         }
     }
 
     /// The count and hash so far.
     pub fn finish(&self) -> (u32, u64) {
-        (self.count, self.hasher.digest())
+        (self.count, self.hasher.finish())
     }
 }
 
@@ -818,6 +831,9 @@ pub struct Recorder {
     last_at: Time,
     flushed_at: Time,
     failed: bool,
+    /// This segment holds a [`Recorded::Digested`] chunk: no replay of it
+    /// checks a transmit's bytes from here on.
+    past_digest: bool,
 }
 
 impl fmt::Debug for Recorder {
@@ -860,6 +876,7 @@ impl Recorder {
             last_at: header.built_at,
             flushed_at: header.built_at,
             failed: false,
+            past_digest: false,
         })
     }
 
@@ -898,6 +915,8 @@ impl Recorder {
         r.seq = seq;
         r.start = self.bytes;
         r.kept.push_back((path, 0));
+        // A replay of the new segment runs from its snapshot to its own first digested chunk.
+        self.past_digest = false;
         let mut total: u64 = r.kept.iter().map(|(_, b)| b).sum();
         while r.kept.len() > 1 && total > r.max {
             if let Some((old, bytes)) = r.kept.pop_front() {
@@ -999,9 +1018,13 @@ impl Recorder {
         match input {
             Input::Received { conn, bytes } if matches!(self.payload, PayloadMode::Digests { above } if bytes.len() > above as usize) =>
             {
-                let kept =
-                    Recorded::Digested { conn: conn.0, len: bytes.len() as u64, digest: xxh3_64(bytes) };
+                let kept = Recorded::Digested {
+                    conn: conn.0,
+                    len: bytes.len() as u64,
+                    digest: XxHash3_64::oneshot(bytes),
+                };
                 self.write(&Entry::Input { at, input: kept });
+                self.past_digest = true;
             }
             // The bytes written from where they lie (one copy fewer).
             Input::Received { conn, bytes } if !bytes.is_empty() => {
@@ -1278,7 +1301,7 @@ impl<E> Tap<E> {
 
     pub(crate) fn output(&mut self, out: &Output<E>) {
         if !self.rec.failed {
-            self.rec.digest.add(out, self.event);
+            self.rec.digest.add_kept(out, self.event, !self.rec.past_digest);
         }
     }
 
@@ -2469,7 +2492,7 @@ mod tests {
         tap.stop(t(4));
         let bytes = out.bytes();
         let entries: Vec<Entry<'_>> = Reader::new(&bytes[..]).unwrap().map(|l| l.unwrap().entry).collect();
-        let kept = Recorded::Digested { conn: 2, len: long.len() as u64, digest: xxh3_64(long) };
+        let kept = Recorded::Digested { conn: 2, len: long.len() as u64, digest: XxHash3_64::oneshot(long) };
         assert_eq!(
             entries[2],
             Entry::Input {
@@ -2481,6 +2504,81 @@ mod tests {
         let done = replay(&mut Closer::default(), &mut Reader::new(&bytes[..]).unwrap(), |_, _| {}).unwrap();
         assert_eq!(done.halted, Some(Halt::Digest { index: 6, at: t(3) }));
         assert_eq!((done.inputs, done.drains, done.outputs), (3, 3, 2), "everything before it replayed");
+    }
+
+    #[test]
+    fn the_digest_is_xxh3_64_with_seed_0_on_every_path() {
+        // XXH3-64's published value for no bytes, and one past its 240-byte
+        // short path (where the SIMD loop runs); recordings written by any
+        // build must keep these.
+        let long: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+        assert_eq!(XxHash3_64::oneshot(b""), 0x2d06_8005_38d3_94c2);
+        assert_eq!(XxHash3_64::oneshot(&long), 0xd440_52f5_a348_5425);
+        let mut streamed = XxHash3_64::default();
+        long.chunks(7).for_each(|c| streamed.write(c));
+        assert_eq!(streamed.finish(), 0xd440_52f5_a348_5425);
+    }
+
+    /// The drain digests kept of a tap that sends `sent` on conn 1 before a
+    /// digested chunk, after it, and (if `roll`) after starting a new
+    /// segment, in a payload-digests recording bounded to 256 bytes.
+    fn digests_around_a_digested_chunk(sent: &'static [u8], roll: bool) -> Vec<u64> {
+        let dir =
+            std::env::temp_dir().join(format!("cohort-record-past-digest-{}-{roll}", std::process::id()));
+        let opts = RecordOptions {
+            dir: dir.clone(),
+            payload: PayloadMode::Digests { above: 4 },
+            max_bytes: Some(256),
+        };
+        let mut tap: Tap<String> = Tap::new(opts.recorder("n", header()).unwrap(), as_debug::<String>);
+        let (conn, t) = (ConnId(1), Time::from_millis);
+        let send = |tap: &mut Tap<String>, at| {
+            tap.input(at, &Input::Timeout);
+            tap.output(&Output::Transmit { conn, bytes: bytes::Bytes::from_static(sent) });
+            tap.drained(at, None);
+        };
+        send(&mut tap, t(1));
+        tap.input(t(2), &Input::Received { conn, bytes: b"longer than four" });
+        tap.drained(t(2), None);
+        send(&mut tap, t(3));
+        if roll {
+            tap.rec.bytes += 1 << 10;
+            assert!(tap.rec.wants_roll());
+            tap.rec.roll(b"state");
+        }
+        send(&mut tap, t(4));
+        drop(tap);
+        let mut digests = Vec::new();
+        let mut path = opts.oldest("n");
+        while let Some(p) = path.filter(|p| p.exists()) {
+            let bytes = std::fs::read(&p).unwrap();
+            for l in Reader::new(&bytes[..]).unwrap() {
+                if let Entry::Outputs { digest, .. } = l.unwrap().entry {
+                    digests.push(digest);
+                }
+            }
+            path = next_segment(&p);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        digests
+    }
+
+    #[test]
+    fn past_a_digested_chunk_a_transmit_is_digested_by_its_length_until_the_next_segment() {
+        let (a, b) = (
+            digests_around_a_digested_chunk(b"same length A", false),
+            digests_around_a_digested_chunk(b"same length B", false),
+        );
+        assert_eq!(a.len(), 4, "three sends and the chunk's drain: {a:?}");
+        assert_ne!(a[0], b[0], "before the chunk, a replay checks the bytes");
+        assert_eq!((a[2], a[3]), (b[2], b[3]), "past it, only the length is hashed");
+        let (a, b) = (
+            digests_around_a_digested_chunk(b"same length A", true),
+            digests_around_a_digested_chunk(b"same length B", true),
+        );
+        // The first segment is gone (over the bound); the new one holds the last send.
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_ne!(a[0], b[0], "a new segment's replay checks the bytes again");
     }
 
     #[test]

@@ -237,6 +237,9 @@ fn play(p: &mut ThreadNode<Pinger>, rounds: u64) -> Duration {
 /// The three set-ups of `record_rtt`: the echo children and their pingers.
 struct RttRig {
     off: (EchoChild, ThreadNode<Pinger>),
+    /// A second unrecorded pair: `off2` against `off` is the harness's own
+    /// noise floor, in the same run.
+    off2: (EchoChild, ThreadNode<Pinger>),
     on: (EchoChild, ThreadNode<Pinger>),
     on_both: (EchoChild, ThreadNode<Pinger>),
 }
@@ -249,6 +252,7 @@ impl RttRig {
         };
         RttRig {
             off: set(EchoChild::start(None), None),
+            off2: set(EchoChild::start(None), None),
             on: set(EchoChild::start(Some(&dir.join("rtt-echo.rec"))), None),
             on_both: set(
                 EchoChild::start(Some(&dir.join("rtt-both-echo.rec"))),
@@ -270,6 +274,7 @@ fn bench_rtt(c: &mut Criterion, rig: &mut RttRig) {
 fn paired_rtt(rig: &mut RttRig) {
     const ROUNDS: u64 = 2000;
     for (title, on) in [
+        ("record_rtt off2 (neither recorded: the noise floor) vs off, 2000 round trips", &mut rig.off2.1),
         ("record_rtt on (echo recorded) vs off, 2000 round trips", &mut rig.on.1),
         ("record_rtt on_both (both recorded) vs off, 2000 round trips", &mut rig.on_both.1),
     ] {
@@ -281,6 +286,56 @@ fn paired_rtt(rig: &mut RttRig) {
         play(on, ROUNDS);
         paired(title, 15, &mut || play(off, ROUNDS).as_secs_f64(), &mut || play(on, ROUNDS).as_secs_f64());
     }
+}
+
+// ---- the recorder's CPU per round trip, without the kernel ----
+
+/// An echo engine over [`MemIo`]: one heartbeat in, echoed, per round trip.
+/// What the recorder adds here is its whole cost on the node's thread,
+/// which `record_rtt` (a loopback round trip, mostly the kernel's) cannot
+/// resolve below its noise floor.
+struct EchoEngine {
+    engine: Engine<Echo, MemIo>,
+    slot: usize,
+    clock: Clock,
+}
+
+impl EchoEngine {
+    fn new(path: Option<&Path>) -> Self {
+        let clock = Clock::start();
+        let mut engine = Engine::new(Echo::default(), Config::default(), MemIo::default(), 4);
+        if let Some(path) = path {
+            engine.record(recorder_at(path, PayloadMode::Whole, clock.now()));
+        }
+        let slot = engine.alloc().unwrap();
+        let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        engine.accepted(slot, MemSock, peer, clock.now());
+        EchoEngine { engine, slot, clock }
+    }
+
+    fn round_trips(&mut self, iters: u64, frame: &Bytes) -> Duration {
+        let t = Instant::now();
+        for _ in 0..iters {
+            self.engine.io_mut().queue(self.slot, frame.clone());
+            let now = self.clock.now();
+            self.engine.read(self.slot, now, false);
+            self.engine.settle(now);
+        }
+        let took = t.elapsed();
+        assert_eq!(self.engine.io().sent[self.slot], self.engine.io().received(self.slot));
+        took
+    }
+}
+
+fn bench_echo_cpu(c: &mut Criterion, dir: &Path) {
+    let frame = heartbeat();
+    let mut g = c.benchmark_group("record_echo_cpu");
+    g.throughput(Throughput::Elements(1));
+    for (name, path) in [("off", None), ("on", Some(dir.join("echo-cpu.rec")))] {
+        let mut rig = EchoEngine::new(path.as_deref());
+        g.bench_function(name, |b| b.iter_custom(|iters| rig.round_trips(iters, &frame)));
+    }
+    g.finish();
 }
 
 // ---- a relay round through the engine ----
@@ -307,6 +362,8 @@ fn rank_frame(key: &MacKey, seed: u32) -> Bytes {
 struct MemIo {
     inbox: Vec<VecDeque<Bytes>>,
     sent: Vec<u64>,
+    /// Bytes read, by slot.
+    read: Vec<u64>,
     /// The slot of the relay's one dial (upstream).
     dialed: Option<usize>,
 }
@@ -318,6 +375,10 @@ impl MemIo {
 
     fn waiting(&self, slot: usize) -> bool {
         !self.inbox[slot].is_empty()
+    }
+
+    fn received(&self, slot: usize) -> u64 {
+        self.read[slot]
     }
 }
 
@@ -342,6 +403,7 @@ impl Io for MemIo {
         let Some(front) = q.front_mut() else { return Err(io::ErrorKind::WouldBlock.into()) };
         let n = front.len().min(buf.len()).min(CHUNK);
         buf[..n].copy_from_slice(&front[..n]);
+        self.read[slot] += n as u64;
         front.advance(n);
         if front.is_empty() {
             q.pop_front();
@@ -378,6 +440,7 @@ impl Io for MemIo {
         if self.inbox.len() <= slot {
             self.inbox.resize_with(slot + 1, VecDeque::new);
             self.sent.resize(slot + 1, 0);
+            self.read.resize(slot + 1, 0);
         }
     }
 }
@@ -655,6 +718,7 @@ fn benches(c: &mut Criterion, dir: &Path) {
     paired_rtt(&mut rtt);
     bench_rtt(c, &mut rtt);
     drop(rtt);
+    bench_echo_cpu(c, dir);
 
     let mut relay = RelayBench::new(dir);
     paired_relay(&mut relay);
