@@ -7,10 +7,12 @@ use crate::Reap;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
+
+use crate::scratch;
 
 /// A safety net against a hung test, not a synchronisation device.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -114,13 +116,6 @@ fn agent(port: u16, host: &str, ranks: u32, dir: &Path, batch_ms: &str) -> (Reap
     (Reap(Some(c)), lines)
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cohort-agent-program-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn env_file(path: &Path) -> BTreeMap<String, String> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect()
@@ -129,7 +124,7 @@ fn env_file(path: &Path) -> BTreeMap<String, String> {
 #[test]
 fn the_agent_runs_the_users_program_as_every_rank_to_the_end() {
     let port = free_port_with_relays();
-    let dir = scratch("clean");
+    let dir = scratch("agent-program-clean");
     // A world of 3: a synthetic-workload host takes rank 0 first, so the
     // program's ranks are global 1 and 2, local 0 and 1.
     let (mut ctl, ctl_lines) = controller(port, 3, 2, 60);
@@ -197,7 +192,7 @@ fn the_agent_runs_the_users_program_as_every_rank_to_the_end() {
 #[test]
 fn a_rank_program_killed_mid_run_is_reported_with_its_exit_code() {
     let port = free_port_with_relays();
-    let dir = scratch("killed");
+    let dir = scratch("agent-program-killed");
     let (mut ctl, ctl_lines) = controller(port, 2, 3, 200);
     let mut seen = Vec::new();
     let (mut agent, agent_lines) = agent(port, "hostA", 2, &dir, "10");

@@ -16,13 +16,7 @@ use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::wire::SessionSalt;
 use serde_json::Value;
 
-/// A directory of this test's own, empty.
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cohort-replay-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("a scratch directory");
-    d
-}
+use crate::{scratch, text};
 
 fn cohort(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cohort"))
@@ -30,15 +24,6 @@ fn cohort(args: &[&str]) -> Output {
         .env("RUST_LOG", "warn")
         .output()
         .expect("run cohort")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn json_lines(out: &Output) -> Vec<Value> {
@@ -58,26 +43,9 @@ fn controller_events(lines: &[Value]) -> Vec<Value> {
     lines.iter().filter(|l| l["node"] == "controller" && l["event"] != "listening").cloned().collect()
 }
 
-/// The demo's short run (as `cohort_demo`'s), recorded to `dir`, its
-/// `--json` lines.
+/// The demo's short run recorded to `dir`, its `--json` lines.
 fn recorded_demo(dir: &Path) -> Vec<Value> {
-    let dir = dir.to_str().expect("a UTF-8 path");
-    let out = cohort(&[
-        "demo",
-        "--epochs",
-        "2",
-        "--samples-per-epoch",
-        "400",
-        "--batch-ms",
-        "5",
-        "--kill-rank-at",
-        "0.25",
-        "--json",
-        "--record",
-        dir,
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    json_lines(&out)
+    json_lines(&crate::recorded_demo(dir, &[]))
 }
 
 fn entries(path: &Path) -> Vec<Located> {
@@ -86,7 +54,7 @@ fn entries(path: &Path) -> Vec<Located> {
 
 #[test]
 fn a_recorded_demo_replays_with_no_divergence_and_prints_the_live_controllers_timeline() {
-    let dir = scratch("demo");
+    let dir = scratch("replay-demo");
     let live = recorded_demo(&dir);
     let summary = live.last().expect("the demo's summary");
     assert_eq!(summary["ok"], true, "{summary}");
@@ -230,7 +198,7 @@ fn a_recorded_demo_replays_with_no_divergence_and_prints_the_live_controllers_ti
 
 #[test]
 fn one_flipped_byte_of_a_received_frame_diverges_at_that_entry_and_a_cut_file_is_refused_at_the_cut() {
-    let dir = scratch("broken");
+    let dir = scratch("replay-broken");
     recorded_demo(&dir);
     let rec = dir.join("controller.rec");
     let file = std::fs::read(&rec).expect("the recording");
@@ -309,24 +277,8 @@ fn one_flipped_byte_of_a_received_frame_diverges_at_that_entry_and_a_cut_file_is
 
 #[test]
 fn a_recording_cut_by_its_size_bound_replays_from_its_first_kept_segment() {
-    let dir = scratch("bounded");
-    let out = cohort(&[
-        "demo",
-        "--epochs",
-        "2",
-        "--samples-per-epoch",
-        "400",
-        "--batch-ms",
-        "5",
-        "--kill-rank-at",
-        "0.25",
-        "--json",
-        "--record",
-        dir.to_str().expect("UTF-8"),
-        "--record-max-bytes",
-        "40000",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
+    let dir = scratch("replay-bounded");
+    let out = crate::recorded_demo(&dir, &["--record-max-bytes", "40000"]);
     let live = json_lines(&out);
     let summary = live.last().expect("the demo's summary");
     assert_eq!(summary["ok"], true, "{summary}");
@@ -361,7 +313,7 @@ fn a_recording_cut_by_its_size_bound_replays_from_its_first_kept_segment() {
 
 #[test]
 fn a_command_run_on_a_recorded_controller_is_replayed_at_its_instant() {
-    let dir = scratch("command");
+    let dir = scratch("replay-command");
     let rec = dir.join("controller.rec");
     let cfg = ControllerConfig::builder()
         .ranks(2)

@@ -5,8 +5,7 @@
 //! played, declares the same rank dead for the same cause near the same
 //! instant, and finishes.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
 use cohort::cluster::{ClusterEvent, Source, Stamped};
 use cohort::replay_scenario::scenario_of;
@@ -19,32 +18,11 @@ use cohort_sim::scenario::Fault;
 use cohort_sim::{Cluster, Outcome, Scenario};
 use serde_json::{Value, json};
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cohort-replay-scenario-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("a scratch directory");
-    d
-}
+use crate::scratch;
 
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// The demo's short run with a rank killed 0.25 s into training, recorded
-/// to `dir`; its summary line.
+/// The demo's short run recorded to `dir`; its summary line.
 fn recorded_demo(dir: &Path) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_cohort"))
-        .args(["demo", "--epochs", "2", "--samples-per-epoch", "400", "--batch-ms", "5"])
-        .args(["--kill-rank-at", "0.25", "--json", "--record", dir.to_str().expect("a UTF-8 path")])
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run cohort");
-    assert!(out.status.success(), "{}", text(&out));
+    let out = crate::recorded_demo(dir, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().expect("the demo's summary");
     serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"))
@@ -56,7 +34,7 @@ fn secs(t: Time) -> f64 {
 
 #[test]
 fn a_recorded_demo_becomes_a_scenario_the_simulator_plays_to_the_same_death() {
-    let dir = scratch("demo");
+    let dir = scratch("replay-scenario-demo");
     let summary = recorded_demo(&dir);
     assert_eq!(summary["ok"], true, "{summary}");
     let killed = summary["killed_rank"].as_u64().expect("the demo killed a rank") as u32;
