@@ -26,6 +26,10 @@
 //! piece buffer and opened there), for pieces of 16 KiB to the whole frame:
 //! the piece size's cost.
 //!
+//! `seal_handshake/nnpsk0`: a whole handshake (`wire::seal_handshake`),
+//! both sides: the initiator's message 1, the responder reading it and
+//! answering, the initiator reading the reply, both links keyed.
+//!
 //! Before criterion starts, a paired report of the same lines: every
 //! routine of a table run once per round, back to back, for several
 //! rounds, timed in on-CPU nanoseconds of this thread
@@ -51,7 +55,7 @@ use chacha20poly1305::ChaCha20Poly1305;
 use cohort_proto::wire::seal::{PIECE, TAG_LEN, sealed_len};
 use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, Dtype, MacKey, NullSink, Opener, RoundDecoder, RoundKind, RoundWriter,
-    SealContext, SealKeys, SealSide, Sealer, SessionSalt,
+    SealContext, SealHandshake, SealKeys, SealPsk, SealSide, Sealer, SessionSalt,
 };
 use criterion::{Criterion, Throughput, criterion_group};
 
@@ -396,7 +400,30 @@ fn paired_report() {
     }
 }
 
-criterion_group!(benches, bench_sizes, bench_pieces);
+/// Both sides of one handshake, each with fresh seeds (a counter), to the
+/// keyed links.
+fn bench_handshake(c: &mut Criterion) {
+    let psk = SealPsk::from_salt(&SessionSalt::from_bytes([0x5a; 16]));
+    let mut g = c.benchmark_group("seal_handshake");
+    let mut n = 0u64;
+    g.bench_function("nnpsk0", |b| {
+        b.iter(|| {
+            n += 1;
+            let (mut seed_i, mut seed_r) = ([1u8; 32], [2u8; 32]);
+            seed_i[..8].copy_from_slice(&n.to_le_bytes());
+            seed_r[..8].copy_from_slice(&n.to_le_bytes());
+            let (mut init, first) = SealHandshake::initiator(&psk, 0xF10D_17E1, seed_i, 1 << 30);
+            let mut resp = SealHandshake::responder(&psk, 0xF10D_17E1, seed_r, 1 << 30);
+            let resp_link = resp.feed(black_box(&first)).unwrap().1.unwrap();
+            let reply = resp_link.reply.as_ref().unwrap();
+            let init_link = init.feed(black_box(reply)).unwrap().1.unwrap();
+            black_box((init_link, resp_link))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_sizes, bench_pieces, bench_handshake);
 
 fn main() {
     paired_report();

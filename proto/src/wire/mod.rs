@@ -24,6 +24,7 @@ mod recv_buf;
 mod round_frame;
 mod salt;
 pub mod seal;
+pub mod seal_handshake;
 
 pub use bin::decode_exact;
 pub use consts::*;
@@ -48,3 +49,4 @@ pub use round_frame::{
 };
 pub use salt::{RunNonce, SaltError, SessionSalt};
 pub use seal::{Opener, SealContext, SealError, SealKeys, SealSide, Sealer};
+pub use seal_handshake::{HandshakeError, SealHandshake, SealPsk, SealedLink};

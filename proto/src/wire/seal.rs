@@ -6,12 +6,13 @@
 //!
 //! This module is the pure sealing layer and nothing more: keys derived
 //! from a 32-byte secret ([`SealKeys`]), one direction's [`Sealer`] and the
-//! other's [`Opener`], and the wire form below. **Not yet there** (the next
-//! steps of issue 32): the handshake that agrees the secret and the
-//! transcript per connection (a Noise handshake with a pre-shared key), and
-//! the wiring that seals every frame of every channel. Until both exist
-//! nothing seals: a flodl 0.8 peer, and every cohort link today, gets
-//! flodl's bytes, MACs and all (docs/SECURITY.md, "Sealed links").
+//! other's [`Opener`], and the wire form below. The handshake that agrees
+//! the secret and the transcript per connection (a Noise handshake with a
+//! pre-shared key) is [`seal_handshake`](super::seal_handshake). **Not yet
+//! there** (the next step of issue 32): the wiring that seals every frame
+//! of every channel. Until it exists nothing seals: a flodl 0.8 peer, and
+//! every cohort link today, gets flodl's bytes, MACs and all
+//! (docs/SECURITY.md, "Sealed links").
 //!
 //! # Wire form
 //!
