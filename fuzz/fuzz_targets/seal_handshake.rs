@@ -11,8 +11,9 @@
 //!   another initiator) whose message the harness makes with the real
 //!   sides, then one mutation (a bit flipped, a cut, a range deleted, bytes
 //!   inserted or overwritten, the length rewritten) and trailing bytes. The
-//!   ephemeral seeds hash the whole input, so no message the fuzzer saw in
-//!   another run verifies in this one.
+//!   ephemeral seeds and the key hash the whole input, so no message the
+//!   fuzzer saw in another run (it learns compared bytes) verifies in this
+//!   one, nor in the raw mode.
 //!
 //! Whole and chunked feeds must agree exactly. A side completes only on
 //! its peer's untouched message under the right key and channel, consumes
@@ -41,10 +42,6 @@ const HEAP: usize = 64 << 10;
 
 fn psk() -> SealPsk {
     SealPsk::from_salt(&SessionSalt::from_bytes([0x5a; 16]))
-}
-
-fn other_psk() -> SealPsk {
-    SealPsk::from_salt(&SessionSalt::from_bytes([0x5b; 16]))
 }
 
 type Outcome = (usize, Result<Option<SealedLink>, HandshakeError>);
@@ -87,7 +84,9 @@ fn feed_both(make: &dyn Fn() -> SealHandshake, stream: &[u8], split: usize) -> O
     let scope = Scope::start();
     let whole = feed(&mut make(), stream, stream.len());
     let chunked = feed(&mut make(), stream, split);
-    let brief = |o: &Outcome| (o.0, o.1.as_ref().map(Option::is_some).map_err(Clone::clone));
+    // Bytes consumed count where the feed stopped without an error (the
+    // harness does not count those of the call that failed).
+    let brief = |o: &Outcome| o.1.as_ref().map(|link| (o.0, link.is_some())).map_err(Clone::clone);
     assert_eq!(brief(&whole), brief(&chunked), "whole and chunked feeds disagree");
     scope.check("seal handshake", stream.len(), HEAP);
     chunked
@@ -158,19 +157,23 @@ fn mutated_mode(initiator: bool, ops: &mut Ops, seeds: [u8; 32], split: usize) {
         s
     };
     let (tested, peer, other) = (seed(1), seed(2), seed(3));
+    // The key too is this input's: the raw mode's responder, which answers
+    // any message 1 under its key (whichever initiator made it), must never
+    // see a genuine one from here.
+    let (psk, other_psk) = (SealPsk::from_bytes(seed(4)), SealPsk::from_bytes(seed(5)));
     // What the peer gets wrong: nothing (mostly), its key, its channel, or
     // (for a reply) the initiator it answers.
     let wrong = ops.u8() % 6;
-    let peer_psk = if wrong == 3 { other_psk() } else { psk() };
+    let peer_psk = if wrong == 3 { other_psk } else { psk.clone() };
     let peer_channel = if wrong == 4 { CHANNEL ^ (1 << (ops.u8() % 32)) } else { CHANNEL };
     let right = !(3..=5).contains(&wrong) || (wrong == 5 && !initiator);
     let trailing = ops.lp8().to_vec();
     if initiator {
-        let (mut tested_hs, tested_first) = SealHandshake::initiator(&psk(), CHANNEL, tested, CEILING);
+        let (mut tested_hs, tested_first) = SealHandshake::initiator(&psk, CHANNEL, tested, CEILING);
         // The responder answers a message 1 made with its own key and
         // channel (so it does answer): the tested side's, or another
         // initiator's.
-        let first = if wrong == 5 || peer_psk != psk() || peer_channel != CHANNEL {
+        let first = if wrong == 5 || peer_psk != psk || peer_channel != CHANNEL {
             SealHandshake::initiator(&peer_psk, peer_channel, other, CEILING).1
         } else {
             tested_first
@@ -179,7 +182,7 @@ fn mutated_mode(initiator: bool, ops: &mut Ops, seeds: [u8; 32], split: usize) {
         let mut peer_link = feed(&mut resp, &first, first.len()).1.unwrap().unwrap();
         let reply = peer_link.reply.take().unwrap();
         let stream = [mutate(ops, &reply), trailing].concat();
-        let make = || SealHandshake::initiator(&psk(), CHANNEL, tested, CEILING).0;
+        let make = || SealHandshake::initiator(&psk, CHANNEL, tested, CEILING).0;
         let (used, outcome) = feed_both(&make, &stream, split);
         let completes = right && stream.starts_with(&reply);
         assert_eq!(outcome.as_ref().is_ok_and(Option::is_some), completes, "{outcome:?}");
@@ -193,7 +196,7 @@ fn mutated_mode(initiator: bool, ops: &mut Ops, seeds: [u8; 32], split: usize) {
     } else {
         let (mut init, first) = SealHandshake::initiator(&peer_psk, peer_channel, peer, CEILING);
         let stream = [mutate(ops, &first), trailing].concat();
-        let make = || SealHandshake::responder(&psk(), CHANNEL, tested, CEILING);
+        let make = || SealHandshake::responder(&psk, CHANNEL, tested, CEILING);
         let (used, outcome) = feed_both(&make, &stream, split);
         let completes = right && stream.starts_with(&first);
         assert_eq!(outcome.as_ref().is_ok_and(Option::is_some), completes, "{outcome:?}");
