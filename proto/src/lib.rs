@@ -76,6 +76,7 @@ pub mod reduce;
 pub mod relay;
 pub mod rendezvous;
 pub mod route;
+pub mod sealed;
 pub mod status;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -57,8 +57,10 @@ use cohort_proto::node::trainer::Trainer;
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::Relay;
 use cohort_proto::rendezvous::UID_BYTES;
+use cohort_proto::sealed::{SealConfig, SealMode};
 use cohort_proto::status::StatusClient;
-use cohort_proto::wire::{MacKey, SessionSalt};
+use cohort_proto::testing::net::SealedBox;
+use cohort_proto::wire::{MacKey, SealPsk, SessionSalt};
 use core::time::Duration;
 
 use crate::attack::{Attack, Tampered, Target};
@@ -71,6 +73,27 @@ use crate::rng::{SimRng, stream};
 use crate::scenario::{Backend, Fault, Scenario, ScenarioError};
 use crate::workload::{RankStart, SimWorkload};
 use crate::world::{HostId, LinkSpec, NetConfig, NodeId, Process, World};
+
+/// `node` as the world holds it: under a sealed scenario, behind sealed
+/// links (`require`, the key from the session salt), its ephemeral keys
+/// drawn from a stream of the run's seed named for the node, so the same
+/// seed seals the same way.
+fn held(
+    sc: &Scenario,
+    seed: u64,
+    salt: &SessionSalt,
+    name: &str,
+    node: Box<dyn SimNode<ClusterEvent>>,
+) -> Box<dyn SimNode<ClusterEvent>> {
+    if !sc.sealed {
+        return node;
+    }
+    let mut rng = stream(seed, &format!("seal {name}"));
+    let mut keys = [0u8; 32];
+    keys.chunks_mut(8).for_each(|c| c.copy_from_slice(&rng.u64().to_le_bytes()));
+    let config = SealConfig::new(SealMode::Require, SealPsk::from_salt(salt), keys);
+    Box::new(SealedBox::new(node, config))
+}
 
 /// A rank as the simulator runs it: the rank composition over its workload
 /// (the synthetic trainer unless the cluster was built with another).
@@ -279,7 +302,8 @@ impl<W: SimWorkload> Cluster<W> {
         let cfg = ControllerConfig::new(join, salt, trust, scale, run, advertise, workload);
         let ctrl = ControllerNode::new(cfg, Time::ZERO)
             .map_err(|e| ScenarioError::new("controller", e.to_string()))?;
-        let controller = world.add_node(ctrl_host, "controller", Box::new(ctrl), &[CONTROLLER_ADDR]);
+        let ctrl = held(&sc, seed, &salt, "controller", Box::new(ctrl));
+        let controller = world.add_node(ctrl_host, "controller", ctrl, &[CONTROLLER_ADDR]);
         let mut hosts = Vec::new();
         let mut acts = Vec::new();
         for (i, h) in sc.hosts.iter().enumerate() {
@@ -679,7 +703,9 @@ impl<W: SimWorkload> Cluster<W> {
                 let cfg = HostConfig::new(offer, CONTROLLER_ADDR, pre_shared, self.scale, RelayListen::Flodl);
                 let node = HostNode::new(cfg, now);
                 let name = self.hosts[i].name.clone();
-                let n = self.world.add_node(self.hosts[i].host, format!("{name}/agent"), Box::new(node), &[]);
+                let agent = format!("{name}/agent");
+                let node = held(&self.sc, self.seed, &self.salt, &agent, Box::new(node));
+                let n = self.world.add_node(self.hosts[i].host, agent, node, &[]);
                 self.sources.insert(n, Source::Host(name));
                 self.hosts[i].agent = Some(n);
                 self.hosts[i].started = now;
@@ -910,8 +936,9 @@ impl<W: SimWorkload> Cluster<W> {
                 };
                 // Hosts in the simulator always use flodl's port layout.
                 let addr = listen.clone().unwrap_or_default();
-                let n =
-                    self.world.add_node(self.hosts[i].host, format!("{name}/relay-{leg:?}"), node, &[&addr]);
+                let relay = format!("{name}/relay-{leg:?}");
+                let node = held(&self.sc, self.seed, &self.salt, &relay, node);
+                let n = self.world.add_node(self.hosts[i].host, relay, node, &[&addr]);
                 self.sources.insert(n, Source::Relay(name, leg));
             }
             HostNodeEvent::StartRank(spec) => self.start_rank(i, spec),
@@ -950,7 +977,9 @@ impl<W: SimWorkload> Cluster<W> {
         let mut cfg = spec.rank_config(uid);
         cfg.key = self.shared_key(cfg.key);
         let node = SimRank::new(cfg, workload, now);
-        let n = self.world.add_node(self.hosts[i].host, format!("rank-{r}"), Box::new(node), &[]);
+        let name = format!("rank-{r}");
+        let node = held(&self.sc, self.seed, &self.salt, &name, Box::new(node));
+        let n = self.world.add_node(self.hosts[i].host, name, node, &[]);
         self.sources.insert(n, Source::Rank(r));
         self.rank_nodes.insert(r, n);
     }

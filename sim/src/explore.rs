@@ -1,7 +1,8 @@
 //! VOPR-style exploration: one random scenario per seed (cluster size,
 //! arrival times, quorum knobs, network conditions, fault mix, cohort's
 //! rules or flodl's, the apply policy, the slow class's speed spread,
-//! chunked or whole-epoch dispatch), all drawn from that seed.
+//! chunked or whole-epoch dispatch, sealed links where admission is
+//! pre-shared), all drawn from that seed.
 //!
 //! Swarm testing, as TigerBeetle's VOPR does it: each seed first draws its
 //! own [`Swarm`] (which fault kinds it uses and how often, how many faults,
@@ -210,5 +211,8 @@ pub fn random_scenario(seed: u64) -> Scenario {
     sc.speed_classes.insert("slow".to_owned(), SpeedClass { batch_ms: 40.0 * spread, spread: 0.2 });
     // Chunked or whole-epoch dispatch, drawn last (flodl's default half the time).
     sc.progressive = [None, Some(true), Some(false)][r.range(0, 3) as usize];
+    // Sealed links (cohort only), where admission is pre-shared; drawn
+    // after everything else, so every other draw of a seed stays as it was.
+    sc.sealed = !sc.join.open_admission && r.chance(0.5);
     sc
 }

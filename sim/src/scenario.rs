@@ -112,11 +112,20 @@ pub struct Scenario {
     /// Faults, each at an instant.
     #[serde(default)]
     pub faults: Vec<FaultAt>,
+    /// Sealed links (cohort only): every node's connections sealed under
+    /// `require` with a key from the session salt, which needs a pre-shared
+    /// salt (`join.open_admission: false`). HTTP stays plain.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub sealed: bool,
     /// The root seed the scenario was saved with (`cohort-sim run --save`,
     /// `explore --save-failing`): `cohort-sim run FILE` plays it under this
     /// seed, so the file alone replays the run and its trace hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn default_epochs() -> u64 {
@@ -725,6 +734,16 @@ impl ScenarioBuilder {
         self
     }
 
+    /// Seals every node's links ([`Scenario::sealed`]); admission becomes
+    /// pre-shared.
+    pub fn sealed(mut self, sealed: bool) -> Self {
+        self.sc.sealed = sealed;
+        if sealed {
+            self.sc.join.open_admission = false;
+        }
+        self
+    }
+
     /// The network timeout scale.
     pub fn timeout_scale(mut self, scale: f64) -> Self {
         self.sc.timeout_scale = scale;
@@ -840,6 +859,7 @@ impl Scenario {
             jitter_us: default_jitter(),
             bandwidth_gbps: default_gbps(),
             faults: Vec::new(),
+            sealed: false,
             seed: None,
         }
     }
@@ -938,6 +958,9 @@ impl Scenario {
         let err = |field: &str, problem: &str| Err(ScenarioError::new(field, problem));
         if self.hosts.is_empty() {
             return err("hosts", "at least one host");
+        }
+        if self.sealed && self.join.open_admission {
+            return err("sealed", "sealed links need a pre-shared salt: set join.open_admission to false");
         }
         let mut names = std::collections::BTreeSet::new();
         for h in &self.hosts {

@@ -114,6 +114,10 @@ fn smaller(sc: &Scenario) -> Vec<Scenario> {
         s.faults.remove(i);
         out.push(s);
     }
+    // Plain links.
+    if sc.sealed {
+        out.push(Scenario { sealed: false, ..sc.clone() });
+    }
     // Fewer epochs, fewer samples.
     if sc.epochs > 1 {
         out.push(Scenario { epochs: 1, ..sc.clone() });

@@ -28,6 +28,7 @@ use cohort_proto::node::host::HostNodeEvent;
 use cohort_proto::node::rank::RankNodeEvent;
 use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::relay::RelayEvent;
+use cohort_proto::sealed::{SealNote, SealRefusal};
 use cohort_proto::status::{StatusClientEvent, StatusServerEvent};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -68,6 +69,7 @@ pub fn describe(s: &Stamped) -> Line {
     use Level::{Debug, Info, Warn};
     match &s.event {
         ClusterEvent::Controller(e) => controller(e),
+        ClusterEvent::Link(n) => link(n),
         ClusterEvent::Host(e) => match e {
             HostNodeEvent::Agent(a) => agent(a),
             HostNodeEvent::StartRelay { relay, listen } => line(
@@ -96,6 +98,7 @@ pub fn describe(s: &Stamped) -> Line {
                 "host_finished",
                 format!("every rank ended, {failed} with a non-zero code: the agent leaves"),
             ),
+            HostNodeEvent::Link(n) => link(n),
         },
         ClusterEvent::Operator(e) => match e {
             StatusClientEvent::Answer(a) => {
@@ -135,9 +138,11 @@ pub fn describe(s: &Stamped) -> Line {
                 line(Warn, "record_dropped", format!("dropped a {kind} record (rank {rank:?}): {why}"))
             }
             RelayEvent::Stopped(r) => line(Info, "relay_stopped", format!("stopped: {r}")),
+            RelayEvent::Link(n) => link(n),
         },
         ClusterEvent::Rank(e) => match e {
             RankNodeEvent::Connected => line(Debug, "connected", "connected to its relays"),
+            RankNodeEvent::Link(n) => link(n),
             RankNodeEvent::NcclReady { .. } => line(Debug, "nccl_ready", "holds the NCCL unique id"),
             RankNodeEvent::RendezvousFailed { reason } => {
                 line(Warn, "rendezvous_failed", format!("NCCL bootstrap failed: {reason}"))
@@ -220,9 +225,30 @@ fn agent(e: &JoinClientEvent) -> Line {
     }
 }
 
+/// A sealed link's news, whichever node it is of.
+fn link(n: &SealNote) -> Line {
+    match n {
+        SealNote::Keyed { conn } => line(Level::Debug, "link_sealed", format!("{conn} sealed")),
+        SealNote::Refused { conn, why } => {
+            let why = match why {
+                SealRefusal::NotOffered { first } => {
+                    format!(
+                        "its peer did not offer a sealed link (began {:?}) and sealing is required",
+                        String::from_utf8_lossy(first)
+                    )
+                }
+                SealRefusal::Handshake(e) => format!("handshake: {e}"),
+                SealRefusal::Frame(e) => format!("sealed frame: {e}"),
+            };
+            line(Level::Warn, "link_refused", format!("closed {conn}: {why}"))
+        }
+    }
+}
+
 fn controller(e: &ControllerNodeEvent) -> Line {
     use Level::{Debug, Info, Warn};
     match e {
+        ControllerNodeEvent::Link(n) => link(n),
         ControllerNodeEvent::Route(r) => match r {
             cohort_proto::route::PortRouterEvent::Dropped { conn, reason } => {
                 line(Warn, "route_dropped", format!("router dropped {conn}: {reason}"))

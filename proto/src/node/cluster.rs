@@ -93,6 +93,15 @@ pub enum ClusterEvent {
     },
     /// Something the harness did or saw (a node started, a kill, an error).
     Note(String),
+    /// A sealed link's news (a node wrapped whole, as the simulator wraps
+    /// its nodes; a driver's nodes report theirs in their own events).
+    Link(crate::sealed::SealNote),
+}
+
+impl From<crate::sealed::SealNote> for ClusterEvent {
+    fn from(note: crate::sealed::SealNote) -> Self {
+        ClusterEvent::Link(note)
+    }
 }
 
 macro_rules! from_event {

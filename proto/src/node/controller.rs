@@ -446,6 +446,15 @@ pub enum ControllerNodeEvent {
         /// How long it had waited.
         waited: core::time::Duration,
     },
+    /// A sealed link's news (cohort only, under a [`SealMode`](crate::sealed::SealMode)
+    /// other than off): a connection keyed, or refused for what its peer sent.
+    Link(crate::sealed::SealNote),
+}
+
+impl From<crate::sealed::SealNote> for ControllerNodeEvent {
+    fn from(note: crate::sealed::SealNote) -> ControllerNodeEvent {
+        ControllerNodeEvent::Link(note)
+    }
 }
 
 impl ControllerNodeEvent {

@@ -166,6 +166,15 @@ pub enum HostNodeEvent {
         /// How many ranks ended with a non-zero code.
         failed: u32,
     },
+    /// A sealed link's news (cohort only, under a [`SealMode`](crate::sealed::SealMode)
+    /// other than off): a connection keyed, or refused for what its peer sent.
+    Link(crate::sealed::SealNote),
+}
+
+impl From<crate::sealed::SealNote> for HostNodeEvent {
+    fn from(note: crate::sealed::SealNote) -> HostNodeEvent {
+        HostNodeEvent::Link(note)
+    }
 }
 
 /// A relay's address was reported for a host that does not wait for one.

@@ -194,6 +194,15 @@ pub enum RankNodeEvent {
         /// Why.
         reason: String,
     },
+    /// A sealed link's news (cohort only, under a [`SealMode`](crate::sealed::SealMode)
+    /// other than off): a connection keyed, or refused for what its peer sent.
+    Link(crate::sealed::SealNote),
+}
+
+impl From<crate::sealed::SealNote> for RankNodeEvent {
+    fn from(note: crate::sealed::SealNote) -> RankNodeEvent {
+        RankNodeEvent::Link(note)
+    }
 }
 
 impl RankNodeEvent {

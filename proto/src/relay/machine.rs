@@ -246,6 +246,15 @@ pub enum RelayEvent {
     },
     /// The relay stopped; every connection was closed.
     Stopped(StopReason),
+    /// A sealed link's news (cohort only, under a [`SealMode`](crate::sealed::SealMode)
+    /// other than off): a connection keyed, or refused for what its peer sent.
+    Link(crate::sealed::SealNote),
+}
+
+impl From<crate::sealed::SealNote> for RelayEvent {
+    fn from(note: crate::sealed::SealNote) -> RelayEvent {
+        RelayEvent::Link(note)
+    }
 }
 
 /// Counters for the embedding application.

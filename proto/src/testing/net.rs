@@ -48,6 +48,7 @@ use crate::config::TimeoutScale;
 use crate::machine::composite::{self, Composite, Part, Parts};
 use crate::machine::{Adopt, CloseCause, ConnId, DialId, Input, Machine, Outbox, Output, Peer};
 use crate::route::{PortRouter, PortRouterEvent};
+use crate::sealed::{SealConfig, SealNote, Sealed};
 use crate::time::Time;
 use crate::wire::Channel;
 
@@ -124,6 +125,66 @@ impl<M: Machine + Any, E> AnyMachine<E> for Mapped<M, E> {
     }
     fn as_any_ref(&self) -> &dyn Any {
         &self.machine
+    }
+}
+
+/// A machine behind a trait object as a [`Machine`] again, so that it can
+/// sit behind [`Sealed`] links (see [`SealedBox`]).
+pub struct Boxed<E>(pub Box<dyn AnyMachine<E>>);
+
+impl<E> core::fmt::Debug for Boxed<E> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("Boxed(..)")
+    }
+}
+
+impl<E> Machine for Boxed<E> {
+    type Event = E;
+
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        AnyMachine::handle(&mut *self.0, now, input)
+    }
+    fn poll(&mut self, now: Time) -> Option<Output<E>> {
+        AnyMachine::poll(&mut *self.0, now)
+    }
+    fn poll_timeout(&self) -> Option<Time> {
+        AnyMachine::poll_timeout(&*self.0)
+    }
+}
+
+/// A machine behind sealed links ([`Sealed`]); as [`AnyMachine`] it still
+/// downcasts to the machine inside, so a command runs on it and what the
+/// command sends leaves through the links.
+#[derive(Debug)]
+pub struct SealedBox<E>(Sealed<Boxed<E>>);
+
+impl<E: From<SealNote>> SealedBox<E> {
+    /// `machine` behind sealed links as `config` says.
+    pub fn new(machine: Box<dyn AnyMachine<E>>, config: SealConfig) -> Self {
+        SealedBox(Sealed::new(Boxed(machine), config))
+    }
+
+    /// The links.
+    pub fn links(&self) -> &Sealed<Boxed<E>> {
+        &self.0
+    }
+}
+
+impl<E: From<SealNote>> AnyMachine<E> for SealedBox<E> {
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        Machine::handle(&mut self.0, now, input)
+    }
+    fn poll(&mut self, now: Time) -> Option<Output<E>> {
+        Machine::poll(&mut self.0, now)
+    }
+    fn poll_timeout(&self) -> Option<Time> {
+        Machine::poll_timeout(&self.0)
+    }
+    fn as_any(&mut self) -> &mut dyn Any {
+        self.0.inner_mut().0.as_any()
+    }
+    fn as_any_ref(&self) -> &dyn Any {
+        self.0.inner().0.as_any_ref()
     }
 }
 

@@ -8,11 +8,11 @@
 //! from a 32-byte secret ([`SealKeys`]), one direction's [`Sealer`] and the
 //! other's [`Opener`], and the wire form below. The handshake that agrees
 //! the secret and the transcript per connection (a Noise handshake with a
-//! pre-shared key) is [`seal_handshake`](super::seal_handshake). **Not yet
-//! there** (the next step of issue 32): the wiring that seals every frame
-//! of every channel. Until it exists nothing seals: a flodl 0.8 peer, and
-//! every cohort link today, gets flodl's bytes, MACs and all
-//! (docs/SECURITY.md, "Sealed links").
+//! pre-shared key) is [`seal_handshake`](super::seal_handshake); the
+//! negotiation that puts both around a machine's connections is
+//! [`crate::sealed`]. The simulator seals with them; the drivers do not
+//! yet, so a flodl 0.8 peer, and every real cohort link today, gets
+//! flodl's bytes, MACs and all (docs/SECURITY.md, "Sealed links").
 //!
 //! # Wire form
 //!

@@ -18,7 +18,8 @@
 //! under open admission the salt is public and the key then authenticates
 //! nothing (docs/SECURITY.md, "Sealed links").
 //!
-//! Not yet wired into any channel: nothing seals today.
+//! [`crate::sealed::Sealed`] runs it on every connection of a machine
+//! whose links are sealed (the simulator's; the drivers do not yet).
 //!
 //! # Wire form
 //!

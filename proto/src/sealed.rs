@@ -1,0 +1,834 @@
+//! Sealed links around any machine (issue 32, cohort only, off by
+//! default): [`Sealed`] stands between a machine and its driver and, on
+//! every connection both ends agree to seal, runs the handshake
+//! ([`SealHandshake`]) and then seals each transmit and opens each frame
+//! received ([`Sealer`], [`Opener`]), so the machine inside reads and
+//! writes the same plaintext it always does and never sees a byte that did
+//! not verify.
+//!
+//! # Negotiation, per connection
+//!
+//! A dialing side whose mode is not [`SealMode::Off`] offers: its first
+//! bytes are [`SEAL_OFFER`] and the handshake's first message. An accepting
+//! side reads a connection's first four bytes before its machine hears
+//! any: the offer starts the handshake; anything else is a plain peer (a
+//! flodl 0.8 process, a cohort one not sealing), let in under
+//! [`SealMode::Prefer`] and refused under [`SealMode::Require`], except an
+//! HTTP request (`GET `, `POST`: the status endpoint stays plain). What the
+//! machine transmits on a connection before it is decided waits, and then
+//! goes sealed or plain with it. A refusal closes only that connection: the
+//! machine is told it closed ([`Input::Closed`] with [`CloseCause::Error`])
+//! and a [`SealNote::Refused`] event names the reason.
+//!
+//! Nothing is downgraded: once a peer offered, the connection is sealed or
+//! closed, and under `require` a peer that strips the offer is refused at
+//! its first bytes.
+//!
+//! # Randomness
+//!
+//! Each handshake's ephemeral key is drawn from a ChaCha20 stream seeded
+//! once by the caller ([`SealConfig::seed`]): a driver seeds it from the
+//! OS, the simulator from its run's seed, so a sealed simulation is the
+//! same for the same seed.
+//!
+//! ```
+//! use cohort_proto::sealed::{SealConfig, SealMode, Sealed};
+//! use cohort_proto::wire::{SealPsk, SessionSalt};
+//! # use cohort_proto::{Input, Machine, Output, Time};
+//! # #[derive(Default)] struct Quiet;
+//! # #[derive(Debug)] struct Note;
+//! # impl From<cohort_proto::sealed::SealNote> for Note { fn from(_: cohort_proto::sealed::SealNote) -> Note { Note } }
+//! # impl Machine for Quiet {
+//! #     type Event = Note;
+//! #     fn handle(&mut self, _: Time, _: Input<'_>) {}
+//! #     fn poll(&mut self, _: Time) -> Option<Output<Note>> { None }
+//! #     fn poll_timeout(&self) -> Option<Time> { None }
+//! # }
+//! let psk = SealPsk::from_salt(&SessionSalt::from_bytes([3; 16]));
+//! let config = SealConfig::new(SealMode::Require, psk, [7; 32]);
+//! let node = Sealed::new(Quiet, config);
+//! assert_eq!(node.mode(), SealMode::Require);
+//! ```
+
+use std::collections::{BTreeMap, VecDeque};
+
+use bytes::{Bytes, BytesMut};
+use rand_chacha::ChaCha20Rng;
+use rand_core::{Rng, SeedableRng};
+
+use crate::machine::{CloseCause, ConnId, Input, Machine, Output};
+use crate::time::Time;
+use crate::wire::{HandshakeError, Opener, SealError, SealHandshake, SealPsk, SealedLink, Sealer};
+
+/// The four bytes a dialer offering a sealed link sends first (`CSL1`:
+/// cohort sealed link, version 1); no flodl channel magic and no HTTP
+/// method starts so.
+pub const SEAL_OFFER: [u8; 4] = *b"CSL1";
+
+/// The channel every sealed link's handshake is bound to (the offer's
+/// bytes as a `u32` LE). The machine's own channel magic travels inside
+/// the link, in its first sealed frame.
+pub const LINK_CHANNEL: u32 = u32::from_le_bytes(SEAL_OFFER);
+
+/// The largest frame a link opens by default: above any frame a cohort
+/// machine sends in one transmit (a round frame of a 2 GiB model is
+/// 2 GiB + headers).
+pub const DEFAULT_CEILING: u64 = 4 << 30;
+
+/// Whether a node seals its links.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum SealMode {
+    /// flodl's bytes on every connection (the default).
+    #[default]
+    Off,
+    /// Offer on every dial; seal every accepted peer that offers, let a
+    /// plain one in.
+    Prefer,
+    /// Offer on every dial; refuse an accepted peer that does not offer
+    /// (HTTP excepted).
+    Require,
+}
+
+/// How a node seals: the mode, the pre-shared key both ends derive from
+/// the session's secret, and the seed of its handshakes' ephemeral keys.
+#[derive(Clone, Debug)]
+pub struct SealConfig {
+    /// Off, prefer or require.
+    pub mode: SealMode,
+    /// The handshake's pre-shared key.
+    pub psk: SealPsk,
+    /// Seeds the ChaCha20 stream each handshake's ephemeral key is drawn
+    /// from: fresh from a CSPRNG for every process (the simulator: its
+    /// seed).
+    pub seed: [u8; 32],
+    /// The largest frame a link opens.
+    pub ceiling: u64,
+}
+
+impl SealConfig {
+    /// `mode` under `psk`, ephemeral keys drawn from `seed`, frames up to
+    /// [`DEFAULT_CEILING`].
+    pub fn new(mode: SealMode, psk: SealPsk, seed: [u8; 32]) -> SealConfig {
+        SealConfig { mode, psk, seed, ceiling: DEFAULT_CEILING }
+    }
+}
+
+/// What [`Sealed`] reports through its machine's events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SealNote {
+    /// The connection's handshake finished: from here every byte on it is
+    /// sealed.
+    Keyed {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// The connection was closed for what its peer sent.
+    Refused {
+        /// The connection.
+        conn: ConnId,
+        /// Why.
+        why: SealRefusal,
+    },
+}
+
+/// Why a connection was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SealRefusal {
+    /// Under [`SealMode::Require`], the peer's first bytes were not the
+    /// offer (nor an HTTP request).
+    NotOffered {
+        /// The four bytes it began with.
+        first: [u8; 4],
+    },
+    /// The handshake failed (another key, tampering, a replayed message).
+    Handshake(HandshakeError),
+    /// A sealed frame was refused (replayed, reordered, forged, too large).
+    Frame(SealError),
+}
+
+/// Where one connection's link is.
+enum Link {
+    /// Accepted: its first bytes will say whether the peer seals.
+    Undecided { first: [u8; 4], have: usize, held: Vec<Bytes> },
+    /// The handshake runs; the machine's transmits wait for it.
+    Handshaking { handshake: Box<SealHandshake>, held: Vec<Bytes> },
+    /// Keyed: every byte each way is sealed.
+    Open { sealer: Box<Sealer>, opener: Box<Opener> },
+}
+
+/// A machine whose links are sealed when both ends agree (see the
+/// [module documentation](self)). Under [`SealMode::Off`] it is the
+/// machine and nothing else: every input and output passes untouched.
+pub struct Sealed<M: Machine> {
+    inner: M,
+    mode: SealMode,
+    psk: SealPsk,
+    ceiling: u64,
+    rng: ChaCha20Rng,
+    /// Connections that are not plain (a plain one has no entry).
+    links: BTreeMap<ConnId, Link>,
+    out: VecDeque<Output<M::Event>>,
+}
+
+impl<M: Machine> core::fmt::Debug for Sealed<M> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Sealed")
+            .field("mode", &self.mode)
+            .field("links", &self.links.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M> Sealed<M>
+where
+    M: Machine,
+    M::Event: From<SealNote>,
+{
+    /// `inner` behind sealed links as `config` says.
+    pub fn new(inner: M, config: SealConfig) -> Sealed<M> {
+        Sealed {
+            inner,
+            mode: config.mode,
+            psk: config.psk,
+            ceiling: config.ceiling,
+            rng: ChaCha20Rng::from_seed(config.seed),
+            links: BTreeMap::new(),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> SealMode {
+        self.mode
+    }
+
+    /// The machine inside.
+    pub fn inner(&self) -> &M {
+        &self.inner
+    }
+
+    /// The machine inside, to run its commands (drain this machine's
+    /// outputs after, as after any command).
+    pub fn inner_mut(&mut self) -> &mut M {
+        &mut self.inner
+    }
+
+    /// Whether `conn` is sealed (its handshake finished).
+    pub fn is_sealed(&self, conn: ConnId) -> bool {
+        matches!(self.links.get(&conn), Some(Link::Open { .. }))
+    }
+
+    fn ephemeral_seed(&mut self) -> [u8; 32] {
+        let mut seed = [0u8; 32];
+        self.rng.fill_bytes(&mut seed);
+        seed
+    }
+
+    /// Feeds the machine and moves what it then has to say out through
+    /// the links, so every output keeps its place in line.
+    fn inner_handle(&mut self, now: Time, input: Input<'_>) {
+        self.inner.handle(now, input);
+        self.pump(now);
+    }
+
+    /// Carries the machine's outputs out: a transmit sealed, held or
+    /// passed as its connection's link says.
+    fn pump(&mut self, now: Time) {
+        while let Some(o) = self.inner.poll(now) {
+            match o {
+                Output::Transmit { conn, bytes } => match self.links.get_mut(&conn) {
+                    None => self.out.push_back(Output::Transmit { conn, bytes }),
+                    Some(Link::Undecided { held, .. } | Link::Handshaking { held, .. }) => held.push(bytes),
+                    Some(Link::Open { sealer, .. }) => {
+                        let mut wire = BytesMut::new();
+                        match sealer.seal(&bytes, &mut wire) {
+                            Ok(_) => self.out.push_back(Output::Transmit { conn, bytes: wire.freeze() }),
+                            Err(e) => self.refuse(now, conn, SealRefusal::Frame(e)),
+                        }
+                    }
+                },
+                Output::Close { conn } => {
+                    // What waited for an undecided link cannot leave: it closes as it stands.
+                    self.links.remove(&conn);
+                    self.out.push_back(Output::Close { conn });
+                }
+                other => self.out.push_back(other),
+            }
+        }
+    }
+
+    /// Closes `conn` for `why`: the machine hears it closed, the event says why.
+    fn refuse(&mut self, now: Time, conn: ConnId, why: SealRefusal) {
+        self.links.remove(&conn);
+        self.out.push_back(Output::Close { conn });
+        self.out.push_back(Output::Event(SealNote::Refused { conn, why }.into()));
+        self.inner_handle(now, Input::Closed { conn, cause: CloseCause::Error, unsent: 0 });
+    }
+
+    /// The link of `conn` is keyed: the reply (a responder's) goes first,
+    /// then what the machine said meanwhile, sealed.
+    fn keyed(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        reply: Option<Bytes>,
+        mut sealer: Sealer,
+        opener: Opener,
+        held: Vec<Bytes>,
+    ) {
+        if let Some(reply) = reply {
+            self.out.push_back(Output::Transmit { conn, bytes: reply });
+        }
+        for bytes in held {
+            let mut wire = BytesMut::new();
+            if let Err(e) = sealer.seal(&bytes, &mut wire) {
+                return self.refuse(now, conn, SealRefusal::Frame(e));
+            }
+            self.out.push_back(Output::Transmit { conn, bytes: wire.freeze() });
+        }
+        self.links.insert(conn, Link::Open { sealer: Box::new(sealer), opener: Box::new(opener) });
+        self.out.push_back(Output::Event(SealNote::Keyed { conn }.into()));
+    }
+
+    /// Bytes received on a connection that has a link.
+    fn received(&mut self, now: Time, conn: ConnId, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            // Gone: refused, or closed by the machine while it read a
+            // frame. Nothing more of it is read, and nothing unverified.
+            let Some(link) = self.links.get_mut(&conn) else { return };
+            match link {
+                Link::Undecided { first, have, held } => {
+                    let take = (4 - *have).min(bytes.len());
+                    first[*have..*have + take].copy_from_slice(&bytes[..take]);
+                    *have += take;
+                    bytes = &bytes[take..];
+                    if *have < 4 {
+                        return;
+                    }
+                    let (first, held) = (*first, std::mem::take(held));
+                    if first == SEAL_OFFER {
+                        let seed = self.ephemeral_seed();
+                        let handshake = SealHandshake::responder(&self.psk, LINK_CHANNEL, seed, self.ceiling);
+                        self.links.insert(conn, Link::Handshaking { handshake: Box::new(handshake), held });
+                        continue;
+                    }
+                    let http = &first == b"GET " || &first == b"POST";
+                    if self.mode == SealMode::Require && !http {
+                        return self.refuse(now, conn, SealRefusal::NotOffered { first });
+                    }
+                    // A plain peer: what waited goes out as it is, and from
+                    // here the connection is the machine's alone.
+                    self.links.remove(&conn);
+                    self.out.extend(held.into_iter().map(|bytes| Output::Transmit { conn, bytes }));
+                    let whole = [&first[..], bytes].concat();
+                    return self.inner_handle(now, Input::Received { conn, bytes: &whole });
+                }
+                Link::Handshaking { handshake, held } => match handshake.feed(bytes) {
+                    Ok((used, None)) => bytes = &bytes[used..],
+                    Ok((used, Some(SealedLink { reply, sealer, opener }))) => {
+                        let held = std::mem::take(held);
+                        bytes = &bytes[used..];
+                        self.keyed(now, conn, reply, sealer, opener, held);
+                    }
+                    Err(e) => return self.refuse(now, conn, SealRefusal::Handshake(e)),
+                },
+                Link::Open { opener, .. } => match opener.feed(bytes) {
+                    Ok((used, frame)) => {
+                        bytes = &bytes[used..];
+                        if let Some(frame) = frame {
+                            for segment in frame.segments() {
+                                self.inner_handle(now, Input::Received { conn, bytes: segment });
+                            }
+                            if let Some(Link::Open { opener, .. }) = self.links.get_mut(&conn) {
+                                opener.recycle(frame);
+                            }
+                        } else if used == 0 {
+                            return;
+                        }
+                    }
+                    Err(e) => return self.refuse(now, conn, SealRefusal::Frame(e)),
+                },
+            }
+        }
+    }
+}
+
+impl<M> Machine for Sealed<M>
+where
+    M: Machine,
+    M::Event: From<SealNote>,
+{
+    type Event = M::Event;
+
+    fn handle(&mut self, now: Time, input: Input<'_>) {
+        if self.mode == SealMode::Off {
+            return self.inner.handle(now, input);
+        }
+        match input {
+            Input::Accepted { conn, .. } => {
+                self.links.insert(conn, Link::Undecided { first: [0; 4], have: 0, held: Vec::new() });
+                self.inner_handle(now, input);
+            }
+            Input::Connected { conn, .. } => {
+                let seed = self.ephemeral_seed();
+                let (handshake, first) =
+                    SealHandshake::initiator(&self.psk, LINK_CHANNEL, seed, self.ceiling);
+                let mut offer = BytesMut::with_capacity(SEAL_OFFER.len() + first.len());
+                offer.extend_from_slice(&SEAL_OFFER);
+                offer.extend_from_slice(&first);
+                self.out.push_back(Output::Transmit { conn, bytes: offer.freeze() });
+                self.links
+                    .insert(conn, Link::Handshaking { handshake: Box::new(handshake), held: Vec::new() });
+                self.inner_handle(now, input);
+            }
+            Input::Received { conn, bytes } if self.links.contains_key(&conn) => {
+                self.received(now, conn, bytes)
+            }
+            Input::Closed { conn, .. } => {
+                self.links.remove(&conn);
+                self.inner_handle(now, input);
+            }
+            _ => self.inner_handle(now, input),
+        }
+    }
+
+    fn poll(&mut self, now: Time) -> Option<Output<M::Event>> {
+        if self.mode == SealMode::Off {
+            return self.inner.poll(now);
+        }
+        // Outputs of a command run on the machine since the last input.
+        self.pump(now);
+        self.out.pop_front()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        self.inner.poll_timeout()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::{DialId, Peer};
+    use crate::wire::SessionSalt;
+
+    /// A peer that greets each connection at once, keeps what it reads, and
+    /// sends what a test asks.
+    #[derive(Default)]
+    struct Talker {
+        dial: Option<&'static str>,
+        greeting: &'static [u8],
+        out: VecDeque<Output<Ev>>,
+    }
+
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    enum Ev {
+        Got(ConnId, Vec<u8>),
+        Closed(ConnId),
+        Link(SealNote),
+    }
+
+    impl From<SealNote> for Ev {
+        fn from(n: SealNote) -> Ev {
+            Ev::Link(n)
+        }
+    }
+
+    impl Talker {
+        fn dialing(greeting: &'static [u8]) -> Talker {
+            let mut t = Talker { dial: Some("server:1"), greeting, out: VecDeque::new() };
+            t.out.push_back(Output::Dial { dial: DialId(0), addr: "server:1".into() });
+            t
+        }
+
+        fn listening(greeting: &'static [u8]) -> Talker {
+            Talker { dial: None, greeting, out: VecDeque::new() }
+        }
+
+        fn send(&mut self, conn: ConnId, bytes: &[u8]) {
+            self.out.push_back(Output::Transmit { conn, bytes: Bytes::copy_from_slice(bytes) });
+        }
+    }
+
+    impl Machine for Talker {
+        type Event = Ev;
+
+        fn handle(&mut self, _now: Time, input: Input<'_>) {
+            match input {
+                Input::Accepted { conn, .. } | Input::Connected { conn, .. } => {
+                    self.out.push_back(Output::Transmit { conn, bytes: Bytes::from_static(self.greeting) })
+                }
+                Input::Received { conn, bytes } => {
+                    self.out.push_back(Output::Event(Ev::Got(conn, bytes.to_vec())))
+                }
+                Input::Closed { conn, .. } => self.out.push_back(Output::Event(Ev::Closed(conn))),
+                Input::DialFailed { .. } | Input::Timeout => {}
+            }
+            let _ = self.dial;
+        }
+
+        fn poll(&mut self, _now: Time) -> Option<Output<Ev>> {
+            self.out.pop_front()
+        }
+
+        fn poll_timeout(&self) -> Option<Time> {
+            None
+        }
+    }
+
+    fn psk(b: u8) -> SealPsk {
+        SealPsk::from_salt(&SessionSalt::from_bytes([b; 16]))
+    }
+
+    fn sealed(t: Talker, mode: SealMode, key: u8, seed: u8) -> Sealed<Talker> {
+        Sealed::new(t, SealConfig::new(mode, psk(key), [seed; 32]))
+    }
+
+    /// Two machines joined by one connection (`CONN` on both sides), bytes
+    /// carried by hand so a test can see, keep, change or replay them.
+    struct Pipe {
+        client: Sealed<Talker>,
+        server: Sealed<Talker>,
+        /// Every transmit, client to server and back, as sent.
+        c2s: Vec<Bytes>,
+        s2c: Vec<Bytes>,
+        client_events: Vec<Ev>,
+        server_events: Vec<Ev>,
+        /// Closes asked for, by side.
+        client_closed: bool,
+        server_closed: bool,
+        /// Whether transmits are delivered (off: kept only).
+        deliver: bool,
+    }
+
+    const CONN: ConnId = ConnId(7);
+
+    impl Pipe {
+        fn new(client: Sealed<Talker>, server: Sealed<Talker>) -> Pipe {
+            let mut p = Pipe {
+                client,
+                server,
+                c2s: Vec::new(),
+                s2c: Vec::new(),
+                client_events: Vec::new(),
+                server_events: Vec::new(),
+                client_closed: false,
+                server_closed: false,
+                deliver: true,
+            };
+            p.settle();
+            p
+        }
+
+        /// Drains both sides until neither has anything to say.
+        fn settle(&mut self) {
+            let now = Time::ZERO;
+            loop {
+                let mut any = false;
+                while let Some(o) = self.client.poll(now) {
+                    any = true;
+                    match o {
+                        Output::Dial { dial, .. } => {
+                            self.client.handle(now, Input::Connected { dial, conn: CONN });
+                            self.server.handle(now, Input::Accepted { conn: CONN, peer: Peer::REMOTE });
+                        }
+                        Output::Transmit { bytes, .. } => {
+                            self.c2s.push(bytes.clone());
+                            if self.deliver && !self.server_closed {
+                                self.server.handle(now, Input::Received { conn: CONN, bytes: &bytes });
+                            }
+                        }
+                        Output::Close { .. } => self.client_closed = true,
+                        Output::Event(e) => self.client_events.push(e),
+                    }
+                }
+                while let Some(o) = self.server.poll(now) {
+                    any = true;
+                    match o {
+                        Output::Transmit { bytes, .. } => {
+                            self.s2c.push(bytes.clone());
+                            if self.deliver && !self.client_closed {
+                                self.client.handle(now, Input::Received { conn: CONN, bytes: &bytes });
+                            }
+                        }
+                        Output::Close { .. } => self.server_closed = true,
+                        Output::Event(e) => self.server_events.push(e),
+                        Output::Dial { .. } => unreachable!("the server dials nobody"),
+                    }
+                }
+                if !any {
+                    return;
+                }
+            }
+        }
+
+        fn client_says(&mut self, bytes: &[u8]) {
+            self.client.inner_mut().send(CONN, bytes);
+            self.settle();
+        }
+
+        fn forward_to_server(&mut self, bytes: &[u8]) {
+            self.server.handle(Time::ZERO, Input::Received { conn: CONN, bytes });
+            self.settle();
+        }
+
+        /// What the server's machine read, in one piece.
+        fn server_read(&self) -> Vec<u8> {
+            self.server_events
+                .iter()
+                .filter_map(|e| if let Ev::Got(_, b) = e { Some(b.clone()) } else { None })
+                .collect::<Vec<_>>()
+                .concat()
+        }
+
+        fn client_read(&self) -> Vec<u8> {
+            self.client_events
+                .iter()
+                .filter_map(|e| if let Ev::Got(_, b) = e { Some(b.clone()) } else { None })
+                .collect::<Vec<_>>()
+                .concat()
+        }
+
+        fn server_refusal(&self) -> Option<SealRefusal> {
+            self.server_events.iter().find_map(|e| match e {
+                Ev::Link(SealNote::Refused { why, .. }) => Some(why.clone()),
+                _ => None,
+            })
+        }
+    }
+
+    fn contains(haystack: &[Bytes], needle: &[u8]) -> bool {
+        let all = haystack.concat();
+        all.windows(needle.len()).any(|w| w == needle)
+    }
+
+    fn sealed_pair(client_mode: SealMode, server_mode: SealMode) -> Pipe {
+        Pipe::new(
+            sealed(Talker::dialing(b"hello from the client"), client_mode, 1, 1),
+            sealed(Talker::listening(b"hello from the server"), server_mode, 1, 2),
+        )
+    }
+
+    #[test]
+    fn two_sealing_peers_key_their_link_and_no_plaintext_crosses_it() {
+        for (c, s) in [(SealMode::Require, SealMode::Require), (SealMode::Prefer, SealMode::Prefer)] {
+            let mut p = sealed_pair(c, s);
+            p.client_says(b"the model's secret weights");
+            assert!(p.client.is_sealed(CONN) && p.server.is_sealed(CONN));
+            assert_eq!(p.server_read(), b"hello from the clientthe model's secret weights");
+            assert_eq!(p.client_read(), b"hello from the server");
+            assert!(p.client_events.contains(&Ev::Link(SealNote::Keyed { conn: CONN })));
+            assert!(p.server_events.contains(&Ev::Link(SealNote::Keyed { conn: CONN })));
+            assert_eq!(&p.c2s[0][..4], &SEAL_OFFER);
+            for plain in [&b"hello from the client"[..], b"secret weights", b"hello from the server"] {
+                assert!(!contains(&p.c2s, plain) && !contains(&p.s2c, plain), "{:?} in the clear", plain);
+            }
+        }
+    }
+
+    #[test]
+    fn off_is_the_bare_machine_on_the_wire() {
+        let mut p = sealed_pair(SealMode::Off, SealMode::Off);
+        p.client_says(b"abc");
+        assert_eq!(p.c2s, [Bytes::from_static(b"hello from the client"), Bytes::from_static(b"abc")]);
+        assert_eq!(p.s2c, [Bytes::from_static(b"hello from the server")]);
+        assert!(!p.client.is_sealed(CONN));
+    }
+
+    #[test]
+    fn a_plain_peer_is_let_in_under_prefer_and_refused_under_require_before_the_machine_says_a_byte() {
+        let p = sealed_pair(SealMode::Off, SealMode::Prefer);
+        assert_eq!(p.server_read(), b"hello from the client");
+        assert_eq!(p.client_read(), b"hello from the server", "the held greeting went out plain");
+
+        let p = sealed_pair(SealMode::Off, SealMode::Require);
+        assert_eq!(p.server_refusal(), Some(SealRefusal::NotOffered { first: *b"hell" }));
+        assert!(p.server_closed);
+        assert_eq!(p.server_read(), b"", "the machine read nothing of it");
+        assert!(p.server_events.contains(&Ev::Closed(CONN)), "the machine heard it closed");
+        assert!(p.s2c.is_empty(), "the held greeting never left: {:?}", p.s2c);
+    }
+
+    #[test]
+    fn http_stays_plain_under_require() {
+        let client = sealed(Talker::dialing(b"GET /state.json HTTP/1.1\r\n\r\n"), SealMode::Off, 1, 1);
+        let p = Pipe::new(client, sealed(Talker::listening(b"HTTP/1.1 200 OK"), SealMode::Require, 1, 2));
+        assert_eq!(p.server_read(), b"GET /state.json HTTP/1.1\r\n\r\n");
+        assert_eq!(p.client_read(), b"HTTP/1.1 200 OK");
+    }
+
+    #[test]
+    fn another_key_is_refused_at_the_handshake_and_nothing_is_read() {
+        let mut p = Pipe::new(
+            sealed(Talker::dialing(b"hello from the client"), SealMode::Require, 1, 1),
+            sealed(Talker::listening(b"hello from the server"), SealMode::Require, 2, 2),
+        );
+        assert_eq!(
+            p.server_refusal(),
+            Some(SealRefusal::Handshake(HandshakeError::Refused { message: 1 })),
+            "{:?}",
+            p.server_events
+        );
+        p.client_says(b"more");
+        assert_eq!((p.server_read(), p.client_read()), (vec![], vec![]));
+        assert!(!p.client.is_sealed(CONN));
+    }
+
+    #[test]
+    fn a_stripped_offer_is_refused_under_require_and_nothing_leaves_in_the_clear() {
+        let mut client = sealed(Talker::dialing(b"hello from the client"), SealMode::Require, 1, 1);
+        let mut server = sealed(Talker::listening(b"hello from the server"), SealMode::Require, 1, 2);
+        let now = Time::ZERO;
+        let Some(Output::Dial { dial, .. }) = client.poll(now) else { panic!("a dial") };
+        client.handle(now, Input::Connected { dial, conn: CONN });
+        server.handle(now, Input::Accepted { conn: CONN, peer: Peer::REMOTE });
+        let sent: Vec<Bytes> = std::iter::from_fn(|| client.poll(now))
+            .filter_map(|o| if let Output::Transmit { bytes, .. } = o { Some(bytes) } else { None })
+            .collect();
+        assert_eq!(sent.len(), 1, "only the offer: the greeting waits for the handshake");
+        // The attacker drops the offer's four bytes and forwards the rest.
+        server.handle(now, Input::Received { conn: CONN, bytes: &sent[0][4..] });
+        let outs: Vec<_> = std::iter::from_fn(|| server.poll(now)).collect();
+        let refused = outs.iter().any(|o| {
+            matches!(
+                o,
+                Output::Event(Ev::Link(SealNote::Refused { why: SealRefusal::NotOffered { .. }, .. }))
+            )
+        });
+        assert!(refused, "{outs:?}");
+        assert!(outs.iter().any(|o| matches!(o, Output::Close { conn } if *conn == CONN)));
+        assert!(
+            !outs.iter().any(|o| matches!(o, Output::Transmit { .. })),
+            "the server said nothing: {outs:?}"
+        );
+        // The client never completes, so never sends its greeting at all.
+        client.handle(now, Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
+        let after: Vec<_> = std::iter::from_fn(|| client.poll(now)).collect();
+        assert_eq!(after, [Output::Event(Ev::Closed(CONN))]);
+    }
+
+    /// A sealed pair, the client's frames after the handshake kept and not
+    /// delivered.
+    fn keyed_then_held() -> Pipe {
+        let mut p = sealed_pair(SealMode::Require, SealMode::Require);
+        assert!(p.server.is_sealed(CONN));
+        p.deliver = false;
+        p.c2s.clear();
+        p
+    }
+
+    #[test]
+    fn a_replayed_frame_is_refused_on_its_own_connection_and_on_another() {
+        let mut p = keyed_then_held();
+        p.client_says(b"round 1");
+        let frame = p.c2s[0].clone();
+        p.forward_to_server(&frame);
+        assert_eq!(p.server_read(), b"hello from the clientround 1");
+        p.forward_to_server(&frame);
+        assert!(
+            matches!(p.server_refusal(), Some(SealRefusal::Frame(SealError::Replayed { .. }))),
+            "{:?}",
+            p.server_events
+        );
+        assert_eq!(p.server_read(), b"hello from the clientround 1", "read once");
+
+        // Another connection of the same peers (other ephemeral keys).
+        let mut q = Pipe::new(
+            sealed(Talker::dialing(b"hello from the client"), SealMode::Require, 1, 3),
+            sealed(Talker::listening(b"hello from the server"), SealMode::Require, 1, 4),
+        );
+        assert!(q.server.is_sealed(CONN));
+        let before = q.server_read();
+        q.forward_to_server(&frame);
+        assert!(matches!(q.server_refusal(), Some(SealRefusal::Frame(_))), "{:?}", q.server_events);
+        assert_eq!(q.server_read(), before);
+    }
+
+    #[test]
+    fn a_flipped_bit_a_cut_and_a_reordering_are_refused_and_never_read() {
+        for case in 0..3 {
+            let mut p = keyed_then_held();
+            p.client_says(b"first");
+            p.client_says(b"second");
+            let (a, b) = (p.c2s[0].clone(), p.c2s[1].clone());
+            match case {
+                0 => {
+                    let mut bad = a.to_vec();
+                    let last = bad.len() - 1;
+                    bad[last] ^= 1;
+                    p.forward_to_server(&bad);
+                }
+                1 => {
+                    p.forward_to_server(&a[..a.len() - 1]);
+                    p.server
+                        .handle(Time::ZERO, Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
+                    p.settle();
+                }
+                _ => p.forward_to_server(&b),
+            }
+            assert_eq!(p.server_read(), b"hello from the client", "case {case}: {:?}", p.server_events);
+            match case {
+                1 => assert_eq!(p.server_refusal(), None, "a cut is just a close"),
+                2 => assert!(matches!(
+                    p.server_refusal(),
+                    Some(SealRefusal::Frame(SealError::OutOfOrder { .. }))
+                )),
+                _ => assert!(matches!(p.server_refusal(), Some(SealRefusal::Frame(_)))),
+            }
+        }
+    }
+
+    #[test]
+    fn one_peers_garbage_costs_its_connection_only() {
+        let mut server = sealed(Talker::listening(b"hi"), SealMode::Require, 1, 2);
+        let now = Time::ZERO;
+        let mut refused = 0;
+        for c in 100..1100u64 {
+            let conn = ConnId(c);
+            server.handle(now, Input::Accepted { conn, peer: Peer::REMOTE });
+            // The offer, then a whole handshake message made up without the key.
+            let mut junk = SEAL_OFFER.to_vec();
+            junk.extend_from_slice(&48u16.to_le_bytes());
+            junk.extend((0..48).map(|i| (i as u64 * 31 + c) as u8));
+            server.handle(now, Input::Received { conn, bytes: &junk });
+            for o in std::iter::from_fn(|| server.poll(now)) {
+                if let Output::Event(Ev::Link(SealNote::Refused { why: SealRefusal::Handshake(_), .. })) = o {
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(refused, 1000);
+        assert!(server.links.is_empty(), "nothing kept for them");
+    }
+
+    #[test]
+    fn the_same_seeds_give_the_same_bytes() {
+        let run = |seed: u8| {
+            let mut p = Pipe::new(
+                sealed(Talker::dialing(b"hello"), SealMode::Require, 1, seed),
+                sealed(Talker::listening(b"hi"), SealMode::Require, 1, 9),
+            );
+            p.client_says(b"x");
+            (p.c2s, p.s2c)
+        };
+        assert_eq!(run(1), run(1));
+        assert_ne!(run(1).0, run(2).0);
+    }
+
+    #[test]
+    fn every_split_of_a_sealed_stream_reads_the_same() {
+        for step in [1usize, 7, 4096, 70_000] {
+            let mut q = keyed_then_held();
+            q.client_says(b"one");
+            q.client_says(&[5u8; 100_000]);
+            let mine = q.c2s.concat();
+            for chunk in mine.chunks(step) {
+                q.forward_to_server(chunk);
+            }
+            let mut want = b"hello from the clientone".to_vec();
+            want.extend_from_slice(&[5u8; 100_000]);
+            assert_eq!(q.server_read(), want, "step {step}");
+        }
+    }
+}
