@@ -14,7 +14,8 @@
 //! any: the offer starts the handshake; anything else is a plain peer (a
 //! flodl 0.8 process, a cohort one not sealing), let in under
 //! [`SealMode::Prefer`] and refused under [`SealMode::Require`], except an
-//! HTTP request (`GET `, `POST`: the status endpoint stays plain). What the
+//! HTTP request (`GET `, `POST`) where [`SealConfig::plain_http`] says so
+//! (the controller's port: its status endpoint stays plain). What the
 //! machine transmits on a connection before it is decided waits, and then
 //! goes sealed or plain with it. A refusal closes only that connection: the
 //! machine is told it closed ([`Input::Closed`] with [`CloseCause::Error`])
@@ -104,13 +105,22 @@ pub struct SealConfig {
     pub seed: [u8; 32],
     /// The largest frame a link opens.
     pub ceiling: u64,
+    /// Whether an accepted HTTP request (`GET `, `POST`) stays plain under
+    /// [`SealMode::Require`]: the controller's port, whose status endpoint
+    /// is plain HTTP; off everywhere else.
+    pub plain_http: bool,
 }
 
 impl SealConfig {
     /// `mode` under `psk`, ephemeral keys drawn from `seed`, frames up to
     /// [`DEFAULT_CEILING`].
     pub fn new(mode: SealMode, psk: SealPsk, seed: [u8; 32]) -> SealConfig {
-        SealConfig { mode, psk, seed, ceiling: DEFAULT_CEILING }
+        SealConfig { mode, psk, seed, ceiling: DEFAULT_CEILING, plain_http: false }
+    }
+
+    /// The same, HTTP let in plain ([`SealConfig::plain_http`]).
+    pub fn with_plain_http(self) -> SealConfig {
+        SealConfig { plain_http: true, ..self }
     }
 }
 
@@ -136,7 +146,7 @@ pub enum SealNote {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SealRefusal {
     /// Under [`SealMode::Require`], the peer's first bytes were not the
-    /// offer (nor an HTTP request).
+    /// offer (nor an HTTP request where [`SealConfig::plain_http`]).
     NotOffered {
         /// The four bytes it began with.
         first: [u8; 4],
@@ -148,13 +158,29 @@ pub enum SealRefusal {
 }
 
 /// Where one connection's link is.
+///
+/// Every connection of a machine whose mode is not off has one from its
+/// `Accepted` or `Connected` until it ends; a connection without one has
+/// ended (closed by the machine, refused, or reported closed), and nothing
+/// more of it reaches the machine or leaves it.
 enum Link {
-    /// Accepted: its first bytes will say whether the peer seals.
-    Undecided { first: [u8; 4], have: usize, held: Vec<Bytes> },
+    /// Accepted: its first bytes will say whether the peer seals. `closing`:
+    /// the machine closed it with transmits held, which leave (or not) with
+    /// the decision, and then the close.
+    Undecided { first: [u8; 4], have: usize, held: Vec<Bytes>, closing: bool },
     /// The handshake runs; the machine's transmits wait for it.
-    Handshaking { handshake: Box<SealHandshake>, held: Vec<Bytes> },
+    Handshaking { handshake: Box<SealHandshake>, held: Vec<Bytes>, closing: bool },
     /// Keyed: every byte each way is sealed.
     Open { sealer: Box<Sealer>, opener: Box<Opener> },
+    /// A plain peer let in: the machine's own, as without the adapter.
+    Plain,
+}
+
+impl Link {
+    /// Whether the machine has already closed it (its held transmits wait).
+    fn closing(&self) -> bool {
+        matches!(self, Link::Undecided { closing: true, .. } | Link::Handshaking { closing: true, .. })
+    }
 }
 
 /// A machine whose links are sealed when both ends agree (see the
@@ -165,8 +191,9 @@ pub struct Sealed<M: Machine> {
     mode: SealMode,
     psk: SealPsk,
     ceiling: u64,
+    plain_http: bool,
     rng: ChaCha20Rng,
-    /// Connections that are not plain (a plain one has no entry).
+    /// Every live connection's link (see [`Link`]).
     links: BTreeMap<ConnId, Link>,
     out: VecDeque<Output<M::Event>>,
 }
@@ -192,6 +219,7 @@ where
             mode: config.mode,
             psk: config.psk,
             ceiling: config.ceiling,
+            plain_http: config.plain_http,
             rng: ChaCha20Rng::from_seed(config.seed),
             links: BTreeMap::new(),
             out: VecDeque::new(),
@@ -238,8 +266,10 @@ where
         while let Some(o) = self.inner.poll(now) {
             match o {
                 Output::Transmit { conn, bytes } => match self.links.get_mut(&conn) {
-                    None => self.out.push_back(Output::Transmit { conn, bytes }),
+                    Some(Link::Plain) => self.out.push_back(Output::Transmit { conn, bytes }),
                     Some(Link::Undecided { held, .. } | Link::Handshaking { held, .. }) => held.push(bytes),
+                    // Ended: nothing leaves for it (a driver would drop it too).
+                    None => {}
                     Some(Link::Open { sealer, .. }) => {
                         let mut wire = BytesMut::new();
                         match sealer.seal(&bytes, &mut wire) {
@@ -249,9 +279,18 @@ where
                     }
                 },
                 Output::Close { conn } => {
-                    // What waited for an undecided link cannot leave: it closes as it stands.
-                    self.links.remove(&conn);
-                    self.out.push_back(Output::Close { conn });
+                    match self.links.get_mut(&conn) {
+                        // What the machine said first leaves once the link is
+                        // decided, then the close (a close flushes what was queued).
+                        Some(
+                            Link::Undecided { held, closing, .. } | Link::Handshaking { held, closing, .. },
+                        ) if !held.is_empty() => *closing = true,
+                        Some(_) => {
+                            self.links.remove(&conn);
+                            self.out.push_back(Output::Close { conn });
+                        }
+                        None => {}
+                    }
                 }
                 other => self.out.push_back(other),
             }
@@ -259,15 +298,20 @@ where
     }
 
     /// Closes `conn` for `why`: the machine hears it closed, the event says why.
+    /// (Unless the machine had closed it already: then it hears nothing.)
     fn refuse(&mut self, now: Time, conn: ConnId, why: SealRefusal) {
-        self.links.remove(&conn);
+        let closing = self.links.remove(&conn).is_some_and(|l| l.closing());
         self.out.push_back(Output::Close { conn });
         self.out.push_back(Output::Event(SealNote::Refused { conn, why }.into()));
-        self.inner_handle(now, Input::Closed { conn, cause: CloseCause::Error, unsent: 0 });
+        if !closing {
+            self.inner_handle(now, Input::Closed { conn, cause: CloseCause::Error, unsent: 0 });
+        }
     }
 
     /// The link of `conn` is keyed: the reply (a responder's) goes first,
-    /// then what the machine said meanwhile, sealed.
+    /// then what the machine said meanwhile, sealed; then, if the machine
+    /// had closed it meanwhile (`closing`), the close.
+    #[allow(clippy::too_many_arguments)]
     fn keyed(
         &mut self,
         now: Time,
@@ -276,6 +320,7 @@ where
         mut sealer: Sealer,
         opener: Opener,
         held: Vec<Bytes>,
+        closing: bool,
     ) {
         if let Some(reply) = reply {
             self.out.push_back(Output::Transmit { conn, bytes: reply });
@@ -287,18 +332,24 @@ where
             }
             self.out.push_back(Output::Transmit { conn, bytes: wire.freeze() });
         }
-        self.links.insert(conn, Link::Open { sealer: Box::new(sealer), opener: Box::new(opener) });
         self.out.push_back(Output::Event(SealNote::Keyed { conn }.into()));
+        if closing {
+            self.links.remove(&conn);
+            self.out.push_back(Output::Close { conn });
+        } else {
+            self.links.insert(conn, Link::Open { sealer: Box::new(sealer), opener: Box::new(opener) });
+        }
     }
 
     /// Bytes received on a connection that has a link.
     fn received(&mut self, now: Time, conn: ConnId, mut bytes: &[u8]) {
         while !bytes.is_empty() {
-            // Gone: refused, or closed by the machine while it read a
+            // Ended: refused, or closed by the machine while it read a
             // frame. Nothing more of it is read, and nothing unverified.
             let Some(link) = self.links.get_mut(&conn) else { return };
             match link {
-                Link::Undecided { first, have, held } => {
+                Link::Plain => return self.inner_handle(now, Input::Received { conn, bytes }),
+                Link::Undecided { first, have, held, closing } => {
                     let take = (4 - *have).min(bytes.len());
                     first[*have..*have + take].copy_from_slice(&bytes[..take]);
                     *have += take;
@@ -306,30 +357,36 @@ where
                     if *have < 4 {
                         return;
                     }
-                    let (first, held) = (*first, std::mem::take(held));
+                    let (first, held, closing) = (*first, std::mem::take(held), *closing);
                     if first == SEAL_OFFER {
                         let seed = self.ephemeral_seed();
                         let handshake = SealHandshake::responder(&self.psk, LINK_CHANNEL, seed, self.ceiling);
-                        self.links.insert(conn, Link::Handshaking { handshake: Box::new(handshake), held });
+                        let link = Link::Handshaking { handshake: Box::new(handshake), held, closing };
+                        self.links.insert(conn, link);
                         continue;
                     }
-                    let http = &first == b"GET " || &first == b"POST";
+                    let http = self.plain_http && (&first == b"GET " || &first == b"POST");
                     if self.mode == SealMode::Require && !http {
                         return self.refuse(now, conn, SealRefusal::NotOffered { first });
                     }
                     // A plain peer: what waited goes out as it is, and from
-                    // here the connection is the machine's alone.
-                    self.links.remove(&conn);
+                    // here the connection is the machine's own.
                     self.out.extend(held.into_iter().map(|bytes| Output::Transmit { conn, bytes }));
+                    if closing {
+                        self.links.remove(&conn);
+                        self.out.push_back(Output::Close { conn });
+                        return;
+                    }
+                    self.links.insert(conn, Link::Plain);
                     let whole = [&first[..], bytes].concat();
                     return self.inner_handle(now, Input::Received { conn, bytes: &whole });
                 }
-                Link::Handshaking { handshake, held } => match handshake.feed(bytes) {
+                Link::Handshaking { handshake, held, closing } => match handshake.feed(bytes) {
                     Ok((used, None)) => bytes = &bytes[used..],
                     Ok((used, Some(SealedLink { reply, sealer, opener }))) => {
-                        let held = std::mem::take(held);
+                        let (held, closing) = (std::mem::take(held), *closing);
                         bytes = &bytes[used..];
-                        self.keyed(now, conn, reply, sealer, opener, held);
+                        self.keyed(now, conn, reply, sealer, opener, held, closing);
                     }
                     Err(e) => return self.refuse(now, conn, SealRefusal::Handshake(e)),
                 },
@@ -338,6 +395,10 @@ where
                         bytes = &bytes[used..];
                         if let Some(frame) = frame {
                             for segment in frame.segments() {
+                                // The machine may close the link while it reads.
+                                if !matches!(self.links.get(&conn), Some(Link::Open { .. })) {
+                                    return;
+                                }
                                 self.inner_handle(now, Input::Received { conn, bytes: segment });
                             }
                             if let Some(Link::Open { opener, .. }) = self.links.get_mut(&conn) {
@@ -367,7 +428,8 @@ where
         }
         match input {
             Input::Accepted { conn, .. } => {
-                self.links.insert(conn, Link::Undecided { first: [0; 4], have: 0, held: Vec::new() });
+                let link = Link::Undecided { first: [0; 4], have: 0, held: Vec::new(), closing: false };
+                self.links.insert(conn, link);
                 self.inner_handle(now, input);
             }
             Input::Connected { conn, .. } => {
@@ -378,16 +440,18 @@ where
                 offer.extend_from_slice(&SEAL_OFFER);
                 offer.extend_from_slice(&first);
                 self.out.push_back(Output::Transmit { conn, bytes: offer.freeze() });
-                self.links
-                    .insert(conn, Link::Handshaking { handshake: Box::new(handshake), held: Vec::new() });
+                let link =
+                    Link::Handshaking { handshake: Box::new(handshake), held: Vec::new(), closing: false };
+                self.links.insert(conn, link);
                 self.inner_handle(now, input);
             }
-            Input::Received { conn, bytes } if self.links.contains_key(&conn) => {
-                self.received(now, conn, bytes)
-            }
+            Input::Received { conn, bytes } => self.received(now, conn, bytes),
+            // The machine hears a connection end once, and not if it closed
+            // it itself (or it was refused: it heard that already).
             Input::Closed { conn, .. } => {
-                self.links.remove(&conn);
-                self.inner_handle(now, input);
+                if self.links.remove(&conn).is_some_and(|l| !l.closing()) {
+                    self.inner_handle(now, input);
+                }
             }
             _ => self.inner_handle(now, input),
         }
@@ -420,6 +484,8 @@ mod tests {
         dial: Option<&'static str>,
         greeting: &'static [u8],
         out: VecDeque<Output<Ev>>,
+        /// Answer the next read with "bye" and close.
+        close_on_read: bool,
     }
 
     #[derive(Clone, Debug, PartialEq, Eq)]
@@ -437,13 +503,13 @@ mod tests {
 
     impl Talker {
         fn dialing(greeting: &'static [u8]) -> Talker {
-            let mut t = Talker { dial: Some("server:1"), greeting, out: VecDeque::new() };
+            let mut t = Talker { dial: Some("server:1"), greeting, ..Talker::default() };
             t.out.push_back(Output::Dial { dial: DialId(0), addr: "server:1".into() });
             t
         }
 
         fn listening(greeting: &'static [u8]) -> Talker {
-            Talker { dial: None, greeting, out: VecDeque::new() }
+            Talker { dial: None, greeting, ..Talker::default() }
         }
 
         fn send(&mut self, conn: ConnId, bytes: &[u8]) {
@@ -457,10 +523,17 @@ mod tests {
         fn handle(&mut self, _now: Time, input: Input<'_>) {
             match input {
                 Input::Accepted { conn, .. } | Input::Connected { conn, .. } => {
-                    self.out.push_back(Output::Transmit { conn, bytes: Bytes::from_static(self.greeting) })
+                    if !self.greeting.is_empty() {
+                        self.out
+                            .push_back(Output::Transmit { conn, bytes: Bytes::from_static(self.greeting) })
+                    }
                 }
                 Input::Received { conn, bytes } => {
-                    self.out.push_back(Output::Event(Ev::Got(conn, bytes.to_vec())))
+                    self.out.push_back(Output::Event(Ev::Got(conn, bytes.to_vec())));
+                    if self.close_on_read && !bytes.is_empty() {
+                        self.out.push_back(Output::Transmit { conn, bytes: Bytes::from_static(b"bye") });
+                        self.out.push_back(Output::Close { conn });
+                    }
                 }
                 Input::Closed { conn, .. } => self.out.push_back(Output::Event(Ev::Closed(conn))),
                 Input::DialFailed { .. } | Input::Timeout => {}
@@ -651,11 +724,89 @@ mod tests {
     }
 
     #[test]
-    fn http_stays_plain_under_require() {
-        let client = sealed(Talker::dialing(b"GET /state.json HTTP/1.1\r\n\r\n"), SealMode::Off, 1, 1);
-        let p = Pipe::new(client, sealed(Talker::listening(b"HTTP/1.1 200 OK"), SealMode::Require, 1, 2));
-        assert_eq!(p.server_read(), b"GET /state.json HTTP/1.1\r\n\r\n");
+    fn http_stays_plain_under_require_only_where_the_config_says() {
+        let get: &'static [u8] = b"GET /state.json HTTP/1.1\r\n\r\n";
+        let server = |plain_http: bool| {
+            let config = SealConfig::new(SealMode::Require, psk(1), [2; 32]);
+            let config = if plain_http { config.with_plain_http() } else { config };
+            Sealed::new(Talker::listening(b"HTTP/1.1 200 OK"), config)
+        };
+        let p = Pipe::new(sealed(Talker::dialing(get), SealMode::Off, 1, 1), server(true));
+        assert_eq!(p.server_read(), get);
         assert_eq!(p.client_read(), b"HTTP/1.1 200 OK");
+        let p = Pipe::new(sealed(Talker::dialing(get), SealMode::Off, 1, 1), server(false));
+        assert_eq!(p.server_refusal(), Some(SealRefusal::NotOffered { first: *b"GET " }));
+        assert_eq!((p.server_read(), p.client_read()), (vec![], vec![]));
+    }
+
+    #[test]
+    fn a_machine_that_closes_while_reading_a_long_frame_reads_no_more_of_it_and_sends_nothing_after() {
+        let mut p = keyed_then_held();
+        p.client_says(&[9u8; 200 << 10]);
+        let frame = p.c2s[0].clone();
+        let now = Time::ZERO;
+        // The server's machine answers its next read with "bye" and closes.
+        p.server.inner_mut().close_on_read = true;
+        p.server.handle(now, Input::Received { conn: CONN, bytes: &frame });
+        let outs: Vec<_> = std::iter::from_fn(|| p.server.poll(now)).collect();
+        let got: usize =
+            outs.iter().map(|o| if let Output::Event(Ev::Got(_, b)) = o { b.len() } else { 0 }).sum();
+        assert_eq!(got, 64 << 10, "one piece read, then nothing: {outs:?}");
+        let close = outs.iter().position(|o| matches!(o, Output::Close { .. })).expect("the machine's close");
+        assert_eq!(outs.iter().filter(|o| matches!(o, Output::Transmit { .. })).count(), 1, "{outs:?}");
+        assert!(!outs[close..].iter().any(|o| matches!(o, Output::Transmit { .. })), "{outs:?}");
+        assert!(
+            !outs.iter().any(|o| matches!(o, Output::Transmit { bytes, .. } if bytes.as_ref() == b"bye"))
+        );
+        // The driver reports bytes and the end anyway: the machine hears neither.
+        p.server.handle(now, Input::Received { conn: CONN, bytes: b"more" });
+        p.server.handle(now, Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
+        assert_eq!(std::iter::from_fn(|| p.server.poll(now)).count(), 0);
+    }
+
+    #[test]
+    fn a_refused_connection_is_heard_closed_once_and_nothing_later_of_it_is_read() {
+        let mut p = sealed_pair(SealMode::Off, SealMode::Require);
+        assert!(p.server_refusal().is_some());
+        p.server.handle(Time::ZERO, Input::Closed { conn: CONN, cause: CloseCause::Eof, unsent: 0 });
+        p.forward_to_server(b"late plain bytes");
+        let closed = p.server_events.iter().filter(|e| **e == Ev::Closed(CONN)).count();
+        assert_eq!(closed, 1, "{:?}", p.server_events);
+        assert_eq!(p.server_read(), b"");
+    }
+
+    #[test]
+    fn what_a_machine_sends_before_closing_an_undecided_link_leaves_sealed_once_keyed_then_the_close() {
+        let mut client = sealed(Talker::dialing(b""), SealMode::Require, 1, 1);
+        let mut server = sealed(Talker::listening(b""), SealMode::Require, 1, 2);
+        let now = Time::ZERO;
+        let Some(Output::Dial { dial, .. }) = client.poll(now) else { panic!("a dial") };
+        client.handle(now, Input::Connected { dial, conn: CONN });
+        server.handle(now, Input::Accepted { conn: CONN, peer: Peer::REMOTE });
+        client.inner_mut().send(CONN, b"goodbye");
+        client.inner_mut().out.push_back(Output::Close { conn: CONN });
+        let first: Vec<Output<Ev>> = std::iter::from_fn(|| client.poll(now)).collect();
+        assert!(!first.iter().any(|o| matches!(o, Output::Close { .. })), "the close waits: {first:?}");
+        let transmits = |outs: &[Output<Ev>]| -> Vec<u8> {
+            outs.iter()
+                .filter_map(
+                    |o| if let Output::Transmit { bytes, .. } = o { Some(bytes.to_vec()) } else { None },
+                )
+                .flatten()
+                .collect()
+        };
+        server.handle(now, Input::Received { conn: CONN, bytes: &transmits(&first) });
+        let reply: Vec<Output<Ev>> = std::iter::from_fn(|| server.poll(now)).collect();
+        client.handle(now, Input::Received { conn: CONN, bytes: &transmits(&reply) });
+        let then: Vec<Output<Ev>> = std::iter::from_fn(|| client.poll(now)).collect();
+        assert!(matches!(then.last(), Some(Output::Close { conn }) if *conn == CONN), "{then:?}");
+        assert!(!contains(&[Bytes::from(transmits(&then))], b"goodbye"), "sealed");
+        server.handle(now, Input::Received { conn: CONN, bytes: &transmits(&then) });
+        let read: Vec<u8> = std::iter::from_fn(|| server.poll(now))
+            .filter_map(|o| if let Output::Event(Ev::Got(_, b)) = o { Some(b) } else { None })
+            .flatten()
+            .collect();
+        assert_eq!(read, b"goodbye");
     }
 
     #[test]

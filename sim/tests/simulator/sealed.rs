@@ -100,3 +100,21 @@ fn explore_draws_sealed_runs_and_each_holds_every_checker() {
     assert!(sealed >= 20, "{sealed} sealed seeds of 300");
     assert!(done >= sealed / 4, "{done} of {sealed} sealed seeds trained to the end");
 }
+
+#[test]
+fn the_operators_http_start_reaches_a_sealed_controller_in_plain() {
+    use cohort_proto::join::ledger::StartMode;
+    use cohort_sim::scenario::JoinSpec;
+    let sc = Scenario::builder()
+        .hosts(2, 1)
+        .epochs(1)
+        .exact_links(Duration::from_millis(1))
+        .join(JoinSpec { start_mode: StartMode::Manual, open_admission: false, ..JoinSpec::default() })
+        .sealed(true)
+        .fault(Duration::from_secs(3), Fault::OperatorStart)
+        .build()
+        .unwrap();
+    let (report, notes) = play(sc, 5);
+    assert_eq!(report.outcome, Outcome::Done, "{}", report.to_json());
+    assert_eq!(notes.values().map(|n| n.1).sum::<u32>(), 0, "nothing refused: {notes:?}");
+}
