@@ -481,7 +481,6 @@ mod tests {
     /// sends what a test asks.
     #[derive(Default)]
     struct Talker {
-        dial: Option<&'static str>,
         greeting: &'static [u8],
         out: VecDeque<Output<Ev>>,
         /// Answer the next read with "bye" and close.
@@ -503,13 +502,13 @@ mod tests {
 
     impl Talker {
         fn dialing(greeting: &'static [u8]) -> Talker {
-            let mut t = Talker { dial: Some("server:1"), greeting, ..Talker::default() };
+            let mut t = Talker { greeting, ..Talker::default() };
             t.out.push_back(Output::Dial { dial: DialId(0), addr: "server:1".into() });
             t
         }
 
         fn listening(greeting: &'static [u8]) -> Talker {
-            Talker { dial: None, greeting, ..Talker::default() }
+            Talker { greeting, ..Talker::default() }
         }
 
         fn send(&mut self, conn: ConnId, bytes: &[u8]) {
@@ -538,7 +537,6 @@ mod tests {
                 Input::Closed { conn, .. } => self.out.push_back(Output::Event(Ev::Closed(conn))),
                 Input::DialFailed { .. } | Input::Timeout => {}
             }
-            let _ = self.dial;
         }
 
         fn poll(&mut self, _now: Time) -> Option<Output<Ev>> {

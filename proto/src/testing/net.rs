@@ -163,11 +163,6 @@ impl<E: From<SealNote>> SealedBox<E> {
     pub fn new(machine: Box<dyn AnyMachine<E>>, config: SealConfig) -> Self {
         SealedBox(Sealed::new(Boxed(machine), config))
     }
-
-    /// The links.
-    pub fn links(&self) -> &Sealed<Boxed<E>> {
-        &self.0
-    }
 }
 
 impl<E: From<SealNote>> AnyMachine<E> for SealedBox<E> {
