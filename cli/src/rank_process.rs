@@ -421,6 +421,7 @@ fn run_recorded<W: Workload>(
                 NodeEvent::ConnectFailed { attempt, attempts, error, .. } => {
                     emit(at, ClusterEvent::ConnectFailed { attempt, attempts, error: error.to_string() })
                 }
+                NodeEvent::Link(note) => emit(at, ClusterEvent::Link(note)),
             }
         }
         if ended || runner.driver().machine().is_ended() {

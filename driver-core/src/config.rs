@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use cohort_proto::config::{NetDefaults, TimeoutScale};
+use cohort_proto::sealed::SealConfig;
 use cohort_proto::wire::{DEFAULT_FRAME_CEILING, MAX_CONTROL_PAYLOAD};
 
 /// Driver configuration. [`Config::scaled`] gives flodl 0.8's values under a
@@ -47,6 +48,10 @@ pub struct Config {
     pub max_sockets: usize,
     /// Set `TCP_NODELAY` on every connection (flodl does).
     pub nodelay: bool,
+    /// Seal the node's links (cohort only; `None`, flodl's bytes, by
+    /// default): see [`crate::engine::Engine::seal`] and [`crate::seal_config`].
+    /// Each engine built from it takes a stream of the seed of its own.
+    pub seal: Option<SealConfig>,
 }
 
 impl Config {
@@ -70,6 +75,7 @@ impl Config {
             close_linger: net.close_linger,
             max_sockets: 65_536,
             nodelay: true,
+            seal: None,
         }
     }
 }

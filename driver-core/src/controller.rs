@@ -60,16 +60,20 @@ pub fn bind_controller(
 /// A controller as the programs run it, its join window opening at `now`:
 /// the reduce's MAC work on every core ([`MacPool::per_core`], inline if
 /// the pool's threads cannot be made), and `base` with room queued for the
-/// data plane's frames ([`Config::for_frame_ceiling`]).
+/// data plane's frames ([`Config::for_frame_ceiling`]) and its links sealed
+/// as [`ControllerConfig::sealed`] says (HTTP left plain).
 ///
 /// # Errors
-/// If the configuration is invalid (`InvalidInput`, naming the setting).
+/// If the configuration is invalid (`InvalidInput`, naming the setting),
+/// or the OS has no randomness for sealed links' keys.
 pub fn deployed_controller(
     cfg: ControllerConfig,
     base: Config,
     now: Time,
 ) -> io::Result<(ControllerNode, Config)> {
-    let config = base.for_frame_ceiling(cfg.ceiling);
+    let mut config = base.for_frame_ceiling(cfg.ceiling);
+    // Its port serves the status endpoint too: HTTP stays plain there.
+    config.seal = crate::seal_config(cfg.sealed, &cfg.salt)?.map(|s| s.with_plain_http());
     let mut node = ControllerNode::new(cfg, now)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     if let Some(pool) = MacPool::per_core() {

@@ -100,6 +100,16 @@
 //! driver: [`Engine::record`] installs a [`Recorder`] (see
 //! [`crate::record`]). Each event also carries the instant of the drain
 //! that produced it ([`Engine::event_at`]), the instant a replay gives it.
+//!
+//! # Sealed links
+//!
+//! [`Engine::seal`] puts a [`SealLinks`] between the sockets and the
+//! machine (cohort only, off by default; see `cohort_proto::sealed`): every
+//! connection is negotiated, keyed, sealed and opened there, and the
+//! machine reads and writes its plaintext as always. The recorder sits on
+//! the machine's side of the links, so a recording of a sealed node holds
+//! what the machine read and replays as a plain one does; the links' notes
+//! are [`NodeEvent::Link`] events.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -108,6 +118,7 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use cohort_proto::machine::Commanded;
+use cohort_proto::sealed::{Delivery, LinkOutput, Outbound, SealConfig, SealLinks, SealMode};
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Peer, Time};
 
 use crate::queue::OutQueue;
@@ -306,10 +317,15 @@ pub struct Engine<M: Machine, I: Io> {
     events: VecDeque<(Time, NodeEvent<M::Event>)>,
     /// The instant of the event last taken.
     event_at: Time,
-    read_buf: Box<[u8]>,
+    /// Read buffers: one, and another for each read nested in a read (a
+    /// settle can read a closing connection while the outer read's bytes
+    /// are still being handed to the machine).
+    read_bufs: Vec<Box<[u8]>>,
     shutting_down: bool,
     /// The flight recording, if one is made.
     tap: Option<Recording<M>>,
+    /// The sealed links between the sockets and the machine, if sealing.
+    links: Option<SealLinks>,
 }
 
 /// Feeds `input` to `machine` at `now`, recording it first when recording
@@ -320,6 +336,18 @@ fn feed<M: Machine>(machine: &mut M, tap: &mut Option<Recording<M>>, now: Time, 
         r.tap.input(now, &input);
     }
     machine.handle(now, input);
+}
+
+/// The links of one engine under `config`: each engine of the process
+/// takes the seed's next stream, so engines built from one [`Config`] never
+/// draw the same ephemeral keys.
+fn sealing(config: SealConfig) -> Option<SealLinks> {
+    static NEXT_STREAM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    if config.mode == SealMode::Off {
+        return None;
+    }
+    let stream = NEXT_STREAM.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Some(SealLinks::new(config.on_stream(stream)))
 }
 
 impl<M: Machine, I: Io> fmt::Debug for Engine<M, I> {
@@ -337,6 +365,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
     /// `min(capacity, config.max_sockets)` sockets at once.
     pub fn new(machine: M, config: Config, io: I, capacity: usize) -> Self {
         let read_buf = vec![0u8; config.read_chunk.max(1)].into_boxed_slice();
+        let links = config.seal.clone().and_then(sealing);
         Engine {
             machine,
             capacity: capacity.min(config.max_sockets),
@@ -351,10 +380,23 @@ impl<M: Machine, I: Io> Engine<M, I> {
             dirty: Vec::new(),
             events: VecDeque::new(),
             event_at: Time::ZERO,
-            read_buf,
+            read_bufs: vec![read_buf],
             shutting_down: false,
             tap: None,
+            links,
         }
+    }
+
+    /// Seals the machine's links as `config` says (nothing under
+    /// [`SealMode::Off`]), as [`Config::seal`] does from the start. Call it
+    /// before the first connection.
+    pub fn seal(&mut self, config: SealConfig) {
+        self.links = sealing(config);
+    }
+
+    /// The links' mode ([`SealMode::Off`] unless [`Engine::seal`] set one).
+    pub fn seal_mode(&self) -> SealMode {
+        self.links.as_ref().map_or(SealMode::Off, SealLinks::mode)
     }
 
     /// Records every input the machine takes from now on, every command it
@@ -514,6 +556,20 @@ impl<M: Machine, I: Io> Engine<M, I> {
                 if let Some(r) = &mut self.tap {
                     r.tap.output(&out);
                 }
+                let out = match &mut self.links {
+                    None => out,
+                    Some(links) => match links.outbound(out) {
+                        Outbound::Pass(out) => out,
+                        Outbound::Taken => {
+                            self.carry_links(now);
+                            continue;
+                        }
+                        Outbound::Refused(conn) => {
+                            self.refused(conn, now);
+                            continue;
+                        }
+                    },
+                };
                 match out {
                     Output::Transmit { conn, bytes } => self.transmit(conn, bytes, now),
                     Output::Dial { dial, addr } => self.start_dial(dial, addr, now),
@@ -537,12 +593,85 @@ impl<M: Machine, I: Io> Engine<M, I> {
                 continue;
             }
             let input = match report {
-                Report::Connected { dial, conn } => Input::Connected { dial, conn },
+                Report::Connected { dial, conn } => {
+                    if let Some(links) = &mut self.links {
+                        links.connected(conn);
+                        self.carry_links(now);
+                    }
+                    Input::Connected { dial, conn }
+                }
                 Report::DialFailed { dial } => Input::DialFailed { dial },
-                Report::Closed { conn, cause, unsent } => Input::Closed { conn, cause, unsent },
+                Report::Closed { conn, cause, unsent } => {
+                    if self.links.as_mut().is_some_and(|l| !l.closed(conn)) {
+                        continue;
+                    }
+                    Input::Closed { conn, cause, unsent }
+                }
             };
             feed(&mut self.machine, &mut self.tap, now, input);
         }
+    }
+
+    /// Carries out what the links have for the wire, and their notes.
+    fn carry_links(&mut self, now: Time) {
+        while let Some(out) = self.links.as_mut().and_then(SealLinks::poll) {
+            match out {
+                LinkOutput::Transmit { conn, bytes } => self.transmit(conn, bytes, now),
+                LinkOutput::Close { conn } => self.close_requested(conn, now),
+                LinkOutput::Note(note) => self.events.push_back((now, NodeEvent::Link(note))),
+            }
+        }
+    }
+
+    /// The links refused `conn` (they close it): the machine hears it closed.
+    fn refused(&mut self, conn: ConnId, now: Time) {
+        self.carry_links(now);
+        let input = Input::Closed { conn, cause: CloseCause::Error, unsent: 0 };
+        feed(&mut self.machine, &mut self.tap, now, input);
+    }
+
+    /// Bytes received on `conn`, through its link (if sealing) to the
+    /// machine, settling after each piece the machine reads.
+    fn received(&mut self, conn: ConnId, mut bytes: &[u8], now: Time) {
+        if self.links.is_none() {
+            feed(&mut self.machine, &mut self.tap, now, Input::Received { conn, bytes });
+            return self.settle(now);
+        }
+        loop {
+            let Some(links) = &mut self.links else { return };
+            match links.read(conn, &mut bytes) {
+                Delivery::Done => break,
+                Delivery::Bytes(b) => {
+                    self.carry_links(now);
+                    feed(&mut self.machine, &mut self.tap, now, Input::Received { conn, bytes: b });
+                }
+                Delivery::Joined(b) => {
+                    self.carry_links(now);
+                    feed(&mut self.machine, &mut self.tap, now, Input::Received { conn, bytes: &b });
+                }
+                Delivery::Frame(frame) => {
+                    self.carry_links(now);
+                    for segment in frame.segments() {
+                        // The machine may close the link while it reads.
+                        if !self.links.as_ref().is_some_and(|l| l.is_readable(conn)) {
+                            break;
+                        }
+                        feed(&mut self.machine, &mut self.tap, now, Input::Received { conn, bytes: segment });
+                        self.settle(now);
+                    }
+                    if let Some(l) = &mut self.links {
+                        l.recycle(conn, frame);
+                    }
+                }
+                Delivery::Refused => {
+                    self.refused(conn, now);
+                    break;
+                }
+            }
+            self.settle(now);
+        }
+        self.carry_links(now);
+        self.settle(now);
     }
 
     fn transmit(&mut self, conn: ConnId, bytes: Bytes, now: Time) {
@@ -675,6 +804,9 @@ impl<M: Machine, I: Io> Engine<M, I> {
         tracing::trace!(%conn, %addr, "accepted");
         let peer = Peer { loopback: addr.ip().to_canonical().is_loopback() };
         if !self.shutting_down {
+            if let Some(links) = &mut self.links {
+                links.accepted(conn);
+            }
             feed(&mut self.machine, &mut self.tap, now, Input::Accepted { conn, peer });
             self.settle(now);
         }
@@ -743,11 +875,18 @@ impl<M: Machine, I: Io> Engine<M, I> {
     /// to the machine (or are discarded once the machine closed the
     /// connection). Call [`Engine::settle`] after (a `Closed` waits there).
     pub fn read(&mut self, slot: usize, now: Time, until_blocked: bool) {
+        let chunk = self.config.read_chunk.max(1);
+        let mut buf = self.read_bufs.pop().unwrap_or_else(|| vec![0u8; chunk].into_boxed_slice());
+        self.read_into(&mut buf, slot, now, until_blocked);
+        self.read_bufs.push(buf);
+    }
+
+    fn read_into(&mut self, read_buf: &mut [u8], slot: usize, now: Time, until_blocked: bool) {
         let mut budget = self.config.read_budget.max(1);
         loop {
             let Some(Some(Entry::Conn(c))) = self.slots.get_mut(slot) else { return };
             let id = c.id;
-            let drained = match self.io.read(slot, &mut c.sock, &mut self.read_buf) {
+            let drained = match self.io.read(slot, &mut c.sock, read_buf) {
                 Ok(0) => {
                     match c.state {
                         ConnState::Open => self.fail(slot, CloseCause::Eof),
@@ -759,9 +898,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
                 }
                 Ok(n) => {
                     if c.state == ConnState::Open {
-                        let input = Input::Received { conn: id, bytes: &self.read_buf[..n] };
-                        feed(&mut self.machine, &mut self.tap, now, input);
-                        self.settle(now);
+                        self.received(id, &read_buf[..n], now);
                     }
                     budget = budget.saturating_sub(n);
                     if budget == 0 {
@@ -771,7 +908,7 @@ impl<M: Machine, I: Io> Engine<M, I> {
                         }
                         return;
                     }
-                    (n < self.read_buf.len()).then_some(Drained::Short)
+                    (n < read_buf.len()).then_some(Drained::Short)
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(Drained::WouldBlock),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => None,

@@ -57,6 +57,7 @@ use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::node::workload::{Action, Workload};
 use cohort_proto::relay::{Relay, RelayConfig, RelayEvent};
 use cohort_proto::rendezvous::UID_BYTES;
+use cohort_proto::sealed::SealMode;
 use cohort_proto::wire::{ControlMsgWire, SessionSalt};
 use cohort_proto::{Machine, Time};
 
@@ -336,6 +337,9 @@ pub struct HostParams {
     /// Where and how the host's nodes write their flight recordings
     /// ([`HostParams::record`]), if they do.
     pub record: Option<RecordOptions>,
+    /// Whether the host's nodes seal their links (cohort only; off by
+    /// default): see [`HostParams::sealed`].
+    pub sealed: SealMode,
 }
 
 impl HostParams {
@@ -363,7 +367,19 @@ impl HostParams {
             config: None,
             clock: Clock::start(),
             record: None,
+            sealed: SealMode::Off,
         }
+    }
+
+    /// Seals the links of every node of the host (cohort only; see
+    /// `cohort_proto::sealed`): the agent, the relays and the ranks offer
+    /// on every dial; a relay listening on a loopback address lets a plain
+    /// local rank (a flodl rank program) in under `require` too, since that
+    /// leg never leaves the host. Needs the pre-shared salt
+    /// ([`HostParams::pre_shared`]): both ends key the handshake with it.
+    pub fn sealed(mut self, mode: SealMode) -> Self {
+        self.sealed = mode;
+        self
     }
 
     /// Records every node of the host ([`crate::record`]) into a
@@ -692,6 +708,14 @@ impl<S: Spawn> Starter<S> {
         };
         let listener = TcpListener::bind(at).map_err(|e| format!("relay listener on {at}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| format!("relay listener on {at}: {e}"))?;
+        let mut config = config;
+        if let Some(seal) = &mut config.seal
+            && addr.ip().is_loopback()
+        {
+            // The ranks' leg never leaves the host: a plain rank program
+            // (flodl's) is let in; a sealing rank is sealed all the same.
+            seal.mode = SealMode::Prefer;
+        }
         let source = Source::Relay(self.params.name.as_str().into(), leg);
         let sink = self.sink.clone();
         let name = source.to_string();
@@ -793,7 +817,18 @@ impl<S: Spawn> WorkerHost<S> {
     ///
     /// # Errors
     /// If the agent's node cannot be started.
-    pub fn spawn(spawner: S, p: HostParams, sink: impl EventSink) -> io::Result<Self> {
+    pub fn spawn(spawner: S, mut p: HostParams, sink: impl EventSink) -> io::Result<Self> {
+        if p.sealed != SealMode::Off {
+            let salt = p.pre_shared.ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "sealed links need the pre-shared salt: under open admission it crosses the join link in the clear",
+                )
+            })?;
+            let mut config = p.driver_config();
+            config.seal = crate::seal_config(p.sealed, &salt)?;
+            p.config = Some(config);
+        }
         let sink: Sink = Arc::new(sink);
         let (host_cfg, built_at) = (p.host_config(), p.clock.now());
         let record = p

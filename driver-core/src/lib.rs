@@ -56,7 +56,8 @@ pub use config::Config;
 pub use macs::MacPool;
 
 use cohort_proto::DialId;
-use cohort_proto::wire::SessionSalt;
+use cohort_proto::sealed::{SealConfig, SealMode};
+use cohort_proto::wire::{SealPsk, SessionSalt};
 use std::{fmt, io};
 
 /// A fresh session salt from the operating system's RNG (what every real
@@ -65,6 +66,36 @@ pub fn os_salt() -> Result<SessionSalt, getrandom::Error> {
     let mut b = [0u8; 16];
     getrandom::fill(&mut b)?;
     Ok(SessionSalt::from_bytes(b))
+}
+
+/// How a node of this process seals its links under `mode` in the session
+/// of `salt` (`None` under [`SealMode::Off`]): the pre-shared key derived
+/// from the salt, the ephemeral keys from a seed drawn from the OS (each
+/// engine takes a stream of it of its own). Put it in [`Config::seal`].
+///
+/// ```
+/// use cohort_driver_core::seal_config;
+/// use cohort_proto::sealed::SealMode;
+/// use cohort_proto::wire::SessionSalt;
+///
+/// let salt = SessionSalt::from_bytes([4; 16]);
+/// assert!(seal_config(SealMode::Off, &salt)?.is_none());
+/// let seal = seal_config(SealMode::Require, &salt)?.unwrap();
+/// assert_eq!(seal.mode, SealMode::Require);
+/// assert!(!format!("{seal:?}").contains("seed: ["), "the seed stays out of logs");
+/// # Ok::<(), std::io::Error>(())
+/// ```
+///
+/// # Errors
+/// If the OS has no randomness.
+pub fn seal_config(mode: SealMode, salt: &SessionSalt) -> io::Result<Option<SealConfig>> {
+    if mode == SealMode::Off {
+        return Ok(None);
+    }
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed)
+        .map_err(|e| io::Error::other(format!("no OS randomness for the sealed links' keys: {e}")))?;
+    Ok(Some(SealConfig::new(mode, SealPsk::from_salt(salt), seed)))
 }
 
 /// The node has stopped; the command was not run.
@@ -99,6 +130,8 @@ pub enum NodeEvent<E> {
         /// Why it failed.
         error: io::ErrorKind,
     },
+    /// A sealed link was keyed or refused ([`Engine::seal`](crate::engine::Engine::seal)).
+    Link(cohort_proto::sealed::SealNote),
 }
 
 impl<E> NodeEvent<E> {
@@ -106,7 +139,7 @@ impl<E> NodeEvent<E> {
     pub fn machine(self) -> Option<E> {
         match self {
             NodeEvent::Machine(e) => Some(e),
-            NodeEvent::ConnectFailed { .. } => None,
+            NodeEvent::ConnectFailed { .. } | NodeEvent::Link(_) => None,
         }
     }
 }

@@ -59,7 +59,7 @@ use rand_core::{Rng, SeedableRng};
 
 use crate::machine::{CloseCause, ConnId, Input, Machine, Output};
 use crate::time::Time;
-use crate::wire::{HandshakeError, Opener, SealError, SealHandshake, SealPsk, SealedLink, Sealer};
+use crate::wire::{HandshakeError, Opener, Payload, SealError, SealHandshake, SealPsk, SealedLink, Sealer};
 
 /// The four bytes a dialer offering a sealed link sends first (`CSL1`:
 /// cohort sealed link, version 1); no flodl channel magic and no HTTP
@@ -93,7 +93,8 @@ pub enum SealMode {
 
 /// How a node seals: the mode, the pre-shared key both ends derive from
 /// the session's secret, and the seed of its handshakes' ephemeral keys.
-#[derive(Clone, Debug)]
+/// Its `Debug` shows neither key nor seed.
+#[derive(Clone, PartialEq, Eq)]
 pub struct SealConfig {
     /// Off, prefer or require.
     pub mode: SealMode,
@@ -103,6 +104,9 @@ pub struct SealConfig {
     /// from: fresh from a CSPRNG for every process (the simulator: its
     /// seed).
     pub seed: [u8; 32],
+    /// Which of the seed's ChaCha20 streams (nodes of one process share a
+    /// seed and each takes a stream of its own).
+    pub stream: u64,
     /// The largest frame a link opens.
     pub ceiling: u64,
     /// Whether an accepted HTTP request (`GET `, `POST`) stays plain under
@@ -115,12 +119,28 @@ impl SealConfig {
     /// `mode` under `psk`, ephemeral keys drawn from `seed`, frames up to
     /// [`DEFAULT_CEILING`].
     pub fn new(mode: SealMode, psk: SealPsk, seed: [u8; 32]) -> SealConfig {
-        SealConfig { mode, psk, seed, ceiling: DEFAULT_CEILING, plain_http: false }
+        SealConfig { mode, psk, seed, stream: 0, ceiling: DEFAULT_CEILING, plain_http: false }
+    }
+
+    /// The same, ephemeral keys drawn from the seed's stream `stream`.
+    pub fn on_stream(self, stream: u64) -> SealConfig {
+        SealConfig { stream, ..self }
     }
 
     /// The same, HTTP let in plain ([`SealConfig::plain_http`]).
     pub fn with_plain_http(self) -> SealConfig {
         SealConfig { plain_http: true, ..self }
+    }
+}
+
+impl core::fmt::Debug for SealConfig {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SealConfig")
+            .field("mode", &self.mode)
+            .field("stream", &self.stream)
+            .field("ceiling", &self.ceiling)
+            .field("plain_http", &self.plain_http)
+            .finish_non_exhaustive()
     }
 }
 
@@ -183,11 +203,71 @@ impl Link {
     }
 }
 
-/// A machine whose links are sealed when both ends agree (see the
-/// [module documentation](self)). Under [`SealMode::Off`] it is the
-/// machine and nothing else: every input and output passes untouched.
-pub struct Sealed<M: Machine> {
-    inner: M,
+/// What a link layer ([`SealLinks`]) sends toward the wire, or says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkOutput {
+    /// Bytes for the wire, as they go (sealed, a handshake message, or a
+    /// plain link's own).
+    Transmit {
+        /// The connection.
+        conn: ConnId,
+        /// The bytes.
+        bytes: Bytes,
+    },
+    /// Close the connection (after what was queued leaves).
+    Close {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// What happened on a link.
+    Note(SealNote),
+}
+
+/// What the machine behind a [`SealLinks`] reads of bytes received, one
+/// step at a time ([`SealLinks::read`]).
+#[derive(Debug)]
+pub enum Delivery<'a> {
+    /// Nothing (more) for the machine from these bytes.
+    Done,
+    /// The rest of the bytes, as received: a plain link.
+    Bytes(&'a [u8]),
+    /// A plain peer's first four bytes, which the layer held to decide,
+    /// with what followed them.
+    Joined(Vec<u8>),
+    /// A frame that verified: give the machine each segment in turn
+    /// (while [`SealLinks::is_readable`]), then hand it back with
+    /// [`SealLinks::recycle`].
+    Frame(Payload),
+    /// The connection was refused for what its peer sent: the machine
+    /// hears it closed ([`CloseCause::Error`]); the layer closes it.
+    Refused,
+}
+
+/// What [`SealLinks::outbound`] made of one of the machine's outputs.
+#[derive(Debug)]
+pub enum Outbound<E> {
+    /// Not a link's business (a dial, an event): carry it out as it is.
+    Pass(Output<E>),
+    /// The layer took it: what it means for the wire is in
+    /// [`SealLinks::poll`].
+    Taken,
+    /// Sealing it failed, so the layer refused the connection: the machine
+    /// hears it closed ([`CloseCause::Error`]).
+    Refused(ConnId),
+}
+
+/// The links of one node, apart from the machine behind them (see the
+/// [module documentation](self)): every connection's negotiation,
+/// handshake, sealer and opener. [`Sealed`] puts it around a machine; a
+/// driver's engine keeps one beside its machine, so that its flight
+/// recorder, between the two, records the plaintext the machine reads.
+///
+/// The owner feeds it each connection's start ([`SealLinks::accepted`],
+/// [`SealLinks::connected`]) and end ([`SealLinks::closed`]), the bytes
+/// received ([`SealLinks::read`]) and the machine's outputs
+/// ([`SealLinks::outbound`]), and carries out [`SealLinks::poll`] after
+/// each.
+pub struct SealLinks {
     mode: SealMode,
     psk: SealPsk,
     ceiling: u64,
@@ -195,15 +275,286 @@ pub struct Sealed<M: Machine> {
     rng: ChaCha20Rng,
     /// Every live connection's link (see [`Link`]).
     links: BTreeMap<ConnId, Link>,
+    out: VecDeque<LinkOutput>,
+}
+
+impl core::fmt::Debug for SealLinks {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("SealLinks")
+            .field("mode", &self.mode)
+            .field("links", &self.links.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SealLinks {
+    /// Links as `config` says.
+    pub fn new(config: SealConfig) -> SealLinks {
+        let mut rng = ChaCha20Rng::from_seed(config.seed);
+        rng.set_stream(config.stream);
+        SealLinks {
+            mode: config.mode,
+            psk: config.psk,
+            ceiling: config.ceiling,
+            plain_http: config.plain_http,
+            rng,
+            links: BTreeMap::new(),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> SealMode {
+        self.mode
+    }
+
+    /// Whether `conn` is sealed (its handshake finished).
+    pub fn is_sealed(&self, conn: ConnId) -> bool {
+        matches!(self.links.get(&conn), Some(Link::Open { .. }))
+    }
+
+    /// Whether what `conn` received still reaches the machine (it is open,
+    /// sealed or plain): a machine that closed it while reading a frame
+    /// reads no more of it.
+    pub fn is_readable(&self, conn: ConnId) -> bool {
+        matches!(self.links.get(&conn), Some(Link::Open { .. } | Link::Plain))
+    }
+
+    /// How many connections have a link (live, not yet ended).
+    pub fn live(&self) -> usize {
+        self.links.len()
+    }
+
+    /// What the layer has for the wire or to say, oldest first.
+    pub fn poll(&mut self) -> Option<LinkOutput> {
+        self.out.pop_front()
+    }
+
+    fn ephemeral_seed(&mut self) -> [u8; 32] {
+        let mut seed = [0u8; 32];
+        self.rng.fill_bytes(&mut seed);
+        seed
+    }
+
+    /// `conn` was accepted (before the machine hears it): its first bytes
+    /// will say whether the peer seals.
+    pub fn accepted(&mut self, conn: ConnId) {
+        if self.mode == SealMode::Off {
+            return;
+        }
+        let link = Link::Undecided { first: [0; 4], have: 0, held: Vec::new(), closing: false };
+        self.links.insert(conn, link);
+    }
+
+    /// A dial of the machine connected as `conn` (before the machine hears
+    /// it): the offer goes out first.
+    pub fn connected(&mut self, conn: ConnId) {
+        if self.mode == SealMode::Off {
+            return;
+        }
+        let seed = self.ephemeral_seed();
+        let (handshake, first) = SealHandshake::initiator(&self.psk, LINK_CHANNEL, seed, self.ceiling);
+        let mut offer = BytesMut::with_capacity(SEAL_OFFER.len() + first.len());
+        offer.extend_from_slice(&SEAL_OFFER);
+        offer.extend_from_slice(&first);
+        self.out.push_back(LinkOutput::Transmit { conn, bytes: offer.freeze() });
+        let link = Link::Handshaking { handshake: Box::new(handshake), held: Vec::new(), closing: false };
+        self.links.insert(conn, link);
+    }
+
+    /// `conn` ended by itself: whether the machine hears it (once, and not
+    /// if it closed it itself or it was refused: it heard that already).
+    pub fn closed(&mut self, conn: ConnId) -> bool {
+        if self.mode == SealMode::Off {
+            return true;
+        }
+        self.links.remove(&conn).is_some_and(|l| !l.closing())
+    }
+
+    /// Hands back a frame [`Delivery::Frame`] gave, so its buffer serves
+    /// the next one.
+    pub fn recycle(&mut self, conn: ConnId, frame: Payload) {
+        if let Some(Link::Open { opener, .. }) = self.links.get_mut(&conn) {
+            opener.recycle(frame);
+        }
+    }
+
+    /// One of the machine's outputs, on its way out: a transmit is sealed,
+    /// held or passed as its connection's link says (and dropped once the
+    /// connection ended); a close waits for held transmits to leave.
+    pub fn outbound<E>(&mut self, out: Output<E>) -> Outbound<E> {
+        if self.mode == SealMode::Off {
+            return Outbound::Pass(out);
+        }
+        match out {
+            Output::Transmit { conn, bytes } => match self.links.get_mut(&conn) {
+                Some(Link::Plain) => self.out.push_back(LinkOutput::Transmit { conn, bytes }),
+                Some(Link::Undecided { held, .. } | Link::Handshaking { held, .. }) => held.push(bytes),
+                // Ended: nothing leaves for it (a driver would drop it too).
+                None => {}
+                Some(Link::Open { sealer, .. }) => {
+                    let mut wire = BytesMut::new();
+                    match sealer.seal(&bytes, &mut wire) {
+                        Ok(_) => self.out.push_back(LinkOutput::Transmit { conn, bytes: wire.freeze() }),
+                        Err(e) => {
+                            return match self.refuse(conn, SealRefusal::Frame(e)) {
+                                true => Outbound::Refused(conn),
+                                false => Outbound::Taken,
+                            };
+                        }
+                    }
+                }
+            },
+            Output::Close { conn } => match self.links.get_mut(&conn) {
+                // What the machine said first leaves once the link is
+                // decided, then the close (a close flushes what was queued).
+                Some(Link::Undecided { held, closing, .. } | Link::Handshaking { held, closing, .. })
+                    if !held.is_empty() =>
+                {
+                    *closing = true
+                }
+                Some(_) => {
+                    self.links.remove(&conn);
+                    self.out.push_back(LinkOutput::Close { conn });
+                }
+                None => {}
+            },
+            other => return Outbound::Pass(other),
+        }
+        Outbound::Taken
+    }
+
+    /// Closes `conn` for `why`; the note says why. Returns whether the
+    /// machine is to hear it closed (not if it had closed it already).
+    fn refuse(&mut self, conn: ConnId, why: SealRefusal) -> bool {
+        let closing = self.links.remove(&conn).is_some_and(|l| l.closing());
+        self.out.push_back(LinkOutput::Close { conn });
+        self.out.push_back(LinkOutput::Note(SealNote::Refused { conn, why }));
+        !closing
+    }
+
+    /// The link of `conn` is keyed: the reply (a responder's) goes first,
+    /// then what the machine said meanwhile, sealed; then, if the machine
+    /// had closed it meanwhile (`closing`), the close. Returns whether the
+    /// machine is to hear it refused (a held transmit could not be sealed).
+    fn keyed(&mut self, conn: ConnId, link: SealedLink, held: Vec<Bytes>, closing: bool) -> bool {
+        let SealedLink { reply, mut sealer, opener } = link;
+        if let Some(reply) = reply {
+            self.out.push_back(LinkOutput::Transmit { conn, bytes: reply });
+        }
+        for bytes in held {
+            let mut wire = BytesMut::new();
+            if let Err(e) = sealer.seal(&bytes, &mut wire) {
+                return self.refuse(conn, SealRefusal::Frame(e));
+            }
+            self.out.push_back(LinkOutput::Transmit { conn, bytes: wire.freeze() });
+        }
+        self.out.push_back(LinkOutput::Note(SealNote::Keyed { conn }));
+        if closing {
+            self.links.remove(&conn);
+            self.out.push_back(LinkOutput::Close { conn });
+        } else {
+            self.links.insert(conn, Link::Open { sealer: Box::new(sealer), opener: Box::new(opener) });
+        }
+        false
+    }
+
+    /// Bytes received on `conn`: consumes them step by step, saying at each
+    /// what the machine reads ([`Delivery`]). Call it again, with what is
+    /// left of `bytes`, until it says [`Delivery::Done`] or
+    /// [`Delivery::Refused`].
+    ///
+    /// Under [`SealMode::Off`], and on a plain link, it is the bytes
+    /// themselves; a connection that has ended delivers nothing.
+    pub fn read<'a>(&mut self, conn: ConnId, bytes: &mut &'a [u8]) -> Delivery<'a> {
+        if self.mode == SealMode::Off {
+            return match std::mem::take(bytes) {
+                [] => Delivery::Done,
+                all => Delivery::Bytes(all),
+            };
+        }
+        while !bytes.is_empty() {
+            // Ended: refused, or closed by the machine while it read a
+            // frame. Nothing more of it is read, and nothing unverified.
+            let Some(link) = self.links.get_mut(&conn) else { return Delivery::Done };
+            match link {
+                Link::Plain => return Delivery::Bytes(std::mem::take(bytes)),
+                Link::Undecided { first, have, held, closing } => {
+                    let take = (4 - *have).min(bytes.len());
+                    first[*have..*have + take].copy_from_slice(&bytes[..take]);
+                    *have += take;
+                    *bytes = &bytes[take..];
+                    if *have < 4 {
+                        return Delivery::Done;
+                    }
+                    let (first, held, closing) = (*first, std::mem::take(held), *closing);
+                    if first == SEAL_OFFER {
+                        let seed = self.ephemeral_seed();
+                        let handshake = SealHandshake::responder(&self.psk, LINK_CHANNEL, seed, self.ceiling);
+                        let link = Link::Handshaking { handshake: Box::new(handshake), held, closing };
+                        self.links.insert(conn, link);
+                        continue;
+                    }
+                    let http = self.plain_http && (&first == b"GET " || &first == b"POST");
+                    if self.mode == SealMode::Require && !http {
+                        return self.refused(conn, SealRefusal::NotOffered { first });
+                    }
+                    // A plain peer: what waited goes out as it is, and from
+                    // here the connection is the machine's own.
+                    self.out.extend(held.into_iter().map(|bytes| LinkOutput::Transmit { conn, bytes }));
+                    if closing {
+                        self.links.remove(&conn);
+                        self.out.push_back(LinkOutput::Close { conn });
+                        return Delivery::Done;
+                    }
+                    self.links.insert(conn, Link::Plain);
+                    return Delivery::Joined([&first[..], std::mem::take(bytes)].concat());
+                }
+                Link::Handshaking { handshake, held, closing } => match handshake.feed(bytes) {
+                    Ok((used, None)) => *bytes = &bytes[used..],
+                    Ok((used, Some(link))) => {
+                        let (held, closing) = (std::mem::take(held), *closing);
+                        *bytes = &bytes[used..];
+                        if self.keyed(conn, link, held, closing) {
+                            return Delivery::Refused;
+                        }
+                    }
+                    Err(e) => return self.refused(conn, SealRefusal::Handshake(e)),
+                },
+                Link::Open { opener, .. } => match opener.feed(bytes) {
+                    Ok((used, frame)) => {
+                        *bytes = &bytes[used..];
+                        if let Some(frame) = frame {
+                            return Delivery::Frame(frame);
+                        } else if used == 0 {
+                            return Delivery::Done;
+                        }
+                    }
+                    Err(e) => return self.refused(conn, SealRefusal::Frame(e)),
+                },
+            }
+        }
+        Delivery::Done
+    }
+
+    fn refused<'a>(&mut self, conn: ConnId, why: SealRefusal) -> Delivery<'a> {
+        if self.refuse(conn, why) { Delivery::Refused } else { Delivery::Done }
+    }
+}
+
+/// A machine whose links are sealed when both ends agree (see the
+/// [module documentation](self)): the machine behind a [`SealLinks`], its
+/// notes among the machine's own events. Under [`SealMode::Off`] it is the
+/// machine and nothing else: every input and output passes untouched.
+pub struct Sealed<M: Machine> {
+    inner: M,
+    links: SealLinks,
     out: VecDeque<Output<M::Event>>,
 }
 
 impl<M: Machine> core::fmt::Debug for Sealed<M> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Sealed")
-            .field("mode", &self.mode)
-            .field("links", &self.links.len())
-            .finish_non_exhaustive()
+        f.debug_struct("Sealed").field("links", &self.links).finish_non_exhaustive()
     }
 }
 
@@ -214,21 +565,12 @@ where
 {
     /// `inner` behind sealed links as `config` says.
     pub fn new(inner: M, config: SealConfig) -> Sealed<M> {
-        Sealed {
-            inner,
-            mode: config.mode,
-            psk: config.psk,
-            ceiling: config.ceiling,
-            plain_http: config.plain_http,
-            rng: ChaCha20Rng::from_seed(config.seed),
-            links: BTreeMap::new(),
-            out: VecDeque::new(),
-        }
+        Sealed { inner, links: SealLinks::new(config), out: VecDeque::new() }
     }
 
     /// The mode.
     pub fn mode(&self) -> SealMode {
-        self.mode
+        self.links.mode()
     }
 
     /// The machine inside.
@@ -244,13 +586,7 @@ where
 
     /// Whether `conn` is sealed (its handshake finished).
     pub fn is_sealed(&self, conn: ConnId) -> bool {
-        matches!(self.links.get(&conn), Some(Link::Open { .. }))
-    }
-
-    fn ephemeral_seed(&mut self) -> [u8; 32] {
-        let mut seed = [0u8; 32];
-        self.rng.fill_bytes(&mut seed);
-        seed
+        self.links.is_sealed(conn)
     }
 
     /// Feeds the machine and moves what it then has to say out through
@@ -260,156 +596,62 @@ where
         self.pump(now);
     }
 
-    /// Carries the machine's outputs out: a transmit sealed, held or
-    /// passed as its connection's link says.
+    /// The machine hears `conn` closed by a refusal.
+    fn refused(&mut self, now: Time, conn: ConnId) {
+        self.drain_links();
+        self.inner_handle(now, Input::Closed { conn, cause: CloseCause::Error, unsent: 0 });
+    }
+
+    /// Carries the machine's outputs out through the links.
     fn pump(&mut self, now: Time) {
         while let Some(o) = self.inner.poll(now) {
-            match o {
-                Output::Transmit { conn, bytes } => match self.links.get_mut(&conn) {
-                    Some(Link::Plain) => self.out.push_back(Output::Transmit { conn, bytes }),
-                    Some(Link::Undecided { held, .. } | Link::Handshaking { held, .. }) => held.push(bytes),
-                    // Ended: nothing leaves for it (a driver would drop it too).
-                    None => {}
-                    Some(Link::Open { sealer, .. }) => {
-                        let mut wire = BytesMut::new();
-                        match sealer.seal(&bytes, &mut wire) {
-                            Ok(_) => self.out.push_back(Output::Transmit { conn, bytes: wire.freeze() }),
-                            Err(e) => self.refuse(now, conn, SealRefusal::Frame(e)),
-                        }
-                    }
-                },
-                Output::Close { conn } => {
-                    match self.links.get_mut(&conn) {
-                        // What the machine said first leaves once the link is
-                        // decided, then the close (a close flushes what was queued).
-                        Some(
-                            Link::Undecided { held, closing, .. } | Link::Handshaking { held, closing, .. },
-                        ) if !held.is_empty() => *closing = true,
-                        Some(_) => {
-                            self.links.remove(&conn);
-                            self.out.push_back(Output::Close { conn });
-                        }
-                        None => {}
-                    }
+            match self.links.outbound(o) {
+                Outbound::Pass(o) => {
+                    self.drain_links();
+                    self.out.push_back(o);
                 }
-                other => self.out.push_back(other),
+                Outbound::Taken => self.drain_links(),
+                Outbound::Refused(conn) => self.refused(now, conn),
             }
         }
+        self.drain_links();
     }
 
-    /// Closes `conn` for `why`: the machine hears it closed, the event says why.
-    /// (Unless the machine had closed it already: then it hears nothing.)
-    fn refuse(&mut self, now: Time, conn: ConnId, why: SealRefusal) {
-        let closing = self.links.remove(&conn).is_some_and(|l| l.closing());
-        self.out.push_back(Output::Close { conn });
-        self.out.push_back(Output::Event(SealNote::Refused { conn, why }.into()));
-        if !closing {
-            self.inner_handle(now, Input::Closed { conn, cause: CloseCause::Error, unsent: 0 });
-        }
-    }
-
-    /// The link of `conn` is keyed: the reply (a responder's) goes first,
-    /// then what the machine said meanwhile, sealed; then, if the machine
-    /// had closed it meanwhile (`closing`), the close.
-    #[allow(clippy::too_many_arguments)]
-    fn keyed(
-        &mut self,
-        now: Time,
-        conn: ConnId,
-        reply: Option<Bytes>,
-        mut sealer: Sealer,
-        opener: Opener,
-        held: Vec<Bytes>,
-        closing: bool,
-    ) {
-        if let Some(reply) = reply {
-            self.out.push_back(Output::Transmit { conn, bytes: reply });
-        }
-        for bytes in held {
-            let mut wire = BytesMut::new();
-            if let Err(e) = sealer.seal(&bytes, &mut wire) {
-                return self.refuse(now, conn, SealRefusal::Frame(e));
-            }
-            self.out.push_back(Output::Transmit { conn, bytes: wire.freeze() });
-        }
-        self.out.push_back(Output::Event(SealNote::Keyed { conn }.into()));
-        if closing {
-            self.links.remove(&conn);
-            self.out.push_back(Output::Close { conn });
-        } else {
-            self.links.insert(conn, Link::Open { sealer: Box::new(sealer), opener: Box::new(opener) });
+    fn drain_links(&mut self) {
+        while let Some(o) = self.links.poll() {
+            self.out.push_back(match o {
+                LinkOutput::Transmit { conn, bytes } => Output::Transmit { conn, bytes },
+                LinkOutput::Close { conn } => Output::Close { conn },
+                LinkOutput::Note(note) => Output::Event(note.into()),
+            });
         }
     }
 
-    /// Bytes received on a connection that has a link.
+    /// Bytes received on `conn`, through its link to the machine.
     fn received(&mut self, now: Time, conn: ConnId, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            // Ended: refused, or closed by the machine while it read a
-            // frame. Nothing more of it is read, and nothing unverified.
-            let Some(link) = self.links.get_mut(&conn) else { return };
-            match link {
-                Link::Plain => return self.inner_handle(now, Input::Received { conn, bytes }),
-                Link::Undecided { first, have, held, closing } => {
-                    let take = (4 - *have).min(bytes.len());
-                    first[*have..*have + take].copy_from_slice(&bytes[..take]);
-                    *have += take;
-                    bytes = &bytes[take..];
-                    if *have < 4 {
-                        return;
-                    }
-                    let (first, held, closing) = (*first, std::mem::take(held), *closing);
-                    if first == SEAL_OFFER {
-                        let seed = self.ephemeral_seed();
-                        let handshake = SealHandshake::responder(&self.psk, LINK_CHANNEL, seed, self.ceiling);
-                        let link = Link::Handshaking { handshake: Box::new(handshake), held, closing };
-                        self.links.insert(conn, link);
-                        continue;
-                    }
-                    let http = self.plain_http && (&first == b"GET " || &first == b"POST");
-                    if self.mode == SealMode::Require && !http {
-                        return self.refuse(now, conn, SealRefusal::NotOffered { first });
-                    }
-                    // A plain peer: what waited goes out as it is, and from
-                    // here the connection is the machine's own.
-                    self.out.extend(held.into_iter().map(|bytes| Output::Transmit { conn, bytes }));
-                    if closing {
-                        self.links.remove(&conn);
-                        self.out.push_back(Output::Close { conn });
-                        return;
-                    }
-                    self.links.insert(conn, Link::Plain);
-                    let whole = [&first[..], bytes].concat();
-                    return self.inner_handle(now, Input::Received { conn, bytes: &whole });
+        loop {
+            match self.links.read(conn, &mut bytes) {
+                Delivery::Done => return self.drain_links(),
+                Delivery::Bytes(b) => {
+                    self.drain_links();
+                    self.inner_handle(now, Input::Received { conn, bytes: b });
                 }
-                Link::Handshaking { handshake, held, closing } => match handshake.feed(bytes) {
-                    Ok((used, None)) => bytes = &bytes[used..],
-                    Ok((used, Some(SealedLink { reply, sealer, opener }))) => {
-                        let (held, closing) = (std::mem::take(held), *closing);
-                        bytes = &bytes[used..];
-                        self.keyed(now, conn, reply, sealer, opener, held, closing);
-                    }
-                    Err(e) => return self.refuse(now, conn, SealRefusal::Handshake(e)),
-                },
-                Link::Open { opener, .. } => match opener.feed(bytes) {
-                    Ok((used, frame)) => {
-                        bytes = &bytes[used..];
-                        if let Some(frame) = frame {
-                            for segment in frame.segments() {
-                                // The machine may close the link while it reads.
-                                if !matches!(self.links.get(&conn), Some(Link::Open { .. })) {
-                                    return;
-                                }
-                                self.inner_handle(now, Input::Received { conn, bytes: segment });
-                            }
-                            if let Some(Link::Open { opener, .. }) = self.links.get_mut(&conn) {
-                                opener.recycle(frame);
-                            }
-                        } else if used == 0 {
-                            return;
+                Delivery::Joined(b) => {
+                    self.drain_links();
+                    self.inner_handle(now, Input::Received { conn, bytes: &b });
+                }
+                Delivery::Frame(frame) => {
+                    self.drain_links();
+                    for segment in frame.segments() {
+                        // The machine may close the link while it reads.
+                        if !self.links.is_readable(conn) {
+                            break;
                         }
+                        self.inner_handle(now, Input::Received { conn, bytes: segment });
                     }
-                    Err(e) => return self.refuse(now, conn, SealRefusal::Frame(e)),
-                },
+                    self.links.recycle(conn, frame);
+                }
+                Delivery::Refused => return self.refused(now, conn),
             }
         }
     }
@@ -423,33 +665,22 @@ where
     type Event = M::Event;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
-        if self.mode == SealMode::Off {
+        if self.links.mode() == SealMode::Off {
             return self.inner.handle(now, input);
         }
         match input {
             Input::Accepted { conn, .. } => {
-                let link = Link::Undecided { first: [0; 4], have: 0, held: Vec::new(), closing: false };
-                self.links.insert(conn, link);
+                self.links.accepted(conn);
                 self.inner_handle(now, input);
             }
             Input::Connected { conn, .. } => {
-                let seed = self.ephemeral_seed();
-                let (handshake, first) =
-                    SealHandshake::initiator(&self.psk, LINK_CHANNEL, seed, self.ceiling);
-                let mut offer = BytesMut::with_capacity(SEAL_OFFER.len() + first.len());
-                offer.extend_from_slice(&SEAL_OFFER);
-                offer.extend_from_slice(&first);
-                self.out.push_back(Output::Transmit { conn, bytes: offer.freeze() });
-                let link =
-                    Link::Handshaking { handshake: Box::new(handshake), held: Vec::new(), closing: false };
-                self.links.insert(conn, link);
+                self.links.connected(conn);
+                self.drain_links();
                 self.inner_handle(now, input);
             }
             Input::Received { conn, bytes } => self.received(now, conn, bytes),
-            // The machine hears a connection end once, and not if it closed
-            // it itself (or it was refused: it heard that already).
             Input::Closed { conn, .. } => {
-                if self.links.remove(&conn).is_some_and(|l| !l.closing()) {
+                if self.links.closed(conn) {
                     self.inner_handle(now, input);
                 }
             }
@@ -458,7 +689,7 @@ where
     }
 
     fn poll(&mut self, now: Time) -> Option<Output<M::Event>> {
-        if self.mode == SealMode::Off {
+        if self.links.mode() == SealMode::Off {
             return self.inner.poll(now);
         }
         // Outputs of a command run on the machine since the last input.
@@ -948,7 +1179,7 @@ mod tests {
             }
         }
         assert_eq!(refused, 1000);
-        assert!(server.links.is_empty(), "nothing kept for them");
+        assert_eq!(server.links.live(), 0, "nothing kept for them");
     }
 
     #[test]

@@ -152,6 +152,7 @@ pub fn forward<E>(
         NodeEvent::ConnectFailed { attempt, attempts, error, .. } => {
             ClusterEvent::ConnectFailed { attempt, attempts, error: error.to_string() }
         }
+        NodeEvent::Link(note) => ClusterEvent::Link(note),
     };
     sink.send(Stamped { at, source: source.clone(), event });
 }

@@ -348,6 +348,7 @@ macro_rules! driver_suite {
             round_frames_verify_as_they_stream_in,
             host_frame_records_verify_on_the_mac_pool,
             a_controller_and_two_hosts_run_to_the_end,
+            a_sealed_cluster_runs_to_the_end,
             a_killed_rank_is_declared_dead_and_the_survivors_finish
         );
     };

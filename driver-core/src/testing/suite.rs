@@ -30,6 +30,7 @@ use crate::{Config, NodeEvent};
 
 pub use cluster::{
     a_controller_and_two_hosts_run_to_the_end, a_killed_rank_is_declared_dead_and_the_survivors_finish,
+    a_sealed_cluster_runs_to_the_end,
 };
 
 fn control_kind() -> ControlHandshake {
@@ -473,13 +474,22 @@ pub fn host_frame_records_verify_on_the_mac_pool<D: TestDriver>() {
 /// Two drivers against each other: `A` dials (or sends), `B` listens.
 pub mod interop {
     use super::*;
+    use cohort_proto::sealed::SealMode;
 
     /// A cluster across three drivers: the controller on `C`'s, a host of
     /// the synthetic trainer on `A`'s, a host of the user's workload on
     /// `B`'s, run to the end with every check of
     /// [`a_controller_and_two_hosts_run_to_the_end`](super::a_controller_and_two_hosts_run_to_the_end).
     pub fn a_cluster_across_three_drivers<C: TestDriver, A: TestDriver, B: TestDriver>() {
-        super::cluster::a_cluster_runs_to_the_end(&C::spawner(), &A::spawner(), &B::spawner());
+        let (c, a, b) = (C::spawner(), A::spawner(), B::spawner());
+        super::cluster::a_cluster_runs_to_the_end(&c, &a, &b, SealMode::Off);
+    }
+
+    /// [`a_cluster_across_three_drivers`] with every link sealed under
+    /// `require` (see [`super::a_sealed_cluster_runs_to_the_end`]).
+    pub fn a_sealed_cluster_across_three_drivers<C: TestDriver, A: TestDriver, B: TestDriver>() {
+        let (c, a, b) = (C::spawner(), A::spawner(), B::spawner());
+        super::cluster::a_cluster_runs_to_the_end(&c, &a, &b, SealMode::Require);
     }
 
     /// A control handshake: an `A` rank dials a `B` relay.
@@ -618,6 +628,7 @@ mod cluster {
     use cohort_proto::Time;
     use cohort_proto::config::TimeoutScale;
     use cohort_proto::coord::CoordinatorEvent;
+    use cohort_proto::join::ledger::TrustMode;
     use cohort_proto::join::window::JoinWindowEvent;
     use cohort_proto::node::cluster::{ClusterEvent, Source, Stamped};
     use cohort_proto::node::controller::{
@@ -628,7 +639,8 @@ mod cluster {
     use cohort_proto::node::rank::RankNodeEvent;
     use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
     use cohort_proto::node::workload::{Action, Workload};
-    use cohort_proto::wire::ControlMsgWire;
+    use cohort_proto::sealed::{SealMode, SealNote};
+    use cohort_proto::wire::{ControlMsgWire, SessionSalt};
 
     use super::super::{PATIENCE, TestDriver};
     use crate::controller::{bind_controller, deployed_controller};
@@ -641,6 +653,9 @@ mod cluster {
 
     /// Ranks in every test world: two hosts of two.
     const WORLD: usize = 4;
+
+    /// The pre-shared salt of a sealed cluster.
+    const SALT: SessionSalt = SessionSalt::from_bytes([0x5e; 16]);
 
     fn scale() -> TimeoutScale {
         TimeoutScale::new(0.1).expect("a valid scale")
@@ -693,11 +708,13 @@ mod cluster {
         clock: Clock,
         sink: ClusterSink,
     ) -> (S::Handle<ControllerNode>, SocketAddr) {
+        let sealed = builder.get_sealed();
         let (cfg, listener) = bind_controller(builder, "127.0.0.1:0".parse().expect("an address"))
             .expect("a controller's port and configuration");
         let addr = listener.local_addr().expect("its address");
         let (node, config) =
             deployed_controller(cfg, Config::scaled(scale()), clock.now()).expect("a controller");
+        assert_eq!(config.seal.as_ref().map_or(SealMode::Off, |s| s.mode), sealed);
         // Says once when the machine first tells its driver it can stop.
         let mut said = false;
         let hook: crate::host::Hook<ControllerNode> = Box::new(move |m, when, e| {
@@ -726,9 +743,13 @@ mod cluster {
         clock: Clock,
         sink: &ClusterSink,
         seen: Option<&Arc<Mutex<BTreeMap<u32, u64>>>>,
+        sealed: SealMode,
     ) -> WorkerHost<S> {
         let mut p =
             HostParams::new(name, 2, addr.to_string()).timeout_scale(scale()).batch_ms(5.0).clock(clock);
+        if sealed != SealMode::Off {
+            p = p.pre_shared(SALT).sealed(sealed);
+        }
         if let Some(seen) = seen {
             let seen = seen.clone();
             p = p.workload(move |spec| Counted {
@@ -785,6 +806,40 @@ mod cluster {
             let ended: BTreeSet<u32> =
                 self.all.iter().filter(controller).filter_map(exited).chain(dead).collect();
             assert_eq!(ended, (0..WORLD as u32).collect(), "every rank's end reached the controller");
+        }
+
+        /// Every node sealed its links: no refusal anywhere, and keyed links
+        /// at the controller (both agents' join links, both hosts' control
+        /// and data relays), at each agent, at each relay (its upstream leg
+        /// and its ranks'), and at each rank.
+        fn assert_every_link_keyed(&self) {
+            let mut keyed: BTreeMap<String, usize> = BTreeMap::new();
+            for s in &self.all {
+                match &s.event {
+                    ClusterEvent::Link(SealNote::Keyed { .. }) => {
+                        *keyed.entry(s.source.to_string()).or_default() += 1
+                    }
+                    ClusterEvent::Link(refused) => panic!("{}: {refused:?}", s.source),
+                    _ => {}
+                }
+            }
+            let at = |name: &str| keyed.get(name).copied().unwrap_or(0);
+            // Two join links and four relay links, at least (a rank's own
+            // dials to the controller come on top under NCCL).
+            assert!(at(&Source::Controller.to_string()) >= 6, "{keyed:?}");
+            for r in 0..WORLD as u32 {
+                assert!(
+                    at(&Source::Rank(r).to_string()) >= 2,
+                    "rank {r}'s control and data links: {keyed:?}"
+                );
+            }
+            for h in ["host-a", "host-b"] {
+                assert!(at(&format!("{h}/agent")) >= 1, "{h}'s join link: {keyed:?}");
+                for leg in ["control", "data"] {
+                    // Upstream, and one per rank of the host.
+                    assert!(at(&format!("{h}/relay-{leg}")) >= 3, "{h}'s {leg} relay: {keyed:?}");
+                }
+            }
         }
 
         /// Reads events until `done` holds for all of them so far.
@@ -884,13 +939,22 @@ mod cluster {
     /// both hosts leave with nothing failed, the user's workload was handed
     /// every consensus its ranks received, and every round is the exact
     /// weighted mean of its contributions (proto's oracle).
-    pub(super) fn a_cluster_runs_to_the_end<C: Spawn, A: Spawn, B: Spawn>(c: &C, a: &A, b: &B) {
+    pub(super) fn a_cluster_runs_to_the_end<C: Spawn, A: Spawn, B: Spawn>(
+        c: &C,
+        a: &A,
+        b: &B,
+        sealed: SealMode,
+    ) {
         let clock = Clock::start();
         let (sink, events) = cluster_events();
-        let (controller, addr) = controller(c, run(), clock, sink.clone());
+        let builder = match sealed {
+            SealMode::Off => run(),
+            mode => run().salt(SALT).trust(TrustMode::PreShared).sealed(mode),
+        };
+        let (controller, addr) = controller(c, builder, clock, sink.clone());
         let seen_by_workload = Arc::new(Mutex::new(BTreeMap::new()));
-        let synthetic = host(a, "host-a", addr, clock, &sink, None);
-        let own = host(b, "host-b", addr, clock, &sink, Some(&seen_by_workload));
+        let synthetic = host(a, "host-a", addr, clock, &sink, None, sealed);
+        let own = host(b, "host-b", addr, clock, &sink, Some(&seen_by_workload), sealed);
         let mut seen = Seen { events, all: Vec::new() };
         seen.until("the run's end, every rank's exit and both hosts' leaving", |all| {
             all.iter().any(|s| matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))))
@@ -926,13 +990,26 @@ mod cluster {
         assert!(check.rounds > 0 && check.rounds_checked == check.rounds, "{check:?}");
         assert_eq!(check.deliveries_checked, consensus.values().sum::<u64>(), "{check:?}");
         seen.assert_can_stop_after_every_end();
+        if sealed != SealMode::Off {
+            seen.assert_every_link_keyed();
+        }
         drop(sink);
     }
 
     /// [`a_cluster_runs_to_the_end`] with every node on `D`'s driver.
     pub fn a_controller_and_two_hosts_run_to_the_end<D: TestDriver>() {
         let s = D::spawner();
-        a_cluster_runs_to_the_end(&s, &s, &s);
+        a_cluster_runs_to_the_end(&s, &s, &s, SealMode::Off);
+    }
+
+    /// [`a_cluster_runs_to_the_end`] with every node on `D`'s driver and
+    /// every link sealed (the controller under `require`, the hosts
+    /// offering on every dial): the same run, with every connection of the
+    /// controller, the agents, the relays' upstream legs and the ranks
+    /// keyed, none refused.
+    pub fn a_sealed_cluster_runs_to_the_end<D: TestDriver>() {
+        let s = D::spawner();
+        a_cluster_runs_to_the_end(&s, &s, &s, SealMode::Require);
     }
 
     /// A rank killed by its host mid-run ([`WorkerHost::kill_rank`]): the
@@ -944,8 +1021,10 @@ mod cluster {
         let clock = Clock::start();
         let (sink, events) = cluster_events();
         let (controller, addr) = controller(&s, run(), clock, sink.clone());
-        let hosts =
-            vec![host(&s, "host-a", addr, clock, &sink, None), host(&s, "host-b", addr, clock, &sink, None)];
+        let hosts = vec![
+            host(&s, "host-a", addr, clock, &sink, None, SealMode::Off),
+            host(&s, "host-b", addr, clock, &sink, None, SealMode::Off),
+        ];
         let mut seen = Seen { events, all: Vec::new() };
         // Mid-run: once a first consensus has reached a rank.
         seen.until("a first consensus", |all| {

@@ -28,3 +28,14 @@ fn a_cluster_across_three_drivers() {
     cohort_driver_core::testing::suite::interop::a_cluster_across_three_drivers::<TokioThread, Mio, SmolThread>(
     );
 }
+
+/// The same cluster across the three drivers, every link sealed: the
+/// controller on tokio requires it, the hosts on mio and smol offer it.
+#[test]
+fn a_sealed_cluster_across_three_drivers() {
+    cohort_driver_core::testing::suite::interop::a_sealed_cluster_across_three_drivers::<
+        TokioThread,
+        Mio,
+        SmolThread,
+    >();
+}

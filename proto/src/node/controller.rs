@@ -15,6 +15,7 @@ use crate::machine::{Adopt, CloseCause, Commanded, ConnId, Input, Journal, Machi
 use crate::reduce::{RankLoss, Reduce, ReduceConfig, ReduceEvent, RoundSchema};
 use crate::rendezvous::{RendezvousConfig, RendezvousServer, RendezvousServerEvent};
 use crate::route::{PortRouter, PortRouterEvent};
+use crate::sealed::SealMode;
 use crate::status::metrics::{
     DETECTION_DELAY_BOUNDS, Histogram, MetricsRenderer, MetricsSnapshot, REFUSAL_REASONS,
     ROUND_LATENCY_BOUNDS, refusal_index,
@@ -87,6 +88,12 @@ pub struct ControllerConfig {
     /// of the serde form (`None` when read back).
     #[serde(skip)]
     pub metrics: Option<Arc<dyn MetricsRenderer>>,
+    /// Whether the controller's links are sealed (cohort only; off by
+    /// default, as flodl 0.8: see [`crate::sealed`]). The machine does not
+    /// seal: its driver puts the links around it. Not part of the serde
+    /// form: a recording holds what the machine read, behind the links.
+    #[serde(skip)]
+    pub sealed: SealMode,
 }
 
 /// A run nonce as its encoding (tag and bytes), for [`ControllerConfig`]'s
@@ -121,6 +128,23 @@ pub const MAX_UNAUTHENTICATED: usize = 4096;
 pub const UNAUTHENTICATED_GRACE: core::time::Duration = core::time::Duration::from_secs(1);
 
 impl ControllerConfig {
+    /// Seals the controller's links under `mode` ([`ControllerConfig::sealed`]).
+    ///
+    /// # Errors
+    /// Unless the salt is pre-shared ([`TrustMode::PreShared`]): both ends
+    /// key the handshake with it, and under open admission it crosses the
+    /// join link in the clear.
+    pub fn seal(&mut self, mode: SealMode) -> Result<(), ConfigError> {
+        if mode != SealMode::Off && self.trust.is_open() {
+            return Err(ConfigError::new(
+                "sealed",
+                "sealed links need a pre-shared salt (trust PreShared): under open admission the salt crosses the join link in the clear",
+            ));
+        }
+        self.sealed = mode;
+        Ok(())
+    }
+
     /// A controller for `run` (its world size is filled in at formation),
     /// reachable at `advertise`, whose ranks train `workload`; the frame
     /// ceiling is derived from the model's size, as flodl derives it.
@@ -147,6 +171,7 @@ impl ControllerConfig {
             max_unauthenticated: MAX_UNAUTHENTICATED,
             unauthenticated_grace: UNAUTHENTICATED_GRACE,
             metrics: None,
+            sealed: SealMode::Off,
         }
     }
 }
@@ -223,6 +248,7 @@ pub struct ControllerBuilder {
     advertise: Option<ControllerAddr>,
     bind_is_loopback: bool,
     metrics: Option<Arc<dyn MetricsRenderer>>,
+    sealed: SealMode,
 }
 
 impl Default for ControllerBuilder {
@@ -236,6 +262,7 @@ impl Default for ControllerBuilder {
             advertise: None,
             bind_is_loopback: false,
             metrics: None,
+            sealed: SealMode::Off,
         }
     }
 }
@@ -339,6 +366,13 @@ impl ControllerBuilder {
         self
     }
 
+    /// Seals the controller's links ([`ControllerConfig::sealed`]; off by
+    /// default). Needs a pre-shared salt ([`ControllerConfig::seal`]).
+    pub fn sealed(mut self, mode: SealMode) -> Self {
+        self.sealed = mode;
+        self
+    }
+
     /// Whether the controller's listener is bound to a loopback address
     /// (default no): with no [`Self::trust`] given, the trust mode follows
     /// it ([`TrustMode::resolve`]). The driver that binds the port knows it
@@ -356,6 +390,11 @@ impl ControllerBuilder {
     /// Whether an advertised address was given.
     pub fn has_advertise(&self) -> bool {
         self.advertise.is_some()
+    }
+
+    /// The seal mode set so far.
+    pub fn get_sealed(&self) -> SealMode {
+        self.sealed
     }
 
     /// The network timeout scale set so far.
@@ -382,6 +421,7 @@ impl ControllerBuilder {
         let mut cfg =
             ControllerConfig::from_knobs(self.join, salt, trust, self.timeout_scale, advertise, &self.knobs)?;
         cfg.metrics = self.metrics;
+        cfg.seal(self.sealed)?;
         Ok(cfg)
     }
 }
