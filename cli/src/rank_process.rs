@@ -60,6 +60,7 @@ use cohort_proto::node::rank::{RankNode, RankNodeEvent, RankSpec};
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::node::workload::Workload;
 use cohort_proto::rendezvous::UID_BYTES;
+use cohort_proto::sealed::SealMode;
 use cohort_proto::wire::{SessionSalt, derive_frame_ceiling};
 
 use crate::cluster::describe::{Line, Narrator, json_of, log_line};
@@ -94,6 +95,9 @@ pub struct RankOptions {
     /// Record the rank (a flight recording) to `rank-<r>.rec` as these
     /// options say ([`main`], the synthetic workload, only).
     pub record: Option<RecordOptions>,
+    /// Seal the rank's links (cohort only; off by default): it offers on
+    /// every dial, keyed by the envelope's salt (`cohort rank --sealed`).
+    pub sealed: SealMode,
 }
 
 impl Default for RankOptions {
@@ -109,6 +113,7 @@ impl Default for RankOptions {
             timeout_scale: None,
             host_check: true,
             record: None,
+            sealed: SealMode::Off,
         }
     }
 }
@@ -324,7 +329,7 @@ fn main_recorded<W: Workload>(
     };
     let mut narrator = Narrator::default();
     let (workload, recipe) = make(&mut spec);
-    let ran = run_recorded(&spec, workload, recipe, |s| {
+    let ran = run_recorded(&spec, workload, recipe, opts.sealed, |s| {
         let line = narrator.describe(s);
         log_line(s, &line);
         if json {
@@ -360,7 +365,7 @@ fn synthetic_with_config(spec: &RankSpec, opts: &RankOptions) -> (Trainer, Workl
 /// to `on_event` (then its exit as [`ClusterEvent::RankExit`]). Returns the
 /// exit code.
 pub fn run<W: Workload>(spec: &RankSpec, workload: W, on_event: impl FnMut(&Stamped)) -> Result<i32, String> {
-    run_recorded(spec, workload, None, on_event)
+    run_recorded(spec, workload, None, SealMode::Off, on_event)
 }
 
 /// [`run`], recorded to `rank-<r>.rec` in `recipe`'s directory when given
@@ -369,6 +374,7 @@ fn run_recorded<W: Workload>(
     spec: &RankSpec,
     workload: W,
     recipe: Recipe<W>,
+    sealed: SealMode,
     mut on_event: impl FnMut(&Stamped),
 ) -> Result<i32, String> {
     let clock = Clock::start();
@@ -386,7 +392,8 @@ fn run_recorded<W: Workload>(
         None => (None, None),
     };
     let node = RankNode::new(cfg, workload, built_at);
-    let config = Config::scaled(spec.timeout_scale).for_frame_ceiling(spec.ceiling);
+    let mut config = Config::scaled(spec.timeout_scale).for_frame_ceiling(spec.ceiling);
+    config.seal = cohort_driver_core::seal_config(sealed, &spec.salt).map_err(|e| e.to_string())?;
     let mut runner =
         Runner::with_clock(node, config, clock).map_err(|e| format!("starting the rank's driver: {e}"))?;
     if let Some(rec) = recorder {

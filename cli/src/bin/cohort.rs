@@ -31,6 +31,7 @@ use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, Cont
 use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::node::host::{HostNodeEvent, RelayListen};
 use cohort_proto::node::knobs::RunKnobs;
+use cohort_proto::sealed::SealMode;
 use cohort_proto::wire::{RunNonce, SessionSalt};
 
 /// cohort: the control plane of an elastic distributed-training cluster,
@@ -191,6 +192,19 @@ struct Common {
     json: bool,
 }
 
+/// Sealed links (cohort only; flodl 0.8 peers always get flodl's bytes).
+#[derive(Debug, Args)]
+struct SealArgs {
+    /// Seal links with cohort peers: every frame encrypted and bound to
+    /// its connection, after a handshake keyed by the pre-shared salt.
+    /// `prefer` seals every peer that offers and lets a plain one (a flodl
+    /// process) in; `require` refuses a peer that does not offer (HTTP on
+    /// the controller's port stays plain). Bare `--sealed` is `require`.
+    /// Needs a pre-shared salt. docs/SECURITY.md
+    #[arg(long, value_enum, num_args = 0..=1, default_value_t = SealMode::Off, default_missing_value = "require")]
+    sealed: SealMode,
+}
+
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Epochs to train.
@@ -312,6 +326,8 @@ struct ControllerArgs {
     #[command(flatten)]
     run: RunArgs,
     #[command(flatten)]
+    seal: SealArgs,
+    #[command(flatten)]
     common: Common,
 }
 
@@ -402,6 +418,8 @@ struct AgentArgs {
     #[arg(long, requires = "salt")]
     run_bound: bool,
     #[command(flatten)]
+    seal: SealArgs,
+    #[command(flatten)]
     common: Common,
 }
 
@@ -440,6 +458,8 @@ struct RankArgs {
     json: bool,
     #[command(flatten)]
     record: RecordArgs,
+    #[command(flatten)]
+    seal: SealArgs,
 }
 
 /// Where a host's relays listen.
@@ -488,6 +508,8 @@ struct DemoArgs {
     #[command(flatten)]
     record: RecordArgs,
     #[command(flatten)]
+    seal: SealArgs,
+    #[command(flatten)]
     run: RunArgs,
 }
 
@@ -514,6 +536,7 @@ fn main() {
                         timeout_scale: a.timeout_scale,
                         host_check: !a.no_host_check,
                         record: a.record.options(),
+                        sealed: a.seal.sealed,
                         ..RankOptions::default()
                     },
                     a.json,
@@ -690,6 +713,9 @@ fn controller(a: ControllerArgs) -> i32 {
     if a.metrics {
         cfg.metrics = Some(cohort_driver_core::metrics::prometheus());
     }
+    if let Err(e) = cfg.seal(a.seal.sealed) {
+        return fail(&format!("--sealed: {}", e.reason));
+    }
     let clock = Clock::start();
     let (sink, events) = mpsc::channel();
     let recording = a.record.options();
@@ -709,6 +735,9 @@ fn controller(a: ControllerArgs) -> i32 {
     }
     let addr = node.addr().map_or_else(|| a.bind.to_string(), |x| x.to_string());
     tracing::info!("controller listening on {addr} ({trust:?}); state: curl http://{addr}/state.json");
+    if a.seal.sealed != SealMode::Off {
+        tracing::info!("links sealed ({:?}): agents need --salt and --sealed", a.seal.sealed);
+    }
     if a.metrics {
         tracing::info!("metrics: curl http://{addr}/metrics");
     }
@@ -799,7 +828,10 @@ fn agent(a: AgentArgs) -> i32 {
         (None | Some(RelayPorts::Ephemeral), true) => RelayListen::Ephemeral,
         (Some(RelayPorts::Flodl), _) | (None, false) => RelayListen::Flodl,
     };
-    p = p.program(a.program.clone()).grace(a.grace_secs);
+    if a.seal.sealed != SealMode::Off && p.pre_shared.is_none() {
+        return fail("--sealed needs --salt: both ends key the handshake with the pre-shared salt");
+    }
+    p = p.program(a.program.clone()).grace(a.grace_secs).sealed(a.seal.sealed);
     if let Some(opts) = a.record.options() {
         tracing::info!("recording the host's nodes into {} (as secret as the salt)", opts.dir.display());
         p = p.record(opts);
@@ -950,6 +982,7 @@ fn run_demo(a: DemoArgs) -> i32 {
         bind: a.bind,
         deadline: a.deadline_secs,
         record: a.record.options(),
+        sealed: a.seal.sealed,
     };
     if let Err(e) = opts.validate() {
         return fail(&e);

@@ -41,6 +41,7 @@ use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::node::nccl_oracle::{NcclOracle, NcclSummary};
 use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
+use cohort_proto::sealed::{SealMode, SealNote};
 use cohort_proto::status::{Reply, StatusServerEvent};
 
 use super::host::{HostParams, MioHost, stop_all};
@@ -86,6 +87,10 @@ pub struct DemoOptions {
     /// missing): the controller to [`RECORDING`], host `i`'s nodes to
     /// `host-i/`.
     pub record: Option<RecordOptions>,
+    /// Seal every link (cohort only; off by default): the controller under
+    /// this mode with its salt pre-shared to the hosts, whose nodes offer
+    /// on every dial (`cohort_proto::sealed`).
+    pub sealed: SealMode,
 }
 
 impl Default for DemoOptions {
@@ -102,6 +107,7 @@ impl Default for DemoOptions {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             deadline: Duration::from_secs(120),
             record: None,
+            sealed: SealMode::Off,
         }
     }
 }
@@ -201,6 +207,12 @@ pub struct DemoReport {
     /// where `cohort replay` starts) and its size once flushed, when one
     /// was made.
     pub recording: Option<(PathBuf, u64)>,
+    /// The seal mode every node ran under.
+    pub sealed: SealMode,
+    /// Links keyed, over every node (both ends of a link count).
+    pub links_keyed: u64,
+    /// Links refused, each as the node and why.
+    pub links_refused: Vec<String>,
     /// Wall time, start to teardown.
     pub wall: Duration,
 }
@@ -215,7 +227,8 @@ impl DemoReport {
             None => self.check.rounds > 0 && self.check.rounds_checked == self.check.rounds,
             Some(n) => n.ok() && n.completed && n.ready == self.world_size,
         };
-        self.outcome == Some(ControllerOutcome::Done) && self.check.ok() && plane
+        let links = self.sealed == SealMode::Off || (self.links_keyed > 0 && self.links_refused.is_empty());
+        self.outcome == Some(ControllerOutcome::Done) && self.check.ok() && plane && links
     }
 
     /// The summary, as lines for a human.
@@ -278,6 +291,15 @@ impl DemoReport {
             ),
             Err(e) => format!("metrics             scrape failed: {e}"),
         });
+        if self.sealed != SealMode::Off {
+            out.push(format!(
+                "sealed links        {:?}: {} link ends keyed, {} refused",
+                self.sealed,
+                self.links_keyed,
+                self.links_refused.len()
+            ));
+            out.extend(self.links_refused.iter().map(|r| format!("REFUSED             {r}")));
+        }
         let nccl_violations = self.nccl.iter().flat_map(|n| &n.violations);
         out.extend(
             self.check.violations.iter().chain(nccl_violations).map(|v| format!("VIOLATION           {v}")),
@@ -328,6 +350,9 @@ impl DemoReport {
             "violations": self.check.violations,
             "recording": self.recording.as_ref().map(|(p, _)| p.display().to_string()),
             "recording_bytes": self.recording.as_ref().map(|(_, b)| *b),
+            "sealed": format!("{:?}", self.sealed).to_lowercase(),
+            "links_keyed": self.links_keyed,
+            "links_refused": self.links_refused,
             "wall_s": self.wall.as_secs_f64(),
             "ok": self.ok(),
         })
@@ -344,6 +369,8 @@ struct Watch {
     epochs: u64,
     status_answers: u64,
     kill: Option<KillReport>,
+    links_keyed: u64,
+    links_refused: Vec<String>,
 }
 
 impl Watch {
@@ -387,6 +414,10 @@ impl Watch {
             (Source::Rank(r), ClusterEvent::RankExit { .. }) => {
                 self.exited.insert(*r);
             }
+            (_, ClusterEvent::Link(SealNote::Keyed { .. })) => self.links_keyed += 1,
+            (node, ClusterEvent::Link(SealNote::Refused { conn, why })) => {
+                self.links_refused.push(format!("{node}: connection {conn}: {why:?}"))
+            }
             _ => {}
         }
     }
@@ -427,7 +458,11 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
         start_mode: StartMode::Auto,
         ..JoinConfig::default()
     };
-    let trust = TrustMode::resolve(&join, opts.bind.ip().is_loopback());
+    // Sealed links are keyed by the pre-shared salt.
+    let trust = match opts.sealed {
+        SealMode::Off => TrustMode::resolve(&join, opts.bind.ip().is_loopback()),
+        _ => TrustMode::PreShared,
+    };
     let config = Config::scaled(opts.scale);
     let listener =
         std::net::TcpListener::bind(opts.bind).map_err(|e| format!("controller on {}: {e}", opts.bind))?;
@@ -440,6 +475,7 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
     // chunk-pool dispatch, where a dead rank's chunks go back to the pool).
     cfg.run.progressive = Some(false);
     cfg.metrics = Some(cohort_driver_core::metrics::prometheus());
+    cfg.seal(opts.sealed).map_err(|e| e.to_string())?;
     let record = opts.record.clone();
     let controller = match &opts.record {
         Some(rec) => spawn_recorded_controller(cfg, listener, config.clone(), clock, sink.clone(), rec)
@@ -459,6 +495,7 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
             .config(config.clone())
             .clock(clock);
         p.pre_shared = pre_shared;
+        p = p.sealed(opts.sealed);
         if let Some(rec) = &opts.record {
             p = p.record(RecordOptions { dir: rec.dir.join(format!("host-{i}")), ..rec.clone() });
         }
@@ -569,6 +606,9 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
             let bytes = std::fs::metadata(&p).map_or(0, |m| m.len());
             (p, bytes)
         }),
+        sealed: opts.sealed,
+        links_keyed: watch.links_keyed,
+        links_refused: watch.links_refused,
         wall: started.elapsed(),
     })
 }

@@ -181,3 +181,49 @@ fn on_the_nccl_plane_the_world_rendezvous_loses_a_rank_re_rendezvous_and_finishe
         "{text}"
     );
 }
+
+/// `cohort demo --sealed`: the same run with every link sealed under
+/// `require`. The summary counts every link end keyed (a 2 x 2 world: the
+/// controller's 2 join and 4 relay links, each agent's, each relay's
+/// upstream and 2 rank links, each rank's control and data links: 28),
+/// none refused, and the status port still answers plain HTTP (the metrics
+/// scrape).
+#[test]
+fn cohort_demo_sealed_keys_every_link_and_passes() {
+    let out = Command::new(env!("CARGO_BIN_EXE_cohort"))
+        .args([
+            "demo",
+            "--sealed",
+            "--epochs",
+            "2",
+            "--samples-per-epoch",
+            "400",
+            "--batch-ms",
+            "5",
+            "--kill-rank-at",
+            "0.25",
+            "--json",
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run cohort demo --sealed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> =
+        stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    let sealed = lines.iter().filter(|l| l["event"] == "link_sealed").count();
+    assert_eq!(sealed, 28, "one event per keyed link end");
+    assert!(!lines.iter().any(|l| l["event"] == "link_refused"));
+    let summary = lines.last().expect("a summary");
+    assert_eq!(summary["ok"], true, "{summary}");
+    assert_eq!(summary["sealed"], "require");
+    assert_eq!(summary["links_keyed"], 28, "{summary}");
+    assert_eq!(summary["links_refused"], serde_json::json!([]));
+    assert!(summary["metrics_samples"].as_u64().is_some_and(|n| n > 0), "{summary}");
+    assert_eq!(summary["rounds"], summary["rounds_checked"]);
+}

@@ -349,6 +349,7 @@ macro_rules! driver_suite {
             host_frame_records_verify_on_the_mac_pool,
             a_controller_and_two_hosts_run_to_the_end,
             a_sealed_cluster_runs_to_the_end,
+            a_plain_host_is_refused_by_a_sealed_controller,
             a_killed_rank_is_declared_dead_and_the_survivors_finish
         );
     };

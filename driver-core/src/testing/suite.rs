@@ -30,7 +30,7 @@ use crate::{Config, NodeEvent};
 
 pub use cluster::{
     a_controller_and_two_hosts_run_to_the_end, a_killed_rank_is_declared_dead_and_the_survivors_finish,
-    a_sealed_cluster_runs_to_the_end,
+    a_plain_host_is_refused_by_a_sealed_controller, a_sealed_cluster_runs_to_the_end,
 };
 
 fn control_kind() -> ControlHandshake {
@@ -639,7 +639,8 @@ mod cluster {
     use cohort_proto::node::rank::RankNodeEvent;
     use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
     use cohort_proto::node::workload::{Action, Workload};
-    use cohort_proto::sealed::{SealMode, SealNote};
+    use cohort_proto::sealed::{SealMode, SealNote, SealRefusal};
+    use cohort_proto::wire::Channel;
     use cohort_proto::wire::{ControlMsgWire, SessionSalt};
 
     use super::super::{PATIENCE, TestDriver};
@@ -1010,6 +1011,46 @@ mod cluster {
     pub fn a_sealed_cluster_runs_to_the_end<D: TestDriver>() {
         let s = D::spawner();
         a_cluster_runs_to_the_end(&s, &s, &s, SealMode::Require);
+    }
+
+    /// A controller that requires sealed links and a host that does not
+    /// offer them (a flodl agent, or a cohort one without `--sealed`): the
+    /// controller refuses the host's join link at its first bytes, before
+    /// its join window reads any (the refusal names the join magic it
+    /// began with), and nobody joins; a sealing host then joins the same
+    /// controller.
+    pub fn a_plain_host_is_refused_by_a_sealed_controller<D: TestDriver>() {
+        let s = D::spawner();
+        let clock = Clock::start();
+        let (sink, events) = cluster_events();
+        let builder = run().ranks(2).salt(SALT).trust(TrustMode::PreShared).sealed(SealMode::Require);
+        let (controller, addr) = controller(&s, builder, clock, sink.clone());
+        let mut seen = Seen { events, all: Vec::new() };
+        let plain = host(&s, "plain", addr, clock, &sink, None, SealMode::Off);
+        let refused = |all: &[Stamped]| {
+            all.iter()
+                .filter(|s| s.source == Source::Controller)
+                .filter_map(|s| match &s.event {
+                    ClusterEvent::Link(SealNote::Refused {
+                        why: SealRefusal::NotOffered { first }, ..
+                    }) => Some(*first),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        seen.until("the controller refusing the plain host", |all| !refused(all).is_empty());
+        let first = refused(&seen.all)[0];
+        assert_eq!(first, Channel::Join.magic_bytes(), "the join channel's magic, read by the links only");
+        block_on(stop_all(vec![plain]));
+        let admitted = |all: &[Stamped]| {
+            all.iter().any(|s| matches!(s.event.join(), Some(JoinWindowEvent::Admitted { .. })))
+        };
+        assert!(!admitted(&seen.all), "nothing of the plain host reached the join window");
+        let sealing = host(&s, "sealing", addr, clock, &sink, None, SealMode::Require);
+        seen.until("the sealing host's admission", admitted);
+        block_on(stop_all(vec![sealing]));
+        block_on(controller.shutdown());
+        drop(sink);
     }
 
     /// A rank killed by its host mid-run ([`WorkerHost::kill_rank`]): the
