@@ -713,8 +713,11 @@ fn controller(a: ControllerArgs) -> i32 {
     if a.metrics {
         cfg.metrics = Some(cohort_driver_core::metrics::prometheus());
     }
-    if let Err(e) = cfg.seal(a.seal.sealed) {
-        return fail(&format!("--sealed: {}", e.reason));
+    if cfg.seal(a.seal.sealed).is_err() {
+        return fail(
+            "--sealed needs a pre-shared salt: add --pre-shared on a loopback bind, and no --open-admission \
+             (under open admission the salt crosses the join link in the clear)",
+        );
     }
     let clock = Clock::start();
     let (sink, events) = mpsc::channel();

@@ -30,6 +30,13 @@ pub static ALL: &[Case] = &[
         run: train::flodl_agent_cohort_controller,
     },
     Case {
+        name: "sealed-prefer-mixed",
+        about: "`cohort controller --sealed prefer`: a flodl host in the clear and a `cohort agent --sealed` \
+                host sealed, one world trained to the end",
+        bench: false,
+        run: train::sealed_prefer_mixed,
+    },
+    Case {
         name: "cohort-agent-flodl-controller",
         about: "`cohort agent` (cohort relays + ranks) under flodl's coordinator and CPU reduce",
         bench: false,

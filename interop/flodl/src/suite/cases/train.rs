@@ -180,6 +180,55 @@ pub fn flodl_relays_cohort_controller(ctx: &mut Ctx) -> Result<(), String> {
     Ok(())
 }
 
+/// `cohort controller --sealed prefer` (cohort only): a flodl host joins
+/// in the clear and a `cohort agent --sealed` host seals every link, in one
+/// world trained to the end. flodl's peer never sees a byte it does not
+/// know; cohort's host's join link and both its relays' links are keyed at
+/// the controller, and nothing is refused.
+pub fn sealed_prefer_mixed(ctx: &mut Ctx) -> Result<(), String> {
+    let port = free_port(&[])?;
+    let token = fresh_token()?;
+    let mut ctl = train(port, 4).cohort(
+        ctx,
+        &ctx.at("controller"),
+        &["--pre-shared", "--salt", &token, "--sealed", "prefer"],
+    )?;
+    let at = format!("127.0.0.1:{port}");
+    let mut a = flodl_agent(
+        ctx,
+        &ctx.at("agentA"),
+        Host { name: "hostA", devices: 2, at: &at, scale: SCALE },
+        &["--salt", &token],
+        &ranks(),
+    )?;
+    let mut b = agent(
+        &ctx.at("agentB"),
+        60,
+        &Cmd::new(&ctx.cohort).words(&format!(
+            "agent --connect {at} --host hostB --ranks 2 --salt {token} --sealed --timeout-scale {SCALE} \
+            --batch-size {BATCH} --batch-ms 5 --run-id sealed --json"
+        )),
+    )?;
+    let (arc, stall) = a.proc.wait_run(60, 8, &[&a.out, &b.out]);
+    no_stall(stall)?;
+    let brc = b.proc.wait(30);
+    let crc = ctl.proc.wait(30);
+    cohort_controller_finished(&ctl.out, 4, 2)?;
+    let keyed = ctl.out.count(|e| e.event == "link_sealed");
+    ensure!(
+        keyed == 3,
+        "cohort controller: {keyed} links sealed, want hostB's join link and its two relays'"
+    );
+    ensure!(!ctl.out.any(|e| e.event == "link_refused"), "cohort controller refused a link");
+    ensure!(b.out.any(|e| e.event == "link_sealed"), "cohort agent: no sealed link");
+    run_check(&ctx.dir, &expect(&[0, 1, 2, 3]), &[&a.out, &b.out])?;
+    ensure!(arc == End::Exit(0), "flodl agent exit status {arc}: {}", failed_line(&a.err));
+    ensure!(finished_cleanly(&a.err, "hostA"), "flodl agent: no clean finish");
+    ensure!(brc == End::Exit(0), "cohort agent exit status {brc}: {}", b.err.first("WARN"));
+    ensure!(crc == End::Exit(0), "cohort controller exit status {crc}");
+    Ok(())
+}
+
 /// `flodl-peer tap` from `listen` to `to` on loopback, once it listens.
 pub fn tap(ctx: &Ctx, listen: u16, to: u16) -> Result<Proc, String> {
     let mut p = Proc::spawn(
