@@ -649,18 +649,15 @@ impl<M: Machine, I: Io> Engine<M, I> {
                     self.carry_links(now);
                     feed(&mut self.machine, &mut self.tap, now, Input::Received { conn, bytes: &b });
                 }
-                Delivery::Frame(frame) => {
+                Delivery::Piece(piece) => {
                     self.carry_links(now);
-                    for segment in frame.segments() {
-                        // The machine may close the link while it reads.
-                        if !self.links.as_ref().is_some_and(|l| l.is_readable(conn)) {
-                            break;
-                        }
-                        feed(&mut self.machine, &mut self.tap, now, Input::Received { conn, bytes: segment });
-                        self.settle(now);
+                    // The machine may have closed the link while it read.
+                    if self.links.as_ref().is_some_and(|l| l.is_readable(conn)) {
+                        let input = Input::Received { conn, bytes: &piece.bytes };
+                        feed(&mut self.machine, &mut self.tap, now, input);
                     }
                     if let Some(l) = &mut self.links {
-                        l.recycle(conn, frame);
+                        l.recycle(conn, piece);
                     }
                 }
                 Delivery::Refused => {

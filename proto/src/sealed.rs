@@ -59,7 +59,9 @@ use rand_core::{Rng, SeedableRng};
 
 use crate::machine::{CloseCause, ConnId, Input, Machine, Output};
 use crate::time::Time;
-use crate::wire::{HandshakeError, Opener, Payload, SealError, SealHandshake, SealPsk, SealedLink, Sealer};
+use crate::wire::{
+    HandshakeError, OpenedPiece, Opener, SealError, SealHandshake, SealPsk, SealedLink, Sealer,
+};
 
 /// The four bytes a dialer offering a sealed link sends first (`CSL1`:
 /// cohort sealed link, version 1); no flodl channel magic and no HTTP
@@ -234,10 +236,12 @@ pub enum Delivery<'a> {
     /// A plain peer's first four bytes, which the layer held to decide,
     /// with what followed them.
     Joined(Vec<u8>),
-    /// A frame that verified: give the machine each segment in turn
-    /// (while [`SealLinks::is_readable`]), then hand it back with
-    /// [`SealLinks::recycle`].
-    Frame(Payload),
+    /// A piece of a sealed frame (at most 64 KiB) that verified: give it to
+    /// the machine (while [`SealLinks::is_readable`]), then hand it back
+    /// with [`SealLinks::recycle`]. Each piece is handed over as it opens,
+    /// so a link holds at most one piece of a frame, whatever its length
+    /// (`last` says it ends its frame).
+    Piece(OpenedPiece),
     /// The connection was refused for what its peer sent: the machine
     /// hears it closed ([`CloseCause::Error`]); the layer closes it.
     Refused,
@@ -371,11 +375,11 @@ impl SealLinks {
         self.links.remove(&conn).is_some_and(|l| !l.closing())
     }
 
-    /// Hands back a frame [`Delivery::Frame`] gave, so its buffer serves
+    /// Hands back a piece [`Delivery::Piece`] gave, so its buffer serves
     /// the next one.
-    pub fn recycle(&mut self, conn: ConnId, frame: Payload) {
+    pub fn recycle(&mut self, conn: ConnId, piece: OpenedPiece) {
         if let Some(Link::Open { opener, .. }) = self.links.get_mut(&conn) {
-            opener.recycle(frame);
+            opener.recycle_piece(piece.bytes);
         }
     }
 
@@ -389,9 +393,14 @@ impl SealLinks {
         match out {
             Output::Transmit { conn, bytes } => match self.links.get_mut(&conn) {
                 Some(Link::Plain) => self.out.push_back(LinkOutput::Transmit { conn, bytes }),
-                Some(Link::Undecided { held, .. } | Link::Handshaking { held, .. }) => held.push(bytes),
-                // Ended: nothing leaves for it (a driver would drop it too).
-                None => {}
+                // After the machine's own close nothing more of it leaves.
+                Some(
+                    Link::Undecided { held, closing: false, .. }
+                    | Link::Handshaking { held, closing: false, .. },
+                ) => held.push(bytes),
+                // Ended, or closed by the machine: nothing leaves for it (a
+                // driver would drop it too).
+                Some(Link::Undecided { .. } | Link::Handshaking { .. }) | None => {}
                 Some(Link::Open { sealer, .. }) => {
                     let mut wire = BytesMut::new();
                     match sealer.seal(&bytes, &mut wire) {
@@ -521,11 +530,11 @@ impl SealLinks {
                     }
                     Err(e) => return self.refused(conn, SealRefusal::Handshake(e)),
                 },
-                Link::Open { opener, .. } => match opener.feed(bytes) {
-                    Ok((used, frame)) => {
+                Link::Open { opener, .. } => match opener.feed_piece(bytes) {
+                    Ok((used, piece)) => {
                         *bytes = &bytes[used..];
-                        if let Some(frame) = frame {
-                            return Delivery::Frame(frame);
+                        if let Some(piece) = piece {
+                            return Delivery::Piece(piece);
                         } else if used == 0 {
                             return Delivery::Done;
                         }
@@ -640,16 +649,13 @@ where
                     self.drain_links();
                     self.inner_handle(now, Input::Received { conn, bytes: &b });
                 }
-                Delivery::Frame(frame) => {
+                Delivery::Piece(piece) => {
                     self.drain_links();
-                    for segment in frame.segments() {
-                        // The machine may close the link while it reads.
-                        if !self.links.is_readable(conn) {
-                            break;
-                        }
-                        self.inner_handle(now, Input::Received { conn, bytes: segment });
+                    // The machine may have closed the link while it read.
+                    if self.links.is_readable(conn) {
+                        self.inner_handle(now, Input::Received { conn, bytes: &piece.bytes });
                     }
-                    self.links.recycle(conn, frame);
+                    self.links.recycle(conn, piece);
                 }
                 Delivery::Refused => return self.refused(now, conn),
             }
@@ -994,6 +1000,49 @@ mod tests {
     }
 
     #[test]
+    fn each_piece_of_a_long_frame_reaches_the_machine_as_it_opens_and_a_cut_one_is_refused() {
+        let mut p = keyed_then_held();
+        let sent: Vec<u8> = (0..(1u32 << 20)).map(|i| i as u8).collect();
+        p.client_says(&sent);
+        let frame = p.c2s[0].clone();
+        let now = Time::ZERO;
+        // The header and the first piece with its tag: that piece is read at
+        // once, long before the frame's last byte.
+        let first = crate::wire::seal::HEADER_LEN + (64 << 10) + crate::wire::seal::TAG_LEN;
+        p.server.handle(now, Input::Received { conn: CONN, bytes: &frame[..first + 10] });
+        let outs: Vec<_> = std::iter::from_fn(|| p.server.poll(now)).collect();
+        let got: Vec<u8> = outs
+            .iter()
+            .flat_map(|o| if let Output::Event(Ev::Got(_, b)) = o { b.clone() } else { vec![] })
+            .collect();
+        assert_eq!(got, sent[..64 << 10], "one piece, as it opened");
+        // The rest of the frame with one byte of its last piece flipped:
+        // every piece before it is read, then the link is refused.
+        let mut rest = frame[first + 10..].to_vec();
+        let n = rest.len();
+        rest[n - 1] ^= 1;
+        p.server.handle(now, Input::Received { conn: CONN, bytes: &rest });
+        let outs: Vec<_> = std::iter::from_fn(|| p.server.poll(now)).collect();
+        let got: usize =
+            outs.iter().map(|o| if let Output::Event(Ev::Got(_, b)) = o { b.len() } else { 0 }).sum();
+        assert_eq!(got, (1 << 20) - (2 * (64 << 10)), "the pieces between, not the forged last");
+        assert!(
+            outs.iter().any(|o| matches!(
+                o,
+                Output::Event(Ev::Link(SealNote::Refused {
+                    why: SealRefusal::Frame(SealError::Forged { .. }),
+                    ..
+                }))
+            )),
+            "{outs:?}"
+        );
+        assert!(
+            outs.iter().any(|o| matches!(o, Output::Event(Ev::Closed(_)))),
+            "the machine hears it closed"
+        );
+    }
+
+    #[test]
     fn a_refused_connection_is_heard_closed_once_and_nothing_later_of_it_is_read() {
         let mut p = sealed_pair(SealMode::Off, SealMode::Require);
         assert!(p.server_refusal().is_some());
@@ -1005,7 +1054,8 @@ mod tests {
     }
 
     #[test]
-    fn what_a_machine_sends_before_closing_an_undecided_link_leaves_sealed_once_keyed_then_the_close() {
+    fn what_a_machine_sends_before_closing_an_undecided_link_leaves_sealed_once_keyed_then_the_close_and_nothing_after()
+     {
         let mut client = sealed(Talker::dialing(b""), SealMode::Require, 1, 1);
         let mut server = sealed(Talker::listening(b""), SealMode::Require, 1, 2);
         let now = Time::ZERO;
@@ -1014,6 +1064,8 @@ mod tests {
         server.handle(now, Input::Accepted { conn: CONN, peer: Peer::REMOTE });
         client.inner_mut().send(CONN, b"goodbye");
         client.inner_mut().out.push_back(Output::Close { conn: CONN });
+        // After its own close, nothing more of the machine's leaves.
+        client.inner_mut().send(CONN, b"after close");
         let first: Vec<Output<Ev>> = std::iter::from_fn(|| client.poll(now)).collect();
         assert!(!first.iter().any(|o| matches!(o, Output::Close { .. })), "the close waits: {first:?}");
         let transmits = |outs: &[Output<Ev>]| -> Vec<u8> {

@@ -326,6 +326,9 @@ struct Tally {
     steps: u64,
     failures: Vec<(u64, String)>,
     reasons: std::collections::BTreeMap<String, u64>,
+    /// Runs with sealed links, and how many of them trained to the end.
+    sealed: u64,
+    sealed_done: u64,
 }
 
 fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool, save_failing: Option<PathBuf>) -> i32 {
@@ -389,6 +392,10 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool, save_failing:
                         let key = reason.split([':', '(']).next().unwrap_or("").trim().to_owned();
                         *t.reasons.entry(key).or_default() += 1;
                     }
+                    if sc.sealed {
+                        t.sealed += 1;
+                        t.sealed_done += u64::from(report.outcome.is_done());
+                    }
                     t.deaths += report.deaths.len() as u64;
                     t.virtual_s += report.ended_at.as_secs_f64();
                     t.steps += report.steps;
@@ -421,6 +428,8 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool, save_failing:
         for (reason, n) in &t.reasons {
             row(&format!("  {reason}"), n.to_string());
         }
+        row("sealed links", t.sealed.to_string());
+        row("  of them done", t.sealed_done.to_string());
         row("ranks declared dead", t.deaths.to_string());
         row("virtual seconds simulated", format!("{:.0}", t.virtual_s));
         row("world events", t.steps.to_string());

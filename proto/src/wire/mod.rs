@@ -48,5 +48,5 @@ pub use round_frame::{
     RoundKind, RoundSink, RoundWriter, TensorMeta, TensorPayload, Verify, round_frame_len,
 };
 pub use salt::{RunNonce, SaltError, SessionSalt};
-pub use seal::{Opener, SealContext, SealError, SealKeys, SealSide, Sealer};
+pub use seal::{OpenedPiece, Opener, SealContext, SealError, SealKeys, SealSide, Sealer};
 pub use seal_handshake::{HandshakeError, SealHandshake, SealPsk, SealedLink};

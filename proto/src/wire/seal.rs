@@ -90,7 +90,7 @@ use core::fmt;
 
 use aes_gcm::aead::{AeadInOut, KeyInit};
 use aes_gcm::{Aes256Gcm, Tag};
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use hkdf::Hkdf;
 use sha2::Sha256;
 
@@ -350,6 +350,7 @@ impl SealKeys {
             ceiling: ceiling.min(MAX_SEALED_LEN),
             state: State::idle(),
             spares: Vec::new(),
+            gathered: Payload::new(),
         };
         (sealer, opener)
     }
@@ -550,8 +551,6 @@ enum State {
         /// Its ciphertext and tag so far (allocated when its first byte
         /// arrives, at most `PIECE + TAG_LEN`).
         piece: BytesMut,
-        /// The pieces opened so far.
-        frame: Payload,
         /// Bytes of the frame received so far.
         have: u64,
     },
@@ -583,6 +582,17 @@ pub struct Opener {
     /// Whole-piece buffers of frames handed back ([`Opener::recycle`]),
     /// for the next pieces [`Opener::feed`] gathers.
     spares: Vec<BytesMut>,
+    /// The pieces of the frame [`Opener::feed`] is gathering.
+    gathered: Payload,
+}
+
+/// One piece of a frame, opened and verified ([`Opener::feed_piece`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenedPiece {
+    /// Its plaintext.
+    pub bytes: Bytes,
+    /// Whether it ends its frame.
+    pub last: bool,
 }
 
 impl fmt::Debug for Opener {
@@ -605,14 +615,56 @@ impl Opener {
     /// [`PIECE`] + [`TAG_LEN`] bytes held for it) and decrypted where it
     /// was copied.
     pub fn feed(&mut self, input: &[u8]) -> Result<(usize, Option<Payload>), SealError> {
-        let r = self.feed_inner(input);
+        let mut used = 0;
+        loop {
+            match self.feed_piece(&input[used..])? {
+                (n, None) => return Ok((used + n, None)),
+                (n, Some(OpenedPiece { bytes, last })) => {
+                    used += n;
+                    self.gathered.push(bytes);
+                    if last {
+                        return Ok((used, Some(core::mem::take(&mut self.gathered))));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Consumes bytes from the front of `input` up to the end of the next
+    /// piece: returns how many it used and that piece, once it verified, so
+    /// a caller can use each piece as it opens (at most one piece, [`PIECE`]
+    /// + [`TAG_LEN`] bytes, is held). A frame's pieces come in order, the
+    /// last one saying so; a frame cut or forged after some of its pieces
+    /// opened is refused at the piece that fails, and the caller, who has
+    /// read only authentic pieces of it, must close. Use this or
+    /// [`feed`](Self::feed) on one opener, not both.
+    ///
+    /// ```
+    /// use bytes::BytesMut;
+    /// use cohort_proto::wire::seal::PIECE;
+    /// use cohort_proto::wire::{SealContext, SealKeys, SealSide};
+    /// let keys = SealKeys::derive(&[3; 32], &SealContext { channel: 0, transcript: b"t" });
+    /// let (mut sealer, _) = keys.split(SealSide::Initiator, 1 << 30);
+    /// let (_, mut opener) = keys.split(SealSide::Responder, 1 << 30);
+    /// let mut wire = BytesMut::new();
+    /// sealer.seal(&vec![7; PIECE + 5], &mut wire).unwrap();
+    /// let (used, first) = opener.feed_piece(&wire).unwrap();
+    /// let first = first.unwrap();
+    /// assert_eq!((first.bytes.len(), first.last), (PIECE, false));
+    /// let (rest, second) = opener.feed_piece(&wire[used..]).unwrap();
+    /// let second = second.unwrap();
+    /// assert_eq!((second.bytes.len(), second.last, used + rest), (5, true, wire.len()));
+    /// ```
+    pub fn feed_piece(&mut self, input: &[u8]) -> Result<(usize, Option<OpenedPiece>), SealError> {
+        let r = self.piece_inner(input);
         if r.is_err() {
             self.state = State::Poisoned;
+            self.gathered = Payload::new();
         }
         r
     }
 
-    fn feed_inner(&mut self, input: &[u8]) -> Result<(usize, Option<Payload>), SealError> {
+    fn piece_inner(&mut self, input: &[u8]) -> Result<(usize, Option<OpenedPiece>), SealError> {
         let mut used = 0;
         loop {
             let rest = &input[used..];
@@ -627,15 +679,10 @@ impl Opener {
                         return Ok((used, None));
                     }
                     let header = Header::read(buf, self.next, self.ceiling)?;
-                    self.state = State::Pieces {
-                        header,
-                        index: 0,
-                        piece: BytesMut::new(),
-                        frame: Payload::new(),
-                        have: HEADER_LEN as u64,
-                    };
+                    self.state =
+                        State::Pieces { header, index: 0, piece: BytesMut::new(), have: HEADER_LEN as u64 };
                 }
-                State::Pieces { header, index, piece, frame, have } => {
+                State::Pieces { header, index, piece, have } => {
                     let plen = header.piece_len(*index);
                     let want = plen + TAG_LEN;
                     let take = (want - piece.len()).min(rest.len());
@@ -658,13 +705,14 @@ impl Opener {
                         return Err(SealError::Forged { seq: header.seq, piece: *index });
                     }
                     piece.truncate(plen);
-                    frame.push(core::mem::take(piece).freeze());
+                    let bytes = core::mem::take(piece).freeze();
                     *index += 1;
-                    if *index == header.pieces {
-                        let (frame, pieces) = (core::mem::take(frame), header.pieces);
+                    let last = *index == header.pieces;
+                    if last {
+                        let pieces = header.pieces;
                         self.finish_frame(pieces);
-                        return Ok((used, Some(frame)));
                     }
+                    return Ok((used, Some(OpenedPiece { bytes, last })));
                 }
             }
         }
@@ -786,13 +834,23 @@ impl Opener {
         let keep = segments.len();
         drop(frame);
         for segment in segments {
-            if let Ok(mut buf) = segment.try_into_mut()
-                && buf.capacity() == PIECE + TAG_LEN
-                && self.spares.len() < keep
-            {
-                buf.clear();
-                self.spares.push(buf);
-            }
+            self.keep_spare(segment, keep);
+        }
+    }
+
+    /// Takes back a piece [`feed_piece`](Self::feed_piece) opened, once the
+    /// caller is done with it, for the next piece (one is kept).
+    pub fn recycle_piece(&mut self, piece: Bytes) {
+        self.keep_spare(piece, 1);
+    }
+
+    fn keep_spare(&mut self, segment: Bytes, keep: usize) {
+        if let Ok(mut buf) = segment.try_into_mut()
+            && buf.capacity() == PIECE + TAG_LEN
+            && self.spares.len() < keep
+        {
+            buf.clear();
+            self.spares.push(buf);
         }
     }
 
