@@ -30,7 +30,7 @@
 //! - the machine hears a connection closed at most once, never after it
 //!   closed it itself, and whenever a refusal closes a connection it had
 //!   open; `closed()` answers exactly whether the machine still had it;
-//! - every `Delivery::Frame` is the honest peer's next transmit, byte for
+//! - the `Delivery::Piece`s of each frame are the honest peer's next transmit, byte for
 //!   byte, in order (and every frame the peer opens is the next transmit of
 //!   the machine under test, sent while it had the connection open); with
 //!   nothing tampered on a connection, once both ends keyed and every byte
@@ -136,6 +136,9 @@ struct Conn {
     sent: Vec<Vec<u8>>,
     sent_bytes: usize,
     peer_got: Vec<Vec<u8>>,
+    /// The pieces of the frame each side is reading, so far.
+    partial: Vec<u8>,
+    peer_partial: Vec<u8>,
     /// The peer's link lives (its own close, a refusal or its end not seen).
     peer_live: bool,
     /// Wire bytes not delivered yet, each way.
@@ -168,6 +171,8 @@ impl Conn {
             sent: Vec::new(),
             sent_bytes: 0,
             peer_got: Vec::new(),
+            partial: Vec::new(),
+            peer_partial: Vec::new(),
             peer_live: true,
             to_test: Vec::new(),
             to_peer: Vec::new(),
@@ -395,21 +400,25 @@ impl Run {
                         self.plain(id, b, true);
                         assert!(rest.is_empty(), "Joined left bytes");
                     }
-                    Delivery::Frame(frame) => {
-                        let c = self.conns.get_mut(&id).expect("a frame on a connection never given");
-                        assert!(c.machine_open, "a frame on {id:?} after its close");
-                        assert!(self.tested.is_sealed(id), "a frame on {id:?}, not sealed");
-                        let bytes = frame.to_vec();
-                        assert_eq!(frame.len(), bytes.len());
+                    Delivery::Piece(piece) => {
+                        let c = self.conns.get_mut(&id).expect("a piece on a connection never given");
+                        assert!(c.machine_open, "a piece on {id:?} after its close");
+                        assert!(self.tested.is_sealed(id), "a piece on {id:?}, not sealed");
+                        let first = c.partial.is_empty();
+                        c.partial.extend_from_slice(&piece.bytes);
                         let n = c.got.len();
                         assert!(
-                            n < c.peer_sent.len() && c.peer_sent[n] == bytes,
-                            "{id:?}: frame {n} ({} bytes) is not the peer's transmit {n} (of {})",
-                            bytes.len(),
+                            n < c.peer_sent.len() && c.peer_sent[n].starts_with(&c.partial),
+                            "{id:?}: frame {n} so far ({} bytes) is not the peer's transmit {n} (of {})",
+                            c.partial.len(),
                             c.peer_sent.len()
                         );
-                        c.got.push(bytes);
-                        self.machine_reads(id, frame);
+                        if piece.last {
+                            assert_eq!(c.partial.len(), c.peer_sent[n].len(), "{id:?}: frame {n} ends short");
+                            let whole = std::mem::take(&mut c.partial);
+                            c.got.push(whole);
+                        }
+                        self.machine_reads(id, piece, first);
                     }
                 }
             }
@@ -439,23 +448,18 @@ impl Run {
 
     /// The machine under test reads a frame segment by segment, as
     /// `Sealed` does, reacting as its connection says; then hands it back.
-    fn machine_reads(&mut self, id: ConnId, frame: cohort_proto::wire::Payload) {
+    fn machine_reads(&mut self, id: ConnId, piece: cohort_proto::wire::OpenedPiece, first: bool) {
         let react = self.conns[&id].react;
-        for i in 0..frame.segments().len() {
-            // The machine may close the link while it reads.
-            if !self.tested.is_readable(id) {
-                break;
-            }
-            if react == React::CloseMidFrame && i == 0 {
-                self.machine_close(id);
-            }
+        // The machine may close the link while it reads a frame.
+        if react == React::CloseMidFrame && first && !piece.last && self.tested.is_readable(id) {
+            self.machine_close(id);
         }
-        if react == React::Reply && self.conns[&id].machine_open {
+        if react == React::Reply && piece.last && self.conns[&id].machine_open {
             let n = self.conns[&id].got.len();
             self.machine_send(id, fill(n % 40, n as u8));
         }
         let to = if react == React::RecycleElsewhere { ConnId(id.0 ^ 1) } else { id };
-        self.tested.recycle(to, frame);
+        self.tested.recycle(to, piece);
     }
 
     fn machine_send(&mut self, id: ConnId, bytes: Vec<u8>) {
@@ -553,18 +557,22 @@ impl Run {
                         self.conns.get_mut(&id).unwrap().peer_live = false;
                         break;
                     }
-                    Delivery::Frame(frame) => {
+                    Delivery::Piece(piece) => {
                         let c = self.conns.get_mut(&id).unwrap();
-                        let bytes = frame.to_vec();
+                        c.peer_partial.extend_from_slice(&piece.bytes);
                         let n = c.peer_got.len();
                         assert!(
-                            n < c.sent.len() && c.sent[n] == bytes,
-                            "{id:?}: the peer's frame {n} ({} bytes) is not the machine's transmit {n} (of {})",
-                            bytes.len(),
+                            n < c.sent.len() && c.sent[n].starts_with(&c.peer_partial),
+                            "{id:?}: the peer's frame {n} so far ({} bytes) is not the machine's transmit {n} (of {})",
+                            c.peer_partial.len(),
                             c.sent.len()
                         );
-                        c.peer_got.push(bytes);
-                        self.peer.recycle(id, frame);
+                        if piece.last {
+                            assert_eq!(c.peer_partial.len(), c.sent[n].len(), "{id:?}: frame {n} ends short");
+                            let whole = std::mem::take(&mut c.peer_partial);
+                            c.peer_got.push(whole);
+                        }
+                        self.peer.recycle(id, piece);
                     }
                     other => panic!("the peer, under require without plain_http, read {other:?}"),
                 }
