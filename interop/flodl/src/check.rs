@@ -170,11 +170,16 @@ fn check_consensus(logs: &BTreeMap<u32, RankLog>, r: &mut Report) {
             .filter_map(|(rank, l)| l.consensus.iter().find(|c| c.0 == k).map(|c| (*rank, c)))
             .collect();
         let (first_rank, first) = got[0];
+        // Values are compared where both lines carry them (a cohort agent's
+        // in-process ranks log masses only).
+        let (values_rank, values) =
+            got.iter().find(|(_, c)| c.3.is_some()).map_or((first_rank, &None), |(r, c)| (*r, &c.3));
         for (rank, c) in &got[1..] {
-            if c.1.to_bits() != first.1.to_bits() || c.2 != first.2 || c.3 != first.3 {
+            let values_differ = c.3.is_some() && values.is_some() && c.3 != *values;
+            if c.1.to_bits() != first.1.to_bits() || c.2 != first.2 || values_differ {
                 r.violations.push(format!(
-                    "round {k}: rank {rank} received weight {} (keep local {}) and values differing from rank {first_rank}'s (weight {}, keep local {})",
-                    c.1, c.2, first.1, first.2
+                    "round {k}: rank {rank} received weight {} (keep local {}) and values differing from rank {first_rank}'s (weight {}, keep local {}; values as rank {values_rank}'s: {})",
+                    c.1, c.2, first.1, first.2, !values_differ
                 ));
             }
         }
