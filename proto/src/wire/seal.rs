@@ -632,12 +632,12 @@ impl Opener {
 
     /// Consumes bytes from the front of `input` up to the end of the next
     /// piece: returns how many it used and that piece, once it verified, so
-    /// a caller can use each piece as it opens (at most one piece, [`PIECE`]
-    /// + [`TAG_LEN`] bytes, is held). A frame's pieces come in order, the
-    /// last one saying so; a frame cut or forged after some of its pieces
-    /// opened is refused at the piece that fails, and the caller, who has
-    /// read only authentic pieces of it, must close. Use this or
-    /// [`feed`](Self::feed) on one opener, not both.
+    /// a caller can use each piece as it opens (it holds at most one piece:
+    /// [`PIECE`] bytes and a tag). A frame's pieces come in order, the last
+    /// one saying so; a frame cut or forged after some of its pieces opened
+    /// is refused at the piece that fails, and the caller, who has read only
+    /// authentic pieces of it, must close. Use this or [`feed`](Self::feed)
+    /// on one opener, not both.
     ///
     /// ```
     /// use bytes::BytesMut;
