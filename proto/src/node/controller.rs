@@ -486,7 +486,7 @@ pub enum ControllerNodeEvent {
         /// How long it had waited.
         waited: core::time::Duration,
     },
-    /// A sealed link's news (cohort only, under a [`SealMode`](crate::sealed::SealMode)
+    /// A sealed link's news (cohort only, under a [`SealMode`]
     /// other than off): a connection keyed, or refused for what its peer sent.
     Link(crate::sealed::SealNote),
 }
