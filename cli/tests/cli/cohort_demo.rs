@@ -101,8 +101,10 @@ fn demo_forms_trains_survives_a_kill_and_every_consensus_matches() {
     assert_eq!(kill.redistributed.len(), extended.len());
 }
 
-#[test]
-fn cohort_demo_program_exits_zero_with_its_summary() {
+/// `cohort demo` with a short run, `extra` flags and `--json`, as a user
+/// runs it: it exits 0; its stdout, one JSON object per event then the
+/// summary.
+fn demo_json(extra: &[&str]) -> Vec<serde_json::Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_cohort"))
         .args([
             "demo",
@@ -114,8 +116,9 @@ fn cohort_demo_program_exits_zero_with_its_summary() {
             "5",
             "--kill-rank-at",
             "0.25",
-            "--json",
         ])
+        .args(extra)
+        .arg("--json")
         .env("RUST_LOG", "warn")
         .output()
         .expect("run cohort demo");
@@ -126,9 +129,12 @@ fn cohort_demo_program_exits_zero_with_its_summary() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    // One JSON object per event, then the summary.
-    let lines: Vec<serde_json::Value> =
-        stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect()
+}
+
+#[test]
+fn cohort_demo_program_exits_zero_with_its_summary() {
+    let lines = demo_json(&[]);
     assert!(lines.iter().any(|l| l["event"] == "rank_dead" && l["node"] == "controller"));
     assert!(lines.iter().any(|l| l["event"] == "partition_extended"));
     let summary = lines.last().expect("a summary");
@@ -190,32 +196,7 @@ fn on_the_nccl_plane_the_world_rendezvous_loses_a_rank_re_rendezvous_and_finishe
 /// scrape).
 #[test]
 fn cohort_demo_sealed_keys_every_link_and_passes() {
-    let out = Command::new(env!("CARGO_BIN_EXE_cohort"))
-        .args([
-            "demo",
-            "--sealed",
-            "--epochs",
-            "2",
-            "--samples-per-epoch",
-            "400",
-            "--batch-ms",
-            "5",
-            "--kill-rank-at",
-            "0.25",
-            "--json",
-        ])
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run cohort demo --sealed");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "exit {:?}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> =
-        stdout.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    let lines = demo_json(&["--sealed"]);
     let sealed = lines.iter().filter(|l| l["event"] == "link_sealed").count();
     assert_eq!(sealed, 28, "one event per keyed link end");
     assert!(!lines.iter().any(|l| l["event"] == "link_refused"));
