@@ -649,6 +649,10 @@ impl<M: Machine, I: Io> Engine<M, I> {
                     self.carry_links(now);
                     feed(&mut self.machine, &mut self.tap, now, Input::Received { conn, bytes: &b });
                 }
+                Delivery::Sealed => {
+                    self.carry_links(now);
+                    feed(&mut self.machine, &mut self.tap, now, Input::Sealed { conn });
+                }
                 Delivery::Piece(piece) => {
                     self.carry_links(now);
                     // The machine may have closed the link while it read.

@@ -111,7 +111,11 @@ use twox_hash::XxHash3_64;
 pub const MAGIC: [u8; 8] = *b"COHORTFR";
 
 /// The format version this module writes and reads.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
+
+/// The oldest format version this module reads: version 2 is version 3
+/// without [`Recorded::Sealed`], which came last.
+pub const OLDEST_READ: u16 = 2;
 
 /// The largest header a reader accepts.
 pub const MAX_HEADER_BYTES: u32 = 1 << 20;
@@ -602,6 +606,11 @@ pub enum Recorded<'a> {
         /// Their XXH3-64 (seed 0).
         digest: u64,
     },
+    /// `Input::Sealed` (last, so version 2's entries read the same).
+    Sealed {
+        /// The connection.
+        conn: u64,
+    },
 }
 
 impl<'a> Recorded<'a> {
@@ -618,6 +627,7 @@ impl<'a> Recorded<'a> {
                 Recorded::Closed { conn: conn.0, cause: cause.into(), unsent: unsent as u64 }
             }
             Input::Timeout => Recorded::Timeout,
+            Input::Sealed { conn } => Recorded::Sealed { conn: conn.0 },
         }
     }
 
@@ -639,6 +649,7 @@ impl<'a> Recorded<'a> {
                 unsent: usize::try_from(*unsent).unwrap_or(usize::MAX),
             },
             Recorded::Timeout => Input::Timeout,
+            Recorded::Sealed { conn } => Input::Sealed { conn: ConnId(*conn) },
             Recorded::Digested { .. } => return None,
         })
     }
@@ -667,6 +678,7 @@ impl fmt::Display for Recorded<'_> {
                 CloseCause::from(*cause)
             ),
             Recorded::Timeout => f.write_str("Timeout"),
+            Recorded::Sealed { conn } => write!(f, "Sealed {{ {} }}", ConnId(*conn)),
             Recorded::Digested { conn, len, digest } => {
                 write!(f, "Received {{ {}, {len} bytes kept as digest {digest:016x} }}", ConnId(*conn))
             }
@@ -1475,7 +1487,7 @@ impl<R: Read> Reader<R> {
         }
         exactly(&mut r, &mut buf, 8, 2, "the format version")?;
         let version = u16::from_le_bytes([buf[0], buf[1]]);
-        if version != VERSION {
+        if !(OLDEST_READ..=VERSION).contains(&version) {
             return Err(RecordError {
                 offset: 8,
                 expected: "the format version".into(),
@@ -1829,6 +1841,7 @@ impl Book {
         match input {
             Recorded::Received { conn, .. }
             | Recorded::Digested { conn, .. }
+            | Recorded::Sealed { conn }
             | Recorded::Closed { conn, .. }
                 if self.seen.insert(*conn) =>
             {
@@ -1882,6 +1895,9 @@ impl Book {
             {
                 Err(format!("bytes on {}, which is not open", ConnId(*conn)))
             }
+            Recorded::Sealed { conn } if !self.open.contains(conn) => {
+                Err(format!("{} sealed, which is not open", ConnId(*conn)))
+            }
             Recorded::Closed { conn, .. } if !self.closable.remove(conn) => {
                 Err(format!("{} closed, which is not open", ConnId(*conn)))
             }
@@ -1889,7 +1905,10 @@ impl Book {
                 self.open.remove(conn);
                 Ok(())
             }
-            Recorded::Received { .. } | Recorded::Digested { .. } | Recorded::Timeout => Ok(()),
+            Recorded::Received { .. }
+            | Recorded::Digested { .. }
+            | Recorded::Sealed { .. }
+            | Recorded::Timeout => Ok(()),
         }
     }
 

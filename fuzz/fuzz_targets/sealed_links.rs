@@ -123,6 +123,8 @@ struct Conn {
     /// says nothing more of it (what was queued before may still come).
     gone: bool,
     keyed_notes: u32,
+    /// `Delivery::Sealed` came (the machine hears it sealed).
+    told_sealed: bool,
     refused: Option<SealRefusal>,
     /// Every byte fed to the layer under test for it, in order.
     fed: Vec<u8>,
@@ -156,6 +158,7 @@ impl Conn {
         Conn {
             accepted,
             driver_open: true,
+            told_sealed: false,
             machine_open: true,
             machine_closed: false,
             heard_closed: 0,
@@ -400,9 +403,18 @@ impl Run {
                         self.plain(id, b, true);
                         assert!(rest.is_empty(), "Joined left bytes");
                     }
+                    Delivery::Sealed => {
+                        let c = self.conns.get_mut(&id).expect("sealed a connection never given");
+                        assert!(c.machine_open, "{id:?} sealed after its close");
+                        assert!(!c.told_sealed, "{id:?} sealed twice");
+                        assert!(c.got.is_empty() && c.partial.is_empty(), "{id:?} sealed after a piece");
+                        assert!(self.tested.is_sealed(id), "{id:?} said sealed, not sealed");
+                        c.told_sealed = true;
+                    }
                     Delivery::Piece(piece) => {
                         let c = self.conns.get_mut(&id).expect("a piece on a connection never given");
                         assert!(c.machine_open, "a piece on {id:?} after its close");
+                        assert!(c.told_sealed, "a piece on {id:?} before the machine heard it sealed");
                         assert!(self.tested.is_sealed(id), "a piece on {id:?}, not sealed");
                         let first = c.partial.is_empty();
                         c.partial.extend_from_slice(&piece.bytes);
@@ -553,6 +565,7 @@ impl Run {
             loop {
                 match self.peer.read(id, &mut rest) {
                     Delivery::Done => break,
+                    Delivery::Sealed => {}
                     Delivery::Refused => {
                         self.conns.get_mut(&id).unwrap().peer_live = false;
                         break;

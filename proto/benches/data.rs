@@ -47,6 +47,8 @@
 //!   paired sections whose title holds it.
 
 use std::hint::black_box;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 #[allow(clippy::disallowed_types)]
@@ -58,9 +60,11 @@ use cohort_proto::config::Rules;
 use cohort_proto::reduce::{Reduce, ReduceConfig, RoundSum};
 use cohort_proto::relay::fold::{FrameFold, Judge, RoundFold};
 use cohort_proto::relay::{Leg, Relay, RelayConfig, UPSTREAM_DIAL};
+use cohort_proto::sealed::{Delivery, LinkOutput, Outbound, SealConfig, SealLinks, SealMode};
 use cohort_proto::wire::{
-    DEFAULT_FRAME_CEILING, DataHello, Dtype, Inline, MacKey, MacRunner, MacTask, MuxRecord, Payload,
-    RelayControlMsg, RoundDecoder, RoundFrame, RoundKind, RoundWriter, SessionSalt, add_le, reclaim,
+    DEFAULT_FRAME_CEILING, DataHello, Dtype, Inline, MacKey, MacRunner, MacTask, MuxDecoder, MuxRecord,
+    NullSink, Payload, RelayControlMsg, RoundDecoder, RoundFrame, RoundKind, RoundWriter, SealPsk,
+    SessionSalt, add_le, encode_control, reclaim,
 };
 use cohort_proto::{Adopt, ConnId, Input, Machine, Output, Peer, Time};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group};
@@ -297,6 +301,331 @@ fn sha256_on(macs: &dyn MacRunner, parts: &[Bytes]) -> u64 {
     started.into_iter().map(|pending| pending.join().finish()).fold(0, |a, t| a ^ t)
 }
 
+/// A link layer under `require`, its ephemeral keys from `stream`.
+fn sealing(stream: u64) -> SealLinks {
+    let psk = SealPsk::from_salt(&SessionSalt::from_bytes([0x5a; 16]));
+    SealLinks::new(SealConfig::new(SealMode::Require, psk, [7; 32]).on_stream(stream))
+}
+
+/// Carries what `from` has for the wire over to `to` on `conn`, handing
+/// whatever opens there to `machine` (a piece as `Received`).
+fn shuttle(from: &mut SealLinks, to: &mut SealLinks, conn: ConnId, machine: &mut dyn FnMut(Input<'_>)) {
+    while let Some(o) = from.poll() {
+        if let LinkOutput::Transmit { bytes, .. } = o {
+            read_sealed(to, conn, &bytes, machine);
+        }
+    }
+}
+
+/// `bytes` received on `conn` through `links`, each opened piece handed
+/// to `machine` as `Received` (and the link's keying as `Sealed`).
+fn read_sealed(links: &mut SealLinks, conn: ConnId, mut bytes: &[u8], machine: &mut dyn FnMut(Input<'_>)) {
+    loop {
+        match links.read(conn, &mut bytes) {
+            Delivery::Done => return,
+            Delivery::Piece(piece) => {
+                machine(Input::Received { conn, bytes: &piece.bytes });
+                links.recycle(conn, piece);
+            }
+            Delivery::Sealed => machine(Input::Sealed { conn }),
+            Delivery::Bytes(_) | Delivery::Joined(_) => panic!("a plain link under require"),
+            Delivery::Refused => panic!("refused"),
+        }
+    }
+}
+
+/// Keys `conn` between the link layers of its dialer and its acceptor.
+fn key_link(dialer: &mut SealLinks, acceptor: &mut SealLinks, conn: ConnId) {
+    dialer.connected(conn);
+    acceptor.accepted(conn);
+    while !(dialer.is_sealed(conn) && acceptor.is_sealed(conn)) {
+        shuttle(dialer, acceptor, conn, &mut |_| {});
+        shuttle(acceptor, dialer, conn, &mut |_| {});
+    }
+}
+
+/// `bytes` sent on `conn` through `links`: the sealed bytes for the wire.
+fn seal_out(links: &mut SealLinks, conn: ConnId, bytes: Bytes) -> Vec<Bytes> {
+    assert!(matches!(links.outbound(Output::<()>::Transmit { conn, bytes }), Outbound::Taken));
+    let mut wire = Vec::new();
+    while let Some(o) = links.poll() {
+        if let LinkOutput::Transmit { bytes, .. } = o {
+            wire.push(bytes);
+        }
+    }
+    wire
+}
+
+/// A length-framed round frame of one f32 tensor of `FRAME` bytes, its
+/// MACs left unwritten (a rank on a sealed link).
+fn unsigned_rank_frame(key: &MacKey, seed: u32) -> Bytes {
+    let n = FRAME / 4;
+    let values: Vec<f32> = (0..n as u32).map(|i| ((i ^ seed) % 1000) as f32 * 0.001 - 0.5).collect();
+    let mut out = BytesMut::with_capacity(FRAME + 64);
+    out.extend_from_slice(&[0; 4]);
+    let mut w = RoundWriter::begin(&mut out, key, RoundKind::Model, 1.0, 1).unwrap().unsigned();
+    w.tensor_values(Dtype::F32, &[n as u32], &values).unwrap();
+    w.finish(key).unwrap();
+    let len = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&len.to_le_bytes());
+    out.freeze()
+}
+
+/// A data relay as [`ready_relay`] makes it, behind its link layer, every
+/// link sealed: its K ranks' (each with a link layer of its own) and its
+/// upstream, to the reduce's link layer.
+struct SealedRelay {
+    relay: Relay,
+    conns: Vec<ConnId>,
+    links: SealLinks,
+    reduce: SealLinks,
+}
+
+/// The relay's ranks' link layers, one each.
+struct SealedRanks {
+    ranks: Vec<SealLinks>,
+    conns: Vec<ConnId>,
+}
+
+fn ready_sealed_relay(key: &MacKey) -> (SealedRelay, SealedRanks) {
+    let cfg = RelayConfig {
+        rules: Rules::Flodl,
+        ..RelayConfig::new(Leg::Data, "bench", (0..K as u32).collect(), K as u32, key.clone(), "c")
+    };
+    let mut relay = Relay::new(cfg).unwrap();
+    let t = Time::ZERO;
+    let mut links = sealing(0);
+    let mut ranks: Vec<SealLinks> = (1..=K as u64).map(sealing).collect();
+    let mut reduce = sealing(K as u64 + 1);
+    let conns: Vec<ConnId> = (0..K as u64).map(ConnId).collect();
+    for (r, c) in conns.iter().enumerate() {
+        relay.handle(t, Input::Accepted { conn: *c, peer: Peer::LOOPBACK });
+        key_link(&mut ranks[r], &mut links, *c);
+        relay.handle(t, Input::Sealed { conn: *c });
+        let hello = DataHello { rank: r as u32, world_size: K as u32 }.encode();
+        relay.handle(t, Input::Received { conn: *c, bytes: &hello });
+    }
+    relay.handle(t, Input::Connected { dial: UPSTREAM_DIAL, conn: UP });
+    key_link(&mut links, &mut reduce, UP);
+    relay.handle(t, Input::Sealed { conn: UP });
+    let ack = MuxRecord::Control(RelayControlMsg::HelloAck).to_bytes(key).unwrap();
+    relay.handle(t, Input::Received { conn: UP, bytes: &ack });
+    while relay.poll(t).is_some() {}
+    (SealedRelay { relay, conns: conns.clone(), links, reduce }, SealedRanks { ranks, conns })
+}
+
+impl SealedRanks {
+    /// Each rank's frame as its link layer sends it (the ranks' work, done
+    /// outside the relay's timing).
+    fn wire(&mut self, frames: &[Bytes]) -> Vec<Bytes> {
+        let (ranks, conns) = (&mut self.ranks, &self.conns);
+        ranks
+            .iter_mut()
+            .zip(conns)
+            .zip(frames)
+            .map(|((links, c), f)| Bytes::from(seal_out(links, *c, f.clone()).concat()))
+            .collect()
+    }
+}
+
+impl SealedRelay {
+    /// One round: every rank's sealed frame read round-robin in 64 KiB
+    /// chunks through the relay's links, the host frame sealed upstream;
+    /// returns the sealed bytes sent upstream.
+    fn round(&mut self, wire: &[Bytes]) -> usize {
+        let t = Time::ZERO;
+        let SealedRelay { relay, conns, links, reduce, .. } = self;
+        let mut at = 0;
+        let len = wire[0].len();
+        while at < len {
+            let end = (at + CHUNK).min(len);
+            for (c, w) in conns.iter().zip(wire) {
+                read_sealed(links, *c, &w[at..end], &mut |input| relay.handle(t, input));
+            }
+            at = end;
+        }
+        let up = Self::carry(relay, links);
+        // The token consensus comes back sealed (its fan-out sealed to the
+        // ranks, not what is measured).
+        let consensus = MuxRecord::Broadcast { payload: Payload::from(Bytes::from_static(&[0; 8])) };
+        for w in seal_out(reduce, UP, consensus.to_bytes(&key()).unwrap()) {
+            read_sealed(links, UP, &w, &mut |input| relay.handle(t, input));
+        }
+        Self::carry(relay, links);
+        up
+    }
+
+    /// The relay's transmits, sealed by its links: the bytes sent upstream.
+    fn carry(relay: &mut Relay, links: &mut SealLinks) -> usize {
+        let t = Time::ZERO;
+        while let Some(o) = relay.poll(t) {
+            if !matches!(links.outbound(o), Outbound::Taken | Outbound::Pass(Output::Event(_))) {
+                panic!("a transmit refused");
+            }
+        }
+        let mut up = 0;
+        while let Some(o) = links.poll() {
+            if let LinkOutput::Transmit { conn: UP, bytes } = o {
+                up += bytes.len();
+            }
+        }
+        up
+    }
+}
+
+/// A rank's 64 MiB frame sent to its relay and read there, today's way:
+/// written and signed (`RoundWriter`), then laid out and verified by a
+/// `RoundDecoder` from 64 KiB reads.
+fn frame_signed(key: &MacKey, values: &[f32], buf: &mut BytesMut) -> u64 {
+    buf.clear();
+    let mut w = RoundWriter::begin(buf, key, RoundKind::Model, 1.0, 1).unwrap();
+    w.tensor_values(Dtype::F32, &[values.len() as u32], values).unwrap();
+    w.finish(key).unwrap();
+    let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
+    let mut done = None;
+    for read in buf.chunks(CHUNK) {
+        let (used, d) = dec.feed(read, key, &mut NullSink).unwrap();
+        debug_assert_eq!(used, read.len());
+        done = done.or(d);
+    }
+    done.expect("the frame verifies").wire_len
+}
+
+/// The same frame on a sealed link: written unsigned, sealed by the rank's
+/// link layer, opened by the relay's from 64 KiB reads, each piece laid
+/// out by a sealed `RoundDecoder` (nothing hashed).
+fn frame_sealed(
+    key: &MacKey,
+    values: &[f32],
+    buf: &mut BytesMut,
+    (rank, relay): (&mut SealLinks, &mut SealLinks),
+) -> u64 {
+    buf.clear();
+    let mut w = RoundWriter::begin(buf, key, RoundKind::Model, 1.0, 1).unwrap().unsigned();
+    w.tensor_values(Dtype::F32, &[values.len() as u32], values).unwrap();
+    w.finish(key).unwrap();
+    let frame = core::mem::take(buf).freeze();
+    let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
+    dec.set_sealed(true);
+    let mut done = None;
+    for wire in seal_out(rank, ConnId(0), frame) {
+        for read in wire.chunks(CHUNK) {
+            read_sealed(relay, ConnId(0), read, &mut |input| {
+                if let Input::Received { bytes, .. } = input {
+                    let (used, d) = dec.feed(bytes, key, &mut NullSink).unwrap();
+                    debug_assert_eq!(used, bytes.len());
+                    done = done.or(d);
+                }
+            });
+        }
+    }
+    done.expect("the frame opens").wire_len
+}
+
+/// A keyed pair of link layers: a rank's (the dialer) and its relay's.
+fn keyed_pair() -> (SealLinks, SealLinks) {
+    let (mut rank, mut relay) = (sealing(1), sealing(2));
+    key_link(&mut rank, &mut relay, ConnId(0));
+    (rank, relay)
+}
+
+/// One control round trip over a loopback TCP pair: a signed `Control`
+/// record out, read and decoded on the far side, the same answered and
+/// read back; sealed (`links`: each end's link layer), or plain.
+fn control_rtt(
+    key: &MacKey,
+    (a, b): (&mut TcpStream, &mut TcpStream),
+    links: Option<&mut (SealLinks, SealLinks)>,
+    buf: &mut Vec<u8>,
+) -> usize {
+    let msg = RelayControlMsg::RankExit { rank: 3 };
+    let mut rec = BytesMut::new();
+    encode_control(key, &msg, &mut rec).unwrap();
+    let rec = rec.freeze();
+    let mut links = links;
+    let mut got = 0;
+    for forth in [true, false] {
+        let (from, to) = if forth { (&mut *a, &mut *b) } else { (&mut *b, &mut *a) };
+        let wire = match links.as_deref_mut() {
+            Some((x, y)) => Bytes::from(seal_out(if forth { x } else { y }, ConnId(0), rec.clone()).concat()),
+            None => rec.clone(),
+        };
+        from.write_all(&wire).unwrap();
+        buf.resize(wire.len(), 0);
+        to.read_exact(buf).unwrap();
+        let mut dec = MuxDecoder::new(1 << 20);
+        let mut decode = |bytes: &[u8]| {
+            let (_, r) = dec.decode(bytes, key).unwrap();
+            got += usize::from(r == Some(MuxRecord::Control(msg.clone())));
+        };
+        match links.as_deref_mut() {
+            Some((x, y)) => read_sealed(if forth { y } else { x }, ConnId(0), buf, &mut |input| {
+                if let Input::Received { bytes, .. } = input {
+                    decode(bytes);
+                }
+            }),
+            None => decode(buf),
+        }
+    }
+    assert_eq!(got, 2, "both records decoded");
+    got
+}
+
+/// A connected loopback TCP pair, Nagle off.
+fn tcp_pair() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (b, _) = listener.accept().unwrap();
+    a.set_nodelay(true).unwrap();
+    b.set_nodelay(true).unwrap();
+    (a, b)
+}
+
+/// A second keyed pair on a connection of its own, for the control trips.
+fn control_links() -> (SealLinks, SealLinks) {
+    keyed_pair()
+}
+
+fn bench_sealed(c: &mut Criterion) {
+    let key = key();
+    let values: Vec<f32> = (0..(FRAME / 4) as u32).map(|i| (i % 1000) as f32 * 0.001 - 0.5).collect();
+    let mut g = c.benchmark_group("frame_64mib");
+    g.sample_size(10).measurement_time(Duration::from_secs(10)).warm_up_time(Duration::from_secs(1));
+    g.throughput(Throughput::Bytes(FRAME as u64));
+    let mut buf = BytesMut::new();
+    g.bench_function("sign_verify", |b| b.iter(|| black_box(frame_signed(&key, &values, &mut buf))));
+    let (mut rank, mut relay) = keyed_pair();
+    g.bench_function("sealed", |b| {
+        b.iter(|| black_box(frame_sealed(&key, &values, &mut buf, (&mut rank, &mut relay))))
+    });
+    g.finish();
+    drop(values);
+
+    let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
+    let unsigned: Vec<Bytes> = (0..K as u32).map(|s| unsigned_rank_frame(&key, s * 7919)).collect();
+    let (mut plain, conns) = ready_relay(&key, Arc::new(Inline));
+    let (mut sealed, mut ranks) = ready_sealed_relay(&key);
+    let mut g = c.benchmark_group("relay_round_k4_64mib_sealed");
+    g.sample_size(10).measurement_time(Duration::from_secs(20)).warm_up_time(Duration::from_secs(2));
+    g.throughput(Throughput::Bytes((K * FRAME) as u64));
+    g.bench_function("plain", |b| b.iter(|| black_box(relay_round(&mut plain, &conns, &frames))));
+    g.bench_function("sealed", |b| {
+        b.iter_batched(|| ranks.wire(&unsigned), |w| black_box(sealed.round(&w)), BatchSize::PerIteration)
+    });
+    g.finish();
+    drop((plain, sealed, ranks, frames, unsigned));
+
+    let (mut a, mut b) = tcp_pair();
+    let mut ctl = control_links();
+    let mut rx = Vec::new();
+    let mut g = c.benchmark_group("control_rtt");
+    g.bench_function("plain", |bn| bn.iter(|| black_box(control_rtt(&key, (&mut a, &mut b), None, &mut rx))));
+    g.bench_function("sealed", |bn| {
+        bn.iter(|| black_box(control_rtt(&key, (&mut a, &mut b), Some(&mut ctl), &mut rx)))
+    });
+    g.finish();
+}
+
 fn bench_relay(c: &mut Criterion) {
     let key = key();
     let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
@@ -521,8 +850,77 @@ fn paired_setup<S>(
     println!("  {name}: {:.2} ms, ratio {name}/measured = {:.3}", median(b) / 1e6, median(ratios));
 }
 
+/// The sealed paths (issue 32) against today's signed ones, paired.
+fn paired_sealed(key: &MacKey) {
+    let values: Vec<f32> = (0..(FRAME / 4) as u32).map(|i| (i % 1000) as f32 * 0.001 - 0.5).collect();
+    let (mut rank, mut relay) = keyed_pair();
+    let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
+    paired(
+        "sealed 64 MiB frame, rank to relay (sealed vs signed)",
+        15,
+        &mut || {
+            black_box(frame_sealed(key, &values, &mut a, (&mut rank, &mut relay)));
+        },
+        &mut [("sign_verify", &mut || {
+            black_box(frame_signed(key, &values, &mut b));
+        })],
+    );
+    drop((values, a, b));
+
+    let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(key, s * 7919)).collect();
+    let unsigned: Vec<Bytes> = (0..K as u32).map(|s| unsigned_rank_frame(key, s * 7919)).collect();
+    let (mut plain, conns) = ready_relay(key, Arc::new(Inline));
+    let (mut sealed, mut ranks) = ready_sealed_relay(key);
+    let up = sealed.round(&ranks.wire(&unsigned));
+    assert!(up > FRAME && up < FRAME + 512, "one sealed host frame upstream, got {up} bytes");
+    if wanted("sealed relay round") {
+        let (mut m, mut p, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..9 {
+            let wire = ranks.wire(&unsigned);
+            let tm = timed(&mut || {
+                black_box(sealed.round(&wire));
+            });
+            let tp = timed(&mut || {
+                black_box(relay_round(&mut plain, &conns, &frames));
+            });
+            m.push(tm);
+            p.push(tp);
+            ratios.push(tp / tm);
+        }
+        println!(
+            "paired sealed relay round K=4 x 64 MiB f32: 9 pairs, on-CPU medians: measured (sealed) {:.2} ms",
+            median(m) / 1e6
+        );
+        println!("  plain: {:.2} ms, ratio plain/measured = {:.3}", median(p) / 1e6, median(ratios));
+    }
+    drop((plain, sealed, ranks, frames, unsigned));
+
+    let (mut x, mut y) = tcp_pair();
+    let (mut u, mut v) = tcp_pair();
+    let mut ctl = control_links();
+    let (mut rx, mut ry) = (Vec::new(), Vec::new());
+    // Wall clock: the round trip waits in the kernel, which a thread's
+    // on-CPU clock also counts for its own syscalls.
+    paired_by(
+        (walled, "wall"),
+        "sealed control round trip, loopback TCP (1000 trips a run)",
+        31,
+        &mut || {
+            for _ in 0..1000 {
+                black_box(control_rtt(key, (&mut x, &mut y), Some(&mut ctl), &mut rx));
+            }
+        },
+        &mut [("plain", &mut || {
+            for _ in 0..1000 {
+                black_box(control_rtt(key, (&mut u, &mut v), None, &mut ry));
+            }
+        })],
+    );
+}
+
 fn paired_report() {
     let key = key();
+    paired_sealed(&key);
     let frames: Vec<Bytes> = (0..K as u32).map(|s| rank_frame(&key, s * 7919)).collect();
     let (mut relay, conns) = ready_relay(&key, Arc::new(Inline));
     relay_round(&mut relay, &conns, &frames);
@@ -736,7 +1134,7 @@ fn paired_report() {
     );
 }
 
-criterion_group!(benches, bench_relay, bench_reduce, bench_fold);
+criterion_group!(benches, bench_sealed, bench_relay, bench_reduce, bench_fold);
 
 fn main() {
     paired_report();

@@ -429,7 +429,7 @@ impl<K: Handshake> Machine for Acceptor<K> {
                     self.out.event(AcceptorEvent::Refused { conn, error: HandshakeError::Timeout });
                 }
             }
-            Input::Connected { .. } | Input::DialFailed { .. } => {}
+            Input::Connected { .. } | Input::DialFailed { .. } | Input::Sealed { .. } => {}
         }
     }
 

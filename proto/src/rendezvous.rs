@@ -458,7 +458,7 @@ impl Machine for RendezvousServer {
                     _ => {}
                 }
             }
-            Input::Connected { .. } | Input::DialFailed { .. } => {}
+            Input::Connected { .. } | Input::DialFailed { .. } | Input::Sealed { .. } => {}
         }
     }
 

@@ -89,6 +89,9 @@ pub enum PortRouterEvent {
         /// [`Channel::Http`] the 4 bytes are included, being the start of
         /// the request line.
         first: Bytes,
+        /// Its link is sealed ([`Input::Sealed`] came while it was peeked):
+        /// the owner tells the adopting machine so, right after `adopt`.
+        sealed: bool,
     },
     /// The connection was closed unrouted.
     Dropped {
@@ -102,6 +105,9 @@ pub enum PortRouterEvent {
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Peek {
     peer: Peer,
+    /// [`Input::Sealed`] came for it.
+    #[serde(default)]
+    sealed: bool,
     head: [u8; 4],
     have: usize,
     deadline: Time,
@@ -175,7 +181,7 @@ impl PortRouter {
         if p.have < 4 {
             return;
         }
-        let (head, peer) = (p.head, p.peer);
+        let (head, peer, sealed) = (p.head, p.peer, p.sealed);
         let Some(channel) = Channel::route(head) else {
             return self.drop_conn(conn, RouteDrop::UnknownMagic { got: head }, true);
         };
@@ -191,7 +197,7 @@ impl PortRouter {
         } else {
             Bytes::copy_from_slice(rest)
         };
-        self.out.event(PortRouterEvent::Routed { conn, peer, channel, first });
+        self.out.event(PortRouterEvent::Routed { conn, peer, channel, first, sealed });
     }
 }
 
@@ -202,12 +208,19 @@ impl Machine for PortRouter {
         match input {
             Input::Accepted { conn, peer } => {
                 let deadline = now + self.deadline;
-                if let Some(old) = self.pending.insert(conn, Peek { peer, head: [0; 4], have: 0, deadline }) {
+                if let Some(old) =
+                    self.pending.insert(conn, Peek { peer, sealed: false, head: [0; 4], have: 0, deadline })
+                {
                     self.deadlines.remove(&(old.deadline, conn));
                 }
                 self.deadlines.insert((deadline, conn));
             }
             Input::Received { conn, bytes } => self.received(conn, bytes),
+            Input::Sealed { conn } => {
+                if let Some(p) = self.pending.get_mut(&conn) {
+                    p.sealed = true;
+                }
+            }
             Input::Closed { conn, cause, .. } => {
                 if let Some(have) = self.pending.get(&conn).map(|p| p.have) {
                     self.drop_conn(conn, RouteDrop::EarlyEof { have, cause }, false);

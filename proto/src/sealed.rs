@@ -236,6 +236,9 @@ pub enum Delivery<'a> {
     /// A plain peer's first four bytes, which the layer held to decide,
     /// with what followed them.
     Joined(Vec<u8>),
+    /// The link was just keyed: tell the machine ([`Input::Sealed`]) before
+    /// anything it reads from it.
+    Sealed,
     /// A piece of a sealed frame (at most 64 KiB) that verified: give it to
     /// the machine (while [`SealLinks::is_readable`]), then hand it back
     /// with [`SealLinks::recycle`]. Each piece is handed over as it opens,
@@ -527,6 +530,9 @@ impl SealLinks {
                         if self.keyed(conn, link, held, closing) {
                             return Delivery::Refused;
                         }
+                        if self.is_readable(conn) {
+                            return Delivery::Sealed;
+                        }
                     }
                     Err(e) => return self.refused(conn, SealRefusal::Handshake(e)),
                 },
@@ -649,6 +655,10 @@ where
                     self.drain_links();
                     self.inner_handle(now, Input::Received { conn, bytes: &b });
                 }
+                Delivery::Sealed => {
+                    self.drain_links();
+                    self.inner_handle(now, Input::Sealed { conn });
+                }
                 Delivery::Piece(piece) => {
                     self.drain_links();
                     // The machine may have closed the link while it read.
@@ -728,6 +738,7 @@ mod tests {
     enum Ev {
         Got(ConnId, Vec<u8>),
         Closed(ConnId),
+        Sealed(ConnId),
         Link(SealNote),
     }
 
@@ -772,6 +783,7 @@ mod tests {
                     }
                 }
                 Input::Closed { conn, .. } => self.out.push_back(Output::Event(Ev::Closed(conn))),
+                Input::Sealed { conn } => self.out.push_back(Output::Event(Ev::Sealed(conn))),
                 Input::DialFailed { .. } | Input::Timeout => {}
             }
         }

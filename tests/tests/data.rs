@@ -26,3 +26,5 @@ mod relay_accept;
 mod relay_control;
 #[path = "data/relay_fold.rs"]
 mod relay_fold;
+#[path = "data/sealed.rs"]
+mod sealed;

@@ -110,9 +110,11 @@ pub fn describe(s: &Stamped) -> Line {
             }
         },
         ClusterEvent::Relay(e) => match e {
-            RelayEvent::RankAdmitted { rank, conn } => {
-                line(Debug, "rank_admitted", format!("rank {rank} connected ({conn})"))
-            }
+            RelayEvent::RankAdmitted { rank, conn, sealed } => line(
+                Debug,
+                "rank_admitted",
+                format!("rank {rank} connected ({conn}{})", if *sealed { ", sealed" } else { "" }),
+            ),
             RelayEvent::RankRefused { conn, reason } => {
                 line(Warn, "rank_refused", format!("refused loopback connection {conn}: {reason}"))
             }
@@ -305,10 +307,13 @@ fn controller(e: &ControllerNodeEvent) -> Line {
         },
         ControllerNodeEvent::Coord(c) => coord(c),
         ControllerNodeEvent::Reduce(r) => match r {
-            ReduceEvent::HostJoined { conn, host, ranks } => line(
+            ReduceEvent::HostJoined { conn, host, ranks, sealed } => line(
                 Info,
                 "data_host_joined",
-                format!("data plane: {host} joined with ranks {ranks:?} ({conn})"),
+                format!(
+                    "data plane: {host} joined with ranks {ranks:?} ({conn}{})",
+                    if *sealed { ", sealed" } else { "" }
+                ),
             ),
             ReduceEvent::HostRefused { conn, reason } => {
                 line(Warn, "data_host_refused", format!("data plane: refused {conn}: {reason}"))

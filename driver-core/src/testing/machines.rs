@@ -62,6 +62,11 @@ pub enum ProbeEvent {
         /// Bytes received on the connection in all.
         total: u64,
     },
+    /// The connection's link was sealed.
+    Sealed {
+        /// The connection.
+        conn: ConnId,
+    },
     /// The timer set with [`Probe::wake_at`] fired.
     Woke {
         /// When it was set for.
@@ -165,6 +170,7 @@ impl Machine for Probe {
                 let total = self.total(conn);
                 self.out.event(ProbeEvent::Closed { conn, cause, unsent, total });
             }
+            Input::Sealed { conn } => self.out.event(ProbeEvent::Sealed { conn }),
             Input::Timeout => {
                 if let Some(at) = self.wake.filter(|at| *at <= now) {
                     self.wake = None;

@@ -639,6 +639,8 @@ mod cluster {
     use cohort_proto::node::rank::RankNodeEvent;
     use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
     use cohort_proto::node::workload::{Action, Workload};
+    use cohort_proto::reduce::ReduceEvent;
+    use cohort_proto::relay::RelayEvent;
     use cohort_proto::sealed::{SealMode, SealNote, SealRefusal};
     use cohort_proto::wire::Channel;
     use cohort_proto::wire::{ControlMsgWire, SessionSalt};
@@ -843,6 +845,37 @@ mod cluster {
             }
         }
 
+        /// The data plane knew its links sealed (`sealed`) or plain, so its
+        /// frames went unsigned exactly there: both hosts joined the reduce,
+        /// and every rank each data relay admitted, say so.
+        fn assert_data_plane_sealed(&self, sealed: bool) {
+            let joined: Vec<bool> = self
+                .all
+                .iter()
+                .filter_map(|s| match &s.event {
+                    ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::HostJoined {
+                        sealed,
+                        ..
+                    })) => Some(*sealed),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(joined, [sealed; 2], "both hosts' data links");
+            let admitted: Vec<(String, bool)> = self
+                .all
+                .iter()
+                .filter_map(|s| match &s.event {
+                    ClusterEvent::Relay(RelayEvent::RankAdmitted { sealed, .. }) => {
+                        Some((s.source.to_string(), *sealed))
+                    }
+                    _ => None,
+                })
+                .filter(|(source, _)| source.ends_with("relay-data"))
+                .collect();
+            assert_eq!(admitted.len(), WORLD, "{admitted:?}");
+            assert!(admitted.iter().all(|(_, s)| *s == sealed), "{admitted:?}");
+        }
+
         /// Reads events until `done` holds for all of them so far.
         ///
         /// # Panics
@@ -994,6 +1027,7 @@ mod cluster {
         if sealed != SealMode::Off {
             seen.assert_every_link_keyed();
         }
+        seen.assert_data_plane_sealed(sealed != SealMode::Off);
         drop(sink);
     }
 

@@ -552,7 +552,8 @@ impl Machine for Coordinator {
                     self.refuse(conn, "no hello before the deadline".into());
                 }
             }
-            Input::Connected { .. } | Input::DialFailed { .. } => {}
+            // Control frames stay signed on a sealed link.
+            Input::Connected { .. } | Input::DialFailed { .. } | Input::Sealed { .. } => {}
         }
         self.pump();
     }

@@ -1104,7 +1104,7 @@ impl Machine for JoinWindow {
                     self.link_closed(now, conn, cause, unsent);
                 }
             }
-            Input::Timeout | Input::Connected { .. } | Input::DialFailed { .. } => {}
+            Input::Timeout | Input::Connected { .. } | Input::DialFailed { .. } | Input::Sealed { .. } => {}
         }
         self.evaluate(now);
     }

@@ -142,7 +142,7 @@ impl<P: Part> Parts<P> {
                 Some((part, dial)) => Routed::Part(part, Input::DialFailed { dial }),
                 None => Routed::Unowned,
             },
-            Input::Received { conn, .. } => match self.owner(conn) {
+            Input::Received { conn, .. } | Input::Sealed { conn } => match self.owner(conn) {
                 Some(part) => Routed::Part(part, input),
                 None => Routed::Unowned,
             },

@@ -32,7 +32,9 @@
 //!   then closes it; the machine gets no further input for it (no `Closed`);
 //! - a connection that ends by itself (EOF, reset, error, write stall) is
 //!   reported once with [`Input::Closed`], saying how many queued bytes were
-//!   never written.
+//!   never written;
+//! - a connection whose link is sealed below the machine is reported once
+//!   with [`Input::Sealed`], before its first byte.
 
 pub mod command;
 pub mod composite;
@@ -149,6 +151,16 @@ pub enum Input<'a> {
         cause: CloseCause,
         /// Queued bytes that were never written to the peer.
         unsent: usize,
+    },
+    /// The connection's link was sealed (cohort only, [`crate::sealed`]):
+    /// every byte on it is authenticated and encrypted below the machine,
+    /// so from now on the machine may leave its data frames' MACs unwritten
+    /// and unchecked there (their tag bytes stay on the wire). Comes after
+    /// `Accepted` or `Connected` and before any byte is received; never for
+    /// a plain link.
+    Sealed {
+        /// The connection.
+        conn: ConnId,
     },
     /// The instant returned by [`Machine::poll_timeout`] has come.
     Timeout,

@@ -332,6 +332,7 @@ mod tests {
         DialFailed(DialId),
         Received(Vec<u8>),
         Closed(CloseCause, usize),
+        Sealed,
         Timeout,
     }
 
@@ -343,6 +344,7 @@ mod tests {
                 Input::DialFailed { dial } => (None, Owned::DialFailed(dial)),
                 Input::Received { conn, bytes } => (Some(conn), Owned::Received(bytes.to_vec())),
                 Input::Closed { conn, cause, unsent } => (Some(conn), Owned::Closed(cause, unsent)),
+                Input::Sealed { conn } => (Some(conn), Owned::Sealed),
                 Input::Timeout => (None, Owned::Timeout),
             };
             Fed::Input { conn, what }
@@ -363,6 +365,7 @@ mod tests {
                 Owned::DialFailed(dial) => Input::DialFailed { dial: *dial },
                 Owned::Received(bytes) => Input::Received { conn: c, bytes },
                 Owned::Closed(cause, unsent) => Input::Closed { conn: c, cause: *cause, unsent: *unsent },
+                Owned::Sealed => Input::Sealed { conn: c },
                 Owned::Timeout => Input::Timeout,
             };
             m.handle(now, input);

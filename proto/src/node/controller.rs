@@ -979,10 +979,15 @@ impl ControllerNode {
         self.out.event(ControllerNodeEvent::Started { world_size });
     }
 
-    fn routed(&mut self, now: Time, conn: ConnId, peer: Peer, channel: Channel, first: &[u8]) {
+    fn routed(&mut self, now: Time, conn: ConnId, peer: Peer, channel: Channel, first: &[u8], sealed: bool) {
         // What the router read of this connection (the magic and `first`;
         // for HTTP, `first` holds the magic) counts for its channel now.
         let read = (first.len() + if channel == Channel::Http { 0 } else { 4 }) as u64;
+        // A sealed link's part hears it sealed before its first bytes:
+        // adopted without them, then told, then handed them (adopting with
+        // bytes is taking them as received, by `Adopt`'s contract).
+        let (adopt_with, after) = if sealed { (&[][..], first) } else { (first, &[][..]) };
+        let first = adopt_with;
         let to = match channel {
             Channel::Join => ControllerPart::Join,
             Channel::Http => ControllerPart::Status,
@@ -1036,6 +1041,12 @@ impl ControllerNode {
             self.authenticated(conn);
         }
         self.parts.own(conn, part);
+        if sealed {
+            self.part_handle(now, part, Input::Sealed { conn });
+            if !after.is_empty() {
+                self.part_handle(now, part, Input::Received { conn, bytes: after });
+            }
+        }
     }
 
     fn refuse(&mut self, conn: ConnId, channel: Channel) {
@@ -1065,8 +1076,8 @@ impl ControllerNode {
             while let Some(o) = self.router.poll(now) {
                 moved = true;
                 match self.pass(ControllerPart::Router, o) {
-                    Some(PortRouterEvent::Routed { conn, peer, channel, first }) => {
-                        self.routed(now, conn, peer, channel, &first)
+                    Some(PortRouterEvent::Routed { conn, peer, channel, first, sealed }) => {
+                        self.routed(now, conn, peer, channel, &first, sealed)
                     }
                     Some(e) => self.out.event(ControllerNodeEvent::Route(e)),
                     None => {}

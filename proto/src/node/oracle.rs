@@ -401,6 +401,7 @@ mod tests {
                     conn: ConnId(9),
                     host: "a".into(),
                     ranks: vec![0, 1],
+                    sealed: false,
                 })),
             ),
             ev(

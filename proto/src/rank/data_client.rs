@@ -328,6 +328,10 @@ pub struct DataClient {
     rx: Vec<(TensorMeta, Vec<f32>)>,
     rx_weight: f64,
     rx_done: bool,
+    /// Its link to the relay is sealed ([`Input::Sealed`]): its frames go
+    /// unsigned, and the consensus is read unchecked.
+    #[serde(default)]
+    sealed: bool,
     out: Outbox<DataClientEvent>,
 }
 
@@ -350,6 +354,7 @@ impl DataClient {
             rx: Vec::new(),
             rx_weight: 0.0,
             rx_done: false,
+            sealed: false,
             out: Outbox::default(),
         };
         c.drain_dialer(now);
@@ -395,6 +400,9 @@ impl DataClient {
         buf.extend_from_slice(&prefix);
         let mut w =
             RoundWriter::begin(&mut buf, &self.cfg.key, c.kind, c.weight, n).map_err(SubmitError::Invalid)?;
+        if self.sealed {
+            w = w.unsigned();
+        }
         for t in c.tensors {
             let r = match t.values {
                 Some(v) if !elide && c.scale == 1.0 => w.tensor_values(c.dtype, t.shape, v),
@@ -539,6 +547,12 @@ impl Machine for DataClient {
     type Event = DataClientEvent;
 
     fn handle(&mut self, now: Time, input: Input<'_>) {
+        if let Input::Sealed { .. } = input {
+            // Its one connection (sealed before the handshake's first byte).
+            self.sealed = true;
+            self.dec.set_sealed(true);
+            return;
+        }
         match &mut self.state {
             State::Handshaking(d) => {
                 d.handle(now, input);

@@ -211,6 +211,9 @@ pub enum ReduceEvent {
         host: String,
         /// The ranks it carries.
         ranks: Vec<u32>,
+        /// Its link is sealed ([`Input::Sealed`]): its host frames come
+        /// unsigned.
+        sealed: bool,
     },
     /// A connection was refused before joining.
     HostRefused {
@@ -695,7 +698,8 @@ impl Reduce {
                 self.send_control(conn, &RelayControlMsg::DeclareDead { rank });
             }
         }
-        self.out.event(ReduceEvent::HostJoined { conn, host, ranks });
+        let sealed = self.hosts.get(&conn).is_some_and(|h| h.dec.is_sealed());
+        self.out.event(ReduceEvent::HostJoined { conn, host, ranks, sealed });
     }
 
     /// Completes the round if every live rank's host has delivered; stops
@@ -920,6 +924,15 @@ impl Machine for Reduce {
                     None => {}
                 }
                 self.try_complete();
+            }
+            // A sealed host's frames come unsigned (the broadcast it gets
+            // stays signed: its relay hands it on to ranks whose links may
+            // be plain).
+            Input::Sealed { conn } => {
+                if let Some(host) = self.hosts.get_mut(&conn) {
+                    host.dec.set_sealed(true);
+                    host.check.set_sealed(true);
+                }
             }
             Input::Timeout => self.timeout(now),
             Input::Connected { conn, .. } => self.out.close(conn),

@@ -172,6 +172,16 @@ impl LayoutCheck {
         self.dec.verify()
     }
 
+    /// Leaves frames' MACs unchecked from the next frame on: they come over
+    /// a sealed link ([`RoundDecoder::set_sealed`]). A check by the caller
+    /// becomes a check as read, with nothing to check.
+    pub fn set_sealed(&mut self, sealed: bool) {
+        if sealed && self.dec.verify() == Verify::ByCaller {
+            self.dec.set_verify(Verify::AsRead);
+        }
+        self.dec.set_sealed(sealed);
+    }
+
     /// Payload bytes the frame's MAC covers, read so far: all but the
     /// footer once the frame is done; nothing more after an error.
     pub fn mac_input_len(&self) -> u64 {
@@ -244,7 +254,8 @@ impl LayoutCheck {
 
     /// The verdict on the payload fed since the last call; starts over.
     pub fn take(&mut self) -> WireResult<FrameLayout> {
-        let fresh = LayoutCheck::new(self.dec.ceiling(), self.verify());
+        let mut fresh = LayoutCheck::new(self.dec.ceiling(), self.verify());
+        fresh.dec.set_sealed(self.dec.is_sealed());
         let LayoutCheck { sink, fed, state, .. } = core::mem::replace(self, fresh);
         match state {
             CheckState::Done { after: 0 } => {

@@ -45,7 +45,7 @@ use bytes::Bytes;
 
 use crate::reduce::RoundSchema;
 use crate::wire::{
-    Dtype, FrameRecord, FrameType, MUX_HEADER_LEN, MacKey, MacRunner, Problem, ROUND_FOOTER_LEN,
+    Dtype, FrameRecord, FrameType, Inline, MUX_HEADER_LEN, MacKey, MacRunner, Problem, ROUND_FOOTER_LEN,
     RoundDecoder, RoundKind, RoundSink, RoundWriter, TensorMeta, Verify, WireError, WireResult, add_le,
     extend_f32_le, round_frame_len,
 };
@@ -317,12 +317,29 @@ impl RoundFold {
     /// header), both MACs fed as each piece is written (on `macs`, so on two
     /// cores when it is wider than one): one pass over the sums.
     pub fn encode_record(&self, key: &MacKey, macs: &dyn MacRunner, out: &mut BytesMut) -> WireResult<usize> {
+        self.record_into(key, macs, out, true)
+    }
+
+    /// [`encode_record`](Self::encode_record) for a sealed upstream link
+    /// ([`RoundWriter::unsigned`]): the record's tag and the frame's footer
+    /// left zero, nothing hashed.
+    pub fn encode_unsigned_record(&self, key: &MacKey, out: &mut BytesMut) -> WireResult<usize> {
+        self.record_into(key, &Inline, out, false)
+    }
+
+    fn record_into(
+        &self,
+        key: &MacKey,
+        macs: &dyn MacRunner,
+        out: &mut BytesMut,
+        signed: bool,
+    ) -> WireResult<usize> {
         let (kind, n) = self.schema()?;
         let len = self.encoded_len();
         out.reserve(MUX_HEADER_LEN + len as usize);
         let w =
             RoundWriter::begin_record_on(macs, out, key, FrameRecord::HostFrame, len, kind, self.weight, n)?;
-        self.write(w, key)
+        self.write(if signed { w } else { w.unsigned() }, key)
     }
 
     /// The round's kind and tensor count, once every tensor is pinned.

@@ -198,6 +198,8 @@ pub enum RelayEvent {
         rank: u32,
         /// Its loopback connection.
         conn: ConnId,
+        /// Its link is sealed ([`Input::Sealed`]): its frames come unsigned.
+        sealed: bool,
     },
     /// A loopback connection was refused and closed.
     RankRefused {
@@ -431,6 +433,10 @@ pub struct Relay {
     up: Up,
     up_dec: MuxDecoder,
     up_mid_since: Option<Time>,
+    /// Connections whose link is sealed ([`Input::Sealed`]): a rank's frames
+    /// there come unsigned, and so does the host frame sent up one.
+    #[serde(default)]
+    sealed: BTreeSet<ConnId>,
     /// Records for upstream before `HelloAck`, and their total size.
     backlog: Vec<Bytes>,
     backlog_bytes: u64,
@@ -552,6 +558,7 @@ impl Relay {
             data,
             up: Up::Waiting,
             up_mid_since: None,
+            sealed: BTreeSet::new(),
             backlog: Vec::new(),
             backlog_bytes: 0,
             stats: RelayStats::default(),
@@ -672,10 +679,12 @@ impl Relay {
                 l.admitted = true;
                 l.conn = Some(conn);
                 l.model_sig = sig;
+                l.dec.set_sealed(self.sealed.contains(&conn));
                 None
             }
         };
         if let Some(reason) = refusal {
+            self.sealed.remove(&conn);
             self.out.close(conn);
             self.out.event(RelayEvent::RankRefused { conn, reason });
             return;
@@ -687,7 +696,7 @@ impl Relay {
             Ok(i) => self.by_conn[i].1 = rank,
             Err(i) => self.by_conn.insert(i, (conn, rank)),
         }
-        self.out.event(RelayEvent::RankAdmitted { rank, conn });
+        self.out.event(RelayEvent::RankAdmitted { rank, conn, sealed: self.sealed.contains(&conn) });
         if !leftover.is_empty() {
             self.rank_bytes(now, rank, leftover);
         }
@@ -900,7 +909,13 @@ impl Relay {
             None
         } else {
             let mut out = reclaim(leg.spare.take());
-            leg.fold.encode_record(&self.cfg.key, &*self.macs, &mut out).map_err(FoldError::Encode)?;
+            let up_sealed =
+                matches!(self.up, Up::Hello { conn, .. } | Up::Ready { conn } if self.sealed.contains(&conn));
+            match up_sealed {
+                true => leg.fold.encode_unsigned_record(&self.cfg.key, &mut out),
+                false => leg.fold.encode_record(&self.cfg.key, &*self.macs, &mut out),
+            }
+            .map_err(FoldError::Encode)?;
             let bytes = out.freeze();
             leg.spare = Some(bytes.clone());
             Some((bytes, leg.fold.deposits(), leg.fold.weight()))
@@ -1293,7 +1308,18 @@ impl Machine for Relay {
                     self.upstream_bytes(now, bytes);
                 }
             }
+            Input::Sealed { conn } => {
+                self.sealed.insert(conn);
+                if let Some(rank) = self.rank_of(conn)
+                    && let Some(local) = self.locals.get_mut(&rank)
+                {
+                    local.dec.set_sealed(true);
+                } else if matches!(self.up, Up::Hello { conn: c, .. } | Up::Ready { conn: c } if c == conn) {
+                    self.up_dec.set_sealed(true);
+                }
+            }
             Input::Closed { conn, cause, .. } => {
+                self.sealed.remove(&conn);
                 if self.handshaking.contains(&conn) {
                     self.acceptor.handle(now, input);
                     self.drain_acceptor(now);

@@ -380,7 +380,7 @@ impl StatusResponder {
                     self.out.event(StatusServerEvent::Abandoned { conn, cause });
                 }
             }
-            Input::Timeout | Input::Connected { .. } | Input::DialFailed { .. } => {}
+            Input::Timeout | Input::Connected { .. } | Input::DialFailed { .. } | Input::Sealed { .. } => {}
         }
     }
 

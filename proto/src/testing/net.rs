@@ -588,11 +588,18 @@ impl<M: Machine + Adopt> BehindRouter<M> {
     fn route(&mut self, now: Time) {
         while let Some(o) = Machine::poll(&mut self.router, now) {
             match o {
-                Output::Event(PortRouterEvent::Routed { conn, peer, channel, first })
+                Output::Event(PortRouterEvent::Routed { conn, peer, channel, first, sealed })
                     if channel == self.channel =>
                 {
                     self.parts.own(conn, RouterPart::Machine);
-                    self.machine.adopt(now, conn, peer, &first);
+                    if sealed {
+                        // Told before its first bytes, as the controller does.
+                        self.machine.adopt(now, conn, peer, &[]);
+                        Machine::handle(&mut self.machine, now, Input::Sealed { conn });
+                        Machine::handle(&mut self.machine, now, Input::Received { conn, bytes: &first });
+                    } else {
+                        self.machine.adopt(now, conn, peer, &first);
+                    }
                 }
                 Output::Event(PortRouterEvent::Routed { conn, .. }) => {
                     self.parts.disown(conn);

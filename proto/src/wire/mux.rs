@@ -172,6 +172,12 @@ impl RecordSigner {
         Ok(RecordSigner { head, mac, len, absorbed: 0 })
     }
 
+    /// Counts the next payload bytes without hashing them (an unsigned
+    /// record, for a sealed link).
+    pub(crate) fn skip(&mut self, n: usize) {
+        self.absorbed += n;
+    }
+
     /// Absorbs the next payload bytes.
     #[inline]
     pub(crate) fn update(&mut self, bytes: &[u8]) {
@@ -193,8 +199,9 @@ impl RecordSigner {
         self.mac = mac;
     }
 
-    /// The signed header, once exactly the declared payload was absorbed.
-    pub(crate) fn finish(self) -> WireResult<[u8; MUX_HEADER_LEN]> {
+    /// The signed header (`signed`; else its tag left zero), once exactly
+    /// the declared payload was absorbed.
+    pub(crate) fn finish(self, signed: bool) -> WireResult<[u8; MUX_HEADER_LEN]> {
         if self.absorbed != self.len {
             return Err(WireError::new(
                 FrameType::MuxRecord,
@@ -203,7 +210,9 @@ impl RecordSigner {
             ));
         }
         let mut h = self.head;
-        h[17..25].copy_from_slice(&self.mac.finish().to_le_bytes());
+        if signed {
+            h[17..25].copy_from_slice(&self.mac.finish().to_le_bytes());
+        }
         Ok(h)
     }
 }
@@ -333,6 +342,9 @@ struct Body {
     len: usize,
     tag: u64,
     mac: MacState,
+    /// Its tag is neither hashed nor checked (a sealed link).
+    #[serde(default)]
+    unhashed: bool,
     /// A frame-carrying record held for its MACs to run where its payload
     /// lies ([`MuxDecoder::decode_holding`]): `mac` is fed from there.
     held: Option<Held>,
@@ -443,12 +455,30 @@ impl Default for State {
 pub struct MuxDecoder {
     ceiling: u64,
     state: State,
+    /// The link below authenticates every byte ([`set_sealed`](Self::set_sealed)).
+    #[serde(default)]
+    sealed: bool,
 }
 
 impl MuxDecoder {
     /// A decoder refusing payloads above `ceiling` bytes.
     pub fn new(ceiling: u64) -> Self {
-        MuxDecoder { ceiling, state: State::default() }
+        MuxDecoder { ceiling, state: State::default(), sealed: false }
+    }
+
+    /// From the next record on, leaves the tags of `HostFrame` and
+    /// `Broadcast` records unhashed and unchecked: the connection is a sealed
+    /// link ([`Input::Sealed`](crate::Input::Sealed)), whose AEAD already
+    /// authenticates every byte, and its peer leaves them unwritten. Other
+    /// records are small and stay verified. A record completed this way
+    /// counts as verified.
+    pub fn set_sealed(&mut self, sealed: bool) {
+        self.sealed = sealed;
+    }
+
+    /// Whether it was last set sealed ([`set_sealed`](Self::set_sealed)).
+    pub fn is_sealed(&self) -> bool {
+        self.sealed
     }
 
     /// Changes the payload limit for the records that follow (a record whose
@@ -611,9 +641,11 @@ impl MuxDecoder {
             let (kind, rank, len) = (h[8], u32_at(9), len as usize);
             let mut head = [0u8; 17];
             head.copy_from_slice(&h[0..17]);
+            // A frame-carrying record on a sealed link: no tag to check.
+            let unhashed = self.sealed && frame_record(kind).is_some();
             let mut mac = key.start();
             mac.update(&head);
-            let held = (hold.is_some() && frame_record(kind).is_some()).then(|| Held {
+            let held = (!unhashed && hold.is_some() && frame_record(kind).is_some()).then(|| Held {
                 head,
                 tagged: 0,
                 frame: key.start(),
@@ -633,9 +665,11 @@ impl MuxDecoder {
                         Some(Step::Held(Box::new(HeldFrame { record, tag, payload, mac, held }))),
                     ));
                 }
-                mac.update(body);
-                if mac.finish() != tag {
-                    return Err(WireError::new(F, "tag", Problem::Mac));
+                if !unhashed {
+                    mac.update(body);
+                    if mac.finish() != tag {
+                        return Err(WireError::new(F, "tag", Problem::Mac));
+                    }
                 }
                 return Ok((used + len, Some(Step::Record(record(kind, rank, payload)?))));
             }
@@ -646,6 +680,7 @@ impl MuxDecoder {
                 len,
                 tag,
                 mac,
+                unhashed,
                 held,
                 inflight: None,
                 body,
@@ -655,7 +690,7 @@ impl MuxDecoder {
         let State::Body(b) = &mut self.state else { unreachable!("header state handled above") };
         let rest = &input[used..];
         let n = (b.len - b.have).min(rest.len());
-        if b.held.is_none() {
+        if b.held.is_none() && !b.unhashed {
             b.mac.update(&rest[..n]);
         }
         b.have += n;
@@ -675,13 +710,13 @@ impl MuxDecoder {
         let State::Body(b) = core::mem::take(&mut self.state) else {
             unreachable!("body state checked above")
         };
-        let Body { kind, rank, len, tag, mut mac, held, mut inflight, body, .. } = *b;
+        let Body { kind, rank, len, tag, mut mac, unhashed, held, mut inflight, body, .. } = *b;
         if let (Some(mut held), Some(record)) = (held, frame_record(kind)) {
             held.join(&mut mac, &mut inflight);
             let payload = body.map_or_else(Payload::new, PayloadBuilder::finish);
             return Ok((used, Some(Step::Held(Box::new(HeldFrame { record, tag, payload, mac, held })))));
         }
-        if mac.finish() != tag {
+        if !unhashed && mac.finish() != tag {
             return Err(WireError::new(F, "tag", Problem::Mac));
         }
         Ok((

@@ -192,6 +192,8 @@ struct Signing<'a> {
     tasks: Option<&'a dyn MacRunner>,
     /// Frame bytes written between two absorptions.
     piece: usize,
+    /// The MACs are computed ([`RoundWriter::unsigned`] clears it).
+    signed: bool,
 }
 
 impl<'a> Signing<'a> {
@@ -200,7 +202,7 @@ impl<'a> Signing<'a> {
             0 => (None, ABSORB),
             batch => (Some(macs), batch),
         };
-        Signing { key: key.clone(), frame: key.start(), record, hashed: 0, tasks, piece }
+        Signing { key: key.clone(), frame: key.start(), record, hashed: 0, tasks, piece, signed: true }
     }
 }
 
@@ -349,6 +351,13 @@ impl<'a> RoundWriter<'a> {
         if from == to || (!all && to - from < s.piece) {
             return;
         }
+        if !s.signed {
+            if let Some(record) = &mut s.record {
+                record.skip(to - from);
+            }
+            s.hashed += to - from;
+            return;
+        }
         match s.tasks {
             None => {
                 let new = &self.out[from..];
@@ -416,6 +425,33 @@ impl<'a> RoundWriter<'a> {
                 Err(self.fail(e))
             }
         }
+    }
+
+    /// Leaves this frame's MACs unwritten: nothing is hashed, and its footer
+    /// (and a record's tag) are zeros. Only for a sealed link
+    /// ([`Input::Sealed`](crate::Input::Sealed)), whose AEAD authenticates
+    /// every byte; the reader there leaves them unchecked
+    /// ([`RoundDecoder::set_sealed`]). Call it before the first tensor.
+    ///
+    /// ```
+    /// use bytes::BytesMut;
+    /// use cohort_proto::wire::*;
+    /// let key = MacKey::new(&SessionSalt::from_bytes([0x5a; 16]));
+    /// let mut out = BytesMut::new();
+    /// let mut w = RoundWriter::begin(&mut out, &key, RoundKind::Model, 1.0, 1).unwrap().unsigned();
+    /// w.tensor_values(Dtype::F32, &[2], &[1.0, 2.0]).unwrap();
+    /// w.finish(&key).unwrap();
+    /// assert_eq!(out[out.len() - ROUND_FOOTER_LEN..], [0; ROUND_FOOTER_LEN]);
+    /// let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
+    /// assert!(dec.feed(&out, &key, &mut NullSink).is_err(), "unsigned: refused on a plain link");
+    /// let mut dec = RoundDecoder::new(DEFAULT_FRAME_CEILING);
+    /// dec.set_sealed(true);
+    /// let (used, done) = dec.feed(&out, &key, &mut NullSink).unwrap();
+    /// assert_eq!((used, done.map(|d| d.weight)), (out.len(), Some(1.0)));
+    /// ```
+    pub fn unsigned(mut self) -> Self {
+        self.signing.signed = false;
+        self
     }
 
     /// Appends a tensor from raw little-endian bytes (empty = elided).
@@ -524,11 +560,15 @@ impl<'a> RoundWriter<'a> {
             return Err(self.fail(e));
         }
         let RoundWriter { out, rewind, start, signing, .. } = self;
-        let tag = signing.frame.finish().to_le_bytes();
+        let signed = signing.signed;
+        let tag = if signed { signing.frame.finish().to_le_bytes() } else { [0; ROUND_FOOTER_LEN] };
         out.extend_from_slice(&tag);
         if let Some(mut record) = signing.record {
-            record.update(&tag);
-            match record.finish() {
+            match signed {
+                true => record.update(&tag),
+                false => record.skip(tag.len()),
+            }
+            match record.finish(signed) {
                 Ok(h) => out[rewind..start].copy_from_slice(&h),
                 Err(e) => {
                     out.truncate(rewind);
@@ -711,6 +751,13 @@ struct Verifier {
     /// Whether gathered batches are kept for the caller
     /// ([`RoundDecoder::set_keep`]), taken up when the next frame starts.
     keep: bool,
+    /// The link below authenticates every byte ([`RoundDecoder::set_sealed`]),
+    /// taken up when the next frame starts.
+    #[serde(default)]
+    sealed: bool,
+    /// The current frame is neither hashed nor checked.
+    #[serde(default)]
+    unhashed: bool,
     work: MacWork,
     /// MAC input of the current frame so far.
     macd: u64,
@@ -759,7 +806,13 @@ impl Verifier {
     /// A frame starts: a fresh MAC, in the way last asked for.
     fn begin(&mut self, key: &MacKey) {
         self.macd = 0;
-        match (&mut self.work, self.how) {
+        self.unhashed = self.sealed;
+        // Sealed, a frame is only gathered if it is kept.
+        let how = match self.how {
+            Verify::InBatches(_) if self.sealed && !self.keep => Verify::AsRead,
+            how => how,
+        };
+        match (&mut self.work, how) {
             (MacWork::AsRead(mac), Verify::AsRead) => *mac = Some(key.start()),
             (MacWork::InBatches(b), Verify::InBatches(cap)) if b.cap == cap => {
                 b.mac = Some(key.start());
@@ -782,6 +835,19 @@ impl Verifier {
                     Verify::ByCaller => MacWork::ByCaller,
                 }
             }
+        }
+        if self.unhashed {
+            self.drop_mac();
+        }
+    }
+
+    /// A sealed frame's MAC: none (nothing hashed; a kept frame is still
+    /// gathered).
+    fn drop_mac(&mut self) {
+        match &mut self.work {
+            MacWork::AsRead(mac) => *mac = None,
+            MacWork::InBatches(b) => b.mac = None,
+            MacWork::ByCaller => {}
         }
     }
 
@@ -809,7 +875,8 @@ impl Verifier {
         matches!(&self.work, MacWork::InBatches(b) if !b.staged.is_empty())
     }
 
-    /// Whether `footer` is the frame's MAC (by the caller: not checked here).
+    /// Whether `footer` is the frame's MAC (by the caller, or on a sealed
+    /// link: not checked here).
     fn check(&mut self, footer: u64) -> bool {
         let mac = match &mut self.work {
             MacWork::AsRead(mac) => mac.take(),
@@ -819,6 +886,9 @@ impl Verifier {
             }
             MacWork::ByCaller => return true,
         };
+        if self.unhashed {
+            return true;
+        }
         mac.map(MacState::finish) == Some(footer)
     }
 
@@ -866,9 +936,15 @@ impl Batches {
             // short frame holds no batch-sized buffer.
             self.staged.reserve(self.cap);
         }
-        // Always a state here; without one the batch is dropped and the
-        // footer fails.
-        let Some(mac) = self.mac.take() else { return };
+        // Always a state here, but on a sealed link: there the batch is
+        // only gathered (kept). Elsewhere, without one the footer fails.
+        let Some(mac) = self.mac.take() else {
+            match self.keep {
+                true => self.kept.push(batch),
+                false => self.recycle(core::iter::once(batch)),
+            }
+            return;
+        };
         let task = MacTask::segments(mac, core::slice::from_ref(&batch), 0, batch.len());
         self.inflight = Some((macs.start(task), batch));
     }
@@ -1024,6 +1100,22 @@ impl RoundDecoder {
         if let MacWork::InBatches(b) = &mut self.mac.work {
             b.recycle(kept);
         }
+    }
+
+    /// From the next frame on, neither hashes nor checks frames' MACs
+    /// (`true`) or does again: the connection is a sealed link
+    /// ([`Input::Sealed`](crate::Input::Sealed)), whose AEAD already
+    /// authenticates every byte, and its peer leaves them unwritten
+    /// ([`RoundWriter::unsigned`]). The way of verifying stays for when it
+    /// is cleared; kept frames ([`set_keep`](Self::set_keep)) are still
+    /// gathered.
+    pub fn set_sealed(&mut self, sealed: bool) {
+        self.mac.sealed = sealed;
+    }
+
+    /// Whether it was last set sealed ([`set_sealed`](Self::set_sealed)).
+    pub fn is_sealed(&self) -> bool {
+        self.mac.sealed
     }
 
     /// Bytes of the current frame its MAC covers, read so far (everything

@@ -24,7 +24,7 @@ fn the_data_leg_answers_the_16_byte_hello_with_the_8_byte_ack() {
     let mut rig = RelayRig::new(Leg::Data, &[0, 1], 2);
     let c = rig.accept(1);
     assert_eq!(rig.out.take(c), DataAck::encode().to_vec());
-    assert_eq!(rig.out.events, vec![RelayEvent::RankAdmitted { rank: 1, conn: c }]);
+    assert_eq!(rig.out.events, vec![RelayEvent::RankAdmitted { rank: 1, conn: c, sealed: false }]);
     assert!(rig.out.dials.is_empty(), "no upstream dial before every local rank is in");
 }
 

@@ -36,6 +36,7 @@ fn every_channel_routes_with_the_bytes_after_its_magic() {
                 peer: Peer::REMOTE,
                 channel: ch,
                 first: bytes::Bytes::from_static(b"tail"),
+                sealed: false,
             }]
         );
         assert!(
@@ -45,6 +46,26 @@ fn every_channel_routes_with_the_bytes_after_its_magic() {
     }
     assert_eq!(r.pending(), 0);
     assert_eq!(r.poll_timeout(), None);
+}
+
+#[test]
+fn a_link_sealed_while_peeked_is_routed_sealed_and_only_that_one() {
+    let mut r = PortRouter::new(TimeoutScale::ONE);
+    let t = at(1, 0);
+    for conn in [1, 2] {
+        accept(&mut r, t, conn, Peer::REMOTE);
+    }
+    r.handle(t, Input::Sealed { conn: ConnId(2) });
+    // Sealed for a connection the router does not hold: nothing.
+    r.handle(t, Input::Sealed { conn: ConnId(9) });
+    for (conn, want) in [(1, false), (2, true)] {
+        let d = feed(&mut r, t, conn, &Channel::Data.magic_bytes());
+        match &d.events[..] {
+            [PortRouterEvent::Routed { conn: c, sealed, .. }] => assert_eq!((c.0, *sealed), (conn, want)),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(r.pending(), 0);
 }
 
 #[test]

@@ -271,12 +271,12 @@ fn route_in(
     router.handle(t, Input::Received { conn: ConnId(conn), bytes });
     for e in drain(router, t).events {
         match e {
-            PortRouterEvent::Routed { conn, peer, channel: cohort_proto::wire::Channel::Http, first } => {
-                status.adopt_with(t, conn, peer, &first, window)
-            }
-            PortRouterEvent::Routed { conn, peer, channel: cohort_proto::wire::Channel::Join, first } => {
-                window.adopt(t, conn, peer, &first)
-            }
+            PortRouterEvent::Routed {
+                conn, peer, channel: cohort_proto::wire::Channel::Http, first, ..
+            } => status.adopt_with(t, conn, peer, &first, window),
+            PortRouterEvent::Routed {
+                conn, peer, channel: cohort_proto::wire::Channel::Join, first, ..
+            } => window.adopt(t, conn, peer, &first),
             other => panic!("{other:?}"),
         }
     }

@@ -56,6 +56,7 @@ impl Machine for Probe {
             Input::Received { bytes, .. } => Seen::Received(bytes.len()),
             Input::Closed { cause, .. } => Seen::Closed(cause),
             Input::DialFailed { .. } => unreachable!("no dial fails here"),
+            Input::Sealed { .. } => unreachable!("no link is sealed here"),
             Input::Timeout => {
                 self.wake = None;
                 Seen::Timeout
