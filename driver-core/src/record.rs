@@ -34,7 +34,7 @@
 //! # The file
 //!
 //! ```text
-//! file    = magic "COHORTFR" (8 bytes) | version u16 LE (2) | header length u32 LE | header | entry*
+//! file    = magic "COHORTFR" (8 bytes) | version u16 LE (3; version 2, without `Sealed` entries, still reads) | header length u32 LE | header | entry*
 //! header  = bincode 2 (standard: varint integers, little endian) of [`Header`]:
 //!           node kind (controller, agent, relay, rank), payload mode, the instant
 //!           the machine was built at, whether `/metrics` was served, the writer's
@@ -2173,6 +2173,35 @@ mod tests {
             Entry::Stop { at: t(30) },
         ];
         (out.bytes(), want)
+    }
+
+    #[test]
+    fn a_sealed_link_is_recorded_and_a_version_2_recording_still_reads() {
+        let out = Shared::default();
+        let mut tap: Tap<String> =
+            Tap::new(Recorder::new(out.clone(), &header()).unwrap(), as_debug::<String>);
+        let (t, conn) = (Time::from_millis, ConnId(4));
+        tap.input(t(1), &Input::Connected { dial: DialId(0), conn });
+        tap.input(t(2), &Input::Sealed { conn });
+        tap.stop(t(3));
+        let file = out.bytes();
+        let inputs: Vec<Recorded<'static>> = Reader::new(&file[..])
+            .unwrap()
+            .filter_map(|l| match l.unwrap().entry {
+                Entry::Input { input, .. } => Some(input),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(inputs[1], Recorded::Sealed { conn: 4 });
+        assert_eq!(inputs[1].input(), Some(Input::Sealed { conn }));
+        assert_eq!(inputs[1].to_string(), "Sealed { conn#4 }");
+        // Version 2 is version 3 without `Sealed`: its files read as they did.
+        let (mut old, want) = small();
+        old[8..10].copy_from_slice(&2u16.to_le_bytes());
+        let got: Vec<Entry> = Reader::new(&old[..]).unwrap().map(|l| l.unwrap().entry).collect();
+        assert_eq!(got, want);
+        old[8..10].copy_from_slice(&1u16.to_le_bytes());
+        assert!(Reader::new(&old[..]).is_err(), "version 1 is refused");
     }
 
     #[test]

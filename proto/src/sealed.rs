@@ -60,7 +60,7 @@ use rand_core::{Rng, SeedableRng};
 use crate::machine::{CloseCause, ConnId, Input, Machine, Output};
 use crate::time::Time;
 use crate::wire::{
-    HandshakeError, OpenedPiece, Opener, SealError, SealHandshake, SealPsk, SealedLink, Sealer,
+    HandshakeError, OpenedPiece, Opener, SealError, SealHandshake, SealPsk, SealedLink, Sealer, reclaim,
 };
 
 /// The four bytes a dialer offering a sealed link sends first (`CSL1`:
@@ -192,8 +192,11 @@ enum Link {
     Undecided { first: [u8; 4], have: usize, held: Vec<Bytes>, closing: bool },
     /// The handshake runs; the machine's transmits wait for it.
     Handshaking { handshake: Box<SealHandshake>, held: Vec<Bytes>, closing: bool },
-    /// Keyed: every byte each way is sealed.
-    Open { sealer: Box<Sealer>, opener: Box<Opener> },
+    /// Keyed: every byte each way is sealed. `spare`: the last sealed
+    /// transmit, whose buffer the next one is sealed into once the driver
+    /// has written and dropped it (no allocation, no page faults, frame
+    /// after frame).
+    Open { sealer: Box<Sealer>, opener: Box<Opener>, spare: Option<Bytes> },
     /// A plain peer let in: the machine's own, as without the adapter.
     Plain,
 }
@@ -404,10 +407,14 @@ impl SealLinks {
                 // Ended, or closed by the machine: nothing leaves for it (a
                 // driver would drop it too).
                 Some(Link::Undecided { .. } | Link::Handshaking { .. }) | None => {}
-                Some(Link::Open { sealer, .. }) => {
-                    let mut wire = BytesMut::new();
+                Some(Link::Open { sealer, spare, .. }) => {
+                    let mut wire = reclaim(spare.take());
                     match sealer.seal(&bytes, &mut wire) {
-                        Ok(_) => self.out.push_back(LinkOutput::Transmit { conn, bytes: wire.freeze() }),
+                        Ok(_) => {
+                            let wire = wire.freeze();
+                            *spare = Some(wire.clone());
+                            self.out.push_back(LinkOutput::Transmit { conn, bytes: wire })
+                        }
                         Err(e) => {
                             return match self.refuse(conn, SealRefusal::Frame(e)) {
                                 true => Outbound::Refused(conn),
@@ -466,7 +473,8 @@ impl SealLinks {
             self.links.remove(&conn);
             self.out.push_back(LinkOutput::Close { conn });
         } else {
-            self.links.insert(conn, Link::Open { sealer: Box::new(sealer), opener: Box::new(opener) });
+            let (sealer, opener) = (Box::new(sealer), Box::new(opener));
+            self.links.insert(conn, Link::Open { sealer, opener, spare: None });
         }
         false
     }

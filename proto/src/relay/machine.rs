@@ -1014,6 +1014,7 @@ impl Relay {
             if let Ok(i) = conn_index(&self.by_conn, conn) {
                 self.by_conn.remove(i);
             }
+            self.sealed.remove(&conn);
             self.mid_blob.remove(&rank);
         }
         let new = !local.dead;
