@@ -9,6 +9,12 @@
 //!   is to its rank), the pinging side in the bench process; async-io's
 //!   reactor is per process, so two smol nodes in one process would share
 //!   one reactor thread and add a thread hop the deployment does not have.
+//!   `rtt/<driver>_sealed`: the same, both nodes' links sealed (`--sealed
+//!   require`: keyed by the real handshake before the first trip, each
+//!   frame sealed and opened by the engines' `SealLinks`). Before criterion
+//!   starts, `rtt sealed vs plain` pairs each driver's plain and sealed
+//!   trips back to back (ABAB, wall clock) and prints the median per-pair
+//!   ratio `sealed / plain`, the robust figure on a shared machine.
 //! - `frame256/*`: one 256 MiB round frame sent over loopback and verified
 //!   by the receiver as it streams in (`RoundDecoder` + `NullSink`: MAC over
 //!   every byte): through each driver; against raw blocking std TCP moving
@@ -37,13 +43,14 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use cohort_driver_core::testing::{
-    Echo, Pinger, PingerEvent, Probe, ProbeEvent, RecordSink, RoundSink, SinkEvent, TestDriver,
+    Echo, Pinger, PingerEvent, Probe, ProbeEvent, RecordSink, RoundSink, SinkEvent, TestDriver, ThreadNode,
 };
-use cohort_driver_core::{Config, MacPool};
+use cohort_driver_core::{Config, MacPool, seal_config};
 use cohort_driver_mio::testing::Mio;
 use cohort_driver_smol::testing::SmolThread;
 use cohort_driver_tokio::testing::TokioThread;
 use cohort_proto::machine::Outbox;
+use cohort_proto::sealed::SealMode;
 use cohort_proto::wire::{
     DEFAULT_FRAME_CEILING, Dtype, Inline, MacKey, MacRunner, MuxRecord, Payload, RoundKind, RoundWriter,
     SessionSalt, TimingMsgWire, encode_frame,
@@ -107,17 +114,32 @@ impl Machine for Counter {
 // ---- round trips ----
 
 /// Environment variable that turns this bench binary into the echo side of
-/// `rtt`, in a child process: `raw`, or a driver's name.
+/// `rtt`, in a child process: `raw`, or a driver's name (`_sealed` after
+/// it: its links sealed).
 const ECHO_ROLE: &str = "COHORT_BENCH_ECHO";
+
+/// What a sealed role's name ends with.
+const SEALED: &str = "_sealed";
+
+/// A node's configuration: plain, or its links sealed under `require` (the
+/// session salt of [`key`], so both ends agree on the key).
+fn node_config(sealed: bool) -> Config {
+    let mode = if sealed { SealMode::Require } else { SealMode::Off };
+    Config { seal: seal_config(mode, &SessionSalt::from_bytes([0x5a; 16])).unwrap(), ..Config::default() }
+}
 
 /// The echo side of `rtt`: prints its address, echoes until stdin closes.
 fn serve_echo(kind: &str) -> ! {
-    fn echo_on<D: TestDriver>() {
-        let echo = D::spawn(Echo::default(), Config::default(), true);
+    fn echo_on<D: TestDriver>(sealed: bool) {
+        let echo = D::spawn(Echo::default(), node_config(sealed), true);
         println!("{}", echo.addr());
         let _ = std::io::stdin().read_to_end(&mut Vec::new());
         drop(echo);
     }
+    let (kind, sealed) = match kind.strip_suffix(SEALED) {
+        Some(driver) => (driver, true),
+        None => (kind, false),
+    };
     match kind {
         "raw" => {
             let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -130,9 +152,9 @@ fn serve_echo(kind: &str) -> ! {
             });
             let _ = std::io::stdin().read_to_end(&mut Vec::new());
         }
-        n if n == Mio::NAME => echo_on::<Mio>(),
-        n if n == SmolThread::NAME => echo_on::<SmolThread>(),
-        n if n == TokioThread::NAME => echo_on::<TokioThread>(),
+        n if n == Mio::NAME => echo_on::<Mio>(sealed),
+        n if n == SmolThread::NAME => echo_on::<SmolThread>(sealed),
+        n if n == TokioThread::NAME => echo_on::<TokioThread>(sealed),
         other => panic!("no echo role {other:?}"),
     }
     std::process::exit(0)
@@ -192,19 +214,67 @@ fn rtt(c: &mut Criterion) {
     g.finish();
 }
 
-/// `rtt/<driver>`: a Pinger node here, an Echo node of the same driver in the child.
+/// A Pinger node here and an Echo node of the same driver in a child
+/// process, connected (and keyed, when sealed).
+struct RttPair {
+    pinger: ThreadNode<Pinger>,
+    _echo: EchoChild,
+}
+
+impl RttPair {
+    fn start<D: TestDriver>(frame: &Bytes, sealed: bool) -> Self {
+        let echo = EchoChild::start(&format!("{}{}", D::NAME, if sealed { SEALED } else { "" }));
+        let mut pinger = D::spawn(Pinger::new(echo.addr.clone(), frame.clone()), node_config(sealed), false);
+        assert_eq!(pinger.next_machine_event(), PingerEvent::Ready);
+        // The first trip keys a sealed link: played before any timing.
+        let mut pair = RttPair { pinger, _echo: echo };
+        pair.play(1);
+        pair
+    }
+
+    /// `rounds` round trips; their wall time.
+    fn play(&mut self, rounds: u64) -> Duration {
+        let t = Instant::now();
+        self.pinger.with(move |p, now| p.play(now, rounds));
+        assert_eq!(self.pinger.next_machine_event(), PingerEvent::Done { rounds });
+        t.elapsed()
+    }
+}
+
+/// `rtt/<driver>` and `rtt/<driver>_sealed`, after the paired report.
 fn rtt_of<D: TestDriver>(g: &mut BenchmarkGroup<'_, WallTime>, frame: &Bytes) {
-    let echo = EchoChild::start(D::NAME);
-    let mut pinger = D::spawn(Pinger::new(echo.addr.clone(), frame.clone()), Config::default(), false);
-    assert_eq!(pinger.next_machine_event(), PingerEvent::Ready);
-    g.bench_function(D::NAME, |b| {
-        b.iter_custom(|iters| {
-            let t = Instant::now();
-            pinger.with(move |p, now| p.play(now, iters));
-            assert_eq!(pinger.next_machine_event(), PingerEvent::Done { rounds: iters });
-            t.elapsed()
-        })
-    });
+    let mut plain = RttPair::start::<D>(frame, false);
+    let mut sealed = RttPair::start::<D>(frame, true);
+    paired_rtt(D::NAME, &mut plain, &mut sealed);
+    for (name, pair) in [(D::NAME.to_string(), &mut plain), (format!("{}{SEALED}", D::NAME), &mut sealed)] {
+        g.bench_function(name, |b| b.iter_custom(|iters| pair.play(iters)));
+    }
+}
+
+/// Plain and sealed trips back to back, 15 pairs of 2,000 each: the median
+/// per-pair ratio `sealed / plain`.
+fn paired_rtt(name: &str, plain: &mut RttPair, sealed: &mut RttPair) {
+    const ROUNDS: u64 = 2000;
+    let (mut p, mut s, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..15 {
+        let a = plain.play(ROUNDS).as_secs_f64();
+        let b = sealed.play(ROUNDS).as_secs_f64();
+        p.push(a);
+        s.push(b);
+        r.push(b / a);
+    }
+    let per_trip = |v: Vec<f64>| median(v) / ROUNDS as f64 * 1e6;
+    println!(
+        "rtt sealed vs plain ({name}), 15 pairs of {ROUNDS} trips, wall medians: plain {:.2} us, sealed {:.2} us a trip; sealed / plain {:.3} (median per pair)",
+        per_trip(p),
+        per_trip(s),
+        median(r)
+    );
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 // ---- a 256 MiB frame ----

@@ -279,6 +279,51 @@ pub trait Adopt {
     fn adopt(&mut self, now: Time, conn: ConnId, peer: Peer, first: &[u8]);
 }
 
+/// How a routed connection reaches the machine that adopts it: the one
+/// order every router's owner follows. A plain link is adopted with its
+/// first bytes. A sealed link is adopted without them, then hears
+/// [`Input::Sealed`], then gets them as [`Input::Received`], so that the
+/// machine knows the link sealed before it reads any byte of it.
+///
+/// ```
+/// use cohort_proto::machine::Handover;
+/// use cohort_proto::{ConnId, Input};
+/// let conn = ConnId(7);
+/// let plain = Handover::new(b"hello", false);
+/// assert_eq!(plain.adopt_with, b"hello");
+/// assert_eq!(plain.then(conn).count(), 0);
+///
+/// let sealed = Handover::new(b"hello", true);
+/// assert!(sealed.adopt_with.is_empty());
+/// let then: Vec<_> = sealed.then(conn).collect();
+/// assert!(matches!(then[..], [Input::Sealed { .. }, Input::Received { bytes: b"hello", .. }]));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Handover<'a> {
+    /// The bytes to adopt the connection with ([`Adopt::adopt`]'s `first`).
+    pub adopt_with: &'a [u8],
+    sealed: bool,
+    after: &'a [u8],
+}
+
+impl<'a> Handover<'a> {
+    /// A connection routed with `first` read past its magic, its link
+    /// `sealed` or not.
+    pub fn new(first: &'a [u8], sealed: bool) -> Handover<'a> {
+        match sealed {
+            true => Handover { adopt_with: &[], sealed, after: first },
+            false => Handover { adopt_with: first, sealed, after: &[] },
+        }
+    }
+
+    /// The inputs of `conn` to hand the machine after adopting it, in order.
+    pub fn then(self, conn: ConnId) -> impl Iterator<Item = Input<'a>> {
+        let sealed = self.sealed.then_some(Input::Sealed { conn });
+        let first = (!self.after.is_empty()).then_some(Input::Received { conn, bytes: self.after });
+        sealed.into_iter().chain(first)
+    }
+}
+
 /// A FIFO of pending outputs: the plumbing most machines share.
 #[derive(Debug)]
 pub struct Outbox<E> {

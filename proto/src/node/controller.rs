@@ -11,7 +11,9 @@ use crate::coord::{Backend, CoordConfig, Coordinator, CoordinatorEvent, DeathCau
 use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
 use crate::join::window::{JoinWindow, JoinWindowEvent, WindowParams};
 use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
-use crate::machine::{Adopt, CloseCause, Commanded, ConnId, Input, Journal, Machine, Outbox, Output, Peer};
+use crate::machine::{
+    Adopt, CloseCause, Commanded, ConnId, Handover, Input, Journal, Machine, Outbox, Output, Peer,
+};
 use crate::reduce::{RankLoss, Reduce, ReduceConfig, ReduceEvent, RoundSchema};
 use crate::rendezvous::{RendezvousConfig, RendezvousServer, RendezvousServerEvent};
 use crate::route::{PortRouter, PortRouterEvent};
@@ -983,11 +985,8 @@ impl ControllerNode {
         // What the router read of this connection (the magic and `first`;
         // for HTTP, `first` holds the magic) counts for its channel now.
         let read = (first.len() + if channel == Channel::Http { 0 } else { 4 }) as u64;
-        // A sealed link's part hears it sealed before its first bytes:
-        // adopted without them, then told, then handed them (adopting with
-        // bytes is taking them as received, by `Adopt`'s contract).
-        let (adopt_with, after) = if sealed { (&[][..], first) } else { (first, &[][..]) };
-        let first = adopt_with;
+        let handover = Handover::new(first, sealed);
+        let first = handover.adopt_with;
         let to = match channel {
             Channel::Join => ControllerPart::Join,
             Channel::Http => ControllerPart::Status,
@@ -1041,11 +1040,8 @@ impl ControllerNode {
             self.authenticated(conn);
         }
         self.parts.own(conn, part);
-        if sealed {
-            self.part_handle(now, part, Input::Sealed { conn });
-            if !after.is_empty() {
-                self.part_handle(now, part, Input::Received { conn, bytes: after });
-            }
+        for input in handover.then(conn) {
+            self.part_handle(now, part, input);
         }
     }
 

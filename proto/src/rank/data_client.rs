@@ -328,10 +328,6 @@ pub struct DataClient {
     rx: Vec<(TensorMeta, Vec<f32>)>,
     rx_weight: f64,
     rx_done: bool,
-    /// Its link to the relay is sealed ([`Input::Sealed`]): its frames go
-    /// unsigned, and the consensus is read unchecked.
-    #[serde(default)]
-    sealed: bool,
     out: Outbox<DataClientEvent>,
 }
 
@@ -354,7 +350,6 @@ impl DataClient {
             rx: Vec::new(),
             rx_weight: 0.0,
             rx_done: false,
-            sealed: false,
             out: Outbox::default(),
         };
         c.drain_dialer(now);
@@ -400,7 +395,8 @@ impl DataClient {
         buf.extend_from_slice(&prefix);
         let mut w =
             RoundWriter::begin(&mut buf, &self.cfg.key, c.kind, c.weight, n).map_err(SubmitError::Invalid)?;
-        if self.sealed {
+        // On a sealed link (`Input::Sealed`) its frames go unsigned.
+        if self.dec.is_sealed() {
             w = w.unsigned();
         }
         for t in c.tensors {
@@ -549,7 +545,6 @@ impl Machine for DataClient {
     fn handle(&mut self, now: Time, input: Input<'_>) {
         if let Input::Sealed { .. } = input {
             // Its one connection (sealed before the handshake's first byte).
-            self.sealed = true;
             self.dec.set_sealed(true);
             return;
         }

@@ -642,6 +642,7 @@ impl Relay {
                 }
                 Output::Event(AcceptorEvent::Refused { conn, error }) => {
                     self.handshaking.remove(&conn);
+                    self.sealed.remove(&conn);
                     self.out.event(RelayEvent::RankRefused { conn, reason: RankRefusal::Handshake(error) });
                 }
                 Output::Transmit { conn, bytes } => {
@@ -1350,5 +1351,33 @@ impl Machine for Relay {
         let locals = self.mid_blob.values().min().map(|t| *t + self.cfg.rank_starvation());
         let up = self.up_mid_since.map(|t| t + starvation());
         [self.acceptor.poll_timeout(), hello, locals, up].into_iter().flatten().min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::SessionSalt;
+    use crate::{Peer, Time};
+
+    /// A sealed connection refused at the door leaves nothing behind: a
+    /// flood of them costs the relay no memory.
+    #[test]
+    fn a_sealed_connection_refused_in_its_handshake_is_forgotten() {
+        let key = MacKey::new(&SessionSalt::from_bytes([1; 16]));
+        let mut relay = Relay::new(RelayConfig::new(Leg::Data, "h", vec![0, 1], 2, key, "c")).unwrap();
+        let t = Time::ZERO;
+        for c in 0..3 {
+            let conn = ConnId(c);
+            relay.handle(t, Input::Accepted { conn, peer: Peer::LOOPBACK });
+            relay.handle(t, Input::Sealed { conn });
+            relay.handle(t, Input::Received { conn, bytes: &[0xff; 64] });
+        }
+        let mut refused = 0;
+        while let Some(o) = relay.poll(t) {
+            refused += usize::from(matches!(o, Output::Event(RelayEvent::RankRefused { .. })));
+        }
+        assert_eq!(refused, 3);
+        assert!(relay.sealed.is_empty(), "still held: {:?}", relay.sealed);
     }
 }

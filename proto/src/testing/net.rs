@@ -46,7 +46,7 @@ use core::time::Duration;
 
 use crate::config::TimeoutScale;
 use crate::machine::composite::{self, Composite, Part, Parts};
-use crate::machine::{Adopt, CloseCause, ConnId, DialId, Input, Machine, Outbox, Output, Peer};
+use crate::machine::{Adopt, CloseCause, ConnId, DialId, Handover, Input, Machine, Outbox, Output, Peer};
 use crate::route::{PortRouter, PortRouterEvent};
 use crate::sealed::{SealConfig, SealNote, Sealed};
 use crate::time::Time;
@@ -592,13 +592,10 @@ impl<M: Machine + Adopt> BehindRouter<M> {
                     if channel == self.channel =>
                 {
                     self.parts.own(conn, RouterPart::Machine);
-                    if sealed {
-                        // Told before its first bytes, as the controller does.
-                        self.machine.adopt(now, conn, peer, &[]);
-                        Machine::handle(&mut self.machine, now, Input::Sealed { conn });
-                        Machine::handle(&mut self.machine, now, Input::Received { conn, bytes: &first });
-                    } else {
-                        self.machine.adopt(now, conn, peer, &first);
+                    let handover = Handover::new(&first, sealed);
+                    self.machine.adopt(now, conn, peer, handover.adopt_with);
+                    for input in handover.then(conn) {
+                        Machine::handle(&mut self.machine, now, input);
                     }
                 }
                 Output::Event(PortRouterEvent::Routed { conn, .. }) => {
