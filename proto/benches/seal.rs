@@ -11,8 +11,10 @@
 //!   reused buffer, then laid out and verified by `RoundDecoder` from
 //!   64 KiB reads (what `DataClient` and the relay do; the wire bench's
 //!   `round_frame_64MiB/encode_sign` and `decode_verify`);
-//! - `aes256gcm_seal_open`, `chacha20poly1305_seal_open`: the bare AEADs,
-//!   the payload encrypted in place as one message and decrypted back;
+//! - `ring_aes256gcm_seal_open` (what `wire::seal` uses),
+//!   `aes256gcm_seal_open` (RustCrypto's `aes-gcm`),
+//!   `chacha20poly1305_seal_open`: the bare AEADs, the payload encrypted in
+//!   place as one message and decrypted back;
 //! - `sealed_feed`: `Sealer::seal` into a reused buffer, then
 //!   `Opener::feed` from 64 KiB reads (each piece copied out of the read,
 //!   then opened where it was copied), the opened frame handed back with
@@ -58,6 +60,7 @@ use cohort_proto::wire::{
     SealContext, SealHandshake, SealKeys, SealPsk, SealSide, Sealer, SessionSalt,
 };
 use criterion::{Criterion, Throughput, criterion_group};
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
@@ -141,6 +144,17 @@ fn aead_there_and_back<A: AeadInOut>(aead: &A, nonce: &aes_gcm::aead::Nonce<A>, 
     aead.decrypt_inout_detached(nonce, b"aad", buf.into(), &tag).unwrap();
 }
 
+/// ring's AES-256-GCM over `buf` in place, as one message, there and back.
+fn ring_there_and_back(key: &LessSafeKey, buf: &mut [u8]) {
+    let nonce = || Nonce::assume_unique_for_key([7; 12]);
+    let tag = key.seal_in_place_separate_tag(nonce(), Aad::from(b"aad"), buf).unwrap();
+    key.open_in_place_separate_tag(nonce(), Aad::from(b"aad"), tag, buf, 0..).unwrap();
+}
+
+fn ring_key() -> LessSafeKey {
+    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &[0x42; 32]).unwrap())
+}
+
 /// A frame sealed and opened in pieces of `piece` bytes with the bare
 /// AES-256-GCM, the way `Sealer` and `Opener::feed` move the bytes.
 fn aes_pieces(aead: &Aes256Gcm, data: &[u8], piece: usize, wire: &mut Vec<u8>, gather: &mut Vec<u8>) {
@@ -205,6 +219,10 @@ fn compare(c: &mut Criterion, name: &str, size: usize) {
     g.bench_function("sign_verify", |b| {
         let mut buf = BytesMut::with_capacity(size + 64);
         b.iter(|| sign_verify(&key, black_box(&data), &mut buf))
+    });
+    g.bench_function("ring_aes256gcm_seal_open", |b| {
+        let (ring, mut buf) = (ring_key(), data.clone());
+        b.iter(|| ring_there_and_back(&ring, black_box(&mut buf)))
     });
     g.bench_function("aes256gcm_seal_open", |b| {
         let mut buf = data.clone();
@@ -323,7 +341,8 @@ fn paired_sizes(title: &str, size: usize, rounds: usize, reps: usize) {
     let (mut s2, mut o2) = sealed_pair();
     let (mut plain, mut fed, mut placed) =
         (BytesMut::with_capacity(total), BytesMut::with_capacity(total), BytesMut::with_capacity(total));
-    let (mut dst, mut a, mut c) = (vec![0u8; size], data.clone(), data.clone());
+    let ring = ring_key();
+    let (mut dst, mut a, mut c, mut r) = (vec![0u8; size], data.clone(), data.clone(), data.clone());
     paired_table(
         title,
         rounds,
@@ -341,6 +360,7 @@ fn paired_sizes(title: &str, size: usize, rounds: usize, reps: usize) {
             ("sign_verify", &mut || {
                 black_box(sign_verify(&key, &data, &mut plain));
             }),
+            ("ring_aes256gcm_seal_open", &mut || ring_there_and_back(&ring, black_box(&mut r))),
             ("aes256gcm_seal_open", &mut || aead_there_and_back(&aes, &nonce12(7), black_box(&mut a))),
             ("chacha20poly1305_seal_open", &mut || {
                 aead_there_and_back(&chacha, &nonce12(7), black_box(&mut c))
