@@ -10,9 +10,10 @@
 //! the secret and the transcript per connection (a Noise handshake with a
 //! pre-shared key) is [`seal_handshake`](super::seal_handshake); the
 //! negotiation that puts both around a machine's connections is
-//! [`crate::sealed`]. The simulator seals with them; the drivers do not
-//! yet, so a flodl 0.8 peer, and every real cohort link today, gets
-//! flodl's bytes, MACs and all (docs/SECURITY.md, "Sealed links").
+//! [`crate::sealed`], which the simulator and every driver run when a
+//! node's configuration asks for sealing. A flodl 0.8 peer, and every link
+//! of a node that does not ask, gets flodl's bytes, MACs and all
+//! (docs/SECURITY.md, "Sealed links").
 //!
 //! # Wire form
 //!
@@ -25,12 +26,12 @@
 //! ```
 //!
 //! A frame is sealed in pieces of at most [`PIECE`] bytes: each is its own
-//! AES-GCM message, so pieces can be sealed and opened independently (later
-//! on the MAC pool's threads, as MAC tasks are today), and an opener checks
-//! each as it arrives: a bad piece is refused without waiting for the rest
-//! of its frame, and a frame is reported once every piece verified. An
-//! empty frame is one empty piece: it still carries a tag, and still uses a
-//! nonce.
+//! AES-GCM message, so pieces can be sealed and opened independently (on
+//! other threads, should one core's AES-GCM ever bound a link), and an
+//! opener checks each as it arrives: a bad piece is refused without waiting
+//! for the rest of its frame, and a frame is reported once every piece
+//! verified. An empty frame is one empty piece: it still carries a tag, and
+//! still uses a nonce.
 //!
 //! Each piece's 96-bit nonce is 32 zero bits then its direction's 64-bit
 //! piece counter (big-endian), which both sides keep and never send: the

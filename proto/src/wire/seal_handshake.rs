@@ -19,7 +19,7 @@
 //! nothing (docs/SECURITY.md, "Sealed links").
 //!
 //! [`crate::sealed::Sealed`] runs it on every connection of a machine
-//! whose links are sealed (the simulator's; the drivers do not yet).
+//! whose links are sealed (the simulator's and the drivers').
 //!
 //! # Wire form
 //!
