@@ -908,6 +908,50 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The wire form exactly as the module's documentation gives it, checked
+    /// against another AES-256-GCM (RustCrypto's `aes-gcm`, not the one that
+    /// seals): the header, then each piece's ciphertext and tag under the
+    /// nonce `0^32 || counter` (big-endian) and the associated data `header
+    /// || index (u32 LE) || last`. A change of AEAD crate, of nonce or of
+    /// associated data fails it.
+    #[test]
+    fn the_wire_form_is_the_documented_aes_256_gcm_by_another_implementation() {
+        use aes_gcm::aead::{AeadInOut, KeyInit};
+        let keys = SealKeys::derive(&[9; 32], &SealContext { channel: 7, transcript: b"kat" });
+        let (mut sealer, _) = keys.split(SealSide::Initiator, 1 << 30);
+        let long: Vec<u8> = (0..PIECE + 100).map(|i| (i * 7) as u8).collect();
+        let mut wire = BytesMut::new();
+        sealer.seal(b"first", &mut wire).unwrap();
+        sealer.seal(&long, &mut wire).unwrap();
+
+        let other = aes_gcm::Aes256Gcm::new(&keys.i2r.into());
+        let mut want = Vec::new();
+        let mut counter = 0u64;
+        for (seq, frame) in [&b"first"[..], &long].into_iter().enumerate() {
+            let pieces = frame.len().div_ceil(PIECE) as u32;
+            let mut header = vec![SEAL_MAGIC];
+            header.extend_from_slice(&(seq as u64).to_le_bytes());
+            header.extend_from_slice(&(frame.len() as u64).to_le_bytes());
+            header.extend_from_slice(&pieces.to_le_bytes());
+            want.extend_from_slice(&header);
+            for (index, piece) in frame.chunks(PIECE).enumerate() {
+                let mut aad = header.clone();
+                aad.extend_from_slice(&(index as u32).to_le_bytes());
+                aad.push(u8::from(index as u32 + 1 == pieces));
+                let mut nonce = [0u8; 12];
+                nonce[4..].copy_from_slice(&counter.to_be_bytes());
+                let mut body = piece.to_vec();
+                let tag =
+                    other.encrypt_inout_detached(&nonce.into(), &aad, body.as_mut_slice().into()).unwrap();
+                want.extend_from_slice(&body);
+                want.extend_from_slice(&tag);
+                counter += 1;
+            }
+        }
+        assert_eq!(wire.len(), want.len());
+        assert!(wire[..] == want[..], "the sealed bytes differ from the documented form");
+    }
+
     const CEILING: u64 = 1 << 30;
     const SECRET: [u8; 32] = [0x42; 32];
 
