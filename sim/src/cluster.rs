@@ -40,7 +40,7 @@ use std::sync::Arc;
 
 use cohort_proto::Time;
 use cohort_proto::config::{Rules, TimeoutScale};
-use cohort_proto::coord::{CoordConfig, CoordinatorEvent, RunEnd, Scheduler};
+use cohort_proto::coord::{CoordinatorEvent, RunEnd, Scheduler};
 use cohort_proto::display::PerRank;
 use cohort_proto::join::client::JoinClientEvent;
 use cohort_proto::join::ledger::{JoinOffer, Ledger, TrustMode};
@@ -286,13 +286,7 @@ impl<W: SimWorkload> Cluster<W> {
         let ctrl_host = world.add_host("controller");
         let join = sc.join_config();
         let trust = if sc.join.open_admission { TrustMode::OpenExplicit } else { TrustMode::PreShared };
-        let mut run = CoordConfig::new(1, sc.epochs, sc.samples_per_epoch, sc.batch_size);
-        run.backend = sc.backend;
-        run.sync_every = Some(sc.sync_every);
-        run.policy = sc.policy;
-        run.progressive = sc.progressive;
-        run.rules = sc.rules;
-        run.failure_budget = sc.max_failure;
+        let run = sc.run_config(1);
         let advertise = ControllerAddr::parse(CONTROLLER_ADDR)
             .ok_or_else(|| ScenarioError::new("controller", "the controller's address"))?;
         let workload = WorkloadSpec {

@@ -31,6 +31,7 @@
 
 use std::collections::BTreeMap;
 
+use cohort_proto::coord::CoordConfig;
 use cohort_proto::display::Thousands;
 use cohort_proto::join::ledger::JoinConfig;
 use cohort_proto::node::knobs::RunKnobs;
@@ -117,6 +118,11 @@ pub struct Scenario {
     /// salt (`join.open_admission: false`). HTTP stays plain.
     #[serde(default, skip_serializing_if = "is_false")]
     pub sealed: bool,
+    /// Elastic healing (cohort only): the largest world the run may hold
+    /// (at least the hosts' ranks), or absent (off, flodl's frozen world).
+    /// Needs cohort's rules and the CPU plane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<u32>,
     /// The root seed the scenario was saved with (`cohort-sim run --save`,
     /// `explore --save-failing`): `cohort-sim run FILE` plays it under this
     /// seed, so the file alone replays the run and its trace hash.
@@ -860,6 +866,7 @@ impl Scenario {
             bandwidth_gbps: default_gbps(),
             faults: Vec::new(),
             sealed: false,
+            elastic: None,
             seed: None,
         }
     }
@@ -880,7 +887,25 @@ impl Scenario {
             model_elems: self.model_elems,
             rules: self.rules,
             backend: self.backend,
+            elastic: self.elastic,
         }
+    }
+
+    /// The coordinator's configuration for a world of `world` ranks: the
+    /// run's knobs, cycles always on (the simulator always averages), the
+    /// policy, dispatch and failure budget. The controller's formation sets
+    /// the world's size and devices; the simulator builds it with 1 and
+    /// its validation with the hosts' ranks.
+    pub fn run_config(&self, world: u32) -> CoordConfig {
+        let mut run = CoordConfig::new(world, self.epochs, self.samples_per_epoch, self.batch_size);
+        run.backend = self.backend;
+        run.sync_every = Some(self.sync_every);
+        run.policy = self.policy;
+        run.progressive = self.progressive;
+        run.rules = self.rules;
+        run.failure_budget = self.max_failure;
+        run.elastic = self.elastic;
+        run
     }
 
     /// Whether a world of `world` ranks runs chunk-pool dispatch: cycles are
@@ -997,6 +1022,11 @@ impl Scenario {
             }
         }
         self.knobs().validate().map_err(|e| ScenarioError::new(e.field, e.reason))?;
+        if let Some(max) = self.elastic {
+            self.run_config(self.world_size())
+                .validate_elastic(max)
+                .map_err(|e| ScenarioError::new(e.field, e.reason))?;
+        }
         let world = self.hosts.iter().map(|h| u64::from(h.ranks)).sum();
         check_world(world, self.hosts.len() as u64, self.model_elems, self.progressive_in(world))?;
         if let Some(t) = self.run_for_s {

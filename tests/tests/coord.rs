@@ -1,7 +1,7 @@
 //! The coordinator and the rank's side of the control plane, one test binary
 //! (one module per file in `coord/`): plans, chunks, deaths, roles, NCCL
-//! re-rendezvous, liveness, budgets, reported values, ElChe, hostile input, the rank control
-//! client and the synthetic trainer.
+//! re-rendezvous, liveness, budgets, reported values, ElChe, elastic healing,
+//! hostile input, the rank control client and the synthetic trainer.
 
 // The root is not a `main.rs` and each file is named by `#[path]`, so that
 // proptest keeps a module's failure seeds beside its file (the
@@ -16,6 +16,8 @@ mod chunks;
 mod deaths;
 #[path = "coord/el_che.rs"]
 mod el_che;
+#[path = "coord/elastic.rs"]
+mod elastic;
 #[path = "coord/hostile.rs"]
 mod hostile;
 #[path = "coord/liveness.rs"]

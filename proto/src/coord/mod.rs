@@ -56,6 +56,11 @@ use crate::time::Time;
 use crate::wire::{ControlMsgWire, EpochMetricsWire, EpochPlanWire, IntentKind, TimingMsgWire, WireError};
 use el_che::ElCheConfig;
 
+/// The largest world [`CoordConfig::elastic`] may name: flodl's rank
+/// space, one byte of device index per rank, is far below it; this bounds
+/// what a configuration can ask a controller to keep per rank.
+pub const MAX_ELASTIC_WORLD: u32 = 1 << 16;
+
 /// Everything the coordinator needs to know about the run.
 ///
 /// ```
@@ -122,6 +127,14 @@ pub struct CoordConfig {
     pub max_overshoot: Option<u64>,
     /// cohort's rules or flodl 0.8's, where they differ.
     pub rules: Rules,
+    /// Elastic healing (cohort only, off by default): the largest world the
+    /// run may hold. `Some` lets a replacement host take over the ranks of a
+    /// host declared dead, if every host of the formed world dialed the
+    /// cohort-only elastic join; a world holding any flodl peer keeps
+    /// flodl's frozen world. Needs cohort's rules, the CPU plane, averaging
+    /// cycles (a joiner is promoted at a cycle) and no partition ratios
+    /// (they give one ratio per rank of a fixed world).
+    pub elastic: Option<u32>,
 }
 
 impl CoordConfig {
@@ -150,6 +163,7 @@ impl CoordConfig {
             progressive: None,
             max_overshoot: None,
             rules: Rules::Cohort,
+            elastic: None,
         }
     }
 
@@ -207,6 +221,50 @@ impl CoordConfig {
         }
         if let Some(c) = self.el_che_config() {
             c.validate()?;
+        }
+        if let Some(max) = self.elastic {
+            self.validate_elastic(max)?;
+        }
+        Ok(())
+    }
+
+    /// The refusals of [`CoordConfig::elastic`] for a largest world of
+    /// `max` ranks: each names what elastic healing cannot run with, and
+    /// why (field `elastic`). Part of [`CoordConfig::validate`]; the
+    /// simulator's scenarios check theirs with it too.
+    ///
+    /// ```
+    /// use cohort_proto::config::Rules;
+    /// use cohort_proto::coord::CoordConfig;
+    /// let mut cfg = CoordConfig::new(4, 1, 40, 1);
+    /// cfg.sync_every = Some(5);
+    /// assert!(cfg.validate_elastic(6).is_ok());
+    /// assert!(cfg.validate_elastic(3).unwrap_err().reason.contains("below the world's 4"));
+    /// cfg.rules = Rules::Flodl;
+    /// assert_eq!(cfg.validate_elastic(6).unwrap_err().field, "elastic");
+    /// ```
+    pub fn validate_elastic(&self, max: u32) -> Result<(), ConfigError> {
+        let refuse = |why: String| Err(ConfigError::new("elastic", why));
+        if max < self.world_size {
+            return refuse(format!(
+                "a largest world of {max} ranks is below the world's {}",
+                self.world_size
+            ));
+        }
+        if max > MAX_ELASTIC_WORLD {
+            return refuse(format!("a largest world of {max} ranks is above {MAX_ELASTIC_WORLD}"));
+        }
+        if self.rules == Rules::Flodl {
+            return refuse("needs cohort's rules: under flodl 0.8's the world is formed once".into());
+        }
+        if self.backend == Backend::Nccl {
+            return refuse("needs the CPU plane: an NCCL session with a joiner is not run yet".into());
+        }
+        if self.sync_every.is_none() {
+            return refuse("needs averaging cycles: a joiner's ranks are promoted at a cycle".into());
+        }
+        if self.partition_ratios.is_some() {
+            return refuse("not with partition ratios: they give one ratio per rank of a fixed world".into());
         }
         Ok(())
     }

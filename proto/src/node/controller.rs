@@ -198,7 +198,17 @@ impl ControllerConfig {
         run.timeout_scale = timeout_scale;
         run.rules = knobs.rules;
         run.backend = knobs.backend;
+        run.elastic = knobs.elastic;
         run.validate()?;
+        if let Some(max) = knobs.elastic {
+            let least = join.target_ranks.unwrap_or(join.min_rank_start);
+            if (max as usize) < least {
+                return Err(ConfigError::new(
+                    "elastic",
+                    format!("a largest world of {max} ranks is below the {least} the join window forms with"),
+                ));
+            }
+        }
         Ok(ControllerConfig::new(join, salt, trust, timeout_scale, run, advertise, knobs.workload()))
     }
 }
@@ -329,6 +339,13 @@ impl ControllerBuilder {
     /// The data plane (the controller's CPU reduce, or NCCL among the ranks).
     pub fn backend(mut self, backend: Backend) -> Self {
         self.knobs.backend = backend;
+        self
+    }
+
+    /// Elastic healing up to a world of `max` ranks ([`CoordConfig::elastic`];
+    /// off by default).
+    pub fn elastic(mut self, max: u32) -> Self {
+        self.knobs.elastic = Some(max);
         self
     }
 

@@ -53,6 +53,9 @@ pub struct RunKnobs {
     /// (the controller then runs the bootstrap rendezvous and re-rendezvous
     /// survivors after a death, and no reduce).
     pub backend: Backend,
+    /// Elastic healing, cohort only ([`CoordConfig::elastic`](crate::coord::CoordConfig::elastic)):
+    /// the largest world, or `None` (off, flodl's frozen world).
+    pub elastic: Option<u32>,
 }
 
 impl Default for RunKnobs {
@@ -67,6 +70,7 @@ impl Default for RunKnobs {
             model_elems: 256,
             rules: Rules::Cohort,
             backend: Backend::Cpu,
+            elastic: None,
         }
     }
 }

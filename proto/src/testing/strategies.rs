@@ -96,6 +96,7 @@ pub fn run_knobs() -> impl Strategy<Value = RunKnobs> {
             model_elems,
             rules,
             backend: crate::coord::Backend::Cpu,
+            elastic: None,
         },
     )
 }

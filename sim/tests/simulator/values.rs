@@ -72,6 +72,11 @@ fn every_bad_value_is_refused_naming_its_field() {
         (r#", "join": {"min_rank_start": 0}"#, "join.min_rank_start"),
         (r#", "join": {"min_rank_start": 2, "target_ranks": 1}"#, "join.target_ranks"),
         (r#", "join": {"join_timeout_secs": 10, "max_join_timeout_secs": 5}"#, "join.max_join_timeout"),
+        // Elastic healing: at least the hosts' 3 ranks, cohort's rules, the CPU plane.
+        (r#", "elastic": 2"#, "elastic"),
+        (r#", "elastic": 4294967295"#, "elastic"),
+        (r#", "elastic": 3, "rules": "flodl""#, "elastic"),
+        (r#", "elastic": 3, "backend": "nccl""#, "elastic"),
     ];
     for (extra, field) in cases {
         assert_eq!(field_of(&with(extra)), field, "{extra}");
@@ -186,4 +191,17 @@ fn a_wrong_type_names_its_path_an_empty_file_says_so_and_an_unknown_class_lists_
 fn a_host_of_too_many_ranks_echoes_the_value() {
     let e = Scenario::from_json(r#"{"hosts": [{"name": "a", "ranks": 300}]}"#).unwrap_err();
     assert_eq!(e.to_string(), "hosts[a].ranks: 300 is out of range: allowed 1..=256");
+}
+
+/// Elastic healing is a scenario field only when set: a scenario without it
+/// saves as before, and one with it reads back the same.
+#[test]
+fn elastic_is_saved_only_when_set_and_reads_back() {
+    let plain = Scenario::from_json(&with("")).unwrap();
+    assert_eq!(plain.elastic, None);
+    assert!(!plain.to_json().contains("elastic"), "{}", plain.to_json());
+    let elastic = Scenario::from_json(&with(r#", "elastic": 5"#)).unwrap();
+    assert_eq!(elastic.elastic, Some(5));
+    assert_eq!(Scenario::from_json(&elastic.to_json()).unwrap(), elastic);
+    assert_eq!(elastic.run_config(3).elastic, Some(5));
 }
