@@ -316,6 +316,10 @@ pub struct HostParams {
     /// Whether the controller binds the key to its run (`--run-bound`,
     /// cohort only): wait for its nonce before the hello.
     pub run_bound: bool,
+    /// Whether the host dials the elastic join (`--elastic`, cohort only):
+    /// it takes part in an elastic world, and may replace a dead host in
+    /// one already running.
+    pub elastic: bool,
     /// What the synthetic ranks train when the controller does not say (a
     /// flodl controller never does).
     pub synthetic: WorkloadSpec,
@@ -359,6 +363,7 @@ impl HostParams {
             model_sig: None,
             run_id: None,
             run_bound: false,
+            elastic: false,
             synthetic: WorkloadSpec::default(),
             batch_ms: 20.0,
             spread: 0.2,
@@ -449,6 +454,13 @@ impl HostParams {
         self
     }
 
+    /// Dials the elastic join (an `--elastic` controller's world; see
+    /// [`HostParams::elastic`]).
+    pub fn elastic(mut self, elastic: bool) -> Self {
+        self.elastic = elastic;
+        self
+    }
+
     /// What the synthetic ranks train when the controller does not say.
     pub fn synthetic(mut self, spec: WorkloadSpec) -> Self {
         self.synthetic = spec;
@@ -524,6 +536,7 @@ impl HostParams {
             self.relay_listen,
         );
         cfg.run_bound = self.run_bound;
+        cfg.elastic = self.elastic;
         cfg
     }
 }

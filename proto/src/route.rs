@@ -92,6 +92,10 @@ pub enum PortRouterEvent {
         /// Its link is sealed ([`Input::Sealed`] came while it was peeked):
         /// the owner tells the adopting machine so, right after `adopt`.
         sealed: bool,
+        /// The magic was cohort's elastic join
+        /// ([`ELASTIC_JOIN`](crate::join::ELASTIC_JOIN)), routed as
+        /// [`Channel::Join`].
+        elastic: bool,
     },
     /// The connection was closed unrouted.
     Dropped {
@@ -182,7 +186,8 @@ impl PortRouter {
             return;
         }
         let (head, peer, sealed) = (p.head, p.peer, p.sealed);
-        let Some(channel) = Channel::route(head) else {
+        let elastic = head == crate::join::ELASTIC_JOIN;
+        let Some(channel) = Channel::route(head).or(elastic.then_some(Channel::Join)) else {
             return self.drop_conn(conn, RouteDrop::UnknownMagic { got: head }, true);
         };
         if let Some(p) = self.pending.remove(&conn) {
@@ -197,7 +202,7 @@ impl PortRouter {
         } else {
             Bytes::copy_from_slice(rest)
         };
-        self.out.event(PortRouterEvent::Routed { conn, peer, channel, first, sealed });
+        self.out.event(PortRouterEvent::Routed { conn, peer, channel, first, sealed, elastic });
     }
 }
 

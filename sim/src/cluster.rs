@@ -65,7 +65,7 @@ use core::time::Duration;
 
 use crate::attack::{Attack, Tampered, Target};
 use crate::check::Checker;
-use crate::check::coverage::coverage_by_epoch;
+use crate::check::coverage::{coverage_by_epoch, processor};
 use crate::log::EventLog;
 use crate::node::SimNode;
 use crate::report::{Death, Injected, Outcome, RankReport, Report, Timeline, Window};
@@ -110,6 +110,8 @@ pub const CONTROLLER_ADDR: &str = "controller:7070";
 #[derive(Debug, Clone, PartialEq)]
 enum Act {
     HostJoins(usize),
+    /// A restarted host's replacement agent starts (`restart_host`).
+    HostRestarts(usize),
     Fault(usize),
     RunFor,
     /// A rank's agent finds its process ended, at its next reap poll.
@@ -163,6 +165,13 @@ pub struct Cluster<W: SimWorkload = Trainer> {
     hosts: Vec<HostRt>,
     sources: BTreeMap<NodeId, Source>,
     rank_nodes: BTreeMap<u32, NodeId>,
+    /// Elastic worlds: each rank's incarnation as the controller last
+    /// replaced it (absent: 0), the incarnation each current rank node
+    /// started as, and the nodes of the incarnations replaced since, kept
+    /// for the coverage checks.
+    incarnations: BTreeMap<u32, u32>,
+    node_incarnation: BTreeMap<u32, u32>,
+    retired: Vec<(u32, u32, NodeId)>,
     uids: SimRng,
     acts: Vec<(Time, Act)>,
     next_act: usize,
@@ -344,6 +353,9 @@ impl<W: SimWorkload> Cluster<W> {
             hosts,
             sources: BTreeMap::from([(controller, Source::Controller)]),
             rank_nodes: BTreeMap::new(),
+            incarnations: BTreeMap::new(),
+            node_incarnation: BTreeMap::new(),
+            retired: Vec::new(),
             uids: stream(seed, "nccl-uid"),
             key: None,
             acts,
@@ -690,14 +702,18 @@ impl<W: SimWorkload> Cluster<W> {
     fn apply(&mut self, act: Act) {
         let now = self.world.now();
         match act {
-            Act::HostJoins(i) => {
+            Act::HostJoins(i) | Act::HostRestarts(i) => {
                 let h = &self.sc.hosts[i];
                 let mut offer =
                     JoinOffer::new(h.name.clone(), (0..h.ranks).map(|d| d as u8).collect(), [7; 32]);
                 offer.libtorch = h.libtorch.clone().unwrap_or_default();
                 let pre_shared = (!self.sc.join.open_admission).then_some(self.salt);
-                let cfg = HostConfig::new(offer, CONTROLLER_ADDR, pre_shared, self.scale, RelayListen::Flodl);
+                let mut cfg =
+                    HostConfig::new(offer, CONTROLLER_ADDR, pre_shared, self.scale, RelayListen::Flodl);
+                cfg.elastic = self.sc.elastic.is_some();
                 let node = HostNode::new(cfg, now);
+                // A replacement starts its relays and ranks afresh.
+                self.hosts[i].spawned = false;
                 let name = self.hosts[i].name.clone();
                 let agent = format!("{name}/agent");
                 let node = held(&self.sc, self.seed, &self.salt, &agent, Box::new(node));
@@ -779,6 +795,14 @@ impl<W: SimWorkload> Cluster<W> {
             Fault::KillHost(name) => {
                 if let Some(i) = self.host_named(&name) {
                     self.world.kill_host(self.hosts[i].host);
+                }
+            }
+            Fault::RestartHost { host, for_s } => {
+                if let Some(i) = self.host_named(&host) {
+                    self.world.kill_host(self.hosts[i].host);
+                    let at = now + dur(for_s);
+                    let pos = self.next_act + self.acts[self.next_act..].partition_point(|(t, _)| *t <= at);
+                    self.acts.insert(pos, (at, Act::HostRestarts(i)));
                 }
             }
             Fault::PartitionHost { host, for_s } => {
@@ -977,7 +1001,14 @@ impl<W: SimWorkload> Cluster<W> {
         let node = held(&self.sc, self.seed, &self.salt, &name, Box::new(node));
         let n = self.world.add_node(self.hosts[i].host, name, node, &[]);
         self.sources.insert(n, Source::Rank(r));
-        self.rank_nodes.insert(r, n);
+        let incarnation = self.incarnations.get(&r).copied().unwrap_or(0);
+        if let Some(old) = self.rank_nodes.insert(r, n) {
+            let was = self.node_incarnation.get(&r).copied().unwrap_or(0);
+            self.retired.push((r, was, old));
+        }
+        if incarnation > 0 {
+            self.node_incarnation.insert(r, incarnation);
+        }
     }
 
     /// The fault a death declared at `at` answered: the latest that touched
@@ -991,6 +1022,7 @@ impl<W: SimWorkload> Cluster<W> {
             .find(|f| match &f.fault {
                 Fault::KillRank(r) | Fault::WedgeRank(r) => *r == rank,
                 Fault::KillHost(h)
+                | Fault::RestartHost { host: h, .. }
                 | Fault::CorruptLink(h)
                 | Fault::ResetHost(h)
                 | Fault::PartitionHost { host: h, .. } => Some(h.as_str()) == host,
@@ -1039,7 +1071,19 @@ impl<W: SimWorkload> Cluster<W> {
             ControllerNodeEvent::Coord(CoordinatorEvent::RankDead { rank, cause, .. }) => {
                 self.timeline.instant(t, "controller", &format!("rank {rank} declared dead: {cause}"));
                 let fault = self.fault_behind(*rank, t);
-                self.deaths.push(Death { rank: *rank, declared_at: t, cause: *cause, fault });
+                let incarnation = self.incarnations.get(rank).copied().unwrap_or(0);
+                self.deaths.push(Death { rank: *rank, incarnation, declared_at: t, cause: *cause, fault });
+            }
+            ControllerNodeEvent::Join(JoinWindowEvent::Replaced { host, ranks, incarnation, .. }) => {
+                let msg = format!("{host} replaced: ranks {ranks:?} as incarnation {incarnation}");
+                self.timeline.instant(t, "controller", &msg);
+                for r in ranks.clone() {
+                    self.incarnations.insert(r, *incarnation);
+                }
+            }
+            ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted { rank, incarnation }) => {
+                let msg = format!("rank {rank} promoted as incarnation {incarnation}");
+                self.timeline.instant(t, "controller", &msg);
             }
             ControllerNodeEvent::Join(JoinWindowEvent::Admitted { host, ranks, .. }) => {
                 let host: Arc<str> = Arc::from(host.as_str());
@@ -1092,9 +1136,12 @@ impl<W: SimWorkload> Cluster<W> {
         let now = self.world.now();
         // Coverage and duplicates are checked on what every rank actually processed.
         let mut work = BTreeMap::new();
-        for (r, n) in &self.rank_nodes {
-            if let Some(rn) = self.world.machine::<SimRank<W>>(*n) {
-                work.insert(*r, rn.workload().work());
+        let world = self.sc.world_size();
+        let current =
+            self.rank_nodes.iter().map(|(r, n)| (*r, self.node_incarnation.get(r).copied().unwrap_or(0), *n));
+        for (r, inc, n) in self.retired.iter().copied().chain(current) {
+            if let Some(rn) = self.world.machine::<SimRank<W>>(n) {
+                work.insert(processor(r, inc, world), rn.workload().work());
             }
         }
         self.checker.finish(now, self.epochs_completed, &work, &self.deaths);
@@ -1113,8 +1160,9 @@ impl<W: SimWorkload> Cluster<W> {
             .rank_nodes
             .iter()
             .map(|(r, n)| {
+                let pid = processor(*r, self.node_incarnation.get(r).copied().unwrap_or(0), world);
                 let (w, exit_code) = match self.world.machine::<SimRank<W>>(*n) {
-                    Some(rn) => (work.get(r).cloned().unwrap_or_default(), rn.exit_code()),
+                    Some(rn) => (work.get(&pid).cloned().unwrap_or_default(), rn.exit_code()),
                     None => Default::default(),
                 };
                 let host = self.world.host_name(self.world.node_host(*n)).to_owned();

@@ -195,6 +195,8 @@ pub fn random_scenario(seed: u64) -> Scenario {
                 host,
                 attack: Attack::ALL[r.range(0, Attack::ALL.len() as u64) as usize],
             },
+            // Not in `FaultKind::ALL`: drawn by the elastic stream only.
+            FaultKind::RestartHost => Fault::RestartHost { host, for_s: r.uniform(2.0, 30.0) },
         };
         sc.faults.push(FaultAt { at_s: at, fault });
     }

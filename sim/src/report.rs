@@ -40,6 +40,9 @@ impl Serialize for Injected {
 pub struct Death {
     /// The rank.
     pub rank: u32,
+    /// Its incarnation: 0 for the formed world's, one more for each elastic
+    /// replacement that took over its slot (in the JSON only when not 0).
+    pub incarnation: u32,
     /// When the coordinator declared it.
     pub declared_at: Time,
     /// Why, as the coordinator says.
@@ -59,8 +62,11 @@ impl Death {
 
 impl Serialize for Death {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("Death", 6)?;
+        let mut st = s.serialize_struct("Death", 7)?;
         st.serialize_field("rank", &self.rank)?;
+        if self.incarnation > 0 {
+            st.serialize_field("incarnation", &self.incarnation)?;
+        }
         st.serialize_field("declared_at_s", &self.declared_at.as_secs_f64())?;
         st.serialize_field("cause", &self.cause.to_string())?;
         st.serialize_field("fault", &self.fault.as_ref().map(|f| format!("{:?}", f.fault)))?;

@@ -338,6 +338,18 @@ pub enum Fault {
         /// What its relay does.
         attack: Attack,
     },
+    /// Every process on the host dies, as [`Fault::KillHost`]; `for_s`
+    /// later its replacement (the host rebooted, the same name and
+    /// devices) starts a fresh agent that dials the controller again. In an
+    /// elastic world (`"elastic"`) it takes over the dead host's ranks;
+    /// otherwise its dial is refused, as flodl's window refuses any dial
+    /// after formation.
+    RestartHost {
+        /// The host.
+        host: String,
+        /// How long until the replacement's agent starts.
+        for_s: f64,
+    },
 }
 
 /// The kinds of [`Fault`], as a scenario file names them.
@@ -369,6 +381,9 @@ pub enum FaultKind {
     ExitRank,
     /// [`Fault::CompromiseHost`].
     CompromiseHost,
+    /// [`Fault::RestartHost`] (explore draws it apart from [`FaultKind::ALL`],
+    /// in elastic runs only).
+    RestartHost,
 }
 
 impl FaultKind {
@@ -410,6 +425,7 @@ impl FaultKind {
             FaultKind::OperatorStart => "operator_start",
             FaultKind::ExitRank => "exit_rank",
             FaultKind::CompromiseHost => "compromise_host",
+            FaultKind::RestartHost => "restart_host",
         }
     }
 }
@@ -437,6 +453,7 @@ impl Fault {
             Fault::OperatorStart => FaultKind::OperatorStart,
             Fault::ExitRank(_) => FaultKind::ExitRank,
             Fault::CompromiseHost { .. } => FaultKind::CompromiseHost,
+            Fault::RestartHost { .. } => FaultKind::RestartHost,
         }
     }
 }
@@ -479,6 +496,8 @@ struct RawFault {
     compromise_host: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     attack: Option<Attack>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    restart_host: Option<String>,
 }
 
 impl TryFrom<RawFault> for FaultAt {
@@ -497,8 +516,15 @@ impl TryFrom<RawFault> for FaultAt {
         if let Some(h) = r.partition_host {
             let for_s = r.for_s.ok_or("partition_host needs for_s")?;
             found.push(Fault::PartitionHost { host: h, for_s });
-        } else if r.for_s.is_some() {
-            return Err("for_s goes with partition_host".into());
+        }
+        if let Some(h) = r.restart_host {
+            let for_s = r.for_s.ok_or("restart_host needs for_s")?;
+            found.push(Fault::RestartHost { host: h, for_s });
+        }
+        if r.for_s.is_some()
+            && found.iter().all(|f| !matches!(f, Fault::PartitionHost { .. } | Fault::RestartHost { .. }))
+        {
+            return Err("for_s goes with partition_host or restart_host".into());
         }
         if let Some(h) = r.corrupt_link {
             found.push(Fault::CorruptLink(h));
@@ -539,7 +565,8 @@ impl TryFrom<RawFault> for FaultAt {
         match found.len() {
             1 => Ok(FaultAt { at_s: r.at_s, fault: found.remove(0) }),
             0 => Err("a fault needs one of kill_rank, kill_host, wedge_rank, partition_host, corrupt_link, \
-                      kill_controller, operator_start, abort, slow_rank, slow_link, reset_host, exit_rank, compromise_host"
+                      kill_controller, operator_start, abort, slow_rank, slow_link, reset_host, exit_rank, compromise_host, \
+                      restart_host"
                 .into()),
             _ => Err("a fault entry holds exactly one fault".into()),
         }
@@ -575,6 +602,10 @@ impl From<FaultAt> for RawFault {
                 r.compromise_host = Some(host);
                 r.attack = Some(attack);
             }
+            Fault::RestartHost { host, for_s } => {
+                r.restart_host = Some(host);
+                r.for_s = Some(for_s);
+            }
         }
         r
     }
@@ -593,7 +624,7 @@ impl Fault {
     /// dead rank or a slower link, stay; the fault itself is over).
     pub fn lasts_s(&self) -> f64 {
         match self {
-            Fault::PartitionHost { for_s, .. } => *for_s,
+            Fault::PartitionHost { for_s, .. } | Fault::RestartHost { for_s, .. } => *for_s,
             _ => 0.0,
         }
     }
@@ -1089,12 +1120,15 @@ impl Scenario {
             | Fault::PartitionHost { host: h, .. }
             | Fault::SlowLink { host: h, .. }
             | Fault::CompromiseHost { host: h, .. }
+            | Fault::RestartHost { host: h, .. }
                 if !self.hosts.iter().any(|x| &x.name == h) =>
             {
                 let field = fault.kind().name();
                 return Err(ScenarioError::new(field, format!("unknown host {h:?}")));
             }
-            Fault::PartitionHost { for_s, .. } => seconds("for_s", *for_s, true)?,
+            Fault::PartitionHost { for_s, .. } | Fault::RestartHost { for_s, .. } => {
+                seconds("for_s", *for_s, true)?
+            }
             Fault::SlowRank { factor, .. }
                 if !(factor.is_finite() && *factor > 0.0 && *factor <= MAX_FACTOR) =>
             {

@@ -242,6 +242,7 @@ impl RunArgs {
             model_elems: self.model_elems,
             rules: self.rules,
             backend: self.backend,
+            elastic: None,
         }
     }
 }

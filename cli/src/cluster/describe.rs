@@ -269,6 +269,14 @@ fn controller(e: &ControllerNodeEvent) -> Line {
                     ranks.start, ranks.end
                 ),
             ),
+            JoinWindowEvent::Replaced { host, ranks, incarnation, .. } => line(
+                Info,
+                "host_replaced",
+                format!(
+                    "{host} took over ranks {}..{} of a dead host (incarnation {incarnation}); they join at the next cycle",
+                    ranks.start, ranks.end
+                ),
+            ),
             JoinWindowEvent::Rejected { conn, reason } => {
                 line(Warn, "join_rejected", format!("join dial {conn} rejected: {reason}"))
             }
@@ -422,6 +430,11 @@ fn coord(c: &CoordinatorEvent) -> Line {
                 ),
             )
         }
+        CoordinatorEvent::RankPromoted { rank, incarnation } => line(
+            Info,
+            "rank_promoted",
+            format!("rank {rank} rejoined the run as incarnation {incarnation}, at this cycle"),
+        ),
         CoordinatorEvent::EpochStarted { epoch } => {
             line(Info, "epoch_started", format!("epoch {epoch} started: its first work went out"))
         }
@@ -875,6 +888,7 @@ fn admit_data(e: &AdmitError) -> serde_json::Value {
             json!({ "check": "model", "offered": encode(offered), "expected": encode(expected) })
         }
         AdmitError::RankSpaceExhausted => json!({ "check": "rank_space_exhausted" }),
+        AdmitError::NoVacancy { devices } => json!({ "check": "no_vacancy", "devices": devices }),
     }
 }
 

@@ -153,6 +153,32 @@ impl Coordinator {
         self.admitted = Some(hosts.into_iter().collect());
     }
 
+    /// An elastic world's replacement: `host` takes over `ranks` (a dead
+    /// host's slots; any admitted host holding them is forgotten) as their
+    /// `incarnation`. Its
+    /// relay's hello is then held to them, and the ranks wait for their
+    /// promotion (see [`Scheduler::fill_slots`]).
+    pub fn replace_host(&mut self, now: Time, host: String, ranks: Vec<u32>, incarnation: u32) {
+        if let Some(admitted) = self.admitted.as_mut() {
+            admitted.retain(|_, own| !own.iter().any(|r| ranks.contains(r)));
+            admitted.insert(host, ranks.clone());
+        }
+        self.sched.fill_slots(now, &ranks, incarnation);
+        self.pump();
+    }
+
+    /// The data leg of a replacement's `ranks` arrived (see
+    /// [`Scheduler::data_ready`]).
+    pub fn data_ready(&mut self, ranks: &[u32]) {
+        self.sched.data_ready(ranks);
+    }
+
+    /// A replacement went before its ranks' promotion (see
+    /// [`Scheduler::drop_pending`]).
+    pub fn drop_pending(&mut self, ranks: &[u32]) {
+        self.sched.drop_pending(ranks);
+    }
+
     /// The decision core (read-only).
     pub fn scheduler(&self) -> &Scheduler {
         &self.sched
@@ -367,6 +393,7 @@ impl Coordinator {
             relay.state = RelayState::Ready { ranks: ranks.clone() };
             relay.dec.set_ceiling((CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64);
         }
+        self.sched.control_ready(&ranks);
         self.out.event(CoordinatorEvent::RelayJoined { conn, host, ranks });
         if self.is_forming() && self.routes.len() as u32 == self.sched.config().world_size {
             self.begin(now);
@@ -450,6 +477,9 @@ impl Coordinator {
             for r in &ranks {
                 self.routes.remove(r);
             }
+            // A replacement whose relay went before its promotion: its
+            // ranks stay dead.
+            self.sched.drop_pending(&ranks);
             // Before the run began, the ranks are merely uncovered again;
             // under flodl's rules they go stale instead of dying now.
             if self.formation == Formation::Formed && self.sched.config().rules == Rules::Cohort {

@@ -5,7 +5,9 @@
 //! than the staleness deadline: heard at `t`, still alive at `t + staleness`,
 //! stale from `t + staleness + 1 ns`. [`Liveness::next_deadline`] returns that
 //! first stale instant so a driver wakes exactly then. Death and exit are
-//! final: nothing revives a rank.
+//! final for a rank's incarnation: nothing the dead process sends revives
+//! it. Only an elastic world's replacement ([`Liveness::revive`]) brings the
+//! rank number back, as its next incarnation.
 //!
 //! Hearing a rank is O(1): [`Liveness::take_stale`] keeps a lower bound on
 //! the next stale instant and scans the world only once that bound is
@@ -52,6 +54,10 @@ pub struct Liveness {
     staleness: Duration,
     /// No alive rank goes stale before this instant (a lower bound).
     bound: Time,
+    /// Each rank's incarnation: 0 at formation, one more per revival
+    /// (elastic worlds only; empty until the first revival, so a world that
+    /// never heals carries nothing new).
+    incarnations: Vec<u32>,
 }
 
 /// One nanosecond: the step past a "strictly greater than" deadline.
@@ -67,7 +73,50 @@ impl Liveness {
             reachable: (0..world).collect(),
             staleness,
             bound: now + staleness + NS,
+            incarnations: Vec::new(),
         }
+    }
+
+    /// Brings a dead rank back as `incarnation`, alive and heard at `now`
+    /// (an elastic world's replacement took its slot, the member's
+    /// `incarnation`-th); `false`, changing nothing, if the rank is not
+    /// dead or the incarnation is not newer than its last.
+    ///
+    /// ```
+    /// use cohort_proto::coord::Liveness;
+    /// use cohort_proto::Time;
+    /// use core::time::Duration;
+    /// let mut l = Liveness::new(2, Duration::from_secs(30), Time::ZERO);
+    /// assert!(!l.revive(1, Time::from_secs(1), 1), "alive: nothing to revive");
+    /// l.mark_dead(1);
+    /// assert!(!l.heard(1, Time::from_secs(2)), "the dead process's late word revives nothing");
+    /// assert!(!l.revive(1, Time::from_secs(3), 0), "incarnation 0 is the formed world's");
+    /// assert!(l.revive(1, Time::from_secs(3), 1));
+    /// assert_eq!((l.alive(), l.dead_count(), l.incarnation(1)), (vec![0, 1], 0, 1));
+    /// ```
+    pub fn revive(&mut self, rank: u32, now: Time, incarnation: u32) -> bool {
+        if self.get(rank) != Some(Life::Dead) || incarnation <= self.incarnation(rank) {
+            return false;
+        }
+        let l = &mut self.ranks[rank as usize];
+        *l = Life::Alive { last_heard: now };
+        if let Err(i) = self.alive.binary_search(&rank) {
+            self.alive.insert(i, rank);
+        }
+        if let Err(i) = self.reachable.binary_search(&rank) {
+            self.reachable.insert(i, rank);
+        }
+        self.bound = self.bound.min(now + self.staleness + NS);
+        if self.incarnations.is_empty() {
+            self.incarnations = vec![0; self.ranks.len()];
+        }
+        self.incarnations[rank as usize] = incarnation;
+        true
+    }
+
+    /// `rank`'s incarnation: 0 until an elastic replacement revived it.
+    pub fn incarnation(&self, rank: u32) -> u32 {
+        self.incarnations.get(rank as usize).copied().unwrap_or(0)
     }
 
     /// The staleness deadline.
@@ -215,7 +264,7 @@ impl Liveness {
         self.alive.len() as u32
     }
 
-    /// How many ranks were declared dead.
+    /// How many ranks are dead now (a revived rank no longer counts).
     pub fn dead_count(&self) -> u32 {
         self.ranks.iter().filter(|l| matches!(l, Life::Dead)).count() as u32
     }

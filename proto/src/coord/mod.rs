@@ -583,6 +583,16 @@ pub enum CoordinatorEvent {
         /// Its unprocessed segments, in walk order.
         remainder: Vec<Segment>,
     },
+    /// An elastic world's replacement rank entered the run at a cycle
+    /// trigger, as the slot's `incarnation` (1 for the first replacement):
+    /// it is asked for its parameters in the cycle that follows and is
+    /// given work from the next dispatch.
+    RankPromoted {
+        /// The rank (the slot it took over).
+        rank: u32,
+        /// Its incarnation.
+        incarnation: u32,
+    },
     /// The first work of `epoch` went out, under either dispatch (before
     /// its `PlanIssued`, or before its first `ChunkIssued`; under async
     /// chunk-pool dispatch a rank may stream into an epoch before the one in

@@ -92,6 +92,22 @@ struct EpochBook {
     start_step: Vec<u64>,
     reports: EpochReports,
     aggregated: bool,
+    /// Ranks promoted (elastic) while this epoch was in progress, with
+    /// the samples their slot had reported of it before: the new
+    /// incarnation owes only what it is given after its promotion.
+    promoted: BTreeMap<u32, u64>,
+}
+
+/// A replacement's rank waiting for its promotion (elastic worlds): which
+/// of its legs reached the controller.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct PendingRank {
+    /// The incarnation it will be (its member's, in the join window).
+    incarnation: u32,
+    /// Its relay joined the coordinator (the control leg).
+    control: bool,
+    /// Its host's data relay joined the reduce (the data leg).
+    data: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -235,6 +251,9 @@ pub struct Scheduler {
     gate_deferred: Option<Time>,
     /// Ranks whose data leg ended, and when that becomes their death.
     data_lost: BTreeMap<u32, Time>,
+    /// An elastic world's replacement ranks, promoted at the next cycle
+    /// trigger once both legs arrived (empty otherwise).
+    pending: BTreeMap<u32, PendingRank>,
     cycles: u64,
     version: u64,
     global_step: u64,
@@ -311,6 +330,7 @@ impl Scheduler {
             max_overshoot: cfg.max_overshoot.unwrap_or(OVERSHOOT_INITIAL),
             gate_deferred: None,
             data_lost: BTreeMap::new(),
+            pending: BTreeMap::new(),
             cycles: 0,
             version: 0,
             global_step: 0,
@@ -823,6 +843,93 @@ impl Scheduler {
         }
     }
 
+    /// An elastic world's replacement host took over `ranks` (every one of
+    /// them dead) as their `incarnation`: they wait, hearing only beacons and shutdowns, until both
+    /// their legs arrived ([`Scheduler::control_ready`],
+    /// [`Scheduler::data_ready`]) and the next cycle trigger promotes them
+    /// (`RankPromoted`), so they enter the run at a consensus. Ranks not
+    /// dead are skipped; so is everything outside a running elastic run.
+    pub fn fill_slots(&mut self, now: Time, ranks: &[u32], incarnation: u32) {
+        self.catch_up(now);
+        if !self.running() || self.cfg.elastic.is_none() {
+            return;
+        }
+        for &r in ranks {
+            if self.live.is_dead(r) && incarnation > self.live.incarnation(r) {
+                self.pending.insert(r, PendingRank { incarnation, ..PendingRank::default() });
+            }
+        }
+    }
+
+    /// The control leg of pending `ranks` arrived (their relay joined).
+    pub fn control_ready(&mut self, ranks: &[u32]) {
+        for r in ranks {
+            if let Some(p) = self.pending.get_mut(r) {
+                p.control = true;
+            }
+        }
+    }
+
+    /// The data leg of pending `ranks` arrived (their host's data relay
+    /// joined the reduce).
+    pub fn data_ready(&mut self, ranks: &[u32]) {
+        for r in ranks {
+            if let Some(p) = self.pending.get_mut(r) {
+                p.data = true;
+            }
+        }
+    }
+
+    /// The replacement holding pending `ranks` went before its promotion:
+    /// they stay dead, free for the next replacement.
+    pub fn drop_pending(&mut self, ranks: &[u32]) {
+        for r in ranks {
+            self.pending.remove(r);
+        }
+    }
+
+    /// Whether `rank` is a replacement's rank waiting for promotion.
+    pub fn is_pending(&self, rank: u32) -> bool {
+        self.pending.contains_key(&rank)
+    }
+
+    /// Promotes every pending rank whose legs both arrived, at a cycle
+    /// trigger: it comes back as its next incarnation with a fresh book, no
+    /// share of the epoch in progress (it is given work from the next
+    /// dispatch) and an empty ElChe window, and is asked for its parameters
+    /// in this cycle like every rank.
+    fn promote(&mut self, now: Time) {
+        let ready: Vec<(u32, u32)> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.control && p.data)
+            .map(|(&r, p)| (r, p.incarnation))
+            .collect();
+        for (r, incarnation) in ready {
+            self.pending.remove(&r);
+            if !self.live.revive(r, now, incarnation) {
+                continue;
+            }
+            let i = r as usize;
+            self.ranks[i] = RankBook { last_batch_at: now, ..RankBook::default() };
+            self.data_lost.remove(&r);
+            if let Some(e) = self.el_che.as_mut() {
+                let _ = e.on_revive(r);
+            }
+            if let Some(ch) = self.chunks.as_mut() {
+                ch.rank_epoch[i] = ch.last_aggregated.map_or(0, |a| a + 1);
+                ch.steps_at_completion[i] = 0;
+            }
+            if let Some(ep) = self.epoch.as_mut() {
+                ep.start_step[i] = 0;
+                ep.assigned[i] = Assignment::default();
+                let before = ep.reports.samples(r);
+                ep.promoted.insert(r, before);
+            }
+            self.event(CoordinatorEvent::RankPromoted { rank: r, incarnation });
+        }
+    }
+
     // ----------------------------------------------------------------
     // Helpers
     // ----------------------------------------------------------------
@@ -839,7 +946,19 @@ impl Scheduler {
         rank < self.cfg.world_size && !self.ended()
     }
 
-    fn send(&mut self, to: Vec<u32>, msg: ControlMsgWire) {
+    fn send(&mut self, mut to: Vec<u32>, msg: ControlMsgWire) {
+        // A replacement's ranks hear only beacons and shutdowns until their
+        // promotion: they hold no share of the run yet.
+        if !self.pending.is_empty()
+            && !matches!(
+                msg,
+                ControlMsgWire::CoordHeartbeat
+                    | ControlMsgWire::Shutdown
+                    | ControlMsgWire::ShutdownWithSave { .. }
+            )
+        {
+            to.retain(|r| !self.pending.contains_key(r));
+        }
         if !to.is_empty() {
             self.out.push_back(Step::Send { to, msg });
         }
@@ -874,7 +993,14 @@ impl Scheduler {
         let i = r as usize;
         let steps = self.ranks[i].last_step.saturating_sub(ep.start_step[i]);
         let a = &ep.assigned[i];
-        a.processed_floor(steps, self.cfg.batch_size).max(ep.reports.samples(r)).min(a.total())
+        a.processed_floor(steps, self.cfg.batch_size).max(self.reported(ep, r)).min(a.total())
+    }
+
+    /// The samples `r` reported of the epoch in progress, as its current
+    /// incarnation (a promoted rank's predecessor's reports are not its own).
+    fn reported(&self, ep: &EpochBook, r: u32) -> u64 {
+        let base = ep.promoted.get(&r).copied().unwrap_or(0);
+        ep.reports.samples(r).saturating_sub(base)
     }
 
     /// What `r` will process of its assignment: the whole batches of each
@@ -1386,11 +1512,15 @@ impl Scheduler {
             return false;
         }
         match self.cfg.rules {
-            Rules::Cohort => self
-                .live
-                .alive_ranks()
-                .iter()
-                .all(|&r| ep.reports.reports(r) > 0 && ep.reports.samples(r) >= self.whole_batches(ep, r)),
+            Rules::Cohort => self.live.alive_ranks().iter().all(|&r| {
+                // A rank promoted mid-epoch owes only what it was given
+                // since (under whole-epoch dispatch, at most survivors'
+                // slices), and reports only if it was given some.
+                if ep.promoted.contains_key(&r) {
+                    return self.reported(ep, r) >= self.whole_batches(ep, r);
+                }
+                ep.reports.reports(r) > 0 && ep.reports.samples(r) >= self.whole_batches(ep, r)
+            }),
             Rules::Flodl => {
                 (0..self.cfg.world_size).all(|r| self.live.is_dead(r) || ep.reports.reports(r) > 0)
             }
@@ -1467,6 +1597,7 @@ impl Scheduler {
             start_step: self.ranks.iter().map(|b| b.last_step).collect(),
             reports: EpochReports::new(self.cfg.world_size),
             aggregated: false,
+            promoted: BTreeMap::new(),
         });
         self.epoch_started(epoch);
         self.event(CoordinatorEvent::PlanIssued { epoch, plans: plans.clone(), calibrated, via });
@@ -1663,6 +1794,9 @@ impl Scheduler {
     }
 
     fn trigger_cycle(&mut self, now: Time, last: bool) {
+        if !self.pending.is_empty() {
+            self.promote(now);
+        }
         self.idle_ms = (0..self.cfg.world_size)
             .map(|r| {
                 let at = self.ranks[r as usize].last_batch_at;
@@ -1965,6 +2099,7 @@ impl Scheduler {
                     book.assigned = next.unwrap_or_else(|| vec![Assignment::default(); world]);
                     book.start_step = self.ranks.iter().map(|b| b.last_step).collect();
                     book.reports = EpochReports::new(self.cfg.world_size);
+                    book.promoted.clear();
                 } else {
                     book.aggregated = true;
                 }
@@ -2044,6 +2179,7 @@ impl Scheduler {
             start_step: self.ranks.iter().map(|b| b.last_step).collect(),
             reports: EpochReports::new(self.cfg.world_size),
             aggregated: false,
+            promoted: BTreeMap::new(),
         };
         self.epoch = Some(book);
         if let Some(ch) = self.chunks.as_mut() {

@@ -62,6 +62,12 @@ pub struct ClientParams {
     /// by default): wait for its run nonce before the hello, and key the
     /// whole run with the pre-shared salt bound to it. Needs `pre_shared`.
     pub run_bound: bool,
+    /// Dial with cohort's elastic join magic
+    /// ([`ELASTIC_JOIN`](super::ELASTIC_JOIN); cohort only, off by
+    /// default): the host takes part in an elastic world, and may join one
+    /// already running as a dead host's replacement. A flodl controller
+    /// closes such a dial.
+    pub elastic: bool,
 }
 
 impl ClientParams {
@@ -80,6 +86,7 @@ impl ClientParams {
             reply_budget: timeout_scale.scaled_secs(JOIN_REPLY_BUDGET),
             formation_margin: FORMATION_MARGIN,
             run_bound: false,
+            elastic: false,
         }
     }
 }
@@ -371,7 +378,11 @@ impl JoinClient {
     fn connected(&mut self, now: Time, conn: ConnId) {
         self.conn = Some(conn);
         let mut b = BytesMut::new();
-        b.extend_from_slice(&Channel::Join.magic_bytes());
+        b.extend_from_slice(&if self.params.elastic {
+            super::ELASTIC_JOIN
+        } else {
+            Channel::Join.magic_bytes()
+        });
         if self.params.run_bound {
             if self.params.pre_shared.is_none() {
                 return self.fail(ClientFailure::RunBoundWithoutSalt, true);

@@ -21,6 +21,7 @@
 //! assert_eq!(ledger.verdict(Duration::ZERO, window, cap, false), Verdict::Formed(FormReason::TargetReached));
 //! ```
 
+use std::collections::BTreeSet;
 use std::hash::{BuildHasherDefault, DefaultHasher};
 
 use core::fmt;
@@ -458,6 +459,12 @@ pub enum AdmitError {
     },
     /// The u32 rank space is used up (only a hostile flood gets here).
     RankSpaceExhausted,
+    /// A late joiner of an elastic world found no dead host's slots of its
+    /// size to take over (cohort only).
+    NoVacancy {
+        /// How many devices it offered.
+        devices: usize,
+    },
 }
 
 fn sig4(sig: &[u8; 32]) -> String {
@@ -529,6 +536,9 @@ impl fmt::Display for AdmitError {
             ),
             AdmitError::RankSpaceExhausted => {
                 f.write_str("rank space exhausted: no more rank ids can be assigned")
+            }
+            AdmitError::NoVacancy { devices } => {
+                write!(f, "no vacancy: the running world has no dead host's {devices} rank(s) to take over")
             }
         }
     }
@@ -689,6 +699,9 @@ pub struct Member {
     pub libtorch: String,
     /// Whole seconds after the window opened when it joined.
     pub joined_at_secs: u64,
+    /// 0 for a member admitted in the window; one more for each elastic
+    /// replacement that took over its slots ([`Ledger::readmit`]).
+    pub incarnation: u32,
     seeded: Seeded,
     /// The coherence facts its hello offered, so a fact it seeded can pass
     /// to the next member carrying it when it is retracted.
@@ -907,10 +920,81 @@ impl Ledger {
             gpus,
             libtorch,
             joined_at_secs: elapsed.as_secs(),
+            incarnation: 0,
             seeded,
             offered,
         });
         Ok(first..end)
+    }
+
+    /// Admits a late joiner of a formed elastic world into one of the
+    /// `vacant` members (a dead host's slots): the checks 1 to 9 of
+    /// [`Ledger::admit`], judged against the facts the world settled (a
+    /// replacement seeds nothing), except that the name of a vacant member
+    /// passes check 4. It takes the vacant member of its own name if there
+    /// is one, else the first whose rank count equals its device count, in
+    /// place: same index, same ranks, the next incarnation. Returns the
+    /// member's index. A refusal changes nothing.
+    pub fn readmit(
+        &mut self,
+        offer: JoinOffer,
+        elapsed: Duration,
+        vacant: &BTreeSet<usize>,
+    ) -> Result<usize, AdmitError> {
+        let JoinOffer { host, local_devices, gpus, libtorch, dataset_sig, run_id, nccl_version, model_sig } =
+            offer;
+        if host.trim().is_empty() {
+            return Err(AdmitError::EmptyHost);
+        }
+        let count = local_devices.len();
+        if count == 0 {
+            return Err(AdmitError::NoDevices);
+        }
+        if count > defaults::MAX_RANKS_PER_HELLO {
+            return Err(AdmitError::TooManyDevices { count });
+        }
+        let mut seen = [false; 256];
+        for &d in &local_devices {
+            if core::mem::replace(&mut seen[d as usize], true) {
+                return Err(AdmitError::DuplicateDevice { device: d });
+            }
+        }
+        let own = self.hosts.get(&host).map(|&i| i as usize);
+        if own.is_some_and(|i| !vacant.contains(&i)) {
+            return Err(AdmitError::DuplicateHost { host });
+        }
+        let mut seeds = Seeds::default();
+        self.coherence(&host, &libtorch, dataset_sig, &run_id, nccl_version, &model_sig, &mut seeds)?;
+        let fits = |i: &usize| self.members.get(*i).is_some_and(|m| m.ranks.len() == count);
+        let index = own
+            .filter(fits)
+            .or_else(|| vacant.iter().copied().find(fits))
+            .ok_or(AdmitError::NoVacancy { devices: count })?;
+        let old = &self.members[index];
+        let (ranks, incarnation) = (old.ranks.clone(), old.incarnation.saturating_add(1));
+        let old_host = old.host.clone();
+        if self.hosts.get(&old_host) == Some(&(index as u32)) {
+            self.hosts.remove(&old_host);
+        }
+        self.hosts.insert(host.clone(), index as u32);
+        let offered = Offered {
+            dataset: dataset_sig,
+            run_id,
+            nccl: nccl_version.map(|(major, minor, _)| (major, minor)),
+            model: model_sig,
+        };
+        self.members[index] = Member {
+            host,
+            ranks,
+            local_devices,
+            gpus,
+            libtorch,
+            joined_at_secs: elapsed.as_secs(),
+            incarnation,
+            seeded: Seeded::default(),
+            offered,
+        };
+        Ok(index)
     }
 
     /// The coherence checks 5 to 9, in BEHAVIOUR.md's order, each recording

@@ -14,6 +14,13 @@ pub mod client;
 pub mod ledger;
 pub mod window;
 
+/// The channel magic of a cohort agent's elastic join (cohort only): a
+/// join dial, by a host that takes part in an elastic world (it may join
+/// one after formation, into a dead host's slots). flodl's dispatcher does
+/// not know it and closes the connection; a cohort controller routes it to
+/// the join window like `Channel::Join`'s magic.
+pub const ELASTIC_JOIN: [u8; 4] = *b"CEJ1";
+
 pub use client::{
     ClientFailure, ClientParams, FORMATION_MARGIN, JOIN_DIAL, JOIN_REPLY_BUDGET, JoinClient, JoinClientEvent,
     LinkEnd, NotLinked, join_frame,

@@ -79,6 +79,12 @@ pub struct WindowParams {
     /// another run under the same pre-shared salt verifies. Needs
     /// [`TrustMode::PreShared`].
     pub run_nonce: Option<RunNonce>,
+    /// Elastic healing (cohort only; `false` by default): a formed world
+    /// whose every member dialed [`ELASTIC_JOIN`](super::ELASTIC_JOIN)
+    /// admits a late elastic joiner into a dead host's slots (see
+    /// [`JoinWindow::vacate`]). Otherwise a dial after formation is
+    /// refused `WindowClosed`, as flodl's window refuses it.
+    pub elastic: bool,
 }
 
 impl WindowParams {
@@ -93,6 +99,7 @@ impl WindowParams {
             model_sig: None,
             rules: Rules::Cohort,
             run_nonce: None,
+            elastic: false,
         }
     }
 }
@@ -324,6 +331,18 @@ pub enum JoinWindowEvent {
         /// Ranks admitted in all.
         joined_ranks: usize,
     },
+    /// A late elastic joiner took over a vacant member's slots (cohort
+    /// only): its accept is queued, and it is the member's link from now.
+    Replaced {
+        /// Its link.
+        conn: ConnId,
+        /// The host.
+        host: String,
+        /// The ranks it took over.
+        ranks: Range<u32>,
+        /// The member's incarnation (1 for the first replacement).
+        incarnation: u32,
+    },
     /// A dial ended without admission (and was closed).
     Rejected {
         /// The connection.
@@ -450,6 +469,8 @@ struct Dial {
     buf: RecvBuf,
     deadline: Time,
     magic_pending: bool,
+    /// It dialed [`ELASTIC_JOIN`](super::ELASTIC_JOIN).
+    elastic: bool,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -524,6 +545,16 @@ pub struct JoinWindow {
     links: BTreeMap<ConnId, Link>,
     /// The link of each member, in admission order.
     member_conns: Vec<ConnId>,
+    /// Elastic healing is on ([`WindowParams::elastic`]).
+    elastic: bool,
+    /// Whether each member dialed the elastic join, in admission order.
+    member_elastic: Vec<bool>,
+    /// The members whose slots a late elastic joiner may take over.
+    vacant: BTreeSet<usize>,
+    /// Late elastic dials refused with a verified hello (the window's own
+    /// limit, counted after formation): past the limit late admission
+    /// closes, and the running world goes on.
+    late_rejected: u32,
     out: Outbox<JoinWindowEvent>,
 }
 
@@ -574,6 +605,7 @@ impl JoinWindow {
             model_sig,
             rules,
             run_nonce,
+            elastic,
         } = params;
         if run_nonce.is_some() && trust != TrustMode::PreShared {
             return Err(ConfigError::new(
@@ -608,6 +640,10 @@ impl JoinWindow {
             deadlines: BTreeSet::new(),
             links: BTreeMap::new(),
             member_conns: Vec::new(),
+            elastic,
+            member_elastic: Vec::new(),
+            vacant: BTreeSet::new(),
+            late_rejected: 0,
             out: Outbox::default(),
         };
         if trust == TrustMode::OpenExplicit {
@@ -812,13 +848,15 @@ impl JoinWindow {
         self.out.event(JoinWindowEvent::Failed { failure, at: now });
     }
 
-    fn begin(&mut self, now: Time, conn: ConnId, magic_pending: bool) {
+    fn begin(&mut self, now: Time, conn: ConnId, magic_pending: bool, elastic: bool) {
         if let Some(n) = &self.run_nonce {
             // The hello that follows must be keyed for this run.
             self.out.transmit(conn, Bytes::copy_from_slice(&n.encode()));
         }
         let deadline = now + self.budget;
-        if let Some(old) = self.dials.insert(conn, Dial { buf: RecvBuf::new(), deadline, magic_pending }) {
+        if let Some(old) =
+            self.dials.insert(conn, Dial { buf: RecvBuf::new(), deadline, magic_pending, elastic })
+        {
             self.deadlines.remove(&(old.deadline, conn));
         }
         self.deadlines.insert((deadline, conn));
@@ -874,7 +912,9 @@ impl JoinWindow {
             }
             let mut got = [0u8; 4];
             got.copy_from_slice(&dial.buf.as_slice()[..4]);
-            if Channel::route(got) != Some(Channel::Join) {
+            if got == super::ELASTIC_JOIN {
+                dial.elastic = true;
+            } else if Channel::route(got) != Some(Channel::Join) {
                 return self.refuse(now, conn, RejectReason::ChannelMagic { got });
             }
             dial.buf.consume(4);
@@ -907,8 +947,12 @@ impl JoinWindow {
         let Some(offer) = JoinOffer::from_hello(msg) else {
             return self.refuse(now, conn, RejectReason::NotHello(name));
         };
+        let elastic = dial.elastic;
         match &self.state {
             WindowState::Open => {}
+            WindowState::Formed(_) if elastic && self.late_admission_open() => {
+                return self.late_admit(now, conn, offer);
+            }
             WindowState::Formed(_) => {
                 return self.refuse(now, conn, RejectReason::WindowClosed { formed: true });
             }
@@ -943,6 +987,7 @@ impl JoinWindow {
             Link { member: self.member_conns.len(), accepted: ranks.clone(), buf: leftover, after_accept: 0 };
         self.links.insert(conn, link);
         self.member_conns.push(conn);
+        self.member_elastic.push(elastic);
         self.published = now;
         self.out.event(JoinWindowEvent::Admitted {
             conn,
@@ -951,6 +996,81 @@ impl JoinWindow {
             joined_ranks: self.ledger.joined_ranks(),
         });
         self.link_bytes(conn, &[]);
+    }
+
+    /// Whether a late elastic dial may be admitted now: elastic healing is
+    /// on, the world formed with every member on the elastic join (a world
+    /// holding any flodl agent keeps flodl's frozen world), and the late
+    /// refusals are within the limit.
+    fn late_admission_open(&self) -> bool {
+        self.elastic
+            && matches!(self.state, WindowState::Formed(_))
+            && self.member_elastic.iter().all(|&e| e)
+            && self.late_rejected <= defaults::MAX_REJECTED_JOINS
+    }
+
+    /// Admits a late elastic joiner into a vacancy (see
+    /// [`Ledger::readmit`]): `Accept` with the slots' ranks, then
+    /// [`JoinWindowEvent::Replaced`]; the controller sends `WorldFormed`.
+    fn late_admit(&mut self, now: Time, conn: ConnId, offer: JoinOffer) {
+        let elapsed = now.saturating_since(self.opened);
+        let index = match self.ledger.readmit(offer, elapsed, &self.vacant) {
+            Ok(i) => i,
+            Err(e) => {
+                let reason = RejectReason::Admission(e);
+                let counts = counts_toward_limit(self.rules, &reason)
+                    && !matches!(reason, RejectReason::Admission(AdmitError::NoVacancy { .. }));
+                self.late_rejected = self.late_rejected.saturating_add(u32::from(counts));
+                return self.refuse(now, conn, reason);
+            }
+        };
+        let member = &self.ledger.members()[index];
+        let (host, ranks, incarnation) = (member.host.clone(), member.ranks.clone(), member.incarnation);
+        let accept = JoinMsgWire::Accept {
+            ranks: ranks.clone().collect(),
+            salt_hex: self.trust.is_open().then(|| self.salt.to_hex()),
+            formation_wait_secs: 0,
+        };
+        let Ok(bytes) = frame(&self.join_key, &accept) else { return };
+        let Some(mut dial) = self.end_dial(conn) else { return };
+        self.vacant.remove(&index);
+        self.out.transmit(conn, bytes);
+        let leftover = dial.buf.take_all();
+        self.links
+            .insert(conn, Link { member: index, accepted: ranks.clone(), buf: leftover, after_accept: 0 });
+        self.member_conns[index] = conn;
+        self.published = now;
+        self.out.event(JoinWindowEvent::Replaced { conn, host, ranks, incarnation });
+        self.link_bytes(conn, &[]);
+    }
+
+    /// Offers the slots of `member` (whose link is gone and whose ranks are
+    /// all dead: only the controller knows both) to a late elastic joiner.
+    /// Returns whether it is now vacant; never in a world not elastic.
+    pub fn vacate(&mut self, member: usize) -> bool {
+        if !self.late_admission_open() || member >= self.member_conns.len() {
+            return false;
+        }
+        if self.links.contains_key(&self.member_conns[member]) {
+            return false;
+        }
+        self.vacant.insert(member)
+    }
+
+    /// Whether a late elastic joiner may take over `member`'s slots.
+    pub fn is_vacant(&self, member: usize) -> bool {
+        self.vacant.contains(&member)
+    }
+
+    /// The member index holding `rank`.
+    pub fn member_of(&self, rank: u32) -> Option<usize> {
+        self.ledger.members().iter().position(|m| m.ranks.contains(&rank))
+    }
+
+    /// Whether a formed world admits late elastic joiners (see
+    /// [`WindowParams::elastic`]).
+    pub fn is_elastic_live(&self) -> bool {
+        self.late_admission_open()
     }
 
     fn link_bytes(&mut self, conn: ConnId, bytes: &[u8]) {
@@ -1074,8 +1194,20 @@ impl Adopt for JoinWindow {
     /// magic was already consumed, and `first` holds the bytes that arrived
     /// after it. The handshake budget starts now.
     fn adopt(&mut self, now: Time, conn: ConnId, _peer: Peer, first: &[u8]) {
+        self.adopt_dial(now, conn, first, false);
+    }
+}
+
+impl JoinWindow {
+    /// Takes over a routed dial whose magic was
+    /// [`ELASTIC_JOIN`](super::ELASTIC_JOIN) (see [`Adopt::adopt`]).
+    pub fn adopt_elastic(&mut self, now: Time, conn: ConnId, first: &[u8]) {
+        self.adopt_dial(now, conn, first, true);
+    }
+
+    fn adopt_dial(&mut self, now: Time, conn: ConnId, first: &[u8], elastic: bool) {
         self.tick(now);
-        self.begin(now, conn, false);
+        self.begin(now, conn, false, elastic);
         if !first.is_empty() {
             self.dial_bytes(now, conn, first);
         }
@@ -1089,7 +1221,7 @@ impl Machine for JoinWindow {
     fn handle(&mut self, now: Time, input: Input<'_>) {
         self.tick(now);
         match input {
-            Input::Accepted { conn, .. } => self.begin(now, conn, true),
+            Input::Accepted { conn, .. } => self.begin(now, conn, true, false),
             Input::Received { conn, bytes } => {
                 if self.dials.contains_key(&conn) {
                     self.dial_bytes(now, conn, bytes);

@@ -6,9 +6,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use core::ops::Range;
+
 use crate::config::{ConfigError, Rules, TimeoutScale};
 use crate::coord::{Backend, CoordConfig, Coordinator, CoordinatorEvent, DeathCause, RunEnd, SaveReason};
-use crate::join::ledger::{ClusterPhase, JoinConfig, TrustMode};
+use crate::join::ledger::{ClusterPhase, JoinConfig, Member, TrustMode};
 use crate::join::window::{JoinWindow, JoinWindowEvent, WindowParams};
 use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
 use crate::machine::{
@@ -821,6 +823,7 @@ impl ControllerNode {
         params.timeout_scale = cfg.timeout_scale;
         params.rules = cfg.run.rules;
         params.run_nonce = cfg.run_nonce;
+        params.elastic = cfg.run.elastic.is_some();
         let window = JoinWindow::new(params, now)?;
         let node = ControllerNode {
             // The run's salt: the configured one, or it bound to the run.
@@ -969,36 +972,25 @@ impl ControllerNode {
             let cfg = RendezvousConfig { world_size, local_ranks: Default::default(), dataset_sig: None };
             self.rendezvous = Some(RendezvousServer::new(cfg, self.key.clone(), now));
         }
-        let cpu = self.cfg.run.backend == Backend::Cpu;
-        let advertise = &self.cfg.advertise;
-        let workers = self.window.members().count() as u32;
-        let formed: Vec<(ConnId, String, String)> = self
-            .window
-            .members()
-            .map(|(conn, m)| {
-                let mut e = Envelope::for_worker(
-                    (&advertise.host, advertise.port),
-                    world_size,
-                    workers,
-                    &m.host,
-                    m.ranks.clone().collect(),
-                    m.local_devices.clone(),
-                );
-                e.salt = Some(self.window.salt().to_hex());
-                e.cohort = Some(WorkloadSpec { rules: self.cfg.run.rules, ..self.cfg.workload });
-                let spec = RelaySpec::for_envelope(&e, cpu, self.cfg.ceiling);
-                (conn, e.to_hex(), spec.to_hex())
-            })
-            .collect();
-        for (conn, envelope, spec) in formed {
-            // A link that ended at this very instant is reported by its own event.
-            let _ = self.window.send_world_formed(conn, envelope, Some(spec));
+        let formed: Vec<(ConnId, Member)> = self.window.members().map(|(c, m)| (c, m.clone())).collect();
+        for (conn, member) in formed {
+            self.world_formed_for(conn, &member, world_size);
         }
         self.window.set_phase(ClusterPhase::Training);
         self.out.event(ControllerNodeEvent::Started { world_size });
     }
 
-    fn routed(&mut self, now: Time, conn: ConnId, peer: Peer, channel: Channel, first: &[u8], sealed: bool) {
+    #[allow(clippy::too_many_arguments)]
+    fn routed(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        peer: Peer,
+        channel: Channel,
+        first: &[u8],
+        sealed: bool,
+        elastic: bool,
+    ) {
         // What the router read of this connection (the magic and `first`;
         // for HTTP, `first` holds the magic) counts for its channel now.
         let read = (first.len() + if channel == Channel::Http { 0 } else { 4 }) as u64;
@@ -1015,6 +1007,10 @@ impl ControllerNode {
         self.tally.bytes_in[router] = self.tally.bytes_in[router].saturating_sub(read);
         self.tally.bytes_in[to.number() as usize] += read;
         let part = match channel {
+            Channel::Join if elastic => {
+                self.window.adopt_elastic(now, conn, first);
+                ControllerPart::Join
+            }
             Channel::Join => {
                 self.window.adopt(now, conn, peer, first);
                 ControllerPart::Join
@@ -1089,8 +1085,8 @@ impl ControllerNode {
             while let Some(o) = self.router.poll(now) {
                 moved = true;
                 match self.pass(ControllerPart::Router, o) {
-                    Some(PortRouterEvent::Routed { conn, peer, channel, first, sealed }) => {
-                        self.routed(now, conn, peer, channel, &first, sealed)
+                    Some(PortRouterEvent::Routed { conn, peer, channel, first, sealed, elastic }) => {
+                        self.routed(now, conn, peer, channel, &first, sealed, elastic)
                     }
                     Some(e) => self.out.event(ControllerNodeEvent::Route(e)),
                     None => {}
@@ -1119,8 +1115,11 @@ impl ControllerNode {
             while let Some(o) = self.reduce.as_mut().and_then(|r| r.poll(now)) {
                 moved = true;
                 if let Some(e) = self.pass(ControllerPart::Reduce, o) {
-                    if let ReduceEvent::HostJoined { conn, .. } = &e {
+                    if let ReduceEvent::HostJoined { conn, ranks, .. } = &e {
                         self.authenticated(*conn);
+                        if let Some(c) = self.coord.as_mut() {
+                            c.data_ready(ranks);
+                        }
                     }
                     if let ReduceEvent::Consensus { .. } = &e {
                         let t = &mut self.tally;
@@ -1156,9 +1155,66 @@ impl ControllerNode {
         }
     }
 
+    /// Sends `member`'s host, on `conn`, its `WorldFormed`: its envelope and
+    /// relay spec (at formation, and to an elastic replacement).
+    fn world_formed_for(&mut self, conn: ConnId, member: &Member, world_size: u32) {
+        let advertise = &self.cfg.advertise;
+        let workers = self.window.members().count() as u32;
+        let mut e = Envelope::for_worker(
+            (&advertise.host, advertise.port),
+            world_size,
+            workers,
+            &member.host,
+            member.ranks.clone().collect(),
+            member.local_devices.clone(),
+        );
+        e.salt = Some(self.window.salt().to_hex());
+        e.cohort = Some(WorkloadSpec { rules: self.cfg.run.rules, ..self.cfg.workload });
+        let spec = RelaySpec::for_envelope(&e, self.cfg.run.backend == Backend::Cpu, self.cfg.ceiling);
+        // A link that ended at this very instant is reported by its own event.
+        let _ = self.window.send_world_formed(conn, e.to_hex(), Some(spec.to_hex()));
+    }
+
+    /// An elastic world's replacement took over a dead host's slots: the
+    /// coordinator and the reduce hold its relays to them, its ranks wait
+    /// for their promotion, and it gets its `WorldFormed` now.
+    fn replaced(&mut self, now: Time, conn: ConnId, host: &str, ranks: &Range<u32>, incarnation: u32) {
+        self.authenticated(conn);
+        let Some(world) = self.world else { return };
+        let list: Vec<u32> = ranks.clone().collect();
+        for r in &list {
+            self.ended.remove(r);
+        }
+        if let Some(c) = self.coord.as_mut() {
+            c.replace_host(now, host.to_string(), list.clone(), incarnation);
+        }
+        if let Some(r) = self.reduce.as_mut() {
+            r.replace_host(host.to_string(), list);
+        }
+        let member = self.window.members().find(|(c, _)| *c == conn).map(|(_, m)| m.clone());
+        if let Some(m) = member {
+            self.world_formed_for(conn, &m, world);
+        }
+    }
+
+    /// In an elastic world, offers a lost host's slots to a replacement
+    /// once every rank of it is dead (a clean exit frees nothing).
+    fn vacate(&mut self, first_rank: u32) {
+        let Some(c) = self.coord.as_ref() else { return };
+        let Some(member) = self.window.member_of(first_rank) else { return };
+        let Some((_, m)) = self.window.members().nth(member) else { return };
+        let live = c.scheduler().liveness();
+        if m.ranks.clone().all(|r| live.is_dead(r) && !c.scheduler().is_pending(r)) {
+            self.window.vacate(member);
+        }
+    }
+
     fn join_event(&mut self, now: Time, e: &JoinWindowEvent) {
         match e {
             JoinWindowEvent::Admitted { conn, .. } => self.authenticated(*conn),
+            JoinWindowEvent::Replaced { conn, host, ranks, incarnation } => {
+                self.replaced(now, *conn, host, ranks, *incarnation)
+            }
             JoinWindowEvent::Rejected { reason, .. } => self.tally.refusals[refusal_index(reason)] += 1,
             JoinWindowEvent::Formed { world_size, .. } => self.formed(now, *world_size as u32),
             JoinWindowEvent::Failed { failure, .. } if self.coord.is_none() => {
@@ -1181,12 +1237,20 @@ impl ControllerNode {
                 self.ended.extend(ranks.clone());
                 let ranks: Vec<u32> = ranks.clone().collect();
                 if let Some(c) = self.coord.as_mut() {
+                    // A replacement lost before its promotion leaves its
+                    // slots dead, free for the next one.
+                    c.drop_pending(&ranks);
                     c.host_lost(now, &ranks);
                 }
                 if let Some(r) = self.reduce.as_mut() {
-                    for rank in ranks {
+                    for &rank in &ranks {
                         r.declare_dead(now, rank);
                     }
+                }
+                if self.window.is_elastic_live()
+                    && let Some(&first) = ranks.first()
+                {
+                    self.vacate(first);
                 }
             }
             _ => {}
@@ -1196,6 +1260,13 @@ impl ControllerNode {
     fn coord_event(&mut self, now: Time, e: &CoordinatorEvent) {
         match e {
             CoordinatorEvent::RelayJoined { conn, .. } => self.authenticated(*conn),
+            // A replacement's rank enters the reduce's rounds before the
+            // cycle that promoted it asks for them.
+            CoordinatorEvent::RankPromoted { rank, .. } => {
+                if let Some(r) = self.reduce.as_mut() {
+                    r.revive(*rank);
+                }
+            }
             CoordinatorEvent::RankDead { rank, .. } => {
                 self.ended.insert(*rank);
                 if let Some(r) = self.reduce.as_mut() {

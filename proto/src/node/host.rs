@@ -85,6 +85,9 @@ pub struct HostConfig {
     /// Whether the controller binds its key to the run (cohort only, off by
     /// default; see [`ClientParams::run_bound`]).
     pub run_bound: bool,
+    /// Whether the host dials the elastic join (cohort only, off by
+    /// default; see [`ClientParams::elastic`]).
+    pub elastic: bool,
 }
 
 impl HostConfig {
@@ -103,6 +106,7 @@ impl HostConfig {
             timeout_scale,
             relay_listen,
             run_bound: false,
+            elastic: false,
         }
     }
 }
@@ -278,6 +282,7 @@ impl HostNode {
         let mut params =
             ClientParams::new(cfg.controller.clone(), cfg.offer.clone(), cfg.pre_shared, cfg.timeout_scale);
         params.run_bound = cfg.run_bound;
+        params.elastic = cfg.elastic;
         let agent = JoinClient::new(params, now);
         let mut host = HostNode {
             agent,

@@ -13,6 +13,13 @@
 //! round waits until everything it needs has arrived; what still waits at
 //! [`ConsensusOracle::finish`] is a violation.
 //!
+//! An elastic world's replacement (the controller's `Replaced`) starts its
+//! host's and ranks' books afresh: its ranks number their consensus from 0
+//! again, from the first round reduced after their promotion
+//! (`RankPromoted`). This needs the controller's events in its own order
+//! and the old host's events before the replacement's (the simulator's
+//! causal order; a dead host sends nothing).
+//!
 //! ```
 //! use cohort_proto::node::oracle::ConsensusOracle;
 //! let mut oracle = ConsensusOracle::default();
@@ -21,6 +28,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::coord::CoordinatorEvent;
+use crate::join::JoinWindowEvent;
 use crate::machine::ConnId;
 use crate::node::cluster::{ClusterEvent, Source};
 use crate::node::controller::ControllerNodeEvent;
@@ -114,6 +123,8 @@ pub struct ConsensusOracle {
     /// Ranks whose next delivery waits for its round to be reduced.
     waiting: std::collections::BTreeSet<u32>,
     received: BTreeMap<u32, u64>,
+    /// The global round a promoted rank's own round 0 is (elastic worlds).
+    base: BTreeMap<u32, u64>,
     /// Events arrive in causal order (the simulator): what a round or a
     /// delivery needs has arrived before it, or never will.
     causal: bool,
@@ -134,6 +145,32 @@ impl ConsensusOracle {
     pub fn observe(&mut self, source: &Source, event: &ClusterEvent) -> usize {
         let before = self.summary.violations.len();
         match (source, event) {
+            (
+                Source::Controller,
+                ClusterEvent::Controller(ControllerNodeEvent::Join(JoinWindowEvent::Replaced {
+                    host,
+                    ranks,
+                    ..
+                })),
+            ) => {
+                // What the dead host shipped and its ranks submitted but no
+                // round summed is gone with it.
+                self.shipped.remove(host);
+                for r in ranks.clone() {
+                    self.submitted.remove(&r);
+                    self.deliveries.remove(&r);
+                    self.received.remove(&r);
+                }
+            }
+            (
+                Source::Controller,
+                ClusterEvent::Controller(ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted {
+                    rank,
+                    ..
+                })),
+            ) => {
+                self.base.insert(*rank, self.reduced.len() as u64);
+            }
             (Source::Controller, ClusterEvent::Controller(ControllerNodeEvent::Reduce(e))) => match e {
                 ReduceEvent::HostJoined { conn, host, .. } => {
                     self.host_of.insert(*conn, host.clone());
@@ -181,6 +218,8 @@ impl ConsensusOracle {
                 } else {
                     *k += 1;
                 }
+                // A promoted rank's round 0 is the first reduced after its promotion.
+                let round = &(round + self.base.get(r).copied().unwrap_or(0));
                 if self.causal {
                     self.deliver(*r, *round, *weight, *keep_local, values);
                 } else {

@@ -324,6 +324,9 @@ pub struct Reduce {
     /// The joined host carrying each rank.
     owner: BTreeMap<u32, ConnId>,
     dead: BTreeSet<u32>,
+    /// An elastic world's replacement ranks, dead until their promotion
+    /// ([`Reduce::revive`]); their relay is not told they are dead.
+    pending: BTreeSet<u32>,
     sum: RoundSum,
     /// The round's host frames, in arrival order, kept until it completes:
     /// a host that turns out to misbehave, or whose layout loses the
@@ -362,6 +365,7 @@ impl Reduce {
             deadlines: BTreeSet::new(),
             owner: BTreeMap::new(),
             dead: BTreeSet::new(),
+            pending: BTreeSet::new(),
             sum: RoundSum::default(),
             frames: Vec::new(),
             stale: false,
@@ -393,6 +397,35 @@ impl Reduce {
     /// a relay claiming another host's ranks is refused, and only it pays.
     pub fn admit_hosts(&mut self, hosts: impl IntoIterator<Item = (String, Vec<u32>)>) {
         self.admitted = Some(hosts.into_iter().collect());
+    }
+
+    /// An elastic world's replacement: `host` takes over `ranks`, every one
+    /// of them dead (a dead host's slots). Its data relay's hello is then
+    /// held to them and may claim them; they stay dead, and the relay is not
+    /// told so, until [`Reduce::revive`] at their promotion.
+    pub fn replace_host(&mut self, host: String, ranks: Vec<u32>) {
+        let ranks: Vec<u32> = ranks.into_iter().filter(|r| self.dead.contains(r)).collect();
+        for r in &ranks {
+            // Released only where the holder is gone: a live host's ranks
+            // are never handed over.
+            if self.owner.get(r).is_some_and(|c| !self.hosts.contains_key(c)) {
+                self.owner.remove(r);
+            }
+            self.pending.insert(*r);
+        }
+        if let Some(admitted) = self.admitted.as_mut() {
+            admitted.retain(|_, own| !own.iter().any(|r| ranks.contains(r)));
+            admitted.insert(host, ranks);
+        }
+    }
+
+    /// A replacement's rank was promoted (the coordinator's `RankPromoted`):
+    /// it is alive again, and its host's frame is awaited from the next
+    /// round on. A rank not pending is left as it is.
+    pub fn revive(&mut self, rank: u32) {
+        if self.pending.remove(&rank) {
+            self.dead.remove(&rank);
+        }
     }
 
     /// The coordinator began an averaging cycle: every live rank was asked
@@ -694,7 +727,7 @@ impl Reduce {
         // Ranks already dead before their relay joined: tell it now, or its
         // barrier would wait for them.
         for &rank in &ranks {
-            if self.dead.contains(&rank) {
+            if self.dead.contains(&rank) && !self.pending.contains(&rank) {
                 self.send_control(conn, &RelayControlMsg::DeclareDead { rank });
             }
         }

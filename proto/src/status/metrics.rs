@@ -182,7 +182,7 @@ pub const PHASES: [ClusterPhase; 6] = [
 
 /// Why the join window refused a dial, as `/metrics` labels it: one label
 /// per [`RejectReason`], the ledger's refusals ([`AdmitError`]) one per kind.
-pub const REFUSAL_REASONS: [&str; 19] = [
+pub const REFUSAL_REASONS: [&str; 20] = [
     "channel_magic",
     "bad_frame",
     "not_join_frame",
@@ -202,6 +202,7 @@ pub const REFUSAL_REASONS: [&str; 19] = [
     "nccl_skew",
     "model_mismatch",
     "rank_space_exhausted",
+    "no_vacancy",
 ];
 
 /// `reason`'s index in [`REFUSAL_REASONS`].
@@ -235,6 +236,7 @@ pub fn refusal_index(reason: &RejectReason) -> usize {
             AdmitError::NcclSkew { .. } => 16,
             AdmitError::ModelMismatch { .. } => 17,
             AdmitError::RankSpaceExhausted => 18,
+            AdmitError::NoVacancy { .. } => 19,
         },
     }
 }

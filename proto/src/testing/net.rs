@@ -588,7 +588,7 @@ impl<M: Machine + Adopt> BehindRouter<M> {
     fn route(&mut self, now: Time) {
         while let Some(o) = Machine::poll(&mut self.router, now) {
             match o {
-                Output::Event(PortRouterEvent::Routed { conn, peer, channel, first, sealed })
+                Output::Event(PortRouterEvent::Routed { conn, peer, channel, first, sealed, .. })
                     if channel == self.channel =>
                 {
                     self.parts.own(conn, RouterPart::Machine);

@@ -99,9 +99,32 @@ pub fn coverage_by_epoch(samples: u64, epochs: u64, work: &BTreeMap<u32, RankWor
         .collect()
 }
 
+/// The id the coverage checks know a rank's `incarnation` by, in a world
+/// of `world` ranks: the rank itself for the formed world's incarnation 0,
+/// past the world for an elastic replacement's (each incarnation processes
+/// and dies on its own account).
+///
+/// ```
+/// use cohort_sim::check::coverage::{processor, rank_of};
+/// assert_eq!(processor(3, 0, 8), 3);
+/// assert_eq!(processor(3, 2, 8), 19);
+/// assert_eq!(rank_of(19, 8), 3);
+/// ```
+pub fn processor(rank: u32, incarnation: u32, world: u32) -> u32 {
+    incarnation.saturating_mul(world.max(1)).saturating_add(rank)
+}
+
+/// The rank a [`processor`] id stands for.
+pub fn rank_of(processor: u32, world: u32) -> u32 {
+    processor % world.max(1)
+}
+
 /// The coverage checks.
 #[derive(Debug)]
 pub struct CoverageCheck {
+    world: u32,
+    /// Each rank's current processor id (elastic worlds: its incarnation's).
+    current: BTreeMap<u32, u32>,
     nccl: bool,
     flodl: bool,
     samples_per_epoch: u64,
@@ -133,6 +156,8 @@ impl CoverageCheck {
     /// The checks for `sc`.
     pub fn new(sc: &Scenario) -> Self {
         CoverageCheck {
+            world: sc.world_size(),
+            current: BTreeMap::new(),
             nccl: sc.backend == Backend::Nccl,
             flodl: sc.rules == Rules::Flodl,
             samples_per_epoch: sc.samples_per_epoch,
@@ -148,13 +173,21 @@ impl CoverageCheck {
         }
     }
 
-    /// One controller event: plans, extensions and deaths.
+    /// `rank`'s current processor id.
+    fn pid(&self, rank: u32) -> u32 {
+        self.current.get(&rank).copied().unwrap_or(rank)
+    }
+
+    /// One controller event: plans, extensions, deaths and promotions.
     pub fn event(&mut self, ev: &ControllerNodeEvent) {
+        if let ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted { rank, incarnation }) = ev {
+            self.current.insert(*rank, processor(*rank, *incarnation, self.world));
+        }
         if let ControllerNodeEvent::Coord(
             CoordinatorEvent::RankDead { rank, .. } | CoordinatorEvent::RankExited { rank, .. },
         ) = ev
         {
-            self.gone.insert(*rank);
+            self.gone.insert(self.pid(*rank));
         }
         match ev {
             // A rank that left (dead, or exited cleanly): what it had not
@@ -170,6 +203,7 @@ impl CoverageCheck {
                 books.entry(*e).or_default().extend(remainder.iter().map(|s| (s.offset, s.size)));
                 let mut left = *processed;
                 let mut known = Vec::new();
+                let rank = &self.pid(*rank);
                 for &(off, len) in self.assigned.get(&(*e, *rank)).map(Vec::as_slice).unwrap_or(&[]) {
                     let n = len.min(left);
                     if n > 0 {
@@ -181,7 +215,8 @@ impl CoverageCheck {
             }
             ControllerNodeEvent::Coord(CoordinatorEvent::PlanIssued { epoch, plans, .. }) => {
                 for (r, p) in plans.iter().enumerate() {
-                    if self.flodl && p.partition_size > 0 && self.gone.contains(&(r as u32)) {
+                    let r = self.pid(r as u32);
+                    if self.flodl && p.partition_size > 0 && self.gone.contains(&r) {
                         let lost = (p.partition_offset, p.partition_size);
                         self.planned_for_gone.entry(*epoch).or_default().push(lost);
                     }
@@ -190,7 +225,7 @@ impl CoverageCheck {
                     } else {
                         vec![]
                     };
-                    self.assigned.insert((*epoch, r as u32), seg);
+                    self.assigned.insert((*epoch, r), seg);
                 }
             }
             // A chunk (chunk-pool dispatch); a dead rank's forfeited work
@@ -202,7 +237,8 @@ impl CoverageCheck {
                 reclaimed,
                 ..
             }) => {
-                self.assigned.entry((*epoch, *rank)).or_default().push((segment.offset, segment.size));
+                let rank = self.pid(*rank);
+                self.assigned.entry((*epoch, rank)).or_default().push((segment.offset, segment.size));
                 self.chunked.insert(*epoch);
                 if *reclaimed {
                     self.handed.entry(*epoch).or_default().push((segment.offset, segment.size));
@@ -211,7 +247,8 @@ impl CoverageCheck {
             ControllerNodeEvent::Coord(CoordinatorEvent::PartitionExtended {
                 epoch, rank, segment, ..
             }) if segment.size > 0 => {
-                self.assigned.entry((*epoch, *rank)).or_default().push((segment.offset, segment.size));
+                let rank = self.pid(*rank);
+                self.assigned.entry((*epoch, rank)).or_default().push((segment.offset, segment.size));
                 self.handed.entry(*epoch).or_default().push((segment.offset, segment.size));
             }
             _ => {}
@@ -300,7 +337,8 @@ impl CoverageCheck {
             return;
         }
         let samples = self.samples_per_epoch;
-        let dead: BTreeSet<u32> = deaths.iter().map(|d| d.rank).collect();
+        let dead: BTreeSet<u32> =
+            deaths.iter().map(|d| processor(d.rank, d.incarnation, self.world)).collect();
         // A sample may be processed twice only by a rank that died (or
         // exited) after processing it and before reporting it: of every sample's
         // processors, at most one processed it as known work (a live rank, or
@@ -415,6 +453,7 @@ impl CoverageCheck {
             // most two batches' worth; unless its host was cut off, which
             // holds its reports back until a deadline.
             for (r, n) in dup_by {
+                let (pid, r) = (r, rank_of(r, self.world));
                 let cut_off = facts.rank_host.get(&r).is_some_and(|h| facts.cut_off.contains(h));
                 // flodl gives a dead rank's outstanding chunks back whole, so
                 // under its rules the part it ran is trained again.
@@ -426,11 +465,14 @@ impl CoverageCheck {
                 let bound = (2 * self.batch_size).max(forfeited);
                 // A rank that exited cleanly is bounded alike: its agent's
                 // exit report may overtake its last batch reports.
-                let exited = self.gone.contains(&r) && !dead.contains(&r);
+                let exited = self.gone.contains(&pid) && !dead.contains(&pid);
                 // A rank declared dead before it crashed (a refused report,
                 // a stale heartbeat) ran on uncounted after its declaration:
                 // whatever it ran then is not a lost report.
-                let declared = deaths.iter().find(|d| d.rank == r).map(|d| d.declared_at);
+                let declared = deaths
+                    .iter()
+                    .find(|d| processor(d.rank, d.incarnation, self.world) == pid)
+                    .map(|d| d.declared_at);
                 let crashed = facts.crashed_at(r).is_some_and(|c| declared.is_none_or(|d| c <= d));
                 if (crashed || exited) && !cut_off && n > bound {
                     v.at(

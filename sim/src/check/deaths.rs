@@ -3,7 +3,8 @@
 //! back until its consensus read deadline, or a host-mate lost before their
 //! relay announced them), never twice, and a stale rank only once its
 //! silence is strictly longer than the staleness deadline and at most one
-//! heartbeat longer.
+//! heartbeat longer. "Never twice" is per incarnation: an elastic world's
+//! replacement rank (promoted) may die again.
 
 use std::collections::BTreeSet;
 
@@ -30,6 +31,10 @@ impl DeathCheck {
 
     /// One controller event.
     pub fn event(&mut self, t: Time, ev: &ControllerNodeEvent, facts: &Facts, v: &mut Violations) {
+        // An elastic replacement's rank is a new incarnation: it may die in turn.
+        if let ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted { rank, .. }) = ev {
+            self.dead.remove(rank);
+        }
         let ControllerNodeEvent::Coord(CoordinatorEvent::RankDead { rank: r, cause, .. }) = ev else {
             return;
         };

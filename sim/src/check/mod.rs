@@ -221,7 +221,9 @@ impl Checker {
             Fault::WedgeRank(r) => {
                 facts.ranks_faulted.entry(*r).or_insert(at);
             }
-            Fault::KillHost(h) => {
+            // A restart kills the host first; its replacement's ranks are
+            // a new incarnation, judged from their promotion.
+            Fault::KillHost(h) | Fault::RestartHost { host: h, .. } => {
                 facts.hosts_faulted.entry(h.clone()).or_insert(at);
                 facts.hosts_crashed.entry(h.clone()).or_default().push(at);
             }

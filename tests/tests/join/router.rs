@@ -37,6 +37,7 @@ fn every_channel_routes_with_the_bytes_after_its_magic() {
                 channel: ch,
                 first: bytes::Bytes::from_static(b"tail"),
                 sealed: false,
+                elastic: false,
             }]
         );
         assert!(
@@ -46,6 +47,29 @@ fn every_channel_routes_with_the_bytes_after_its_magic() {
     }
     assert_eq!(r.pending(), 0);
     assert_eq!(r.poll_timeout(), None);
+}
+
+/// cohort's elastic join magic routes to the join window, marked elastic;
+/// flodl's join magic is never marked.
+#[test]
+fn the_elastic_join_magic_routes_to_the_join_window_marked_elastic() {
+    let mut r = PortRouter::new(TimeoutScale::ONE);
+    let t = at(1, 0);
+    accept(&mut r, t, 1, Peer::REMOTE);
+    let mut bytes = cohort_proto::join::ELASTIC_JOIN.to_vec();
+    bytes.extend_from_slice(b"tail");
+    let d = feed(&mut r, t, 1, &bytes);
+    assert_eq!(
+        d.events,
+        vec![PortRouterEvent::Routed {
+            conn: ConnId(1),
+            peer: Peer::REMOTE,
+            channel: Channel::Join,
+            first: bytes::Bytes::from_static(b"tail"),
+            sealed: false,
+            elastic: true,
+        }]
+    );
 }
 
 #[test]

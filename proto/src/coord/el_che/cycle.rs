@@ -151,6 +151,19 @@ impl ElChe {
         Ok(())
     }
 
+    /// `rank` is back as a new incarnation (an elastic world's
+    /// replacement): it gates windows again, from an empty window and no
+    /// learning rate. Its balancer counts stay, as a dead rank's do, so it
+    /// is first sized like the process it replaces.
+    pub fn on_revive(&mut self, rank: u32) -> Result<(), ElCheError> {
+        let r = rank_index(rank, self.dead.len())?;
+        self.dead[r] = false;
+        self.lr[r] = None;
+        self.ledger.forget(rank);
+        self.divergence.forget(rank);
+        Ok(())
+    }
+
     /// Whether `rank` was declared dead.
     pub fn is_dead(&self, rank: u32) -> bool {
         self.dead.get(rank as usize).copied().unwrap_or(false)

@@ -214,6 +214,19 @@ impl WindowLedger {
     pub fn reset_steps(&mut self) {
         self.steps.fill(0);
     }
+
+    /// Clears one rank's counts and timing: its slot passes to a new
+    /// incarnation (an elastic replacement), which starts the window afresh.
+    pub fn forget(&mut self, rank: u32) {
+        let r = rank as usize;
+        if r < self.steps.len() {
+            self.steps[r] = 0;
+            self.wall_ms[r] = 0.0;
+            self.delivered_ms[r] = 0.0;
+            self.delivered_batches[r] = 0;
+            self.first_batch_ms[r] = 0.0;
+        }
+    }
 }
 
 /// One rank's divergence evidence from its post-reduce report.
@@ -277,6 +290,15 @@ impl DivergenceSlots {
             deltas: self.divergence.iter().map(|d| d.unwrap_or(0.0)).collect(),
             pre_norms: self.pre_norm.iter().copied().collect(),
             post_norm: self.post_norm,
+        }
+    }
+
+    /// Clears one rank's slots (its slot passes to a new incarnation).
+    pub fn forget(&mut self, rank: u32) {
+        let r = rank as usize;
+        if r < self.divergence.len() {
+            self.divergence[r] = None;
+            self.pre_norm[r] = None;
         }
     }
 
