@@ -329,6 +329,11 @@ struct Tally {
     /// Runs with sealed links, and how many of them trained to the end.
     sealed: u64,
     sealed_done: u64,
+    /// Elastic runs, how many trained to the end, and the replacement ranks
+    /// promoted into them.
+    elastic: u64,
+    elastic_done: u64,
+    promoted: u64,
 }
 
 fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool, save_failing: Option<PathBuf>) -> i32 {
@@ -396,6 +401,11 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool, save_failing:
                         t.sealed += 1;
                         t.sealed_done += u64::from(report.outcome.is_done());
                     }
+                    if sc.elastic.is_some() {
+                        t.elastic += 1;
+                        t.elastic_done += u64::from(report.outcome.is_done());
+                        t.promoted += report.promotions.len() as u64;
+                    }
                     t.deaths += report.deaths.len() as u64;
                     t.virtual_s += report.ended_at.as_secs_f64();
                     t.steps += report.steps;
@@ -430,6 +440,9 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool, save_failing:
         }
         row("sealed links", t.sealed.to_string());
         row("  of them done", t.sealed_done.to_string());
+        row("elastic (restart_host)", t.elastic.to_string());
+        row("  of them done", t.elastic_done.to_string());
+        row("  ranks promoted", t.promoted.to_string());
         row("ranks declared dead", t.deaths.to_string());
         row("virtual seconds simulated", format!("{:.0}", t.virtual_s));
         row("world events", t.steps.to_string());

@@ -172,6 +172,7 @@ pub struct Cluster<W: SimWorkload = Trainer> {
     incarnations: BTreeMap<u32, u32>,
     node_incarnation: BTreeMap<u32, u32>,
     retired: Vec<(u32, u32, NodeId)>,
+    promotions: Vec<(u32, u32, Time)>,
     uids: SimRng,
     acts: Vec<(Time, Act)>,
     next_act: usize,
@@ -356,6 +357,7 @@ impl<W: SimWorkload> Cluster<W> {
             incarnations: BTreeMap::new(),
             node_incarnation: BTreeMap::new(),
             retired: Vec::new(),
+            promotions: Vec::new(),
             uids: stream(seed, "nccl-uid"),
             key: None,
             acts,
@@ -1084,6 +1086,7 @@ impl<W: SimWorkload> Cluster<W> {
             ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted { rank, incarnation }) => {
                 let msg = format!("rank {rank} promoted as incarnation {incarnation}");
                 self.timeline.instant(t, "controller", &msg);
+                self.promotions.push((*rank, *incarnation, t));
             }
             ControllerNodeEvent::Join(JoinWindowEvent::Admitted { host, ranks, .. }) => {
                 let host: Arc<str> = Arc::from(host.as_str());
@@ -1187,6 +1190,7 @@ impl<W: SimWorkload> Cluster<W> {
             ended_at: self.outcome.as_ref().map_or(now, |(_, t)| *t),
             world_size: self.world_size,
             deaths: self.deaths.clone(),
+            promotions: core::mem::take(&mut self.promotions),
             faults: core::mem::take(&mut self.faults),
             epochs_completed: self.epochs_completed,
             // Under NCCL the data plane is not the simulator's to see.

@@ -2,7 +2,8 @@
 //! arrival times, quorum knobs, network conditions, fault mix, cohort's
 //! rules or flodl's, the apply policy, the slow class's speed spread,
 //! chunked or whole-epoch dispatch, sealed links where admission is
-//! pre-shared), all drawn from that seed.
+//! pre-shared, elastic healing with restarted hosts under cohort's rules),
+//! all drawn from that seed.
 //!
 //! Swarm testing, as TigerBeetle's VOPR does it: each seed first draws its
 //! own [`Swarm`] (which fault kinds it uses and how often, how many faults,
@@ -216,5 +217,27 @@ pub fn random_scenario(seed: u64) -> Scenario {
     // Sealed links (cohort only), where admission is pre-shared; drawn
     // after everything else, so every other draw of a seed stays as it was.
     sc.sealed = !sc.join.open_admission && r.chance(0.5);
+    // Elastic healing (cohort only), from a stream of its own: a seed not
+    // drawn elastic keeps its scenario, and so its trace, as it was. An
+    // elastic seed restarts one or two hosts, each replacement dialing
+    // `for_s` after its host died.
+    let mut e = stream(seed, "elastic");
+    if n_hosts >= 2 && e.chance(0.3) {
+        let mut elastic = sc.clone();
+        elastic.elastic = Some(world);
+        // Mostly while the run trains (after the last arrival), some before
+        // formation; replacements back within seconds, or much later.
+        for _ in 0..e.range(1, 3) {
+            let host = format!("host-{}", e.range(0, u64::from(n_hosts)));
+            let at_s = if e.chance(0.8) { e.uniform(arrivals + 0.5, busy) } else { e.uniform(0.5, busy) };
+            let for_s = if e.chance(0.8) { e.uniform(0.2, 5.0) } else { e.uniform(5.0, 30.0) };
+            elastic.faults.push(FaultAt { at_s, fault: Fault::RestartHost { host, for_s } });
+        }
+        elastic.faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+        // Only where elastic healing runs (cohort's rules, the CPU plane).
+        if elastic.validate().is_ok() {
+            sc = elastic;
+        }
+    }
     sc
 }

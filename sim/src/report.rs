@@ -282,6 +282,9 @@ pub struct Report {
     pub world_size: u32,
     /// Ranks declared dead, in order.
     pub deaths: Vec<Death>,
+    /// Elastic worlds: every replacement rank promoted into the run, as
+    /// `(rank, incarnation, at)`, in order (in the JSON only when any).
+    pub promotions: Vec<(u32, u32, Time)>,
     /// Every fault injected (from the scenario or by hand), in order.
     pub faults: Vec<Injected>,
     /// Epochs whose metrics were aggregated.
@@ -337,6 +340,10 @@ impl Serialize for Report {
         st.serialize_field("ended_at_s", &self.ended_at.as_secs_f64())?;
         st.serialize_field("world_size", &self.world_size)?;
         st.serialize_field("deaths", &self.deaths)?;
+        if !self.promotions.is_empty() {
+            let p: Vec<(u32, u32, f64)> = self.promotions.iter().map(|(r, i, t)| (*r, *i, t.as_secs_f64())).collect();
+            st.serialize_field("promotions", &p)?;
+        }
         st.serialize_field("faults", &self.faults)?;
         st.serialize_field("epochs_completed", &self.epochs_completed)?;
         st.serialize_field("coverage", &self.coverage)?;

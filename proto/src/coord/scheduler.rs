@@ -920,13 +920,24 @@ impl Scheduler {
                 ch.rank_epoch[i] = ch.last_aggregated.map_or(0, |a| a + 1);
                 ch.steps_at_completion[i] = 0;
             }
+            let progressive = self.progressive();
+            let mut empty_plan = None;
             if let Some(ep) = self.epoch.as_mut() {
                 ep.start_step[i] = 0;
                 ep.assigned[i] = Assignment::default();
                 let before = ep.reports.samples(r);
                 ep.promoted.insert(r, before);
+                // Whole-epoch dispatch: the epoch in progress, with no share
+                // of it, so that any slice of a later death's remainder is
+                // reported as this epoch's work.
+                if !progressive && !ep.aggregated {
+                    empty_plan = Some(EpochPlanWire { epoch: ep.epoch, partition_offset: 0, partition_size: 0 });
+                }
             }
             self.event(CoordinatorEvent::RankPromoted { rank: r, incarnation });
+            if let Some(plan) = empty_plan {
+                self.send(vec![r], ControlMsgWire::StartEpoch(plan));
+            }
         }
     }
 
