@@ -341,7 +341,8 @@ impl Serialize for Report {
         st.serialize_field("world_size", &self.world_size)?;
         st.serialize_field("deaths", &self.deaths)?;
         if !self.promotions.is_empty() {
-            let p: Vec<(u32, u32, f64)> = self.promotions.iter().map(|(r, i, t)| (*r, *i, t.as_secs_f64())).collect();
+            let p: Vec<(u32, u32, f64)> =
+                self.promotions.iter().map(|(r, i, t)| (*r, *i, t.as_secs_f64())).collect();
             st.serialize_field("promotions", &p)?;
         }
         st.serialize_field("faults", &self.faults)?;

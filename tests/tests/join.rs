@@ -12,6 +12,8 @@
 mod client;
 #[path = "join/controller_cap.rs"]
 mod controller_cap;
+#[path = "join/elastic.rs"]
+mod elastic;
 #[path = "join/ledger.rs"]
 mod ledger;
 #[path = "join/lost.rs"]

@@ -10,8 +10,8 @@
 
 #[path = "sim/attacks.rs"]
 mod attacks;
-#[path = "sim/elastic_probe.rs"]
-mod elastic_probe;
+#[path = "sim/elastic.rs"]
+mod elastic;
 #[path = "sim/examples.rs"]
 mod examples;
 #[path = "sim/exits.rs"]

@@ -931,7 +931,8 @@ impl Scheduler {
                 // of it, so that any slice of a later death's remainder is
                 // reported as this epoch's work.
                 if !progressive && !ep.aggregated {
-                    empty_plan = Some(EpochPlanWire { epoch: ep.epoch, partition_offset: 0, partition_size: 0 });
+                    empty_plan =
+                        Some(EpochPlanWire { epoch: ep.epoch, partition_offset: 0, partition_size: 0 });
                 }
             }
             self.event(CoordinatorEvent::RankPromoted { rank: r, incarnation });

@@ -14,11 +14,12 @@
 //! [`ConsensusOracle::finish`] is a violation.
 //!
 //! An elastic world's replacement (the controller's `Replaced`) starts its
-//! host's and ranks' books afresh: its ranks number their consensus from 0
-//! again, from the first round reduced after their promotion
-//! (`RankPromoted`). This needs the controller's events in its own order
-//! and the old host's events before the replacement's (the simulator's
-//! causal order; a dead host sends nothing).
+//! host's and ranks' books afresh at their promotion (`RankPromoted`, at a
+//! cycle trigger, when every round the dead host's frames entered has
+//! completed): its ranks number their consensus from 0 again, from the
+//! first round reduced after it. This needs the controller's events in its
+//! own order and the dead host's events before the replacement's (the
+//! simulator's causal order; a dead host sends nothing).
 //!
 //! ```
 //! use cohort_proto::node::oracle::ConsensusOracle;
@@ -125,6 +126,8 @@ pub struct ConsensusOracle {
     received: BTreeMap<u32, u64>,
     /// The global round a promoted rank's own round 0 is (elastic worlds).
     base: BTreeMap<u32, u64>,
+    /// Ranks a replacement took over, not yet promoted, and its host.
+    replacing: BTreeMap<u32, String>,
     /// Events arrive in causal order (the simulator): what a round or a
     /// delivery needs has arrived before it, or never will.
     causal: bool,
@@ -153,13 +156,8 @@ impl ConsensusOracle {
                     ..
                 })),
             ) => {
-                // What the dead host shipped and its ranks submitted but no
-                // round summed is gone with it.
-                self.shipped.remove(host);
                 for r in ranks.clone() {
-                    self.submitted.remove(&r);
-                    self.deliveries.remove(&r);
-                    self.received.remove(&r);
+                    self.replacing.insert(r, host.clone());
                 }
             }
             (
@@ -169,6 +167,15 @@ impl ConsensusOracle {
                     ..
                 })),
             ) => {
+                // Promoted at a cycle trigger: every round the dead host's
+                // frames entered has completed, so what it shipped and its
+                // ranks submitted that no round summed is gone with it.
+                if let Some(host) = self.replacing.remove(rank) {
+                    self.shipped.remove(&host);
+                }
+                self.submitted.remove(rank);
+                self.deliveries.remove(rank);
+                self.received.remove(rank);
                 self.base.insert(*rank, self.reduced.len() as u64);
             }
             (Source::Controller, ClusterEvent::Controller(ControllerNodeEvent::Reduce(e))) => match e {

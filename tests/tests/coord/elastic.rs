@@ -72,3 +72,119 @@ fn the_program_s_knobs_carry_it_and_the_join_window_bounds_it() {
     );
     assert_eq!(flodl.unwrap_err().field, "elastic");
 }
+
+mod promotion {
+    //! A replacement's ranks on a bare scheduler: pending until both legs
+    //! arrived, hearing beacons and shutdowns only, promoted at a cycle
+    //! trigger with their `RequestParams` in that cycle, counted alive again.
+
+    use cohort_proto::Time;
+    use cohort_proto::coord::{ApplyPolicy, CoordConfig, CoordinatorEvent, DeathCause, Scheduler, Step};
+    use cohort_proto::wire::{ControlMsgWire, TimingMsgWire};
+    use cohort_tests::coord_harness::{batch, drain, events, sent_to, sent_to_but_beacons, sync_ack};
+
+    fn t(ms: u64) -> Time {
+        Time::from_millis(ms)
+    }
+
+    /// Three ranks, one epoch of whole-epoch plans, a cycle after every
+    /// batch (sync policy), rank 2 dead at 1 s and replaced.
+    fn healed() -> (Scheduler, Vec<Step>) {
+        let mut cfg = CoordConfig::new(3, 1, 3000, 1);
+        cfg.sync_every = Some(1);
+        cfg.policy = ApplyPolicy::Sync;
+        cfg.elastic = Some(3);
+        let mut s = Scheduler::new(cfg).unwrap();
+        s.begin(t(0));
+        drain(&mut s);
+        s.report_deaths(t(1000), &[(2, DeathCause::HostLost)]);
+        drain(&mut s);
+        s.fill_slots(t(1100), &[2], 1);
+        s.control_ready(&[2]);
+        let steps = drain(&mut s);
+        (s, steps)
+    }
+
+    /// Ranks 0 and 1 each run a batch (the window closes: a cycle starts);
+    /// then, unless `open`, they ack it (the cycle finishes).
+    fn cycle(s: &mut Scheduler, at: u64, step: u64, open: bool) -> Vec<Step> {
+        for r in [0, 1] {
+            s.on_timing(t(at), r, batch(r, step, 10.0));
+        }
+        if !open {
+            for r in [0, 1] {
+                s.on_timing(t(at + 1), r, sync_ack(r, 0));
+            }
+        }
+        drain(s)
+    }
+
+    fn promoted(steps: &[Step]) -> Vec<(u32, u32)> {
+        events(steps)
+            .into_iter()
+            .filter_map(|e| match e {
+                CoordinatorEvent::RankPromoted { rank, incarnation } => Some((rank, incarnation)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pending_rank_hears_only_beacons_until_both_legs_are_in() {
+        let (mut s, steps) = healed();
+        assert!(s.is_pending(2) && s.liveness().is_dead(2));
+        assert!(sent_to_but_beacons(&steps, 2).is_empty());
+        // Its data leg is still missing: the cycle goes on without it.
+        let steps = cycle(&mut s, 1200, 1, false);
+        assert!(events(&steps).iter().any(|e| matches!(e, CoordinatorEvent::CycleStarted { .. })));
+        assert!(promoted(&steps).is_empty());
+        assert!(sent_to(&steps, 0).contains(&ControlMsgWire::RequestParams));
+        assert_eq!(sent_to_but_beacons(&steps, 2), vec![], "nothing but beacons for a pending rank");
+        s.tick(t(3000));
+        let beacons = drain(&mut s);
+        assert!(sent_to(&beacons, 2).contains(&ControlMsgWire::CoordHeartbeat), "beacons reach it");
+    }
+
+    #[test]
+    fn promotion_happens_at_the_cycle_trigger_with_its_request_in_that_cycle() {
+        let (mut s, _) = healed();
+        s.data_ready(&[2]);
+        // Ready, but nothing is promoted between cycles.
+        s.on_timing(t(1150), 0, TimingMsgWire::Heartbeat { rank: 0, step_count: 0 });
+        assert!(promoted(&drain(&mut s)).is_empty());
+        assert!(s.is_pending(2));
+        let steps = cycle(&mut s, 1200, 1, true);
+        assert_eq!(promoted(&steps), vec![(2, 1)]);
+        // `RankPromoted` comes right before the cycle it enters.
+        let ev = events(&steps);
+        let p = ev.iter().position(|e| matches!(e, CoordinatorEvent::RankPromoted { .. })).unwrap();
+        assert!(matches!(ev[p + 1], CoordinatorEvent::CycleStarted { .. }), "{:?}", &ev[p..]);
+        // Its first commands: the epoch in progress with no share of it,
+        // then the cycle's request and barrier, as every rank's.
+        let to2 = sent_to_but_beacons(&steps, 2);
+        assert!(
+            matches!(&to2[0], ControlMsgWire::StartEpoch(p) if p.partition_size == 0 && p.epoch == 0),
+            "{to2:?}"
+        );
+        assert_eq!(&to2[1..], &[ControlMsgWire::RequestParams, ControlMsgWire::Throttle]);
+        // Alive again as incarnation 1: the failure budget counts ranks dead now.
+        let l = s.liveness();
+        assert!(l.is_alive(2) && !s.is_pending(2));
+        assert_eq!((l.incarnation(2), l.dead_count(), l.alive_count()), (1, 0, 3));
+    }
+
+    #[test]
+    fn a_rank_promoted_mid_epoch_does_not_hold_the_epoch_open() {
+        let (mut s, _) = healed();
+        s.data_ready(&[2]);
+        cycle(&mut s, 1200, 1, false);
+        // Ranks 0 and 1 report all they were given; rank 2 has nothing of epoch 0.
+        let plans: Vec<u64> = (0..2).map(|r| s.assignment(r).unwrap().total()).collect();
+        for r in [0u32, 1] {
+            s.on_metrics(t(1300), r, cohort_tests::coord_harness::metrics(r, 0, plans[r as usize]));
+        }
+        let steps = drain(&mut s);
+        let ev = events(&steps);
+        assert!(ev.iter().any(|e| matches!(e, CoordinatorEvent::EpochAggregated { .. })), "{ev:?}");
+    }
+}

@@ -1,0 +1,108 @@
+//! Elastic healing in the simulator (cohort only): a host killed mid-run
+//! and restarted `for_s` later takes its ranks back as their next
+//! incarnation, enters the run at the next averaging cycle, and every
+//! checker (coverage, the consensus oracle, deaths, liveness) holds
+//! through it; without `"elastic"` the same restart is refused as flodl's
+//! window refuses any dial after formation.
+
+use cohort_proto::coord::CoordinatorEvent;
+use cohort_proto::join::{JoinWindowEvent, RejectReason};
+use cohort_proto::node::controller::ControllerNodeEvent;
+use cohort_proto::node::rank::RankNodeEvent;
+use cohort_proto::wire::ControlMsgWire;
+use cohort_sim::scenario::{Fault, Scenario};
+use cohort_tests::sim_harness::*;
+
+/// Three hosts of two ranks, host-1 killed at 10 s and back 5 s later.
+fn restarted(elastic: bool, progressive: Option<bool>) -> Run {
+    let sc = Scenario { elastic: elastic.then_some(6), progressive, ..exact(3, 2, 3) };
+    play(with(sc, 10.0, Fault::RestartHost { host: "host-1".into(), for_s: 5.0 }), 5)
+}
+
+fn promotions(run: &Run) -> Vec<(cohort_proto::Time, u32, u32)> {
+    run.coord()
+        .filter_map(|(t, e)| match e {
+            CoordinatorEvent::RankPromoted { rank, incarnation } => Some((t, *rank, *incarnation)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_restarted_host_takes_its_ranks_back_and_enters_the_run_at_the_next_cycle() {
+    for progressive in [Some(false), None] {
+        let run = restarted(true, progressive);
+        run.assert_clean("done");
+        assert_eq!(run.report.epochs_completed, 3);
+        // Its ranks died once, with the host, at 10 s plus one latency.
+        let mut dead: Vec<u32> = run.deaths().iter().map(|d| d.1).collect();
+        dead.sort_unstable();
+        assert_eq!(dead, vec![2, 3]);
+        // The replacement dials at 15 s and takes the same ranks, as incarnation 1.
+        let replaced = run.controller().find_map(|(t, e)| match e {
+            ControllerNodeEvent::Join(JoinWindowEvent::Replaced { host, ranks, incarnation, .. }) => {
+                Some((t, host.clone(), ranks.clone(), *incarnation))
+            }
+            _ => None,
+        });
+        let (t_replaced, host, ranks, incarnation) = replaced.expect("host-1 was replaced");
+        assert_eq!((host.as_str(), ranks, incarnation), ("host-1", 2..4, 1));
+        assert!(t_replaced > at(15.0) && t_replaced < at(15.0) + 5 * MS, "replaced at {t_replaced}");
+        // Both ranks are promoted together, at the first cycle trigger
+        // after both their relays joined: the instant of a `CycleStarted`.
+        let p = promotions(&run);
+        assert_eq!(p.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>(), vec![(2, 1), (3, 1)]);
+        let t_promoted = p[0].0;
+        assert_eq!(p[1].0, t_promoted);
+        let legs_in = run
+            .coord()
+            .filter(|(t, e)| {
+                *t > t_replaced && matches!(e, CoordinatorEvent::RelayJoined { host, .. } if host == "host-1")
+            })
+            .map(|(t, _)| t)
+            .next()
+            .expect("the replacement's control relay joined");
+        let first_cycle = run
+            .coord()
+            .find(|(t, e)| *t >= legs_in && matches!(e, CoordinatorEvent::CycleStarted { .. }))
+            .map(|(t, _)| t);
+        assert_eq!(first_cycle, Some(t_promoted), "promoted at the first cycle after its legs");
+        for r in [2, 3] {
+            // Until then its new process hears beacons only.
+            let early: Vec<&ControlMsgWire> = run
+                .rank(r)
+                .filter(|(t, _)| *t > t_replaced && *t < t_promoted)
+                .filter_map(|(_, e)| match e {
+                    RankNodeEvent::Command(m) => Some(m),
+                    _ => None,
+                })
+                .collect();
+            assert!(early.iter().all(|m| matches!(m, ControlMsgWire::CoordHeartbeat)), "rank {r}: {early:?}");
+            // Its first contribution carries no weight: it adopts the consensus.
+            let first = run.rank(r).find_map(|(t, e)| match e {
+                RankNodeEvent::Submitted { mass, .. } if t > t_promoted => Some(*mass),
+                _ => None,
+            });
+            assert_eq!(first, Some(0.0), "rank {r}'s first submission");
+            // And it trains from then on: its new process has a share of
+            // the last epochs (about a sixth of 1,200 samples).
+            let trained = run.report.ranks[&r].samples_processed;
+            assert!(trained >= 150, "rank {r}'s new process trained {trained} samples");
+        }
+    }
+}
+
+#[test]
+fn without_elastic_a_restarted_host_is_refused_and_the_survivors_finish() {
+    let run = restarted(false, None);
+    run.assert_clean("done");
+    assert!(promotions(&run).is_empty());
+    let refused = run.controller().find_map(|(t, e)| match e {
+        ControllerNodeEvent::Join(JoinWindowEvent::Rejected { reason, .. }) => Some((t, reason.clone())),
+        _ => None,
+    });
+    let (t, reason) = refused.expect("the late dial was refused");
+    assert!(t > at(15.0));
+    assert_eq!(reason, RejectReason::WindowClosed { formed: true });
+    assert_eq!(run.report.epochs_completed, 3);
+}
