@@ -6,6 +6,8 @@
 mod checker;
 #[path = "simulator/cluster.rs"]
 mod cluster;
+#[path = "simulator/elastic.rs"]
+mod elastic;
 #[path = "simulator/sealed.rs"]
 mod sealed;
 #[path = "simulator/values.rs"]

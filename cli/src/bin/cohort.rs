@@ -324,6 +324,12 @@ struct ControllerArgs {
     /// then (a host whose agent never leaves keeps it waiting).
     #[arg(long, default_value = "2", value_parser = args::seconds)]
     linger_secs: Duration,
+    /// Elastic healing (cohort only; off by default): a world whose every
+    /// agent dialed with --elastic takes a replacement host into the ranks
+    /// of a host that died, up to MAX_WORLD ranks (at least the world).
+    /// Needs --rules cohort and --backend cpu (docs/BEHAVIOUR.md).
+    #[arg(long, value_name = "MAX_WORLD")]
+    elastic: Option<u32>,
     #[command(flatten)]
     run: RunArgs,
     #[command(flatten)]
@@ -418,6 +424,11 @@ struct AgentArgs {
     /// --run-bound`): wait for its run nonce before the hello. Needs --salt.
     #[arg(long, requires = "salt")]
     run_bound: bool,
+    /// Dial the elastic join (cohort only): take part in a `cohort
+    /// controller --elastic` world, and replace a dead host in one already
+    /// running. A flodl controller closes such a dial.
+    #[arg(long)]
+    elastic: bool,
     #[command(flatten)]
     seal: SealArgs,
     #[command(flatten)]
@@ -698,7 +709,8 @@ fn controller(a: ControllerArgs) -> i32 {
         (None, Ok(at)) => ControllerAddr { host: at.ip().to_string(), port: at.port() },
         (_, Err(e)) => return fail(&format!("listening on {}: {e}", a.bind)),
     };
-    let mut cfg = match ControllerConfig::from_knobs(join, salt, trust, scale, advertise, &a.run.knobs()) {
+    let knobs = RunKnobs { elastic: a.elastic, ..a.run.knobs() };
+    let mut cfg = match ControllerConfig::from_knobs(join, salt, trust, scale, advertise, &knobs) {
         Ok(c) => c,
         Err(e) => return fail(&flag_error(&e)),
     };
@@ -816,6 +828,7 @@ fn agent(a: AgentArgs) -> i32 {
     p.model_sig = a.model_sig;
     p.run_id = a.run_id.clone();
     p.run_bound = a.run_bound;
+    p.elastic = a.elastic;
     if p.pre_shared.is_some() && a.run_id.is_none() && !a.run_bound {
         tracing::warn!(
             "a pre-shared --salt without --run-id or --run-bound: a recording of this host's hello from an \

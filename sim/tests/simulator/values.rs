@@ -205,3 +205,19 @@ fn elastic_is_saved_only_when_set_and_reads_back() {
     assert_eq!(Scenario::from_json(&elastic.to_json()).unwrap(), elastic);
     assert_eq!(elastic.run_config(3).elastic, Some(5));
 }
+
+#[test]
+fn a_restart_host_fault_reads_writes_and_validates() {
+    let text = r#"{"hosts": [{"name": "a", "ranks": 1}, {"name": "b", "ranks": 1}], "elastic": 2,
+        "faults": [{"at_s": 3.0, "restart_host": "b", "for_s": 4.5}]}"#;
+    let sc = Scenario::from_json(text).unwrap();
+    assert_eq!(sc.faults[0].fault, Fault::RestartHost { host: "b".into(), for_s: 4.5 });
+    assert_eq!(sc.faults[0].fault.lasts_s(), 4.5, "the fault lasts until the replacement dials");
+    assert_eq!(Scenario::from_json(&sc.to_json()).unwrap(), sc);
+    let missing = r#"{"hosts": [{"name": "a", "ranks": 1}], "faults": [{"at_s": 3.0, "restart_host": "a"}]}"#;
+    assert!(Scenario::from_json(missing).unwrap_err().to_string().contains("restart_host needs for_s"));
+    let unknown = r#"{"hosts": [{"name": "a", "ranks": 1}], "faults": [{"at_s": 3.0, "restart_host": "z", "for_s": 1.0}]}"#;
+    assert!(Scenario::from_json(unknown).unwrap_err().to_string().contains("unknown host"));
+    let stray = r#"{"hosts": [{"name": "a", "ranks": 1}], "faults": [{"at_s": 3.0, "kill_host": "a", "for_s": 1.0}]}"#;
+    assert!(Scenario::from_json(stray).unwrap_err().to_string().contains("for_s goes with"));
+}

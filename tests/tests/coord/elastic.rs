@@ -129,6 +129,7 @@ mod promotion {
             .collect()
     }
 
+    /// BEHAVIOUR.md Elastic healing [C79]: a pending rank hears only beacons and shutdowns.
     #[test]
     fn a_pending_rank_hears_only_beacons_until_both_legs_are_in() {
         let (mut s, steps) = healed();
@@ -145,6 +146,8 @@ mod promotion {
         assert!(sent_to(&beacons, 2).contains(&ControlMsgWire::CoordHeartbeat), "beacons reach it");
     }
 
+    /// BEHAVIOUR.md Elastic healing [C80] [C81] [C82]: promotion at the cycle trigger, the
+    /// epoch's empty plan, the budget counts ranks dead now.
     #[test]
     fn promotion_happens_at_the_cycle_trigger_with_its_request_in_that_cycle() {
         let (mut s, _) = healed();
@@ -173,6 +176,7 @@ mod promotion {
         assert_eq!((l.incarnation(2), l.dead_count(), l.alive_count()), (1, 0, 3));
     }
 
+    /// BEHAVIOUR.md Elastic healing [C81]: an epoch does not wait for a rank promoted after its dispatch.
     #[test]
     fn a_rank_promoted_mid_epoch_does_not_hold_the_epoch_open() {
         let (mut s, _) = healed();

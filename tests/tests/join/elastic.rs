@@ -87,6 +87,7 @@ fn a_replacement_takes_a_vacated_hosts_ranks_in_place_as_its_next_incarnation() 
     assert!(w.send_world_formed(ConnId(3), "env".into(), None).is_ok());
 }
 
+/// BEHAVIOUR.md Elastic healing [C83]: not a live elastic world: `WindowClosed`, as flodl's.
 #[test]
 fn a_world_not_elastic_refuses_a_late_elastic_dial_as_flodl_does() {
     // Elastic off at the controller.
@@ -104,6 +105,7 @@ fn a_world_not_elastic_refuses_a_late_elastic_dial_as_flodl_does() {
     assert_eq!(rejected(&d), vec![RejectReason::WindowClosed { formed: true }]);
 }
 
+/// BEHAVIOUR.md Elastic healing [C83]: a plain-magic dial after formation gets `WindowClosed`.
 #[test]
 fn a_late_flodl_dial_gets_window_closed_even_in_an_elastic_world() {
     let mut w = formed(true, true);

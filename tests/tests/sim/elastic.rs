@@ -28,6 +28,8 @@ fn promotions(run: &Run) -> Vec<(cohort_proto::Time, u32, u32)> {
         .collect()
 }
 
+/// BEHAVIOUR.md Elastic healing [C79] [C80]: beacons only while pending, promotion at the
+/// first cycle after both legs.
 #[test]
 fn a_restarted_host_takes_its_ranks_back_and_enters_the_run_at_the_next_cycle() {
     for progressive in [Some(false), None] {
@@ -92,6 +94,7 @@ fn a_restarted_host_takes_its_ranks_back_and_enters_the_run_at_the_next_cycle() 
     }
 }
 
+/// BEHAVIOUR.md Elastic healing [C83]: without elastic the late dial is refused.
 #[test]
 fn without_elastic_a_restarted_host_is_refused_and_the_survivors_finish() {
     let run = restarted(false, None);
