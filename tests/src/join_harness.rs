@@ -4,7 +4,8 @@
 
 use bytes::BytesMut;
 use cohort_proto::Time;
-use cohort_proto::join::JoinOffer;
+use cohort_proto::join::{JoinOffer, JoinWindowEvent, RejectReason};
+use cohort_proto::testing::harness::Outputs;
 use cohort_proto::wire::{Channel, JoinMsgWire, MacKey, Message, SessionSalt, encode_frame, parse_frame};
 
 /// A test offer: `n` devices `0..n`, dataset signature `[7; 32]`.
@@ -53,4 +54,17 @@ pub fn one_msg(key: &SessionSalt, bytes: &[u8]) -> JoinMsgWire {
 /// `Time` from whole seconds plus nanoseconds.
 pub fn at(secs: u64, nanos: u64) -> Time {
     Time::from_nanos(secs * 1_000_000_000 + nanos)
+}
+
+/// The refusals among a window's events, in order.
+pub fn rejected(
+    d: &cohort_proto::testing::harness::Outputs<cohort_proto::join::JoinWindowEvent>,
+) -> Vec<cohort_proto::join::RejectReason> {
+    d.events
+        .iter()
+        .filter_map(|e| match e {
+            JoinWindowEvent::Rejected { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .collect()
 }

@@ -299,3 +299,19 @@ fn cohort_help_points_at_the_simulator() {
     assert_eq!(out.status.code(), Some(0));
     assert!(text.contains("cohort-sim"), "{text}");
 }
+
+#[test]
+fn elastic_is_refused_by_its_flag_where_it_cannot_run() {
+    for (extra, says) in [
+        (&["--rules", "flodl"][..], "cohort's rules"),
+        (&["--backend", "nccl"][..], "CPU"),
+        (&["--min-ranks", "8"][..], "below"),
+    ] {
+        let mut args = vec!["controller", "--bind", "127.0.0.1:0", "--elastic", "4"];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.contains("--elastic") && err.contains(says), "{args:?}: {err}");
+    }
+}

@@ -782,6 +782,29 @@ impl fmt::Display for NotLatest {
 
 impl std::error::Error for NotLatest {}
 
+/// The checks 1 to 3 of a hello, on its own shape: a host name, at least
+/// one device, at most [`defaults::MAX_RANKS_PER_HELLO`], none twice.
+/// Returns the device count.
+fn hello_shape(host: &str, local_devices: &[u8]) -> Result<usize, AdmitError> {
+    if host.trim().is_empty() {
+        return Err(AdmitError::EmptyHost);
+    }
+    let count = local_devices.len();
+    if count == 0 {
+        return Err(AdmitError::NoDevices);
+    }
+    if count > defaults::MAX_RANKS_PER_HELLO {
+        return Err(AdmitError::TooManyDevices { count });
+    }
+    let mut seen = [false; 256];
+    for &d in local_devices {
+        if core::mem::replace(&mut seen[d as usize], true) {
+            return Err(AdmitError::DuplicateDevice { device: d });
+        }
+    }
+    Ok(count)
+}
+
 /// The pure membership state: admission, ranks, verdicts, snapshots.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Ledger {
@@ -864,22 +887,7 @@ impl Ledger {
     pub fn admit(&mut self, offer: JoinOffer, elapsed: Duration) -> Result<Range<u32>, AdmitError> {
         let JoinOffer { host, local_devices, gpus, libtorch, dataset_sig, run_id, nccl_version, model_sig } =
             offer;
-        if host.trim().is_empty() {
-            return Err(AdmitError::EmptyHost);
-        }
-        let count = local_devices.len();
-        if count == 0 {
-            return Err(AdmitError::NoDevices);
-        }
-        if count > defaults::MAX_RANKS_PER_HELLO {
-            return Err(AdmitError::TooManyDevices { count });
-        }
-        let mut seen = [false; 256];
-        for &d in &local_devices {
-            if core::mem::replace(&mut seen[d as usize], true) {
-                return Err(AdmitError::DuplicateDevice { device: d });
-            }
-        }
+        let count = hello_shape(&host, &local_devices)?;
         if self.hosts.contains_key(&host) {
             return Err(AdmitError::DuplicateHost { host });
         }
@@ -943,22 +951,7 @@ impl Ledger {
     ) -> Result<usize, AdmitError> {
         let JoinOffer { host, local_devices, gpus, libtorch, dataset_sig, run_id, nccl_version, model_sig } =
             offer;
-        if host.trim().is_empty() {
-            return Err(AdmitError::EmptyHost);
-        }
-        let count = local_devices.len();
-        if count == 0 {
-            return Err(AdmitError::NoDevices);
-        }
-        if count > defaults::MAX_RANKS_PER_HELLO {
-            return Err(AdmitError::TooManyDevices { count });
-        }
-        let mut seen = [false; 256];
-        for &d in &local_devices {
-            if core::mem::replace(&mut seen[d as usize], true) {
-                return Err(AdmitError::DuplicateDevice { device: d });
-            }
-        }
+        let count = hello_shape(&host, &local_devices)?;
         let own = self.hosts.get(&host).map(|&i| i as usize);
         if own.is_some_and(|i| !vacant.contains(&i)) {
             return Err(AdmitError::DuplicateHost { host });

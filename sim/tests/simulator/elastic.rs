@@ -9,7 +9,7 @@ use cohort_sim::{Cluster, Outcome};
 #[test]
 fn explore_draws_elastic_runs_that_heal_and_each_holds_every_checker() {
     let (mut elastic, mut done, mut promoted) = (0, 0, 0);
-    for seed in 0..400 {
+    for seed in 0..1000 {
         let sc = random_scenario(seed);
         let restarts = sc.faults.iter().filter(|f| matches!(f.fault, Fault::RestartHost { .. })).count();
         let Some(max) = sc.elastic else {
@@ -25,7 +25,9 @@ fn explore_draws_elastic_runs_that_heal_and_each_holds_every_checker() {
         promoted += report.promotions.len();
     }
     // About 30% of the multi-host seeds with cohort's rules on the CPU plane.
-    assert!(elastic >= 40, "{elastic} elastic seeds of 400");
+    assert!(elastic >= 100, "{elastic} elastic seeds of 1000");
     assert!(done >= elastic / 2, "{done} of {elastic} elastic seeds trained to the end");
-    assert!(promoted >= 5, "{promoted} ranks promoted over {elastic} elastic seeds");
+    // Most restarts land before formation or after the short runs end;
+    // explore's 1,000 seeds promote 22 ranks.
+    assert!(promoted >= 15, "{promoted} ranks promoted over {elastic} elastic seeds");
 }

@@ -9,7 +9,7 @@ use cohort_proto::join::*;
 use cohort_proto::testing::harness::{Outputs, drain, drain_into};
 use cohort_proto::wire::{JoinMsgWire, SessionSalt};
 use cohort_proto::{CloseCause, ConnId, Input, Machine, Peer, Time};
-use cohort_tests::join_harness::{at, dial_bytes, offer, one_msg};
+use cohort_tests::join_harness::{at, dial_bytes, offer, one_msg, rejected};
 
 const SALT: SessionSalt = SessionSalt::from_bytes([9; 16]);
 
@@ -44,16 +44,6 @@ fn lose(w: &mut JoinWindow, now: Time, conn: u64) {
     let mut d = Outputs::default();
     drain_into(w, now, &mut d);
     assert!(d.events.iter().any(|e| matches!(e, JoinWindowEvent::HostLost { .. })), "{:?}", d.events);
-}
-
-fn rejected(d: &Outputs<JoinWindowEvent>) -> Vec<RejectReason> {
-    d.events
-        .iter()
-        .filter_map(|e| match e {
-            JoinWindowEvent::Rejected { reason, .. } => Some(reason.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 fn replaced(d: &Outputs<JoinWindowEvent>) -> Option<(String, core::ops::Range<u32>, u32)> {

@@ -14,7 +14,7 @@ use cohort_proto::wire::{
     Problem, SessionSalt, encode_frame, encode_raw,
 };
 use cohort_proto::{Adopt, CloseCause, ConnId, Input, Machine, Peer, Time};
-use cohort_tests::join_harness::{at, dial_bytes, frame, join_msgs, offer, one_msg};
+use cohort_tests::join_harness::{at, dial_bytes, frame, join_msgs, offer, one_msg, rejected};
 
 const SALT: SessionSalt = SessionSalt::from_bytes([9; 16]);
 const ZERO: SessionSalt = SessionSalt::ZERO;
@@ -86,16 +86,6 @@ fn failed(d: &Outputs<JoinWindowEvent>) -> Option<(WindowFailure, Time)> {
         JoinWindowEvent::Failed { failure, at } => Some((failure, at)),
         _ => None,
     })
-}
-
-fn rejected(d: &Outputs<JoinWindowEvent>) -> Vec<RejectReason> {
-    d.events
-        .iter()
-        .filter_map(|e| match e {
-            JoinWindowEvent::Rejected { reason, .. } => Some(reason.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 // ---- the handshake ----
