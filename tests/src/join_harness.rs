@@ -57,9 +57,7 @@ pub fn at(secs: u64, nanos: u64) -> Time {
 }
 
 /// The refusals among a window's events, in order.
-pub fn rejected(
-    d: &cohort_proto::testing::harness::Outputs<cohort_proto::join::JoinWindowEvent>,
-) -> Vec<cohort_proto::join::RejectReason> {
+pub fn rejected(d: &Outputs<JoinWindowEvent>) -> Vec<RejectReason> {
     d.events
         .iter()
         .filter_map(|e| match e {

@@ -1031,7 +1031,12 @@ impl JoinWindow {
             salt_hex: self.trust.is_open().then(|| self.salt.to_hex()),
             formation_wait_secs: 0,
         };
-        let Ok(bytes) = frame(&self.join_key, &accept) else { return };
+        let bytes = match frame(&self.join_key, &accept) {
+            Ok(bytes) => bytes,
+            // At most 256 ranks: an accept always fits a frame. Should it
+            // not, the vacancy stays open for the next joiner.
+            Err(e) => return self.refuse(now, conn, RejectReason::Frame(e)),
+        };
         let Some(mut dial) = self.end_dial(conn) else { return };
         self.vacant.remove(&index);
         self.out.transmit(conn, bytes);
