@@ -164,13 +164,12 @@ pub struct Cluster<W: SimWorkload = Trainer> {
     ctrl_host: HostId,
     hosts: Vec<HostRt>,
     sources: BTreeMap<NodeId, Source>,
-    rank_nodes: BTreeMap<u32, NodeId>,
+    /// Each rank's current node, and the incarnation it started as.
+    rank_nodes: BTreeMap<u32, (NodeId, u32)>,
     /// Elastic worlds: each rank's incarnation as the controller last
-    /// replaced it (absent: 0), the incarnation each current rank node
-    /// started as, and the nodes of the incarnations replaced since, kept
-    /// for the coverage checks.
+    /// replaced it (absent: 0), and the nodes of the incarnations replaced
+    /// since, kept for the coverage checks.
     incarnations: BTreeMap<u32, u32>,
-    node_incarnation: BTreeMap<u32, u32>,
     retired: Vec<(u32, u32, NodeId)>,
     promotions: Vec<(u32, u32, Time)>,
     uids: SimRng,
@@ -355,7 +354,6 @@ impl<W: SimWorkload> Cluster<W> {
             sources: BTreeMap::from([(controller, Source::Controller)]),
             rank_nodes: BTreeMap::new(),
             incarnations: BTreeMap::new(),
-            node_incarnation: BTreeMap::new(),
             retired: Vec::new(),
             promotions: Vec::new(),
             uids: stream(seed, "nccl-uid"),
@@ -582,7 +580,7 @@ impl<W: SimWorkload> Cluster<W> {
 
     /// The world node running global rank `r`, once spawned.
     pub fn rank_node(&self, r: u32) -> Option<NodeId> {
-        self.rank_nodes.get(&r).copied()
+        self.rank_nodes.get(&r).map(|&(n, _)| n)
     }
 
     /// The controller's world node.
@@ -648,7 +646,7 @@ impl<W: SimWorkload> Cluster<W> {
     }
 
     fn ranks_left(&self) -> bool {
-        self.rank_nodes.values().all(|n| {
+        self.rank_nodes.values().all(|(n, _)| {
             self.world.process(*n) != Process::Alive
                 || self.world.machine::<SimRank<W>>(*n).is_none_or(SimRank::is_ended)
         })
@@ -1004,12 +1002,8 @@ impl<W: SimWorkload> Cluster<W> {
         let n = self.world.add_node(self.hosts[i].host, name, node, &[]);
         self.sources.insert(n, Source::Rank(r));
         let incarnation = self.incarnations.get(&r).copied().unwrap_or(0);
-        if let Some(old) = self.rank_nodes.insert(r, n) {
-            let was = self.node_incarnation.get(&r).copied().unwrap_or(0);
+        if let Some((old, was)) = self.rank_nodes.insert(r, (n, incarnation)) {
             self.retired.push((r, was, old));
-        }
-        if incarnation > 0 {
-            self.node_incarnation.insert(r, incarnation);
         }
     }
 
@@ -1140,8 +1134,7 @@ impl<W: SimWorkload> Cluster<W> {
         // Coverage and duplicates are checked on what every rank actually processed.
         let mut work = BTreeMap::new();
         let world = self.sc.world_size();
-        let current =
-            self.rank_nodes.iter().map(|(r, n)| (*r, self.node_incarnation.get(r).copied().unwrap_or(0), *n));
+        let current = self.rank_nodes.iter().map(|(r, &(n, inc))| (*r, inc, n));
         for (r, inc, n) in self.retired.iter().copied().chain(current) {
             if let Some(rn) = self.world.machine::<SimRank<W>>(n) {
                 work.insert(processor(r, inc, world), rn.workload().work());
@@ -1162,8 +1155,8 @@ impl<W: SimWorkload> Cluster<W> {
         let ranks = self
             .rank_nodes
             .iter()
-            .map(|(r, n)| {
-                let pid = processor(*r, self.node_incarnation.get(r).copied().unwrap_or(0), world);
+            .map(|(r, (n, inc))| {
+                let pid = processor(*r, *inc, world);
                 let (w, exit_code) = match self.world.machine::<SimRank<W>>(*n) {
                     Some(rn) => (work.get(&pid).cloned().unwrap_or_default(), rn.exit_code()),
                     None => Default::default(),

@@ -54,9 +54,8 @@ pub struct Liveness {
     staleness: Duration,
     /// No alive rank goes stale before this instant (a lower bound).
     bound: Time,
-    /// Each rank's incarnation: 0 at formation, one more per revival
-    /// (elastic worlds only; empty until the first revival, so a world that
-    /// never heals carries nothing new).
+    /// Each rank's incarnation: 0 at formation, its replacement's after a
+    /// revival (elastic worlds only).
     incarnations: Vec<u32>,
 }
 
@@ -73,7 +72,7 @@ impl Liveness {
             reachable: (0..world).collect(),
             staleness,
             bound: now + staleness + NS,
-            incarnations: Vec::new(),
+            incarnations: vec![0; world as usize],
         }
     }
 
@@ -100,16 +99,11 @@ impl Liveness {
         }
         let l = &mut self.ranks[rank as usize];
         *l = Life::Alive { last_heard: now };
+        // A dead rank stayed reachable; only the alive list takes it back.
         if let Err(i) = self.alive.binary_search(&rank) {
             self.alive.insert(i, rank);
         }
-        if let Err(i) = self.reachable.binary_search(&rank) {
-            self.reachable.insert(i, rank);
-        }
         self.bound = self.bound.min(now + self.staleness + NS);
-        if self.incarnations.is_empty() {
-            self.incarnations = vec![0; self.ranks.len()];
-        }
         self.incarnations[rank as usize] = incarnation;
         true
     }

@@ -576,8 +576,12 @@ fn counts_toward_limit(rules: Rules, reason: &RejectReason) -> bool {
         (Rules::Flodl, _) => true,
         // A host still joined, dialing again (its agent retrying, or a
         // second worker under its name): refused, but it cannot fail the
-        // window for the hosts already in.
-        (Rules::Cohort, RejectReason::Admission(AdmitError::DuplicateHost { .. })) => false,
+        // window for the hosts already in. Nor can an elastic replacement
+        // that came before its host's slots were vacated.
+        (
+            Rules::Cohort,
+            RejectReason::Admission(AdmitError::DuplicateHost { .. } | AdmitError::NoVacancy { .. }),
+        ) => false,
         (Rules::Cohort, r) => r.authenticated(),
     }
 }
@@ -1018,8 +1022,7 @@ impl JoinWindow {
             Ok(i) => i,
             Err(e) => {
                 let reason = RejectReason::Admission(e);
-                let counts = counts_toward_limit(self.rules, &reason)
-                    && !matches!(reason, RejectReason::Admission(AdmitError::NoVacancy { .. }));
+                let counts = counts_toward_limit(self.rules, &reason);
                 self.late_rejected = self.late_rejected.saturating_add(u32::from(counts));
                 return self.refuse(now, conn, reason);
             }

@@ -1159,7 +1159,7 @@ impl ControllerNode {
     /// relay spec (at formation, and to an elastic replacement).
     fn world_formed_for(&mut self, conn: ConnId, member: &Member, world_size: u32) {
         let advertise = &self.cfg.advertise;
-        let workers = self.window.members().count() as u32;
+        let workers = self.window.ledger().members().len() as u32;
         let mut e = Envelope::for_worker(
             (&advertise.host, advertise.port),
             world_size,

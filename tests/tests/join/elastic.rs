@@ -166,3 +166,17 @@ fn an_elastic_client_dials_the_elastic_join_magic_and_a_plain_one_flodls() {
         assert_eq!(&hello[4..], &dial_bytes(&SALT, &offer("node", 2))[4..]);
     }
 }
+
+#[test]
+fn no_vacancy_refusals_never_count_toward_the_late_limit() {
+    let mut w = formed(true, true);
+    // More than the limit of replacements that came too early.
+    for i in 0..=defaults::MAX_REJECTED_JOINS {
+        let d = dial(&mut w, at(21, 0), 10 + u64::from(i), &offer("c", 2), true);
+        assert_eq!(rejected(&d), vec![RejectReason::Admission(AdmitError::NoVacancy { devices: 2 })]);
+    }
+    lose(&mut w, at(22, 0), 1);
+    assert!(w.vacate(0), "late admission is still open");
+    let d = dial(&mut w, at(23, 0), 99, &offer("c", 2), true);
+    assert_eq!(replaced(&d), Some(("c".to_owned(), 0..2, 1)));
+}
