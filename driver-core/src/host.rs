@@ -943,6 +943,53 @@ impl<S: Spawn> WorkerHost<S> {
         true
     }
 
+    /// Crashes the whole host, as when its machine dies: every rank program
+    /// gets SIGKILL, and every node (the agent, the relays, the ranks)
+    /// drops its sockets unflushed. The sink hears each of its node ranks
+    /// that was still running exit with 137 (a program's exit is reported
+    /// as it is reaped); nobody tells the controller, which learns of it
+    /// from the links closing. A replacement may then join under the same name
+    /// (elastic healing).
+    pub async fn kill(self) {
+        // The agent first, so nothing it would have heard reaches the
+        // controller; then the ranks, before the relays whose closing they
+        // would take for an ending of their own.
+        self.agent().kill().await;
+        #[cfg(unix)]
+        if let Some(p) = self.programs.clone() {
+            off_thread("rank-programs-kill", move || {
+                p.kill_all();
+                p.shutdown();
+            })
+            .await;
+        }
+        let nodes = std::mem::take(&mut *lock(&self.nodes));
+        let running: Vec<u32> =
+            nodes.ranks.iter().filter(|(_, n)| !n.is_finished()).map(|(r, _)| *r).collect();
+        join_all(
+            nodes
+                .ranks
+                .values()
+                .map(|r| Box::pin(r.kill()) as Pin<Box<dyn Future<Output = ()> + Send>>)
+                .collect(),
+        )
+        .await;
+        join_all(
+            nodes
+                .relays
+                .iter()
+                .map(|r| Box::pin(r.kill()) as Pin<Box<dyn Future<Output = ()> + Send>>)
+                .collect(),
+        )
+        .await;
+        let at = self.clock.now();
+        for rank in running {
+            let send = |event| self.sink.send(Stamped { at, source: Source::Rank(rank), event });
+            send(ClusterEvent::Note("killed with its host".into()));
+            send(ClusterEvent::RankExit { code: RankEnd::Killed.code() });
+        }
+    }
+
     /// Forwards SIGTERM to every rank program still running, then SIGKILL
     /// after the grace period; their exits are reported as they are reaped.
     /// Returns how many were running, once they are all reaped (or 5 s

@@ -78,6 +78,13 @@ impl WorkerHost {
         block_on(self.0.kill_rank(rank))
     }
 
+    /// Crashes the whole host (every node's sockets dropped unflushed,
+    /// every rank program killed); see
+    /// `cohort_driver_core::host::WorkerHost::kill`.
+    pub fn kill(self) {
+        block_on(self.0.kill());
+    }
+
     /// SIGTERM to every rank program still running, SIGKILL after the
     /// grace; returns how many were running, once reaped. See
     /// `cohort_driver_core::host::WorkerHost::terminate_programs`.

@@ -282,6 +282,18 @@ impl ProgramRanks {
         n
     }
 
+    /// Crashes every program still running: SIGKILL at once, as when the
+    /// machine they run on dies; returns how many were running, once they
+    /// are reaped (or 5 s after). No program starts after it.
+    pub(crate) fn kill_all(&self) -> usize {
+        lock(&self.children).stopping = true;
+        let n = self.signal_all(Signal::KILL);
+        if n > 0 {
+            self.wait_all(Duration::from_secs(5));
+        }
+        n
+    }
+
     /// Bounded wait until no program runs (the supervisor reaps them).
     fn wait_all(&self, limit: Duration) -> bool {
         let until = Instant::now() + limit;

@@ -29,8 +29,9 @@ use super::{
 use crate::{Config, NodeEvent};
 
 pub use cluster::{
-    a_controller_and_two_hosts_run_to_the_end, a_killed_rank_is_declared_dead_and_the_survivors_finish,
-    a_plain_host_is_refused_by_a_sealed_controller, a_sealed_cluster_runs_to_the_end,
+    a_controller_and_two_hosts_run_to_the_end, a_dead_host_is_replaced_and_the_run_finishes,
+    a_killed_rank_is_declared_dead_and_the_survivors_finish, a_plain_host_is_refused_by_a_sealed_controller,
+    a_sealed_cluster_runs_to_the_end,
 };
 
 fn control_kind() -> ControlHandshake {
@@ -492,6 +493,15 @@ pub mod interop {
         super::cluster::a_cluster_runs_to_the_end(&c, &a, &b, SealMode::Require);
     }
 
+    /// An elastic cluster across three drivers heals: the controller on
+    /// `C`'s, host-a on `A`'s, host-b on `B`'s, and host-b's replacement on
+    /// `A`'s, with every check of
+    /// [`a_dead_host_is_replaced_and_the_run_finishes`](super::a_dead_host_is_replaced_and_the_run_finishes).
+    pub fn a_cluster_heals_across_three_drivers<C: TestDriver, A: TestDriver, B: TestDriver>() {
+        let (c, a, b) = (C::spawner(), A::spawner(), B::spawner());
+        super::cluster::a_cluster_heals(&c, &a, &b);
+    }
+
     /// A control handshake: an `A` rank dials a `B` relay.
     pub fn control_handshake<A: TestDriver, B: TestDriver>() {
         let kind = ControlHandshake { key: key(), world_size: 8 };
@@ -634,7 +644,7 @@ mod cluster {
     use cohort_proto::node::controller::{
         ControllerBuilder, ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome,
     };
-    use cohort_proto::node::host::HostNodeEvent;
+    use cohort_proto::node::host::{HostNodeEvent, RankEnd};
     use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
     use cohort_proto::node::rank::RankNodeEvent;
     use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
@@ -737,6 +747,13 @@ mod cluster {
         (node, addr)
     }
 
+    /// A host of two ranks's parameters: on `clock`, dialing `addr`,
+    /// sealing its links under `sealed` (with the suite's salt).
+    fn params(name: &str, addr: SocketAddr, clock: Clock, sealed: SealMode) -> HostParams {
+        let p = HostParams::new(name, 2, addr.to_string()).timeout_scale(scale()).batch_ms(5.0).clock(clock);
+        if sealed == SealMode::Off { p } else { p.pre_shared(SALT).sealed(sealed) }
+    }
+
     /// A host of two ranks on `spawner`'s driver: the synthetic trainer,
     /// or (with `seen`) the user's [`Counted`] workload.
     fn host<S: Spawn>(
@@ -748,11 +765,16 @@ mod cluster {
         seen: Option<&Arc<Mutex<BTreeMap<u32, u64>>>>,
         sealed: SealMode,
     ) -> WorkerHost<S> {
-        let mut p =
-            HostParams::new(name, 2, addr.to_string()).timeout_scale(scale()).batch_ms(5.0).clock(clock);
-        if sealed != SealMode::Off {
-            p = p.pre_shared(SALT).sealed(sealed);
-        }
+        spawn_host(spawner, params(name, addr, clock, sealed), sink, seen)
+    }
+
+    /// The host `p` describes on `spawner`'s driver (see [`host`]).
+    fn spawn_host<S: Spawn>(
+        spawner: &S,
+        mut p: HostParams,
+        sink: &ClusterSink,
+        seen: Option<&Arc<Mutex<BTreeMap<u32, u64>>>>,
+    ) -> WorkerHost<S> {
         if let Some(seen) = seen {
             let seen = seen.clone();
             p = p.workload(move |spec| Counted {
@@ -885,10 +907,18 @@ mod cluster {
                 match block_on_timeout(self.events.recv(), PATIENCE) {
                     Some(Some(s)) => self.all.push(s),
                     Some(None) => panic!("the cluster's event stream ended before {what}"),
-                    None => panic!(
-                        "no event within {PATIENCE:?} while waiting for {what}; last: {:?}",
-                        self.all.last()
-                    ),
+                    None => {
+                        let tail = &self.all[self.all.len().saturating_sub(40)..];
+                        let lines: Vec<String> = tail
+                            .iter()
+                            .map(|s| format!("  {:?} {}: {:?}", s.at, s.source, s.event))
+                            .collect();
+                        panic!(
+                            "no event within {PATIENCE:?} while waiting for {what}; the last {}:\n{}",
+                            tail.len(),
+                            lines.join("\n")
+                        )
+                    }
                 }
             }
         }
@@ -1143,5 +1173,115 @@ mod cluster {
         assert!(check.ok(), "{:?}", check.violations);
         seen.assert_can_stop_after_every_end();
         drop(sink);
+    }
+
+    /// An elastic world heals on real sockets: a controller on `C`'s
+    /// driver (`elastic` up to the world's size) and two elastic hosts of
+    /// two ranks, host-a on `A`'s driver and host-b on `B`'s. Mid-run
+    /// host-b dies whole (every node's sockets dropped unflushed, as when
+    /// its machine fails); once the controller has lost it, a replacement
+    /// of the same name joins on `A`'s driver. The controller takes it in
+    /// as host-b's incarnation 1, over host-b's ranks, once; promotes each
+    /// of them once; they train (consensus reaches them); and the run
+    /// finishes done: host-b's first ranks exit 137 then 0, every other
+    /// rank 0, both live hosts leave with nothing failed, and every round
+    /// is the exact weighted mean of its contributions (proto's oracle,
+    /// which starts a replacement's books at its promotion).
+    pub(super) fn a_cluster_heals<C: Spawn, A: Spawn, B: Spawn>(c: &C, a: &A, b: &B) {
+        let clock = Clock::start();
+        let (sink, events) = cluster_events();
+        // Long enough for the replacement to train: 4 epochs of about 0.5 s.
+        let builder = run().epochs(4).elastic(WORLD as u32);
+        let (controller, addr) = controller(c, builder, clock, sink.clone());
+        let elastic = |name: &str| params(name, addr, clock, SealMode::Off).elastic(true);
+        let host_a = spawn_host(a, elastic("host-a"), &sink, None);
+        let host_b = spawn_host(b, elastic("host-b"), &sink, None);
+        let mut seen = Seen { events, all: Vec::new() };
+        seen.until("a first consensus", |all| {
+            all.iter().any(|s| matches!(s.event, ClusterEvent::Rank(RankNodeEvent::Consensus { .. })))
+        });
+        let lost = host_b.ranks();
+        assert_eq!(lost.len(), 2, "host-b started two ranks");
+        block_on(host_b.kill());
+        seen.until("the controller losing host-b", |all| {
+            all.iter().any(|s| matches!(s.event.join(), Some(JoinWindowEvent::HostLost { host, .. }) if host == "host-b"))
+        });
+        // Every event from here on that a lost rank sends is its new
+        // incarnation's: the old one's nodes had stopped when `kill` returned.
+        let killed_at = seen.all.len();
+        let replacement = spawn_host(a, elastic("host-b"), &sink, None);
+        seen.until("the run's end, every rank's exit and both live hosts' leaving", |all| {
+            all.iter().any(|s| matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))))
+                && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count()
+                    == WORLD + 2
+                && all
+                    .iter()
+                    .filter(|s| matches!(s.event, ClusterEvent::Host(HostNodeEvent::Finished { .. })))
+                    .count()
+                    == 2
+                && all.iter().any(|s| matches!(&s.event, ClusterEvent::Note(n) if n == CAN_STOP))
+        });
+        block_on(stop_all(vec![host_a]));
+        block_on(stop_all(vec![replacement]));
+        block_on(controller.shutdown());
+        seen.drain();
+
+        assert_eq!(seen.outcome(), Some(ControllerOutcome::Done));
+        let replaced: Vec<(String, Vec<u32>, u32)> = seen
+            .all
+            .iter()
+            .filter_map(|s| match s.event.join() {
+                Some(JoinWindowEvent::Replaced { host, ranks, incarnation, .. }) => {
+                    Some((host.clone(), ranks.clone().collect(), *incarnation))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(replaced, [("host-b".to_owned(), lost.clone(), 1)], "taken in once, over host-b's ranks");
+        let promoted: Vec<(u32, u32)> = seen
+            .all
+            .iter()
+            .filter_map(|s| match s.event.coord() {
+                Some(CoordinatorEvent::RankPromoted { rank, incarnation }) => Some((*rank, *incarnation)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(promoted, lost.iter().map(|r| (*r, 1)).collect::<Vec<_>>(), "each promoted once");
+        let after: BTreeMap<u32, u64> = seen.all[killed_at..]
+            .iter()
+            .filter_map(|s| match (&s.source, &s.event) {
+                (Source::Rank(r), ClusterEvent::Rank(RankNodeEvent::Consensus { .. }))
+                    if lost.contains(r) =>
+                {
+                    Some(*r)
+                }
+                _ => None,
+            })
+            .fold(BTreeMap::new(), |mut n, r| {
+                *n.entry(r).or_default() += 1;
+                n
+            });
+        assert_eq!(
+            after.keys().copied().collect::<Vec<_>>(),
+            lost,
+            "the replacement's ranks trained: {after:?}"
+        );
+        let want: BTreeMap<u32, Vec<i32>> = (0..WORLD as u32)
+            .map(|r| (r, if lost.contains(&r) { vec![RankEnd::Killed.code(), 0] } else { vec![0] }))
+            .collect();
+        assert_eq!(seen.exits(), want);
+        assert_eq!(seen.failed(), BTreeMap::from([("host-a".to_owned(), 0), ("host-b".to_owned(), 0)]));
+        let check = seen.oracle();
+        assert!(check.ok(), "{:?}", check.violations);
+        assert!(check.rounds > 0 && check.rounds_checked == check.rounds, "{check:?}");
+        assert_eq!(check.deliveries_checked, seen.consensus().values().sum::<u64>(), "{check:?}");
+        seen.assert_can_stop_after_every_end();
+        drop(sink);
+    }
+
+    /// [`a_cluster_heals`] with every node on `D`'s driver.
+    pub fn a_dead_host_is_replaced_and_the_run_finishes<D: TestDriver>() {
+        let s = D::spawner();
+        a_cluster_heals(&s, &s, &s);
     }
 }

@@ -39,3 +39,14 @@ fn a_sealed_cluster_across_three_drivers() {
         SmolThread,
     >();
 }
+
+/// An elastic cluster heals across the three drivers: the controller on
+/// tokio, host-a on mio, host-b on smol, and host-b's replacement on mio.
+#[test]
+fn a_cluster_heals_across_three_drivers() {
+    cohort_driver_core::testing::suite::interop::a_cluster_heals_across_three_drivers::<
+        TokioThread,
+        Mio,
+        SmolThread,
+    >();
+}
