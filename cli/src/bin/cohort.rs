@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use cohort::args;
-use cohort::cluster::demo::{self, DemoOptions, Kill};
+use cohort::cluster::demo::{self, DemoOptions, Kill, Replace};
 use cohort::cluster::describe::{Narrator, json_line, json_of, log_node};
 use cohort::cluster::host::{HostParams, MioHost};
 use cohort::cluster::{
@@ -503,6 +503,18 @@ struct DemoArgs {
     /// Kill nobody.
     #[arg(long)]
     no_kill: bool,
+    /// Instead of a rank, crash a whole host mid-run and start its
+    /// replacement (cohort only): the world is elastic up to its size and
+    /// the replacement takes over the dead host's ranks. Names the host by
+    /// index (default: the last).
+    #[arg(long, value_name = "HOST", num_args = 0..=1, default_missing_value = "last")]
+    replace_host: Option<String>,
+    /// When to crash it: seconds after the world formed.
+    #[arg(long, default_value = "3", value_parser = args::seconds)]
+    replace_host_at: Duration,
+    /// When its replacement starts: seconds after the controller lost it.
+    #[arg(long, default_value = "0.5", value_parser = args::seconds)]
+    replace_after: Duration,
     /// Network timeout scale (small, so a silent death is detected in
     /// seconds rather than 30).
     #[arg(long, default_value_t = 0.1)]
@@ -994,7 +1006,21 @@ fn run_demo(a: DemoArgs) -> i32 {
         ranks_per_host: a.ranks_per_host,
         knobs: a.run.knobs(),
         batch_ms: a.batch_ms,
-        kill: (!a.no_kill).then_some(Kill { rank: a.kill_rank, after: a.kill_rank_at }),
+        kill: (!a.no_kill && a.replace_host.is_none())
+            .then_some(Kill { rank: a.kill_rank, after: a.kill_rank_at }),
+        replace: match a.replace_host.as_deref() {
+            None => None,
+            Some(which) => {
+                let host = match which {
+                    "last" => a.hosts.saturating_sub(1),
+                    n => match n.parse() {
+                        Ok(n) => n,
+                        Err(_) => return fail(&format!("--replace-host: {n:?} is not a host index")),
+                    },
+                };
+                Some(Replace { host, after: a.replace_host_at, back_after: a.replace_after })
+            }
+        },
         scale,
         bind: a.bind,
         deadline: a.deadline_secs,

@@ -17,13 +17,20 @@
 //! `DIR/controller.rec` ([`RECORDING`]), host `i`'s agent, relays and ranks
 //! to `DIR/host-i/` (`HostParams::record`).
 //!
+//! With `replace` set (`cohort demo --replace-host`, cohort only) the world
+//! is elastic and, instead of a rank, a whole host dies mid-run (every
+//! node's sockets dropped unflushed, as when its machine fails); once the
+//! controller has lost it a replacement of the same name joins, takes over
+//! its ranks and trains; the summary shows the replacement's join, its
+//! promotion, its first round and its first accepted contribution
+//! ([`ReplaceReport`]).
+//!
 //! On the NCCL plane (`--backend nccl`) the ranks open with the bootstrap
 //! rendezvous instead of a data relay, and the dead rank's survivors get a
 //! new NCCL session; proto's [`NcclOracle`] (the simulator's NCCL check)
 //! checks that every rank holds the same unique id and every session as the
 //! coordinator issued it.
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -32,17 +39,20 @@ use std::time::{Duration, Instant};
 use cohort_driver_core::os_salt;
 use cohort_driver_core::record::RecordOptions;
 use cohort_driver_mio::{Clock, Config};
-use cohort_proto::Time;
 use cohort_proto::config::TimeoutScale;
 use cohort_proto::coord::{Backend, CoordinatorEvent};
 use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
+use cohort_proto::join::window::JoinWindowEvent;
 use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome};
 use cohort_proto::node::envelope::ControllerAddr;
 use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::node::nccl_oracle::{NcclOracle, NcclSummary};
 use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
+use cohort_proto::node::rank::RankNodeEvent;
+use cohort_proto::reduce::ReduceEvent;
 use cohort_proto::sealed::{SealMode, SealNote};
 use cohort_proto::status::{Reply, StatusServerEvent};
+use cohort_proto::{ConnId, Time};
 
 use super::host::{HostParams, MioHost, stop_all};
 use super::{
@@ -64,6 +74,17 @@ pub struct Kill {
     pub after: Duration,
 }
 
+/// A whole host to crash and replace mid-run (elastic healing, cohort only).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Replace {
+    /// The host's index: `host-{host}`.
+    pub host: u32,
+    /// How long after the world formed (training started) it dies.
+    pub after: Duration,
+    /// How long after the controller lost it its replacement starts.
+    pub back_after: Duration,
+}
+
 /// The demo's knobs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DemoOptions {
@@ -77,6 +98,9 @@ pub struct DemoOptions {
     pub batch_ms: f64,
     /// The rank to kill, if any.
     pub kill: Option<Kill>,
+    /// The host to crash and replace, if any: the world is then elastic up
+    /// to its size ([`RunKnobs::elastic`]) and every host dials elastic.
+    pub replace: Option<Replace>,
     /// The network timeout scale (staleness, handshakes, join window).
     pub scale: TimeoutScale,
     /// Where the controller listens.
@@ -103,6 +127,7 @@ impl Default for DemoOptions {
             knobs: RunKnobs::default(),
             batch_ms: 20.0,
             kill: Some(Kill { rank: 1, after: Duration::from_secs(3) }),
+            replace: None,
             scale: TimeoutScale::new(0.1).unwrap_or_default(),
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             deadline: Duration::from_secs(120),
@@ -136,6 +161,14 @@ impl DemoOptions {
     /// ```
     pub fn validate(&self) -> Result<(), String> {
         self.knobs.validate().map_err(|e| format!("--{}: {}", e.field.replace('_', "-"), e.reason))?;
+        if let Some(r) = self.replace {
+            if self.hosts < 2 || r.host >= self.hosts {
+                return Err(format!(
+                    "--replace-host: host {} of {} hosts: the world needs a host that lives on beside it",
+                    r.host, self.hosts
+                ));
+            }
+        }
         if self.ranks_per_host == 0 || self.ranks_per_host > 256 {
             return Err(format!(
                 "--ranks-per-host: {} is out of range: allowed 1..=256",
@@ -175,6 +208,110 @@ pub struct KillReport {
     pub redistributed: Vec<String>,
 }
 
+/// What happened to the crashed host and its replacement; every instant
+/// on the cluster clock (from the controller's start).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ReplaceReport {
+    /// The host's name.
+    pub host: String,
+    /// When it was crashed.
+    pub killed: Time,
+    /// When the controller lost its join link.
+    pub lost: Option<Time>,
+    /// When its replacement started (its agent dials at once).
+    pub dialed: Option<Time>,
+    /// When the controller took the replacement in, the ranks it took over
+    /// and its incarnation.
+    pub taken_over: Option<(Time, Vec<u32>, u32)>,
+    /// When each of those ranks entered the run.
+    pub promoted: Vec<(u32, Time)>,
+    /// Its first round: when a consensus first reached one of its ranks,
+    /// which, and the round's summed mass.
+    pub first_round: Option<(Time, u32, f64)>,
+    /// Its first accepted contribution: the first reduced round that summed
+    /// the replacement's host frame after one of its ranks had trained
+    /// (submitted mass): when, and the round's number.
+    pub first_contribution: Option<(Time, u64)>,
+}
+
+impl ReplaceReport {
+    /// The replacement took over every rank of the host, each entered the
+    /// run, and a round summed its work.
+    pub fn healed(&self) -> bool {
+        self.taken_over.as_ref().is_some_and(|(_, ranks, _)| ranks.len() == self.promoted.len())
+            && self.first_contribution.is_some()
+    }
+
+    /// From the replacement's dial to its first accepted contribution.
+    pub fn dial_to_contribution(&self) -> Option<Duration> {
+        Some(self.first_contribution?.0.saturating_since(self.dialed?))
+    }
+}
+
+impl ReplaceReport {
+    /// The summary's lines for it.
+    fn lines(&self) -> Vec<String> {
+        let at = |t: Time| format!("{:.3} s", t.saturating_since(Time::ZERO).as_secs_f64());
+        let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
+        let mut out = vec![format!("replaced host       {} crashed at {}", self.host, at(self.killed))];
+        out.push(match self.lost {
+            Some(l) => format!(
+                "                    lost by the controller {} later",
+                ms(l.saturating_since(self.killed))
+            ),
+            None => "                    never lost by the controller".to_owned(),
+        });
+        let Some(dialed) = self.dialed else {
+            out.push("replacement         never started".to_owned());
+            return out;
+        };
+        out.push(format!("replacement         dialed at {}", at(dialed)));
+        match &self.taken_over {
+            Some((t, ranks, incarnation)) => out.push(format!(
+                "                    took over ranks {ranks:?} as incarnation {incarnation}, {} after its dial",
+                ms(t.saturating_since(dialed))
+            )),
+            None => out.push("                    was never taken in".to_owned()),
+        }
+        for (rank, t) in &self.promoted {
+            out.push(format!("                    rank {rank} entered the run at {}", at(*t)));
+        }
+        if let Some((t, rank, weight)) = self.first_round {
+            out.push(format!(
+                "first round         a consensus (mass {weight}) reached rank {rank} at {}",
+                at(t)
+            ));
+        }
+        out.push(match (self.first_contribution, self.dial_to_contribution()) {
+            (Some((t, round)), Some(d)) => {
+                format!("first contribution  summed in round {round} at {}: {} after the dial", at(t), ms(d))
+            }
+            _ => "first contribution  none accepted".to_owned(),
+        });
+        out
+    }
+
+    /// As one JSON object.
+    fn json(&self) -> serde_json::Value {
+        let secs = |t: Time| t.saturating_since(Time::ZERO).as_secs_f64();
+        serde_json::json!({
+            "host": self.host,
+            "killed_at_s": secs(self.killed),
+            "lost_at_s": self.lost.map(secs),
+            "dialed_at_s": self.dialed.map(secs),
+            "taken_over_at_s": self.taken_over.as_ref().map(|(t, _, _)| secs(*t)),
+            "ranks": self.taken_over.as_ref().map(|(_, r, _)| r.clone()),
+            "incarnation": self.taken_over.as_ref().map(|(_, _, i)| *i),
+            "promoted": self.promoted.iter().map(|(r, t)| serde_json::json!({"rank": r, "at_s": secs(*t)})).collect::<Vec<_>>(),
+            "first_round_at_s": self.first_round.map(|(t, _, _)| secs(t)),
+            "first_contribution_round": self.first_contribution.map(|(_, r)| r),
+            "first_contribution_at_s": self.first_contribution.map(|(t, _)| secs(t)),
+            "dial_to_contribution_s": self.dial_to_contribution().map(|d| d.as_secs_f64()),
+            "healed": self.healed(),
+        })
+    }
+}
+
 /// How the demo went.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DemoReport {
@@ -194,6 +331,10 @@ pub struct DemoReport {
     pub kill: Option<KillReport>,
     /// A kill that was asked for but could not happen, and why.
     pub kill_skipped: Option<String>,
+    /// The host crash and replacement, if one happened.
+    pub replace: Option<ReplaceReport>,
+    /// A replacement that was asked for but could not happen, and why.
+    pub replace_skipped: Option<String>,
     /// `state.json` requests answered while it ran.
     pub status_answers: u64,
     /// The controller's `GET /metrics` body, scraped at the run's end
@@ -228,7 +369,9 @@ impl DemoReport {
             Some(n) => n.ok() && n.completed && n.ready == self.world_size,
         };
         let links = self.sealed == SealMode::Off || (self.links_keyed > 0 && self.links_refused.is_empty());
-        self.outcome == Some(ControllerOutcome::Done) && self.check.ok() && plane && links
+        let healed =
+            self.replace_skipped.is_none() && self.replace.as_ref().is_none_or(ReplaceReport::healed);
+        self.outcome == Some(ControllerOutcome::Done) && self.check.ok() && plane && links && healed
     }
 
     /// The summary, as lines for a human.
@@ -280,6 +423,11 @@ impl DemoReport {
                 out.extend(k.redistributed.iter().map(|r| format!("                    {r}")));
             }
             (None, Some(why)) => out.push(format!("kill                skipped: {why}")),
+            (None, None) => {}
+        }
+        match (&self.replace, &self.replace_skipped) {
+            (Some(r), _) => out.extend(r.lines()),
+            (None, Some(why)) => out.push(format!("replace host        skipped: {why}")),
             (None, None) => {}
         }
         let plural = if self.status_answers == 1 { "" } else { "s" };
@@ -345,6 +493,8 @@ impl DemoReport {
             "detection_cause": self.kill.as_ref().and_then(|k| k.detected.as_ref()).map(|(_, c)| c.clone()),
             "redistributed": self.kill.as_ref().map(|k| k.redistributed.clone()),
             "kill_skipped": self.kill_skipped,
+            "replace": self.replace.as_ref().map(ReplaceReport::json),
+            "replace_skipped": self.replace_skipped,
             "status_answers": self.status_answers,
             "metrics_samples": self.metrics.as_ref().ok().map(|t| metric_samples(t)),
             "violations": self.check.violations,
@@ -365,10 +515,17 @@ struct Watch {
     formed: Option<Time>,
     world_size: u32,
     finished: Option<(Time, ControllerOutcome)>,
-    exited: BTreeSet<u32>,
+    /// Rank exits seen (a replaced host's ranks exit twice: crashed, then
+    /// as the replacement's).
+    exits: u32,
     epochs: u64,
     status_answers: u64,
     kill: Option<KillReport>,
+    replace: Option<ReplaceReport>,
+    /// The replacement's data link at the reduce.
+    replacement_conn: Option<ConnId>,
+    /// One of the replacement's ranks submitted mass.
+    replacement_trained: bool,
     links_keyed: u64,
     links_refused: Vec<String>,
 }
@@ -395,6 +552,35 @@ impl Watch {
                         k.detected = Some((s.at.saturating_since(k.at), cause.to_string()));
                     }
                 }
+                ControllerNodeEvent::Join(JoinWindowEvent::HostLost { host, .. }) => {
+                    if let Some(r) = self.replace.as_mut().filter(|r| r.host == *host && r.lost.is_none()) {
+                        r.lost = Some(s.at);
+                    }
+                }
+                ControllerNodeEvent::Join(JoinWindowEvent::Replaced { host, ranks, incarnation, .. }) => {
+                    if let Some(r) = self.replace.as_mut().filter(|r| r.host == *host) {
+                        r.taken_over = Some((s.at, ranks.clone().collect(), *incarnation));
+                    }
+                }
+                ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted { rank, .. }) => {
+                    if let Some(r) = self.replace.as_mut() {
+                        r.promoted.push((*rank, s.at));
+                    }
+                }
+                ControllerNodeEvent::Reduce(ReduceEvent::HostJoined { conn, host, .. }) => {
+                    if self.replace.as_ref().is_some_and(|r| r.host == *host && r.taken_over.is_some()) {
+                        self.replacement_conn = Some(*conn);
+                    }
+                }
+                ControllerNodeEvent::Reduce(ReduceEvent::Consensus { round, contributors, .. }) => {
+                    let summed = self.replacement_conn.is_some_and(|c| contributors.contains(&c));
+                    if let Some(r) = self.replace.as_mut().filter(|r| r.first_contribution.is_none())
+                        && summed
+                        && self.replacement_trained
+                    {
+                        r.first_contribution = Some((s.at, *round));
+                    }
+                }
                 ControllerNodeEvent::Coord(CoordinatorEvent::PartitionExtended {
                     epoch,
                     from,
@@ -411,8 +597,22 @@ impl Watch {
                 }
                 _ => {}
             },
-            (Source::Rank(r), ClusterEvent::RankExit { .. }) => {
-                self.exited.insert(*r);
+            (Source::Rank(_), ClusterEvent::RankExit { .. }) => self.exits += 1,
+            // Every event of a taken-over rank after its taking over is the
+            // replacement's: the crashed host's nodes had stopped before
+            // its replacement started.
+            (Source::Rank(rank), ClusterEvent::Rank(e)) => {
+                let Some(r) = self.replace.as_mut() else { return };
+                if !r.taken_over.as_ref().is_some_and(|(_, ranks, _)| ranks.contains(rank)) {
+                    return;
+                }
+                match e {
+                    RankNodeEvent::Submitted { mass, .. } if *mass > 0.0 => self.replacement_trained = true,
+                    RankNodeEvent::Consensus { weight, .. } if r.first_round.is_none() => {
+                        r.first_round = Some((s.at, *rank, *weight))
+                    }
+                    _ => {}
+                }
             }
             (_, ClusterEvent::Link(SealNote::Keyed { .. })) => self.links_keyed += 1,
             (node, ClusterEvent::Link(SealNote::Refused { conn, why })) => {
@@ -422,9 +622,17 @@ impl Watch {
         }
     }
 
+    /// Rank exits the run owes: one per rank of the world, and one more
+    /// per rank a replacement took over.
+    fn exits_owed(&self) -> u32 {
+        let replaced =
+            self.replace.as_ref().and_then(|r| r.taken_over.as_ref()).map_or(0, |(_, ranks, _)| ranks.len());
+        self.world_size + replaced as u32
+    }
+
     /// The run ended and every rank of the world has left.
     fn over(&self) -> bool {
-        self.finished.is_some() && self.exited.len() as u32 >= self.world_size
+        self.finished.is_some() && self.exits >= self.exits_owed()
     }
 }
 
@@ -468,12 +676,18 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
         std::net::TcpListener::bind(opts.bind).map_err(|e| format!("controller on {}: {e}", opts.bind))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let advertise = ControllerAddr { host: addr.ip().to_string(), port: addr.port() };
-    let mut cfg = ControllerConfig::from_knobs(join, salt, trust, opts.scale, advertise, &opts.knobs)
-        .map_err(|e| e.to_string())?;
+    let knobs = RunKnobs { elastic: opts.replace.map(|_| world), ..opts.knobs.clone() };
+    let mut cfg =
+        ControllerConfig::from_knobs(join, salt, trust, opts.scale, advertise, &knobs).map_err(|e| {
+            if e.field == "elastic" { format!("--replace-host: {}", e.reason) } else { e.to_string() }
+        })?;
     // The demo shows a dead rank's remainder redistributed as
     // `ExtendPartition` slices: whole-epoch dispatch (the cadence default is
     // chunk-pool dispatch, where a dead rank's chunks go back to the pool).
-    cfg.run.progressive = Some(false);
+    // A replacement takes chunks from the pool at its first cycle.
+    if opts.replace.is_none() {
+        cfg.run.progressive = Some(false);
+    }
     cfg.metrics = Some(cohort_driver_core::metrics::prometheus());
     cfg.seal(opts.sealed).map_err(|e| e.to_string())?;
     let record = opts.record.clone();
@@ -486,26 +700,37 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
     let listening = ClusterEvent::Listening { addr: addr.to_string() };
     let _ = sink.send(Stamped { at: clock.now(), source: Source::Controller, event: listening });
     let pre_shared = (trust == TrustMode::PreShared).then_some(salt);
-    let mut hosts = Vec::new();
-    for i in 0..opts.hosts {
+    // Host `i`, its `incarnation`-th process (a replacement records apart).
+    let spawn_host = |i: u32, incarnation: u32| {
         let mut p = HostParams::new(format!("host-{i}"), opts.ranks_per_host, addr.to_string())
             .timeout_scale(opts.scale)
             .batch_ms(opts.batch_ms)
             .synthetic(opts.knobs.workload())
             .config(config.clone())
-            .clock(clock);
+            .clock(clock)
+            .elastic(opts.replace.is_some());
         p.pre_shared = pre_shared;
         p = p.sealed(opts.sealed);
         if let Some(rec) = &opts.record {
-            p = p.record(RecordOptions { dir: rec.dir.join(format!("host-{i}")), ..rec.clone() });
+            let dir = match incarnation {
+                0 => format!("host-{i}"),
+                n => format!("host-{i}.{n}"),
+            };
+            p = p.record(RecordOptions { dir: rec.dir.join(dir), ..rec.clone() });
         }
-        hosts.push(MioHost::spawn(p, sink.clone()).map_err(|e| format!("host-{i}: {e}"))?);
+        MioHost::spawn(p, sink.clone()).map_err(|e| format!("host-{i}: {e}"))
+    };
+    let mut hosts = Vec::new();
+    for i in 0..opts.hosts {
+        hosts.push(spawn_host(i, 0)?);
     }
     let mut watch = Watch::default();
     let mut check = ConsensusOracle::default();
     let mut nccl = NcclOracle::default();
     let mut kill_skipped = None;
     let mut pending_kill = opts.kill;
+    let mut replace_skipped = None;
+    let mut pending_replace = opts.replace;
     let mut gave_up = None;
     let mut handle = |s: Stamped, watch: &mut Watch, check: &mut ConsensusOracle, nccl: &mut NcclOracle| {
         let found = check.observe(&s.source, &s.event);
@@ -546,10 +771,49 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
                 _ => kill_skipped = Some(format!("rank {} had already left when its kill came due", k.rank)),
             }
         }
+        let crash_at = pending_replace.zip(watch.formed).map(|(r, f)| f.saturating_add(r.after));
+        if let (Some(r), Some(at)) = (pending_replace, crash_at)
+            && at <= now
+        {
+            pending_replace = None;
+            let name = format!("host-{}", r.host);
+            match hosts.iter().position(|h| h.name() == name) {
+                Some(i) if watch.finished.is_none() => {
+                    note(
+                        &sink,
+                        clock,
+                        format!("crashing {name}: every node at once, as when its machine fails"),
+                    );
+                    let killed = clock.now();
+                    hosts.remove(i).kill();
+                    watch.replace = Some(ReplaceReport { host: name, killed, ..ReplaceReport::default() });
+                }
+                _ => replace_skipped = Some(format!("the run had ended when {name}'s crash came due")),
+            }
+        }
+        // The replacement starts `back_after` once the controller lost the host.
+        let back_at = opts
+            .replace
+            .zip(watch.replace.as_ref().filter(|r| r.dialed.is_none()).and_then(|r| r.lost))
+            .map(|(r, lost)| lost.saturating_add(r.back_after));
+        if let (Some(r), Some(at)) = (opts.replace, back_at)
+            && at <= now
+        {
+            if watch.finished.is_none() {
+                note(&sink, clock, format!("starting host-{}'s replacement", r.host));
+                hosts.push(spawn_host(r.host, 1)?);
+            } else {
+                replace_skipped =
+                    Some(format!("the run had ended when host-{}'s replacement came due", r.host));
+            }
+            if let Some(rep) = watch.replace.as_mut() {
+                rep.dialed = Some(clock.now());
+            }
+        }
         if let Some((t, _)) = &watch.finished
             && now.saturating_since(*t) > EXIT_GRACE
         {
-            let missing = watch.world_size as usize - watch.exited.len().min(watch.world_size as usize);
+            let missing = watch.exits_owed().saturating_sub(watch.exits);
             note(
                 &sink,
                 clock,
@@ -561,9 +825,15 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
             gave_up = Some(format!("the run did not end within {:?}", opts.deadline));
             break;
         }
-        let wait = kill_at
-            .filter(|_| pending_kill.is_some())
-            .map_or(Duration::from_millis(250), |t| t.saturating_since(now).min(Duration::from_millis(250)));
+        let due = [
+            kill_at.filter(|_| pending_kill.is_some()),
+            crash_at.filter(|_| pending_replace.is_some()),
+            back_at,
+        ];
+        let wait =
+            due.into_iter().flatten().min().map_or(Duration::from_millis(250), |t| {
+                t.saturating_since(now).min(Duration::from_millis(250))
+            });
         match events.recv_timeout(wait) {
             Ok(s) => handle(s, &mut watch, &mut check, &mut nccl),
             Err(RecvTimeoutError::Timeout) => {}
@@ -597,6 +867,8 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
         epochs: watch.epochs,
         kill: watch.kill,
         kill_skipped,
+        replace: watch.replace,
+        replace_skipped,
         status_answers: watch.status_answers,
         metrics,
         check: summary,

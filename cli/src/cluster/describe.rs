@@ -745,6 +745,12 @@ pub fn data(s: &Stamped) -> Option<serde_json::Value> {
                 JoinWindowEvent::RankExited { host, rank, code, .. } => {
                     json!({ "host": host, "rank": rank, "code": code })
                 }
+                JoinWindowEvent::Replaced { host, ranks, incarnation, .. } => {
+                    json!({ "host": host, "ranks": ranks.clone().collect::<Vec<u32>>(), "incarnation": incarnation })
+                }
+                JoinWindowEvent::HostLost { host, ranks, loss, .. } => {
+                    json!({ "host": host, "ranks": ranks.clone().collect::<Vec<u32>>(), "loss": loss.to_string() })
+                }
                 _ => return None,
             },
             ControllerNodeEvent::Reduce(ReduceEvent::HostJoined { host, ranks, .. }) => {
@@ -759,6 +765,9 @@ pub fn data(s: &Stamped) -> Option<serde_json::Value> {
             }) => {
                 let left: u64 = remainder.iter().map(|s| s.size).sum();
                 json!({ "rank": rank, "cause": death_kind(cause), "epoch": epoch, "processed": processed, "remainder": left })
+            }
+            ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted { rank, incarnation }) => {
+                json!({ "rank": rank, "incarnation": incarnation })
             }
             ControllerNodeEvent::Coord(CoordinatorEvent::ReportRefused { rank, fault }) => {
                 let value = match fault.value {

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use cohort::cluster::demo::{self, DemoOptions, Kill};
+use cohort::cluster::demo::{self, DemoOptions, Kill, Replace};
 use cohort::cluster::{ClusterEvent, Source, http};
 use cohort_proto::coord::{CoordinatorEvent, DeathCause};
 use cohort_proto::node::controller::{ControllerNodeEvent, ControllerOutcome};
@@ -101,6 +101,59 @@ fn demo_forms_trains_survives_a_kill_and_every_consensus_matches() {
     assert_eq!(kill.redistributed.len(), extended.len());
 }
 
+/// `cohort demo --replace-host` as a library call: host-1 crashes whole
+/// 0.25 s into training and its replacement dials 0.1 s after the
+/// controller lost it; the controller takes it in over the ranks host-1
+/// held as incarnation 1, promotes both, a consensus reaches them, a round sums
+/// their work, and every round is exact. The verdict needs all of it.
+#[test]
+fn demo_replaces_a_crashed_host_and_every_consensus_matches() {
+    let opts = DemoOptions {
+        knobs: RunKnobs { epochs: 4, ..quick().knobs },
+        kill: None,
+        replace: Some(Replace {
+            host: 1,
+            after: Duration::from_millis(250),
+            back_after: Duration::from_millis(100),
+        }),
+        ..quick()
+    };
+    let mut held = Vec::new();
+    let report = demo::run(&opts, |s| {
+        if let (Source::Host(h), ClusterEvent::Host(HostNodeEvent::StartRank(spec))) = (&s.source, &s.event)
+            && h.to_string() == "host-1"
+            && !held.contains(&spec.rank)
+        {
+            held.push(spec.rank);
+        }
+    })
+    .expect("demo runs");
+    let text = report.lines().join("\n");
+    assert!(report.ok(), "{text}");
+    assert_eq!(report.outcome, Some(ControllerOutcome::Done));
+    assert_eq!(report.check.rounds_checked, report.check.rounds);
+    let r = report.replace.expect("host-1 was crashed");
+    assert_eq!(r.host, "host-1");
+    let lost = r.lost.expect("the controller lost it");
+    assert!(lost.saturating_since(r.killed) < Duration::from_secs(1), "{text}");
+    let dialed = r.dialed.expect("its replacement started");
+    assert!(dialed >= lost.saturating_add(Duration::from_millis(100)), "{text}");
+    let (taken, ranks, incarnation) = r.taken_over.clone().expect("taken in");
+    held.sort_unstable();
+    assert_eq!((ranks.clone(), incarnation), (held, 1), "the ranks host-1 held: {text}");
+    assert!(taken >= dialed);
+    let promoted: Vec<u32> = r.promoted.iter().map(|(rank, _)| *rank).collect();
+    assert_eq!(promoted, ranks, "{text}");
+    assert!(r.promoted.iter().all(|(_, at)| *at >= taken));
+    let (first, rank, _) = r.first_round.expect("a consensus reached the replacement");
+    assert!(ranks.contains(&rank) && first >= r.promoted[0].1, "{text}");
+    let (summed, _) = r.first_contribution.expect("a round summed its work");
+    assert!(summed >= first, "{text}");
+    assert!(r.healed());
+    assert!(text.contains(&format!("took over ranks {ranks:?} as incarnation 1")), "{text}");
+    assert!(text.contains("first contribution  summed in round"), "{text}");
+}
+
 /// `cohort demo` with a short run, `extra` flags and `--json`, as a user
 /// runs it: it exits 0; its stdout, one JSON object per event then the
 /// summary.
@@ -142,6 +195,50 @@ fn cohort_demo_program_exits_zero_with_its_summary() {
     assert_eq!(summary["outcome"], "done");
     assert_eq!(summary["killed_rank"], 1);
     assert_eq!(summary["rounds"], summary["rounds_checked"]);
+}
+
+/// `cohort demo --replace-host --json`: the event stream names every
+/// membership change (the host lost, replaced, each rank promoted) and the
+/// summary's `replace` object says it healed.
+#[test]
+fn cohort_demo_replace_host_names_the_membership_changes_and_passes() {
+    let lines = demo_json(&["--replace-host", "--replace-host-at", "0.25", "--replace-after", "0.1"]);
+    let events =
+        |kind: &str| lines.iter().filter(|l| l["event"] == kind && l["node"] == "controller").count();
+    assert_eq!(events("host_replaced"), 1);
+    assert_eq!(events("rank_promoted"), 2);
+    assert!(events("host_lost") >= 1);
+    assert_eq!(events("rank_dead"), 2, "host-1's two ranks, not the default rank kill");
+    let summary = lines.last().expect("a summary");
+    assert_eq!(summary["ok"], true, "{summary}");
+    assert_eq!(summary["killed_rank"], serde_json::Value::Null);
+    let r = &summary["replace"];
+    assert_eq!(
+        (r["host"].as_str(), r["incarnation"].as_u64(), r["healed"].as_bool()),
+        (Some("host-1"), Some(1), Some(true)),
+        "{r}"
+    );
+    // The ranks it held: the ones declared dead, taken over, promoted.
+    let of = |kind: &str| -> Vec<serde_json::Value> {
+        lines
+            .iter()
+            .filter(|l| l["event"] == kind && l["node"] == "controller")
+            .map(|l| l["data"].clone())
+            .collect()
+    };
+    let dead: Vec<u64> = of("rank_dead").iter().filter_map(|d| d["rank"].as_u64()).collect();
+    assert_eq!(r["ranks"], serde_json::json!(dead), "{r}");
+    let replaced = &of("host_replaced")[0];
+    assert_eq!(
+        (&replaced["host"], &replaced["ranks"], &replaced["incarnation"]),
+        (&r["host"], &r["ranks"], &r["incarnation"])
+    );
+    let promoted: Vec<(u64, u64)> = of("rank_promoted")
+        .iter()
+        .map(|d| (d["rank"].as_u64().unwrap(), d["incarnation"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(promoted, dead.iter().map(|r| (*r, 1)).collect::<Vec<_>>());
+    assert!(r["dial_to_contribution_s"].as_f64().is_some_and(|s| s > 0.0), "{r}");
 }
 
 /// `cohort controller --backend nccl`'s plane on real sockets: the demo's
