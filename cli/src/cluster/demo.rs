@@ -161,13 +161,13 @@ impl DemoOptions {
     /// ```
     pub fn validate(&self) -> Result<(), String> {
         self.knobs.validate().map_err(|e| format!("--{}: {}", e.field.replace('_', "-"), e.reason))?;
-        if let Some(r) = self.replace {
-            if self.hosts < 2 || r.host >= self.hosts {
-                return Err(format!(
-                    "--replace-host: host {} of {} hosts: the world needs a host that lives on beside it",
-                    r.host, self.hosts
-                ));
-            }
+        if let Some(r) = self.replace
+            && (self.hosts < 2 || r.host >= self.hosts)
+        {
+            return Err(format!(
+                "--replace-host: host {} of {} hosts: the world needs a host that lives on beside it",
+                r.host, self.hosts
+            ));
         }
         if self.ranks_per_host == 0 || self.ranks_per_host > 256 {
             return Err(format!(
@@ -567,10 +567,10 @@ impl Watch {
                         r.promoted.push((*rank, s.at));
                     }
                 }
-                ControllerNodeEvent::Reduce(ReduceEvent::HostJoined { conn, host, .. }) => {
-                    if self.replace.as_ref().is_some_and(|r| r.host == *host && r.taken_over.is_some()) {
-                        self.replacement_conn = Some(*conn);
-                    }
+                ControllerNodeEvent::Reduce(ReduceEvent::HostJoined { conn, host, .. })
+                    if self.replace.as_ref().is_some_and(|r| r.host == *host && r.taken_over.is_some()) =>
+                {
+                    self.replacement_conn = Some(*conn);
                 }
                 ControllerNodeEvent::Reduce(ReduceEvent::Consensus { round, contributors, .. }) => {
                     let summed = self.replacement_conn.is_some_and(|c| contributors.contains(&c));
