@@ -81,6 +81,7 @@ fn demo_forms_trains_survives_a_kill_and_every_consensus_matches() {
     assert_eq!(code, 200);
     let v: serde_json::Value = serde_json::from_str(&body).expect("state.json is JSON");
     assert_eq!(v["joined_ranks"], 4);
+    assert!(v.get("elastic").is_none(), "a world that is not elastic serves flodl's state.json: {body}");
 
     // The kill: declared dead once, promptly, and its remainder handed out.
     let kill = report.kill.expect("rank 2 was killed");
@@ -119,12 +120,32 @@ fn demo_replaces_a_crashed_host_and_every_consensus_matches() {
         ..quick()
     };
     let mut held = Vec::new();
+    let (mut addr, mut promoted_seen, mut state) = (None, 0, None);
     let report = demo::run(&opts, |s| {
-        if let (Source::Host(h), ClusterEvent::Host(HostNodeEvent::StartRank(spec))) = (&s.source, &s.event)
-            && h.to_string() == "host-1"
-            && !held.contains(&spec.rank)
-        {
-            held.push(spec.rank);
+        match (&s.source, &s.event) {
+            (Source::Host(h), ClusterEvent::Host(HostNodeEvent::StartRank(spec)))
+                if h.to_string() == "host-1" && !held.contains(&spec.rank) =>
+            {
+                held.push(spec.rank)
+            }
+            (_, ClusterEvent::Listening { addr: a }) => addr = Some(a.clone()),
+            // The operator's view once both ranks are back.
+            (
+                Source::Controller,
+                ClusterEvent::Controller(ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted {
+                    ..
+                })),
+            ) => {
+                promoted_seen += 1;
+                if promoted_seen == 2 {
+                    let addr = addr.as_deref().expect("the controller's address comes first");
+                    state = Some(
+                        http::request(addr, "GET", "/state.json", Duration::from_secs(5))
+                            .expect("state.json"),
+                    );
+                }
+            }
+            _ => {}
         }
     })
     .expect("demo runs");
@@ -151,6 +172,34 @@ fn demo_replaces_a_crashed_host_and_every_consensus_matches() {
     assert!(summed >= first, "{text}");
     assert!(r.healed());
     assert!(text.contains(&format!("took over ranks {ranks:?} as incarnation 1")), "{text}");
+    // state.json's size history: formed at 4, down to 2 with host-1's
+    // deaths, its replacement taken in, back to 4 as its ranks entered.
+    let answer = state.expect("state.json asked once both ranks were back");
+    assert_eq!(answer.status, 200);
+    let v: serde_json::Value = serde_json::from_str(&answer.body).expect("JSON");
+    assert_eq!(v["joined_ranks"], 4, "flodl's membership fields stay");
+    assert_eq!(
+        (&v["elastic"]["max_world"], &v["elastic"]["live_ranks"]),
+        (&serde_json::json!(4), &serde_json::json!(4))
+    );
+    let history: Vec<(String, u64)> = v["elastic"]["size_history"]
+        .as_array()
+        .expect("a size history")
+        .iter()
+        .map(|e| (e["change"].as_str().unwrap_or("?").to_owned(), e["live_ranks"].as_u64().unwrap_or(99)))
+        .collect();
+    let want: Vec<(String, u64)> = [
+        ("formed", 4),
+        ("rank_dead", 3),
+        ("rank_dead", 2),
+        ("host_replaced", 2),
+        ("rank_promoted", 3),
+        ("rank_promoted", 4),
+    ]
+    .iter()
+    .map(|(c, n)| (c.to_string(), *n))
+    .collect();
+    assert_eq!(history, want, "{}", answer.body);
     assert!(text.contains("first contribution  summed in round"), "{text}");
 }
 

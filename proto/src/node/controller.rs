@@ -32,6 +32,7 @@ use crate::wire::{Channel, Inline, MacKey, MacRunner, RunNonce, SessionSalt, der
 
 use super::envelope::{ControllerAddr, Envelope, RelaySpec, WorkloadSpec};
 use super::knobs::RunKnobs;
+use super::world_size::{SizeChange, SizeHistory};
 
 /// The controller's configuration.
 ///
@@ -678,6 +679,8 @@ pub struct ControllerNode {
     /// The commands run, while a recording keeps them.
     #[serde(skip)]
     journal: Journal<ControllerCommand>,
+    /// The world's size history, in an elastic run only.
+    sizes: Option<SizeHistory>,
 }
 
 /// A controller's commands as values ([`Commanded`]): each names the
@@ -773,11 +776,16 @@ struct StatusView<'a> {
     metrics: Option<&'a dyn MetricsRenderer>,
     coord: Option<&'a Coordinator>,
     tally: &'a Tally,
+    /// An elastic world's size history, served beside the membership.
+    sizes: Option<&'a SizeHistory>,
 }
 
 impl StatusBackend for StatusView<'_> {
     fn state_json(&self, now: Time) -> Option<String> {
-        self.window.state_json(now)
+        match self.sizes {
+            None => self.window.state_json(now),
+            Some(h) => h.state_json(self.window.snapshot(now)),
+        }
     }
 
     fn start_switch(&self) -> Option<StartSwitch> {
@@ -844,6 +852,7 @@ impl ControllerNode {
             world: None,
             ended: BTreeSet::new(),
             journal: Journal::default(),
+            sizes: cfg.run.elastic.map(|max| SizeHistory::new(max, now)),
             cfg,
         };
         Ok(node)
@@ -945,6 +954,7 @@ impl ControllerNode {
 
     fn formed(&mut self, now: Time, world_size: u32) {
         self.world = Some(world_size);
+        self.size_changed(now, SizeChange::Formed { world_size });
         let mut run = self.cfg.run.clone();
         run.world_size = world_size;
         run.device_indices = (0..world_size).map(|r| (r % 256) as u8).collect();
@@ -1021,6 +1031,7 @@ impl ControllerNode {
                     metrics: self.cfg.metrics.as_deref(),
                     coord: self.coord.as_ref(),
                     tally: &self.tally,
+                    sizes: self.sizes.as_ref(),
                 };
                 self.status.adopt_with(now, conn, peer, first, &mut view);
                 ControllerPart::Status
@@ -1189,11 +1200,20 @@ impl ControllerNode {
             c.replace_host(now, host.to_string(), list.clone(), incarnation);
         }
         if let Some(r) = self.reduce.as_mut() {
-            r.replace_host(host.to_string(), list);
+            r.replace_host(host.to_string(), list.clone());
         }
+        let change = SizeChange::HostReplaced { host: host.to_string(), ranks: list, incarnation };
+        self.size_changed(now, change);
         let member = self.window.members().find(|(c, _)| *c == conn).map(|(_, m)| m.clone());
         if let Some(m) = member {
             self.world_formed_for(conn, &m, world);
+        }
+    }
+
+    /// Records `change` in an elastic world's size history.
+    fn size_changed(&mut self, now: Time, change: SizeChange) {
+        if let Some(h) = self.sizes.as_mut() {
+            h.record(now, change);
         }
     }
 
@@ -1262,16 +1282,18 @@ impl ControllerNode {
             CoordinatorEvent::RelayJoined { conn, .. } => self.authenticated(*conn),
             // A replacement's rank enters the reduce's rounds before the
             // cycle that promoted it asks for them.
-            CoordinatorEvent::RankPromoted { rank, .. } => {
+            CoordinatorEvent::RankPromoted { rank, incarnation } => {
                 if let Some(r) = self.reduce.as_mut() {
                     r.revive(*rank);
                 }
+                self.size_changed(now, SizeChange::RankPromoted { rank: *rank, incarnation: *incarnation });
             }
             CoordinatorEvent::RankDead { rank, .. } => {
                 self.ended.insert(*rank);
                 if let Some(r) = self.reduce.as_mut() {
                     r.declare_dead(now, *rank);
                 }
+                self.size_changed(now, SizeChange::RankDead { rank: *rank });
             }
             // The ranks were asked for their parameters: the reduce takes
             // host frames for the rounds of this cycle only.
@@ -1347,6 +1369,7 @@ impl Composite for ControllerNode {
                     metrics: self.cfg.metrics.as_deref(),
                     coord: self.coord.as_ref(),
                     tally: &self.tally,
+                    sizes: self.sizes.as_ref(),
                 };
                 self.status.handle_with(now, input, &mut view);
             }

@@ -17,6 +17,7 @@
 //!   every consensus in those events checked against the exact weighted
 //!   mean of its contributions; [`nccl_oracle`]: the NCCL plane's unique ids
 //!   and re-rendezvous sessions checked against what was issued.
+//! - [`world_size`]: an elastic world's size history, for `state.json`.
 
 pub mod cluster;
 pub mod controller;
@@ -28,3 +29,4 @@ pub mod oracle;
 pub mod rank;
 pub mod trainer;
 pub mod workload;
+pub mod world_size;
