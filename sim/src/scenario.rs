@@ -771,6 +771,12 @@ impl ScenarioBuilder {
         self
     }
 
+    /// Elastic healing up to a world of `max` ranks ([`Scenario::elastic`]).
+    pub fn elastic(mut self, max: u32) -> Self {
+        self.sc.elastic = Some(max);
+        self
+    }
+
     /// Seals every node's links ([`Scenario::sealed`]); admission becomes
     /// pre-shared.
     pub fn sealed(mut self, sealed: bool) -> Self {

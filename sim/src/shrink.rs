@@ -1,5 +1,5 @@
 //! Shrinking a failing scenario: fewer hosts, ranks, faults, epochs and
-//! samples, while it still fails the same way (the same kind of violation,
+//! samples, no seal, no elastic healing, while it still fails the same way (the same kind of violation,
 //! [`failure_kind`]), under the same seed.
 //!
 //! Greedy, as property-test shrinkers are: try each smaller variant in turn,
@@ -113,6 +113,14 @@ fn smaller(sc: &Scenario) -> Vec<Scenario> {
         let mut s = sc.clone();
         s.faults.remove(i);
         out.push(s);
+    }
+    // No elastic healing (a restart is then refused as flodl's), or the
+    // smallest largest world.
+    if sc.elastic.is_some() {
+        out.push(Scenario { elastic: None, ..sc.clone() });
+    }
+    if sc.elastic.is_some_and(|max| max > sc.world_size()) {
+        out.push(Scenario { elastic: Some(sc.world_size()), ..sc.clone() });
     }
     // Plain links.
     if sc.sealed {

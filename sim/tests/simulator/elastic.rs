@@ -2,9 +2,12 @@
 //! drawn elastic keeps its scenario), each restarting hosts under cohort's
 //! rules on the CPU plane, and each holding every checker.
 
+use core::time::Duration;
+
 use cohort_sim::explore::random_scenario;
 use cohort_sim::scenario::{Backend, Fault, Rules};
-use cohort_sim::{Cluster, Outcome};
+use cohort_sim::shrink::shrink;
+use cohort_sim::{Cluster, Outcome, Scenario};
 
 #[test]
 fn explore_draws_elastic_runs_that_heal_and_each_holds_every_checker() {
@@ -30,4 +33,49 @@ fn explore_draws_elastic_runs_that_heal_and_each_holds_every_checker() {
     // Most restarts land before formation or after the short runs end;
     // explore's 1,000 seeds promote 22 ranks.
     assert!(promoted >= 15, "{promoted} ranks promoted over {elastic} elastic seeds");
+}
+
+/// Three hosts of two ranks, elastic up to 8, host-1 restarted 3 s in (back
+/// 2 s later), rank 0 killed at 6 s, host-2's link slowed at 4 s.
+fn busy_elastic() -> Scenario {
+    Scenario::builder()
+        .hosts(3, 2)
+        .epochs(3)
+        .elastic(8)
+        .fault(Duration::from_secs(3), Fault::RestartHost { host: "host-1".into(), for_s: 2.0 })
+        .fault(Duration::from_secs(4), Fault::slow_link("host-2", Duration::from_millis(5)))
+        .fault(Duration::from_secs(6), Fault::KillRank(0))
+        .build()
+        .unwrap()
+}
+
+/// `shrink` shrinks an elastic run: when what fails is a promotion, the
+/// smallest scenario keeps the restart and elastic healing (at the world's
+/// size) and drops every other fault, host, rank and epoch it can.
+#[test]
+fn shrink_keeps_the_restart_and_elastic_a_promotion_needs() {
+    let sc = busy_elastic();
+    let promotes =
+        |sc: &Scenario| Cluster::new(sc.clone(), 5).is_ok_and(|c| !c.finish().promotions.is_empty());
+    assert!(promotes(&sc));
+    let small = shrink(&sc, &promotes);
+    assert!(promotes(&small));
+    let faults: Vec<&Fault> = small.faults.iter().map(|f| &f.fault).collect();
+    assert!(matches!(faults[..], [Fault::RestartHost { .. }]), "{faults:?}");
+    assert_eq!(small.elastic, Some(small.world_size()));
+    assert!(small.world_size() < sc.world_size() && small.epochs == 1, "{small:?}");
+}
+
+/// And when what fails needs none of it (rank 0's death), elastic healing
+/// and the restart go.
+#[test]
+fn shrink_drops_elastic_healing_a_failure_does_not_need() {
+    let sc = busy_elastic();
+    let kills = |sc: &Scenario| Cluster::new(sc.clone(), 5).is_ok_and(|c| c.finish().death(0).is_some());
+    assert!(kills(&sc));
+    let small = shrink(&sc, &kills);
+    assert!(kills(&small));
+    assert_eq!(small.elastic, None);
+    let faults: Vec<&Fault> = small.faults.iter().map(|f| &f.fault).collect();
+    assert!(matches!(faults[..], [Fault::KillRank(0)]), "{faults:?}");
 }
