@@ -2,12 +2,15 @@
 //! magic): hellos and any join message, signed with the session key, the
 //! zero key of open admission or a wrong key, in arbitrary splits; the
 //! operator's start, aborts and phases as commands; time runs past the
-//! window and the cap.
-//! Config byte: trust mode, start mode, quorum, target, NCCL backend.
+//! window and the cap. Elastic healing (cohort only): three in four
+//! connections arrive as the elastic join (`adopt_elastic`), members are
+//! vacated by command, so late hellos reach late admission.
+//! Config byte: trust mode, start mode, quorum, target, NCCL backend;
+//! second byte: dataset signature (bit 0), elastic healing (bit 1).
 #![no_main]
 use cohort_fuzz::machines::*;
 use cohort_fuzz::{SALT, key, msgs, seeds, zero_key};
-use cohort_proto::Adopt;
+use cohort_proto::{Adopt, ConnId, Peer};
 use cohort_proto::join::{ClusterPhase, JoinConfig, JoinWindow, StartMode, TrustMode, WindowParams};
 use libfuzzer_sys::fuzz_target;
 
@@ -36,9 +39,11 @@ fn make(o: &mut cohort_fuzz::Ops<'_>) -> Option<JoinWindow> {
         nccl_backend: c & 0x80 != 0,
     };
     let mut p = WindowParams::new(config, SALT, trust);
-    if o.u8() & 1 == 1 {
+    let flags = o.u8();
+    if flags & 1 == 1 {
         p.dataset_sig = Some([0; 32]);
     }
+    p.elastic = flags & 2 == 2;
     JoinWindow::new(p, T0).ok()
 }
 
@@ -57,7 +62,31 @@ fn make_seeds() -> Vec<Vec<u8>> {
             advance(w, 3, 10);
         }));
     }
+    // Elastic: two elastic hosts form the world, hostB's link ends and it
+    // is vacated, its replacement takes its slot; then a late dial finds
+    // no vacancy.
+    let k = key();
+    out.push(script(&[0x00, 2], |w| {
+        accept_with(w, false, &join_hello(&k, "hostA", 1));
+        accept_with(w, false, &join_hello(&k, "hostB", 1));
+        advance(w, 3, 4);
+        fire(w);
+        close(w, 1, 0);
+        w.u8(11).u8(4).u8(1); // vacate member 1
+        accept_with(w, false, &join_hello(&k, "hostB", 1));
+        accept_with(w, false, &join_hello(&k, "hostD", 1));
+        advance(w, 3, 4);
+    }));
     out
+}
+
+/// Three in four connections come as the elastic join.
+fn adopt(m: &mut JoinWindow, now: cohort_proto::Time, conn: ConnId, peer: Peer, first: &[u8]) {
+    if conn.0 % 4 == 0 {
+        m.adopt(now, conn, peer, first);
+    } else {
+        m.adopt_elastic(now, conn, first);
+    }
 }
 
 fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
@@ -66,12 +95,12 @@ fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
         0,
         make,
         |d| {
-            d.adopt = Some(|m, now, conn, peer, first| m.adopt(now, conn, peer, first));
+            d.adopt = Some(adopt);
             d.terminal = |e| matches!(e, cohort_proto::join::JoinWindowEvent::Failed { .. });
         },
         |d, o| {
             let now = d.now;
-            match o.u8() % 5 {
+            match o.u8() % 6 {
                 0 => {
                     d.m.operator_start(now);
                 }
@@ -83,6 +112,9 @@ fuzz_target!(init: { seeds::maybe_write(make_seeds); }, |data: &[u8]| {
                     }
                 }
                 3 => d.m.set_phase([ClusterPhase::Training, ClusterPhase::Done, ClusterPhase::Failed][usize::from(o.u8() % 3)]),
+                4 => {
+                    let _ = d.m.vacate(usize::from(o.u8() % 4));
+                }
                 _ => {
                     let _ = d.m.snapshot(now);
                 }

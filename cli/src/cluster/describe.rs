@@ -997,8 +997,17 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&json_line(&command)).unwrap();
         let back: ControlMsgWire = serde_json::from_value(v["data"]["msg"].clone()).unwrap();
         assert_eq!(back, msg);
-        // Events without facts carry no `data`.
+        // A membership change names the host, its ranks and how it ended.
         let v: serde_json::Value = serde_json::from_str(&json_line(&at(2, host_lost()))).unwrap();
+        assert_eq!(
+            (&v["data"]["host"], &v["data"]["ranks"]),
+            (&serde_json::json!("host-0"), &serde_json::json!([0, 1]))
+        );
+        assert!(v["data"]["loss"].as_str().is_some_and(|l| !l.is_empty()), "{v}");
+        // Events without facts carry no `data`.
+        let note =
+            Stamped { at: Time::ZERO, source: Source::Launcher, event: ClusterEvent::Note("hi".into()) };
+        let v: serde_json::Value = serde_json::from_str(&json_line(&note)).unwrap();
         assert!(v.get("data").is_none());
     }
 
