@@ -114,9 +114,12 @@ pub fn consensus_tolerance(ranks: usize, hosts: usize, scale: f64) -> f64 {
 /// ```
 #[derive(Debug, Default)]
 pub struct ConsensusOracle {
-    host_of: BTreeMap<ConnId, String>,
-    shipped: BTreeMap<String, VecDeque<Vec<u32>>>,
-    submitted: BTreeMap<u32, VecDeque<(f64, Vec<f32>)>>,
+    /// Each data link's host and the host's incarnation when it joined.
+    host_of: BTreeMap<ConnId, (String, u32)>,
+    /// Host frames shipped, by host and incarnation.
+    shipped: BTreeMap<(String, u32), VecDeque<Vec<u32>>>,
+    /// Contributions submitted, by rank and incarnation.
+    submitted: BTreeMap<(u32, u32), VecDeque<(f64, Vec<f32>)>>,
     pending: VecDeque<Round>,
     /// Every reduced round: its weight and values, by round number.
     reduced: Vec<(f64, Option<Vec<f32>>)>,
@@ -126,8 +129,13 @@ pub struct ConsensusOracle {
     received: BTreeMap<u32, u64>,
     /// The global round a promoted rank's own round 0 is (elastic worlds).
     base: BTreeMap<u32, u64>,
-    /// Ranks a replacement took over, not yet promoted, and its host.
-    replacing: BTreeMap<u32, String>,
+    /// The incarnation of every event a host's nodes and a rank send now
+    /// (elastic worlds; 0 until a replacement takes over). Keyed by it, a
+    /// dead process's frames and contributions never mix with its
+    /// replacement's, in whatever order the nodes' events interleave: the
+    /// dead one sent its last before the replacement was taken in.
+    host_incarnation: BTreeMap<String, u32>,
+    rank_incarnation: BTreeMap<u32, u32>,
     /// Events arrive in causal order (the simulator): what a round or a
     /// delivery needs has arrived before it, or never will.
     causal: bool,
@@ -153,11 +161,13 @@ impl ConsensusOracle {
                 ClusterEvent::Controller(ControllerNodeEvent::Join(JoinWindowEvent::Replaced {
                     host,
                     ranks,
+                    incarnation,
                     ..
                 })),
             ) => {
+                self.host_incarnation.insert(host.clone(), *incarnation);
                 for r in ranks.clone() {
-                    self.replacing.insert(r, host.clone());
+                    self.rank_incarnation.insert(r, *incarnation);
                 }
             }
             (
@@ -167,20 +177,18 @@ impl ConsensusOracle {
                     ..
                 })),
             ) => {
-                // Promoted at a cycle trigger: every round the dead host's
-                // frames entered has completed, so what it shipped and its
-                // ranks submitted that no round summed is gone with it.
-                if let Some(host) = self.replacing.remove(rank) {
-                    self.shipped.remove(&host);
-                }
-                self.submitted.remove(rank);
+                // Its copies count from here: the dead process's last copy
+                // reached the sink before its replacement was taken in, and
+                // the first of the new one's comes after a round this
+                // promotion precedes.
                 self.deliveries.remove(rank);
                 self.received.remove(rank);
                 self.base.insert(*rank, self.reduced.len() as u64);
             }
             (Source::Controller, ClusterEvent::Controller(ControllerNodeEvent::Reduce(e))) => match e {
                 ReduceEvent::HostJoined { conn, host, .. } => {
-                    self.host_of.insert(*conn, host.clone());
+                    let incarnation = self.host_incarnation.get(host).copied().unwrap_or(0);
+                    self.host_of.insert(*conn, (host.clone(), incarnation));
                 }
                 ReduceEvent::Consensus { round, consensus, contributors, .. } => {
                     if *round != self.reduced.len() as u64 {
@@ -206,11 +214,14 @@ impl ConsensusOracle {
                 Source::Relay(host, Leg::Data),
                 ClusterEvent::Relay(RelayEvent::HostFrameShipped { ranks, .. }),
             ) => {
-                self.shipped.entry(host.to_string()).or_default().push_back(ranks.clone());
+                let host = host.to_string();
+                let incarnation = self.host_incarnation.get(&host).copied().unwrap_or(0);
+                self.shipped.entry((host, incarnation)).or_default().push_back(ranks.clone());
                 self.settle_rounds();
             }
             (Source::Rank(r), ClusterEvent::Rank(RankNodeEvent::Submitted { mass, values, .. })) => {
-                self.submitted.entry(*r).or_default().push_back((*mass, values.clone()));
+                let incarnation = self.rank_incarnation.get(r).copied().unwrap_or(0);
+                self.submitted.entry((*r, incarnation)).or_default().push_back((*mass, values.clone()));
                 self.settle_rounds();
             }
             (
@@ -321,26 +332,27 @@ impl ConsensusOracle {
 
     /// Whether every event round `r` needs has arrived.
     fn ready(&self, r: &Round) -> bool {
-        let mut need_ship: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut need_ship: BTreeMap<&(String, u32), usize> = BTreeMap::new();
         for c in &r.contributors {
             // An unknown contributor fails the round at once (check_round says why).
             let Some(h) = self.host_of.get(c) else { return true };
             *need_ship.entry(h).or_default() += 1;
         }
-        let mut need_sub: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut need_sub: BTreeMap<(u32, u32), usize> = BTreeMap::new();
         for (h, n) in need_ship {
             let Some(q) = self.shipped.get(h).filter(|q| q.len() >= n) else { return false };
             for ranks in q.iter().take(n) {
                 for rank in ranks {
-                    *need_sub.entry(*rank).or_default() += 1;
+                    *need_sub.entry((*rank, h.1)).or_default() += 1;
                 }
             }
         }
-        need_sub.into_iter().all(|(rank, n)| self.submitted.get(&rank).is_some_and(|q| q.len() >= n))
+        need_sub.into_iter().all(|(key, n)| self.submitted.get(&key).is_some_and(|q| q.len() >= n))
     }
 
     fn check_round(&mut self, r: &Round) {
         let round = r.round;
+        // Each folded rank with the incarnation of the host frame it came in.
         let mut ranks = Vec::new();
         for c in &r.contributors {
             let Some(h) = self.host_of.get(c).cloned() else {
@@ -348,14 +360,17 @@ impl ConsensusOracle {
                     .violation(format!("round {round}: a contributor ({c}) that never joined the reduce"));
             };
             match self.shipped.get_mut(&h).and_then(VecDeque::pop_front) {
-                Some(rs) => ranks.extend(rs),
-                None => return self.violation(format!("round {round}: {h}'s host frame was never shipped")),
+                Some(rs) => ranks.extend(rs.into_iter().map(|rank| (rank, h.1))),
+                None => {
+                    return self.violation(format!("round {round}: {}'s host frame was never shipped", h.0));
+                }
             }
         }
         // The exact mass-weighted mean of exactly these contributions, in f64.
         let (mut mass, mut sum, mut scale) = (0.0f64, Vec::<f64>::new(), 0.0f64);
-        for rank in &ranks {
-            let Some((m, v)) = self.submitted.get_mut(rank).and_then(VecDeque::pop_front) else {
+        for &(rank, incarnation) in &ranks {
+            let Some((m, v)) = self.submitted.get_mut(&(rank, incarnation)).and_then(VecDeque::pop_front)
+            else {
                 return self.violation(format!("round {round}: rank {rank} was folded but never submitted"));
             };
             if sum.is_empty() {
@@ -513,5 +528,107 @@ mod tests {
         let s = feed(&mut ConsensusOracle::default(), vec![4.0, 5.0], vec![4.0, 5.0], &[0, 1, 2, 4, 5]);
         assert_eq!(s.rounds_checked, 0);
         assert!(s.violations[0].starts_with("round 0: never saw"), "{:?}", s.violations);
+    }
+
+    /// An elastic replacement: host b dies with a contribution its relay
+    /// never shipped, its replacement (incarnation 1) is taken in, and the
+    /// new rank 1's first submission reaches the checker before or after
+    /// the controller's promotion event (nodes' events interleave as they
+    /// will). Either way round 1 sums rank 0's and the new rank 1's, never
+    /// the dead one's.
+    #[test]
+    fn a_replacements_contributions_never_mix_with_the_dead_processes() {
+        use crate::coord::CoordinatorEvent;
+        use crate::join::JoinWindowEvent;
+        let joined = |conn, host: &str, rank| {
+            ev(
+                Source::Controller,
+                ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::HostJoined {
+                    conn: ConnId(conn),
+                    host: host.into(),
+                    ranks: vec![rank],
+                    sealed: false,
+                })),
+            )
+        };
+        let submitted = |rank, mass, v| {
+            ev(
+                Source::Rank(rank),
+                ClusterEvent::Rank(RankNodeEvent::Submitted { round: 0, mass, values: vec![v] }),
+            )
+        };
+        let shipped = |host: &str, rank| {
+            ev(
+                Source::Relay(host.into(), Leg::Data),
+                ClusterEvent::Relay(RelayEvent::HostFrameShipped {
+                    round: 0,
+                    deposits: 1,
+                    ranks: vec![rank],
+                    weight: 1.0,
+                    bytes: 0,
+                }),
+            )
+        };
+        let reduced = |round, weight, v: f32, contributors: Vec<ConnId>| {
+            let (s, mut e) = consensus(round, weight, vec![v]);
+            if let ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::Consensus {
+                contributors: c,
+                ..
+            })) = &mut e
+            {
+                *c = contributors;
+            }
+            (s, e)
+        };
+        let replaced = ev(
+            Source::Controller,
+            ClusterEvent::Controller(ControllerNodeEvent::Join(JoinWindowEvent::Replaced {
+                conn: ConnId(3),
+                host: "b".into(),
+                ranks: 1..2,
+                incarnation: 1,
+            })),
+        );
+        let promoted = ev(
+            Source::Controller,
+            ClusterEvent::Controller(ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted {
+                rank: 1,
+                incarnation: 1,
+            })),
+        );
+        for new_first_then_promoted in [true, false] {
+            let mut events = vec![
+                joined(9, "a", 0),
+                joined(10, "b", 1),
+                submitted(0, 1.0, 1.0),
+                shipped("a", 0),
+                submitted(1, 1.0, 3.0),
+                shipped("b", 1),
+                reduced(0, 2.0, 2.0, vec![ConnId(9), ConnId(10)]),
+                // The dead process's last contribution, never shipped.
+                submitted(1, 1.0, 7.0),
+                replaced.clone(),
+                joined(11, "b", 1),
+            ];
+            let new_first = submitted(1, 0.0, 9.0);
+            if new_first_then_promoted {
+                events.extend([new_first, promoted.clone()]);
+            } else {
+                events.extend([promoted.clone(), new_first]);
+            }
+            events.extend([
+                submitted(0, 1.0, 4.0),
+                shipped("a", 0),
+                shipped("b", 1),
+                reduced(1, 1.0, 4.0, vec![ConnId(9), ConnId(11)]),
+            ]);
+            let mut check = ConsensusOracle::default();
+            for (source, event) in &events {
+                check.observe(source, event);
+            }
+            let s = check.finish();
+            assert!(s.ok(), "{new_first_then_promoted}: {:?}", s.violations);
+            assert_eq!((s.rounds, s.rounds_checked), (2, 2));
+        }
     }
 }
