@@ -10,8 +10,8 @@
 #![no_main]
 use cohort_fuzz::machines::*;
 use cohort_fuzz::{SALT, key, msgs, seeds, zero_key};
-use cohort_proto::{Adopt, ConnId, Peer};
 use cohort_proto::join::{ClusterPhase, JoinConfig, JoinWindow, StartMode, TrustMode, WindowParams};
+use cohort_proto::{Adopt, ConnId, Peer};
 use libfuzzer_sys::fuzz_target;
 
 cohort_fuzz::install_counting_allocator!();
@@ -82,7 +82,7 @@ fn make_seeds() -> Vec<Vec<u8>> {
 
 /// Three in four connections come as the elastic join.
 fn adopt(m: &mut JoinWindow, now: cohort_proto::Time, conn: ConnId, peer: Peer, first: &[u8]) {
-    if conn.0 % 4 == 0 {
+    if conn.0.is_multiple_of(4) {
         m.adopt(now, conn, peer, first);
     } else {
         m.adopt_elastic(now, conn, first);

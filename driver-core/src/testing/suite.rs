@@ -923,6 +923,23 @@ mod cluster {
             }
         }
 
+        /// Reads events until the run ended, `exits` rank exits were
+        /// heard, two hosts left and the controller said it could stop.
+        fn until_the_end(&mut self, exits: usize) {
+            self.until("the run's end, every rank's exit and both live hosts' leaving", |all| {
+                all.iter()
+                    .any(|s| matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))))
+                    && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count()
+                        == exits
+                    && all
+                        .iter()
+                        .filter(|s| matches!(s.event, ClusterEvent::Host(HostNodeEvent::Finished { .. })))
+                        .count()
+                        == 2
+                    && all.iter().any(|s| matches!(&s.event, ClusterEvent::Note(n) if n == CAN_STOP))
+            });
+        }
+
         /// Whatever is still queued.
         fn drain(&mut self) {
             while let Some(s) = self.events.try_next() {
@@ -1020,16 +1037,7 @@ mod cluster {
         let synthetic = host(a, "host-a", addr, clock, &sink, None, sealed);
         let own = host(b, "host-b", addr, clock, &sink, Some(&seen_by_workload), sealed);
         let mut seen = Seen { events, all: Vec::new() };
-        seen.until("the run's end, every rank's exit and both hosts' leaving", |all| {
-            all.iter().any(|s| matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))))
-                && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count() == WORLD
-                && all
-                    .iter()
-                    .filter(|s| matches!(s.event, ClusterEvent::Host(HostNodeEvent::Finished { .. })))
-                    .count()
-                    == 2
-                && all.iter().any(|s| matches!(&s.event, ClusterEvent::Note(n) if n == CAN_STOP))
-        });
+        seen.until_the_end(WORLD);
         assert_eq!(synthetic.ranks().len() + own.ranks().len(), WORLD);
         block_on(stop_all(vec![synthetic]));
         block_on(stop_all(vec![own]));
@@ -1139,16 +1147,7 @@ mod cluster {
         assert!(block_on(hosts[1].kill_rank(victim)), "rank {victim} runs on host-b");
         assert!(!block_on(hosts[0].kill_rank(victim)), "not on host-a");
         assert!(!hosts[1].ranks().contains(&victim));
-        seen.until("the run's end, every rank's exit and both hosts' leaving", |all| {
-            all.iter().any(|s| matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))))
-                && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count() == WORLD
-                && all
-                    .iter()
-                    .filter(|s| matches!(s.event, ClusterEvent::Host(HostNodeEvent::Finished { .. })))
-                    .count()
-                    == 2
-                && all.iter().any(|s| matches!(&s.event, ClusterEvent::Note(n) if n == CAN_STOP))
-        });
+        seen.until_the_end(WORLD);
         block_on(stop_all(hosts));
         block_on(controller.shutdown());
         seen.drain();
@@ -1210,17 +1209,7 @@ mod cluster {
         // incarnation's: the old one's nodes had stopped when `kill` returned.
         let killed_at = seen.all.len();
         let replacement = spawn_host(a, elastic("host-b"), &sink, None);
-        seen.until("the run's end, every rank's exit and both live hosts' leaving", |all| {
-            all.iter().any(|s| matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))))
-                && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count()
-                    == WORLD + 2
-                && all
-                    .iter()
-                    .filter(|s| matches!(s.event, ClusterEvent::Host(HostNodeEvent::Finished { .. })))
-                    .count()
-                    == 2
-                && all.iter().any(|s| matches!(&s.event, ClusterEvent::Note(n) if n == CAN_STOP))
-        });
+        seen.until_the_end(WORLD + 2);
         block_on(stop_all(vec![host_a]));
         block_on(stop_all(vec![replacement]));
         block_on(controller.shutdown());
