@@ -59,6 +59,9 @@ impl CheckSummary {
     }
 }
 
+/// One submitted contribution: its mass and values.
+type Submission = (f64, Vec<f32>);
+
 #[derive(Debug)]
 struct Round {
     round: u64,
@@ -119,7 +122,7 @@ pub struct ConsensusOracle {
     /// Host frames shipped, by host and incarnation.
     shipped: BTreeMap<(String, u32), VecDeque<Vec<u32>>>,
     /// Contributions submitted, by rank and incarnation.
-    submitted: BTreeMap<(u32, u32), VecDeque<(f64, Vec<f32>)>>,
+    submitted: BTreeMap<(u32, u32), VecDeque<Submission>>,
     pending: VecDeque<Round>,
     /// Every reduced round: its weight and values, by round number.
     reduced: Vec<(f64, Option<Vec<f32>>)>,
