@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use cohort_proto::display::Count;
 use cohort_sim::explore::random_scenario;
+use cohort_sim::scenario::Fault;
 use cohort_sim::shrink::{caught, fails_as, failure_kind};
 use cohort_sim::{Cluster, Outcome, Report, Scenario};
 
@@ -334,6 +335,10 @@ struct Tally {
     elastic: u64,
     elastic_done: u64,
     promoted: u64,
+    /// Elastic runs that add a host, and the ranks promoted past the
+    /// formed world (grown into it).
+    adding: u64,
+    grown: u64,
 }
 
 fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool, save_failing: Option<PathBuf>) -> i32 {
@@ -405,6 +410,10 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool, save_failing:
                         t.elastic += 1;
                         t.elastic_done += u64::from(report.outcome.is_done());
                         t.promoted += report.promotions.len() as u64;
+                        t.adding += u64::from(sc.faults.iter().any(|f| matches!(f.fault, Fault::AddHost(_))));
+                        t.grown +=
+                            report.promotions.iter().filter(|(r, _, _)| *r >= report.world_size).count()
+                                as u64;
                     }
                     t.deaths += report.deaths.len() as u64;
                     t.virtual_s += report.ended_at.as_secs_f64();
@@ -440,9 +449,11 @@ fn explore(seeds: u64, from: u64, jobs: Option<usize>, json: bool, save_failing:
         }
         row("sealed links", t.sealed.to_string());
         row("  of them done", t.sealed_done.to_string());
-        row("elastic (restart_host)", t.elastic.to_string());
+        row("elastic (restart_host, add_host)", t.elastic.to_string());
         row("  of them done", t.elastic_done.to_string());
         row("  ranks promoted", t.promoted.to_string());
+        row("  adding a host", t.adding.to_string());
+        row("  ranks grown past the formed world", t.grown.to_string());
         row("ranks declared dead", t.deaths.to_string());
         row("virtual seconds simulated", format!("{:.0}", t.virtual_s));
         row("world events", t.steps.to_string());

@@ -324,7 +324,10 @@ impl<W: SimWorkload> Cluster<W> {
                 spread: class.spread,
                 spawned: false,
             });
-            acts.push((secs(h.join_at_s), Act::HostJoins(i)));
+            // An added host starts with its fault instead.
+            if !sc.is_added(&h.name) {
+                acts.push((secs(h.join_at_s), Act::HostJoins(i)));
+            }
         }
         for (i, f) in sc.faults.iter().enumerate() {
             acts.push((secs(f.at_s), Act::Fault(i)));
@@ -805,6 +808,11 @@ impl<W: SimWorkload> Cluster<W> {
                     self.acts.insert(pos, (at, Act::HostRestarts(i)));
                 }
             }
+            Fault::AddHost(host) => {
+                if let Some(i) = self.host_named(&host) {
+                    self.apply(Act::HostJoins(i));
+                }
+            }
             Fault::PartitionHost { host, for_s } => {
                 if let Some(h) = self.host_named(&host).map(|i| self.hosts[i].host) {
                     let others: Vec<HostId> = (0..self.world.hosts().len()).filter(|o| *o != h).collect();
@@ -1075,6 +1083,15 @@ impl<W: SimWorkload> Cluster<W> {
                 self.timeline.instant(t, "controller", &msg);
                 for r in ranks.clone() {
                     self.incarnations.insert(r, *incarnation);
+                }
+            }
+            ControllerNodeEvent::Join(JoinWindowEvent::Grown { host, ranks, incarnation, .. }) => {
+                let msg = format!("{host} added: ranks {ranks:?} as incarnation {incarnation}");
+                self.timeline.instant(t, "controller", &msg);
+                let name: Arc<str> = Arc::from(host.as_str());
+                for r in ranks.clone() {
+                    self.incarnations.insert(r, *incarnation);
+                    self.rank_host.insert(r, name.clone());
                 }
             }
             ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted { rank, incarnation }) => {

@@ -198,6 +198,7 @@ pub fn random_scenario(seed: u64) -> Scenario {
             },
             // Not in `FaultKind::ALL`: drawn by the elastic stream only.
             FaultKind::RestartHost => Fault::RestartHost { host, for_s: r.uniform(2.0, 30.0) },
+            FaultKind::AddHost => Fault::AddHost(host),
         };
         sc.faults.push(FaultAt { at_s: at, fault });
     }
@@ -220,7 +221,8 @@ pub fn random_scenario(seed: u64) -> Scenario {
     // Elastic healing (cohort only), from a stream of its own: a seed not
     // drawn elastic keeps its scenario, and so its trace, as it was. An
     // elastic seed restarts one or two hosts, each replacement dialing
-    // `for_s` after its host died.
+    // `for_s` after its host died; half of them then grow the world by a
+    // new host, some leave room they never fill.
     let mut e = stream(seed, "elastic");
     if n_hosts >= 2 && e.chance(0.3) {
         let mut elastic = sc.clone();
@@ -233,6 +235,20 @@ pub fn random_scenario(seed: u64) -> Scenario {
             let for_s = if e.chance(0.8) { e.uniform(0.2, 5.0) } else { e.uniform(5.0, 30.0) };
             elastic.faults.push(FaultAt { at_s, fault: Fault::RestartHost { host, for_s } });
         }
+        let mut max = world;
+        if e.chance(0.5) {
+            let name = format!("host-{n_hosts}");
+            let ranks = e.range(1, 3) as u32;
+            let speed = Some(speeds[e.range(0, 3) as usize].to_owned());
+            elastic.hosts.push(HostSpec { name: name.clone(), ranks, join_at_s: 0.0, libtorch: None, speed });
+            let at_s = if e.chance(0.8) { e.uniform(arrivals + 0.5, busy) } else { e.uniform(0.5, busy) };
+            elastic.faults.push(FaultAt { at_s, fault: Fault::AddHost(name) });
+            max += ranks;
+        }
+        if e.chance(0.3) {
+            max += e.range(1, 3) as u32;
+        }
+        elastic.elastic = Some(max);
         elastic.faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
         // Only where elastic healing runs (cohort's rules, the CPU plane).
         if elastic.validate().is_ok() {

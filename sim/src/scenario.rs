@@ -350,6 +350,12 @@ pub enum Fault {
         /// How long until the replacement's agent starts.
         for_s: f64,
     },
+    /// The host (one of `hosts`) starts its agent now, not at its
+    /// `join_at_s`: a new machine brought in while the run trains. In an
+    /// elastic world with room (`"elastic"` at least every host's ranks)
+    /// its ranks are appended to the running world; otherwise its dial is
+    /// refused, as flodl's window refuses any dial after formation.
+    AddHost(String),
 }
 
 /// The kinds of [`Fault`], as a scenario file names them.
@@ -384,6 +390,9 @@ pub enum FaultKind {
     /// [`Fault::RestartHost`] (explore draws it apart from [`FaultKind::ALL`],
     /// in elastic runs only).
     RestartHost,
+    /// [`Fault::AddHost`] (explore draws it apart from [`FaultKind::ALL`],
+    /// in elastic runs only).
+    AddHost,
 }
 
 impl FaultKind {
@@ -426,6 +435,7 @@ impl FaultKind {
             FaultKind::ExitRank => "exit_rank",
             FaultKind::CompromiseHost => "compromise_host",
             FaultKind::RestartHost => "restart_host",
+            FaultKind::AddHost => "add_host",
         }
     }
 }
@@ -454,6 +464,7 @@ impl Fault {
             Fault::ExitRank(_) => FaultKind::ExitRank,
             Fault::CompromiseHost { .. } => FaultKind::CompromiseHost,
             Fault::RestartHost { .. } => FaultKind::RestartHost,
+            Fault::AddHost(_) => FaultKind::AddHost,
         }
     }
 }
@@ -498,6 +509,8 @@ struct RawFault {
     attack: Option<Attack>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     restart_host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    add_host: Option<String>,
 }
 
 impl TryFrom<RawFault> for FaultAt {
@@ -528,6 +541,9 @@ impl TryFrom<RawFault> for FaultAt {
         }
         if let Some(h) = r.corrupt_link {
             found.push(Fault::CorruptLink(h));
+        }
+        if let Some(h) = r.add_host {
+            found.push(Fault::AddHost(h));
         }
         if r.kill_controller == Some(true) {
             found.push(Fault::KillController);
@@ -566,7 +582,7 @@ impl TryFrom<RawFault> for FaultAt {
             1 => Ok(FaultAt { at_s: r.at_s, fault: found.remove(0) }),
             0 => Err("a fault needs one of kill_rank, kill_host, wedge_rank, partition_host, corrupt_link, \
                       kill_controller, operator_start, abort, slow_rank, slow_link, reset_host, exit_rank, compromise_host, \
-                      restart_host"
+                      restart_host, add_host"
                 .into()),
             _ => Err("a fault entry holds exactly one fault".into()),
         }
@@ -606,6 +622,7 @@ impl From<FaultAt> for RawFault {
                 r.restart_host = Some(host);
                 r.for_s = Some(for_s);
             }
+            Fault::AddHost(h) => r.add_host = Some(h),
         }
         r
     }
@@ -1060,7 +1077,11 @@ impl Scenario {
         }
         self.knobs().validate().map_err(|e| ScenarioError::new(e.field, e.reason))?;
         if let Some(max) = self.elastic {
-            self.run_config(self.world_size())
+            // A host added later may find no room: that is for the run to
+            // show, so the largest world need only hold the hosts it forms
+            // with.
+            let forming = self.hosts.iter().filter(|h| !self.is_added(&h.name)).map(|h| h.ranks).sum();
+            self.run_config(forming)
                 .validate_elastic(max)
                 .map_err(|e| ScenarioError::new(e.field, e.reason))?;
         }
@@ -1101,8 +1122,19 @@ impl Scenario {
             seconds(&format!("faults[{i}].at_s"), f.at_s, false)?;
             self.check_fault(&f.fault)
                 .map_err(|e| ScenarioError::new(&format!("faults[{i}].{}", e.field), e.problem))?;
+            if let Fault::AddHost(h) = &f.fault
+                && self.faults[..i].iter().any(|g| g.fault == f.fault)
+            {
+                return err(&format!("faults[{i}].add_host"), &format!("{h:?} is added once"));
+            }
         }
         Ok(())
+    }
+
+    /// Whether `host` starts with an `add_host` fault (not at its
+    /// `join_at_s`).
+    pub fn is_added(&self, host: &str) -> bool {
+        self.faults.iter().any(|f| matches!(&f.fault, Fault::AddHost(h) if h == host))
     }
 
     /// Checks one fault against this scenario's cluster (the rank inside the
@@ -1127,6 +1159,7 @@ impl Scenario {
             | Fault::SlowLink { host: h, .. }
             | Fault::CompromiseHost { host: h, .. }
             | Fault::RestartHost { host: h, .. }
+            | Fault::AddHost(h)
                 if !self.hosts.iter().any(|x| &x.name == h) =>
             {
                 let field = fault.kind().name();

@@ -277,6 +277,14 @@ fn controller(e: &ControllerNodeEvent) -> Line {
                     ranks.start, ranks.end
                 ),
             ),
+            JoinWindowEvent::Grown { host, ranks, .. } => line(
+                Info,
+                "host_added",
+                format!(
+                    "{host} grew the world with ranks {}..{}; they join at the next cycle",
+                    ranks.start, ranks.end
+                ),
+            ),
             JoinWindowEvent::Rejected { conn, reason } => {
                 line(Warn, "join_rejected", format!("join dial {conn} rejected: {reason}"))
             }
@@ -745,7 +753,8 @@ pub fn data(s: &Stamped) -> Option<serde_json::Value> {
                 JoinWindowEvent::RankExited { host, rank, code, .. } => {
                     json!({ "host": host, "rank": rank, "code": code })
                 }
-                JoinWindowEvent::Replaced { host, ranks, incarnation, .. } => {
+                JoinWindowEvent::Replaced { host, ranks, incarnation, .. }
+                | JoinWindowEvent::Grown { host, ranks, incarnation, .. } => {
                     json!({ "host": host, "ranks": ranks.clone().collect::<Vec<u32>>(), "incarnation": incarnation })
                 }
                 JoinWindowEvent::HostLost { host, ranks, loss, .. } => {

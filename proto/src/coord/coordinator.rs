@@ -153,9 +153,18 @@ impl Coordinator {
         self.admitted = Some(hosts.into_iter().collect());
     }
 
-    /// An elastic world's replacement: `host` takes over `ranks` (a dead
-    /// host's slots; any admitted host holding them is forgotten) as their
-    /// `incarnation`. Its
+    /// An elastic world formed smaller than its largest size (the
+    /// configuration's `world_size`): the ranks from `from` on are slots no
+    /// process holds yet, which the run does not wait for and a new host
+    /// may fill later ([`Coordinator::replace_host`]). Call it before any
+    /// relay joins (see [`Scheduler::reserve_slots`]).
+    pub fn reserve_slots(&mut self, from: u32) {
+        self.sched.reserve_slots(from);
+    }
+
+    /// An elastic world's late joiner: `host` takes over `ranks` (a dead
+    /// host's slots, any admitted host holding them forgotten, or vacant
+    /// ones) as their `incarnation`. Its
     /// relay's hello is then held to them, and the ranks wait for their
     /// promotion (see [`Scheduler::fill_slots`]).
     pub fn replace_host(&mut self, now: Time, host: String, ranks: Vec<u32>, incarnation: u32) {
@@ -208,7 +217,7 @@ impl Coordinator {
 
     fn formation_failed(&mut self, why: FormationFailure) {
         let covered = self.routes.len() as u32;
-        let world_size = self.sched.config().world_size;
+        let world_size = self.sched.liveness().members();
         self.out.event(CoordinatorEvent::FormationFailed { covered, world_size, why });
     }
 
@@ -395,9 +404,16 @@ impl Coordinator {
         }
         self.sched.control_ready(&ranks);
         self.out.event(CoordinatorEvent::RelayJoined { conn, host, ranks });
-        if self.is_forming() && self.routes.len() as u32 == self.sched.config().world_size {
+        if self.is_forming() && self.covered() {
             self.begin(now);
         }
+    }
+
+    /// Whether every rank of the world has a route, its vacant slots (see
+    /// [`Coordinator::reserve_slots`]) aside.
+    fn covered(&self) -> bool {
+        let live = self.sched.liveness();
+        (0..self.sched.config().world_size).all(|r| self.routes.contains_key(&r) || live.is_vacant(r))
     }
 
     /// Every rank is announced (or the rest were declared dead): the run
@@ -421,8 +437,9 @@ impl Coordinator {
             let timeout = cfg.timeout_scale.scaled_secs(COORD_FORMATION);
             return self.give_up(FormationFailure::Deadline(timeout));
         }
+        let live = self.sched.liveness();
         let missing: Vec<(u32, DeathCause)> = (0..cfg.world_size)
-            .filter(|r| !self.routes.contains_key(r))
+            .filter(|&r| !self.routes.contains_key(&r) && !live.is_vacant(r))
             .map(|r| (r, DeathCause::NotAnnounced))
             .collect();
         self.sched.report_deaths(now, &missing);

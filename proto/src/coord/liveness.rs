@@ -57,6 +57,10 @@ pub struct Liveness {
     /// Each rank's incarnation: 0 at formation, its replacement's after a
     /// revival (elastic worlds only).
     incarnations: Vec<u32>,
+    /// Slots no process has held yet (an elastic world's room to grow):
+    /// dead to the run, but neither deaths nor members (see
+    /// [`Liveness::reserve`]).
+    vacant: Vec<u32>,
 }
 
 /// One nanosecond: the step past a "strictly greater than" deadline.
@@ -73,7 +77,49 @@ impl Liveness {
             staleness,
             bound: now + staleness + NS,
             incarnations: vec![0; world as usize],
+            vacant: Vec::new(),
         }
+    }
+
+    /// Reserves an alive rank as a slot no process holds yet (an elastic
+    /// world formed smaller than its largest size): it is out of the run
+    /// like a dead rank (and, like one, still a broadcast's recipient,
+    /// which reaches it once it has a route), but counts neither as a
+    /// death nor as a member,
+    /// until a late joiner's [`Liveness::revive`] fills it. `false`,
+    /// changing nothing, if the rank is not alive.
+    ///
+    /// ```
+    /// use cohort_proto::coord::Liveness;
+    /// use cohort_proto::Time;
+    /// use core::time::Duration;
+    /// let mut l = Liveness::new(3, Duration::from_secs(30), Time::ZERO);
+    /// assert!(l.reserve(2));
+    /// assert_eq!((l.alive(), l.dead_count(), l.members()), (vec![0, 1], 0, 2));
+    /// assert!(l.is_dead(2) && l.is_vacant(2));
+    /// assert!(l.revive(2, Time::from_secs(5), 1), "a late joiner fills it");
+    /// assert_eq!((l.alive(), l.members(), l.is_vacant(2)), (vec![0, 1, 2], 3, false));
+    /// ```
+    pub fn reserve(&mut self, rank: u32) -> bool {
+        if !self.mark_dead(rank) {
+            return false;
+        }
+        if let Err(i) = self.vacant.binary_search(&rank) {
+            self.vacant.insert(i, rank);
+        }
+        true
+    }
+
+    /// Whether `rank` is a slot no process has held yet (see
+    /// [`Liveness::reserve`]).
+    pub fn is_vacant(&self, rank: u32) -> bool {
+        self.vacant.binary_search(&rank).is_ok()
+    }
+
+    /// The ranks that hold or held a process: the world less its vacant
+    /// slots. A failure budget's share is of these.
+    pub fn members(&self) -> u32 {
+        self.world() - self.vacant.len() as u32
     }
 
     /// Brings a dead rank back as `incarnation`, alive and heard at `now`
@@ -99,9 +145,13 @@ impl Liveness {
         }
         let l = &mut self.ranks[rank as usize];
         *l = Life::Alive { last_heard: now };
-        // A dead rank stayed reachable; only the alive list takes it back.
+        // A dead rank (a vacant slot too) stayed reachable; only the alive
+        // list takes it back.
         if let Err(i) = self.alive.binary_search(&rank) {
             self.alive.insert(i, rank);
+        }
+        if let Ok(i) = self.vacant.binary_search(&rank) {
+            self.vacant.remove(i);
         }
         self.bound = self.bound.min(now + self.staleness + NS);
         self.incarnations[rank as usize] = incarnation;
@@ -258,9 +308,10 @@ impl Liveness {
         self.alive.len() as u32
     }
 
-    /// How many ranks are dead now (a revived rank no longer counts).
+    /// How many ranks are dead now (a revived rank no longer counts, nor
+    /// does a vacant slot).
     pub fn dead_count(&self) -> u32 {
-        self.ranks.iter().filter(|l| matches!(l, Life::Dead)).count() as u32
+        self.ranks.iter().filter(|l| matches!(l, Life::Dead)).count() as u32 - self.vacant.len() as u32
     }
 
     /// The world size.

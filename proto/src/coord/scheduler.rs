@@ -843,15 +843,38 @@ impl Scheduler {
         }
     }
 
-    /// An elastic world's replacement host took over `ranks` (every one of
-    /// them dead) as their `incarnation`: they wait, hearing only beacons and shutdowns, until both
-    /// their legs arrived ([`Scheduler::control_ready`],
-    /// [`Scheduler::data_ready`]) and the next cycle trigger promotes them
-    /// (`RankPromoted`), so they enter the run at a consensus. Ranks not
-    /// dead are skipped; so is everything outside a running elastic run.
+    /// An elastic world formed smaller than its largest size: the ranks
+    /// `from..world_size` are slots no process holds yet, out of the run
+    /// (no plan, no window, no round waits for them) without counting as
+    /// deaths or members, until a late joiner fills them
+    /// ([`Scheduler::fill_slots`], as a replacement fills a dead host's).
+    /// Only before the run begins; nothing is emitted.
+    pub fn reserve_slots(&mut self, from: u32) {
+        if self.phase != Phase::Waiting || self.cfg.elastic.is_none() {
+            return;
+        }
+        for r in from..self.cfg.world_size {
+            if self.live.reserve(r)
+                && let Some(e) = self.el_che.as_mut()
+            {
+                let _ = e.on_dead(r);
+            }
+        }
+    }
+
+    /// An elastic world's late joiner took over `ranks` as their
+    /// `incarnation`: a replacement a dead host's, a new host vacant slots
+    /// (see [`Scheduler::reserve_slots`]). They wait, hearing only beacons
+    /// and shutdowns, until both their legs arrived
+    /// ([`Scheduler::control_ready`], [`Scheduler::data_ready`]) and the
+    /// next cycle trigger promotes them (`RankPromoted`), so they enter the
+    /// run at a consensus. Ranks not dead are skipped; so is everything in
+    /// a world not elastic or a run that ended.
     pub fn fill_slots(&mut self, now: Time, ranks: &[u32], incarnation: u32) {
         self.catch_up(now);
-        if !self.running() || self.cfg.elastic.is_none() {
+        // A late joiner may come while the relays still cover the world:
+        // it is promoted at the first trigger all the same.
+        if self.ended() || self.cfg.elastic.is_none() {
             return;
         }
         for &r in ranks {
@@ -1183,7 +1206,7 @@ impl Scheduler {
         let c = &self.cfg;
         if let Some(reason) = unrecoverable(
             c.failure_budget,
-            c.world_size,
+            self.live.members(),
             self.live.dead_count(),
             self.live.alive_count(),
             c.backend,
@@ -1300,7 +1323,7 @@ impl Scheduler {
                 let c = &self.cfg;
                 let reason = unrecoverable(
                     c.failure_budget,
-                    c.world_size,
+                    self.live.members(),
                     self.live.dead_count(),
                     self.live.alive_count(),
                     c.backend,
@@ -2228,7 +2251,7 @@ impl Scheduler {
             counts,
             barrier_paced: self.barrier_paced(),
             calibrated: self.calibrated(),
-            probe: probe_batches(self.cfg.epoch_samples, self.cfg.world_size.into(), self.cfg.batch_size),
+            probe: probe_batches(self.cfg.epoch_samples, self.live.members().into(), self.cfg.batch_size),
             budget: reduce_budget(count, is_async, self.max_overshoot),
             window_steps: self.window_steps(rank),
         })

@@ -460,7 +460,8 @@ pub enum AdmitError {
     /// The u32 rank space is used up (only a hostile flood gets here).
     RankSpaceExhausted,
     /// A late joiner of an elastic world found no dead host's slots of its
-    /// size to take over (cohort only).
+    /// size to take over, nor room for its ranks below the world's largest
+    /// size (cohort only).
     NoVacancy {
         /// How many devices it offered.
         devices: usize,
@@ -538,7 +539,11 @@ impl fmt::Display for AdmitError {
                 f.write_str("rank space exhausted: no more rank ids can be assigned")
             }
             AdmitError::NoVacancy { devices } => {
-                write!(f, "no vacancy: the running world has no dead host's {devices} rank(s) to take over")
+                write!(
+                    f,
+                    "no vacancy: the running world has no dead host's {devices} rank(s) to take over, nor room \
+                     for {devices} more"
+                )
             }
         }
     }
@@ -987,6 +992,50 @@ impl Ledger {
             seeded: Seeded::default(),
             offered,
         };
+        Ok(index)
+    }
+
+    /// Admits a new host into a formed elastic world that has room for it:
+    /// the checks of [`Ledger::readmit`] (its name must be new), then its
+    /// ranks are appended, as in the window, provided they stay below
+    /// `max_world`. The new member is incarnation 1: a slot's incarnation 0
+    /// is the process that held it at formation, and this slot had none.
+    /// Returns the member's index. A refusal changes nothing.
+    pub fn grow(&mut self, offer: JoinOffer, elapsed: Duration, max_world: u32) -> Result<usize, AdmitError> {
+        let JoinOffer { host, local_devices, gpus, libtorch, dataset_sig, run_id, nccl_version, model_sig } =
+            offer;
+        let count = hello_shape(&host, &local_devices)?;
+        if self.hosts.contains_key(&host) {
+            return Err(AdmitError::DuplicateHost { host });
+        }
+        let mut seeds = Seeds::default();
+        self.coherence(&host, &libtorch, dataset_sig, &run_id, nccl_version, &model_sig, &mut seeds)?;
+        let first = self.next_rank;
+        let end = u32::try_from(count)
+            .ok()
+            .and_then(|k| first.checked_add(k))
+            .filter(|&end| end <= max_world)
+            .ok_or(AdmitError::NoVacancy { devices: count })?;
+        let index = self.members.len();
+        self.next_rank = end;
+        self.hosts.insert(host.clone(), index as u32);
+        let offered = Offered {
+            dataset: dataset_sig,
+            run_id,
+            nccl: nccl_version.map(|(major, minor, _)| (major, minor)),
+            model: model_sig,
+        };
+        self.members.push(Member {
+            host,
+            ranks: first..end,
+            local_devices,
+            gpus,
+            libtorch,
+            joined_at_secs: elapsed.as_secs(),
+            incarnation: 1,
+            seeded: Seeded::default(),
+            offered,
+        });
         Ok(index)
     }
 

@@ -79,12 +79,14 @@ pub struct WindowParams {
     /// another run under the same pre-shared salt verifies. Needs
     /// [`TrustMode::PreShared`].
     pub run_nonce: Option<RunNonce>,
-    /// Elastic healing (cohort only; `false` by default): a formed world
-    /// whose every member dialed [`ELASTIC_JOIN`](super::ELASTIC_JOIN)
-    /// admits a late elastic joiner into a dead host's slots (see
-    /// [`JoinWindow::vacate`]). Otherwise a dial after formation is
-    /// refused `WindowClosed`, as flodl's window refuses it.
-    pub elastic: bool,
+    /// Elastic healing and growth up to a world of this many ranks (cohort
+    /// only; `None` by default): a formed world whose every member dialed
+    /// [`ELASTIC_JOIN`](super::ELASTIC_JOIN) admits a late elastic joiner
+    /// into a dead host's slots (see [`JoinWindow::vacate`]), or else, a
+    /// new host, into ranks appended below this size. Otherwise a dial
+    /// after formation is refused `WindowClosed`, as flodl's window refuses
+    /// it.
+    pub elastic: Option<u32>,
 }
 
 impl WindowParams {
@@ -99,7 +101,7 @@ impl WindowParams {
             model_sig: None,
             rules: Rules::Cohort,
             run_nonce: None,
-            elastic: false,
+            elastic: None,
         }
     }
 }
@@ -331,6 +333,19 @@ pub enum JoinWindowEvent {
         /// Ranks admitted in all.
         joined_ranks: usize,
     },
+    /// A new host grew a formed elastic world (cohort only): its ranks
+    /// were appended, its accept is queued, and it is a member from now.
+    Grown {
+        /// Its link.
+        conn: ConnId,
+        /// The host.
+        host: String,
+        /// Its ranks (the world's next ones).
+        ranks: Range<u32>,
+        /// The member's incarnation: 1, the slots' first holder after
+        /// formation (0 is the formed world's).
+        incarnation: u32,
+    },
     /// A late elastic joiner took over a vacant member's slots (cohort
     /// only): its accept is queued, and it is the member's link from now.
     Replaced {
@@ -545,8 +560,9 @@ pub struct JoinWindow {
     links: BTreeMap<ConnId, Link>,
     /// The link of each member, in admission order.
     member_conns: Vec<ConnId>,
-    /// Elastic healing is on ([`WindowParams::elastic`]).
-    elastic: bool,
+    /// The largest elastic world, when elastic healing and growth are on
+    /// ([`WindowParams::elastic`]).
+    elastic: Option<u32>,
     /// Whether each member dialed the elastic join, in admission order.
     member_elastic: Vec<bool>,
     /// The members whose slots a late elastic joiner may take over.
@@ -1007,19 +1023,30 @@ impl JoinWindow {
     /// holding any flodl agent keeps flodl's frozen world), and the late
     /// refusals are within the limit.
     fn late_admission_open(&self) -> bool {
-        self.elastic
+        self.elastic.is_some()
             && matches!(self.state, WindowState::Formed(_))
             && self.member_elastic.iter().all(|&e| e)
             && self.late_rejected <= defaults::MAX_REJECTED_JOINS
     }
 
     /// Admits a late elastic joiner into a vacancy (see
-    /// [`Ledger::readmit`]): `Accept` with the slots' ranks, then
-    /// [`JoinWindowEvent::Replaced`]; the controller sends `WorldFormed`.
+    /// [`Ledger::readmit`]), or else, a new host, into the world's next
+    /// ranks while they fit its largest size ([`Ledger::grow`]): `Accept`
+    /// with the ranks, then [`JoinWindowEvent::Replaced`] or
+    /// [`JoinWindowEvent::Grown`]; the controller sends `WorldFormed`.
     fn late_admit(&mut self, now: Time, conn: ConnId, offer: JoinOffer) {
         let elapsed = now.saturating_since(self.opened);
-        let index = match self.ledger.readmit(offer, elapsed, &self.vacant) {
-            Ok(i) => i,
+        let max_world = self.elastic.unwrap_or(0);
+        let admitted = match self.ledger.readmit(offer.clone(), elapsed, &self.vacant) {
+            Err(AdmitError::NoVacancy { .. })
+                if !self.ledger.members().iter().any(|m| m.host == offer.host) =>
+            {
+                self.ledger.grow(offer, elapsed, max_world).map(|i| (i, true))
+            }
+            other => other.map(|i| (i, false)),
+        };
+        let (index, grown) = match admitted {
+            Ok(a) => a,
             Err(e) => {
                 let reason = RejectReason::Admission(e);
                 let counts = counts_toward_limit(self.rules, &reason);
@@ -1038,17 +1065,36 @@ impl JoinWindow {
             Ok(bytes) => bytes,
             // At most 256 ranks: an accept always fits a frame. Should it
             // not, the vacancy stays open for the next joiner.
-            Err(e) => return self.refuse(now, conn, RejectReason::Frame(e)),
+            Err(e) => {
+                if grown {
+                    let _ = self.ledger.retract_last(&host);
+                }
+                return self.refuse(now, conn, RejectReason::Frame(e));
+            }
         };
-        let Some(mut dial) = self.end_dial(conn) else { return };
+        let Some(mut dial) = self.end_dial(conn) else {
+            if grown {
+                let _ = self.ledger.retract_last(&host);
+            }
+            return;
+        };
         self.vacant.remove(&index);
         self.out.transmit(conn, bytes);
         let leftover = dial.buf.take_all();
         self.links
             .insert(conn, Link { member: index, accepted: ranks.clone(), buf: leftover, after_accept: 0 });
-        self.member_conns[index] = conn;
+        if grown {
+            self.member_conns.push(conn);
+            self.member_elastic.push(true);
+        } else {
+            self.member_conns[index] = conn;
+        }
         self.published = now;
-        self.out.event(JoinWindowEvent::Replaced { conn, host, ranks, incarnation });
+        self.out.event(if grown {
+            JoinWindowEvent::Grown { conn, host, ranks, incarnation }
+        } else {
+            JoinWindowEvent::Replaced { conn, host, ranks, incarnation }
+        });
         self.link_bytes(conn, &[]);
     }
 

@@ -831,7 +831,7 @@ impl ControllerNode {
         params.timeout_scale = cfg.timeout_scale;
         params.rules = cfg.run.rules;
         params.run_nonce = cfg.run_nonce;
-        params.elastic = cfg.run.elastic.is_some();
+        params.elastic = cfg.run.elastic;
         let window = JoinWindow::new(params, now)?;
         let node = ControllerNode {
             // The run's salt: the configured one, or it bound to the run.
@@ -955,18 +955,25 @@ impl ControllerNode {
     fn formed(&mut self, now: Time, world_size: u32) {
         self.world = Some(world_size);
         self.size_changed(now, SizeChange::Formed { world_size });
+        // An elastic world that may grow is run over its largest size: the
+        // ranks past the formed world are vacant slots a new host fills.
+        let slots = match self.cfg.run.elastic {
+            Some(max) if self.window.is_elastic_live() => max.max(world_size),
+            _ => world_size,
+        };
         let mut run = self.cfg.run.clone();
-        run.world_size = world_size;
-        run.device_indices = (0..world_size).map(|r| (r % 256) as u8).collect();
+        run.world_size = slots;
+        run.device_indices = (0..slots).map(|r| (r % 256) as u8).collect();
         run.timeout_scale = self.cfg.timeout_scale;
         let mut coord = match Coordinator::new(run, self.key.clone(), now) {
             Ok(c) => c,
             Err(e) => return self.finish(ControllerOutcome::Failed(format!("run configuration: {e}"))),
         };
         coord.admit_hosts(self.window.members().map(|(_, m)| (m.host.clone(), m.ranks.clone().collect())));
+        coord.reserve_slots(world_size);
         self.coord = Some(coord);
         if self.cfg.run.backend == Backend::Cpu {
-            let mut rc = ReduceConfig::new(world_size, self.key.clone());
+            let mut rc = ReduceConfig::new(slots, self.key.clone());
             rc.ceiling = self.cfg.ceiling;
             rc.rules = self.cfg.run.rules;
             rc.model = self.cfg.model.clone();
@@ -974,6 +981,7 @@ impl ControllerNode {
             reduce.run_macs_on(self.macs.clone());
             reduce
                 .admit_hosts(self.window.members().map(|(_, m)| (m.host.clone(), m.ranks.clone().collect())));
+            reduce.reserve_slots(world_size);
             // A rank program may send rounds before the first cycle.
             self.tally.round_open = reduce.round_asked().then_some(now);
             self.reduce = Some(reduce);
@@ -1186,12 +1194,23 @@ impl ControllerNode {
         let _ = self.window.send_world_formed(conn, e.to_hex(), Some(spec.to_hex()));
     }
 
-    /// An elastic world's replacement took over a dead host's slots: the
-    /// coordinator and the reduce hold its relays to them, its ranks wait
-    /// for their promotion, and it gets its `WorldFormed` now.
-    fn replaced(&mut self, now: Time, conn: ConnId, host: &str, ranks: &Range<u32>, incarnation: u32) {
+    /// An elastic world's late joiner took over slots (a dead host's, or,
+    /// `grown`, vacant ones past the world): the coordinator and the
+    /// reduce hold its relays to them, its ranks wait for their promotion,
+    /// and it gets its `WorldFormed` now, with the world it joined.
+    fn took_slots(
+        &mut self,
+        now: Time,
+        conn: ConnId,
+        host: &str,
+        ranks: &Range<u32>,
+        incarnation: u32,
+        grown: bool,
+    ) {
         self.authenticated(conn);
-        let Some(world) = self.world else { return };
+        let Some(formed) = self.world else { return };
+        let world = formed.max(ranks.end);
+        self.world = Some(world);
         let list: Vec<u32> = ranks.clone().collect();
         for r in &list {
             self.ended.remove(r);
@@ -1202,7 +1221,11 @@ impl ControllerNode {
         if let Some(r) = self.reduce.as_mut() {
             r.replace_host(host.to_string(), list.clone());
         }
-        let change = SizeChange::HostReplaced { host: host.to_string(), ranks: list, incarnation };
+        let change = if grown {
+            SizeChange::HostAdded { host: host.to_string(), ranks: list }
+        } else {
+            SizeChange::HostReplaced { host: host.to_string(), ranks: list, incarnation }
+        };
         self.size_changed(now, change);
         let member = self.window.members().find(|(c, _)| *c == conn).map(|(_, m)| m.clone());
         if let Some(m) = member {
@@ -1233,7 +1256,10 @@ impl ControllerNode {
         match e {
             JoinWindowEvent::Admitted { conn, .. } => self.authenticated(*conn),
             JoinWindowEvent::Replaced { conn, host, ranks, incarnation } => {
-                self.replaced(now, *conn, host, ranks, *incarnation)
+                self.took_slots(now, *conn, host, ranks, *incarnation, false)
+            }
+            JoinWindowEvent::Grown { conn, host, ranks, incarnation } => {
+                self.took_slots(now, *conn, host, ranks, *incarnation, true)
             }
             JoinWindowEvent::Rejected { reason, .. } => self.tally.refusals[refusal_index(reason)] += 1,
             JoinWindowEvent::Formed { world_size, .. } => self.formed(now, *world_size as u32),

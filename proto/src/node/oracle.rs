@@ -13,8 +13,9 @@
 //! round waits until everything it needs has arrived; what still waits at
 //! [`ConsensusOracle::finish`] is a violation.
 //!
-//! An elastic world's replacement (the controller's `Replaced`) starts its
-//! host's and ranks' books afresh at their promotion (`RankPromoted`, at a
+//! An elastic world's late joiner (the controller's `Replaced`, or `Grown`
+//! for a new host) starts its host's and ranks' books afresh at their
+//! promotion (`RankPromoted`, at a
 //! cycle trigger, when every round the dead host's frames entered has
 //! completed): its ranks number their consensus from 0 again, from the
 //! first round reduced after it. This needs the controller's events in its
@@ -161,12 +162,10 @@ impl ConsensusOracle {
         match (source, event) {
             (
                 Source::Controller,
-                ClusterEvent::Controller(ControllerNodeEvent::Join(JoinWindowEvent::Replaced {
-                    host,
-                    ranks,
-                    incarnation,
-                    ..
-                })),
+                ClusterEvent::Controller(ControllerNodeEvent::Join(
+                    JoinWindowEvent::Replaced { host, ranks, incarnation, .. }
+                    | JoinWindowEvent::Grown { host, ranks, incarnation, .. },
+                )),
             ) => {
                 self.host_incarnation.insert(host.clone(), *incarnation);
                 for r in ranks.clone() {

@@ -1,6 +1,6 @@
 //! The world's size history, kept by an elastic controller only: every
-//! change of the number of live ranks (the formation, a death, a
-//! replacement's rank entering the run) and every replacement taken in,
+//! change of the number of live ranks (the formation, a death, a late
+//! joiner's rank entering the run) and every late joiner taken in,
 //! served in `state.json` (and so by `cohort status`) under `"elastic"`.
 //! Without elastic healing none of it is kept and `state.json` stays
 //! flodl 0.8's, byte for byte.
@@ -54,7 +54,15 @@ pub enum SizeChange {
         /// The member's incarnation it is.
         incarnation: u32,
     },
-    /// A replacement's rank entered the run.
+    /// A new host was taken in, its ranks appended to the world (they
+    /// enter the run at a later cycle, each as a [`SizeChange::RankPromoted`]).
+    HostAdded {
+        /// Its name.
+        host: String,
+        /// Its ranks.
+        ranks: Vec<u32>,
+    },
+    /// A late joiner's rank entered the run.
     RankPromoted {
         /// The rank.
         rank: u32,
@@ -85,6 +93,7 @@ impl SizeEntry {
             SizeChange::HostReplaced { host, ranks, incarnation } => {
                 ("host_replaced", json!({ "host": host, "ranks": ranks, "incarnation": incarnation }))
             }
+            SizeChange::HostAdded { host, ranks } => ("host_added", json!({ "host": host, "ranks": ranks })),
             SizeChange::RankPromoted { rank, incarnation } => {
                 ("rank_promoted", json!({ "rank": rank, "incarnation": incarnation }))
             }
@@ -121,7 +130,7 @@ impl SizeHistory {
         let live_ranks = match &change {
             SizeChange::Formed { world_size } => *world_size,
             SizeChange::RankDead { .. } => live.saturating_sub(1),
-            SizeChange::HostReplaced { .. } => live,
+            SizeChange::HostReplaced { .. } | SizeChange::HostAdded { .. } => live,
             SizeChange::RankPromoted { .. } => live.saturating_add(1).min(self.max_world),
         };
         if self.kept.len() == KEPT {

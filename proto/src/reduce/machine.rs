@@ -399,8 +399,16 @@ impl Reduce {
         self.admitted = Some(hosts.into_iter().collect());
     }
 
-    /// An elastic world's replacement: `host` takes over `ranks`, every one
-    /// of them dead (a dead host's slots). Its data relay's hello is then
+    /// An elastic world formed smaller than its largest size: the ranks
+    /// from `from` on are slots no process holds yet, dead to every round
+    /// (no relay is told, none holds them) until a new host takes them
+    /// ([`Reduce::replace_host`]). Nothing is emitted.
+    pub fn reserve_slots(&mut self, from: u32) {
+        self.dead.extend(from..self.cfg.world_size);
+    }
+
+    /// An elastic world's late joiner: `host` takes over `ranks`, every one
+    /// of them dead (a dead host's slots, or vacant ones). Its data relay's hello is then
     /// held to them and may claim them; they stay dead, and the relay is not
     /// told so, until [`Reduce::revive`] at their promotion.
     pub fn replace_host(&mut self, host: String, ranks: Vec<u32>) {

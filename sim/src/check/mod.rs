@@ -154,6 +154,10 @@ pub struct Checker {
     peek: Duration,
     /// The links' jitter, in seconds.
     jitter_s: f64,
+    /// Round trips a dialed connection needs within the peek deadline: one
+    /// for the channel magic, two on sealed links (the Noise handshake
+    /// comes first, and the deadline runs through it).
+    peek_round_trips: f64,
     /// flodl's rules: a compromised host's damage is not confined, and
     /// reported metrics are folded unchecked.
     flodl: bool,
@@ -173,6 +177,7 @@ impl Checker {
             v: Violations::default(),
             peek: scale.scaled_secs(defaults::PORT_PEEK),
             jitter_s: sc.jitter_us as f64 / 1e6,
+            peek_round_trips: if sc.sealed { 2.0 } else { 1.0 },
             flodl: sc.rules == crate::scenario::Rules::Flodl,
             samples_per_epoch: sc.samples_per_epoch,
             facts: Facts {
@@ -241,10 +246,12 @@ impl Checker {
                 facts.hosts_faulted.entry(h.clone()).or_insert(at);
             }
             // Slowness is no excuse for a death: heartbeats keep flowing;
-            // but a link whose round trip reaches the port router's peek
-            // deadline loses the connections dialed over it.
+            // but a link whose round trips to a routed connection reach the
+            // port router's peek deadline loses the connections dialed
+            // over it.
             Fault::SlowLink { host, latency_ms }
-                if 2.0 * (latency_ms / 1e3 + self.jitter_s) >= self.peek.as_secs_f64() =>
+                if self.peek_round_trips * 2.0 * (latency_ms / 1e3 + self.jitter_s)
+                    >= self.peek.as_secs_f64() =>
             {
                 facts.hosts_faulted.entry(host.clone()).or_insert(at);
             }
@@ -269,7 +276,9 @@ impl Checker {
                     }
                 }
             }
-            Fault::OperatorStart => {}
+            // A new host harms no one: its ranks are judged from their
+            // promotion, as a replacement's are.
+            Fault::OperatorStart | Fault::AddHost(_) => {}
         }
     }
 

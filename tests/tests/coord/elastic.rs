@@ -79,7 +79,9 @@ mod promotion {
     //! trigger with their `RequestParams` in that cycle, counted alive again.
 
     use cohort_proto::Time;
-    use cohort_proto::coord::{ApplyPolicy, CoordConfig, CoordinatorEvent, DeathCause, Scheduler, Step};
+    use cohort_proto::coord::{
+        ApplyPolicy, CoordConfig, CoordinatorEvent, DeathCause, RunEnd, SaveReason, Scheduler, Step,
+    };
     use cohort_proto::wire::{ControlMsgWire, TimingMsgWire};
     use cohort_tests::coord_harness::{batch, drain, events, sent_to, sent_to_but_beacons, sync_ack};
 
@@ -190,5 +192,64 @@ mod promotion {
         let steps = drain(&mut s);
         let ev = events(&steps);
         assert!(ev.iter().any(|e| matches!(e, CoordinatorEvent::EpochAggregated { .. })), "{ev:?}");
+    }
+
+    /// Four slots, a world formed with ranks 0 and 1 (2 and 3 vacant),
+    /// half of it allowed to fail.
+    fn room() -> (Scheduler, Vec<Step>) {
+        let mut cfg = CoordConfig::new(4, 1, 3000, 1);
+        cfg.sync_every = Some(1);
+        cfg.policy = ApplyPolicy::Sync;
+        cfg.elastic = Some(4);
+        cfg.failure_budget = Some(cohort_proto::coord::FailureBudget::Percent(0.5));
+        let mut s = Scheduler::new(cfg).unwrap();
+        s.reserve_slots(2);
+        s.begin(t(0));
+        let steps = drain(&mut s);
+        (s, steps)
+    }
+
+    /// BEHAVIOUR.md Elastic growth [C85]: vacant slots are no deaths and no
+    /// members; the first plans go to the formed world only.
+    #[test]
+    fn vacant_slots_are_neither_deaths_nor_members_nor_given_work() {
+        let (s, steps) = room();
+        let l = s.liveness();
+        assert_eq!((l.alive(), l.dead_count(), l.members()), (vec![0, 1], 0, 2));
+        assert!(l.is_vacant(2) && l.is_vacant(3));
+        assert!(!events(&steps).iter().any(|e| matches!(e, CoordinatorEvent::RankDead { .. })));
+        let planned: Vec<u64> = (0..4).map(|r| s.assignment(r).map_or(0, |a| a.total())).collect();
+        assert_eq!(planned.iter().sum::<u64>(), 3000, "{planned:?}");
+        assert_eq!(&planned[2..], &[0, 0], "vacant slots get no share");
+    }
+
+    /// BEHAVIOUR.md Elastic growth [C85]: the failure budget's share is of
+    /// the members: one death of two is half.
+    #[test]
+    fn the_failure_budget_is_a_share_of_the_members_not_the_slots() {
+        let (mut s, _) = room();
+        s.report_deaths(t(1000), &[(1, DeathCause::HostLost)]);
+        let ev = events(&drain(&mut s));
+        let saved = RunEnd::Saved(SaveReason::MaxFailureExceeded);
+        assert!(ev.iter().any(|e| matches!(e, CoordinatorEvent::Ended(end) if *end == saved)), "{ev:?}");
+    }
+
+    /// BEHAVIOUR.md Elastic growth [C85]: a new host's ranks fill vacant
+    /// slots as incarnation 1, promoted at the next cycle trigger.
+    #[test]
+    fn a_new_hosts_ranks_fill_vacant_slots_at_the_next_cycle() {
+        let (mut s, _) = room();
+        s.fill_slots(t(500), &[2, 3], 1);
+        s.control_ready(&[2, 3]);
+        s.data_ready(&[2, 3]);
+        assert!(s.is_pending(2) && s.is_pending(3));
+        let steps = cycle(&mut s, 1200, 1, true);
+        assert_eq!(promoted(&steps), vec![(2, 1), (3, 1)]);
+        let l = s.liveness();
+        assert_eq!((l.alive(), l.dead_count(), l.members()), (vec![0, 1, 2, 3], 0, 4));
+        assert_eq!(
+            &sent_to_but_beacons(&steps, 3)[1..],
+            &[ControlMsgWire::RequestParams, ControlMsgWire::Throttle]
+        );
     }
 }

@@ -1,6 +1,7 @@
-//! Elastic healing in the join window (cohort only): a formed world whose
-//! every member dialed the elastic join admits a late elastic joiner into a
-//! dead host's slots, in place, judged by the window's own checks and
+//! Elastic healing and growth in the join window (cohort only): a formed
+//! world whose every member dialed the elastic join admits a late elastic
+//! joiner into a dead host's slots, in place, or a new host into ranks
+//! appended below its largest size, judged by the window's own checks and
 //! counted against its own refusal limit; any other world keeps flodl's
 //! `WindowClosed`.
 
@@ -14,11 +15,17 @@ use cohort_tests::join_harness::{at, dial_bytes, offer, one_msg, rejected};
 const SALT: SessionSalt = SessionSalt::from_bytes([9; 16]);
 
 /// A window that forms at 10 s with two hosts of two ranks, the first
-/// dialing `first_elastic` magic, the second the elastic join.
+/// dialing `first_elastic` magic, the second the elastic join; elastic
+/// without room to grow, or not at all.
 fn formed(elastic: bool, first_elastic: bool) -> JoinWindow {
+    formed_up_to(elastic.then_some(4), first_elastic)
+}
+
+/// As [`formed`], elastic up to `max` ranks.
+fn formed_up_to(max: Option<u32>, first_elastic: bool) -> JoinWindow {
     let config = JoinConfig { min_rank_start: 4, target_ranks: Some(4), ..JoinConfig::default() };
     let mut params = WindowParams::new(config, SALT, TrustMode::PreShared);
-    params.elastic = elastic;
+    params.elastic = max;
     let mut w = JoinWindow::new(params, Time::ZERO).unwrap();
     dial(&mut w, at(1, 0), 1, &offer("a", 2), first_elastic);
     let d = dial(&mut w, at(2, 0), 2, &offer("b", 2), true);
@@ -179,4 +186,68 @@ fn no_vacancy_refusals_never_count_toward_the_late_limit() {
     assert!(w.vacate(0), "late admission is still open");
     let d = dial(&mut w, at(23, 0), 99, &offer("c", 2), true);
     assert_eq!(replaced(&d), Some(("c".to_owned(), 0..2, 1)));
+}
+
+fn grown(d: &Outputs<JoinWindowEvent>) -> Option<(String, core::ops::Range<u32>, u32)> {
+    d.events.iter().find_map(|e| match e {
+        JoinWindowEvent::Grown { host, ranks, incarnation, .. } => {
+            Some((host.clone(), ranks.clone(), *incarnation))
+        }
+        _ => None,
+    })
+}
+
+/// BEHAVIOUR.md Elastic growth [C85]: a new host's ranks are appended below
+/// the largest world, as incarnation 1; past it, `NoVacancy`.
+#[test]
+fn a_new_host_grows_the_world_up_to_its_largest_size() {
+    let mut w = formed_up_to(Some(7), true);
+    let d = dial(&mut w, at(21, 0), 3, &offer("c", 2), true);
+    assert_eq!(grown(&d), Some(("c".to_owned(), 4..6, 1)));
+    match one_msg(&SALT, d.sent(ConnId(3))) {
+        JoinMsgWire::Accept { ranks, formation_wait_secs, .. } => {
+            assert_eq!((ranks, formation_wait_secs), (vec![4, 5], 0));
+        }
+        other => panic!("expected Accept, got {other:?}"),
+    }
+    assert!(w.is_linked(ConnId(3)));
+    assert!(w.send_world_formed(ConnId(3), "env".into(), None).is_ok());
+    // A live member's name is still a duplicate; two more ranks do not fit.
+    let d = dial(&mut w, at(22, 0), 4, &offer("c", 1), true);
+    assert_eq!(rejected(&d), vec![RejectReason::Admission(AdmitError::DuplicateHost { host: "c".into() })]);
+    let d = dial(&mut w, at(22, 0), 5, &offer("d", 2), true);
+    assert_eq!(rejected(&d), vec![RejectReason::Admission(AdmitError::NoVacancy { devices: 2 })]);
+    let d = dial(&mut w, at(23, 0), 6, &offer("d", 1), true);
+    assert_eq!(grown(&d), Some(("d".to_owned(), 6..7, 1)));
+    let members: Vec<(ConnId, String, u32)> =
+        w.members().map(|(c, m)| (c, m.host.clone(), m.incarnation)).collect();
+    assert_eq!(
+        members,
+        vec![
+            (ConnId(1), "a".into(), 0),
+            (ConnId(2), "b".into(), 0),
+            (ConnId(3), "c".into(), 1),
+            (ConnId(6), "d".into(), 1)
+        ]
+    );
+    // A grown member is vacated and replaced like any other.
+    lose(&mut w, at(30, 0), 3);
+    assert!(w.vacate(2));
+    let d = dial(&mut w, at(31, 0), 7, &offer("e", 2), true);
+    assert_eq!(replaced(&d), Some(("e".to_owned(), 4..6, 2)));
+}
+
+/// BEHAVIOUR.md Elastic growth [C85]: a vacancy of the joiner's size is
+/// filled before the world grows.
+#[test]
+fn a_vacancy_is_filled_before_the_world_grows() {
+    let mut w = formed_up_to(Some(8), true);
+    lose(&mut w, at(20, 0), 2);
+    assert!(w.vacate(1));
+    let d = dial(&mut w, at(21, 0), 3, &offer("c", 2), true);
+    assert_eq!(replaced(&d), Some(("c".to_owned(), 2..4, 1)));
+    assert_eq!(grown(&d), None);
+    // The plain join magic never grows a world either.
+    let d = dial(&mut w, at(22, 0), 4, &offer("d", 2), false);
+    assert_eq!(rejected(&d), vec![RejectReason::WindowClosed { formed: true }]);
 }

@@ -109,3 +109,75 @@ fn without_elastic_a_restarted_host_is_refused_and_the_survivors_finish() {
     assert_eq!(reason, RejectReason::WindowClosed { formed: true });
     assert_eq!(run.report.epochs_completed, 3);
 }
+
+/// Three hosts of two ranks; host-3 (two ranks, medium) added at 10 s, in a
+/// world elastic up to `max` ranks (`None`: not elastic).
+fn grown(max: Option<u32>) -> Run {
+    let mut sc = Scenario { elastic: max, ..exact(3, 2, 3) };
+    let mut added = sc.hosts[2].clone();
+    added.name = "host-3".into();
+    sc.hosts.push(added);
+    play(with(sc, 10.0, Fault::AddHost("host-3".into())), 5)
+}
+
+/// BEHAVIOUR.md Elastic growth [C85]: a new host's ranks are appended to
+/// the running world, promoted at the first cycle after both legs, adopt
+/// the consensus, and take a share of every later epoch.
+#[test]
+fn an_added_host_grows_the_world_and_trains_from_the_next_cycle() {
+    let run = grown(Some(8));
+    run.assert_clean("done");
+    assert_eq!(run.report.epochs_completed, 3);
+    assert!(run.deaths().is_empty(), "no one died: {:?}", run.deaths());
+    let grew = run.controller().find_map(|(t, e)| match e {
+        ControllerNodeEvent::Join(JoinWindowEvent::Grown { host, ranks, incarnation, .. }) => {
+            Some((t, host.clone(), ranks.clone(), *incarnation))
+        }
+        _ => None,
+    });
+    let (t_grown, host, ranks, incarnation) = grew.expect("host-3 grew the world");
+    assert_eq!((host.as_str(), ranks, incarnation), ("host-3", 6..8, 1));
+    assert!(t_grown > at(10.0) && t_grown < at(10.0) + 5 * MS, "grown at {t_grown}");
+    let p = promotions(&run);
+    assert_eq!(p.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>(), vec![(6, 1), (7, 1)]);
+    let t_promoted = p[0].0;
+    let first_cycle = run
+        .coord()
+        .find(|(t, e)| *t > t_grown && matches!(e, CoordinatorEvent::CycleStarted { .. }))
+        .map(|(t, _)| t);
+    assert!(first_cycle.is_some_and(|c| c <= t_promoted), "promoted at a cycle trigger");
+    for r in [6, 7] {
+        let first = run.rank(r).find_map(|(t, e)| match e {
+            RankNodeEvent::Submitted { mass, .. } if t > t_promoted => Some(*mass),
+            _ => None,
+        });
+        assert_eq!(first, Some(0.0), "rank {r}'s first submission adopts the consensus");
+        // Eight ranks share the last epochs: about an eighth of 1,200 samples each.
+        let trained = run.report.ranks[&r].samples_processed;
+        assert!(trained >= 150, "rank {r} trained {trained} samples");
+    }
+}
+
+/// BEHAVIOUR.md Elastic growth [C85]: a world elastic only up to its formed
+/// size has no room: the new host is refused `NoVacancy`, and without
+/// elastic `WindowClosed`; the formed world finishes either way.
+#[test]
+fn a_world_without_room_refuses_the_new_host() {
+    for (max, expected) in [
+        (Some(6), RejectReason::Admission(cohort_proto::join::ledger::AdmitError::NoVacancy { devices: 2 })),
+        (None, RejectReason::WindowClosed { formed: true }),
+    ] {
+        let run = grown(max);
+        run.assert_clean("done");
+        assert!(promotions(&run).is_empty());
+        let refused = run.controller().find_map(|(t, e)| match e {
+            ControllerNodeEvent::Join(JoinWindowEvent::Rejected { reason, .. }) => Some((t, reason.clone())),
+            _ => None,
+        });
+        let (t, reason) = refused.expect("the new host was refused");
+        assert!(t > at(10.0));
+        assert_eq!(reason, expected, "elastic {max:?}");
+        assert_eq!(run.report.epochs_completed, 3);
+        assert!(!run.report.ranks.contains_key(&6));
+    }
+}
