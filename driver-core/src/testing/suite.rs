@@ -30,8 +30,8 @@ use crate::{Config, NodeEvent};
 
 pub use cluster::{
     a_controller_and_two_hosts_run_to_the_end, a_dead_host_is_replaced_and_the_run_finishes,
-    a_killed_rank_is_declared_dead_and_the_survivors_finish, a_plain_host_is_refused_by_a_sealed_controller,
-    a_sealed_cluster_runs_to_the_end,
+    a_killed_rank_is_declared_dead_and_the_survivors_finish, a_new_host_grows_the_world_and_the_run_finishes,
+    a_plain_host_is_refused_by_a_sealed_controller, a_sealed_cluster_runs_to_the_end,
 };
 
 fn control_kind() -> ControlHandshake {
@@ -502,6 +502,15 @@ pub mod interop {
         super::cluster::a_cluster_heals(&c, &a, &b);
     }
 
+    /// An elastic cluster across three drivers grows: the controller on
+    /// `C`'s, host-a on `A`'s, host-b on `B`'s, and the new host-c on
+    /// `A`'s, with every check of
+    /// [`a_new_host_grows_the_world_and_the_run_finishes`](super::a_new_host_grows_the_world_and_the_run_finishes).
+    pub fn a_cluster_grows_across_three_drivers<C: TestDriver, A: TestDriver, B: TestDriver>() {
+        let (c, a, b) = (C::spawner(), A::spawner(), B::spawner());
+        super::cluster::a_cluster_grows(&c, &a, &b);
+    }
+
     /// A control handshake: an `A` rank dials a `B` relay.
     pub fn control_handshake<A: TestDriver, B: TestDriver>() {
         let kind = ControlHandshake { key: key(), world_size: 8 };
@@ -830,7 +839,9 @@ mod cluster {
             };
             let ended: BTreeSet<u32> =
                 self.all.iter().filter(controller).filter_map(exited).chain(dead).collect();
-            assert_eq!(ended, (0..WORLD as u32).collect(), "every rank's end reached the controller");
+            let ran: BTreeSet<u32> = self.exits().into_keys().collect();
+            assert!(ran.len() >= WORLD, "{ran:?}");
+            assert_eq!(ended, ran, "every rank's end reached the controller");
         }
 
         /// Every node sealed its links: no refusal anywhere, and keyed links
@@ -924,9 +935,9 @@ mod cluster {
         }
 
         /// Reads events until the run ended, `exits` rank exits were
-        /// heard, two hosts left and the controller said it could stop.
-        fn until_the_end(&mut self, exits: usize) {
-            self.until("the run's end, every rank's exit and both live hosts' leaving", |all| {
+        /// heard, `hosts` hosts left and the controller said it could stop.
+        fn until_the_end(&mut self, exits: usize, hosts: usize) {
+            self.until("the run's end, every rank's exit and every live host's leaving", |all| {
                 all.iter()
                     .any(|s| matches!(s.event, ClusterEvent::Controller(ControllerNodeEvent::Finished(_))))
                     && all.iter().filter(|s| matches!(s.event, ClusterEvent::RankExit { .. })).count()
@@ -935,7 +946,7 @@ mod cluster {
                         .iter()
                         .filter(|s| matches!(s.event, ClusterEvent::Host(HostNodeEvent::Finished { .. })))
                         .count()
-                        == 2
+                        == hosts
                     && all.iter().any(|s| matches!(&s.event, ClusterEvent::Note(n) if n == CAN_STOP))
             });
         }
@@ -993,8 +1004,13 @@ mod cluster {
 
         /// Consensus events per rank.
         fn consensus(&self) -> BTreeMap<u32, u64> {
+            self.consensus_from(0)
+        }
+
+        /// Consensus events per rank among the events from the `from`-th on.
+        fn consensus_from(&self, from: usize) -> BTreeMap<u32, u64> {
             let mut n: BTreeMap<u32, u64> = BTreeMap::new();
-            for s in &self.all {
+            for s in &self.all[from.min(self.all.len())..] {
                 if let (Source::Rank(r), ClusterEvent::Rank(RankNodeEvent::Consensus { .. })) =
                     (&s.source, &s.event)
                 {
@@ -1002,6 +1018,27 @@ mod cluster {
                 }
             }
             n
+        }
+
+        /// The controller's `RankPromoted` events, as (rank, incarnation).
+        fn promotions(&self) -> Vec<(u32, u32)> {
+            self.all
+                .iter()
+                .filter_map(|s| match s.event.coord() {
+                    Some(CoordinatorEvent::RankPromoted { rank, incarnation }) => Some((*rank, *incarnation)),
+                    _ => None,
+                })
+                .collect()
+        }
+
+        /// Every round of the run was checked by proto's oracle and is the
+        /// exact weighted mean of its contributions, and every consensus a
+        /// rank received was checked.
+        fn assert_every_round_exact(&self) {
+            let check = self.oracle();
+            assert!(check.ok(), "{:?}", check.violations);
+            assert!(check.rounds > 0 && check.rounds_checked == check.rounds, "{check:?}");
+            assert_eq!(check.deliveries_checked, self.consensus().values().sum::<u64>(), "{check:?}");
         }
 
         /// What proto's consensus oracle says of every round.
@@ -1037,7 +1074,7 @@ mod cluster {
         let synthetic = host(a, "host-a", addr, clock, &sink, None, sealed);
         let own = host(b, "host-b", addr, clock, &sink, Some(&seen_by_workload), sealed);
         let mut seen = Seen { events, all: Vec::new() };
-        seen.until_the_end(WORLD);
+        seen.until_the_end(WORLD, 2);
         assert_eq!(synthetic.ranks().len() + own.ranks().len(), WORLD);
         block_on(stop_all(vec![synthetic]));
         block_on(stop_all(vec![own]));
@@ -1147,7 +1184,7 @@ mod cluster {
         assert!(block_on(hosts[1].kill_rank(victim)), "rank {victim} runs on host-b");
         assert!(!block_on(hosts[0].kill_rank(victim)), "not on host-a");
         assert!(!hosts[1].ranks().contains(&victim));
-        seen.until_the_end(WORLD);
+        seen.until_the_end(WORLD, 2);
         block_on(stop_all(hosts));
         block_on(controller.shutdown());
         seen.drain();
@@ -1209,7 +1246,7 @@ mod cluster {
         // incarnation's: the old one's nodes had stopped when `kill` returned.
         let killed_at = seen.all.len();
         let replacement = spawn_host(a, elastic("host-b"), &sink, None);
-        seen.until_the_end(WORLD + 2);
+        seen.until_the_end(WORLD + 2, 2);
         block_on(stop_all(vec![host_a]));
         block_on(stop_all(vec![replacement]));
         block_on(controller.shutdown());
@@ -1227,43 +1264,16 @@ mod cluster {
             })
             .collect();
         assert_eq!(replaced, [("host-b".to_owned(), lost.clone(), 1)], "taken in once, over host-b's ranks");
-        let promoted: Vec<(u32, u32)> = seen
-            .all
-            .iter()
-            .filter_map(|s| match s.event.coord() {
-                Some(CoordinatorEvent::RankPromoted { rank, incarnation }) => Some((*rank, *incarnation)),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(promoted, lost.iter().map(|r| (*r, 1)).collect::<Vec<_>>(), "each promoted once");
-        let after: BTreeMap<u32, u64> = seen.all[killed_at..]
-            .iter()
-            .filter_map(|s| match (&s.source, &s.event) {
-                (Source::Rank(r), ClusterEvent::Rank(RankNodeEvent::Consensus { .. }))
-                    if lost.contains(r) =>
-                {
-                    Some(*r)
-                }
-                _ => None,
-            })
-            .fold(BTreeMap::new(), |mut n, r| {
-                *n.entry(r).or_default() += 1;
-                n
-            });
-        assert_eq!(
-            after.keys().copied().collect::<Vec<_>>(),
-            lost,
-            "the replacement's ranks trained: {after:?}"
-        );
+        assert_eq!(seen.promotions(), lost.iter().map(|r| (*r, 1)).collect::<Vec<_>>(), "each promoted once");
+        let after = seen.consensus_from(killed_at);
+        let reached: Vec<u32> = after.keys().copied().filter(|r| lost.contains(r)).collect();
+        assert_eq!(reached, lost, "the replacement's ranks trained: {after:?}");
         let want: BTreeMap<u32, Vec<i32>> = (0..WORLD as u32)
             .map(|r| (r, if lost.contains(&r) { vec![RankEnd::Killed.code(), 0] } else { vec![0] }))
             .collect();
         assert_eq!(seen.exits(), want);
         assert_eq!(seen.failed(), BTreeMap::from([("host-a".to_owned(), 0), ("host-b".to_owned(), 0)]));
-        let check = seen.oracle();
-        assert!(check.ok(), "{:?}", check.violations);
-        assert!(check.rounds > 0 && check.rounds_checked == check.rounds, "{check:?}");
-        assert_eq!(check.deliveries_checked, seen.consensus().values().sum::<u64>(), "{check:?}");
+        seen.assert_every_round_exact();
         seen.assert_can_stop_after_every_end();
         drop(sink);
     }
@@ -1272,5 +1282,67 @@ mod cluster {
     pub fn a_dead_host_is_replaced_and_the_run_finishes<D: TestDriver>() {
         let s = D::spawner();
         a_cluster_heals(&s, &s, &s);
+    }
+
+    /// An elastic world grows on real sockets: a controller on `C`'s driver
+    /// (`elastic` up to the world's size plus two) and two elastic hosts of
+    /// two ranks, host-a on `A`'s driver and host-b on `B`'s. Mid-run a
+    /// third elastic host, host-c, joins on `A`'s driver. The controller
+    /// takes it in once, over the world's next two ranks, as incarnation 1;
+    /// promotes each of them once; they train (consensus reaches them); and
+    /// the run finishes done: every rank of the six exits 0, the three
+    /// hosts leave with nothing failed, and every round is the exact
+    /// weighted mean of its contributions (proto's oracle).
+    pub(super) fn a_cluster_grows<C: Spawn, A: Spawn, B: Spawn>(c: &C, a: &A, b: &B) {
+        let clock = Clock::start();
+        let (sink, events) = cluster_events();
+        let builder = run().epochs(4).elastic(WORLD as u32 + 2);
+        let (controller, addr) = controller(c, builder, clock, sink.clone());
+        let elastic = |name: &str| params(name, addr, clock, SealMode::Off).elastic(true);
+        let host_a = spawn_host(a, elastic("host-a"), &sink, None);
+        let host_b = spawn_host(b, elastic("host-b"), &sink, None);
+        let mut seen = Seen { events, all: Vec::new() };
+        seen.until("a first consensus", |all| {
+            all.iter().any(|s| matches!(s.event, ClusterEvent::Rank(RankNodeEvent::Consensus { .. })))
+        });
+        let joined_at = seen.all.len();
+        let host_c = spawn_host(a, elastic("host-c"), &sink, None);
+        seen.until_the_end(WORLD + 2, 3);
+        block_on(stop_all(vec![host_a, host_c]));
+        block_on(stop_all(vec![host_b]));
+        block_on(controller.shutdown());
+        seen.drain();
+
+        assert_eq!(seen.outcome(), Some(ControllerOutcome::Done));
+        let new: Vec<u32> = (WORLD as u32..WORLD as u32 + 2).collect();
+        let grown: Vec<(String, Vec<u32>, u32)> = seen
+            .all
+            .iter()
+            .filter_map(|s| match s.event.join() {
+                Some(JoinWindowEvent::Grown { host, ranks, incarnation, .. }) => {
+                    Some((host.clone(), ranks.clone().collect(), *incarnation))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(grown, [("host-c".to_owned(), new.clone(), 1)], "taken in once, over the next ranks");
+        assert_eq!(seen.promotions(), new.iter().map(|r| (*r, 1)).collect::<Vec<_>>(), "each promoted once");
+        let after = seen.consensus_from(joined_at);
+        let reached: Vec<u32> = after.keys().copied().filter(|r| new.contains(r)).collect();
+        assert_eq!(reached, new, "the new host's ranks trained: {after:?}");
+        let want: BTreeMap<u32, Vec<i32>> = (0..WORLD as u32 + 2).map(|r| (r, vec![0])).collect();
+        assert_eq!(seen.exits(), want);
+        let failed =
+            BTreeMap::from([("host-a".to_owned(), 0), ("host-b".to_owned(), 0), ("host-c".to_owned(), 0)]);
+        assert_eq!(seen.failed(), failed);
+        seen.assert_every_round_exact();
+        seen.assert_can_stop_after_every_end();
+        drop(sink);
+    }
+
+    /// [`a_cluster_grows`] with every node on `D`'s driver.
+    pub fn a_new_host_grows_the_world_and_the_run_finishes<D: TestDriver>() {
+        let s = D::spawner();
+        a_cluster_grows(&s, &s, &s);
     }
 }

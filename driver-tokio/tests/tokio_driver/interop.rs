@@ -50,3 +50,14 @@ fn a_cluster_heals_across_three_drivers() {
         SmolThread,
     >();
 }
+
+/// An elastic cluster grows across the three drivers: the controller on
+/// tokio, host-a on mio, host-b on smol, and the new host-c on mio.
+#[test]
+fn a_cluster_grows_across_three_drivers() {
+    cohort_driver_core::testing::suite::interop::a_cluster_grows_across_three_drivers::<
+        TokioThread,
+        Mio,
+        SmolThread,
+    >();
+}
