@@ -1,9 +1,10 @@
-//! Elastic healing in the simulator (cohort only): a host killed mid-run
-//! and restarted `for_s` later takes its ranks back as their next
-//! incarnation, enters the run at the next averaging cycle, and every
-//! checker (coverage, the consensus oracle, deaths, liveness) holds
-//! through it; without `"elastic"` the same restart is refused as flodl's
-//! window refuses any dial after formation.
+//! Elastic healing and growth in the simulator (cohort only): a host
+//! killed mid-run and restarted `for_s` later takes its ranks back as their
+//! next incarnation, a host added mid-run takes the world's next ranks, each
+//! enters the run at the next averaging cycle, and every checker (coverage,
+//! the consensus oracle, deaths, liveness) holds through it; without
+//! `"elastic"` the same dials are refused as flodl's window refuses any dial
+//! after formation.
 
 use cohort_proto::coord::CoordinatorEvent;
 use cohort_proto::join::{JoinWindowEvent, RejectReason};
