@@ -85,3 +85,33 @@ fn shrink_drops_elastic_healing_a_failure_does_not_need() {
     let faults: Vec<&Fault> = small.faults.iter().map(|f| &f.fault).collect();
     assert!(matches!(faults[..], [Fault::KillRank(0)]), "{faults:?}");
 }
+
+/// `shrink` shrinks a growing run: when what fails is a rank past the
+/// formed world being promoted, the smallest scenario keeps a host that
+/// comes after formation and room for it, and drops every other fault.
+#[test]
+fn shrink_keeps_the_added_host_and_the_room_growth_needs() {
+    let mut sc = busy_elastic();
+    let mut added = sc.hosts[2].clone();
+    added.name = "host-3".into();
+    sc.hosts.push(added);
+    sc.faults
+        .push(cohort_sim::scenario::FaultAt::at(Duration::from_secs(5), Fault::AddHost("host-3".into())));
+    sc.faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    let grows = |sc: &Scenario| {
+        Cluster::new(sc.clone(), 5).is_ok_and(|c| {
+            let r = c.finish();
+            r.promotions.iter().any(|(rank, _, _)| *rank >= r.world_size)
+        })
+    };
+    assert!(grows(&sc));
+    let small = shrink(&sc, &grows);
+    assert!(grows(&small));
+    let faults: Vec<&Fault> = small.faults.iter().map(|f| &f.fault).collect();
+    // The restart, the slow link and the kill go; the added host stays (a
+    // host of the scenario dialing after the window formed at its target
+    // grows the world just as well without the fault).
+    assert!(faults.iter().all(|f| matches!(f, Fault::AddHost(_))), "{faults:?}");
+    assert_eq!(small.elastic, Some(small.world_size()), "room for the added host's ranks, no more");
+    assert!(small.world_size() < sc.world_size(), "{small:?}");
+}
