@@ -34,7 +34,7 @@
 //! # The file
 //!
 //! ```text
-//! file    = magic "COHORTFR" (8 bytes) | version u16 LE (3; version 2, without `Sealed` entries, still reads) | header length u32 LE | header | entry*
+//! file    = magic "COHORTFR" (8 bytes) | version u16 LE (4) | header length u32 LE | header | entry*
 //! header  = bincode 2 (standard: varint integers, little endian) of [`Header`]:
 //!           node kind (controller, agent, relay, rank), payload mode, the instant
 //!           the machine was built at, whether `/metrics` was served, the writer's
@@ -110,12 +110,17 @@ use twox_hash::XxHash3_64;
 /// The first 8 bytes of every recording.
 pub const MAGIC: [u8; 8] = *b"COHORTFR";
 
-/// The format version this module writes and reads.
-pub const VERSION: u16 = 3;
+/// The format version this module writes and reads. Version 4: the nodes'
+/// configurations and snapshots carry elastic healing and growth (the
+/// `elastic` knobs, liveness's incarnations and vacant slots), which
+/// bincode, not self-describing, cannot read from an older layout.
+pub const VERSION: u16 = 4;
 
-/// The oldest format version this module reads: version 2 is version 3
-/// without [`Recorded::Sealed`], which came last.
-pub const OLDEST_READ: u16 = 2;
+/// The oldest format version this module reads: an older recording is
+/// refused by its version, not misread (version 3, and version 2 without
+/// [`Recorded::Sealed`], hold configurations of the layout before elastic
+/// healing).
+pub const OLDEST_READ: u16 = 4;
 
 /// The largest header a reader accepts.
 pub const MAX_HEADER_BYTES: u32 = 1 << 20;
@@ -606,7 +611,7 @@ pub enum Recorded<'a> {
         /// Their XXH3-64 (seed 0).
         digest: u64,
     },
-    /// `Input::Sealed` (last, so version 2's entries read the same).
+    /// `Input::Sealed` (last: version 2, before it, read the same entries).
     Sealed {
         /// The connection.
         conn: u64,
@@ -2308,6 +2313,11 @@ mod tests {
         bad[8] = 9;
         let e = Reader::new(&bad[..]).unwrap_err();
         assert!(e.offset == 8 && matches!(e.problem, Problem::Version(9)), "{e}");
+        // A version 3 file: its configurations are of the layout before
+        // elastic healing, refused by version rather than misread.
+        bad[8] = 3;
+        let e = Reader::new(&bad[..]).unwrap_err();
+        assert!(e.offset == 8 && matches!(e.problem, Problem::Version(3)), "{e}");
         // A Received whose inner byte count is flipped to claim far more
         // than the entry holds: malformed, the buffer never sized by it.
         let mut r = Reader::new(&file[..]).unwrap();

@@ -2,11 +2,13 @@
 //! magic): hellos and any join message, signed with the session key, the
 //! zero key of open admission or a wrong key, in arbitrary splits; the
 //! operator's start, aborts and phases as commands; time runs past the
-//! window and the cap. Elastic healing (cohort only): three in four
-//! connections arrive as the elastic join (`adopt_elastic`), members are
-//! vacated by command, so late hellos reach late admission.
+//! window and the cap. Elastic healing and growth (cohort only): three in
+//! four connections arrive as the elastic join (`adopt_elastic`), members
+//! are vacated by command, so late hellos reach late admission, and the
+//! largest world may leave room to grow.
 //! Config byte: trust mode, start mode, quorum, target, NCCL backend;
-//! second byte: dataset signature (bit 0), elastic healing (bit 1).
+//! second byte: dataset signature (bit 0), elastic healing (bit 1), the
+//! largest world's room past the quorum (bits 2-3: 0 to 3 ranks).
 #![no_main]
 use cohort_fuzz::machines::*;
 use cohort_fuzz::{SALT, key, msgs, seeds, zero_key};
@@ -43,7 +45,8 @@ fn make(o: &mut cohort_fuzz::Ops<'_>) -> Option<JoinWindow> {
     if flags & 1 == 1 {
         p.dataset_sig = Some([0; 32]);
     }
-    p.elastic = flags & 2 == 2;
+    let room = u32::from((flags >> 2) & 3);
+    p.elastic = (flags & 2 == 2).then_some(min as u32 + room);
     JoinWindow::new(p, T0).ok()
 }
 
@@ -75,6 +78,17 @@ fn make_seeds() -> Vec<Vec<u8>> {
         w.u8(11).u8(4).u8(1); // vacate member 1
         accept_with(w, false, &join_hello(&k, "hostB", 1));
         accept_with(w, false, &join_hello(&k, "hostD", 1));
+        advance(w, 3, 4);
+    }));
+    // Growth: the same world, elastic up to four ranks: hostD (two) grows it,
+    // hostE finds no room.
+    out.push(script(&[0x00, 2 | 12], |w| {
+        accept_with(w, false, &join_hello(&k, "hostA", 1));
+        accept_with(w, false, &join_hello(&k, "hostB", 1));
+        advance(w, 3, 4);
+        fire(w);
+        accept_with(w, false, &join_hello(&k, "hostD", 2));
+        accept_with(w, false, &join_hello(&k, "hostE", 1));
         advance(w, 3, 4);
     }));
     out

@@ -182,3 +182,46 @@ fn a_world_without_room_refuses_the_new_host() {
         assert!(!run.report.ranks.contains_key(&6));
     }
 }
+
+/// Time to rejoin, in the simulator (docs/PERF.md, "time to rejoin"):
+/// promoted at the first cycle trigger after its legs (tested above), a
+/// replacement's first weighted contribution is in the very next round
+/// under chunk-pool dispatch (it trains the window after the consensus it
+/// adopted), and under whole-epoch dispatch in the first round after the
+/// next epoch's plans (it has no share of the epoch in progress).
+#[test]
+fn a_replacements_first_weighted_contribution_comes_at_the_next_point_work_is_handed_out() {
+    for progressive in [None, Some(false)] {
+        let run = restarted(true, progressive);
+        let t_promoted = promotions(&run)[0].0;
+        let cycles: Vec<cohort_proto::Time> = run
+            .coord()
+            .filter_map(|(t, e)| {
+                (t >= t_promoted && matches!(e, CoordinatorEvent::CycleStarted { .. })).then_some(t)
+            })
+            .collect();
+        assert_eq!(cycles[0], t_promoted);
+        let epoch_after = run.coord().find_map(|(t, e)| match e {
+            CoordinatorEvent::EpochAggregated { .. } if t > t_promoted => Some(t),
+            _ => None,
+        });
+        // The round it may first carry weight in: the next one, or the
+        // first that starts after the epoch in progress was aggregated.
+        let from = match progressive {
+            Some(false) => *cycles.iter().find(|c| Some(**c) > epoch_after).unwrap(),
+            _ => cycles[1],
+        };
+        let to = cycles.iter().find(|c| **c > from).copied();
+        for r in [2, 3] {
+            let first = run.rank(r).find_map(|(t, e)| match e {
+                RankNodeEvent::Submitted { mass, .. } if t > t_promoted && *mass > 0.0 => Some(t),
+                _ => None,
+            });
+            let first = first.expect("a weighted contribution");
+            assert!(
+                first > from && to.is_none_or(|to| first < to),
+                "{progressive:?} rank {r}: {first} not in ({from}, {to:?})"
+            );
+        }
+    }
+}
