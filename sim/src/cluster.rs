@@ -1150,7 +1150,7 @@ impl<W: SimWorkload> Cluster<W> {
         let now = self.world.now();
         // Coverage and duplicates are checked on what every rank actually processed.
         let mut work = BTreeMap::new();
-        let world = self.sc.world_size();
+        let world = self.sc.rank_space();
         let current = self.rank_nodes.iter().map(|(r, &(n, inc))| (*r, inc, n));
         for (r, inc, n) in self.retired.iter().copied().chain(current) {
             if let Some(rn) = self.world.machine::<SimRank<W>>(n) {

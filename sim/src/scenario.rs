@@ -930,6 +930,13 @@ impl Scenario {
         self.hosts.iter().fold(0u32, |n, h| n.saturating_add(h.ranks))
     }
 
+    /// The rank numbers the run may use: its hosts' ranks, or an elastic
+    /// world's largest size when that is more (its coordinator runs over
+    /// that many slots, the ones no host holds vacant).
+    pub fn rank_space(&self) -> u32 {
+        self.world_size().max(self.elastic.unwrap_or(0))
+    }
+
     /// The run's knobs as the `cohort` program states them, checked by the
     /// one function both share ([`RunKnobs::validate`]).
     pub fn knobs(&self) -> RunKnobs {

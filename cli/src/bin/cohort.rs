@@ -324,10 +324,11 @@ struct ControllerArgs {
     /// then (a host whose agent never leaves keeps it waiting).
     #[arg(long, default_value = "2", value_parser = args::seconds)]
     linger_secs: Duration,
-    /// Elastic healing (cohort only; off by default): a world whose every
-    /// agent dialed with --elastic takes a replacement host into the ranks
-    /// of a host that died, up to MAX_WORLD ranks (at least the world).
-    /// Needs --rules cohort and --backend cpu (docs/BEHAVIOUR.md).
+    /// Elastic healing and growth (cohort only; off by default): a world
+    /// whose every agent dialed with --elastic takes a replacement host into
+    /// the ranks of a host that died, and a new host into the next ranks,
+    /// up to MAX_WORLD ranks (at least the world). Needs --rules cohort and
+    /// --backend cpu (docs/BEHAVIOUR.md).
     #[arg(long, value_name = "MAX_WORLD")]
     elastic: Option<u32>,
     #[command(flatten)]
@@ -426,7 +427,8 @@ struct AgentArgs {
     run_bound: bool,
     /// Dial the elastic join (cohort only): take part in a `cohort
     /// controller --elastic` world, and replace a dead host in one already
-    /// running. A flodl controller closes such a dial.
+    /// running, or grow it. A flodl controller closes such a dial. Not with
+    /// a rank program (after `--`) yet: the built-in trainer only.
     #[arg(long)]
     elastic: bool,
     #[command(flatten)]
@@ -826,6 +828,13 @@ fn agent(a: AgentArgs) -> i32 {
     };
     if a.ranks == 0 || a.ranks > 256 {
         return fail(&format!("--ranks: {} is out of range: allowed 1..=256", a.ranks));
+    }
+    if a.elastic && !a.program.is_empty() {
+        return fail(
+            "--elastic: not with a rank program: a late joiner's program would start from its own model, not \
+             the consensus (the model transfer it needs is not built); elastic worlds run the built-in trainer \
+             (docs/BEHAVIOUR.md, \"Elastic healing and growth\")",
+        );
     }
     let workload =
         RunKnobs { batch_size: a.batch_size, model_elems: a.model_elems, ..RunKnobs::default() }.workload();

@@ -757,8 +757,12 @@ impl Scheduler {
             return;
         }
         let Some(ep) = self.epoch.as_mut().filter(|e| e.epoch == msg.epoch && !e.aggregated) else { return };
+        // A promoted rank's sums still hold its predecessor's reports: its
+        // own are bounded by what it was given on top of them.
+        let base = ep.promoted.get(&rank).copied().unwrap_or(0);
         if self.cfg.rules == Rules::Cohort
-            && let Err(fault) = ep.reports.check(&msg, ep.assigned[rank as usize].total())
+            && let Err(fault) =
+                ep.reports.check(&msg, base.saturating_add(ep.assigned[rank as usize].total()))
         {
             return self.refuse_report(now, rank, fault);
         }

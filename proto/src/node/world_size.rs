@@ -230,4 +230,21 @@ mod tests {
         assert_eq!(e[3]["ranks"], serde_json::json!([2, 3]));
         assert_eq!(e[3]["incarnation"], 1);
     }
+
+    #[test]
+    fn a_host_added_counts_once_its_ranks_are_promoted() {
+        let mut h = SizeHistory::new(6, Time::ZERO);
+        h.record(Time::from_millis(10), SizeChange::Formed { world_size: 4 });
+        h.record(Time::from_millis(500), SizeChange::HostAdded { host: "c".into(), ranks: vec![4, 5] });
+        assert_eq!(h.live_ranks(), Some(4), "taken in, not yet in the run");
+        for rank in [4, 5] {
+            h.record(Time::from_millis(700), SizeChange::RankPromoted { rank, incarnation: 1 });
+        }
+        assert_eq!(h.live_ranks(), Some(6));
+        let v = h.json();
+        let added = &v["size_history"][1];
+        assert_eq!((added["change"].as_str(), added["host"].as_str()), (Some("host_added"), Some("c")));
+        assert_eq!(added["ranks"], serde_json::json!([4, 5]));
+        assert!(added.get("incarnation").is_none());
+    }
 }

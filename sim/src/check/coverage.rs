@@ -99,10 +99,11 @@ pub fn coverage_by_epoch(samples: u64, epochs: u64, work: &BTreeMap<u32, RankWor
         .collect()
 }
 
-/// The id the coverage checks know a rank's `incarnation` by, in a world
-/// of `world` ranks: the rank itself for the formed world's incarnation 0,
-/// past the world for an elastic replacement's (each incarnation processes
-/// and dies on its own account).
+/// The id the coverage checks know a rank's `incarnation` by, in a rank
+/// space of `world` ([`Scenario::rank_space`](crate::Scenario::rank_space),
+/// vacant slots included, or a slot's id would be a later incarnation's):
+/// the rank itself for incarnation 0, past the rank space for an elastic
+/// late joiner's (each incarnation processes and dies on its own account).
 ///
 /// ```
 /// use cohort_sim::check::coverage::{processor, rank_of};
@@ -156,7 +157,7 @@ impl CoverageCheck {
     /// The checks for `sc`.
     pub fn new(sc: &Scenario) -> Self {
         CoverageCheck {
-            world: sc.world_size(),
+            world: sc.rank_space(),
             current: BTreeMap::new(),
             nccl: sc.backend == Backend::Nccl,
             flodl: sc.rules == Rules::Flodl,
