@@ -148,6 +148,11 @@ struct Chunks {
     last_aggregated: Option<u64>,
     /// Per rank: its step count when its last chunk's metrics arrived.
     steps_at_completion: Vec<u64>,
+    /// Per (epoch, rank) of a rank promoted while the epoch's pool was
+    /// open: the samples its predecessors completed of it. A pool counts
+    /// by rank number; what a death reports as processed is the dying
+    /// incarnation's own.
+    completed_before: BTreeMap<(u64, u32), u64>,
 }
 
 /// The schedule id of the final eval (flodl's sentinel).
@@ -946,6 +951,9 @@ impl Scheduler {
             if let Some(ch) = self.chunks.as_mut() {
                 ch.rank_epoch[i] = ch.last_aggregated.map_or(0, |a| a + 1);
                 ch.steps_at_completion[i] = 0;
+                for (&e, pool) in &ch.pools {
+                    ch.completed_before.insert((e, r), pool.completed(r));
+                }
             }
             let progressive = self.progressive();
             let mut empty_plan = None;
@@ -2123,6 +2131,7 @@ impl Scheduler {
             }
             let Some(reports) = ch.reports.remove(&e) else { break };
             ch.pools.remove(&e);
+            ch.completed_before.retain(|(pe, _), _| *pe != e);
             ch.last_aggregated = Some(e);
             let next = ch.assigned.remove(&(e + 1));
             self.gates_dirty = true;
@@ -2491,7 +2500,8 @@ impl Scheduler {
         for (&pe, pool) in ch.pools.iter_mut() {
             let segs = pool.forfeit(r);
             if pe == e {
-                processed = pool.completed(r);
+                let before = ch.completed_before.get(&(pe, r)).copied().unwrap_or(0);
+                processed = pool.completed(r).saturating_sub(before);
                 back = segs;
             }
         }
