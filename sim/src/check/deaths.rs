@@ -57,8 +57,10 @@ impl DeathCheck {
         // every waiting rank's consensus read deadline ends its data plane
         // (armed when the rank submitted, which may precede the corruption).
         let round_held = *cause == DeathCause::DataPlaneLost && facts.corrupted.is_some_and(|c| t > c);
-        // A relay that never had every local rank in never announced any.
-        let mate_missing = *cause == DeathCause::NotAnnounced && facts.host_mate_touched(t, *r);
+        // A relay that never had every local rank in never announced any;
+        // nor does any after the NCCL bootstrap failed.
+        let mate_missing = *cause == DeathCause::NotAnnounced
+            && (facts.host_mate_touched(t, *r) || facts.rendezvous_failed.is_some_and(|f| f <= t));
         if !facts.touched(t, *r) && !round_held && !mate_missing {
             v.at(t, &format!("rank {r} declared dead ({cause}) though nothing happened to it"));
         }

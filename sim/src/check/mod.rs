@@ -35,6 +35,7 @@ use cohort_proto::node::controller::ControllerNodeEvent;
 use cohort_proto::node::host::HostNodeEvent;
 use cohort_proto::node::oracle::ConsensusOracle;
 use cohort_proto::reduce::{ReduceEvent, ReduceStop};
+use cohort_proto::rendezvous::RendezvousServerEvent;
 use core::time::Duration;
 
 use crate::report::Death;
@@ -90,6 +91,10 @@ pub struct Facts {
     pub corrupted: Option<Time>,
     /// Which host holds which rank (the controller's word).
     pub rank_host: BTreeMap<u32, String>,
+    /// When the NCCL plane's bootstrap rendezvous failed (the NCCL check
+    /// holds a fault to explain it): no rank's relay announces it then,
+    /// since a rank reaches its relay only after the bootstrap.
+    pub rendezvous_failed: Option<Time>,
     /// When the coordinator started (every relay joined): until then a
     /// fault on any host holds every rank's first word from it back, and a
     /// rank may give its coordinator up as silent.
@@ -312,6 +317,12 @@ impl Checker {
                 ClusterEvent::Controller(ControllerNodeEvent::Coord(CoordinatorEvent::Started)),
             ) => {
                 self.facts.coord_started.get_or_insert(t);
+            }
+            (
+                Source::Controller,
+                ClusterEvent::Controller(ControllerNodeEvent::Rendezvous(RendezvousServerEvent::Failed(_))),
+            ) => {
+                self.facts.rendezvous_failed.get_or_insert(t);
             }
             (
                 Source::Controller,
