@@ -1020,6 +1020,21 @@ mod cluster {
             n
         }
 
+        /// The late joiners the window took in (`Replaced` or `Grown`, as
+        /// `kind` picks), as (host, ranks, incarnation).
+        fn late_joiners(&self, kind: impl Fn(&JoinWindowEvent) -> bool) -> Vec<(String, Vec<u32>, u32)> {
+            self.all
+                .iter()
+                .filter_map(|s| match s.event.join() {
+                    Some(
+                        e @ (JoinWindowEvent::Replaced { host, ranks, incarnation, .. }
+                        | JoinWindowEvent::Grown { host, ranks, incarnation, .. }),
+                    ) if kind(e) => Some((host.clone(), ranks.clone().collect(), *incarnation)),
+                    _ => None,
+                })
+                .collect()
+        }
+
         /// The controller's `RankPromoted` events, as (rank, incarnation).
         fn promotions(&self) -> Vec<(u32, u32)> {
             self.all
@@ -1253,16 +1268,7 @@ mod cluster {
         seen.drain();
 
         assert_eq!(seen.outcome(), Some(ControllerOutcome::Done));
-        let replaced: Vec<(String, Vec<u32>, u32)> = seen
-            .all
-            .iter()
-            .filter_map(|s| match s.event.join() {
-                Some(JoinWindowEvent::Replaced { host, ranks, incarnation, .. }) => {
-                    Some((host.clone(), ranks.clone().collect(), *incarnation))
-                }
-                _ => None,
-            })
-            .collect();
+        let replaced = seen.late_joiners(|e| matches!(e, JoinWindowEvent::Replaced { .. }));
         assert_eq!(replaced, [("host-b".to_owned(), lost.clone(), 1)], "taken in once, over host-b's ranks");
         assert_eq!(seen.promotions(), lost.iter().map(|r| (*r, 1)).collect::<Vec<_>>(), "each promoted once");
         let after = seen.consensus_from(killed_at);
@@ -1315,16 +1321,7 @@ mod cluster {
 
         assert_eq!(seen.outcome(), Some(ControllerOutcome::Done));
         let new: Vec<u32> = (WORLD as u32..WORLD as u32 + 2).collect();
-        let grown: Vec<(String, Vec<u32>, u32)> = seen
-            .all
-            .iter()
-            .filter_map(|s| match s.event.join() {
-                Some(JoinWindowEvent::Grown { host, ranks, incarnation, .. }) => {
-                    Some((host.clone(), ranks.clone().collect(), *incarnation))
-                }
-                _ => None,
-            })
-            .collect();
+        let grown = seen.late_joiners(|e| matches!(e, JoinWindowEvent::Grown { .. }));
         assert_eq!(grown, [("host-c".to_owned(), new.clone(), 1)], "taken in once, over the next ranks");
         assert_eq!(seen.promotions(), new.iter().map(|r| (*r, 1)).collect::<Vec<_>>(), "each promoted once");
         let after = seen.consensus_from(joined_at);
