@@ -45,6 +45,7 @@ use cohort_proto::join::ledger::{JoinConfig, StartMode, TrustMode};
 use cohort_proto::join::window::JoinWindowEvent;
 use cohort_proto::node::controller::{ControllerConfig, ControllerNodeEvent, ControllerOutcome};
 use cohort_proto::node::envelope::ControllerAddr;
+use cohort_proto::node::host::HostNodeEvent;
 use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::node::nccl_oracle::{NcclOracle, NcclSummary};
 use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
@@ -64,6 +65,10 @@ pub const RECORDING: &str = "controller.rec";
 
 /// How long after the run's end the launcher waits for every rank to exit.
 pub const EXIT_GRACE: Duration = Duration::from_secs(10);
+
+/// How long, once every rank has left, the demo waits for the agents to
+/// report every end before it tears the hosts down.
+const AGENTS_SETTLE: Duration = Duration::from_secs(2);
 
 /// Which rank to kill, and when.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -518,6 +523,9 @@ struct Watch {
     /// Rank exits seen (a replaced host's ranks exit twice: crashed, then
     /// as the replacement's).
     exits: u32,
+    /// Rank exits the agents reported (a crashed host's agent reports
+    /// none of its ranks').
+    reported: u32,
     epochs: u64,
     status_answers: u64,
     kill: Option<KillReport>,
@@ -598,6 +606,7 @@ impl Watch {
                 _ => {}
             },
             (Source::Rank(_), ClusterEvent::RankExit { .. }) => self.exits += 1,
+            (Source::Host(_), ClusterEvent::Host(HostNodeEvent::ExitReported { .. })) => self.reported += 1,
             // Every event of a taken-over rank after its taking over is the
             // replacement's: the crashed host's nodes had stopped before
             // its replacement started.
@@ -835,6 +844,18 @@ pub fn run(opts: &DemoOptions, mut on_event: impl FnMut(&Stamped)) -> Result<Dem
                 t.saturating_since(now).min(Duration::from_millis(250))
             });
         match events.recv_timeout(wait) {
+            Ok(s) => handle(s, &mut watch, &mut check, &mut nccl),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    // A rank's end reaches the sink before its agent: give the agents the
+    // moment they take to hear every end, so that their recordings hold
+    // them all (one report per rank of the world; a crashed host's agent
+    // reports none, its replacement's does).
+    let settle = Instant::now() + AGENTS_SETTLE;
+    while watch.finished.is_some() && watch.reported < watch.world_size && Instant::now() < settle {
+        match events.recv_timeout(Duration::from_millis(50)) {
             Ok(s) => handle(s, &mut watch, &mut check, &mut nccl),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
