@@ -1038,9 +1038,7 @@ impl JoinWindow {
         let elapsed = now.saturating_since(self.opened);
         let max_world = self.elastic.unwrap_or(0);
         let admitted = match self.ledger.readmit(offer.clone(), elapsed, &self.vacant) {
-            Err(AdmitError::NoVacancy { .. })
-                if !self.ledger.members().iter().any(|m| m.host == offer.host) =>
-            {
+            Err(AdmitError::NoVacancy { .. }) if !self.ledger.contains_host(&offer.host) => {
                 self.ledger.grow(offer, elapsed, max_world).map(|i| (i, true))
             }
             other => other.map(|i| (i, false)),

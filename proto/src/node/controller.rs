@@ -940,7 +940,7 @@ impl ControllerNode {
             return self.out.event(ControllerNodeEvent::HostsGone);
         }
         let lost = c.scheduler().liveness().dead_count();
-        let world = c.scheduler().config().world_size;
+        let world = c.scheduler().liveness().members();
         let forming = c.is_forming();
         self.out.event(ControllerNodeEvent::EveryHostLeft { lost });
         self.finish(if forming {
