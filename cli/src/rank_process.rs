@@ -126,6 +126,7 @@ impl RankOptions {
             model_elems: self.model_elems,
             gamma: 1.0,
             rules: cohort_proto::config::Rules::Cohort,
+            catch_up: false,
         }
     }
 }
@@ -502,6 +503,7 @@ mod tests {
             model_elems: 32,
             gamma: 1.0,
             rules: cohort_proto::config::Rules::Cohort,
+            catch_up: false,
         });
         let w = spec_for(&e, 1, &opts).unwrap().workload.unwrap();
         assert_eq!((w.batch_size, w.model_elems), (8, 32));

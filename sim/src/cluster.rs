@@ -303,6 +303,7 @@ impl<W: SimWorkload> Cluster<W> {
             model_elems: sc.model_elems,
             gamma: 1.0,
             rules: sc.rules,
+            catch_up: false,
         };
         let cfg = ControllerConfig::new(join, salt, trust, scale, run, advertise, workload);
         let ctrl = ControllerNode::new(cfg, Time::ZERO)
@@ -991,6 +992,7 @@ impl<W: SimWorkload> Cluster<W> {
             model_elems: self.sc.model_elems,
             gamma: 1.0,
             rules: self.sc.rules,
+            catch_up: false,
         };
         let start = RankStart {
             spec,

@@ -139,6 +139,11 @@ pub fn describe(s: &Stamped) -> Line {
             RelayEvent::RecordDropped { kind, rank, why } => {
                 line(Warn, "record_dropped", format!("dropped a {kind} record (rank {rank:?}): {why}"))
             }
+            RelayEvent::CaughtUp { digest, bytes } => line(
+                Info,
+                "relay_caught_up",
+                format!("the world's model ({bytes} bytes, digest {digest}) verified; handed to the ranks"),
+            ),
             RelayEvent::Stopped(r) => line(Info, "relay_stopped", format!("stopped: {r}")),
             RelayEvent::Link(n) => link(n),
         },
@@ -162,6 +167,11 @@ pub fn describe(s: &Stamped) -> Line {
                     "received round {round}: mass {weight}, {} values, keep local {keep_local}",
                     values.len()
                 ),
+            ),
+            RankNodeEvent::CaughtUp { digest, values } => line(
+                Info,
+                "rank_caught_up",
+                format!("starts from the world's model ({} values, digest {digest})", values.len()),
             ),
             RankNodeEvent::Exited => line(Info, "exited", "shut down cleanly"),
             RankNodeEvent::CoordinatorLost { reason, dead_peers } => line(
@@ -352,6 +362,14 @@ fn controller(e: &ControllerNodeEvent) -> Line {
                     "round {round}: reduced {} host frames (mass {}), sent to {recipients} hosts",
                     contributors.len(),
                     consensus.weight
+                ),
+            ),
+            ReduceEvent::CaughtUp { conn, ranks, round, of, digest, bytes } => line(
+                Info,
+                "model_sent",
+                format!(
+                    "data plane: sent {conn} (ranks {ranks:?}) round {} of {of} of the world's model ({bytes} bytes, digest {digest})",
+                    round + 1
                 ),
             ),
             ReduceEvent::Stopped(why) => line(Info, "reduce_stopped", format!("data plane stopped: {why}")),

@@ -982,6 +982,9 @@ impl ControllerNode {
             reduce
                 .admit_hosts(self.window.members().map(|(_, m)| (m.host.clone(), m.ranks.clone().collect())));
             reduce.reserve_slots(world_size);
+            if self.window.is_elastic_live() {
+                reduce.keep_model();
+            }
             // A rank program may send rounds before the first cycle.
             self.tally.round_open = reduce.round_asked().then_some(now);
             self.reduce = Some(reduce);
@@ -992,7 +995,7 @@ impl ControllerNode {
         }
         let formed: Vec<(ConnId, Member)> = self.window.members().map(|(c, m)| (c, m.clone())).collect();
         for (conn, member) in formed {
-            self.world_formed_for(conn, &member, world_size);
+            self.world_formed_for(conn, &member, world_size, false);
         }
         self.window.set_phase(ClusterPhase::Training);
         self.out.event(ControllerNodeEvent::Started { world_size });
@@ -1136,9 +1139,23 @@ impl ControllerNode {
                 if let Some(e) = self.pass(ControllerPart::Reduce, o) {
                     if let ReduceEvent::HostJoined { conn, ranks, .. } = &e {
                         self.authenticated(*conn);
+                        // A late joiner's data leg is ready once its ranks
+                        // have the world's model.
+                        let reduce = self.reduce.as_ref();
+                        let ready: Vec<u32> = ranks
+                            .iter()
+                            .copied()
+                            .filter(|&r| !reduce.is_some_and(|d| d.awaits_model(r)))
+                            .collect();
                         if let Some(c) = self.coord.as_mut() {
-                            c.data_ready(ranks);
+                            c.data_ready(&ready);
                         }
+                    }
+                    if let ReduceEvent::CaughtUp { ranks, round, of, .. } = &e
+                        && round + 1 == *of
+                        && let Some(c) = self.coord.as_mut()
+                    {
+                        c.data_ready(ranks);
                     }
                     if let ReduceEvent::Consensus { .. } = &e {
                         let t = &mut self.tally;
@@ -1176,7 +1193,7 @@ impl ControllerNode {
 
     /// Sends `member`'s host, on `conn`, its `WorldFormed`: its envelope and
     /// relay spec (at formation, and to an elastic replacement).
-    fn world_formed_for(&mut self, conn: ConnId, member: &Member, world_size: u32) {
+    fn world_formed_for(&mut self, conn: ConnId, member: &Member, world_size: u32, catch_up: bool) {
         let advertise = &self.cfg.advertise;
         let workers = self.window.ledger().members().len() as u32;
         let mut e = Envelope::for_worker(
@@ -1188,7 +1205,7 @@ impl ControllerNode {
             member.local_devices.clone(),
         );
         e.salt = Some(self.window.salt().to_hex());
-        e.cohort = Some(WorkloadSpec { rules: self.cfg.run.rules, ..self.cfg.workload });
+        e.cohort = Some(WorkloadSpec { rules: self.cfg.run.rules, catch_up, ..self.cfg.workload });
         let spec = RelaySpec::for_envelope(&e, self.cfg.run.backend == Backend::Cpu, self.cfg.ceiling);
         // A link that ended at this very instant is reported by its own event.
         let _ = self.window.send_world_formed(conn, e.to_hex(), Some(spec.to_hex()));
@@ -1228,8 +1245,11 @@ impl ControllerNode {
         };
         self.size_changed(now, change);
         let member = self.window.members().find(|(c, _)| *c == conn).map(|(_, m)| m.clone());
+        // Its ranks catch up to the world's model before their first step
+        // (the reduce keeps it in a live elastic world).
+        let catch_up = self.reduce.as_ref().is_some_and(Reduce::keeps_model);
         if let Some(m) = member {
-            self.world_formed_for(conn, &m, world);
+            self.world_formed_for(conn, &m, world, catch_up);
         }
     }
 

@@ -110,12 +110,23 @@ pub struct WorkloadSpec {
     /// frames by them (a frame stalled mid-way, [`RelayConfig::rules`](crate::relay::RelayConfig::rules)).
     #[serde(default)]
     pub rules: crate::config::Rules,
+    /// The host joins a running elastic world (a replacement or a new
+    /// host): its ranks catch up to the world's model before their first
+    /// step ([`RankConfig::catch_up`](crate::node::rank::RankConfig::catch_up)).
+    #[serde(default, skip_serializing_if = "core::ops::Not::not")]
+    pub catch_up: bool,
 }
 
 impl Default for WorkloadSpec {
     /// One-sample batches of an 8-element model, gamma 1, cohort's rules.
     fn default() -> Self {
-        WorkloadSpec { batch_size: 1, model_elems: 8, gamma: 1.0, rules: crate::config::Rules::Cohort }
+        WorkloadSpec {
+            batch_size: 1,
+            model_elems: 8,
+            gamma: 1.0,
+            rules: crate::config::Rules::Cohort,
+            catch_up: false,
+        }
     }
 }
 

@@ -416,6 +416,7 @@ impl HostNode {
             // A cohort controller names the synthetic workload its ranks
             // train: the data relay holds every rank's frame to its layout.
             relay.model = env.cohort.filter(|_| leg == Leg::Data).map(|w| w.schema());
+            relay.catch_up = leg == Leg::Data && env.cohort.is_some_and(|w| w.catch_up);
             // A flodl controller names no rules: its relays keep flodl's.
             relay.rules = env.cohort.map_or(Rules::Flodl, |w| w.rules);
             let listen = match (flodl, leg) {

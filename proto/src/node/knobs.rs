@@ -94,6 +94,7 @@ impl RunKnobs {
             model_elems: self.model_elems,
             gamma: 1.0,
             rules: self.rules,
+            catch_up: false,
         }
     }
 

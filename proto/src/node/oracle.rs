@@ -22,6 +22,13 @@
 //! own order and the dead host's events before the replacement's (the
 //! simulator's causal order; a dead host sends nothing).
 //!
+//! A late joiner's catch-up (cohort's elastic worlds) is no round: its host
+//! frame is taken out of its host's books when its relay verified the
+//! model (`RelayEvent::CaughtUp`), and each rank's model
+//! (`RankNodeEvent::CaughtUp`) must carry the digest the reduce sent its
+//! ranks (`ReduceEvent::CaughtUp`) and the values of a realized round the
+//! reduce reduced.
+//!
 //! ```
 //! use cohort_proto::node::oracle::ConsensusOracle;
 //! let mut oracle = ConsensusOracle::default();
@@ -49,6 +56,8 @@ pub struct CheckSummary {
     pub rounds_checked: u64,
     /// Rank deliveries compared with the reduced values.
     pub deliveries_checked: u64,
+    /// Late joiners' models compared with what the reduce sent.
+    pub catch_ups_checked: u64,
     /// Everything that did not match, first first.
     pub violations: Vec<String>,
 }
@@ -140,6 +149,10 @@ pub struct ConsensusOracle {
     /// dead one sent its last before the replacement was taken in.
     host_incarnation: BTreeMap<String, u32>,
     rank_incarnation: BTreeMap<u32, u32>,
+    /// The model digests the reduce sent each late joiner's rank, and what
+    /// each rank started from (digest and values), matched in order.
+    model_sent: BTreeMap<u32, VecDeque<crate::reduce::ModelDigest>>,
+    model_got: BTreeMap<u32, VecDeque<(crate::reduce::ModelDigest, Vec<f32>)>>,
     /// Events arrive in causal order (the simulator): what a round or a
     /// delivery needs has arrived before it, or never will.
     causal: bool,
@@ -192,6 +205,12 @@ impl ConsensusOracle {
                     let incarnation = self.host_incarnation.get(host).copied().unwrap_or(0);
                     self.host_of.insert(*conn, (host.clone(), incarnation));
                 }
+                ReduceEvent::CaughtUp { ranks, digest, .. } => {
+                    for r in ranks {
+                        self.model_sent.entry(*r).or_default().push_back(*digest);
+                        self.settle_models(*r);
+                    }
+                }
                 ReduceEvent::Consensus { round, consensus, contributors, .. } => {
                     if *round != self.reduced.len() as u64 {
                         self.violation(format!("reduce round {round} out of sequence"));
@@ -220,6 +239,19 @@ impl ConsensusOracle {
                 let incarnation = self.host_incarnation.get(&host).copied().unwrap_or(0);
                 self.shipped.entry((host, incarnation)).or_default().push_back(ranks.clone());
                 self.settle_rounds();
+            }
+            (Source::Relay(host, Leg::Data), ClusterEvent::Relay(RelayEvent::CaughtUp { .. })) => {
+                // The host frame that asked for the model was its first.
+                let host = host.to_string();
+                let incarnation = self.host_incarnation.get(&host).copied().unwrap_or(0);
+                if self.shipped.get_mut(&(host.clone(), incarnation)).and_then(VecDeque::pop_front).is_none()
+                {
+                    self.violation(format!("{host} verified a model it never asked for"));
+                }
+            }
+            (Source::Rank(r), ClusterEvent::Rank(RankNodeEvent::CaughtUp { digest, values })) => {
+                self.model_got.entry(*r).or_default().push_back((*digest, values.clone()));
+                self.settle_models(*r);
             }
             (Source::Rank(r), ClusterEvent::Rank(RankNodeEvent::Submitted { mass, values, .. })) => {
                 let incarnation = self.rank_incarnation.get(r).copied().unwrap_or(0);
@@ -286,7 +318,44 @@ impl ConsensusOracle {
         for s in stray {
             self.violation(s);
         }
+        let unsent: Vec<String> = self
+            .model_got
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(r, _)| format!("rank {r} started from a model the reduce never sent it"))
+            .collect();
+        for s in unsent {
+            self.violation(s);
+        }
         self.summary.clone()
+    }
+
+    /// Matches `rank`'s model with the one the reduce sent it.
+    fn settle_models(&mut self, rank: u32) {
+        loop {
+            let (Some(sent), Some(got)) = (self.model_sent.get_mut(&rank), self.model_got.get_mut(&rank))
+            else {
+                return;
+            };
+            let (Some(digest), Some((got_digest, values))) = (sent.front().copied(), got.pop_front()) else {
+                return;
+            };
+            sent.pop_front();
+            self.summary.catch_ups_checked += 1;
+            if got_digest != digest {
+                self.violation(format!(
+                    "rank {rank} started from model {got_digest}, the reduce sent {digest}"
+                ));
+            }
+            let realized = self.reduced.iter().rev().any(|(w, v)| {
+                crate::reduce::is_realized(*w) && v.as_deref().unwrap_or(&[]) == values.as_slice()
+            });
+            if !realized {
+                self.violation(format!(
+                    "rank {rank} started from a model no realized round reduced ({digest})"
+                ));
+            }
+        }
     }
 
     fn violation(&mut self, what: String) {

@@ -16,6 +16,7 @@ use crate::rank::data_client::{
     Contribution, DataClient, DataClientConfig, DataClientEvent, SubmitError, TensorView,
 };
 use crate::rank::rendezvous_client::{RendezvousClient, RendezvousClientConfig, RendezvousClientEvent};
+use crate::reduce::ModelDigest;
 use crate::rendezvous::UID_BYTES;
 use crate::time::{Time, earliest};
 use crate::wire::{ControlMsgWire, Dtype, MacKey, SessionSalt};
@@ -69,6 +70,12 @@ pub struct RankConfig {
     /// flodl 0.8's rank ends: as if told `Shutdown` (it announces `Exiting`
     /// and exits 0), not as a failure (docs/DIFFERENCES.md).
     pub rules: Rules,
+    /// The rank joins a running elastic world (cohort only, the envelope's
+    /// `cohort.catch_up`): before its first step it asks for the world's
+    /// model with its workload's [`Workload::join_round`] and starts from
+    /// what comes back ([`RankNodeEvent::CaughtUp`]).
+    #[serde(default)]
+    pub catch_up: bool,
 }
 
 /// One rank to start: everything its process is given.
@@ -137,6 +144,7 @@ impl RankSpec {
             ceiling: self.ceiling,
             timeout_scale: self.timeout_scale,
             rules: self.workload.map_or(Rules::Flodl, |w| w.rules),
+            catch_up: self.workload.is_some_and(|w| w.catch_up),
         }
     }
 }
@@ -161,6 +169,15 @@ pub enum RankNodeEvent {
         /// Its mass.
         mass: f64,
         /// The values (before scaling by the mass).
+        values: Vec<f32>,
+    },
+    /// A late joiner's rank was sent the world's model and starts from it
+    /// (its [`RankConfig::catch_up`] round; neither a submission nor a
+    /// consensus of a round it contributed to).
+    CaughtUp {
+        /// The model's digest, as the rank computed it from what it got.
+        digest: ModelDigest,
+        /// The model's values, every tensor in order.
         values: Vec<f32>,
     },
     /// The consensus of the rank's `round`-th contribution.
@@ -247,6 +264,7 @@ impl RankNodeEvent {
 ///     rank: 1, world_size: 2, key: MacKey::new(&SessionSalt::from_bytes([3; 16])), model_sig: [0; 32],
 ///     control_addr: "127.0.0.1:7075".into(), data_addr: Some("127.0.0.1:7074".into()), nccl: None,
 ///     ceiling: DEFAULT_FRAME_CEILING, timeout_scale: TimeoutScale::ONE, rules: Rules::Cohort,
+///     catch_up: false,
 /// };
 /// let trainer = Trainer::new(WorkloadConfig::new(1, 20.0, 7));
 /// let mut rank = Harness::new(RankNode::new(cfg, trainer, Time::ZERO));
@@ -272,6 +290,8 @@ pub struct RankNode<W> {
     pending_submit: Option<Round>,
     rounds_submitted: u64,
     rounds_done: u64,
+    /// Its catch-up round is in flight ([`RankConfig::catch_up`]).
+    catching_up: bool,
     /// The data leg failed: at this instant, for this reason, the rank
     /// exits unless its control leg ends first; training stopped.
     data_lost: Option<(Time, String)>,
@@ -346,6 +366,7 @@ impl<W: Workload> RankNode<W> {
             pending_submit: None,
             rounds_submitted: 0,
             rounds_done: 0,
+            catching_up: false,
             data_lost: None,
             data_gone: false,
             ended: false,
@@ -356,6 +377,13 @@ impl<W: Workload> RankNode<W> {
         };
         if node.rendezvous.is_none() {
             node.dial_control(now);
+        }
+        if node.cfg.catch_up
+            && node.data.is_some()
+            && let Some(round) = node.workload.join_round()
+        {
+            node.catching_up = true;
+            node.submit(now, round);
         }
         node.pump(now);
         node
@@ -493,6 +521,8 @@ impl<W: Workload> RankNode<W> {
             tensors: &views,
         };
         match data.submit_round(now, &c) {
+            // The catch-up round is no contribution.
+            Ok(()) if self.catching_up => {}
             Ok(()) => {
                 drop(views);
                 let (mass, values) = (round.weight, round.values);
@@ -638,6 +668,23 @@ impl<W: Workload> RankNode<W> {
                 self.legs_connected();
                 if let Some(round) = self.pending_submit.take() {
                     self.submit(now, round);
+                }
+            }
+            DataClientEvent::Consensus(result) if self.catching_up => {
+                self.catching_up = false;
+                let digest =
+                    ModelDigest::of(result.tensors.iter().map(|t| (t.shape.as_slice(), Some(&t.values[..]))));
+                let mut values = Vec::with_capacity(result.tensors.iter().map(|t| t.values.len()).sum());
+                for t in &result.tensors {
+                    values.extend_from_slice(&t.values);
+                }
+                let live = !self.ended;
+                if live {
+                    self.workload.on_model(now, &values, &mut self.actions);
+                }
+                self.out.event(RankNodeEvent::CaughtUp { digest, values });
+                if live {
+                    self.act(now);
                 }
             }
             DataClientEvent::Consensus(result) => {

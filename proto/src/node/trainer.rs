@@ -12,10 +12,10 @@ use std::collections::VecDeque;
 use core::time::Duration;
 
 use super::envelope::WorkloadSpec;
-use super::workload::{Action, Workload};
+use super::workload::{Action, Round, Workload};
 use crate::reduce::gamma_mass;
 use crate::time::Time;
-use crate::wire::{ControlMsgWire, EpochPlanWire, MetricsMsgWire, TimingMsgWire};
+use crate::wire::{ControlMsgWire, EpochPlanWire, MetricsMsgWire, RoundKind, TimingMsgWire};
 
 /// The workload's knobs.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -531,5 +531,17 @@ impl Workload for Trainer {
 
     fn finished(&self) -> bool {
         self.done
+    }
+
+    /// A `Control` round of the model's one tensor, elided.
+    fn join_round(&self) -> Option<Round> {
+        let shapes = vec![vec![self.model.len() as u32]];
+        Some(Round { kind: RoundKind::Control, weight: 0.0, scale: 0.0, shapes, values: self.model.clone() })
+    }
+
+    fn on_model(&mut self, _now: Time, values: &[f32], _out: &mut Vec<Action>) {
+        if values.len() == self.model.len() {
+            self.model.copy_from_slice(values);
+        }
     }
 }

@@ -172,4 +172,17 @@ pub trait Workload {
 
     /// Whether it finished cleanly: its rank then exits with code 0, else 1.
     fn finished(&self) -> bool;
+
+    /// The round a late joiner asks for the world's model with (cohort's
+    /// elastic worlds, [`RankConfig::catch_up`](super::rank::RankConfig::catch_up)),
+    /// sent before anything else: as flodl's rank's start-up broadcast, a
+    /// `Control` round of the model's shapes, elided (`scale` 0). `None`
+    /// (the default): the workload does not catch up.
+    fn join_round(&self) -> Option<Round> {
+        None
+    }
+
+    /// The world's model arrived in answer to [`Workload::join_round`]
+    /// (every tensor's values in order): start from it.
+    fn on_model(&mut self, _now: Time, _values: &[f32], _out: &mut Vec<Action>) {}
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use core::fmt;
 
+use super::catch_up::{CatchUpReply, ModelDigest, ModelRound, ModelStore};
 use super::schema::{Established, RoundSchema, judge};
 use super::sum::{Consensus, FrameLayout, LayoutCheck, RoundSum};
 use crate::config::{Rules, defaults};
@@ -254,6 +255,22 @@ pub enum ReduceEvent {
         /// Hosts whose frames are in the sum, in arrival order.
         contributors: Vec<ConnId>,
     },
+    /// A late joiner's host was sent a round of the world's model
+    /// (cohort only, [`Reduce::keep_model`]).
+    CaughtUp {
+        /// The host's connection.
+        conn: ConnId,
+        /// The ranks it carries.
+        ranks: Vec<u32>,
+        /// Which round of the model, from 0.
+        round: u32,
+        /// Rounds in the model: the host is caught up at `round + 1 == of`.
+        of: u32,
+        /// The round's digest, sent before it.
+        digest: ModelDigest,
+        /// Bytes of values it carried.
+        bytes: u64,
+    },
     /// The reduce stopped; every connection was closed.
     Stopped(ReduceStop),
 }
@@ -349,6 +366,9 @@ pub struct Reduce {
     round: u64,
     stopped: bool,
     out: Outbox<ReduceEvent>,
+    /// The world's current model and the late joiners catching up to it
+    /// (off unless [`Reduce::keep_model`]).
+    models: ModelStore,
     /// Where the MAC work runs ([`Reduce::run_macs_on`]). Not state: a
     /// snapshot restores the inline runner.
     #[serde(skip, default = "crate::machine::snapshot::inline_macs")]
@@ -374,6 +394,7 @@ impl Reduce {
             cycles: 0,
             cycle_open: false,
             spare: None,
+            models: ModelStore::default(),
             round: 0,
             stopped: false,
             out: Outbox::default(),
@@ -407,6 +428,36 @@ impl Reduce {
         self.dead.extend(from..self.cfg.world_size);
     }
 
+    /// A live elastic world (cohort only): keeps the world's current model
+    /// from now on and catches each late joiner up to it. A host frame from
+    /// a host whose ranks are pending is then a request for the model's next
+    /// round (a `Control` round of its shapes, as a starting rank's start-up
+    /// broadcast is), answered to that host alone with `CatchUp{digest}` and
+    /// the round as a `Control` consensus ([`ReduceEvent::CaughtUp`]); a
+    /// request that is not the next round's fails the host. Costs a copy of
+    /// the model per round reduced.
+    pub fn keep_model(&mut self) {
+        self.models.keep();
+    }
+
+    /// Whether the world's model is kept ([`Reduce::keep_model`]).
+    pub fn keeps_model(&self) -> bool {
+        self.models.is_on()
+    }
+
+    /// The world's current model (empty unless kept and reduced once).
+    pub fn model(&self) -> &[ModelRound] {
+        self.models.model()
+    }
+
+    /// Whether `rank` is pending and its host has not yet been sent the
+    /// whole model: its data leg is not ready for its promotion.
+    pub fn awaits_model(&self, rank: u32) -> bool {
+        self.models.is_on()
+            && self.pending.contains(&rank)
+            && !self.owner.get(&rank).is_some_and(|c| self.models.caught_up(*c))
+    }
+
     /// An elastic world's late joiner: `host` takes over `ranks`, every one
     /// of them dead (a dead host's slots, or vacant ones). Its data relay's hello is then
     /// held to them and may claim them; they stay dead, and the relay is not
@@ -434,6 +485,13 @@ impl Reduce {
         if self.pending.remove(&rank) {
             self.dead.remove(&rank);
         }
+        // Its host's catch-up is over once none of its ranks is pending.
+        if let Some(&conn) = self.owner.get(&rank)
+            && let Some(Host { state: HostState::Joined { ranks, .. }, .. }) = self.hosts.get(&conn)
+            && !ranks.iter().any(|r| self.pending.contains(r))
+        {
+            self.models.forget(conn);
+        }
     }
 
     /// The coordinator began an averaging cycle: every live rank was asked
@@ -446,11 +504,42 @@ impl Reduce {
     pub fn cycle_started(&mut self, _now: Time) {
         self.cycles += 1;
         self.cycle_open = true;
+        self.commit_model();
     }
 
     /// The coordinator's averaging cycle completed (every live rank acked).
     pub fn cycle_finished(&mut self, _now: Time) {
         self.cycle_open = false;
+        self.commit_model();
+    }
+
+    /// A cycle boundary: the rounds since the last become the model (if
+    /// kept and realized), and requests that waited for one are answered.
+    fn commit_model(&mut self) {
+        for (conn, layout) in self.models.commit() {
+            self.catch_up(conn, Ok(layout));
+        }
+    }
+
+    /// A pending host's request for the model's next round.
+    fn catch_up(&mut self, conn: ConnId, layout: WireResult<FrameLayout>) {
+        let reply = match layout.and_then(|l| self.models.request(conn, &l)) {
+            Ok(Some(reply)) => reply,
+            Ok(None) => return,
+            Err(e) => return self.fail_host(conn, HostError::Wire(e)),
+        };
+        let CatchUpReply { consensus, digest, round, of, bytes } = reply;
+        let Ok(frame) = consensus.to_bytes(&self.cfg.key) else { return };
+        let Ok(record) = MuxRecord::Broadcast { payload: frame.into() }.to_bytes(&self.cfg.key) else {
+            return;
+        };
+        self.send_control(conn, &RelayControlMsg::CatchUp { digest: digest.0 });
+        self.out.transmit(conn, record);
+        let ranks = match self.hosts.get(&conn) {
+            Some(Host { state: HostState::Joined { ranks, .. }, .. }) => ranks.clone(),
+            _ => Vec::new(),
+        };
+        self.out.event(ReduceEvent::CaughtUp { conn, ranks, round, of, digest, bytes });
     }
 
     /// Whether a round is asked for now (see [`Reduce::cycle_started`]):
@@ -523,6 +612,7 @@ impl Reduce {
 
     /// Forgets a host and its deadline.
     fn remove_host(&mut self, conn: ConnId) -> Option<Host> {
+        self.models.forget(conn);
         let host = self.hosts.remove(&conn)?;
         if let Some(t) = host.deadline {
             self.deadlines.remove(&(t, conn));
@@ -648,6 +738,9 @@ impl Reduce {
         match rec {
             MuxRecord::HostFrame { payload } => {
                 if ranks.iter().all(|r| self.dead.contains(r)) {
+                    if self.models.is_on() && ranks.iter().any(|r| self.pending.contains(r)) {
+                        return self.catch_up(conn, layout);
+                    }
                     self.out.event(ReduceEvent::HostFrameDropped { conn });
                     return;
                 }
@@ -816,6 +909,7 @@ impl Reduce {
         if let Some(first) = self.frames.first().filter(|_| self.cfg.model.is_none()) {
             self.established.note(first.layout.kind, first.layout.layout());
         }
+        self.models.reduced(&consensus);
         let contributors = self.frames.drain(..).map(|e| e.conn).collect();
         self.out.event(ReduceEvent::Consensus {
             round: self.round,

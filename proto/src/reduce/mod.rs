@@ -27,16 +27,22 @@
 //! arrives), a `RankExit` here is a death like any other: the round goes on
 //! with the survivors and the reduce stops once every rank is dead.
 //!
+//! In a live elastic world (cohort only) the reduce also keeps the world's
+//! current model and catches a late joiner's ranks up to it before their
+//! promotion ([`ModelStore`], [`Reduce::keep_model`]).
+//!
 //! A host frame accepted into a round stays in it even if all of that
 //! host's ranks die before the round completes (the relay's rule for a
 //! deposited frame): the sum and its divisor still come from the same
 //! accepted frames.
 
+mod catch_up;
 mod machine;
 mod mass;
 mod schema;
 mod sum;
 
+pub use catch_up::{CatchUpReply, ModelDigest, ModelRound, ModelStore, ModelTensor};
 pub use machine::{HostError, HostRefusal, RankLoss, Reduce, ReduceConfig, ReduceEvent, ReduceStop};
 pub use mass::{gamma_mass, is_realized, mover_mass};
 pub use schema::{ESTABLISHED_KEPT, Established, RoundSchema, judge};

@@ -71,6 +71,15 @@ impl RoundSchema {
         RoundSchema { kind: RoundKind::Model, tensors: vec![(dtype, shape.to_vec())] }
     }
 
+    /// The request a late joiner's rank sends for a model of this schema
+    /// (cohort's elastic worlds): a `Control` round of the same shapes in f32.
+    pub fn request_for(model: &RoundSchema) -> RoundSchema {
+        RoundSchema::of(
+            RoundKind::Control,
+            model.tensors.iter().map(|(_, shape)| (Dtype::F32, shape.as_slice())),
+        )
+    }
+
     /// Checks a frame's header (its kind and tensor count); `against` names
     /// the schema in the error ("the run's model").
     pub fn check_header(&self, kind: RoundKind, n_tensors: u32, against: &str) -> WireResult<()> {

@@ -14,12 +14,12 @@ use crate::handshake::{Acceptor, AcceptorEvent, ControlHandshake, DataHandshake,
 use crate::machine::{
     CloseCause, Commanded, ConnId, DialId, Input, Journal, Machine, NoCommand, Outbox, Output,
 };
-use crate::reduce::{Established, RoundSchema, judge};
+use crate::reduce::{Established, ModelDigest, RoundSchema, judge};
 use crate::time::Time;
 use crate::wire::{
-    CONTROL_HEADER_LEN, DEFAULT_FRAME_CEILING, FrameType, Inline, LenDecoder, LenStep, MAX_CONTROL_PAYLOAD,
-    MacKey, MacRunner, MuxDecoder, MuxRecord, Payload, Problem, RelayControlMsg, RoundDecoder, Verify,
-    WireError, encode_control, len_prefix, reclaim,
+    CONTROL_HEADER_LEN, DEFAULT_FRAME_CEILING, Dtype, FrameType, Inline, LenDecoder, LenStep,
+    MAX_CONTROL_PAYLOAD, MacKey, MacRunner, MuxDecoder, MuxRecord, Payload, Problem, RelayControlMsg,
+    RoundDecoder, RoundFrame, Verify, WireError, encode_control, len_prefix, reclaim,
 };
 
 /// The dial id of the relay's upstream connection.
@@ -60,6 +60,12 @@ pub struct RelayConfig {
     /// [`RANK_FRAME_STALL`](defaults::RANK_FRAME_STALL) rather than flodl's
     /// [`MID_FRAME_STARVATION`](defaults::MID_FRAME_STARVATION).
     pub rules: Rules,
+    /// Data leg, cohort's elastic worlds: the host joins a running world,
+    /// and its ranks' first round asks for the world's model (a `Control`
+    /// round of the model's shapes in f32, judged against that instead of
+    /// [`RelayConfig::model`]).
+    #[serde(default)]
+    pub catch_up: bool,
 }
 
 impl RelayConfig {
@@ -82,6 +88,7 @@ impl RelayConfig {
             ceiling: DEFAULT_FRAME_CEILING,
             model: None,
             rules: Rules::Flodl,
+            catch_up: false,
         }
     }
 
@@ -173,6 +180,14 @@ pub enum StopReason {
     UpstreamStarved,
     /// Every local rank is gone.
     AllRanksGone,
+    /// The model a catch-up delivered is not the one its `CatchUp` named
+    /// (cohort's elastic worlds): it is never handed to the ranks.
+    CatchUpDigest {
+        /// The digest `CatchUp` named.
+        expected: ModelDigest,
+        /// The digest of what came (`None`: not an f32 round frame).
+        got: Option<ModelDigest>,
+    },
 }
 
 impl fmt::Display for StopReason {
@@ -185,6 +200,12 @@ impl fmt::Display for StopReason {
             StopReason::Upstream(e) => write!(f, "upstream: {e}"),
             StopReason::UpstreamStarved => f.write_str("upstream stalled mid-record"),
             StopReason::AllRanksGone => f.write_str("every local rank is gone"),
+            StopReason::CatchUpDigest { expected, got: Some(got) } => {
+                write!(f, "catch-up model has digest {got}, CatchUp named {expected}")
+            }
+            StopReason::CatchUpDigest { expected, got: None } => {
+                write!(f, "catch-up for model {expected} is not an f32 round frame")
+            }
         }
     }
 }
@@ -235,6 +256,14 @@ pub enum RelayEvent {
         /// Ranks it went to.
         ranks: u32,
         /// Its length.
+        bytes: usize,
+    },
+    /// The consensus that follows catches the ranks up to the world's model
+    /// (cohort's elastic worlds): its digest matched `CatchUp`'s.
+    CaughtUp {
+        /// The model round's digest.
+        digest: ModelDigest,
+        /// The consensus frame's length.
         bytes: usize,
     },
     /// A record from upstream was dropped.
@@ -377,6 +406,12 @@ struct DataLeg {
     /// its copies, its buffer is reused for the next one (no fresh
     /// model-sized allocation, no page faults, each round).
     spare: Option<Bytes>,
+    /// The digest the next `Broadcast` must carry: it catches the ranks up
+    /// to the world's model (cohort's elastic worlds, `CatchUp`).
+    catch_up: Option<[u8; 32]>,
+    /// The layout the first round's frames are held to instead of the
+    /// model's: the request for the world's model ([`RelayConfig::catch_up`]).
+    join: Option<RoundSchema>,
 }
 
 /// What feeding a rank's bytes into the fold ran into.
@@ -547,6 +582,8 @@ impl Relay {
             polluted: None,
             established: Established::default(),
             spare: None,
+            catch_up: None,
+            join: cfg.model.as_ref().filter(|_| cfg.catch_up).map(RoundSchema::request_for),
         });
         let mut relay = Relay {
             up_dec: MuxDecoder::new(blob_ceiling),
@@ -816,7 +853,8 @@ impl Relay {
                         else {
                             return Ok(());
                         };
-                        let mut sink = leg.fold.sink(&mut local.frame, self.cfg.judge());
+                        let judge = leg.join.as_ref().map_or_else(|| self.cfg.judge(), Judge::Model);
+                        let mut sink = leg.fold.sink(&mut local.frame, judge);
                         let fed = local.dec.feed(b, &key, &mut sink);
                         if local.frame.touched {
                             leg.barrier.touched(rank);
@@ -923,6 +961,7 @@ impl Relay {
         };
         leg.fold.reset();
         leg.barrier.next_round();
+        leg.join = None;
         for local in self.locals.values_mut() {
             if let Some(d) = local.deposit.take() {
                 local.dec.recycle(d.kept);
@@ -1132,10 +1171,24 @@ impl Relay {
         match (self.cfg.leg, rec) {
             (Leg::Control, MuxRecord::Data { rank, payload }) => self.deliver(Some(rank), &payload),
             (Leg::Data, MuxRecord::Broadcast { payload }) => {
-                if let Some(leg) = self.data.as_mut() {
+                let expected = self.data.as_mut().and_then(|leg| {
                     leg.barrier.answered();
+                    leg.catch_up.take()
+                });
+                if let Some(expected) = expected {
+                    let got = catch_up_digest(&payload, &self.cfg.key, self.cfg.ceiling);
+                    if got != Some(ModelDigest(expected)) {
+                        return self.stop(StopReason::CatchUpDigest { expected: ModelDigest(expected), got });
+                    }
+                    self.out
+                        .event(RelayEvent::CaughtUp { digest: ModelDigest(expected), bytes: payload.len() });
                 }
                 self.deliver(None, &payload)
+            }
+            (Leg::Data, MuxRecord::Control(RelayControlMsg::CatchUp { digest })) => {
+                if let Some(leg) = self.data.as_mut() {
+                    leg.catch_up = Some(digest);
+                }
             }
             (Leg::Data, MuxRecord::Control(RelayControlMsg::DeclareDead { rank })) => {
                 if self.locals.contains_key(&rank) {
@@ -1380,4 +1433,20 @@ mod tests {
         assert_eq!(refused, 3);
         assert!(relay.sealed.is_empty(), "still held: {:?}", relay.sealed);
     }
+}
+
+/// The model digest of a catch-up's consensus frame: `None` unless it is a
+/// well-signed f32 round frame.
+fn catch_up_digest(payload: &Payload, key: &MacKey, ceiling: u64) -> Option<ModelDigest> {
+    let frame = RoundFrame::decode(&payload.to_bytes(), key, ceiling).ok()?;
+    let mut tensors = Vec::with_capacity(frame.tensors.len());
+    for t in &frame.tensors {
+        if t.dtype != Dtype::F32 {
+            return None;
+        }
+        let values: Option<Vec<f32>> = (!t.bytes.is_empty())
+            .then(|| t.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect());
+        tensors.push((t.shape.as_slice(), values));
+    }
+    Some(ModelDigest::of(tensors.iter().map(|(s, v)| (*s, v.as_deref()))))
 }

@@ -488,6 +488,15 @@ pub enum RelayControlMsg {
         /// The rank.
         rank: u32,
     },
+    /// Controller -> relay, cohort only (a live elastic world, whose every
+    /// relay is cohort's): the `Broadcast` that follows catches the host's
+    /// ranks up to the world's model, whose digest
+    /// ([`ModelDigest`](crate::reduce::ModelDigest)) this is; the relay
+    /// checks it before handing the consensus on.
+    CatchUp {
+        /// SHA-256 of the model round's shapes and f32 values.
+        digest: [u8; 32],
+    },
 }
 
 impl MetricsMsgWire {

@@ -29,6 +29,64 @@ fn promotions(run: &Run) -> Vec<(cohort_proto::Time, u32, u32)> {
         .collect()
 }
 
+/// BEHAVIOUR.md Elastic catch-up [C87]: each of a late joiner's `ranks`
+/// was sent the world's model once, after `t_joined` and before its
+/// promotion at `t_promoted`: the digest its relay verified and the rank
+/// computed is the one the reduce sent, the values are those of the last
+/// realized round reduced before, and the rank starts from them (its first
+/// submission, of mass 0 in its promotion cycle, holds exactly them).
+fn assert_caught_up(run: &Run, ranks: &[u32], t_joined: cohort_proto::Time, t_promoted: cohort_proto::Time) {
+    use cohort_proto::reduce::ReduceEvent;
+    let sent: Vec<_> = run
+        .report
+        .log
+        .reduce()
+        .filter(|(t, e)| *t > t_joined && matches!(e, ReduceEvent::CaughtUp { ranks: r, .. } if r == ranks))
+        .map(|(t, e)| match e {
+            ReduceEvent::CaughtUp { round, of, digest, bytes, .. } => (t, *round, *of, *digest, *bytes),
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(sent.len(), 1, "one model round sent to {ranks:?}: {sent:?}");
+    let (t_sent, round, of, digest, bytes) = sent[0];
+    assert_eq!((round, of, bytes), (0, 1, 4 * 8), "the synthetic model: one round of 8 f32");
+    assert!(t_sent < t_promoted, "caught up at {t_sent}, before its promotion at {t_promoted}");
+    let model = run
+        .report
+        .log
+        .reduce()
+        .filter(|(t, _)| *t <= t_sent)
+        .filter_map(|(_, e)| match e {
+            ReduceEvent::Consensus { consensus, .. } if consensus.weight > 0.0 => {
+                consensus.tensors[0].values.clone()
+            }
+            _ => None,
+        })
+        .last()
+        .expect("a realized round before the catch-up");
+    for &r in ranks {
+        let got: Vec<_> = run
+            .rank(r)
+            .filter_map(|(t, e)| match e {
+                RankNodeEvent::CaughtUp { digest, values } if t > t_joined => {
+                    Some((t, *digest, values.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got.len(), 1, "rank {r} caught up once");
+        let (t_got, got_digest, values) = got[0].clone();
+        assert!(t_got < t_promoted);
+        assert_eq!(got_digest, digest, "rank {r}: the digest the reduce sent");
+        assert_eq!(values, model, "rank {r}: the last realized consensus");
+        let first = run.rank(r).find_map(|(t, e)| match e {
+            RankNodeEvent::Submitted { values, .. } if t > t_got => Some(values.clone()),
+            _ => None,
+        });
+        assert_eq!(first, Some(model.clone()), "rank {r} starts from the model it was sent");
+    }
+}
+
 /// BEHAVIOUR.md Elastic healing [C79] [C80]: beacons only while pending, promotion at the
 /// first cycle after both legs.
 #[test]
@@ -87,6 +145,7 @@ fn a_restarted_host_takes_its_ranks_back_and_enters_the_run_at_the_next_cycle() 
                 _ => None,
             });
             assert_eq!(first, Some(0.0), "rank {r}'s first submission");
+            assert_caught_up(&run, &[2, 3], t_replaced, t_promoted);
             // And it trains from then on: its new process has a share of
             // the last epochs (about a sixth of 1,200 samples).
             let trained = run.report.ranks[&r].samples_processed;
@@ -147,6 +206,7 @@ fn an_added_host_grows_the_world_and_trains_from_the_next_cycle() {
         .find(|(t, e)| *t > t_grown && matches!(e, CoordinatorEvent::CycleStarted { .. }))
         .map(|(t, _)| t);
     assert!(first_cycle.is_some_and(|c| c <= t_promoted), "promoted at a cycle trigger");
+    assert_caught_up(&run, &[6, 7], t_grown, t_promoted);
     for r in [6, 7] {
         let first = run.rank(r).find_map(|(t, e)| match e {
             RankNodeEvent::Submitted { mass, .. } if t > t_promoted => Some(*mass),
