@@ -113,7 +113,7 @@ pub struct WorkloadSpec {
     /// The host joins a running elastic world (a replacement or a new
     /// host): its ranks catch up to the world's model before their first
     /// step ([`RankConfig::catch_up`](crate::node::rank::RankConfig::catch_up)).
-    #[serde(default, skip_serializing_if = "core::ops::Not::not")]
+    #[serde(default)]
     pub catch_up: bool,
 }
 

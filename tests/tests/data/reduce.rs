@@ -598,3 +598,62 @@ fn every_host_times_out_at_its_own_instant_however_many_wait() {
     }
     assert_eq!(rig.reduce.poll_timeout(), None);
 }
+
+/// BEHAVIOUR.md Elastic catch-up [C87]: in a live elastic world the reduce
+/// keeps the last realized cycle's consensus as the world's model. A
+/// replacement's pending host asks with a `Control` round of its shapes and
+/// is sent, alone, `CatchUp{digest}` then the model as a `Control` f32
+/// consensus; a request of another layout fails only that host.
+#[test]
+fn a_pending_host_is_sent_the_worlds_model_and_its_digest() {
+    use cohort_proto::reduce::ModelDigest;
+    let mut rig = Rig::new(2);
+    rig.reduce.keep_model();
+    rig.reduce.cycle_started(rig.now);
+    let a = rig.join(&[0]);
+    let b = rig.join(&[1]);
+    rig.host_frame(a, &f(&[1.0, 5.0], 1.0));
+    rig.host_frame(b, &f(&[3.0, 7.0], 1.0));
+    assert_eq!(values(&rig.consensus(a).unwrap().tensors[0]), vec![2.0, 6.0]);
+    rig.consensus(b);
+    rig.reduce.cycle_finished(rig.now);
+    // Host b dies; its replacement takes rank 1 and is pending.
+    rig.close(b, CloseCause::Eof);
+    rig.reduce.replace_host("h1".into(), vec![1]);
+    let c = rig.join(&[1]);
+    assert!(rig.reduce.awaits_model(1));
+    rig.events();
+    // A request of another shape costs the replacement alone.
+    rig.host_frame(c, &frame(RoundKind::Control, 0.0, Dtype::F32, &[0.0; 3]));
+    let ev = rig.events();
+    assert!(
+        matches!(&ev[..], [ReduceEvent::HostFailed { conn, error: HostError::Wire(e) }, ..] if *conn == c && e.field == "shape"),
+        "{ev:?}"
+    );
+    assert!(rig.records(a).is_empty(), "host a heard nothing");
+    // The next replacement asks for the right shape.
+    rig.reduce.replace_host("h1".into(), vec![1]);
+    let d = rig.join(&[1]);
+    rig.events();
+    rig.host_frame(d, &frame(RoundKind::Control, 0.0, Dtype::F32, &[0.0; 2]));
+    let recs = rig.records(d);
+    let want = ModelDigest::of([(&[2u32][..], Some(&[2.0f32, 6.0][..]))]);
+    let [MuxRecord::Control(RelayControlMsg::CatchUp { digest }), MuxRecord::Broadcast { payload }] =
+        &recs[..]
+    else {
+        panic!("{recs:?}")
+    };
+    assert_eq!(ModelDigest(*digest), want);
+    let model = RoundFrame::decode(&payload.to_bytes(), &rig.key, DEFAULT_FRAME_CEILING).unwrap();
+    assert_eq!(
+        (model.kind, model.tensors[0].dtype, values(&model.tensors[0])),
+        (RoundKind::Control, Dtype::F32, vec![2.0, 6.0])
+    );
+    let ev = rig.events();
+    assert!(
+        matches!(&ev[..], [ReduceEvent::CaughtUp { conn, ranks, round: 0, of: 1, digest, bytes: 8 }] if *conn == d && ranks == &[1] && *digest == want),
+        "{ev:?}"
+    );
+    assert!(!rig.reduce.awaits_model(1));
+    assert!(rig.records(a).is_empty(), "host a heard nothing");
+}

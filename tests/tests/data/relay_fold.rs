@@ -626,3 +626,44 @@ fn under_flodls_rules_a_frame_before_the_consensus_goes_into_the_next_round() {
     let host = only_host_frame(&mut rig);
     assert_eq!((values(&host.tensors[0]), host.weight), (vec![74.0], 9.0));
 }
+
+/// BEHAVIOUR.md Elastic catch-up [C87]: a joining host's relay holds its
+/// ranks' first round to the request for the model (a `Control` round of the
+/// model's shapes in f32, not the run's `Model` layout), and hands the model
+/// that follows `CatchUp` to its ranks only if its digest is the one named;
+/// otherwise it stops and the ranks get nothing.
+#[test]
+fn a_catch_up_is_asked_for_and_handed_on_only_under_its_digest() {
+    use cohort_proto::reduce::ModelDigest;
+    for tampered in [false, true] {
+        let mut cfg = relay_config(Leg::Data, &[0, 1], 2);
+        cfg.model = Some(RoundSchema::model(Dtype::F32, &[2]));
+        cfg.catch_up = true;
+        let (mut rig, c) = RelayRig::ready_with(cfg);
+        let request = frame_of(RoundKind::Control, 0.0, vec![elided(Dtype::F32, &[2])]);
+        rig.deposit(c[0], &request);
+        rig.deposit(c[1], &request);
+        assert_eq!(only_host_frame(&mut rig).kind, RoundKind::Control);
+        assert_eq!(refused(&rig), None);
+        let model = frame(RoundKind::Control, 0.0, Dtype::F32, &[2.0, 6.0]).to_bytes(&rig.key).unwrap();
+        let mut digest = ModelDigest::of([(&[2u32][..], Some(&[2.0f32, 6.0][..]))]);
+        if tampered {
+            digest.0[0] ^= 1;
+        }
+        rig.up_send(&MuxRecord::Control(RelayControlMsg::CatchUp { digest: digest.0 }));
+        rig.up_send(&MuxRecord::Broadcast { payload: Payload::from(model.clone()) });
+        if tampered {
+            assert!(
+                matches!(stopped(&rig), Some(StopReason::CatchUpDigest { expected, got: Some(_) }) if expected == digest)
+            );
+            assert!(rig.rank_blobs(c[0]).is_empty(), "the ranks get nothing");
+        } else {
+            assert_eq!(stopped(&rig), None);
+            assert!(rig.out.events.contains(&RelayEvent::CaughtUp { digest, bytes: model.len() }));
+            assert_eq!(rig.rank_blobs(c[0]), vec![model.to_vec()]);
+            // From then on the run's model layout holds: a Control frame is refused.
+            rig.deposit(c[0], &request);
+            assert!(matches!(refused(&rig), Some((0, _))), "{:?}", rig.out.events);
+        }
+    }
+}
