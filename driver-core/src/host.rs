@@ -54,7 +54,7 @@ use cohort_proto::node::envelope::WorkloadSpec;
 use cohort_proto::node::host::{HostConfig, HostNode, HostNodeEvent, RankEnd, RelayListen};
 use cohort_proto::node::rank::{RankNode, RankSpec};
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
-use cohort_proto::node::workload::{Action, Workload};
+use cohort_proto::node::workload::{Action, Round, Workload};
 use cohort_proto::relay::{Relay, RelayConfig, RelayEvent};
 use cohort_proto::rendezvous::UID_BYTES;
 use cohort_proto::sealed::SealMode;
@@ -239,6 +239,12 @@ impl Workload for BoxedWorkload {
     }
     fn finished(&self) -> bool {
         self.0.finished()
+    }
+    fn join_round(&self) -> Option<Round> {
+        self.0.join_round()
+    }
+    fn on_model(&mut self, now: Time, values: &[f32], out: &mut Vec<Action>) {
+        self.0.on_model(now, values, out);
     }
 }
 

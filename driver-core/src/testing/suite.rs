@@ -657,7 +657,7 @@ mod cluster {
     use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
     use cohort_proto::node::rank::RankNodeEvent;
     use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
-    use cohort_proto::node::workload::{Action, Workload};
+    use cohort_proto::node::workload::{Action, Round, Workload};
     use cohort_proto::reduce::ReduceEvent;
     use cohort_proto::relay::RelayEvent;
     use cohort_proto::sealed::{SealMode, SealNote, SealRefusal};
@@ -719,6 +719,12 @@ mod cluster {
         }
         fn finished(&self) -> bool {
             self.inner.finished()
+        }
+        fn join_round(&self) -> Option<Round> {
+            self.inner.join_round()
+        }
+        fn on_model(&mut self, now: Time, values: &[f32], out: &mut Vec<Action>) {
+            self.inner.on_model(now, values, out);
         }
     }
 
@@ -1054,6 +1060,21 @@ mod cluster {
             assert!(check.ok(), "{:?}", check.violations);
             assert!(check.rounds > 0 && check.rounds_checked == check.rounds, "{check:?}");
             assert_eq!(check.deliveries_checked, self.consensus().values().sum::<u64>(), "{check:?}");
+            // Every late joiner's rank started from the model the reduce
+            // sent it, its digest verified by its relay.
+            let caught = self
+                .all
+                .iter()
+                .filter(|s| matches!(s.event, ClusterEvent::Rank(RankNodeEvent::CaughtUp { .. })))
+                .count();
+            let verified = self
+                .all
+                .iter()
+                .filter(|s| matches!(s.event, ClusterEvent::Relay(RelayEvent::CaughtUp { .. })))
+                .count();
+            let joiners = self.promotions().len();
+            assert_eq!((check.catch_ups_checked as usize, caught), (joiners, joiners), "{check:?}");
+            assert!(verified >= usize::from(joiners > 0), "a joiner's relay verified the model");
         }
 
         /// What proto's consensus oracle says of every round.

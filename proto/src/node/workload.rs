@@ -177,7 +177,9 @@ pub trait Workload {
     /// elastic worlds, [`RankConfig::catch_up`](super::rank::RankConfig::catch_up)),
     /// sent before anything else: as flodl's rank's start-up broadcast, a
     /// `Control` round of the model's shapes, elided (`scale` 0). `None`
-    /// (the default): the workload does not catch up.
+    /// (the default): the workload does not catch up, and a late joiner's
+    /// promotion then waits for it forever; a wrapper must forward this and
+    /// [`Workload::on_model`].
     fn join_round(&self) -> Option<Round> {
         None
     }
