@@ -1407,6 +1407,22 @@ impl Machine for Relay {
     }
 }
 
+/// The model digest of a catch-up's consensus frame: `None` unless it is a
+/// well-signed f32 round frame.
+fn catch_up_digest(payload: &Payload, key: &MacKey, ceiling: u64) -> Option<ModelDigest> {
+    let frame = RoundFrame::decode(&payload.to_bytes(), key, ceiling).ok()?;
+    let mut tensors = Vec::with_capacity(frame.tensors.len());
+    for t in &frame.tensors {
+        if t.dtype != Dtype::F32 {
+            return None;
+        }
+        let values: Option<Vec<f32>> = (!t.bytes.is_empty())
+            .then(|| t.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect());
+        tensors.push((t.shape.as_slice(), values));
+    }
+    Some(ModelDigest::of(tensors.iter().map(|(s, v)| (*s, v.as_deref()))))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1433,20 +1449,4 @@ mod tests {
         assert_eq!(refused, 3);
         assert!(relay.sealed.is_empty(), "still held: {:?}", relay.sealed);
     }
-}
-
-/// The model digest of a catch-up's consensus frame: `None` unless it is a
-/// well-signed f32 round frame.
-fn catch_up_digest(payload: &Payload, key: &MacKey, ceiling: u64) -> Option<ModelDigest> {
-    let frame = RoundFrame::decode(&payload.to_bytes(), key, ceiling).ok()?;
-    let mut tensors = Vec::with_capacity(frame.tensors.len());
-    for t in &frame.tensors {
-        if t.dtype != Dtype::F32 {
-            return None;
-        }
-        let values: Option<Vec<f32>> = (!t.bytes.is_empty())
-            .then(|| t.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect());
-        tensors.push((t.shape.as_slice(), values));
-    }
-    Some(ModelDigest::of(tensors.iter().map(|(s, v)| (*s, v.as_deref()))))
 }
