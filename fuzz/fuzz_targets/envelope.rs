@@ -24,6 +24,7 @@ fn make_seeds() -> Vec<Vec<u8>> {
         model_elems: 1000,
         gamma: 0.5,
         rules: cohort_proto::config::Rules::Cohort,
+        catch_up: true,
     });
     e.worker.arch = Some("sm_90".into());
     e.worker.gpu_ram_share = Some(0.75);

@@ -20,8 +20,13 @@ use libfuzzer_sys::fuzz_target;
 
 cohort_fuzz::install_counting_allocator!();
 
-const WORKLOAD: WorkloadSpec =
-    WorkloadSpec { batch_size: 4, model_elems: 4, gamma: 1.0, rules: cohort_proto::config::Rules::Cohort };
+const WORKLOAD: WorkloadSpec = WorkloadSpec {
+    batch_size: 4,
+    model_elems: 4,
+    gamma: 1.0,
+    rules: cohort_proto::config::Rules::Cohort,
+    catch_up: false,
+};
 
 fn make(o: &mut cohort_fuzz::Ops<'_>) -> Option<ControllerNode> {
     let c = o.u8();

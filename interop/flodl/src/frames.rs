@@ -466,6 +466,7 @@ fn control_name(msg: &RelayControlMsg) -> &'static str {
         RelayControlMsg::HelloAck => "HelloAck",
         RelayControlMsg::RankExit { .. } => "RankExit",
         RelayControlMsg::DeclareDead { .. } => "DeclareDead",
+        RelayControlMsg::CatchUp { .. } => "CatchUp",
     }
 }
 
