@@ -50,7 +50,7 @@ use cohort_proto::node::knobs::RunKnobs;
 use cohort_proto::node::nccl_oracle::{NcclOracle, NcclSummary};
 use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
 use cohort_proto::node::rank::RankNodeEvent;
-use cohort_proto::reduce::ReduceEvent;
+use cohort_proto::reduce::{ModelDigest, ReduceEvent};
 use cohort_proto::sealed::{SealMode, SealNote};
 use cohort_proto::status::{Reply, StatusServerEvent};
 use cohort_proto::{ConnId, Time};
@@ -228,6 +228,11 @@ pub struct ReplaceReport {
     /// When the controller took the replacement in, the ranks it took over
     /// and its incarnation.
     pub taken_over: Option<(Time, Vec<u32>, u32)>,
+    /// The world's model as the reduce sent it to the replacement: when,
+    /// its digest and its bytes of values.
+    pub model_sent: Option<(Time, ModelDigest, u64)>,
+    /// The ranks that started from it, each with the digest it computed.
+    pub caught_up: Vec<(u32, ModelDigest)>,
     /// When each of those ranks entered the run.
     pub promoted: Vec<(u32, Time)>,
     /// Its first round: when a consensus first reached one of its ranks,
@@ -245,6 +250,17 @@ impl ReplaceReport {
     pub fn healed(&self) -> bool {
         self.taken_over.as_ref().is_some_and(|(_, ranks, _)| ranks.len() == self.promoted.len())
             && self.first_contribution.is_some()
+            && self.caught_up_exactly()
+    }
+
+    /// Every rank taken over started from the model the reduce sent, under
+    /// its digest.
+    pub fn caught_up_exactly(&self) -> bool {
+        let (Some((_, ranks, _)), Some((_, digest, _))) = (&self.taken_over, &self.model_sent) else {
+            return false;
+        };
+        self.caught_up.len() == ranks.len()
+            && self.caught_up.iter().all(|(r, d)| ranks.contains(r) && d == digest)
     }
 
     /// From the replacement's dial to its first accepted contribution.
@@ -278,6 +294,15 @@ impl ReplaceReport {
             )),
             None => out.push("                    was never taken in".to_owned()),
         }
+        match &self.model_sent {
+            Some((t, digest, bytes)) => out.push(format!(
+                "model               {bytes} bytes sent {} after its dial, digest {digest}; {} of its ranks started from it{}",
+                ms(t.saturating_since(dialed)),
+                self.caught_up.len(),
+                if self.caught_up_exactly() { " (digests match)" } else { " (DIGESTS DIFFER)" }
+            )),
+            None => out.push("model               never sent".to_owned()),
+        }
         for (rank, t) in &self.promoted {
             out.push(format!("                    rank {rank} entered the run at {}", at(*t)));
         }
@@ -307,6 +332,11 @@ impl ReplaceReport {
             "taken_over_at_s": self.taken_over.as_ref().map(|(t, _, _)| secs(*t)),
             "ranks": self.taken_over.as_ref().map(|(_, r, _)| r.clone()),
             "incarnation": self.taken_over.as_ref().map(|(_, _, i)| *i),
+            "model_sent_at_s": self.model_sent.map(|(t, _, _)| secs(t)),
+            "model_digest": self.model_sent.map(|(_, d, _)| d.to_string()),
+            "model_bytes": self.model_sent.map(|(_, _, b)| b),
+            "caught_up_ranks": self.caught_up.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+            "caught_up_exactly": self.caught_up_exactly(),
             "promoted": self.promoted.iter().map(|(r, t)| serde_json::json!({"rank": r, "at_s": secs(*t)})).collect::<Vec<_>>(),
             "first_round_at_s": self.first_round.map(|(t, _, _)| secs(t)),
             "first_contribution_round": self.first_contribution.map(|(_, r)| r),
@@ -580,6 +610,13 @@ impl Watch {
                 {
                     self.replacement_conn = Some(*conn);
                 }
+                ControllerNodeEvent::Reduce(ReduceEvent::CaughtUp { conn, digest, bytes, .. })
+                    if self.replacement_conn == Some(*conn) =>
+                {
+                    if let Some(r) = self.replace.as_mut() {
+                        r.model_sent = Some((s.at, *digest, *bytes));
+                    }
+                }
                 ControllerNodeEvent::Reduce(ReduceEvent::Consensus { round, contributors, .. }) => {
                     let summed = self.replacement_conn.is_some_and(|c| contributors.contains(&c));
                     if let Some(r) = self.replace.as_mut().filter(|r| r.first_contribution.is_none())
@@ -617,6 +654,7 @@ impl Watch {
                 }
                 match e {
                     RankNodeEvent::Submitted { mass, .. } if *mass > 0.0 => self.replacement_trained = true,
+                    RankNodeEvent::CaughtUp { digest, .. } => r.caught_up.push((*rank, *digest)),
                     RankNodeEvent::Consensus { weight, .. } if r.first_round.is_none() => {
                         r.first_round = Some((s.at, *rank, *weight))
                     }

@@ -170,8 +170,21 @@ fn demo_replaces_a_crashed_host_and_every_consensus_matches() {
     assert!(ranks.contains(&rank) && first >= r.promoted[0].1, "{text}");
     let (summed, _) = r.first_contribution.expect("a round summed its work");
     assert!(summed >= first, "{text}");
+    // The world's model reached every rank it took over before it entered
+    // the run, each rank's digest the one the reduce sent.
+    let (sent, digest, bytes) = r.model_sent.expect("the model was sent");
+    assert!(sent >= taken && sent <= r.promoted[0].1, "{text}");
+    assert!(bytes > 0 && bytes % 4 == 0, "the model's f32 values: {bytes} bytes");
+    let mut caught: Vec<u32> = r.caught_up.iter().map(|(rank, _)| *rank).collect();
+    caught.sort_unstable();
+    assert_eq!(caught, ranks, "{text}");
+    assert!(r.caught_up.iter().all(|(_, d)| *d == digest), "{text}");
     assert!(r.healed());
     assert!(text.contains(&format!("took over ranks {ranks:?} as incarnation 1")), "{text}");
+    assert!(
+        text.contains(&format!("digest {digest}; 2 of its ranks started from it (digests match)")),
+        "{text}"
+    );
     // state.json's size history: formed at 4, down to 2 with host-1's
     // deaths, its replacement taken in, back to 4 as its ranks entered.
     let answer = state.expect("state.json asked once both ranks were back");
@@ -288,6 +301,7 @@ fn cohort_demo_replace_host_names_the_membership_changes_and_passes() {
         .collect();
     assert_eq!(promoted, dead.iter().map(|r| (*r, 1)).collect::<Vec<_>>());
     assert!(r["dial_to_contribution_s"].as_f64().is_some_and(|s| s > 0.0), "{r}");
+    assert!(r["model_bytes"].as_u64().is_some_and(|b| b > 0) && r["caught_up_exactly"] == true, "{r}");
 }
 
 /// `cohort controller --backend nccl`'s plane on real sockets: the demo's

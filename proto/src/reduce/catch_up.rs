@@ -211,9 +211,12 @@ impl ModelStore {
         &self.model
     }
 
-    /// A round reduced: it joins the generation being built.
+    /// A round reduced: it joins the generation being built. A `Control`
+    /// round once a model exists is no part of one (a sum some rank
+    /// program gathers mid-run, not parameters): only a start-up
+    /// broadcast's are.
     pub fn reduced(&mut self, c: &Consensus) {
-        if !self.on {
+        if !self.on || (c.kind == RoundKind::Control && !self.model.is_empty()) {
             return;
         }
         if self.building.is_empty() {
@@ -313,8 +316,10 @@ mod tests {
         s.commit();
         assert_eq!(s.model()[0].tensors[0].values, Some(vec![1.0, 2.0]));
         s.reduced(&consensus(RoundKind::Model, 1.0, &[3.0, 4.0]));
+        s.reduced(&consensus(RoundKind::Control, 0.0, &[4.0]));
         s.reduced(&consensus(RoundKind::Model, 1.0, &[5.0]));
         s.commit();
+        // A Control sum mid-run is no part of the model.
         assert_eq!(s.model().len(), 2);
         assert_eq!(s.model()[1].tensors[0].values, Some(vec![5.0]));
     }
