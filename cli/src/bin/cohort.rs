@@ -427,8 +427,9 @@ struct AgentArgs {
     run_bound: bool,
     /// Dial the elastic join (cohort only): take part in a `cohort
     /// controller --elastic` world, and replace a dead host in one already
-    /// running, or grow it. A flodl controller closes such a dial. Not with
-    /// a rank program (after `--`) yet: the built-in trainer only.
+    /// running, or grow it. A flodl controller closes such a dial. A rank
+    /// program (after `--`) starts from the world's model: its start-up
+    /// broadcast (flodl's first round) is answered with it.
     #[arg(long)]
     elastic: bool,
     #[command(flatten)]
@@ -828,13 +829,6 @@ fn agent(a: AgentArgs) -> i32 {
     };
     if a.ranks == 0 || a.ranks > 256 {
         return fail(&format!("--ranks: {} is out of range: allowed 1..=256", a.ranks));
-    }
-    if a.elastic && !a.program.is_empty() {
-        return fail(
-            "--elastic: not with a rank program: a late joiner's program would start from its own model, not \
-             the consensus (the model transfer it needs is not built); elastic worlds run the built-in trainer \
-             (docs/BEHAVIOUR.md, \"Elastic healing and growth\")",
-        );
     }
     let workload =
         RunKnobs { batch_size: a.batch_size, model_elems: a.model_elems, ..RunKnobs::default() }.workload();

@@ -320,15 +320,3 @@ fn elastic_is_refused_by_its_flag_where_it_cannot_run() {
         assert!(err.contains("--elastic") && err.contains(says), "{args:?}: {err}");
     }
 }
-
-/// An elastic agent runs the built-in trainer only: a rank program would
-/// join a running world from its own model, not the consensus.
-#[test]
-fn an_elastic_agent_refuses_a_rank_program() {
-    let args =
-        ["agent", "--connect", "127.0.0.1:9", "--host", "h", "--ranks", "1", "--elastic", "--", "true"];
-    let out = run(&args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(out.status.code(), Some(0), "{err}");
-    assert!(err.contains("--elastic") && err.contains("rank program"), "{err}");
-}
