@@ -684,9 +684,22 @@ fn bench_reduce(c: &mut Criterion) {
     g.sample_size(10).measurement_time(Duration::from_secs(20)).warm_up_time(Duration::from_secs(2));
     g.throughput(Throughput::Bytes((K * FRAME) as u64));
     g.bench_function("reduce_round", |b| b.iter(|| black_box(reduce_round(&mut reduce, &records))));
+    // A live elastic world keeps the model for late joiners: each round's
+    // consensus is kept until the cycle boundary commits it (here, every
+    // round, the most it costs).
+    let mut keeping = ready_reduce(&key, Arc::new(Inline));
+    keeping.keep_model();
+    g.bench_function("reduce_round_keeping_model", |b| {
+        b.iter(|| {
+            let sent = reduce_round(&mut keeping, &records);
+            keeping.cycle_finished(Time::ZERO);
+            black_box(sent)
+        })
+    });
+    assert_eq!(keeping.model().len(), 1, "the model kept");
     g.bench_function("sha256_all_macd", |b| b.iter(|| black_box(sha256_chunked(&macd))));
     g.finish();
-    drop((reduce, records));
+    drop((reduce, keeping, records));
 
     let frame = RoundFrame::decode(&rank_frame(&key, 1)[4..], &key, DEFAULT_FRAME_CEILING).unwrap();
     let mut spare = None;

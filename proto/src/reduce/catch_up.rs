@@ -130,10 +130,10 @@ impl ModelRound {
         ModelDigest::of(self.tensors.iter().map(|t| (t.shape.as_slice(), t.values.as_deref())))
     }
 
-    /// The schema a starting rank's request for it carries: a `Control`
-    /// round of its shapes in f32.
+    /// The schema a starting rank's request for it carries
+    /// ([`RoundSchema::request`]).
     pub fn request_schema(&self) -> RoundSchema {
-        RoundSchema::of(RoundKind::Control, self.tensors.iter().map(|t| (Dtype::F32, t.shape.as_slice())))
+        RoundSchema::request(self.tensors.iter().map(|t| t.shape.as_slice()))
     }
 
     /// The consensus it is sent as: `Control` (adopted whatever the mass),
@@ -355,6 +355,10 @@ mod tests {
         let second = again.request(c, &request(RoundKind::Control, 1)).unwrap().unwrap();
         assert_eq!(second.consensus.tensors[0].values, Some(vec![7.0]));
         assert!(again.caught_up(c));
+        // A request past the model's last round fails the host.
+        let past = again.request(c, &request(RoundKind::Control, 1)).unwrap_err();
+        assert_eq!(past.field, "kind");
+        assert!(past.to_string().contains("past the world's model (2 rounds, all sent)"), "{past}");
         // A Model frame is no request.
         let mut m = ModelStore::default();
         m.keep();

@@ -71,13 +71,25 @@ impl RoundSchema {
         RoundSchema { kind: RoundKind::Model, tensors: vec![(dtype, shape.to_vec())] }
     }
 
-    /// The request a late joiner's rank sends for a model of this schema
-    /// (cohort's elastic worlds): a `Control` round of the same shapes in f32.
+    /// The request a late joiner's rank sends for a model of tensors of
+    /// these shapes (cohort's elastic worlds): a `Control` round of the same
+    /// shapes in f32, what a flodl rank's start-up broadcast carries.
+    ///
+    /// ```
+    /// use cohort_proto::reduce::RoundSchema;
+    /// use cohort_proto::wire::{Dtype, RoundKind};
+    /// let model = RoundSchema::model(Dtype::Bf16, &[4, 2]);
+    /// let request = RoundSchema::request([&[4u32, 2][..]]);
+    /// assert_eq!(request, RoundSchema::request_for(&model));
+    /// assert_eq!(request, RoundSchema::of(RoundKind::Control, [(Dtype::F32, &[4u32, 2][..])].into_iter()));
+    /// ```
+    pub fn request<'a>(shapes: impl IntoIterator<Item = &'a [u32]>) -> RoundSchema {
+        RoundSchema::of(RoundKind::Control, shapes.into_iter().map(|shape| (Dtype::F32, shape)))
+    }
+
+    /// The request for a model of this schema ([`RoundSchema::request`]).
     pub fn request_for(model: &RoundSchema) -> RoundSchema {
-        RoundSchema::of(
-            RoundKind::Control,
-            model.tensors.iter().map(|(_, shape)| (Dtype::F32, shape.as_slice())),
-        )
+        RoundSchema::request(model.tensors.iter().map(|(_, shape)| shape.as_slice()))
     }
 
     /// Checks a frame's header (its kind and tensor count); `against` names

@@ -128,6 +128,7 @@ fn a_restarted_host_takes_its_ranks_back_and_enters_the_run_at_the_next_cycle() 
             .find(|(t, e)| *t >= legs_in && matches!(e, CoordinatorEvent::CycleStarted { .. }))
             .map(|(t, _)| t);
         assert_eq!(first_cycle, Some(t_promoted), "promoted at the first cycle after its legs");
+        assert_caught_up(&run, &[2, 3], t_replaced, t_promoted);
         for r in [2, 3] {
             // Until then its new process hears beacons only.
             let early: Vec<&ControlMsgWire> = run
@@ -145,7 +146,6 @@ fn a_restarted_host_takes_its_ranks_back_and_enters_the_run_at_the_next_cycle() 
                 _ => None,
             });
             assert_eq!(first, Some(0.0), "rank {r}'s first submission");
-            assert_caught_up(&run, &[2, 3], t_replaced, t_promoted);
             // And it trains from then on: its new process has a share of
             // the last epochs (about a sixth of 1,200 samples).
             let trained = run.report.ranks[&r].samples_processed;
