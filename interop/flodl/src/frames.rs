@@ -25,6 +25,17 @@
 //!
 //! Round `k` is the `k`-th `HostFrame` of every data leg (a leg with fewer
 //! has none: its host left) and the `k`-th `Broadcast` each leg received.
+//!
+//! A late joiner of a cohort elastic world (a replacement or a new host)
+//! opens its leg mid-run with its catch-up: its first host frames are
+//! requests for the world's model, each answered by a `Control(CatchUp
+//! {digest})` record and a `Broadcast` of one round of the model. Each such
+//! reply must carry the digest announced ([`ModelDigest`] over its f32
+//! tensors) and answer a request of its own shapes (`Control`, f32). The
+//! leg's other rounds are then placed among the world's: its first other
+//! consensus is found, byte for byte, among the rounds the legs that were
+//! there from the start received, and its first other host frame is placed
+//! in that round or the next, whichever makes the round's weight add up.
 //! Every consensus must (a) have the host frames' kind, tensor count,
 //! dtypes and shapes, and their summed weight; (b) equal, element by
 //! element, the exact reduce recomputed here in f64 from the host frames:
@@ -52,6 +63,7 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use cohort_proto::reduce::ModelDigest;
 use cohort_proto::wire::{
     Channel, CollectSink, DATA_HANDSHAKE_MAGIC_ACK, DataAck, Dtype, FrameType, MUX_HEADER_LEN,
     MUX_PROTOCOL_VERSION, MUX_RECORD_MAGIC, MacKey, MuxDecoder, MuxRecord, Problem, RelayControlMsg,
@@ -221,6 +233,8 @@ pub struct Report {
     pub deliveries: usize,
     /// Host frames of trailing rounds no leg received a consensus for.
     pub unanswered: usize,
+    /// Catch-up replies checked (a late joiner's model rounds).
+    pub catch_ups: usize,
     /// Whether MACs were verified (`--salt`).
     pub macs_checked: bool,
     /// The first [`KEPT`] violations.
@@ -253,6 +267,10 @@ impl Report {
             0 => String::new(),
             n => format!(", {n} trailing host frames unanswered"),
         };
+        let unanswered = match self.catch_ups {
+            0 => unanswered,
+            n => format!("{unanswered}, {n} catch-up rounds of the model (digests checked)"),
+        };
         let macs = if self.macs_checked { "MACs verified" } else { "MACs not checked: no --salt" };
         format!(
             "frames-check: {legs}, {} rounds ({} model, {} control), {} consensus deliveries{unanswered}, \
@@ -272,6 +290,7 @@ impl Report {
             "control_rounds": self.control_rounds,
             "deliveries": self.deliveries,
             "unanswered_frames": self.unanswered,
+            "catch_ups": self.catch_ups,
             "macs_checked": self.macs_checked,
             "violation_count": self.violation_count,
             "violations": self.violations.iter().map(Violation::to_json).collect::<Vec<_>>(),
@@ -483,8 +502,15 @@ struct Leg {
     down: Capture,
     /// Its `HostFrame` records, round by round.
     frames: Vec<RecordAt>,
-    /// Its `Broadcast` records, round by round.
+    /// Its `Broadcast` records, round by round (catch-up replies apart).
     consensus: Vec<RecordAt>,
+    /// A late joiner's catch-up replies: each `Broadcast` after a
+    /// `Control(CatchUp)`, with the digest announced.
+    catch_ups: Vec<(RecordAt, [u8; 32])>,
+    /// The world's round of `frames[0]` and of `consensus[0]` (0 but for a
+    /// late joiner).
+    frame_off: usize,
+    cons_off: usize,
 }
 
 /// An up stream that is a data leg, indexed.
@@ -537,8 +563,11 @@ fn scan_up(mut cap: Capture, keys: &Keys) -> Result<Option<UpLeg>, Box<DecodeErr
     Ok(Some(UpLeg { cap, host, ranks, frames }))
 }
 
-/// Indexes a down stream's `Broadcast` records.
-fn scan_down(cap: &mut Capture, keys: &Keys) -> Result<Vec<RecordAt>, Box<DecodeError>> {
+/// The `Broadcast` records of a down stream and its catch-up replies.
+type Down = (Vec<RecordAt>, Vec<(RecordAt, [u8; 32])>);
+
+/// Indexes a down stream's `Broadcast` records, a catch-up's reply apart.
+fn scan_down(cap: &mut Capture, keys: &Keys) -> Result<Down, Box<DecodeError>> {
     let mut offset = 0u64;
     if cap.len >= 4 {
         let mut first = [0u8; 4];
@@ -557,13 +586,20 @@ fn scan_down(cap: &mut Capture, keys: &Keys) -> Result<Vec<RecordAt>, Box<Decode
     }
     let mut index = 0usize;
     let mut out = Vec::new();
+    let (mut catch_ups, mut announced) = (Vec::new(), None);
     while let Some(at) = cap.record(offset, index)? {
         if index > 0 && at.kind == REC_BROADCAST {
-            out.push(at);
+            match announced.take() {
+                Some(digest) => catch_ups.push((at, digest)),
+                None => out.push(at),
+            }
         } else {
             let rec = cap.decode(&at, keys, None)?;
             match (index, rec) {
                 (0, MuxRecord::Control(RelayControlMsg::HelloAck)) => {}
+                (_, MuxRecord::Control(RelayControlMsg::CatchUp { digest })) if announced.is_none() => {
+                    announced = Some(digest)
+                }
                 (0, rec) => {
                     let why = format!("the reply opens with a {} record, not HelloAck", describe(&rec));
                     return Err(unexpected(cap, &at, why));
@@ -578,7 +614,7 @@ fn scan_down(cap: &mut Capture, keys: &Keys) -> Result<Vec<RecordAt>, Box<Decode
         offset = at.offset + MUX_HEADER_LEN as u64 + u64::from(at.payload_len);
         index += 1;
     }
-    Ok(out)
+    Ok((out, catch_ups))
 }
 
 /// The `conn-N.up.bin` files of a dump directory, by `N`.
@@ -658,8 +694,8 @@ pub fn check(dirs: &[PathBuf], salt: Option<&SessionSalt>) -> Result<Report, Box
                 continue;
             };
             let mut down = Capture::open(&down)?;
-            let consensus = scan_down(&mut down, &keys)?;
-            legs.push(Leg { host, ranks, up, down, frames, consensus });
+            let (consensus, catch_ups) = scan_down(&mut down, &keys)?;
+            legs.push(Leg { host, ranks, up, down, frames, consensus, catch_ups, frame_off: 0, cons_off: 0 });
         }
     }
     if legs.is_empty() {
@@ -676,7 +712,17 @@ pub fn check(dirs: &[PathBuf], salt: Option<&SessionSalt>) -> Result<Report, Box
     }
     report.legs = legs.len();
     report.hosts = legs.iter().map(|l| l.host.as_str()).collect::<BTreeSet<_>>().len();
-    let rounds = legs.iter().map(|l| l.frames.len().max(l.consensus.len())).max().unwrap_or(0);
+    for i in 0..legs.len() {
+        if !legs[i].catch_ups.is_empty() {
+            check_catch_ups(&mut legs[i], &keys, &mut report)?;
+            place_late_leg(i, &mut legs, &keys, &mut report)?;
+        }
+    }
+    let rounds = legs
+        .iter()
+        .map(|l| (l.frame_off + l.frames.len()).max(l.cons_off + l.consensus.len()))
+        .max()
+        .unwrap_or(0);
     for k in 0..rounds {
         check_round(k, &mut legs, &keys, &mut report)?;
     }
@@ -720,10 +766,10 @@ fn check_round(k: usize, legs: &mut [Leg], keys: &Keys, report: &mut Report) -> 
     let mut hosts = Vec::new();
     let mut consensus: Vec<(usize, Bytes, RoundFrame)> = Vec::new();
     for (i, leg) in legs.iter_mut().enumerate() {
-        if let Some(at) = leg.frames.get(k) {
+        if let Some(at) = k.checked_sub(leg.frame_off).and_then(|j| leg.frames.get(j)) {
             hosts.push(Got { leg: i, frame: load(&mut leg.up, at, keys, "host frame", k)?.1 });
         }
-        if let Some(at) = leg.consensus.get(k) {
+        if let Some(at) = k.checked_sub(leg.cons_off).and_then(|j| leg.consensus.get(j)) {
             let (bytes, frame) = load(&mut leg.down, at, keys, "consensus", k)?;
             consensus.push((i, bytes, frame));
         }
@@ -813,6 +859,123 @@ fn check_round(k: usize, legs: &mut [Leg], keys: &Keys, report: &mut Report) -> 
         // (b) the values.
         let frames: Vec<&RoundFrame> = hosts.iter().map(|h| &h.frame).collect();
         check_values(k, &frames, ranks, weight, c, &file, report);
+    }
+    Ok(())
+}
+
+/// The model digest of a catch-up reply: `None` unless every tensor is f32.
+fn model_digest(f: &RoundFrame) -> Option<ModelDigest> {
+    let mut tensors = Vec::with_capacity(f.tensors.len());
+    for t in &f.tensors {
+        if t.dtype != Dtype::F32 {
+            return None;
+        }
+        let values = (!t.bytes.is_empty()).then(|| {
+            let mut v = Vec::new();
+            extend_f32_le(&mut v, &t.bytes, Dtype::F32);
+            v
+        });
+        tensors.push((t.shape.as_slice(), values));
+    }
+    Some(ModelDigest::of(tensors.iter().map(|(s, v)| (*s, v.as_deref()))))
+}
+
+/// A late joiner's catch-up: each reply carries the digest announced before
+/// it and answers a request (the leg's host frame of the same place) of
+/// its own shapes in f32; the requests then leave the leg's rounds.
+fn check_catch_ups(leg: &mut Leg, keys: &Keys, report: &mut Report) -> Result<(), Box<DecodeError>> {
+    let n = leg.catch_ups.len();
+    for j in 0..n {
+        let (at, digest) = leg.catch_ups[j];
+        let (_, reply) = load(&mut leg.down, &at, keys, "catch-up reply", j)?;
+        let file = leg.down.path.clone();
+        report.catch_ups += 1;
+        let got = model_digest(&reply);
+        if got != Some(ModelDigest(digest)) {
+            let got = got.map_or("none (not an f32 frame)".to_string(), |d| d.to_string());
+            let what = format!("catch-up reply {j}: digest {got}, announced {}", ModelDigest(digest));
+            report.violation(Violation::new(j, Some(&file), what));
+        }
+        let Some(req_at) = leg.frames.get(j).copied() else {
+            let what = format!(
+                "catch-up reply {j} answers no request: the leg sent {} host frames",
+                leg.frames.len()
+            );
+            report.violation(Violation::new(j, Some(&file), what));
+            continue;
+        };
+        let (_, request) = load(&mut leg.up, &req_at, keys, "catch-up request", j)?;
+        let want: Vec<(Dtype, &[u32])> =
+            reply.tensors.iter().map(|t| (Dtype::F32, t.shape.as_slice())).collect();
+        if (request.kind, schema(&request).1) != (RoundKind::Control, want) {
+            let what = format!(
+                "catch-up reply {j} ({}) answers a request of another layout ({})",
+                schema_text(&reply),
+                schema_text(&request)
+            );
+            report.violation(Violation::new(j, Some(&leg.up.path), what));
+        }
+    }
+    leg.frames.drain(..n.min(leg.frames.len()));
+    Ok(())
+}
+
+/// Places late leg `i`'s rounds among the world's: its first consensus is
+/// found byte for byte among those the legs there from the start received;
+/// its first host frame goes into that round or the next, whichever makes
+/// the round's weight (the frames of the legs placed so far) add up.
+fn place_late_leg(
+    i: usize,
+    legs: &mut [Leg],
+    keys: &Keys,
+    report: &mut Report,
+) -> Result<(), Box<DecodeError>> {
+    let Some(first) = legs[i].consensus.first().copied() else { return Ok(()) };
+    let (want, _) = load(&mut legs[i].down, &first, keys, "consensus", 0)?;
+    let mut found = None;
+    'search: for j in 0..legs.len() {
+        if !legs[j].catch_ups.is_empty() {
+            continue;
+        }
+        for p in 0..legs[j].consensus.len() {
+            let at = legs[j].consensus[p];
+            if load(&mut legs[j].down, &at, keys, "consensus", p)?.0 == want {
+                found = Some(p);
+                break 'search;
+            }
+        }
+    }
+    let Some(p) = found else {
+        let what = "a late joiner's first consensus after its catch-up is no round the other legs received"
+            .to_string();
+        report.violation(Violation::new(0, Some(&legs[i].down.path), what));
+        (legs[i].frames, legs[i].consensus) = (Vec::new(), Vec::new());
+        return Ok(());
+    };
+    legs[i].cons_off = p;
+    legs[i].frame_off = p;
+    let Some(own) = legs[i].frames.first().copied() else { return Ok(()) };
+    let own = load(&mut legs[i].up, &own, keys, "host frame", p)?.1.weight;
+    for k in [p, p + 1] {
+        let mut weight = own;
+        let mut consensus = None;
+        for (l, leg) in legs.iter_mut().enumerate() {
+            if l == i || (!leg.catch_ups.is_empty() && l > i) {
+                continue;
+            }
+            if let Some(at) = k.checked_sub(leg.frame_off).and_then(|j| leg.frames.get(j)).copied() {
+                weight += load(&mut leg.up, &at, keys, "host frame", k)?.1.weight;
+            }
+            if consensus.is_none()
+                && let Some(at) = k.checked_sub(leg.cons_off).and_then(|j| leg.consensus.get(j)).copied()
+            {
+                consensus = Some(load(&mut leg.down, &at, keys, "consensus", k)?.1.weight);
+            }
+        }
+        if consensus.is_some_and(|c| (c - weight).abs() <= 1e-9 * c.abs().max(1.0)) {
+            legs[i].frame_off = k;
+            break;
+        }
     }
     Ok(())
 }
@@ -1093,6 +1256,55 @@ mod tests {
         let dirs = dump(&root, &up(&a), &up(&b), &cons[..3], &cons[..3]);
         let r = check(&dirs, Some(&salt())).unwrap();
         assert_eq!((r.rounds, r.unanswered, r.violation_count), (3, 1, 0), "{:?}", r.violations);
+    }
+
+    /// Host B's data leg cut after round 1 (it died), and a late joiner's
+    /// leg on tapB (its replacement): a catch-up request, the `CatchUp`
+    /// record (its digest from `digest`) and the model's round, then host
+    /// B's round 2 frame and the consensus of round `from` on.
+    fn healed(root: &TempDir, digest: impl Fn([u8; 32]) -> [u8; 32], from: usize) -> Vec<PathBuf> {
+        let key = key();
+        let (a, b) = host_frames();
+        let cons: Vec<Vec<u8>> = reduce(&a, &b).iter().map(|c| broadcast_record(c, &key)).collect();
+        let up = |fs: &[RoundFrame]| fs.iter().map(|f| host_frame_record(f, &key)).collect::<Vec<_>>();
+        let dirs = dump(root, &up(&a), &up(&b[..2]), &cons, &cons[..2]);
+        let model = Consensus {
+            kind: RoundKind::Control,
+            weight: 0.0,
+            tensors: vec![cohort_proto::reduce::ConsensusTensor {
+                dtype: Dtype::F32,
+                shape: vec![2],
+                values: Some(vec![0.5, -1.0]),
+            }],
+        };
+        let sent = ModelDigest::of([(&[2u32][..], Some(&[0.5f32, -1.0][..]))]);
+        let request = frame(RoundKind::Control, 0.0, vec![tensor(Dtype::F32, &[2], &[0.0, 0.0])]);
+        let mut late_up = up(std::slice::from_ref(&request));
+        late_up.extend(up(&b[2..]));
+        let catch_up = record(MuxRecord::Control(RelayControlMsg::CatchUp { digest: digest(sent.0) }), &key);
+        let mut late_down = vec![catch_up, broadcast_record(&model, &key)];
+        late_down.extend(cons[from..].iter().cloned());
+        write(&dirs[1], 1, &up_stream("hostB", &[2], &late_up, &key), &down_stream(&late_down, &key));
+        dirs
+    }
+
+    #[test]
+    fn a_late_joiners_catch_up_is_checked_and_its_rounds_placed_among_the_worlds() {
+        let root = TempDir::new("healed");
+        let r = check(&healed(&root, |d| d, 2), Some(&salt())).unwrap();
+        assert_eq!(r.violations, vec![], "{}", r.line());
+        assert_eq!((r.legs, r.hosts, r.rounds, r.deliveries, r.catch_ups), (3, 2, 4, 8, 1));
+        assert!(r.line().contains("1 catch-up rounds of the model (digests checked)"), "{}", r.line());
+        // A reply that is not the model the digest announced.
+        let root = TempDir::new("healed-digest");
+        let r = check(&healed(&root, |mut d| (d[0] ^= 1, d).1, 2), Some(&salt())).unwrap();
+        assert_eq!(r.violation_count, 1, "{:?}", r.violations);
+        assert!(r.violations[0].what.contains("catch-up reply 0: digest"), "{:?}", r.violations);
+        // A late leg whose rounds are not the world's: its first consensus
+        // (round 3's) is placed, and its frame (round 2's) then differs.
+        let root = TempDir::new("healed-misplaced");
+        let r = check(&healed(&root, |d| d, 3), Some(&salt())).unwrap();
+        assert!(r.violation_count > 0, "{}", r.line());
     }
 
     /// Round 0's consensus with tensor 0 element 4 replaced by `value`.
