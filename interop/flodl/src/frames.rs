@@ -933,13 +933,10 @@ fn place_late_leg(
     let Some(first) = legs[i].consensus.first().copied() else { return Ok(()) };
     let (want, _) = load(&mut legs[i].down, &first, keys, "consensus", 0)?;
     let mut found = None;
-    'search: for j in 0..legs.len() {
-        if !legs[j].catch_ups.is_empty() {
-            continue;
-        }
-        for p in 0..legs[j].consensus.len() {
-            let at = legs[j].consensus[p];
-            if load(&mut legs[j].down, &at, keys, "consensus", p)?.0 == want {
+    'search: for leg in legs.iter_mut().filter(|l| l.catch_ups.is_empty()) {
+        for p in 0..leg.consensus.len() {
+            let at = leg.consensus[p];
+            if load(&mut leg.down, &at, keys, "consensus", p)?.0 == want {
                 found = Some(p);
                 break 'search;
             }
