@@ -524,7 +524,7 @@ fn play_chunks(cfg: CoordConfig, speeds: &[u64], limit: Time) -> (Scheduler, boo
                     TimingMsgWire::Heartbeat { rank: (r as u32).into(), step_count: k.step },
                 );
             }
-            beat = beat + ms(1000);
+            beat += ms(1000);
         }
         if s.next_deadline().is_some_and(|d| d <= now) {
             s.tick(now);
