@@ -480,7 +480,9 @@ impl<W: SimWorkload> Cluster<W> {
     /// rank that has nothing left to run since a plan of it was overwritten
     /// in its single pending slot (flodl folds a chunk into every cadence
     /// `Update`, whatever the rank still holds), or an epoch that waits on a
-    /// rank that exited cleanly ([`Scheduler::held_by_exited`]).
+    /// rank that exited cleanly ([`Scheduler::held_by_exited`]), or an
+    /// epoch's final window unpinned by a rank held on an aggregated epoch
+    /// ([`Scheduler::unpinned_final_window`]).
     fn hang_as_flodl(&self) -> Option<String> {
         let s = self.scheduler().filter(|s| s.config().rules == Rules::Flodl)?;
         if let Some((epoch, samples)) = s.stranded() {
@@ -490,6 +492,12 @@ impl<W: SimWorkload> Cluster<W> {
         }
         if let Some((epoch, rank)) = s.held_by_exited() {
             return Some(format!("epoch {epoch} waits on rank {rank}, which exited cleanly"));
+        }
+        if let Some(u) = s.unpinned_final_window() {
+            return Some(format!(
+                "epoch {}'s final window ({} batches left) was unpinned by a rank held on an aggregated epoch: ranks {:?} hold the reduce open with nothing to run, ranks {:?} wait at their budget",
+                u.epoch, u.batches_left, u.holding, u.at_budget
+            ));
         }
         for r in 0..self.world_size {
             let Some(rank) = self.rank(r) else { continue };
@@ -657,7 +665,10 @@ impl<W: SimWorkload> Cluster<W> {
     }
 
     fn ended(&self) -> bool {
-        if self.checker.stopped() {
+        // A predicted flodl hang is the run's outcome: nothing after it is
+        // played (else a caller playing in steps, as `cohort-sim run` does,
+        // would be handed the same prediction forever).
+        if self.checker.stopped() || self.flodl_hang.is_some() {
             return true;
         }
         if self.outcome.is_none() {

@@ -48,7 +48,7 @@ pub use nccl::{AskAbandoned, NCCL_ANSWER};
 pub use plan::{Segment, Throughput};
 pub use policy::{ApplyPolicy, ElCheTuning};
 pub use roles::{Role, RolePolicy, fastest};
-pub use scheduler::{DATA_LOSS_SETTLE, Phase, Scheduler};
+pub use scheduler::{DATA_LOSS_SETTLE, Phase, Scheduler, UnpinnedWindow};
 
 use crate::config::{ConfigError, Rules, TimeoutScale};
 use crate::machine::ConnId;

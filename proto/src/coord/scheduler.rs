@@ -155,6 +155,37 @@ struct Chunks {
     completed_before: BTreeMap<(u64, u32), u64>,
 }
 
+impl Chunks {
+    /// The epoch whose final window a refresh of `epoch` stands for: `epoch`
+    /// while it has a pool; once it has none (aggregated, its pool gone), the
+    /// epoch the pinned window belongs to, so that a rank still held on an
+    /// aggregated epoch refreshes the live epoch's window rather than
+    /// clearing it (cohort's rule, [C88]).
+    fn standing_epoch(&self, epoch: u64) -> u64 {
+        match &self.final_window {
+            Some(f) if !self.pools.contains_key(&epoch) && self.pools.contains_key(&f.epoch) => f.epoch,
+            _ => epoch,
+        }
+    }
+}
+
+/// An epoch's final window left unpinned while the epoch is in it, with
+/// nothing in flight and the averaging window held open: flodl 0.8's hang
+/// ([`Scheduler::unpinned_final_window`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnpinnedWindow {
+    /// The epoch in its final window.
+    pub epoch: u64,
+    /// Its whole batches not yet handed out.
+    pub batches_left: u64,
+    /// The live ranks short of their window count that hold the window open
+    /// (the pin gave them nothing, so they hold no chunk).
+    pub holding: Vec<u32>,
+    /// The live ranks that reached their reduce budget, held until a reduce
+    /// that cannot fire.
+    pub at_budget: Vec<u32>,
+}
+
 /// The schedule id of the final eval (flodl's sentinel).
 const FINAL_EVAL_ID: u64 = u64::MAX;
 
@@ -466,6 +497,54 @@ impl Scheduler {
                 })
         });
         (past || unserved).then(|| (epoch, pool.remaining()))
+    }
+
+    /// Under flodl's rules (barrier-paced chunk-pool dispatch), the hang
+    /// flodl 0.8 is in when a rank held on an epoch already aggregated
+    /// refreshed that epoch's final window: its pool is gone, so the refresh
+    /// cleared the pin of the live epoch's final window. The ranks the pin
+    /// gave nothing then count as short of their window count, not
+    /// quiesced, and hold the averaging window open, while the ranks that
+    /// ran their slots wait at their reduce budget for a reduce that cannot
+    /// fire: nothing is in flight, so no metrics arrive to dispatch anyone.
+    /// `None` unless that is the state now: the oldest epoch with work left
+    /// is in its final window, no window is pinned for it, no live rank
+    /// holds a chunk, and some live rank holds the window open. cohort's
+    /// rules refresh the pinned epoch's window instead ([C88]).
+    pub fn unpinned_final_window(&self) -> Option<UnpinnedWindow> {
+        if self.cfg.rules != Rules::Flodl || !self.running() || !self.barrier_paced() {
+            return None;
+        }
+        let ch = self.chunks.as_ref()?;
+        let (&epoch, pool) = ch.pools.iter().find(|(_, p)| p.remaining() > 0)?;
+        if ch.final_window.as_ref().is_some_and(|f| f.epoch == epoch) {
+            return None;
+        }
+        let counts = self.batch_counts();
+        let world = self.cfg.world_size;
+        let live: Vec<u32> = (0..world).filter(|&r| self.holds(r)).collect();
+        let live_total: u64 = live.iter().map(|&r| counts.get(r as usize).copied().unwrap_or(0)).sum();
+        let batches_left = pool.remaining() / self.cfg.batch_size;
+        if !is_final_window(batches_left, live_total, counts.len() as u64)
+            || live.iter().any(|&r| self.in_flight(r))
+        {
+            return None;
+        }
+        let holding: Vec<u32> = live.iter().copied().filter(|&r| !self.window_done(r)).collect();
+        if holding.is_empty() {
+            return None;
+        }
+        let is_async = self.cfg.policy == ApplyPolicy::Async;
+        let at_budget = live
+            .iter()
+            .copied()
+            .filter(|&r| {
+                let budget =
+                    reduce_budget(counts.get(r as usize).copied().unwrap_or(0), is_async, self.max_overshoot);
+                budget > 0 && self.window_steps(r) >= budget
+            })
+            .collect();
+        Some(UnpinnedWindow { epoch, batches_left, holding, at_budget })
     }
 
     /// Under flodl's rules, a rank that exited cleanly which the epoch in
@@ -1675,7 +1754,9 @@ impl Scheduler {
     /// Whether `r` can step no more in the epoch in progress, so it does
     /// not hold the window open. Chunk-pool dispatch (flodl's rule, both
     /// rules): no chunk in flight for it, and its epoch's pool is drained or
-    /// the pinned final window gives it nothing. Whole-epoch dispatch,
+    /// the pinned final window gives it nothing (its epoch: the one it was
+    /// last served from; under cohort's rules, once that one has
+    /// aggregated, the pinned epoch, [C88]). Whole-epoch dispatch,
     /// cohort: it processed the whole batches of all it was assigned;
     /// flodl: never, so a rank that finished its partition holds the
     /// window until the next epoch (and a peer throttled short of the
@@ -1685,7 +1766,12 @@ impl Scheduler {
             if ch.pools.values().any(|p| p.in_flight(r) > 0) {
                 return false;
             }
-            let e = ch.rank_epoch[r as usize];
+            // Under cohort's rules a rank still on an aggregated epoch is
+            // judged by the pinned epoch's window, as its refresh is ([C88]).
+            let e = match self.cfg.rules {
+                Rules::Cohort => ch.standing_epoch(ch.rank_epoch[r as usize]),
+                Rules::Flodl => ch.rank_epoch[r as usize],
+            };
             let drained = ch.pools.get(&e).is_some_and(|p| p.remaining() == 0);
             let nothing = ch
                 .final_window
@@ -2376,7 +2462,17 @@ impl Scheduler {
     }
 
     /// The pinned final-window split of `epoch` (barrier paced only).
+    ///
+    /// flodl refreshes the epoch a rank was last served from, whatever it
+    /// is: for a rank still held on an epoch already aggregated, whose pool
+    /// is gone, that clears the live epoch's pinned window (and the hang
+    /// [`Scheduler::unpinned_final_window`] names follows). Under cohort's
+    /// rules an epoch without a pool stands for the pinned one ([C88]).
     fn refresh_final(&mut self, epoch: u64) {
+        let epoch = match (&self.chunks, self.cfg.rules) {
+            (Some(ch), Rules::Cohort) => ch.standing_epoch(epoch),
+            _ => epoch,
+        };
         let paced = self.barrier_paced();
         let b = self.cfg.batch_size;
         // Outside the final window there is no plan, whatever was pinned:

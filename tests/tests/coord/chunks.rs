@@ -427,3 +427,142 @@ proptest::proptest! {
         }
     }
 }
+
+/// A rank of [`play_chunks`]: the chunk it runs and the one plan pending
+/// (a later plan overwrites it, as flodl's worker's single slot does), as
+/// `(epoch, batches left, samples)`.
+#[derive(Debug, Default, Clone)]
+struct ChunkRank {
+    running: Option<(u64, u64, u64)>,
+    pending: Option<(u64, u64, u64)>,
+    step: u64,
+    batch_ends: Option<Time>,
+    stopped: bool,
+}
+
+/// Plays `cfg` with ranks that run their chunks as flodl's workers do, each
+/// batch taking `speeds[r]` ms: a `Batch` per batch, a chunk's `Metrics`
+/// once it is run, `SyncAck` to `RequestParams`, a heartbeat each second,
+/// no latency. Returns the scheduler and whether the run ended by `limit`.
+fn play_chunks(cfg: CoordConfig, speeds: &[u64], limit: Time) -> (Scheduler, bool) {
+    use cohort_proto::coord::Phase;
+    use cohort_proto::wire::TimingMsgWire;
+    let b = cfg.batch_size;
+    let mut s = Scheduler::new(cfg).unwrap();
+    let mut ranks = vec![ChunkRank::default(); speeds.len()];
+    let mut now = Time::ZERO;
+    let mut beat = Time::from_secs(1);
+    s.begin(now);
+    loop {
+        while let Some(step) = s.poll() {
+            let Step::Send { to, msg } = step else { continue };
+            for r in to {
+                let k = &mut ranks[r as usize];
+                if k.stopped {
+                    continue;
+                }
+                match &msg {
+                    ControlMsgWire::StartEpoch(p) | ControlMsgWire::Update { next_plan: Some(p), .. } => {
+                        let chunk = (p.epoch, p.partition_size / b, p.partition_size / b * b);
+                        match k.running {
+                            None => k.running = Some(chunk),
+                            Some(_) => k.pending = Some(chunk),
+                        }
+                    }
+                    ControlMsgWire::RequestParams => {
+                        let at = k.step;
+                        s.on_timing(now, r, sync_ack(r, at));
+                    }
+                    ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. } => {
+                        k.stopped = true;
+                        s.on_timing(now, r, TimingMsgWire::Exiting { rank: r.into() });
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if matches!(s.phase(), Phase::Ended(_)) {
+            return (s, true);
+        }
+        for (r, k) in ranks.iter_mut().enumerate() {
+            if k.batch_ends.is_none() && !k.stopped {
+                if k.running.is_none() {
+                    k.running = k.pending.take();
+                }
+                if k.running.is_some_and(|c| c.1 > 0) {
+                    k.batch_ends = Some(now + ms(speeds[r]));
+                }
+            }
+        }
+        let next = ranks.iter().filter_map(|k| k.batch_ends).chain([beat]).chain(s.next_deadline()).min();
+        match next {
+            Some(t) if t <= limit => now = t,
+            _ => return (s, false),
+        }
+        for (r, k) in ranks.iter_mut().enumerate() {
+            if k.batch_ends != Some(now) {
+                continue;
+            }
+            k.batch_ends = None;
+            k.step += 1;
+            let r = r as u32;
+            s.on_timing(now, r, batch(r, k.step, speeds[r as usize] as f64));
+            if let Some((epoch, left, samples)) = k.running.as_mut().map(|c| {
+                c.1 -= 1;
+                *c
+            }) && left == 0
+            {
+                k.running = None;
+                s.on_metrics(now, r, metrics(r, epoch, samples));
+            }
+        }
+        if now >= beat {
+            for (r, k) in ranks.iter().enumerate().filter(|(_, k)| !k.stopped) {
+                s.on_timing(
+                    now,
+                    r as u32,
+                    TimingMsgWire::Heartbeat { rank: (r as u32).into(), step_count: k.step },
+                );
+            }
+            beat += ms(1000);
+        }
+        if s.next_deadline().is_some_and(|d| d <= now) {
+            s.tick(now);
+        }
+    }
+}
+
+/// BEHAVIOUR.md Coordinator [C88]: barrier-paced chunks: a rank still on an aggregated epoch (held at its budget, or given nothing, when the next epoch began) refreshes, and is judged by, the pinned epoch's final window under cohort's rules, so the run finishes; flodl's refresh of the absent pool clears the pin, the ranks it gave nothing hold the reduce open while the others wait at their budget, and the run hangs (`Scheduler::unpinned_final_window`)
+#[test]
+fn a_rank_held_on_an_aggregated_epoch_keeps_the_final_window_pinned() {
+    // Every epoch is a final window from its start (its batches are fewer
+    // than the counts' sum plus the world), so each epoch is pinned at once
+    // and some ranks are given nothing.
+    let case = |world, samples, batch, every, epochs, policy, rules| {
+        let mut c = CoordConfig::new(world, epochs, samples, batch);
+        c.sync_every = Some(every);
+        c.policy = policy;
+        c.progressive = Some(true);
+        c.rules = rules;
+        c
+    };
+    // Found by a sweep of such worlds without deaths. Before [C88] the
+    // first hung under cohort's rules as it does under flodl's (the pin
+    // cleared); with the refresh kept to the pinned epoch but the window's
+    // gate still judging a rank by its own, aggregated, epoch, the second
+    // hung (a rank given nothing, short of its count, held the window).
+    let hangs_as_flodl = (4, 4, 1, 3, 3, ApplyPolicy::Cadence, [80u64, 40, 10, 20].as_slice());
+    let given_nothing = (3, 9, 3, 6, 3, ApplyPolicy::Sync, [10u64, 40, 10].as_slice());
+    for (w, n, b, every, epochs, policy, speeds) in [hangs_as_flodl, given_nothing] {
+        let (s, ended) =
+            play_chunks(case(w, n, b, every, epochs, policy, Rules::Cohort), speeds, Time::from_secs(600));
+        assert!(ended, "cohort, {policy:?} {speeds:?}: hangs ({:?}, {:?})", s.phase(), s.outstanding(0));
+        assert_eq!(s.phase(), cohort_proto::coord::Phase::Ended(cohort_proto::coord::RunEnd::Done));
+    }
+    let (w, n, b, every, epochs, policy, speeds) = hangs_as_flodl;
+    let (s, ended) =
+        play_chunks(case(w, n, b, every, epochs, policy, Rules::Flodl), speeds, Time::from_secs(600));
+    assert!(!ended, "flodl's run hangs");
+    let u = s.unpinned_final_window().expect("flodl's hang is named");
+    assert!(u.batches_left > 0 && !u.holding.is_empty() && !u.at_budget.is_empty(), "{u:?}");
+}

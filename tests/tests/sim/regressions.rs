@@ -36,8 +36,9 @@ fn every_regression_scenario_holds_every_invariant() {
 /// Under flodl's rules the simulator predicts flodl 0.8's chunk-pool hangs
 /// as an outcome (a dead rank's chunks stranded behind the epoch the
 /// survivors streamed into; a final window pinned over dead ranks; a chunk
-/// overwritten in a rank's single pending slot), and the same clusters
-/// under cohort's rules finish.
+/// overwritten in a rank's single pending slot; a final window unpinned by a
+/// rank held on an aggregated epoch), and the same clusters under cohort's
+/// rules finish.
 #[test]
 fn flodls_chunk_pool_hangs_are_predicted() {
     use cohort_sim::scenario::Rules;
@@ -45,6 +46,7 @@ fn flodls_chunk_pool_hangs_are_predicted() {
         ("flodl-async-strands-a-dead-ranks-chunks.json", "stranded"),
         ("flodl-final-window-pinned-over-the-dead.json", "stranded"),
         ("flodl-cadence-overwrites-a-pending-chunk.json", "overwritten in its pending slot"),
+        ("flodl-final-window-unpinned-by-a-held-rank.json", "unpinned by a rank held on an aggregated epoch"),
     ] {
         let path = format!("{}/scenarios/regressions/{file}", env!("CARGO_MANIFEST_DIR"));
         let sc = Scenario::from_json(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -59,5 +61,35 @@ fn flodls_chunk_pool_hangs_are_predicted() {
         let report = Cluster::new(cohort, seed).unwrap().finish();
         assert_eq!(report.outcome, Outcome::Done, "{file} under cohort's rules");
         assert_eq!(report.violations, Vec::<String>::new(), "{file}");
+    }
+}
+
+/// A predicted flodl hang ends the run for a caller playing it in steps, as
+/// `cohort-sim run` does: before, `Cluster::run_for` reached the
+/// prediction, returned "not over", and the next call did the same forever.
+#[test]
+fn a_predicted_flodl_hang_ends_a_run_played_in_steps() {
+    let path = format!(
+        "{}/scenarios/regressions/flodl-final-window-unpinned-by-a-held-rank.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let sc = Scenario::from_json(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let seed = sc.seed.unwrap();
+    let mut cluster = Cluster::new(sc, seed).unwrap();
+    // Steps of 10 s past the liveness deadline (where the prediction is
+    // made), with room to spare.
+    let bound = cluster.liveness_deadline().as_secs_f64() as u64 / 10 + 10;
+    let mut steps = 0;
+    while !cluster.run_for(std::time::Duration::from_secs(10)) {
+        steps += 1;
+        assert!(
+            steps <= bound,
+            "not over after {steps} steps at {:?}: the prediction did not end the run",
+            cluster.now()
+        );
+    }
+    match cluster.finish().outcome {
+        Outcome::HangsAsFlodl(why) => assert!(why.contains("unpinned"), "{why}"),
+        other => panic!("expected flodl's hang, got {other:?}"),
     }
 }
