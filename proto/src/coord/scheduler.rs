@@ -160,7 +160,7 @@ impl Chunks {
     /// while it has a pool; once it has none (aggregated, its pool gone), the
     /// epoch the pinned window belongs to, so that a rank still held on an
     /// aggregated epoch refreshes the live epoch's window rather than
-    /// clearing it (cohort's rule, [C88]).
+    /// clearing it (cohort's rule, docs/BEHAVIOUR.md C88).
     fn standing_epoch(&self, epoch: u64) -> u64 {
         match &self.final_window {
             Some(f) if !self.pools.contains_key(&epoch) && self.pools.contains_key(&f.epoch) => f.epoch,
@@ -510,7 +510,7 @@ impl Scheduler {
     /// `None` unless that is the state now: the oldest epoch with work left
     /// is in its final window, no window is pinned for it, no live rank
     /// holds a chunk, and some live rank holds the window open. cohort's
-    /// rules refresh the pinned epoch's window instead ([C88]).
+    /// rules refresh the pinned epoch's window instead (docs/BEHAVIOUR.md C88).
     pub fn unpinned_final_window(&self) -> Option<UnpinnedWindow> {
         if self.cfg.rules != Rules::Flodl || !self.running() || !self.barrier_paced() {
             return None;
@@ -1756,7 +1756,7 @@ impl Scheduler {
     /// rules): no chunk in flight for it, and its epoch's pool is drained or
     /// the pinned final window gives it nothing (its epoch: the one it was
     /// last served from; under cohort's rules, once that one has
-    /// aggregated, the pinned epoch, [C88]). Whole-epoch dispatch,
+    /// aggregated, the pinned epoch, docs/BEHAVIOUR.md C88). Whole-epoch dispatch,
     /// cohort: it processed the whole batches of all it was assigned;
     /// flodl: never, so a rank that finished its partition holds the
     /// window until the next epoch (and a peer throttled short of the
@@ -2467,7 +2467,7 @@ impl Scheduler {
     /// is: for a rank still held on an epoch already aggregated, whose pool
     /// is gone, that clears the live epoch's pinned window (and the hang
     /// [`Scheduler::unpinned_final_window`] names follows). Under cohort's
-    /// rules an epoch without a pool stands for the pinned one ([C88]).
+    /// rules an epoch without a pool stands for the pinned one (docs/BEHAVIOUR.md C88).
     fn refresh_final(&mut self, epoch: u64) {
         let epoch = match (&self.chunks, self.cfg.rules) {
             (Some(ch), Rules::Cohort) => ch.standing_epoch(epoch),
