@@ -183,6 +183,10 @@ impl ConsensusOracle {
                 self.host_incarnation.insert(host.clone(), *incarnation);
                 for r in ranks.clone() {
                     self.rank_incarnation.insert(r, *incarnation);
+                    // A model sent to an earlier incarnation that died
+                    // before its rank started from it is no one's now.
+                    self.model_sent.remove(&r);
+                    self.model_got.remove(&r);
                 }
             }
             (

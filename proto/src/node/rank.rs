@@ -292,6 +292,12 @@ pub struct RankNode<W> {
     rounds_done: u64,
     /// Its catch-up round is in flight ([`RankConfig::catch_up`]).
     catching_up: bool,
+    /// Commands that came while catching up, applied in order once the
+    /// model is in: a rank takes no step before it (a flodl rank's
+    /// start-up broadcast blocks it the same way). The control leg may
+    /// outrun the data leg's model, as a promotion follows the model's
+    /// sending, not its arrival.
+    held: Vec<ControlMsgWire>,
     /// The data leg failed: at this instant, for this reason, the rank
     /// exits unless its control leg ends first; training stopped.
     data_lost: Option<(Time, String)>,
@@ -367,6 +373,7 @@ impl<W: Workload> RankNode<W> {
             rounds_submitted: 0,
             rounds_done: 0,
             catching_up: false,
+            held: Vec::new(),
             data_lost: None,
             data_gone: false,
             ended: false,
@@ -643,7 +650,14 @@ impl<W: Workload> RankNode<W> {
                 if !matches!(msg, ControlMsgWire::CoordHeartbeat) {
                     self.out.event(RankNodeEvent::Command(msg.clone()));
                 }
-                if !self.ended && self.data_lost.is_none() {
+                let shutdown =
+                    matches!(msg, ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. });
+                if self.catching_up && !shutdown && !matches!(msg, ControlMsgWire::CoordHeartbeat) {
+                    self.held.push(msg);
+                } else if !self.ended && self.data_lost.is_none() {
+                    if shutdown {
+                        self.held.clear();
+                    }
                     self.workload.on_command(now, &msg, &mut self.actions);
                     self.act(now);
                 } else if !self.ended
@@ -684,6 +698,13 @@ impl<W: Workload> RankNode<W> {
                 }
                 self.out.event(RankNodeEvent::CaughtUp { digest, values });
                 if live {
+                    self.act(now);
+                }
+                for msg in core::mem::take(&mut self.held) {
+                    if self.ended || self.data_lost.is_some() {
+                        break;
+                    }
+                    self.workload.on_command(now, &msg, &mut self.actions);
                     self.act(now);
                 }
             }
