@@ -18,6 +18,8 @@ mod frame_ceiling;
 mod hostile;
 #[path = "data/macs.rs"]
 mod macs;
+#[path = "data/rank_catch_up.rs"]
+mod rank_catch_up;
 #[path = "data/reduce.rs"]
 mod reduce;
 #[path = "data/relay_accept.rs"]

@@ -69,6 +69,10 @@ impl CheckSummary {
     }
 }
 
+/// One process of a host: its name, and how many times a replacement or
+/// a new host had taken the name before it (0: the formed world's).
+type HostProcess = (String, u32);
+
 /// One submitted contribution: its mass and values.
 type Submission = (f64, Vec<f32>);
 
@@ -127,10 +131,10 @@ pub fn consensus_tolerance(ranks: usize, hosts: usize, scale: f64) -> f64 {
 /// ```
 #[derive(Debug, Default)]
 pub struct ConsensusOracle {
-    /// Each data link's host and the host's incarnation when it joined.
-    host_of: BTreeMap<ConnId, (String, u32)>,
-    /// Host frames shipped, by host and incarnation.
-    shipped: BTreeMap<(String, u32), VecDeque<Vec<u32>>>,
+    /// Each data link's host process.
+    host_of: BTreeMap<ConnId, HostProcess>,
+    /// Host frames shipped, by host process.
+    shipped: BTreeMap<HostProcess, VecDeque<Vec<u32>>>,
     /// Contributions submitted, by rank and incarnation.
     submitted: BTreeMap<(u32, u32), VecDeque<Submission>>,
     pending: VecDeque<Round>,
@@ -142,13 +146,18 @@ pub struct ConsensusOracle {
     received: BTreeMap<u32, u64>,
     /// The global round a promoted rank's own round 0 is (elastic worlds).
     base: BTreeMap<u32, u64>,
-    /// The incarnation of every event a host's nodes and a rank send now
-    /// (elastic worlds; 0 until a replacement takes over). Keyed by it, a
-    /// dead process's frames and contributions never mix with its
-    /// replacement's, in whatever order the nodes' events interleave: the
-    /// dead one sent its last before the replacement was taken in.
-    host_incarnation: BTreeMap<String, u32>,
+    /// The process a host's nodes send from now, by host name (elastic
+    /// worlds; 0 until a replacement or a new host takes the name), and
+    /// the incarnation of a rank now. Keyed by them, a dead process's
+    /// frames and contributions never mix with its successor's, in
+    /// whatever order the nodes' events interleave: the dead one sent its
+    /// last before the successor was taken in.
+    host_process: BTreeMap<String, u32>,
     rank_incarnation: BTreeMap<u32, u32>,
+    /// The incarnation of each host process's ranks (0 when absent). Not
+    /// the process's own number: a name taken again by a new host holds
+    /// other ranks, at their first incarnation.
+    process_incarnation: BTreeMap<HostProcess, u32>,
     /// The model digests the reduce sent each late joiner's rank, and what
     /// each rank started from (digest and values), matched in order.
     model_sent: BTreeMap<u32, VecDeque<crate::reduce::ModelDigest>>,
@@ -180,7 +189,9 @@ impl ConsensusOracle {
                     | JoinWindowEvent::Grown { host, ranks, incarnation, .. },
                 )),
             ) => {
-                self.host_incarnation.insert(host.clone(), *incarnation);
+                let process = self.host_process.get(host).map_or(1, |p| p + 1);
+                self.host_process.insert(host.clone(), process);
+                self.process_incarnation.insert((host.clone(), process), *incarnation);
                 for r in ranks.clone() {
                     self.rank_incarnation.insert(r, *incarnation);
                     // A model sent to an earlier incarnation that died
@@ -206,8 +217,8 @@ impl ConsensusOracle {
             }
             (Source::Controller, ClusterEvent::Controller(ControllerNodeEvent::Reduce(e))) => match e {
                 ReduceEvent::HostJoined { conn, host, .. } => {
-                    let incarnation = self.host_incarnation.get(host).copied().unwrap_or(0);
-                    self.host_of.insert(*conn, (host.clone(), incarnation));
+                    let process = self.host_process.get(host).copied().unwrap_or(0);
+                    self.host_of.insert(*conn, (host.clone(), process));
                 }
                 ReduceEvent::CaughtUp { ranks, digest, .. } => {
                     for r in ranks {
@@ -240,16 +251,15 @@ impl ConsensusOracle {
                 ClusterEvent::Relay(RelayEvent::HostFrameShipped { ranks, .. }),
             ) => {
                 let host = host.to_string();
-                let incarnation = self.host_incarnation.get(&host).copied().unwrap_or(0);
-                self.shipped.entry((host, incarnation)).or_default().push_back(ranks.clone());
+                let process = self.host_process.get(&host).copied().unwrap_or(0);
+                self.shipped.entry((host, process)).or_default().push_back(ranks.clone());
                 self.settle_rounds();
             }
             (Source::Relay(host, Leg::Data), ClusterEvent::Relay(RelayEvent::CaughtUp { .. })) => {
                 // The host frame that asked for the model was its first.
                 let host = host.to_string();
-                let incarnation = self.host_incarnation.get(&host).copied().unwrap_or(0);
-                if self.shipped.get_mut(&(host.clone(), incarnation)).and_then(VecDeque::pop_front).is_none()
-                {
+                let process = self.host_process.get(&host).copied().unwrap_or(0);
+                if self.shipped.get_mut(&(host.clone(), process)).and_then(VecDeque::pop_front).is_none() {
                     self.violation(format!("{host} verified a model it never asked for"));
                 }
             }
@@ -407,7 +417,7 @@ impl ConsensusOracle {
 
     /// Whether every event round `r` needs has arrived.
     fn ready(&self, r: &Round) -> bool {
-        let mut need_ship: BTreeMap<&(String, u32), usize> = BTreeMap::new();
+        let mut need_ship: BTreeMap<&HostProcess, usize> = BTreeMap::new();
         for c in &r.contributors {
             // An unknown contributor fails the round at once (check_round says why).
             let Some(h) = self.host_of.get(c) else { return true };
@@ -416,9 +426,10 @@ impl ConsensusOracle {
         let mut need_sub: BTreeMap<(u32, u32), usize> = BTreeMap::new();
         for (h, n) in need_ship {
             let Some(q) = self.shipped.get(h).filter(|q| q.len() >= n) else { return false };
+            let incarnation = self.process_incarnation.get(h).copied().unwrap_or(0);
             for ranks in q.iter().take(n) {
                 for rank in ranks {
-                    *need_sub.entry((*rank, h.1)).or_default() += 1;
+                    *need_sub.entry((*rank, incarnation)).or_default() += 1;
                 }
             }
         }
@@ -434,8 +445,9 @@ impl ConsensusOracle {
                 return self
                     .violation(format!("round {round}: a contributor ({c}) that never joined the reduce"));
             };
+            let incarnation = self.process_incarnation.get(&h).copied().unwrap_or(0);
             match self.shipped.get_mut(&h).and_then(VecDeque::pop_front) {
-                Some(rs) => ranks.extend(rs.into_iter().map(|rank| (rank, h.1))),
+                Some(rs) => ranks.extend(rs.into_iter().map(|rank| (rank, incarnation))),
                 None => {
                     return self.violation(format!("round {round}: {}'s host frame was never shipped", h.0));
                 }
@@ -605,6 +617,50 @@ mod tests {
         assert!(s.violations[0].starts_with("round 0: never saw"), "{:?}", s.violations);
     }
 
+    fn joined(conn: u64, host: &str, rank: u32) -> (Source, ClusterEvent) {
+        ev(
+            Source::Controller,
+            ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::HostJoined {
+                conn: ConnId(conn),
+                host: host.into(),
+                ranks: vec![rank],
+                sealed: false,
+            })),
+        )
+    }
+
+    fn submitted(rank: u32, mass: f64, v: f32) -> (Source, ClusterEvent) {
+        ev(
+            Source::Rank(rank),
+            ClusterEvent::Rank(RankNodeEvent::Submitted { round: 0, mass, values: vec![v] }),
+        )
+    }
+
+    fn shipped(host: &str, rank: u32) -> (Source, ClusterEvent) {
+        ev(
+            Source::Relay(host.into(), Leg::Data),
+            ClusterEvent::Relay(RelayEvent::HostFrameShipped {
+                round: 0,
+                deposits: 1,
+                ranks: vec![rank],
+                weight: 1.0,
+                bytes: 0,
+            }),
+        )
+    }
+
+    fn reduced(round: u64, weight: f64, v: f32, contributors: Vec<ConnId>) -> (Source, ClusterEvent) {
+        let (s, mut e) = consensus(round, weight, vec![v]);
+        if let ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::Consensus {
+            contributors: c,
+            ..
+        })) = &mut e
+        {
+            *c = contributors;
+        }
+        (s, e)
+    }
+
     /// An elastic replacement: host b dies with a contribution its relay
     /// never shipped, its replacement (incarnation 1) is taken in, and the
     /// new rank 1's first submission reaches the checker before or after
@@ -615,46 +671,6 @@ mod tests {
     fn a_replacements_contributions_never_mix_with_the_dead_processes() {
         use crate::coord::CoordinatorEvent;
         use crate::join::JoinWindowEvent;
-        let joined = |conn, host: &str, rank| {
-            ev(
-                Source::Controller,
-                ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::HostJoined {
-                    conn: ConnId(conn),
-                    host: host.into(),
-                    ranks: vec![rank],
-                    sealed: false,
-                })),
-            )
-        };
-        let submitted = |rank, mass, v| {
-            ev(
-                Source::Rank(rank),
-                ClusterEvent::Rank(RankNodeEvent::Submitted { round: 0, mass, values: vec![v] }),
-            )
-        };
-        let shipped = |host: &str, rank| {
-            ev(
-                Source::Relay(host.into(), Leg::Data),
-                ClusterEvent::Relay(RelayEvent::HostFrameShipped {
-                    round: 0,
-                    deposits: 1,
-                    ranks: vec![rank],
-                    weight: 1.0,
-                    bytes: 0,
-                }),
-            )
-        };
-        let reduced = |round, weight, v: f32, contributors: Vec<ConnId>| {
-            let (s, mut e) = consensus(round, weight, vec![v]);
-            if let ClusterEvent::Controller(ControllerNodeEvent::Reduce(ReduceEvent::Consensus {
-                contributors: c,
-                ..
-            })) = &mut e
-            {
-                *c = contributors;
-            }
-            (s, e)
-        };
         let replaced = ev(
             Source::Controller,
             ClusterEvent::Controller(ControllerNodeEvent::Join(JoinWindowEvent::Replaced {
@@ -705,5 +721,54 @@ mod tests {
             assert!(s.ok(), "{new_first_then_promoted}: {:?}", s.violations);
             assert_eq!((s.rounds, s.rounds_checked), (2, 2));
         }
+    }
+
+    /// A host name taken again by a new host (explore seed 615001): b's
+    /// first process (rank 1, grown as incarnation 1) ships a frame for a
+    /// round that waits on a wedged rank, and dies; a new host named b is
+    /// grown with rank 2, also at incarnation 1, and its model request is
+    /// answered before the round completes. The request is the new
+    /// process's frame, never the dead one's: the round sums rank 0's and
+    /// the dead rank 1's contributions.
+    #[test]
+    fn a_host_name_taken_again_by_a_new_host_keeps_its_processes_apart() {
+        use crate::join::JoinWindowEvent;
+        use crate::reduce::ModelDigest;
+        let grown = |conn, rank| {
+            ev(
+                Source::Controller,
+                ClusterEvent::Controller(ControllerNodeEvent::Join(JoinWindowEvent::Grown {
+                    conn: ConnId(conn),
+                    host: "b".into(),
+                    ranks: rank..rank + 1,
+                    incarnation: 1,
+                })),
+            )
+        };
+        let caught_up = ev(
+            Source::Relay("b".into(), Leg::Data),
+            ClusterEvent::Relay(RelayEvent::CaughtUp { digest: ModelDigest([7; 32]), bytes: 40 }),
+        );
+        let events = [
+            joined(9, "a", 0),
+            grown(3, 1),
+            joined(10, "b", 1),
+            submitted(1, 0.0, 5.0),
+            shipped("b", 1),
+            grown(4, 2),
+            joined(11, "b", 2),
+            shipped("b", 2),
+            caught_up,
+            submitted(0, 2.0, 1.0),
+            shipped("a", 0),
+            reduced(0, 2.0, 1.0, vec![ConnId(9), ConnId(10)]),
+        ];
+        let mut check = ConsensusOracle::causal();
+        for (source, event) in &events {
+            check.observe(source, event);
+        }
+        let s = check.finish();
+        assert!(s.ok(), "{:?}", s.violations);
+        assert_eq!((s.rounds, s.rounds_checked), (1, 1));
     }
 }

@@ -29,6 +29,11 @@ use super::workload::{Action, Round, Workload};
 /// both relay legs close together, and the root cause is the coordinator.
 pub const DATA_LOSS_GRACE: core::time::Duration = core::time::Duration::from_secs(1);
 
+/// The most commands a catching-up rank holds until its model is in (its
+/// promotion's few, and a cycle or two's): more means a coordinator gone
+/// wrong, and the rank leaves rather than buffer without bound.
+pub const MAX_HELD: usize = 1024;
+
 /// What a rank on the NCCL plane brings to the bootstrap rendezvous.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NcclBootstrap {
@@ -652,17 +657,27 @@ impl<W: Workload> RankNode<W> {
                 }
                 let shutdown =
                     matches!(msg, ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. });
-                if self.catching_up && !shutdown && !matches!(msg, ControlMsgWire::CoordHeartbeat) {
-                    self.held.push(msg);
-                } else if !self.ended && self.data_lost.is_none() {
-                    if shutdown {
-                        self.held.clear();
-                    }
-                    self.workload.on_command(now, &msg, &mut self.actions);
-                    self.act(now);
-                } else if !self.ended
-                    && matches!(msg, ControlMsgWire::Shutdown | ControlMsgWire::ShutdownWithSave { .. })
+                if self.catching_up
+                    && !self.ended
+                    && !shutdown
+                    && !matches!(msg, ControlMsgWire::CoordHeartbeat)
                 {
+                    if self.held.len() == MAX_HELD {
+                        self.close_control();
+                        return self.end(RankNodeEvent::CoordinatorLost {
+                            reason: format!(
+                                "control frame: more than {MAX_HELD} commands came while the rank caught up"
+                            ),
+                            dead_peers: Vec::new(),
+                        });
+                    }
+                    self.held.push(msg);
+                    return;
+                }
+                if shutdown {
+                    self.held.clear();
+                }
+                if !self.apply_command(now, &msg) && shutdown && !self.ended {
                     self.close_control();
                     self.end(RankNodeEvent::Exited);
                 }
@@ -673,6 +688,17 @@ impl<W: Workload> RankNode<W> {
             // A stray well-signed frame: the client keeps the link, so do we.
             ControlClientEvent::Ignored { .. } | ControlClientEvent::Closed => {}
         }
+    }
+
+    /// Hands one command to the workload and runs what it asks, unless the
+    /// rank has ended or is waiting out its data leg's grace (then `false`).
+    fn apply_command(&mut self, now: Time, msg: &ControlMsgWire) -> bool {
+        if self.ended || self.data_lost.is_some() {
+            return false;
+        }
+        self.workload.on_command(now, msg, &mut self.actions);
+        self.act(now);
+        true
     }
 
     fn data_event(&mut self, now: Time, e: DataClientEvent) {
@@ -701,11 +727,9 @@ impl<W: Workload> RankNode<W> {
                     self.act(now);
                 }
                 for msg in core::mem::take(&mut self.held) {
-                    if self.ended || self.data_lost.is_some() {
+                    if !self.apply_command(now, &msg) {
                         break;
                     }
-                    self.workload.on_command(now, &msg, &mut self.actions);
-                    self.act(now);
                 }
             }
             DataClientEvent::Consensus(result) => {
