@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use cohort_proto::coord::{CoordinatorEvent, Phase, RunEnd, Scheduler, Segment, Step};
 use cohort_proto::wire::{
     ControlMsgWire, DEFAULT_FRAME_CEILING, MacKey, Message, MetricsMsgWire, MuxDecoder, MuxRecord, Payload,
-    RelayControlMsg, SessionSalt, TimingMsgWire, encode_frame, parse_exact_frame,
+    RelayControlMsg, SessionSalt, TimingMsgWire, encode_frame, len_prefix, parse_exact_frame,
 };
 use cohort_proto::{ConnId, Time};
 use core::time::Duration;
@@ -16,6 +16,16 @@ use core::time::Duration;
 /// The session key every coordinator test uses.
 pub fn key() -> MacKey {
     MacKey::new(&SessionSalt::from_bytes([0x5a; 16]))
+}
+
+/// A coordinator command as a host relay delivers it to a rank: `u32 len |
+/// frame`, signed under `key`.
+pub fn to_rank(key: &MacKey, msg: &ControlMsgWire) -> Vec<u8> {
+    let mut f = BytesMut::new();
+    encode_frame(key, msg, &mut f).expect("a command encodes");
+    let mut out = len_prefix(f.len(), 1 << 30).expect("a small frame").to_vec();
+    out.extend_from_slice(&f);
+    out
 }
 
 /// Milliseconds as a [`Duration`].

@@ -16,7 +16,7 @@ use cohort_proto::wire::{
     TimingMsgWire, encode_frame, encode_raw, len_prefix, parse_exact_frame,
 };
 use cohort_proto::{CloseCause, ConnId, DialId, Input, Machine, Output, Time};
-use cohort_tests::coord_harness::{metrics, plus_ns};
+use cohort_tests::coord_harness::{metrics, plus_ns, to_rank};
 use core::time::Duration;
 use proptest::prelude::*;
 
@@ -76,11 +76,7 @@ fn up(bytes: &[u8]) -> Vec<TimingMsgWire> {
 
 /// A coordinator message as the relay delivers it: `u32 len | frame`.
 fn down(msg: &ControlMsgWire) -> Vec<u8> {
-    let mut f = BytesMut::new();
-    encode_frame(&key(), msg, &mut f).unwrap();
-    let mut out = len_prefix(f.len(), 1 << 30).unwrap().to_vec();
-    out.extend_from_slice(&f);
-    out
+    to_rank(&key(), msg)
 }
 
 fn lost(events: &[ControlClientEvent]) -> Option<(LostReason, Vec<u32>)> {

@@ -4,16 +4,15 @@
 //! waits ends it at once; a flood of commands while it waits ends it with a
 //! named reason instead of a buffer without bound.
 
-use bytes::BytesMut;
 use cohort_proto::config::{Rules, TimeoutScale};
 use cohort_proto::node::rank::{MAX_HELD, RankConfig, RankNode, RankNodeEvent};
 use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
 use cohort_proto::testing::harness::Harness;
 use cohort_proto::wire::{
     ControlAck, ControlMsgWire, DEFAULT_FRAME_CEILING, DataAck, Dtype, EpochPlanWire, RoundFrame, RoundKind,
-    encode_frame, len_prefix,
 };
 use cohort_proto::{ConnId, Time};
+use cohort_tests::coord_harness::to_rank;
 use cohort_tests::data_harness::*;
 
 struct Joiner {
@@ -51,15 +50,6 @@ fn joiner() -> Joiner {
     Joiner { h, control, data }
 }
 
-/// A coordinator command as the host relay delivers it.
-fn down(msg: &ControlMsgWire) -> Vec<u8> {
-    let mut f = BytesMut::new();
-    encode_frame(&key(), msg, &mut f).unwrap();
-    let mut out = len_prefix(f.len(), 1 << 30).unwrap().to_vec();
-    out.extend_from_slice(&f);
-    out
-}
-
 fn start(size: u64) -> ControlMsgWire {
     ControlMsgWire::StartEpoch(EpochPlanWire { epoch: 0, partition_offset: 0, partition_size: size })
 }
@@ -72,7 +62,7 @@ const MODEL: [f32; 8] = [5.0; 8];
 
 impl Joiner {
     fn command(&mut self, msg: &ControlMsgWire) {
-        self.h.receive(self.control, &down(msg));
+        self.h.receive(self.control, &to_rank(&key(), msg));
     }
 
     fn model_arrives(&mut self) {
