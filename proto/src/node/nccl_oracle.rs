@@ -101,6 +101,10 @@ impl NcclOracle {
                 }
                 ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted { rank, .. }) => {
                     self.joiners.insert(*rank);
+                    // What was issued to an earlier incarnation and never
+                    // reached it is no one's now (its replacement hears no
+                    // session before its promotion).
+                    self.issued.remove(rank);
                 }
                 ControllerNodeEvent::Coord(
                     CoordinatorEvent::RankDead { rank, .. } | CoordinatorEvent::RankExited { rank, .. },
@@ -308,6 +312,12 @@ mod tests {
             remainder: Vec::new(),
         };
         let s = run(&mut NcclOracle::default(), &[promoted(2), coord(dead), issued(vec![0, 1])]);
+        assert!(s.ok(), "{:?}", s.violations);
+        // A session issued to rank 2 that died before it arrived: its next
+        // incarnation's first session is matched with its own (explore seed
+        // 170474).
+        let events = [issued(vec![0, 1, 2]), promoted(2), issued(vec![0, 2]), got(2, 1, 2, 8)];
+        let s = run(&mut NcclOracle::default(), &events);
         assert!(s.ok(), "{:?}", s.violations);
     }
 
