@@ -163,7 +163,9 @@ mod tests {
         let got: Vec<(u32, u64, u64)> = s
             .iter()
             .map(|(r, m)| match m {
-                ControlMsgWire::NewNcclSession { new_rank, new_world_size, .. } => (*r, *new_rank, *new_world_size),
+                ControlMsgWire::NewNcclSession { new_rank, new_world_size, .. } => {
+                    (*r, *new_rank, *new_world_size)
+                }
                 other => panic!("{other:?}"),
             })
             .collect();

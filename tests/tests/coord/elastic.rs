@@ -300,7 +300,8 @@ mod nccl {
     fn sessions(steps: &[Step]) -> Vec<(u32, u64, u64)> {
         let mut out = Vec::new();
         for s in steps {
-            if let Step::Send { to, msg: ControlMsgWire::NewNcclSession { new_rank, new_world_size, .. } } = s {
+            if let Step::Send { to, msg: ControlMsgWire::NewNcclSession { new_rank, new_world_size, .. } } = s
+            {
                 out.extend(to.iter().map(|&r| (r, *new_rank, *new_world_size)));
             }
         }

@@ -304,7 +304,10 @@ fn assert_joined_nccl(run: &Run, joiners: &[u32], world: &[u32], t_joined: cohor
     run.assert_clean("done");
     assert_eq!(run.report.epochs_completed, 3);
     let p = promotions(run);
-    assert_eq!(p.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>(), joiners.iter().map(|&r| (r, 1)).collect::<Vec<_>>());
+    assert_eq!(
+        p.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>(),
+        joiners.iter().map(|&r| (r, 1)).collect::<Vec<_>>()
+    );
     let t_promoted = p[0].0;
     assert!(p.iter().all(|x| x.0 == t_promoted) && t_promoted > t_joined);
     let asked: Vec<u32> = run
@@ -328,9 +331,11 @@ fn assert_joined_nccl(run: &Run, joiners: &[u32], world: &[u32], t_joined: cohor
     assert!(!joiners.contains(&generator), "the generator {generator} is a member");
     assert!(t_session.saturating_since(t_promoted) < 10 * MS, "issued at {t_session}");
     for &r in joiners {
-        let after: Vec<&RankNodeEvent> =
-            run.rank(r).filter(|(t, _)| *t > t_joined).map(|(_, e)| e).collect();
-        assert!(!after.iter().any(|e| matches!(e, RankNodeEvent::NcclReady { .. })), "rank {r}: no bootstrap");
+        let after: Vec<&RankNodeEvent> = run.rank(r).filter(|(t, _)| *t > t_joined).map(|(_, e)| e).collect();
+        assert!(
+            !after.iter().any(|e| matches!(e, RankNodeEvent::NcclReady { .. })),
+            "rank {r}: no bootstrap"
+        );
         let joined: Vec<(u64, u64, u64)> = after
             .iter()
             .filter_map(|e| match e {
