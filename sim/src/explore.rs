@@ -250,7 +250,7 @@ pub fn random_scenario(seed: u64) -> Scenario {
         }
         elastic.elastic = Some(max);
         elastic.faults.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
-        // Only where elastic healing runs (cohort's rules, the CPU plane).
+        // Only where elastic healing runs (cohort's rules, cycles on).
         if elastic.validate().is_ok() {
             sc = elastic;
         }

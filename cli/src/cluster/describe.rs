@@ -151,6 +151,13 @@ pub fn describe(s: &Stamped) -> Line {
             RankNodeEvent::Connected => line(Debug, "connected", "connected to its relays"),
             RankNodeEvent::Link(n) => link(n),
             RankNodeEvent::NcclReady { .. } => line(Debug, "nccl_ready", "holds the NCCL unique id"),
+            RankNodeEvent::NcclJoined { new_rank, new_world_size, .. } => line(
+                Info,
+                "rank_nccl_joined",
+                format!(
+                    "joined the NCCL world as rank {new_rank} of {new_world_size}: starts from its model"
+                ),
+            ),
             RankNodeEvent::RendezvousFailed { reason } => {
                 line(Warn, "rendezvous_failed", format!("NCCL bootstrap failed: {reason}"))
             }

@@ -257,9 +257,6 @@ impl CoordConfig {
         if self.rules == Rules::Flodl {
             return refuse("needs cohort's rules: under flodl 0.8's the world is formed once".into());
         }
-        if self.backend == Backend::Nccl {
-            return refuse("needs the CPU plane: an NCCL session with a joiner is not run yet".into());
-        }
         if self.sync_every.is_none() {
             return refuse("needs averaging cycles: a joiner's ranks are promoted at a cycle".into());
         }

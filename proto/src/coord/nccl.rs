@@ -9,6 +9,11 @@
 //! answered when strictly more than [`NCCL_ANSWER`] has passed, the next
 //! untried survivor (ascending, among those alive at initiation) is asked;
 //! when none is left the run stops with `ShutdownWithSave`.
+//!
+//! In an elastic world (cohort only) promoted joiners start a session too:
+//! every live rank gets one, the joiners included, but only a member (a rank
+//! that holds a communicator, so the world's model) is asked for the id:
+//! a joiner has neither until its session's first collective.
 
 use std::collections::BTreeSet;
 
@@ -31,6 +36,12 @@ pub fn pick_generator(
     smoothed: impl Fn(u32) -> Option<f64>,
 ) -> Option<u32> {
     survivors.iter().copied().find(|r| local.contains(r)).or_else(|| fastest(survivors, smoothed))
+}
+
+/// The ranks that may be asked for a unique id: the `alive` ones
+/// (ascending) that are not `joiners` (promoted, no session yet).
+pub fn generator_candidates(alive: &[u32], joiners: &BTreeSet<u32>) -> Vec<u32> {
+    alive.iter().copied().filter(|r| !joiners.contains(r)).collect()
 }
 
 /// Why an ask was abandoned.
@@ -132,6 +143,34 @@ mod tests {
         assert_eq!(pick_generator(&[0, 1, 2, 3], &local, ms), Some(2));
         assert_eq!(pick_generator(&[0, 1], &local, ms), Some(1));
         assert_eq!(pick_generator(&[0, 3], &BTreeSet::new(), ms), Some(0));
+    }
+
+    #[test]
+    fn a_joiners_session_includes_it_and_its_generator_is_a_member() {
+        // Ranks 0 and 1 promoted into a world of 0..4: the controller's host
+        // holds rank 0, yet a member is asked, and every live rank gets
+        // its place in the new world.
+        let joiners: BTreeSet<u32> = [0, 1].into();
+        let alive = [0, 1, 2, 3];
+        let members = generator_candidates(&alive, &joiners);
+        assert_eq!(members, [2, 3]);
+        let local: BTreeSet<u32> = [0].into();
+        assert_eq!(pick_generator(&members, &local, |_| Some(1.0)), Some(2));
+        let mut rv = Rendezvous::begin(Time::ZERO, members, 2);
+        assert_eq!(rv.advance(Time::from_secs(6), |_| true), Some(3));
+        assert_eq!(rv.advance(Time::from_secs(12), |_| true), None, "a joiner is never asked");
+        let s = new_sessions(&alive, &[7; 128]);
+        let got: Vec<(u32, u64, u64)> = s
+            .iter()
+            .map(|(r, m)| match m {
+                ControlMsgWire::NewNcclSession { new_rank, new_world_size, .. } => {
+                    (*r, *new_rank, *new_world_size)
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(got, [(0, 0, 4), (1, 1, 4), (2, 2, 4), (3, 3, 4)]);
+        assert!(pick_generator(&generator_candidates(&[0, 1], &joiners), &local, |_| None).is_none());
     }
 
     #[test]

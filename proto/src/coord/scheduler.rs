@@ -13,7 +13,9 @@ use super::el_che::partition::{equal_sizes, ratio_sizes, throughput_sizes};
 use super::el_che::{DivergenceSample, ElChe, Verdict};
 use super::liveness::{Life, Liveness};
 use super::metrics::{self, EpochReports};
-use super::nccl::{AskAbandoned, NCCL_UID_BYTES, Rendezvous, new_sessions, pick_generator};
+use super::nccl::{
+    AskAbandoned, NCCL_UID_BYTES, Rendezvous, generator_candidates, new_sessions, pick_generator,
+};
 use super::plan::{Assignment, Segment, epoch_plans, split_remainder, split_remainder_whole};
 use super::policy::ApplyPolicy;
 use super::roles::{Intents, Role, Roles, cadence_due, next_untried};
@@ -290,6 +292,10 @@ pub struct Scheduler {
     /// An elastic world's replacement ranks, promoted at the next cycle
     /// trigger once both legs arrived (empty otherwise).
     pending: BTreeMap<u32, PendingRank>,
+    /// The NCCL plane's promoted joiners that hold no communicator yet: no
+    /// session was issued to them since their promotion. Never asked for
+    /// a unique id; each gets the next session.
+    joiners: BTreeSet<u32>,
     cycles: u64,
     version: u64,
     global_step: u64,
@@ -367,6 +373,7 @@ impl Scheduler {
             gate_deferred: None,
             data_lost: BTreeMap::new(),
             pending: BTreeMap::new(),
+            joiners: BTreeSet::new(),
             cycles: 0,
             version: 0,
             global_step: 0,
@@ -1004,18 +1011,22 @@ impl Scheduler {
         self.pending.contains_key(&rank)
     }
 
-    /// Promotes every pending rank whose legs both arrived, at a cycle
+    /// Promotes every pending rank whose legs both arrived (on the NCCL
+    /// plane, which has no CPU data leg, its control leg), at a cycle
     /// trigger: it comes back as its next incarnation with a fresh book, no
     /// share of the epoch in progress (it is given work from the next
     /// dispatch) and an empty ElChe window, and is asked for its parameters
-    /// in this cycle like every rank.
+    /// in this cycle like every rank. On the NCCL plane a new re-rendezvous
+    /// session follows, over every live rank, the promoted included.
     fn promote(&mut self, now: Time) {
+        let nccl = self.cfg.backend == Backend::Nccl;
         let ready: Vec<(u32, u32)> = self
             .pending
             .iter()
-            .filter(|(_, p)| p.control && p.data)
+            .filter(|(_, p)| p.control && (p.data || nccl))
             .map(|(&r, p)| (r, p.incarnation))
             .collect();
+        let mut joined = false;
         for (r, incarnation) in ready {
             self.pending.remove(&r);
             if !self.live.revive(r, now, incarnation) {
@@ -1053,6 +1064,15 @@ impl Scheduler {
             if let Some(plan) = empty_plan {
                 self.send(vec![r], ControlMsgWire::StartEpoch(plan));
             }
+            if nccl {
+                self.joiners.insert(r);
+                joined = true;
+            }
+        }
+        // A session in flight is issued to every rank alive at its answer,
+        // the ones promoted now included.
+        if joined && self.nccl.is_none() {
+            self.nccl_begin(now);
         }
     }
 
@@ -1385,14 +1405,18 @@ impl Scheduler {
     // ----------------------------------------------------------------
 
     fn nccl_begin(&mut self, now: Time) {
-        let survivors = self.live.alive();
-        if survivors.len() < 2 {
+        let alive = self.live.alive();
+        if alive.len() < 2 {
             return;
         }
-        let Some(first) = pick_generator(&survivors, &self.cfg.local_ranks, |r| self.smoothed_ms(r)) else {
+        // A joiner holds no communicator: the generator is a member.
+        let members = generator_candidates(&alive, &self.joiners);
+        let Some(first) = pick_generator(&members, &self.cfg.local_ranks, |r| self.smoothed_ms(r)) else {
+            // Only joiners are alive: no one holds the world's model.
+            self.stop_with_save(SaveReason::AllRanksLost);
             return;
         };
-        self.nccl = Some(Rendezvous::begin(now, survivors, first));
+        self.nccl = Some(Rendezvous::begin(now, members, first));
         self.send(vec![first], ControlMsgWire::RequestNewNcclId);
         self.event(CoordinatorEvent::NcclIdRequested { rank: first, attempt: 1 });
     }
@@ -1436,7 +1460,9 @@ impl Scheduler {
             return;
         }
         self.nccl = None;
+        // Every live rank, a joiner promoted since the ask included.
         let survivors = self.live.alive();
+        self.joiners.clear();
         for (r, msg) in new_sessions(&survivors, &uid) {
             self.send(vec![r], msg);
         }

@@ -1245,9 +1245,13 @@ impl ControllerNode {
         };
         self.size_changed(now, change);
         let member = self.window.members().find(|(c, _)| *c == conn).map(|(_, m)| m.clone());
-        // Its ranks catch up to the world's model before their first step
-        // (the reduce keeps it in a live elastic world).
-        let catch_up = self.reduce.as_ref().is_some_and(Reduce::keeps_model);
+        // Its ranks catch up to the world's model before their first step:
+        // from the reduce, which keeps it in a live elastic world, or on the
+        // NCCL plane from their first session's broadcast.
+        let catch_up = match self.reduce.as_ref() {
+            Some(reduce) => reduce.keeps_model(),
+            None => self.cfg.run.backend == Backend::Nccl,
+        };
         if let Some(m) = member {
             self.world_formed_for(conn, &m, world, catch_up);
         }

@@ -1,7 +1,11 @@
 //! The NCCL plane's oracle: every rank's bootstrap rendezvous handed it the
 //! same unique id, and every re-rendezvous session a rank received is the
 //! one the coordinator issued to it (its new rank its position among the
-//! survivors, its world their count, one unique id per session). Like
+//! survivors, its world their count, one unique id per session). In an
+//! elastic world (cohort only) every session issued after a promotion
+//! includes the promoted ranks still alive, and a joiner's rank on the NCCL
+//! plane takes no step before its first session
+//! ([`RankNodeEvent::NcclJoined`]). Like
 //! [`ConsensusOracle`](super::oracle::ConsensusOracle) it reads a cluster's
 //! events in any arrival order, so the simulator and a cluster on real
 //! sockets (the demo's `--backend nccl`) check the plane with one code.
@@ -20,7 +24,7 @@
 //! assert_eq!(s.violations, ["rank 2 holds another NCCL unique id than rank 0"]);
 //! ```
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::coord::CoordinatorEvent;
 use crate::node::cluster::{ClusterEvent, Source};
@@ -40,6 +44,10 @@ pub struct NcclSummary {
     pub sessions: u64,
     /// Session deliveries to ranks matched against what was issued to them.
     pub deliveries_checked: u64,
+    /// Promoted ranks found in the first session issued after their promotion.
+    pub joiners_included: u64,
+    /// Joiners' ranks that took their first session (`NcclJoined`).
+    pub joiners_joined: u64,
     /// Everything that did not match, first first.
     pub violations: Vec<String>,
 }
@@ -66,6 +74,8 @@ pub struct NcclOracle {
     received: BTreeMap<u32, VecDeque<Received>>,
     /// Each session's unique id, as its first delivery carried it.
     session_uid: BTreeMap<u64, (u32, Vec<u8>)>,
+    /// Ranks promoted (and alive since) that no session has included yet.
+    joiners: BTreeSet<u32>,
     /// Events arrive in causal order (the simulator): a session reaches a
     /// rank after it was issued, or was never issued.
     causal: bool,
@@ -89,9 +99,30 @@ impl NcclOracle {
                 ControllerNodeEvent::Rendezvous(RendezvousServerEvent::Completed { .. }) => {
                     self.summary.completed = true
                 }
+                ControllerNodeEvent::Coord(CoordinatorEvent::RankPromoted { rank, .. }) => {
+                    self.joiners.insert(*rank);
+                    // What was issued to an earlier incarnation and never
+                    // reached it is no one's now (its replacement hears no
+                    // session before its promotion).
+                    self.issued.remove(rank);
+                }
+                ControllerNodeEvent::Coord(
+                    CoordinatorEvent::RankDead { rank, .. } | CoordinatorEvent::RankExited { rank, .. },
+                ) => {
+                    self.joiners.remove(rank);
+                }
                 ControllerNodeEvent::Coord(CoordinatorEvent::NcclSessionIssued { survivors, .. }) => {
                     let session = self.summary.sessions;
                     self.summary.sessions += 1;
+                    for r in core::mem::take(&mut self.joiners) {
+                        if survivors.contains(&r) {
+                            self.summary.joiners_included += 1;
+                        } else {
+                            self.summary.violations.push(format!(
+                                "NCCL session {session} leaves out rank {r}, promoted before it and alive"
+                            ));
+                        }
+                    }
                     let world = survivors.len() as u64;
                     for (position, &r) in survivors.iter().enumerate() {
                         self.issued.entry(r).or_default().push_back((session, position as u64, world));
@@ -110,6 +141,14 @@ impl NcclOracle {
                             self.summary.violations.push(v);
                         }
                         Some(_) => {}
+                    }
+                }
+                RankNodeEvent::NcclJoined { steps_before, .. } => {
+                    self.summary.joiners_joined += 1;
+                    if *steps_before > 0 {
+                        self.summary.violations.push(format!(
+                            "rank {r} took {steps_before} steps before its first NCCL session"
+                        ));
                     }
                 }
                 RankNodeEvent::Command(ControlMsgWire::NewNcclSession {
@@ -197,8 +236,7 @@ mod tests {
     use super::*;
 
     fn issued(survivors: Vec<u32>) -> (Source, ClusterEvent) {
-        let e = CoordinatorEvent::NcclSessionIssued { generator: survivors[0], survivors };
-        (Source::Controller, ClusterEvent::Controller(ControllerNodeEvent::Coord(e)))
+        coord(CoordinatorEvent::NcclSessionIssued { generator: survivors[0], survivors })
     }
 
     fn got(r: u32, new_rank: u64, new_world_size: u64, uid: u8) -> (Source, ClusterEvent) {
@@ -236,6 +274,51 @@ mod tests {
                 "rank 1 got an NCCL session nobody issued to it (rank 0 of 1)",
             ]
         );
+    }
+
+    fn coord(e: CoordinatorEvent) -> (Source, ClusterEvent) {
+        (Source::Controller, ClusterEvent::Controller(ControllerNodeEvent::Coord(e)))
+    }
+
+    fn joined(r: u32, steps_before: u64) -> (Source, ClusterEvent) {
+        let e = RankNodeEvent::NcclJoined { new_rank: 0, new_world_size: 3, steps_before };
+        (Source::Rank(r), ClusterEvent::Rank(e))
+    }
+
+    #[test]
+    fn a_session_after_a_promotion_must_include_the_joiner_and_the_joiner_must_not_step_first() {
+        let promoted = |rank| coord(CoordinatorEvent::RankPromoted { rank, incarnation: 1 });
+        // Rank 2 promoted and in the next session; it joined before a step.
+        let good = [promoted(2), issued(vec![0, 1, 2]), got(2, 2, 3, 9), joined(2, 0)];
+        let s = run(&mut NcclOracle::default(), &good);
+        assert!(s.ok(), "{:?}", s.violations);
+        assert_eq!((s.joiners_included, s.joiners_joined), (1, 1));
+        // Left out of the session issued after it; a joiner that stepped first.
+        let bad = [promoted(2), issued(vec![0, 1]), joined(3, 2)];
+        let s = run(&mut NcclOracle::default(), &bad);
+        assert_eq!(
+            s.violations,
+            [
+                "NCCL session 0 leaves out rank 2, promoted before it and alive",
+                "rank 3 took 2 steps before its first NCCL session",
+            ]
+        );
+        // A joiner that died before the session is not owed one.
+        let dead = CoordinatorEvent::RankDead {
+            rank: 2,
+            cause: crate::coord::DeathCause::HostLost,
+            epoch: None,
+            processed: 0,
+            remainder: Vec::new(),
+        };
+        let s = run(&mut NcclOracle::default(), &[promoted(2), coord(dead), issued(vec![0, 1])]);
+        assert!(s.ok(), "{:?}", s.violations);
+        // A session issued to rank 2 that died before it arrived: its next
+        // incarnation's first session is matched with its own (explore seed
+        // 170474).
+        let events = [issued(vec![0, 1, 2]), promoted(2), issued(vec![0, 2]), got(2, 1, 2, 8)];
+        let s = run(&mut NcclOracle::default(), &events);
+        assert!(s.ok(), "{:?}", s.violations);
     }
 
     #[test]

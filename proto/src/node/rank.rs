@@ -6,7 +6,10 @@
 //! On the CPU plane the rank dials both relay legs at once. On the NCCL
 //! plane it first runs the bootstrap rendezvous with the controller, as
 //! flodl's rank does before its control handshake, and dials the control
-//! relay once it holds the unique id.
+//! relay once it holds the unique id. A late joiner of an elastic world
+//! (cohort only) runs no bootstrap on the NCCL plane (the world's was run at
+//! formation): it dials the control relay at once and waits for its first
+//! re-rendezvous session.
 
 use crate::config::{Rules, TimeoutScale};
 use crate::machine::composite::{self, Composite, Part, Parts, Routed, handle_opt, timeout_opt};
@@ -78,7 +81,10 @@ pub struct RankConfig {
     /// The rank joins a running elastic world (cohort only, the envelope's
     /// `cohort.catch_up`): before its first step it asks for the world's
     /// model with its workload's [`Workload::join_round`] and starts from
-    /// what comes back ([`RankNodeEvent::CaughtUp`]).
+    /// what comes back ([`RankNodeEvent::CaughtUp`]). On the NCCL plane it
+    /// skips the bootstrap rendezvous and holds its commands until its first
+    /// session, whose first collective gives it the model
+    /// ([`RankNodeEvent::NcclJoined`]).
     #[serde(default)]
     pub catch_up: bool,
 }
@@ -162,6 +168,20 @@ pub enum RankNodeEvent {
     NcclReady {
         /// The id.
         uid: Vec<u8>,
+    },
+    /// A late joiner's rank on the NCCL plane got its first session (its
+    /// [`RankConfig::catch_up`]): it is rank `new_rank` of `new_world_size`
+    /// in the new communicator, whose first collective, a broadcast from a
+    /// member, gives it the world's model. The commands it held until then
+    /// follow, in order.
+    NcclJoined {
+        /// Its rank in the new communicator.
+        new_rank: u64,
+        /// The new communicator's size.
+        new_world_size: u64,
+        /// Batches the workload reported before it (0: it took no step
+        /// before it held the world's model).
+        steps_before: u64,
     },
     /// Every leg is connected.
     Connected,
@@ -295,7 +315,10 @@ pub struct RankNode<W> {
     pending_submit: Option<Round>,
     rounds_submitted: u64,
     rounds_done: u64,
-    /// Its catch-up round is in flight ([`RankConfig::catch_up`]).
+    /// Batches the workload reported.
+    steps: u64,
+    /// Its catch-up round is in flight ([`RankConfig::catch_up`]; on the
+    /// NCCL plane: its first session has not come).
     catching_up: bool,
     /// Commands that came while catching up, applied in order once the
     /// model is in: a rank takes no step before it (a flodl rank's
@@ -355,7 +378,8 @@ impl<W: Workload> RankNode<W> {
             dcfg.timeout_scale = cfg.timeout_scale;
             DataClient::new(dcfg, now)
         });
-        let rendezvous = cfg.nccl.clone().map(|n| {
+        // A late joiner's world ran its bootstrap at formation.
+        let rendezvous = cfg.nccl.clone().filter(|_| !cfg.catch_up).map(|n| {
             let rcfg = RendezvousClientConfig {
                 rank: cfg.rank,
                 host: n.host,
@@ -377,6 +401,7 @@ impl<W: Workload> RankNode<W> {
             pending_submit: None,
             rounds_submitted: 0,
             rounds_done: 0,
+            steps: 0,
             catching_up: false,
             held: Vec::new(),
             data_lost: None,
@@ -397,6 +422,8 @@ impl<W: Workload> RankNode<W> {
             node.catching_up = true;
             node.submit(now, round);
         }
+        // NCCL plane: the model comes with the first session.
+        node.catching_up |= node.cfg.catch_up && node.data.is_none();
         node.pump(now);
         node
     }
@@ -484,6 +511,7 @@ impl<W: Workload> RankNode<W> {
             // loss is reported by its own event.
             let _ = match a {
                 Action::Batch { batch_ms, step_count, loss } => {
+                    self.steps += 1;
                     control.report_batch(batch_ms, 0.0, step_count, loss)
                 }
                 Action::Report(msg) => control.report(&msg),
@@ -651,6 +679,11 @@ impl<W: Workload> RankNode<W> {
                 self.connected.0 = true;
                 self.legs_connected();
             }
+            ControlClientEvent::Control(msg @ ControlMsgWire::NewNcclSession { .. })
+                if self.catching_up && self.data.is_none() =>
+            {
+                self.joined_session(now, msg)
+            }
             ControlClientEvent::Control(msg) => {
                 if !matches!(msg, ControlMsgWire::CoordHeartbeat) {
                     self.out.event(RankNodeEvent::Command(msg.clone()));
@@ -699,6 +732,27 @@ impl<W: Workload> RankNode<W> {
         self.workload.on_command(now, msg, &mut self.actions);
         self.act(now);
         true
+    }
+
+    /// A late joiner's first NCCL session (`msg`): it holds the world's
+    /// model from the session's first collective, then applies the commands
+    /// it held, in order.
+    fn joined_session(&mut self, now: Time, msg: ControlMsgWire) {
+        self.out.event(RankNodeEvent::Command(msg.clone()));
+        self.catching_up = false;
+        if !self.apply_command(now, &msg) {
+            self.held.clear();
+            return;
+        }
+        if let ControlMsgWire::NewNcclSession { new_rank, new_world_size, .. } = msg {
+            let steps_before = self.steps;
+            self.out.event(RankNodeEvent::NcclJoined { new_rank, new_world_size, steps_before });
+        }
+        for msg in core::mem::take(&mut self.held) {
+            if !self.apply_command(now, &msg) {
+                break;
+            }
+        }
     }
 
     fn data_event(&mut self, now: Time, e: DataClientEvent) {

@@ -72,11 +72,10 @@ fn every_bad_value_is_refused_naming_its_field() {
         (r#", "join": {"min_rank_start": 0}"#, "join.min_rank_start"),
         (r#", "join": {"min_rank_start": 2, "target_ranks": 1}"#, "join.target_ranks"),
         (r#", "join": {"join_timeout_secs": 10, "max_join_timeout_secs": 5}"#, "join.max_join_timeout"),
-        // Elastic healing: at least the hosts' 3 ranks, cohort's rules, the CPU plane.
+        // Elastic healing: at least the hosts' 3 ranks, cohort's rules.
         (r#", "elastic": 2"#, "elastic"),
         (r#", "elastic": 4294967295"#, "elastic"),
         (r#", "elastic": 3, "rules": "flodl""#, "elastic"),
-        (r#", "elastic": 3, "backend": "nccl""#, "elastic"),
     ];
     for (extra, field) in cases {
         assert_eq!(field_of(&with(extra)), field, "{extra}");

@@ -38,7 +38,8 @@ fn each_thing_elastic_cannot_run_with_is_refused_by_name() {
     assert!(refusal(&CoordConfig { elastic: Some(3), ..base.clone() }).contains("below the world's 4"));
     assert!(refusal(&CoordConfig { elastic: Some(MAX_ELASTIC_WORLD + 1), ..base.clone() }).contains("above"));
     assert!(refusal(&CoordConfig { rules: Rules::Flodl, ..base.clone() }).contains("cohort's rules"));
-    assert!(refusal(&CoordConfig { backend: Backend::Nccl, ..base.clone() }).contains("CPU plane"));
+    // The NCCL plane runs a joiner through a new re-rendezvous session (C89).
+    assert_eq!(CoordConfig { backend: Backend::Nccl, ..base.clone() }.validate(), Ok(()));
     assert!(refusal(&CoordConfig { sync_every: None, ..base.clone() }).contains("cycles"));
     let ratios = Some(vec![0.25; 4]);
     assert!(refusal(&CoordConfig { partition_ratios: ratios, ..base }).contains("partition ratios"));
@@ -251,5 +252,160 @@ mod promotion {
             &sent_to_but_beacons(&steps, 3)[1..],
             &[ControlMsgWire::RequestParams, ControlMsgWire::Throttle]
         );
+    }
+}
+
+mod nccl {
+    //! BEHAVIOUR.md Elastic healing on the NCCL plane [C89]: a joiner's
+    //! ranks are promoted on their control leg alone, and their promotion
+    //! starts a re-rendezvous session over every live rank, the joiners
+    //! included, whose unique id only a member is asked for.
+
+    use cohort_proto::Time;
+    use cohort_proto::coord::{
+        ApplyPolicy, Backend, CoordConfig, CoordinatorEvent, DeathCause, Scheduler, Step,
+    };
+    use cohort_proto::wire::{ControlMsgWire, TimingMsgWire};
+    use cohort_tests::coord_harness::{batch, drain, events, sent_to, sync_ack};
+
+    fn t(ms: u64) -> Time {
+        Time::from_millis(ms)
+    }
+
+    fn uid(rank: u32, fill: u8) -> TimingMsgWire {
+        TimingMsgWire::NewNcclIdGenerated { rank: rank.into(), uid_bytes: vec![fill; 128] }
+    }
+
+    fn asked(steps: &[Step]) -> Vec<u32> {
+        events(steps)
+            .into_iter()
+            .filter_map(|e| match e {
+                CoordinatorEvent::NcclIdRequested { rank, .. } => Some(rank),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn issued(steps: &[Step]) -> Vec<(u32, Vec<u32>)> {
+        events(steps)
+            .into_iter()
+            .filter_map(|e| match e {
+                CoordinatorEvent::NcclSessionIssued { generator, survivors } => Some((generator, survivors)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `(rank, new_rank, new_world_size)` of every `NewNcclSession` sent.
+    fn sessions(steps: &[Step]) -> Vec<(u32, u64, u64)> {
+        let mut out = Vec::new();
+        for s in steps {
+            if let Step::Send { to, msg: ControlMsgWire::NewNcclSession { new_rank, new_world_size, .. } } = s
+            {
+                out.extend(to.iter().map(|&r| (r, *new_rank, *new_world_size)));
+            }
+        }
+        out
+    }
+
+    fn promoted(steps: &[Step]) -> Vec<u32> {
+        events(steps)
+            .into_iter()
+            .filter_map(|e| match e {
+                CoordinatorEvent::RankPromoted { rank, .. } => Some(rank),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Four ranks on the NCCL plane, the controller's host holding ranks 2
+    /// and 3, a cycle after every batch; ranks 2 and 3 die at 1 s (if
+    /// `answered`, their session, from rank 0, is issued; else its ask is
+    /// in flight) and a replacement takes them, its control relay in.
+    /// Nothing of a data leg: the NCCL plane has none.
+    fn healed(answered: bool) -> Scheduler {
+        let mut cfg = CoordConfig::new(4, 1, 4000, 1);
+        cfg.backend = Backend::Nccl;
+        cfg.sync_every = Some(1);
+        cfg.policy = ApplyPolicy::Sync;
+        cfg.elastic = Some(4);
+        cfg.local_ranks = [2, 3].into();
+        let mut s = Scheduler::new(cfg).unwrap();
+        s.begin(t(0));
+        drain(&mut s);
+        s.report_deaths(t(1000), &[(2, DeathCause::HostLost), (3, DeathCause::HostLost)]);
+        let steps = drain(&mut s);
+        assert_eq!(asked(&steps), vec![0], "the fastest survivor: no local one is left");
+        if answered {
+            s.on_timing(t(1001), 0, uid(0, 1));
+            assert_eq!(issued(&drain(&mut s)), vec![(0, vec![0, 1])]);
+        }
+        s.fill_slots(t(1100), &[2, 3], 1);
+        s.control_ready(&[2, 3]);
+        drain(&mut s);
+        s
+    }
+
+    /// Ranks 0 and 1 each run a batch: the window closes and a cycle starts.
+    fn trigger(s: &mut Scheduler, at: u64, step: u64) -> Vec<Step> {
+        for r in [0, 1] {
+            s.on_timing(t(at), r, batch(r, step, 10.0));
+        }
+        drain(s)
+    }
+
+    #[test]
+    fn promotion_needs_only_the_control_leg_and_starts_a_session_over_every_live_rank() {
+        let mut s = healed(true);
+        let steps = trigger(&mut s, 1200, 1);
+        assert_eq!(promoted(&steps), vec![2, 3], "no data leg waited for");
+        // The controller's host holds ranks 2 and 3, but they are joiners:
+        // a member is asked.
+        assert_eq!(asked(&steps), vec![0]);
+        assert!(sent_to(&steps, 2).contains(&ControlMsgWire::SyncNow), "it is in the cycle");
+        s.on_timing(t(1201), 0, uid(0, 2));
+        let steps = drain(&mut s);
+        assert_eq!(issued(&steps), vec![(0, vec![0, 1, 2, 3])]);
+        assert_eq!(sessions(&steps), vec![(0, 0, 4), (1, 1, 4), (2, 2, 4), (3, 3, 4)]);
+    }
+
+    #[test]
+    fn the_asked_member_dying_moves_to_the_next_member_never_a_joiner() {
+        let mut s = healed(true);
+        trigger(&mut s, 1200, 1);
+        s.report_deaths(t(1300), &[(0, DeathCause::HostLost)]);
+        let steps = drain(&mut s);
+        assert_eq!(asked(&steps), vec![1]);
+        s.on_timing(t(1301), 1, uid(1, 3));
+        let steps = drain(&mut s);
+        assert_eq!(issued(&steps), vec![(1, vec![1, 2, 3])]);
+        assert_eq!(sessions(&steps), vec![(1, 0, 3), (2, 1, 3), (3, 2, 3)]);
+        // Once in a session, a joiner is a member: the controller's host's
+        // rank 2 is asked next.
+        s.report_deaths(t(1400), &[(1, DeathCause::HostLost)]);
+        assert_eq!(asked(&drain(&mut s)), vec![2]);
+    }
+
+    #[test]
+    fn a_promotion_while_a_session_is_in_flight_joins_that_session() {
+        // The deaths' session is asked of rank 0 and not answered yet when
+        // the joiners are promoted: no second ask.
+        let mut s = healed(false);
+        let steps = trigger(&mut s, 1200, 1);
+        assert_eq!(promoted(&steps), vec![2, 3]);
+        assert!(asked(&steps).is_empty(), "one session in flight");
+        // Its answer is issued to every live rank, the joiners included.
+        s.on_timing(t(1201), 0, uid(0, 4));
+        let steps = drain(&mut s);
+        assert_eq!(issued(&steps), vec![(0, vec![0, 1, 2, 3])]);
+        assert_eq!(sessions(&steps), vec![(0, 0, 4), (1, 1, 4), (2, 2, 4), (3, 3, 4)]);
+        // A joiner dies before a later session: the rest get it.
+        for r in [0, 1, 2, 3] {
+            s.on_timing(t(1210), r, sync_ack(r, 2));
+        }
+        s.report_deaths(t(1300), &[(3, DeathCause::HostLost)]);
+        assert_eq!(asked(&drain(&mut s)), vec![2], "a joiner in a session is a member");
+        s.on_timing(t(1301), 2, uid(2, 5));
+        assert_eq!(sessions(&drain(&mut s)), vec![(0, 0, 3), (1, 1, 3), (2, 2, 3)]);
     }
 }

@@ -285,3 +285,102 @@ fn a_replacements_first_weighted_contribution_comes_at_the_next_point_work_is_ha
         }
     }
 }
+
+/// Plays `tests/scenarios/regressions/FILE` under its saved seed.
+fn regression(file: &str) -> Run {
+    let path = format!("{}/scenarios/regressions/{file}", env!("CARGO_MANIFEST_DIR"));
+    let sc = Scenario::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let seed = sc.seed.expect("saved with its seed");
+    play(sc, seed)
+}
+
+/// BEHAVIOUR.md Elastic healing on the NCCL plane [C89]: a late joiner's
+/// `joiners` (taken in after `t_joined`) run no bootstrap rendezvous, are
+/// promoted together, and the first session issued after that holds
+/// `world` (every live rank, the joiners included), its unique id asked of
+/// a member only; each joiner's rank takes its place in it (its position,
+/// their count) before its first step, then trains.
+fn assert_joined_nccl(run: &Run, joiners: &[u32], world: &[u32], t_joined: cohort_proto::Time) {
+    run.assert_clean("done");
+    assert_eq!(run.report.epochs_completed, 3);
+    let p = promotions(run);
+    assert_eq!(
+        p.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>(),
+        joiners.iter().map(|&r| (r, 1)).collect::<Vec<_>>()
+    );
+    let t_promoted = p[0].0;
+    assert!(p.iter().all(|x| x.0 == t_promoted) && t_promoted > t_joined);
+    let asked: Vec<u32> = run
+        .coord()
+        .filter_map(|(t, e)| match e {
+            CoordinatorEvent::NcclIdRequested { rank, .. } if t >= t_promoted => Some(*rank),
+            _ => None,
+        })
+        .collect();
+    assert!(!asked.is_empty() && asked.iter().all(|r| !joiners.contains(r)), "asked {asked:?}");
+    let (t_session, generator, survivors) = run
+        .coord()
+        .find_map(|(t, e)| match e {
+            CoordinatorEvent::NcclSessionIssued { generator, survivors } if t >= t_promoted => {
+                Some((t, *generator, survivors.clone()))
+            }
+            _ => None,
+        })
+        .expect("a session after the promotion");
+    assert_eq!(survivors, world, "every live rank, the joiners included");
+    assert!(!joiners.contains(&generator), "the generator {generator} is a member");
+    assert!(t_session.saturating_since(t_promoted) < 10 * MS, "issued at {t_session}");
+    for &r in joiners {
+        let after: Vec<&RankNodeEvent> = run.rank(r).filter(|(t, _)| *t > t_joined).map(|(_, e)| e).collect();
+        assert!(
+            !after.iter().any(|e| matches!(e, RankNodeEvent::NcclReady { .. })),
+            "rank {r}: no bootstrap"
+        );
+        let joined: Vec<(u64, u64, u64)> = after
+            .iter()
+            .filter_map(|e| match e {
+                RankNodeEvent::NcclJoined { new_rank, new_world_size, steps_before } => {
+                    Some((*new_rank, *new_world_size, *steps_before))
+                }
+                _ => None,
+            })
+            .collect();
+        let position = world.iter().position(|&x| x == r).unwrap() as u64;
+        assert_eq!(joined, vec![(position, world.len() as u64, 0)], "rank {r}: its place, no step before");
+        // The session it joined by is the one issued after its promotion.
+        let session = after.iter().position(|e| matches!(e, RankNodeEvent::NcclJoined { .. })).unwrap();
+        assert!(
+            matches!(after[session - 1], RankNodeEvent::Command(ControlMsgWire::NewNcclSession { new_rank, .. }) if *new_rank == position),
+            "rank {r}: {:?}",
+            after[session - 1]
+        );
+        let trained = run.report.ranks[&r].samples_processed;
+        assert!(trained >= 150, "rank {r} trained {trained} samples");
+    }
+}
+
+/// An NCCL world of three hosts of two ranks; host-1 killed at 10 s and
+/// back 5 s later takes ranks 2 and 3 back through a new session of six.
+#[test]
+fn nccl_a_restarted_host_takes_its_ranks_back_through_a_new_session() {
+    let run = regression("nccl-elastic-host-replaced-mid-run.json");
+    let mut dead: Vec<u32> = run.deaths().iter().map(|d| d.1).collect();
+    dead.sort_unstable();
+    assert_eq!(dead, vec![2, 3]);
+    // The deaths' session: the four survivors.
+    let first = run.coord().find_map(|(_, e)| match e {
+        CoordinatorEvent::NcclSessionIssued { survivors, .. } => Some(survivors.clone()),
+        _ => None,
+    });
+    assert_eq!(first, Some(vec![0, 1, 4, 5]));
+    assert_joined_nccl(&run, &[2, 3], &[0, 1, 2, 3, 4, 5], at(15.0));
+}
+
+/// An NCCL world of three hosts of two ranks grown by host-3 at 10 s:
+/// ranks 6 and 7 enter through a new session of eight.
+#[test]
+fn nccl_an_added_host_grows_the_world_through_a_new_session() {
+    let run = regression("nccl-elastic-host-added-mid-run.json");
+    assert!(run.deaths().is_empty(), "no one died: {:?}", run.deaths());
+    assert_joined_nccl(&run, &[6, 7], &[0, 1, 2, 3, 4, 5, 6, 7], at(10.0));
+}
