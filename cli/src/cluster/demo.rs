@@ -174,6 +174,14 @@ impl DemoOptions {
                 r.host, self.hosts
             ));
         }
+        if self.replace.is_some() && self.knobs.backend == Backend::Nccl {
+            // The heal report is read off the CPU plane: the model's digest
+            // and the rounds that summed the replacement's work. The NCCL
+            // plane's joiner (a new session) is played by the simulator.
+            return Err("--replace-host: needs the CPU plane: its report checks the model sent and the \
+                 rounds summed, which the demo's NCCL collectives do not carry"
+                .to_owned());
+        }
         if self.ranks_per_host == 0 || self.ranks_per_host > 256 {
             return Err(format!(
                 "--ranks-per-host: {} is out of range: allowed 1..=256",

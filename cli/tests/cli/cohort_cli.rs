@@ -309,7 +309,6 @@ fn cohort_help_points_at_the_simulator() {
 fn elastic_is_refused_by_its_flag_where_it_cannot_run() {
     for (extra, says) in [
         (&["--rules", "flodl"][..], "cohort's rules"),
-        (&["--backend", "nccl"][..], "CPU"),
         (&["--min-ranks", "8"][..], "below"),
     ] {
         let mut args = vec!["controller", "--bind", "127.0.0.1:0", "--elastic", "4"];
