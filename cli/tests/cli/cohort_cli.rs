@@ -307,10 +307,8 @@ fn cohort_help_points_at_the_simulator() {
 
 #[test]
 fn elastic_is_refused_by_its_flag_where_it_cannot_run() {
-    for (extra, says) in [
-        (&["--rules", "flodl"][..], "cohort's rules"),
-        (&["--min-ranks", "8"][..], "below"),
-    ] {
+    for (extra, says) in [(&["--rules", "flodl"][..], "cohort's rules"), (&["--min-ranks", "8"][..], "below")]
+    {
         let mut args = vec!["controller", "--bind", "127.0.0.1:0", "--elastic", "4"];
         args.extend_from_slice(extra);
         let out = run(&args);
