@@ -154,9 +154,7 @@ pub fn describe(s: &Stamped) -> Line {
             RankNodeEvent::NcclJoined { new_rank, new_world_size, .. } => line(
                 Info,
                 "rank_nccl_joined",
-                format!(
-                    "joined the NCCL world as rank {new_rank} of {new_world_size}: starts from its model"
-                ),
+                format!("joined the NCCL world as rank {new_rank} of {new_world_size}"),
             ),
             RankNodeEvent::RendezvousFailed { reason } => {
                 line(Warn, "rendezvous_failed", format!("NCCL bootstrap failed: {reason}"))

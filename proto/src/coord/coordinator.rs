@@ -178,8 +178,9 @@ impl Coordinator {
 
     /// The data leg of a replacement's `ranks` arrived (see
     /// [`Scheduler::data_ready`]).
-    pub fn data_ready(&mut self, ranks: &[u32]) {
-        self.sched.data_ready(ranks);
+    pub fn data_ready(&mut self, now: Time, ranks: &[u32]) {
+        self.sched.data_ready(now, ranks);
+        self.pump();
     }
 
     /// A replacement went before its ranks' promotion (see
@@ -402,7 +403,7 @@ impl Coordinator {
             relay.state = RelayState::Ready { ranks: ranks.clone() };
             relay.dec.set_ceiling((CONTROL_HEADER_LEN + MAX_CONTROL_PAYLOAD) as u64);
         }
-        self.sched.control_ready(&ranks);
+        self.sched.control_ready(now, &ranks);
         self.out.event(CoordinatorEvent::RelayJoined { conn, host, ranks });
         if self.is_forming() && self.covered() {
             self.begin(now);

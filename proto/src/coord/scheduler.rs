@@ -110,6 +110,10 @@ struct PendingRank {
     control: bool,
     /// Its host's data relay joined the reduce (the data leg).
     data: bool,
+    /// The cycle count when the data leg arrived between cycles: its host
+    /// then holds the model the window in progress started from, until
+    /// the next cycle (see [`Scheduler::data_ready`]).
+    model_cycle: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -289,13 +293,18 @@ pub struct Scheduler {
     gate_deferred: Option<Time>,
     /// Ranks whose data leg ended, and when that becomes their death.
     data_lost: BTreeMap<u32, Time>,
-    /// An elastic world's replacement ranks, promoted at the next cycle
-    /// trigger once both legs arrived (empty otherwise).
+    /// An elastic world's replacement ranks, promoted once both legs
+    /// arrived, at the next cycle trigger or between cycles (empty
+    /// otherwise).
     pending: BTreeMap<u32, PendingRank>,
     /// The NCCL plane's promoted joiners that hold no communicator yet: no
     /// session was issued to them since their promotion. Never asked for
     /// a unique id; each gets the next session.
     joiners: BTreeSet<u32>,
+    /// Ranks promoted between cycles (chunk-pool dispatch on the CPU
+    /// plane): they train from the window's model at once, but do not hold
+    /// the window they entered late (see [`Scheduler::data_ready`]).
+    entered_mid_window: BTreeSet<u32>,
     cycles: u64,
     version: u64,
     global_step: u64,
@@ -374,6 +383,7 @@ impl Scheduler {
             data_lost: BTreeMap::new(),
             pending: BTreeMap::new(),
             joiners: BTreeSet::new(),
+            entered_mid_window: BTreeSet::new(),
             cycles: 0,
             version: 0,
             global_step: 0,
@@ -963,8 +973,10 @@ impl Scheduler {
     /// and shutdowns, until both their legs arrived
     /// ([`Scheduler::control_ready`], [`Scheduler::data_ready`]) and the
     /// next cycle trigger promotes them (`RankPromoted`), so they enter the
-    /// run at a consensus. Ranks not dead are skipped; so is everything in
-    /// a world not elastic or a run that ended.
+    /// run at a consensus; under chunk-pool dispatch on the CPU plane they
+    /// may be promoted between cycles instead, holding the window's model.
+    /// Ranks not dead are skipped; so is everything in a world not elastic
+    /// or a run that ended.
     pub fn fill_slots(&mut self, now: Time, ranks: &[u32], incarnation: u32) {
         self.catch_up(now);
         // A late joiner may come while the relays still cover the world:
@@ -980,22 +992,37 @@ impl Scheduler {
     }
 
     /// The control leg of pending `ranks` arrived (their relay joined).
-    pub fn control_ready(&mut self, ranks: &[u32]) {
+    /// It may promote them at once (see [`Scheduler::data_ready`]).
+    pub fn control_ready(&mut self, now: Time, ranks: &[u32]) {
         for r in ranks {
             if let Some(p) = self.pending.get_mut(r) {
                 p.control = true;
             }
         }
+        self.promote_between_cycles(now);
     }
 
     /// The data leg of pending `ranks` arrived (their host's data relay
-    /// joined the reduce).
-    pub fn data_ready(&mut self, ranks: &[u32]) {
+    /// joined the reduce and, in a world that keeps its model, holds it).
+    ///
+    /// Under chunk-pool dispatch on the CPU plane, a late joiner need not
+    /// wait for the next cycle trigger: once both legs arrived, while no
+    /// cycle is in flight and none has started since its data leg arrived
+    /// between cycles (so its model is the one the window in progress
+    /// started from), it is promoted at once and handed its first chunk.
+    /// It trains the rest of the window and is asked for its parameters
+    /// at the next trigger like every rank, but does not hold that window
+    /// open: its first weighted contribution comes one window after its
+    /// dial at most. Otherwise it waits for the next trigger.
+    pub fn data_ready(&mut self, now: Time, ranks: &[u32]) {
+        let between = (self.cycle == Cycle::Idle).then_some(self.cycles);
         for r in ranks {
             if let Some(p) = self.pending.get_mut(r) {
                 p.data = true;
+                p.model_cycle = between;
             }
         }
+        self.promote_between_cycles(now);
     }
 
     /// The replacement holding pending `ranks` went before its promotion:
@@ -1011,14 +1038,39 @@ impl Scheduler {
         self.pending.contains_key(&rank)
     }
 
-    /// Promotes every pending rank whose legs both arrived (on the NCCL
-    /// plane, which has no CPU data leg, its control leg), at a cycle
-    /// trigger: it comes back as its next incarnation with a fresh book, no
-    /// share of the epoch in progress (it is given work from the next
-    /// dispatch) and an empty ElChe window, and is asked for its parameters
-    /// in this cycle like every rank. On the NCCL plane a new re-rendezvous
-    /// session follows, over every live rank, the promoted included.
-    fn promote(&mut self, now: Time) {
+    /// Promotes, between cycles, the pending ranks that hold the window's
+    /// model (see [`Scheduler::data_ready`]), each with its first chunk.
+    fn promote_between_cycles(&mut self, now: Time) {
+        if self.cfg.backend != Backend::Cpu
+            || !self.progressive()
+            || !self.running()
+            || self.cycle != Cycle::Idle
+            || self.epoch.is_none()
+        {
+            return;
+        }
+        let cycles = self.cycles;
+        let ready: Vec<(u32, u32)> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.control && p.data && p.model_cycle == Some(cycles))
+            .map(|(&r, p)| (r, p.incarnation))
+            .collect();
+        if ready.is_empty() {
+            return;
+        }
+        let promoted = self.promote(now, ready);
+        for r in promoted {
+            self.entered_mid_window.insert(r);
+            self.next_chunk(r);
+        }
+        self.gates_dirty = true;
+    }
+
+    /// Promotes at a cycle trigger every pending rank whose legs both
+    /// arrived (on the NCCL plane, which has no CPU data leg, its control
+    /// leg).
+    fn promote_at_trigger(&mut self, now: Time) {
         let nccl = self.cfg.backend == Backend::Nccl;
         let ready: Vec<(u32, u32)> = self
             .pending
@@ -1026,6 +1078,18 @@ impl Scheduler {
             .filter(|(_, p)| p.control && (p.data || nccl))
             .map(|(&r, p)| (r, p.incarnation))
             .collect();
+        self.promote(now, ready);
+    }
+
+    /// Promotes `ready` (rank, incarnation): each comes back as its next
+    /// incarnation with a fresh book, no share of the epoch in progress
+    /// (it is given work from the next dispatch) and an empty ElChe window,
+    /// and is asked for its parameters in the next cycle like every rank.
+    /// On the NCCL plane a new re-rendezvous session follows, over every
+    /// live rank, the promoted included. Returns the ranks promoted.
+    fn promote(&mut self, now: Time, ready: Vec<(u32, u32)>) -> Vec<u32> {
+        let nccl = self.cfg.backend == Backend::Nccl;
+        let mut promoted = Vec::with_capacity(ready.len());
         let mut joined = false;
         for (r, incarnation) in ready {
             self.pending.remove(&r);
@@ -1068,12 +1132,14 @@ impl Scheduler {
                 self.joiners.insert(r);
                 joined = true;
             }
+            promoted.push(r);
         }
         // A session in flight is issued to every rank alive at its answer,
         // the ones promoted now included.
         if joined && self.nccl.is_none() {
             self.nccl_begin(now);
         }
+        promoted
     }
 
     // ----------------------------------------------------------------
@@ -1814,7 +1880,9 @@ impl Scheduler {
     /// Whether `r` no longer holds the window: it reached its target or
     /// can step no more.
     fn window_done(&self, r: u32) -> bool {
-        self.window_steps(r) >= self.window_target(r) || self.quiesced(r)
+        self.window_steps(r) >= self.window_target(r)
+            || self.quiesced(r)
+            || self.entered_mid_window.contains(&r)
     }
 
     /// `r`'s batches in the window so far.
@@ -1949,13 +2017,15 @@ impl Scheduler {
         }
         let Some(e) = &self.el_che else { return false };
         // Asked lazily: only of a rank short of its count.
-        e.window_due(|r| !self.holds(r) || self.quiesced(r))
+        e.window_due(|r| !self.holds(r) || self.quiesced(r) || self.entered_mid_window.contains(&r))
     }
 
     fn trigger_cycle(&mut self, now: Time, last: bool) {
         if !self.pending.is_empty() {
-            self.promote(now);
+            self.promote_at_trigger(now);
         }
+        // Ranks promoted between cycles hold the next window like any.
+        self.entered_mid_window.clear();
         self.idle_ms = (0..self.cfg.world_size)
             .map(|r| {
                 let at = self.ranks[r as usize].last_batch_at;

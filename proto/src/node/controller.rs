@@ -1148,14 +1148,14 @@ impl ControllerNode {
                             .filter(|&r| !reduce.is_some_and(|d| d.awaits_model(r)))
                             .collect();
                         if let Some(c) = self.coord.as_mut() {
-                            c.data_ready(&ready);
+                            c.data_ready(now, &ready);
                         }
                     }
                     if let ReduceEvent::CaughtUp { ranks, round, of, .. } = &e
                         && round + 1 == *of
                         && let Some(c) = self.coord.as_mut()
                     {
-                        c.data_ready(ranks);
+                        c.data_ready(now, ranks);
                     }
                     if let ReduceEvent::Consensus { .. } = &e {
                         let t = &mut self.tally;

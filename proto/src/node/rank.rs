@@ -748,6 +748,12 @@ impl<W: Workload> RankNode<W> {
             let steps_before = self.steps;
             self.out.event(RankNodeEvent::NcclJoined { new_rank, new_world_size, steps_before });
         }
+        self.release_held(now);
+    }
+
+    /// The rank holds the world's model: the commands it held while it
+    /// caught up are applied, in order, until one ends it.
+    fn release_held(&mut self, now: Time) {
         for msg in core::mem::take(&mut self.held) {
             if !self.apply_command(now, &msg) {
                 break;
@@ -780,11 +786,7 @@ impl<W: Workload> RankNode<W> {
                 if live {
                     self.act(now);
                 }
-                for msg in core::mem::take(&mut self.held) {
-                    if !self.apply_command(now, &msg) {
-                        break;
-                    }
-                }
+                self.release_held(now);
             }
             DataClientEvent::Consensus(result) => {
                 let (weight, keep_local) = (result.weight, result.keep_local);

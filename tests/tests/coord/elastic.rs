@@ -103,7 +103,7 @@ mod promotion {
         s.report_deaths(t(1000), &[(2, DeathCause::HostLost)]);
         drain(&mut s);
         s.fill_slots(t(1100), &[2], 1);
-        s.control_ready(&[2]);
+        s.control_ready(t(1100), &[2]);
         let steps = drain(&mut s);
         (s, steps)
     }
@@ -154,7 +154,7 @@ mod promotion {
     #[test]
     fn promotion_happens_at_the_cycle_trigger_with_its_request_in_that_cycle() {
         let (mut s, _) = healed();
-        s.data_ready(&[2]);
+        s.data_ready(t(1100), &[2]);
         // Ready, but nothing is promoted between cycles.
         s.on_timing(t(1150), 0, TimingMsgWire::Heartbeat { rank: 0, step_count: 0 });
         assert!(promoted(&drain(&mut s)).is_empty());
@@ -183,7 +183,7 @@ mod promotion {
     #[test]
     fn a_rank_promoted_mid_epoch_does_not_hold_the_epoch_open() {
         let (mut s, _) = healed();
-        s.data_ready(&[2]);
+        s.data_ready(t(1100), &[2]);
         cycle(&mut s, 1200, 1, false);
         // Ranks 0 and 1 report all they were given; rank 2 has nothing of epoch 0.
         let plans: Vec<u64> = (0..2).map(|r| s.assignment(r).unwrap().total()).collect();
@@ -241,8 +241,8 @@ mod promotion {
     fn a_new_hosts_ranks_fill_vacant_slots_at_the_next_cycle() {
         let (mut s, _) = room();
         s.fill_slots(t(500), &[2, 3], 1);
-        s.control_ready(&[2, 3]);
-        s.data_ready(&[2, 3]);
+        s.control_ready(t(1100), &[2, 3]);
+        s.data_ready(t(1100), &[2, 3]);
         assert!(s.is_pending(2) && s.is_pending(3));
         let steps = cycle(&mut s, 1200, 1, true);
         assert_eq!(promoted(&steps), vec![(2, 1), (3, 1)]);
@@ -252,6 +252,125 @@ mod promotion {
             &sent_to_but_beacons(&steps, 3)[1..],
             &[ControlMsgWire::RequestParams, ControlMsgWire::Throttle]
         );
+    }
+}
+
+mod between_cycles {
+    //! Chunk-pool dispatch on the CPU plane: a late joiner that holds the
+    //! window's model is promoted between cycles, handed a chunk at once,
+    //! and does not hold the window it entered late.
+
+    use cohort_proto::Time;
+    use cohort_proto::coord::{ApplyPolicy, CoordConfig, CoordinatorEvent, DeathCause, Scheduler, Step};
+    use cohort_proto::wire::ControlMsgWire;
+    use cohort_tests::coord_harness::{batch, drain, events, sent_to_but_beacons, sync_ack};
+
+    fn t(ms: u64) -> Time {
+        Time::from_millis(ms)
+    }
+
+    /// Three ranks, cadence (chunk-pool dispatch), anchor 4; rank 2 dead
+    /// at 1 s and replaced at 1.1 s, its legs not in yet.
+    fn healed() -> Scheduler {
+        let mut cfg = CoordConfig::new(3, 2, 120, 1);
+        cfg.sync_every = Some(4);
+        cfg.policy = ApplyPolicy::Cadence;
+        cfg.elastic = Some(3);
+        let mut s = Scheduler::new(cfg).unwrap();
+        s.begin(t(0));
+        drain(&mut s);
+        s.report_deaths(t(1000), &[(2, DeathCause::HostLost)]);
+        drain(&mut s);
+        s.fill_slots(t(1100), &[2], 1);
+        drain(&mut s);
+        s
+    }
+
+    fn promoted(steps: &[Step]) -> Vec<u32> {
+        events(steps)
+            .into_iter()
+            .filter_map(|e| match e {
+                CoordinatorEvent::RankPromoted { rank, .. } => Some(rank),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn cycle_started(steps: &[Step]) -> bool {
+        events(steps).iter().any(|e| matches!(e, CoordinatorEvent::CycleStarted { .. }))
+    }
+
+    /// Ranks 0 and 1 run batches (from step `from`) at `at` until a cycle
+    /// starts; returns the steps and the batches each ran.
+    fn until_cycle(s: &mut Scheduler, at: u64, from: u64) -> (Vec<Step>, u64) {
+        for n in 0..64 {
+            for r in [0, 1] {
+                s.on_timing(t(at), r, batch(r, from + n, 10.0));
+            }
+            let steps = drain(s);
+            if cycle_started(&steps) {
+                return (steps, n + 1);
+            }
+        }
+        panic!("no cycle started");
+    }
+
+    /// Ranks 0 and 1 send their divergence: the cycle in flight finishes.
+    fn finish(s: &mut Scheduler, at: u64, step: u64) -> Vec<Step> {
+        for r in [0, 1] {
+            s.on_timing(t(at), r, sync_ack(r, step));
+        }
+        drain(s)
+    }
+
+    /// BEHAVIOUR.md Elastic healing [C90]: both legs in between cycles:
+    /// promoted at once with a chunk; the window closes without it, and
+    /// it is asked for its parameters in that cycle like every rank.
+    #[test]
+    fn a_joiner_holding_the_model_is_promoted_between_cycles_with_a_chunk() {
+        let mut s = healed();
+        s.control_ready(t(1200), &[2]);
+        assert!(promoted(&drain(&mut s)).is_empty(), "one leg is not enough");
+        s.data_ready(t(1300), &[2]);
+        let steps = drain(&mut s);
+        assert_eq!(promoted(&steps), vec![2]);
+        assert!(!cycle_started(&steps), "no cycle: promoted between cycles");
+        let first = sent_to_but_beacons(&steps, 2);
+        assert!(
+            matches!(first.as_slice(), [ControlMsgWire::StartEpoch(p)] if p.partition_size > 0),
+            "a chunk at once: {first:?}"
+        );
+        // Ranks 0 and 1 close the window; rank 2 ran nothing of it.
+        let (steps, ran) = until_cycle(&mut s, 1400, 1);
+        assert!(ran <= 4, "the window waited for no one else: {ran} batches");
+        assert_eq!(sent_to_but_beacons(&steps, 2), vec![ControlMsgWire::RequestParams]);
+    }
+
+    /// BEHAVIOUR.md Elastic healing [C90]: a joiner whose data leg came
+    /// while a cycle was in flight, or before a cycle that has run since,
+    /// may hold an older model than the window's: it waits for the next
+    /// trigger.
+    #[test]
+    fn a_joiner_whose_model_may_be_older_than_the_window_waits_for_the_trigger() {
+        for data_first in [true, false] {
+            let mut s = healed();
+            if data_first {
+                // Data in between cycles; a cycle runs before the control leg.
+                s.data_ready(t(1200), &[2]);
+            }
+            let (_, ran) = until_cycle(&mut s, 1300, 1);
+            if !data_first {
+                // Data in while the cycle is in flight.
+                s.data_ready(t(1350), &[2]);
+            }
+            let steps = finish(&mut s, 1400, ran);
+            assert!(promoted(&steps).is_empty());
+            s.control_ready(t(1500), &[2]);
+            assert!(promoted(&drain(&mut s)).is_empty(), "data first {data_first}: not between cycles");
+            assert!(s.is_pending(2));
+            let (steps, _) = until_cycle(&mut s, 1600, ran + 1);
+            assert_eq!(promoted(&steps), vec![2], "data first {data_first}: at the next trigger");
+        }
     }
 }
 
@@ -341,7 +460,7 @@ mod nccl {
             assert_eq!(issued(&drain(&mut s)), vec![(0, vec![0, 1])]);
         }
         s.fill_slots(t(1100), &[2, 3], 1);
-        s.control_ready(&[2, 3]);
+        s.control_ready(t(1100), &[2, 3]);
         drain(&mut s);
         s
     }

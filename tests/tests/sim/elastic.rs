@@ -34,7 +34,8 @@ fn promotions(run: &Run) -> Vec<(cohort_proto::Time, u32, u32)> {
 /// promotion at `t_promoted`: the digest its relay verified and the rank
 /// computed is the one the reduce sent, the values are those of the last
 /// realized round reduced before, and the rank starts from them (its first
-/// submission, of mass 0 in its promotion cycle, holds exactly them).
+/// submission holds exactly them plus its own batches' updates: none when
+/// promoted at a trigger, its first batches when promoted between cycles).
 fn assert_caught_up(run: &Run, ranks: &[u32], t_joined: cohort_proto::Time, t_promoted: cohort_proto::Time) {
     use cohort_proto::reduce::ReduceEvent;
     let sent: Vec<_> = run
@@ -50,7 +51,7 @@ fn assert_caught_up(run: &Run, ranks: &[u32], t_joined: cohort_proto::Time, t_pr
     assert_eq!(sent.len(), 1, "one model round sent to {ranks:?}: {sent:?}");
     let (t_sent, round, of, digest, bytes) = sent[0];
     assert_eq!((round, of, bytes), (0, 1, 4 * 8), "the synthetic model: one round of 8 f32");
-    assert!(t_sent < t_promoted, "caught up at {t_sent}, before its promotion at {t_promoted}");
+    assert!(t_sent <= t_promoted, "caught up at {t_sent}, not after its promotion at {t_promoted}");
     let model = run
         .report
         .log
@@ -76,21 +77,75 @@ fn assert_caught_up(run: &Run, ranks: &[u32], t_joined: cohort_proto::Time, t_pr
             .collect();
         assert_eq!(got.len(), 1, "rank {r} caught up once");
         let (t_got, got_digest, values) = got[0].clone();
-        assert!(t_got < t_promoted);
+        // Nothing submitted before it held the model (a command that came
+        // first waited for it).
+        let early = run
+            .rank(r)
+            .any(|(t, e)| t > t_joined && t < t_got && matches!(e, RankNodeEvent::Submitted { .. }));
+        assert!(!early, "rank {r} submitted before it held the model at {t_got}");
         assert_eq!(got_digest, digest, "rank {r}: the digest the reduce sent");
         assert_eq!(values, model, "rank {r}: the last realized consensus");
         let first = run.rank(r).find_map(|(t, e)| match e {
             RankNodeEvent::Submitted { values, .. } if t > t_got => Some(values.clone()),
             _ => None,
         });
-        assert_eq!(first, Some(model.clone()), "rank {r} starts from the model it was sent");
+        let first = first.unwrap_or_else(|| panic!("rank {r} submitted after its catch-up"));
+        assert!(trained_from(&model, r, &first).is_some(), "rank {r} starts from the model it was sent");
     }
 }
 
-/// BEHAVIOUR.md Elastic healing [C79] [C80]: beacons only while pending, promotion at the
-/// first cycle after both legs.
+/// How many of the synthetic trainer's own updates take rank `r` from
+/// `model` to `values` exactly (its new process numbers its steps from 1),
+/// if any number up to 10,000 does: its first submission is then the model
+/// it was sent plus its own batches, and nothing else.
+fn trained_from(model: &[f32], r: u32, values: &[f32]) -> Option<u64> {
+    let mut at = model.to_vec();
+    for k in 0..=10_000u64 {
+        if at == values {
+            return Some(k);
+        }
+        for (i, v) in at.iter_mut().enumerate() {
+            *v += cohort_proto::node::trainer::update(r, k + 1, i);
+        }
+    }
+    None
+}
+
+/// When a late joiner's two legs were both in after `t_joined`: its
+/// control relay's `RelayJoined` (named `host`) and the reduce's last
+/// `CaughtUp` to its `ranks` (the model sent whole).
+fn legs_in(run: &Run, host: &str, ranks: &[u32], t_joined: cohort_proto::Time) -> cohort_proto::Time {
+    use cohort_proto::reduce::ReduceEvent;
+    let control = run
+        .coord()
+        .find(|(t, e)| {
+            *t > t_joined && matches!(e, CoordinatorEvent::RelayJoined { host: h, .. } if h == host)
+        })
+        .map(|(t, _)| t)
+        .expect("the late joiner's control relay joined");
+    let data = run
+        .report
+        .log
+        .reduce()
+        .filter(|(t, e)| *t > t_joined && matches!(e, ReduceEvent::CaughtUp { ranks: r, .. } if r == ranks))
+        .map(|(t, _)| t)
+        .last()
+        .expect("the late joiner was sent the model");
+    control.max(data)
+}
+
+/// The first `CycleStarted` at or after `t`.
+fn cycle_from(run: &Run, t: cohort_proto::Time) -> Option<cohort_proto::Time> {
+    run.coord().find(|(c, e)| *c >= t && matches!(e, CoordinatorEvent::CycleStarted { .. })).map(|(c, _)| c)
+}
+
+/// BEHAVIOUR.md Elastic healing [C79] [C80] [C90]: beacons only while
+/// pending; promoted once both legs are in, at the next cycle trigger
+/// under whole-epoch dispatch (its first contribution adopts the
+/// consensus), at once between cycles under chunk-pool dispatch (it is
+/// handed a chunk and its first contribution carries its batches).
 #[test]
-fn a_restarted_host_takes_its_ranks_back_and_enters_the_run_at_the_next_cycle() {
+fn a_restarted_host_takes_its_ranks_back_and_enters_the_run_once_it_holds_the_model() {
     for progressive in [Some(false), None] {
         let run = restarted(true, progressive);
         run.assert_clean("done");
@@ -109,25 +164,19 @@ fn a_restarted_host_takes_its_ranks_back_and_enters_the_run_at_the_next_cycle() 
         let (t_replaced, host, ranks, incarnation) = replaced.expect("host-1 was replaced");
         assert_eq!((host.as_str(), ranks, incarnation), ("host-1", 2..4, 1));
         assert!(t_replaced > at(15.0) && t_replaced < at(15.0) + 5 * MS, "replaced at {t_replaced}");
-        // Both ranks are promoted together, at the first cycle trigger
-        // after both their relays joined: the instant of a `CycleStarted`.
+        // Both ranks are promoted together: at the first cycle trigger
+        // after both legs were in (whole-epoch dispatch), or the instant
+        // the second leg came, between cycles (chunk-pool dispatch).
         let p = promotions(&run);
         assert_eq!(p.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>(), vec![(2, 1), (3, 1)]);
         let t_promoted = p[0].0;
         assert_eq!(p[1].0, t_promoted);
-        let legs_in = run
-            .coord()
-            .filter(|(t, e)| {
-                *t > t_replaced && matches!(e, CoordinatorEvent::RelayJoined { host, .. } if host == "host-1")
-            })
-            .map(|(t, _)| t)
-            .next()
-            .expect("the replacement's control relay joined");
-        let first_cycle = run
-            .coord()
-            .find(|(t, e)| *t >= legs_in && matches!(e, CoordinatorEvent::CycleStarted { .. }))
-            .map(|(t, _)| t);
-        assert_eq!(first_cycle, Some(t_promoted), "promoted at the first cycle after its legs");
+        let ready = legs_in(&run, "host-1", &[2, 3], t_replaced);
+        let expected = match progressive {
+            Some(false) => cycle_from(&run, ready),
+            _ => Some(ready),
+        };
+        assert_eq!(Some(t_promoted), expected, "{progressive:?}: promoted once it held the model");
         assert_caught_up(&run, &[2, 3], t_replaced, t_promoted);
         for r in [2, 3] {
             // Until then its new process hears beacons only.
@@ -140,12 +189,16 @@ fn a_restarted_host_takes_its_ranks_back_and_enters_the_run_at_the_next_cycle() 
                 })
                 .collect();
             assert!(early.iter().all(|m| matches!(m, ControlMsgWire::CoordHeartbeat)), "rank {r}: {early:?}");
-            // Its first contribution carries no weight: it adopts the consensus.
+            // Its first contribution: no weight when promoted at a trigger
+            // (it adopts the consensus), its batches' when between cycles.
             let first = run.rank(r).find_map(|(t, e)| match e {
                 RankNodeEvent::Submitted { mass, .. } if t > t_promoted => Some(*mass),
                 _ => None,
             });
-            assert_eq!(first, Some(0.0), "rank {r}'s first submission");
+            match progressive {
+                Some(false) => assert_eq!(first, Some(0.0), "rank {r}'s first submission"),
+                _ => assert!(first.is_some_and(|m| m > 0.0), "rank {r}'s first submission: {first:?}"),
+            }
             // And it trains from then on: its new process has a share of
             // the last epochs (about a sixth of 1,200 samples).
             let trained = run.report.ranks[&r].samples_processed;
@@ -180,9 +233,10 @@ fn grown(max: Option<u32>) -> Run {
     play(with(sc, 10.0, Fault::AddHost("host-3".into())), 5)
 }
 
-/// BEHAVIOUR.md Elastic growth [C85]: a new host's ranks are appended to
-/// the running world, promoted at the first cycle after both legs, adopt
-/// the consensus, and take a share of every later epoch.
+/// BEHAVIOUR.md Elastic growth [C85] [C90]: a new host's ranks are
+/// appended to the running world, promoted once both legs are in (between
+/// cycles under chunk-pool dispatch, training at once), and take a share
+/// of every later epoch.
 #[test]
 fn an_added_host_grows_the_world_and_trains_from_the_next_cycle() {
     let run = grown(Some(8));
@@ -201,18 +255,18 @@ fn an_added_host_grows_the_world_and_trains_from_the_next_cycle() {
     let p = promotions(&run);
     assert_eq!(p.iter().map(|x| (x.1, x.2)).collect::<Vec<_>>(), vec![(6, 1), (7, 1)]);
     let t_promoted = p[0].0;
-    let first_cycle = run
-        .coord()
-        .find(|(t, e)| *t > t_grown && matches!(e, CoordinatorEvent::CycleStarted { .. }))
-        .map(|(t, _)| t);
-    assert!(first_cycle.is_some_and(|c| c <= t_promoted), "promoted at a cycle trigger");
+    // Chunk-pool dispatch: promoted once both legs are in, between cycles
+    // or, were a cycle in flight, at the next trigger.
+    let ready = legs_in(&run, "host-3", &[6, 7], t_grown);
+    assert!(t_promoted == ready || Some(t_promoted) == cycle_from(&run, ready), "promoted at {t_promoted}");
     assert_caught_up(&run, &[6, 7], t_grown, t_promoted);
     for r in [6, 7] {
         let first = run.rank(r).find_map(|(t, e)| match e {
             RankNodeEvent::Submitted { mass, .. } if t > t_promoted => Some(*mass),
             _ => None,
         });
-        assert_eq!(first, Some(0.0), "rank {r}'s first submission adopts the consensus");
+        let between = t_promoted == ready;
+        assert!(first.is_some_and(|m| (m > 0.0) == between), "rank {r}'s first submission: {first:?}");
         // Eight ranks share the last epochs: about an eighth of 1,200 samples each.
         let trained = run.report.ranks[&r].samples_processed;
         assert!(trained >= 150, "rank {r} trained {trained} samples");
@@ -244,11 +298,12 @@ fn a_world_without_room_refuses_the_new_host() {
 }
 
 /// Time to rejoin, in the simulator (docs/PERF.md, "time to rejoin"):
-/// promoted at the first cycle trigger after its legs (tested above), a
-/// replacement's first weighted contribution is in the very next round
-/// under chunk-pool dispatch (it trains the window after the consensus it
-/// adopted), and under whole-epoch dispatch in the first round after the
-/// next epoch's plans (it has no share of the epoch in progress).
+/// under chunk-pool dispatch a replacement is promoted between cycles
+/// once it holds the model and its first weighted contribution is in the
+/// first round after its dial (the scheduling step in progress, plus the
+/// transfer); under whole-epoch dispatch it is promoted at the next
+/// trigger and first carries weight in the first round after the next
+/// epoch's plans (it has no share of the epoch in progress).
 #[test]
 fn a_replacements_first_weighted_contribution_comes_at_the_next_point_work_is_handed_out() {
     for progressive in [None, Some(false)] {
@@ -260,16 +315,22 @@ fn a_replacements_first_weighted_contribution_comes_at_the_next_point_work_is_ha
                 (t >= t_promoted && matches!(e, CoordinatorEvent::CycleStarted { .. })).then_some(t)
             })
             .collect();
-        assert_eq!(cycles[0], t_promoted);
         let epoch_after = run.coord().find_map(|(t, e)| match e {
             CoordinatorEvent::EpochAggregated { .. } if t > t_promoted => Some(t),
             _ => None,
         });
-        // The round it may first carry weight in: the next one, or the
-        // first that starts after the epoch in progress was aggregated.
+        // The round it may first carry weight in: the first after its
+        // promotion (between cycles), or the first that starts after the
+        // epoch in progress was aggregated (promoted at a trigger).
         let from = match progressive {
-            Some(false) => *cycles.iter().find(|c| Some(**c) > epoch_after).unwrap(),
-            _ => cycles[1],
+            Some(false) => {
+                assert_eq!(cycles[0], t_promoted, "whole-epoch: promoted at a trigger");
+                *cycles.iter().find(|c| Some(**c) > epoch_after).unwrap()
+            }
+            _ => {
+                assert!(cycles[0] > t_promoted, "chunk pool: promoted between cycles");
+                cycles[0]
+            }
         };
         let to = cycles.iter().find(|c| **c > from).copied();
         for r in [2, 3] {
@@ -282,6 +343,11 @@ fn a_replacements_first_weighted_contribution_comes_at_the_next_point_work_is_ha
                 first > from && to.is_none_or(|to| first < to),
                 "{progressive:?} rank {r}: {first} not in ({from}, {to:?})"
             );
+            if std::env::var_os("COHORT_PRINT_REJOIN").is_some() {
+                eprintln!(
+                    "{progressive:?} rank {r}: promoted {t_promoted}, first weighted {first}, cycles {cycles:?}"
+                );
+            }
         }
     }
 }
