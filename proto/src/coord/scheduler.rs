@@ -1060,11 +1060,12 @@ impl Scheduler {
             return;
         }
         let promoted = self.promote(now, ready);
-        for r in promoted {
-            self.entered_mid_window.insert(r);
-            self.next_chunk(r);
-        }
+        self.entered_mid_window.extend(promoted);
         self.gates_dirty = true;
+        // As after a death: a changed membership may re-pin the final
+        // window and give an idle rank a share, so every rank without a
+        // chunk is served, the promoted among them.
+        self.wake_idle();
     }
 
     /// Promotes at a cycle trigger every pending rank whose legs both

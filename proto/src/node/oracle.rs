@@ -16,8 +16,8 @@
 //! An elastic world's late joiner (the controller's `Replaced`, or `Grown`
 //! for a new host) starts its host's and ranks' books afresh at their
 //! promotion (`RankPromoted`, at a
-//! cycle trigger, when every round the dead host's frames entered has
-//! completed): its ranks number their consensus from 0 again, from the
+//! cycle trigger or between cycles, either way when every round the dead
+//! host's frames entered has completed): its ranks number their consensus from 0 again, from the
 //! first round reduced after it. This needs the controller's events in its
 //! own order and the dead host's events before the replacement's (the
 //! simulator's causal order; a dead host sends nothing).

@@ -337,7 +337,7 @@ mod between_cycles {
         assert!(!cycle_started(&steps), "no cycle: promoted between cycles");
         let first = sent_to_but_beacons(&steps, 2);
         assert!(
-            matches!(first.as_slice(), [ControlMsgWire::StartEpoch(p)] if p.partition_size > 0),
+            matches!(first.as_slice(), [ControlMsgWire::StartEpoch(p), ..] if p.partition_size > 0),
             "a chunk at once: {first:?}"
         );
         // Ranks 0 and 1 close the window; rank 2 ran nothing of it.

@@ -1,7 +1,8 @@
 //! Elastic healing and growth in the simulator (cohort only): a host
 //! killed mid-run and restarted `for_s` later takes its ranks back as their
 //! next incarnation, a host added mid-run takes the world's next ranks, each
-//! enters the run at the next averaging cycle, and every checker (coverage,
+//! enters the run once it holds the world's model (between cycles under
+//! chunk-pool dispatch, else at the next averaging cycle), and every checker (coverage,
 //! the consensus oracle, deaths, liveness) holds through it; without
 //! `"elastic"` the same dials are refused as flodl's window refuses any dial
 //! after formation.
@@ -238,7 +239,7 @@ fn grown(max: Option<u32>) -> Run {
 /// cycles under chunk-pool dispatch, training at once), and take a share
 /// of every later epoch.
 #[test]
-fn an_added_host_grows_the_world_and_trains_from_the_next_cycle() {
+fn an_added_host_grows_the_world_and_trains_once_it_holds_the_model() {
     let run = grown(Some(8));
     run.assert_clean("done");
     assert_eq!(run.report.epochs_completed, 3);
@@ -343,18 +344,23 @@ fn a_replacements_first_weighted_contribution_comes_at_the_next_point_work_is_ha
                 first > from && to.is_none_or(|to| first < to),
                 "{progressive:?} rank {r}: {first} not in ({from}, {to:?})"
             );
+            // docs/PERF.md's figures: COHORT_PRINT_REJOIN=1 cargo test ... -- --nocapture
             if std::env::var_os("COHORT_PRINT_REJOIN").is_some() {
+                let dial = run.controller().find_map(|(t, e)| {
+                    matches!(e, ControllerNodeEvent::Join(JoinWindowEvent::Replaced { .. })).then_some(t)
+                });
                 eprintln!(
-                    "{progressive:?} rank {r}: promoted {t_promoted}, first weighted {first}, cycles {cycles:?}"
+                    "{progressive:?} rank {r}: dial {dial:?}, promoted {t_promoted}, first weighted {first}, cycles {:?}",
+                    &cycles[..cycles.len().min(4)]
                 );
             }
         }
     }
 }
 
-/// Plays `tests/scenarios/regressions/FILE` under its saved seed.
-fn regression(file: &str) -> Run {
-    let path = format!("{}/scenarios/regressions/{file}", env!("CARGO_MANIFEST_DIR"));
+/// Plays `examples/scenarios/FILE` under its saved seed.
+fn example(file: &str) -> Run {
+    let path = format!("{}/../examples/scenarios/{file}", env!("CARGO_MANIFEST_DIR"));
     let sc = Scenario::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let seed = sc.seed.expect("saved with its seed");
     play(sc, seed)
@@ -429,7 +435,7 @@ fn assert_joined_nccl(run: &Run, joiners: &[u32], world: &[u32], t_joined: cohor
 /// back 5 s later takes ranks 2 and 3 back through a new session of six.
 #[test]
 fn nccl_a_restarted_host_takes_its_ranks_back_through_a_new_session() {
-    let run = regression("nccl-elastic-host-replaced-mid-run.json");
+    let run = example("nccl-elastic-host-replaced-mid-run.json");
     let mut dead: Vec<u32> = run.deaths().iter().map(|d| d.1).collect();
     dead.sort_unstable();
     assert_eq!(dead, vec![2, 3]);
@@ -446,7 +452,7 @@ fn nccl_a_restarted_host_takes_its_ranks_back_through_a_new_session() {
 /// ranks 6 and 7 enter through a new session of eight.
 #[test]
 fn nccl_an_added_host_grows_the_world_through_a_new_session() {
-    let run = regression("nccl-elastic-host-added-mid-run.json");
+    let run = example("nccl-elastic-host-added-mid-run.json");
     assert!(run.deaths().is_empty(), "no one died: {:?}", run.deaths());
     assert_joined_nccl(&run, &[6, 7], &[0, 1, 2, 3, 4, 5, 6, 7], at(10.0));
 }
