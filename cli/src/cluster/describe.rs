@@ -288,7 +288,7 @@ fn controller(e: &ControllerNodeEvent) -> Line {
                 Info,
                 "host_replaced",
                 format!(
-                    "{host} took over ranks {}..{} of a dead host (incarnation {incarnation}); they join at the next cycle",
+                    "{host} took over ranks {}..{} of a dead host (incarnation {incarnation}); they join once they hold the model",
                     ranks.start, ranks.end
                 ),
             ),
@@ -296,7 +296,7 @@ fn controller(e: &ControllerNodeEvent) -> Line {
                 Info,
                 "host_added",
                 format!(
-                    "{host} grew the world with ranks {}..{}; they join at the next cycle",
+                    "{host} grew the world with ranks {}..{}; they join once they hold the model",
                     ranks.start, ranks.end
                 ),
             ),
@@ -461,11 +461,9 @@ fn coord(c: &CoordinatorEvent) -> Line {
                 ),
             )
         }
-        CoordinatorEvent::RankPromoted { rank, incarnation } => line(
-            Info,
-            "rank_promoted",
-            format!("rank {rank} rejoined the run as incarnation {incarnation}, at this cycle"),
-        ),
+        CoordinatorEvent::RankPromoted { rank, incarnation } => {
+            line(Info, "rank_promoted", format!("rank {rank} rejoined the run as incarnation {incarnation}"))
+        }
         CoordinatorEvent::EpochStarted { epoch } => {
             line(Info, "epoch_started", format!("epoch {epoch} started: its first work went out"))
         }
