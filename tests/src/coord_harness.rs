@@ -81,6 +81,17 @@ pub fn deaths(steps: &[Step]) -> Vec<u32> {
         .collect()
 }
 
+/// The promotions among `steps`, in order: (rank, incarnation).
+pub fn promotions(steps: &[Step]) -> Vec<(u32, u32)> {
+    events(steps)
+        .into_iter()
+        .filter_map(|e| match e {
+            CoordinatorEvent::RankPromoted { rank, incarnation } => Some((rank, incarnation)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A heartbeat from `rank`.
 pub fn heartbeat(rank: u32) -> TimingMsgWire {
     TimingMsgWire::Heartbeat { rank: rank.into(), step_count: 0 }

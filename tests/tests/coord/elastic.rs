@@ -74,6 +74,24 @@ fn the_program_s_knobs_carry_it_and_the_join_window_bounds_it() {
     assert_eq!(flodl.unwrap_err().field, "elastic");
 }
 
+/// Three ranks under `cfg`, elastic up to 3: begun at 0, rank 2 dead at
+/// 1 s with its host, and taken over by a replacement at 1.1 s (its legs
+/// not in yet), every step drained.
+fn rank_2_replaced(mut cfg: CoordConfig) -> cohort_proto::coord::Scheduler {
+    use cohort_proto::Time;
+    use cohort_proto::coord::{DeathCause, Scheduler};
+    use cohort_tests::coord_harness::drain;
+    cfg.elastic = Some(3);
+    let mut s = Scheduler::new(cfg).unwrap();
+    s.begin(Time::ZERO);
+    drain(&mut s);
+    s.report_deaths(Time::from_millis(1000), &[(2, DeathCause::HostLost)]);
+    drain(&mut s);
+    s.fill_slots(Time::from_millis(1100), &[2], 1);
+    drain(&mut s);
+    s
+}
+
 mod promotion {
     //! A replacement's ranks on a bare scheduler: pending until both legs
     //! arrived, hearing beacons and shutdowns only, promoted at a cycle
@@ -84,7 +102,9 @@ mod promotion {
         ApplyPolicy, CoordConfig, CoordinatorEvent, DeathCause, RunEnd, SaveReason, Scheduler, Step,
     };
     use cohort_proto::wire::{ControlMsgWire, TimingMsgWire};
-    use cohort_tests::coord_harness::{batch, drain, events, sent_to, sent_to_but_beacons, sync_ack};
+    use cohort_tests::coord_harness::{
+        batch, drain, events, promotions, sent_to, sent_to_but_beacons, sync_ack,
+    };
 
     fn t(ms: u64) -> Time {
         Time::from_millis(ms)
@@ -96,13 +116,7 @@ mod promotion {
         let mut cfg = CoordConfig::new(3, 1, 3000, 1);
         cfg.sync_every = Some(1);
         cfg.policy = ApplyPolicy::Sync;
-        cfg.elastic = Some(3);
-        let mut s = Scheduler::new(cfg).unwrap();
-        s.begin(t(0));
-        drain(&mut s);
-        s.report_deaths(t(1000), &[(2, DeathCause::HostLost)]);
-        drain(&mut s);
-        s.fill_slots(t(1100), &[2], 1);
+        let mut s = super::rank_2_replaced(cfg);
         s.control_ready(t(1100), &[2]);
         let steps = drain(&mut s);
         (s, steps)
@@ -123,13 +137,7 @@ mod promotion {
     }
 
     fn promoted(steps: &[Step]) -> Vec<(u32, u32)> {
-        events(steps)
-            .into_iter()
-            .filter_map(|e| match e {
-                CoordinatorEvent::RankPromoted { rank, incarnation } => Some((rank, incarnation)),
-                _ => None,
-            })
-            .collect()
+        promotions(steps)
     }
 
     /// BEHAVIOUR.md Elastic healing [C79]: a pending rank hears only beacons and shutdowns.
@@ -261,9 +269,9 @@ mod between_cycles {
     //! and does not hold the window it entered late.
 
     use cohort_proto::Time;
-    use cohort_proto::coord::{ApplyPolicy, CoordConfig, CoordinatorEvent, DeathCause, Scheduler, Step};
+    use cohort_proto::coord::{ApplyPolicy, CoordConfig, CoordinatorEvent, Scheduler, Step};
     use cohort_proto::wire::ControlMsgWire;
-    use cohort_tests::coord_harness::{batch, drain, events, sent_to_but_beacons, sync_ack};
+    use cohort_tests::coord_harness::{batch, drain, events, promotions, sent_to_but_beacons, sync_ack};
 
     fn t(ms: u64) -> Time {
         Time::from_millis(ms)
@@ -275,25 +283,11 @@ mod between_cycles {
         let mut cfg = CoordConfig::new(3, 2, 120, 1);
         cfg.sync_every = Some(4);
         cfg.policy = ApplyPolicy::Cadence;
-        cfg.elastic = Some(3);
-        let mut s = Scheduler::new(cfg).unwrap();
-        s.begin(t(0));
-        drain(&mut s);
-        s.report_deaths(t(1000), &[(2, DeathCause::HostLost)]);
-        drain(&mut s);
-        s.fill_slots(t(1100), &[2], 1);
-        drain(&mut s);
-        s
+        super::rank_2_replaced(cfg)
     }
 
     fn promoted(steps: &[Step]) -> Vec<u32> {
-        events(steps)
-            .into_iter()
-            .filter_map(|e| match e {
-                CoordinatorEvent::RankPromoted { rank, .. } => Some(rank),
-                _ => None,
-            })
-            .collect()
+        promotions(steps).into_iter().map(|(rank, _)| rank).collect()
     }
 
     fn cycle_started(steps: &[Step]) -> bool {
@@ -385,7 +379,7 @@ mod nccl {
         ApplyPolicy, Backend, CoordConfig, CoordinatorEvent, DeathCause, Scheduler, Step,
     };
     use cohort_proto::wire::{ControlMsgWire, TimingMsgWire};
-    use cohort_tests::coord_harness::{batch, drain, events, sent_to, sync_ack};
+    use cohort_tests::coord_harness::{batch, drain, events, promotions, sent_to, sync_ack};
 
     fn t(ms: u64) -> Time {
         Time::from_millis(ms)
@@ -428,13 +422,7 @@ mod nccl {
     }
 
     fn promoted(steps: &[Step]) -> Vec<u32> {
-        events(steps)
-            .into_iter()
-            .filter_map(|e| match e {
-                CoordinatorEvent::RankPromoted { rank, .. } => Some(rank),
-                _ => None,
-            })
-            .collect()
+        promotions(steps).into_iter().map(|(rank, _)| rank).collect()
     }
 
     /// Four ranks on the NCCL plane, the controller's host holding ranks 2
