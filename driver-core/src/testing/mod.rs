@@ -352,6 +352,7 @@ macro_rules! driver_suite {
             a_plain_host_is_refused_by_a_sealed_controller,
             a_killed_rank_is_declared_dead_and_the_survivors_finish,
             a_dead_host_is_replaced_and_the_run_finishes,
+            a_dead_host_is_replaced_on_the_nccl_plane_and_the_run_finishes,
             a_new_host_grows_the_world_and_the_run_finishes
         );
     };

@@ -30,6 +30,7 @@ use crate::{Config, NodeEvent};
 
 pub use cluster::{
     a_controller_and_two_hosts_run_to_the_end, a_dead_host_is_replaced_and_the_run_finishes,
+    a_dead_host_is_replaced_on_the_nccl_plane_and_the_run_finishes,
     a_killed_rank_is_declared_dead_and_the_survivors_finish, a_new_host_grows_the_world_and_the_run_finishes,
     a_plain_host_is_refused_by_a_sealed_controller, a_sealed_cluster_runs_to_the_end,
 };
@@ -646,7 +647,7 @@ mod cluster {
 
     use cohort_proto::Time;
     use cohort_proto::config::TimeoutScale;
-    use cohort_proto::coord::CoordinatorEvent;
+    use cohort_proto::coord::{Backend, CoordinatorEvent};
     use cohort_proto::join::ledger::TrustMode;
     use cohort_proto::join::window::JoinWindowEvent;
     use cohort_proto::node::cluster::{ClusterEvent, Source, Stamped};
@@ -654,6 +655,7 @@ mod cluster {
         ControllerBuilder, ControllerConfig, ControllerNode, ControllerNodeEvent, ControllerOutcome,
     };
     use cohort_proto::node::host::{HostNodeEvent, RankEnd};
+    use cohort_proto::node::nccl_oracle::NcclOracle;
     use cohort_proto::node::oracle::{CheckSummary, ConsensusOracle};
     use cohort_proto::node::rank::RankNodeEvent;
     use cohort_proto::node::trainer::{Trainer, WorkloadConfig};
@@ -1309,6 +1311,78 @@ mod cluster {
     pub fn a_dead_host_is_replaced_and_the_run_finishes<D: TestDriver>() {
         let s = D::spawner();
         a_cluster_heals(&s, &s, &s);
+    }
+
+    /// An elastic world heals on the NCCL plane, every node on `D`'s
+    /// driver: as [`a_cluster_heals`], but the ranks hold no CPU data leg.
+    /// The replacement's ranks run no bootstrap; their promotion starts a
+    /// re-rendezvous session over every live rank, which they enter
+    /// (`NcclJoined`, as their old positions in a world of four) before
+    /// their first step. The run finishes done, every rank's end as
+    /// expected, and proto's NCCL oracle holds: one bootstrap, every session
+    /// as issued, the joiners in the first session after their promotion.
+    pub fn a_dead_host_is_replaced_on_the_nccl_plane_and_the_run_finishes<D: TestDriver>() {
+        let s = D::spawner();
+        let clock = Clock::start();
+        let (sink, events) = cluster_events();
+        let builder = run().epochs(4).backend(Backend::Nccl).elastic(WORLD as u32);
+        let (controller, addr) = controller(&s, builder, clock, sink.clone());
+        let elastic = |name: &str| params(name, addr, clock, SealMode::Off).elastic(true);
+        let host_a = spawn_host(&s, elastic("host-a"), &sink, None);
+        let host_b = spawn_host(&s, elastic("host-b"), &sink, None);
+        let mut seen = Seen { events, all: Vec::new() };
+        seen.until("a first averaging cycle", |all| {
+            all.iter().any(|s| matches!(s.event.coord(), Some(CoordinatorEvent::CycleFinished { .. })))
+        });
+        let lost = host_b.ranks();
+        assert_eq!(lost.len(), 2, "host-b started two ranks");
+        block_on(host_b.kill());
+        seen.until("the controller losing host-b", |all| {
+            all.iter().any(|s| matches!(s.event.join(), Some(JoinWindowEvent::HostLost { host, .. }) if host == "host-b"))
+        });
+        let killed_at = seen.all.len();
+        let replacement = spawn_host(&s, elastic("host-b"), &sink, None);
+        seen.until_the_end(WORLD + 2, 2);
+        block_on(stop_all(vec![host_a]));
+        block_on(stop_all(vec![replacement]));
+        block_on(controller.shutdown());
+        seen.drain();
+
+        assert_eq!(seen.outcome(), Some(ControllerOutcome::Done));
+        let replaced = seen.late_joiners(|e| matches!(e, JoinWindowEvent::Replaced { .. }));
+        assert_eq!(replaced, [("host-b".to_owned(), lost.clone(), 1)], "taken in once, over host-b's ranks");
+        assert_eq!(seen.promotions(), lost.iter().map(|r| (*r, 1)).collect::<Vec<_>>(), "each promoted once");
+        let joined: Vec<(u32, u64, u64, u64)> = seen.all[killed_at..]
+            .iter()
+            .filter_map(|s| match (&s.source, &s.event) {
+                (
+                    Source::Rank(r),
+                    ClusterEvent::Rank(RankNodeEvent::NcclJoined { new_rank, new_world_size, steps_before }),
+                ) => Some((*r, *new_rank, *new_world_size, *steps_before)),
+                _ => None,
+            })
+            .collect();
+        // Sorted: the ranks' events come from their own threads.
+        let mut joined = joined;
+        joined.sort_unstable();
+        let want: Vec<(u32, u64, u64, u64)> =
+            lost.iter().map(|&r| (r, u64::from(r), WORLD as u64, 0)).collect();
+        assert_eq!(joined, want, "each joiner took its place in a session of four before any step");
+        let want: BTreeMap<u32, Vec<i32>> = (0..WORLD as u32)
+            .map(|r| (r, if lost.contains(&r) { vec![RankEnd::Killed.code(), 0] } else { vec![0] }))
+            .collect();
+        assert_eq!(seen.exits(), want);
+        assert_eq!(seen.failed(), BTreeMap::from([("host-a".to_owned(), 0), ("host-b".to_owned(), 0)]));
+        let mut nccl = NcclOracle::default();
+        for s in &seen.all {
+            nccl.observe(&s.source, &s.event);
+        }
+        let check = nccl.finish();
+        assert!(check.ok(), "{:?}", check.violations);
+        assert!(check.completed && check.sessions >= 1, "{check:?}");
+        assert_eq!((check.joiners_included, check.joiners_joined), (2, 2), "{check:?}");
+        seen.assert_can_stop_after_every_end();
+        drop(sink);
     }
 
     /// An elastic world grows on real sockets: a controller on `C`'s driver
