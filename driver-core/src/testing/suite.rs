@@ -1249,30 +1249,30 @@ mod cluster {
         drop(sink);
     }
 
-    /// An elastic world heals on real sockets: a controller on `C`'s
-    /// driver (`elastic` up to the world's size) and two elastic hosts of
-    /// two ranks, host-a on `A`'s driver and host-b on `B`'s. Mid-run
-    /// host-b dies whole (every node's sockets dropped unflushed, as when
-    /// its machine fails); once the controller has lost it, a replacement
-    /// of the same name joins on `A`'s driver. The controller takes it in
-    /// as host-b's incarnation 1, over host-b's ranks, once; promotes each
-    /// of them once; they train (consensus reaches them); and the run
-    /// finishes done: host-b's first ranks exit 137 then 0, every other
-    /// rank 0, both live hosts leave with nothing failed, and every round
-    /// is the exact weighted mean of its contributions (proto's oracle,
-    /// which starts a replacement's books at its promotion).
-    pub(super) fn a_cluster_heals<C: Spawn, A: Spawn, B: Spawn>(c: &C, a: &A, b: &B) {
+    /// An elastic world heals on real sockets, on `backend`'s plane: a
+    /// controller on `C`'s driver (`elastic` up to the world's size) and two
+    /// elastic hosts of two ranks, host-a on `A`'s driver and host-b on
+    /// `B`'s. After the first averaging cycle host-b dies whole (every
+    /// node's sockets dropped unflushed, as when its machine fails); once
+    /// the controller has lost it, a replacement of the same name joins on
+    /// `A`'s driver. Asserted here, whatever the plane: the controller takes
+    /// it in as host-b's incarnation 1, over host-b's ranks, once; promotes
+    /// each of them once; the run finishes done: host-b's first ranks exit
+    /// 137 then 0, every other rank 0, both live hosts leave with nothing
+    /// failed. Returns what was seen, host-b's ranks, and the index of the
+    /// first event after the controller lost host-b.
+    fn heal<C: Spawn, A: Spawn, B: Spawn>(c: &C, a: &A, b: &B, backend: Backend) -> (Seen, Vec<u32>, usize) {
         let clock = Clock::start();
         let (sink, events) = cluster_events();
         // Long enough for the replacement to train: 4 epochs of about 0.5 s.
-        let builder = run().epochs(4).elastic(WORLD as u32);
+        let builder = run().epochs(4).backend(backend).elastic(WORLD as u32);
         let (controller, addr) = controller(c, builder, clock, sink.clone());
         let elastic = |name: &str| params(name, addr, clock, SealMode::Off).elastic(true);
         let host_a = spawn_host(a, elastic("host-a"), &sink, None);
         let host_b = spawn_host(b, elastic("host-b"), &sink, None);
         let mut seen = Seen { events, all: Vec::new() };
-        seen.until("a first consensus", |all| {
-            all.iter().any(|s| matches!(s.event, ClusterEvent::Rank(RankNodeEvent::Consensus { .. })))
+        seen.until("a first averaging cycle", |all| {
+            all.iter().any(|s| matches!(s.event.coord(), Some(CoordinatorEvent::CycleFinished { .. })))
         });
         let lost = host_b.ranks();
         assert_eq!(lost.len(), 2, "host-b started two ranks");
@@ -1289,22 +1289,31 @@ mod cluster {
         block_on(stop_all(vec![replacement]));
         block_on(controller.shutdown());
         seen.drain();
+        drop(sink);
 
         assert_eq!(seen.outcome(), Some(ControllerOutcome::Done));
         let replaced = seen.late_joiners(|e| matches!(e, JoinWindowEvent::Replaced { .. }));
         assert_eq!(replaced, [("host-b".to_owned(), lost.clone(), 1)], "taken in once, over host-b's ranks");
         assert_eq!(seen.promotions(), lost.iter().map(|r| (*r, 1)).collect::<Vec<_>>(), "each promoted once");
-        let after = seen.consensus_from(killed_at);
-        let reached: Vec<u32> = after.keys().copied().filter(|r| lost.contains(r)).collect();
-        assert_eq!(reached, lost, "the replacement's ranks trained: {after:?}");
         let want: BTreeMap<u32, Vec<i32>> = (0..WORLD as u32)
             .map(|r| (r, if lost.contains(&r) { vec![RankEnd::Killed.code(), 0] } else { vec![0] }))
             .collect();
         assert_eq!(seen.exits(), want);
         assert_eq!(seen.failed(), BTreeMap::from([("host-a".to_owned(), 0), ("host-b".to_owned(), 0)]));
-        seen.assert_every_round_exact();
         seen.assert_can_stop_after_every_end();
-        drop(sink);
+        (seen, lost, killed_at)
+    }
+
+    /// [`heal`] on the CPU plane: the replacement's ranks train (consensus
+    /// reaches them), and every round is the exact weighted mean of its
+    /// contributions (proto's oracle, which starts a replacement's books
+    /// at its promotion), each joiner's model the one the reduce sent.
+    pub(super) fn a_cluster_heals<C: Spawn, A: Spawn, B: Spawn>(c: &C, a: &A, b: &B) {
+        let (seen, lost, killed_at) = heal(c, a, b, Backend::Cpu);
+        let after = seen.consensus_from(killed_at);
+        let reached: Vec<u32> = after.keys().copied().filter(|r| lost.contains(r)).collect();
+        assert_eq!(reached, lost, "the replacement's ranks trained: {after:?}");
+        seen.assert_every_round_exact();
     }
 
     /// [`a_cluster_heals`] with every node on `D`'s driver.
@@ -1313,46 +1322,17 @@ mod cluster {
         a_cluster_heals(&s, &s, &s);
     }
 
-    /// An elastic world heals on the NCCL plane, every node on `D`'s
-    /// driver: as [`a_cluster_heals`], but the ranks hold no CPU data leg.
-    /// The replacement's ranks run no bootstrap; their promotion starts a
-    /// re-rendezvous session over every live rank, which they enter
-    /// (`NcclJoined`, as their old positions in a world of four) before
-    /// their first step. The run finishes done, every rank's end as
-    /// expected, and proto's NCCL oracle holds: one bootstrap, every session
-    /// as issued, the joiners in the first session after their promotion.
+    /// [`heal`] on the NCCL plane, every node on `D`'s driver: the ranks
+    /// hold no CPU data leg. The replacement's ranks run no bootstrap;
+    /// their promotion starts a re-rendezvous session over every live
+    /// rank, which they enter (`NcclJoined`, at their old positions in a
+    /// world of four) before their first step; proto's NCCL oracle holds:
+    /// one bootstrap, every session as issued, the joiners in the first
+    /// session after their promotion.
     pub fn a_dead_host_is_replaced_on_the_nccl_plane_and_the_run_finishes<D: TestDriver>() {
         let s = D::spawner();
-        let clock = Clock::start();
-        let (sink, events) = cluster_events();
-        let builder = run().epochs(4).backend(Backend::Nccl).elastic(WORLD as u32);
-        let (controller, addr) = controller(&s, builder, clock, sink.clone());
-        let elastic = |name: &str| params(name, addr, clock, SealMode::Off).elastic(true);
-        let host_a = spawn_host(&s, elastic("host-a"), &sink, None);
-        let host_b = spawn_host(&s, elastic("host-b"), &sink, None);
-        let mut seen = Seen { events, all: Vec::new() };
-        seen.until("a first averaging cycle", |all| {
-            all.iter().any(|s| matches!(s.event.coord(), Some(CoordinatorEvent::CycleFinished { .. })))
-        });
-        let lost = host_b.ranks();
-        assert_eq!(lost.len(), 2, "host-b started two ranks");
-        block_on(host_b.kill());
-        seen.until("the controller losing host-b", |all| {
-            all.iter().any(|s| matches!(s.event.join(), Some(JoinWindowEvent::HostLost { host, .. }) if host == "host-b"))
-        });
-        let killed_at = seen.all.len();
-        let replacement = spawn_host(&s, elastic("host-b"), &sink, None);
-        seen.until_the_end(WORLD + 2, 2);
-        block_on(stop_all(vec![host_a]));
-        block_on(stop_all(vec![replacement]));
-        block_on(controller.shutdown());
-        seen.drain();
-
-        assert_eq!(seen.outcome(), Some(ControllerOutcome::Done));
-        let replaced = seen.late_joiners(|e| matches!(e, JoinWindowEvent::Replaced { .. }));
-        assert_eq!(replaced, [("host-b".to_owned(), lost.clone(), 1)], "taken in once, over host-b's ranks");
-        assert_eq!(seen.promotions(), lost.iter().map(|r| (*r, 1)).collect::<Vec<_>>(), "each promoted once");
-        let joined: Vec<(u32, u64, u64, u64)> = seen.all[killed_at..]
+        let (seen, lost, killed_at) = heal(&s, &s, &s, Backend::Nccl);
+        let mut joined: Vec<(u32, u64, u64, u64)> = seen.all[killed_at..]
             .iter()
             .filter_map(|s| match (&s.source, &s.event) {
                 (
@@ -1363,16 +1343,10 @@ mod cluster {
             })
             .collect();
         // Sorted: the ranks' events come from their own threads.
-        let mut joined = joined;
         joined.sort_unstable();
         let want: Vec<(u32, u64, u64, u64)> =
             lost.iter().map(|&r| (r, u64::from(r), WORLD as u64, 0)).collect();
         assert_eq!(joined, want, "each joiner took its place in a session of four before any step");
-        let want: BTreeMap<u32, Vec<i32>> = (0..WORLD as u32)
-            .map(|r| (r, if lost.contains(&r) { vec![RankEnd::Killed.code(), 0] } else { vec![0] }))
-            .collect();
-        assert_eq!(seen.exits(), want);
-        assert_eq!(seen.failed(), BTreeMap::from([("host-a".to_owned(), 0), ("host-b".to_owned(), 0)]));
         let mut nccl = NcclOracle::default();
         for s in &seen.all {
             nccl.observe(&s.source, &s.event);
@@ -1381,8 +1355,6 @@ mod cluster {
         assert!(check.ok(), "{:?}", check.violations);
         assert!(check.completed && check.sessions >= 1, "{check:?}");
         assert_eq!((check.joiners_included, check.joiners_joined), (2, 2), "{check:?}");
-        seen.assert_can_stop_after_every_end();
-        drop(sink);
     }
 
     /// An elastic world grows on real sockets: a controller on `C`'s driver
