@@ -288,7 +288,7 @@ fn controller(e: &ControllerNodeEvent) -> Line {
                 Info,
                 "host_replaced",
                 format!(
-                    "{host} took over ranks {}..{} of a dead host (incarnation {incarnation}); they join once they hold the model",
+                    "{host} took over ranks {}..{} of a dead host (incarnation {incarnation}); they enter the run at their promotion",
                     ranks.start, ranks.end
                 ),
             ),
@@ -296,7 +296,7 @@ fn controller(e: &ControllerNodeEvent) -> Line {
                 Info,
                 "host_added",
                 format!(
-                    "{host} grew the world with ranks {}..{}; they join once they hold the model",
+                    "{host} grew the world with ranks {}..{}; they enter the run at their promotion",
                     ranks.start, ranks.end
                 ),
             ),
